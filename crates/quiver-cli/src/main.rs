@@ -1,0 +1,36 @@
+//! The `quiver` command: `run` (launcher), `bench` (benchmarks), `info`.
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod run;
+
+#[derive(Parser)]
+#[command(name = "quiver", version, about = "quiver: cluster communication — launcher and benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start N processes of one job on this host.
+    Run(run::RunArgs),
+    /// Benchmarks; with no subcommand, the default suite.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("QUIVER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Bench(args) => bench::main(args),
+    };
+    std::process::exit(code);
+}

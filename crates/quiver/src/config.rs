@@ -1,0 +1,259 @@
+//! Configuration of a job's endpoints: every knob has a default, a `QUIVER_*` variable
+//! and a builder method. An invalid value is an error that names the variable.
+
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Which transport carries traffic between two ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportChoice {
+    /// Shared memory between ranks of one node, UDP otherwise (the default).
+    Auto,
+    /// UDP between every pair of ranks, even on one node (for testing).
+    Udp,
+}
+
+/// How a blocking call waits for a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Poll without ever sleeping: lowest latency, one core busy.
+    Spin,
+    /// Sleep on the endpoint's descriptor at once: no CPU while idle.
+    Block,
+    /// Poll for the given time, then sleep on the descriptor (GAMMA's `gamma_wait`).
+    Hybrid(Duration),
+}
+
+/// Default polling time of [`WaitMode::Hybrid`].
+pub const DEFAULT_HYBRID_SPIN: Duration = Duration::from_micros(100);
+
+impl WaitMode {
+    /// Parses `spin`, `block`, `hybrid` or `hybrid:MICROSECONDS`.
+    pub fn parse(s: &str) -> Option<WaitMode> {
+        match s {
+            "spin" => Some(WaitMode::Spin),
+            "block" => Some(WaitMode::Block),
+            "hybrid" => Some(WaitMode::Hybrid(DEFAULT_HYBRID_SPIN)),
+            _ => {
+                let us = s.strip_prefix("hybrid:")?.parse::<u64>().ok()?;
+                Some(WaitMode::Hybrid(Duration::from_micros(us)))
+            }
+        }
+    }
+}
+
+/// Settings of a job's endpoints.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Transport selection (`QUIVER_TRANSPORT=auto|udp`).
+    pub transport: TransportChoice,
+    /// Waiting strategy of blocking calls (`QUIVER_WAIT=spin|block|hybrid[:US]`).
+    pub wait: WaitMode,
+    /// Largest message an endpoint sends or accepts, in bytes (`QUIVER_MAX_MESSAGE`).
+    pub max_message: usize,
+    /// Bytes of token buffer pool per sender on shared memory, and per endpoint on UDP
+    /// (`QUIVER_POOL_SIZE`). Must hold at least one maximum-size message.
+    pub pool_size: usize,
+    /// Sender slots in an endpoint's shared-memory receive area (`QUIVER_SHM_SLOTS`).
+    pub shm_slots: u32,
+    /// Largest UDP datagram quiver sends, header included (`QUIVER_UDP_DATAGRAM`); longer
+    /// messages are split into Directed Messages of this size.
+    pub udp_datagram: usize,
+    /// How long `target` and `write` wait for a peer endpoint to appear
+    /// (`QUIVER_CONNECT_TIMEOUT`, seconds).
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            transport: TransportChoice::Auto,
+            wait: WaitMode::Hybrid(DEFAULT_HYBRID_SPIN),
+            max_message: 1 << 20,
+            pool_size: 4 << 20,
+            shm_slots: 64,
+            udp_datagram: 1472,
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Per-record overhead of the shared-memory ring, in bytes (header plus alignment).
+pub(crate) const SHM_RECORD_OVERHEAD: usize = 16;
+
+impl Config {
+    /// Defaults overridden by the `QUIVER_*` variables of the environment.
+    pub fn from_env() -> Result<Config> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Like [`Config::from_env`], reading variables through `get` (for tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(v) = get("QUIVER_TRANSPORT") {
+            c.transport = match v.as_str() {
+                "auto" | "" => TransportChoice::Auto,
+                "udp" => TransportChoice::Udp,
+                _ => return Err(invalid("QUIVER_TRANSPORT", &v, "expected auto or udp")),
+            };
+        }
+        if let Some(v) = get("QUIVER_WAIT") {
+            c.wait = WaitMode::parse(&v).ok_or_else(|| {
+                invalid("QUIVER_WAIT", &v, "expected spin, block, hybrid or hybrid:MICROSECONDS")
+            })?;
+        }
+        if let Some(v) = get("QUIVER_MAX_MESSAGE") {
+            c.max_message = parse_size(&v).ok_or_else(|| {
+                invalid("QUIVER_MAX_MESSAGE", &v, "expected a size in bytes (suffix K, M or G allowed)")
+            })?;
+        }
+        if let Some(v) = get("QUIVER_POOL_SIZE") {
+            c.pool_size = parse_size(&v).ok_or_else(|| {
+                invalid("QUIVER_POOL_SIZE", &v, "expected a size in bytes (suffix K, M or G allowed)")
+            })?;
+        }
+        if let Some(v) = get("QUIVER_SHM_SLOTS") {
+            c.shm_slots = v
+                .parse()
+                .ok()
+                .filter(|n| (1..=4096).contains(n))
+                .ok_or_else(|| invalid("QUIVER_SHM_SLOTS", &v, "expected a number from 1 to 4096"))?;
+        }
+        if let Some(v) = get("QUIVER_UDP_DATAGRAM") {
+            c.udp_datagram = v.parse().ok().ok_or_else(|| {
+                invalid("QUIVER_UDP_DATAGRAM", &v, "expected a datagram size in bytes")
+            })?;
+        }
+        if let Some(v) = get("QUIVER_CONNECT_TIMEOUT") {
+            let secs: f64 = v
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| invalid("QUIVER_CONNECT_TIMEOUT", &v, "expected seconds > 0"))?;
+            c.connect_timeout = Duration::from_secs_f64(secs);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks that the settings fit together.
+    pub fn validate(&self) -> Result<()> {
+        use crate::wire::HEADER_LEN;
+        if self.pool_size < self.max_message + 2 * SHM_RECORD_OVERHEAD {
+            return Err(Error::Config(format!(
+                "token buffer pool of {} bytes cannot hold a maximum-size message of {} bytes; \
+                 set QUIVER_POOL_SIZE to at least {} bytes or lower QUIVER_MAX_MESSAGE",
+                self.pool_size,
+                self.max_message,
+                self.max_message + 2 * SHM_RECORD_OVERHEAD
+            )));
+        }
+        if self.max_message > u32::MAX as usize - 64 {
+            return Err(Error::Config(format!(
+                "maximum message size {} exceeds 4 GiB - 64 bytes",
+                self.max_message
+            )));
+        }
+        if self.udp_datagram < HEADER_LEN + 8 || self.udp_datagram > 65507 {
+            return Err(Error::Config(format!(
+                "UDP datagram size {} must lie between {} and 65507 bytes",
+                self.udp_datagram,
+                HEADER_LEN + 8
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets the waiting strategy.
+    pub fn with_wait(mut self, wait: WaitMode) -> Self {
+        self.wait = wait;
+        self
+    }
+    /// Sets the transport selection.
+    pub fn with_transport(mut self, t: TransportChoice) -> Self {
+        self.transport = t;
+        self
+    }
+    /// Sets the maximum message size.
+    pub fn with_max_message(mut self, n: usize) -> Self {
+        self.max_message = n;
+        self
+    }
+    /// Sets the token buffer pool size.
+    pub fn with_pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n;
+        self
+    }
+}
+
+fn invalid(var: &str, value: &str, reason: &str) -> Error {
+    Error::InvalidEnv {
+        var: var.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Parses `4096`, `64K`, `1M`, `2G` (binary multiples).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1usize << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {
+        let m: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.wait, WaitMode::Hybrid(DEFAULT_HYBRID_SPIN));
+        assert!(c.max_message >= 1 << 20);
+    }
+
+    #[test]
+    fn wait_modes_parse() {
+        assert_eq!(cfg(&[("QUIVER_WAIT", "spin")]).unwrap().wait, WaitMode::Spin);
+        assert_eq!(cfg(&[("QUIVER_WAIT", "block")]).unwrap().wait, WaitMode::Block);
+        assert_eq!(
+            cfg(&[("QUIVER_WAIT", "hybrid:250")]).unwrap().wait,
+            WaitMode::Hybrid(Duration::from_micros(250))
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = cfg(&[("QUIVER_WAIT", "sometimes")]).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_WAIT"), "{e}");
+        let e = cfg(&[("QUIVER_TRANSPORT", "carrier-pigeon")]).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_TRANSPORT"), "{e}");
+    }
+
+    #[test]
+    fn pool_too_small_is_an_error() {
+        let e = cfg(&[("QUIVER_MAX_MESSAGE", "4M"), ("QUIVER_POOL_SIZE", "1M")]).unwrap_err();
+        assert!(e.to_string().contains("QUIVER_POOL_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("2M"), Some(2 << 20));
+        assert_eq!(parse_size("17"), Some(17));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+}

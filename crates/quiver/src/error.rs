@@ -1,0 +1,162 @@
+//! The error type of quiver: one enum whose variants say which peer, which variable or
+//! which limit is involved, so that a user can act on the message.
+
+use std::io;
+use std::time::Duration;
+
+/// Result alias used throughout quiver.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every error quiver reports.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A variable needed to join a job is not set.
+    #[error("environment variable {var} is not set: {hint}")]
+    MissingEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// What to set, and how.
+        hint: String,
+    },
+    /// A variable is set to a value quiver cannot use.
+    #[error("environment variable {var}={value:?} is invalid: {reason}")]
+    InvalidEnv {
+        /// The variable's name.
+        var: String,
+        /// The value found.
+        value: String,
+        /// Why it is rejected and what is accepted.
+        reason: String,
+    },
+    /// Inconsistent configuration (set through the API or the environment).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The rendezvous store could not be reached or answered badly.
+    #[error("rendezvous {url}: {reason}")]
+    Rendezvous {
+        /// The store's URL (`tcp://HOST:PORT` or `file:///DIR`).
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A message larger than the configured maximum.
+    #[error("message of {len} bytes exceeds the maximum message size of {max} bytes (raise QUIVER_MAX_MESSAGE on every rank)")]
+    MessageTooLarge {
+        /// Length of the message.
+        len: usize,
+        /// The maximum the receiving endpoint accepts.
+        max: usize,
+    },
+    /// `write` was called before `target`.
+    #[error("no target: call target() or target_rank() before write()")]
+    NoTarget,
+    /// A rank outside `0..size`.
+    #[error("rank {rank} does not exist: the job has {size} ranks")]
+    NoSuchRank {
+        /// The rank asked for.
+        rank: u32,
+        /// The job size.
+        size: u32,
+    },
+    /// No endpoint (node, DPID) is known.
+    #[error("no endpoint with DPID {dpid} on node {nid} was opened within {waited:?}")]
+    NoSuchEndpoint {
+        /// Node id.
+        nid: u32,
+        /// Endpoint id.
+        dpid: u16,
+        /// How long quiver waited for it to appear.
+        waited: Duration,
+    },
+    /// The peer endpoint did not appear in time.
+    #[error("endpoint (rank {rank}, DPID {dpid}) did not appear within {waited:?}; is it opened on that rank?")]
+    PeerNotFound {
+        /// Rank of the peer.
+        rank: u32,
+        /// DPID of the peer endpoint.
+        dpid: u16,
+        /// How long quiver waited.
+        waited: Duration,
+    },
+    /// The DPID is already open in this process.
+    #[error("DPID {dpid} is already open on this rank")]
+    DpidInUse {
+        /// The DPID.
+        dpid: u16,
+    },
+    /// The peer endpoint was closed.
+    #[error("endpoint (rank {rank}, DPID {dpid}) was closed by its owner")]
+    PeerClosed {
+        /// Rank of the peer.
+        rank: u32,
+        /// DPID of the peer endpoint.
+        dpid: u16,
+    },
+    /// The peer process is gone (exited or crashed).
+    #[error("rank {rank} (pid {pid}) is gone: its process no longer exists")]
+    PeerGone {
+        /// Rank of the peer.
+        rank: u32,
+        /// Its process id.
+        pid: u32,
+    },
+    /// The receiving endpoint's shared-memory area has no free sender slot.
+    #[error("endpoint (rank {rank}, DPID {dpid}) has no free sender slot ({slots} in use); raise QUIVER_SHM_SLOTS")]
+    TooManySenders {
+        /// Rank of the receiver.
+        rank: u32,
+        /// DPID of the receiver.
+        dpid: u16,
+        /// Slots available.
+        slots: u32,
+    },
+    /// A shared-memory segment is unusable (wrong magic, version or layout; too small).
+    #[error("shared-memory segment {name}: {reason}")]
+    Segment {
+        /// Segment name under /dev/shm.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A channel detected lost data (a gap in sequence numbers) and dropped the partial message.
+    #[error("channel from rank {rank} DPID {dpid} lost {frames} frame(s)")]
+    Lost {
+        /// Rank of the sender.
+        rank: u32,
+        /// DPID of the sender.
+        dpid: u16,
+        /// Frames missing.
+        frames: u32,
+    },
+    /// A blocking call hit its deadline.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The endpoint is closed.
+    #[error("the endpoint is closed")]
+    Closed,
+    /// An operating-system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What quiver was doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Wraps an I/O error with what quiver was doing.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True for errors after which the same call may succeed later (timeouts).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Timeout(_))
+    }
+}

@@ -1,0 +1,1 @@
+//! Bootstrap (placeholder: being written).

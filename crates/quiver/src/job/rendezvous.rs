@@ -1,0 +1,1 @@
+//! Rendezvous store (placeholder: being written).

@@ -1,0 +1,51 @@
+//! quiver: a communication subsystem for clusters of multicore machines.
+//!
+//! A tour of the layers, from the wire up (see `docs/ARCHITECTURE.md` for the graph of
+//! what may depend on what):
+//!
+//! - [`link`]: transports that move frames between endpoints: [`link::shm`] (shared-memory
+//!   receive rings written directly by senders) and [`link::udp`] (one UDP socket per
+//!   endpoint, `sendmmsg`/`recvmmsg` batching).
+//! - [`wire`]: the frame format of the network transports, as checked views plus
+//!   validated representations. Decoding never trusts its input.
+//! - [`channel`]: per-channel state for a directed edge (sequence numbers, loss
+//!   detection, reassembly of Directed Messages), written sans-IO.
+//! - [`engine`]: waiting and progress: busy polling, blocking on the endpoint's
+//!   descriptor, and bounded polling followed by blocking.
+//! - [`dm`]: Directed Point endpoints and their token buffer pool: the user-facing
+//!   message API.
+//! - [`job`]: bootstrap (rank, size, job id, token, node of every rank) from the
+//!   environment of `quiver run`, Open MPI, MPICH/Hydra or Slurm, and the rendezvous
+//!   store that exchanges endpoint addresses.
+//!
+//! ```no_run
+//! let job = quiver::Job::from_env()?;          // rank, size, nodes
+//! let ep = job.open(1)?;                        // endpoint (NID, DPID 1)
+//! if job.rank() == 0 {
+//!     ep.target_rank(1)?;
+//!     ep.write(b"hello")?;                      // one copy; buffer reusable on return
+//! } else {
+//!     let msg = ep.read()?;                     // zero-copy view into the token buffer pool
+//!     assert_eq!(&*msg, b"hello");
+//! }                                             // the view releases its token when dropped
+//! # Ok::<(), quiver::Error>(())
+//! ```
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod channel;
+pub mod config;
+pub mod dm;
+pub mod engine;
+mod error;
+pub mod job;
+pub mod link;
+pub(crate) mod sync;
+pub mod wire;
+
+pub use config::{Config, TransportChoice, WaitMode};
+pub use dm::{Endpoint, EndpointStats, Message, Source};
+pub use error::{Error, Result};
+pub use job::Job;
+pub use link::Transport;

@@ -1,0 +1,21 @@
+//! Link layer: transports that move frames between endpoints.
+pub mod shm;
+pub mod udp;
+
+/// The transports quiver can use between two endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Shared-memory receive rings (same node).
+    Shm,
+    /// UDP datagrams.
+    Udp,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Shm => "shm",
+            Transport::Udp => "udp",
+        })
+    }
+}

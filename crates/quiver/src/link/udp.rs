@@ -1,0 +1,1 @@
+//! UDP transport (placeholder).

@@ -5,7 +5,11 @@ mod bench;
 mod run;
 
 #[derive(Parser)]
-#[command(name = "quiver", version, about = "quiver: cluster communication — launcher and benchmarks")]
+#[command(
+    name = "quiver",
+    version,
+    about = "quiver: cluster communication — launcher and benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

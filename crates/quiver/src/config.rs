@@ -99,17 +99,29 @@ impl Config {
         }
         if let Some(v) = get("QUIVER_WAIT") {
             c.wait = WaitMode::parse(&v).ok_or_else(|| {
-                invalid("QUIVER_WAIT", &v, "expected spin, block, hybrid or hybrid:MICROSECONDS")
+                invalid(
+                    "QUIVER_WAIT",
+                    &v,
+                    "expected spin, block, hybrid or hybrid:MICROSECONDS",
+                )
             })?;
         }
         if let Some(v) = get("QUIVER_MAX_MESSAGE") {
             c.max_message = parse_size(&v).ok_or_else(|| {
-                invalid("QUIVER_MAX_MESSAGE", &v, "expected a size in bytes (suffix K, M or G allowed)")
+                invalid(
+                    "QUIVER_MAX_MESSAGE",
+                    &v,
+                    "expected a size in bytes (suffix K, M or G allowed)",
+                )
             })?;
         }
         if let Some(v) = get("QUIVER_POOL_SIZE") {
             c.pool_size = parse_size(&v).ok_or_else(|| {
-                invalid("QUIVER_POOL_SIZE", &v, "expected a size in bytes (suffix K, M or G allowed)")
+                invalid(
+                    "QUIVER_POOL_SIZE",
+                    &v,
+                    "expected a size in bytes (suffix K, M or G allowed)",
+                )
             })?;
         }
         if let Some(v) = get("QUIVER_SHM_SLOTS") {
@@ -117,11 +129,17 @@ impl Config {
                 .parse()
                 .ok()
                 .filter(|n| (1..=4096).contains(n))
-                .ok_or_else(|| invalid("QUIVER_SHM_SLOTS", &v, "expected a number from 1 to 4096"))?;
+                .ok_or_else(|| {
+                    invalid("QUIVER_SHM_SLOTS", &v, "expected a number from 1 to 4096")
+                })?;
         }
         if let Some(v) = get("QUIVER_UDP_DATAGRAM") {
             c.udp_datagram = v.parse().ok().ok_or_else(|| {
-                invalid("QUIVER_UDP_DATAGRAM", &v, "expected a datagram size in bytes")
+                invalid(
+                    "QUIVER_UDP_DATAGRAM",
+                    &v,
+                    "expected a datagram size in bytes",
+                )
             })?;
         }
         if let Some(v) = get("QUIVER_CONNECT_TIMEOUT") {
@@ -212,8 +230,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn cfg(pairs: &[(&str, &str)]) -> Result<Config> {
-        let m: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| m.get(k).cloned())
     }
 
@@ -226,8 +246,14 @@ mod tests {
 
     #[test]
     fn wait_modes_parse() {
-        assert_eq!(cfg(&[("QUIVER_WAIT", "spin")]).unwrap().wait, WaitMode::Spin);
-        assert_eq!(cfg(&[("QUIVER_WAIT", "block")]).unwrap().wait, WaitMode::Block);
+        assert_eq!(
+            cfg(&[("QUIVER_WAIT", "spin")]).unwrap().wait,
+            WaitMode::Spin
+        );
+        assert_eq!(
+            cfg(&[("QUIVER_WAIT", "block")]).unwrap().wait,
+            WaitMode::Block
+        );
         assert_eq!(
             cfg(&[("QUIVER_WAIT", "hybrid:250")]).unwrap().wait,
             WaitMode::Hybrid(Duration::from_micros(250))
@@ -236,9 +262,13 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_variable() {
-        let e = cfg(&[("QUIVER_WAIT", "sometimes")]).unwrap_err().to_string();
+        let e = cfg(&[("QUIVER_WAIT", "sometimes")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("QUIVER_WAIT"), "{e}");
-        let e = cfg(&[("QUIVER_TRANSPORT", "carrier-pigeon")]).unwrap_err().to_string();
+        let e = cfg(&[("QUIVER_TRANSPORT", "carrier-pigeon")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("QUIVER_TRANSPORT"), "{e}");
     }
 

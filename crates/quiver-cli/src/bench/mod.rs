@@ -1,10 +1,373 @@
-//! `quiver bench` (placeholder).
-use clap::Args;
+//! `quiver bench`: point-to-point benchmarks between two ranks (ping-pong latency,
+//! uni- and bi-directional bandwidth) and a default suite over both transports.
+//!
+//! Measured like the seeds: many iterations, the middle 80 % averaged, plus percentiles;
+//! results as tables, CSV, JSON lines and PNG plots.
+//!
+//! This module owns the command line and the decision where a run happens:
+//!
+//! - outside a job (no `QUIVER_RANK`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK` or
+//!   `SLURM_PROCID`), `quiver bench` re-launches itself as a two-rank job ([`launch`]); the
+//!   default suite launches one job per transport and summarizes ([`suite`]);
+//! - inside a job, rank 0 and rank 1 run the benchmarks ([`runner`], [`pingpong`],
+//!   [`bw`]); rank 0 reports.
+//!
+//! Submodules: [`sizes`] (size lists), [`stats`] (avg80, percentiles), [`output`] (every
+//! table, CSV and JSON format), [`progress`] (progress bar), [`plot`] (PNG charts).
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub mod bw;
+pub mod launch;
+pub mod output;
+pub mod pingpong;
+pub mod plot;
+pub mod progress;
+pub mod runner;
+pub mod sizes;
+pub mod stats;
+pub mod suite;
+
+/// Environment variables that say a process is a rank of a job.
+pub const JOB_RANK_VARS: [&str; 4] = [
+    "QUIVER_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "SLURM_PROCID",
+];
 
 /// Arguments of `quiver bench`.
-#[derive(Args, Debug)]
-pub struct BenchArgs {}
+#[derive(Args, Debug, Clone)]
+#[command(after_long_help = "\
+Default sizes: pingpong 0..4M; bw and bibw 1K..4M. The suite (no subcommand) runs pingpong \
+(0,8,64,1K,4K,64K,1M) and bw (4K,64K,1M) over shm, then over udp, and summarizes.
 
-pub fn main(_args: BenchArgs) -> i32 {
-    0
+Outside a job, quiver bench starts itself as a job of two ranks (like `quiver run -n 2`); \
+inside one (QUIVER_RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID set), ranks 0 and 1 \
+measure and rank 0 reports. Over udp, windows are capped at 2 MiB and every read gives up \
+after 10 s. Latency is one-way (round trip / 2); bandwidth is in MB/s = 10^6 bytes/s; \
+avg80 is the mean of the middle 80 % of the samples.")]
+pub struct BenchArgs {
+    /// The benchmark; without one, the default suite (pingpong and bw over shm and udp).
+    #[command(subcommand)]
+    pub command: Option<BenchCmd>,
+    #[command(flatten)]
+    pub opts: BenchOpts,
+}
+
+/// The benchmarks.
+#[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchCmd {
+    /// One-way latency: half of the round-trip time of a message echoed by rank 1.
+    Pingpong,
+    /// Uni-directional bandwidth: windows of messages, each acknowledged by one byte.
+    Bw,
+    /// Bi-directional bandwidth: both ranks send a window at the same time.
+    Bibw,
+}
+
+/// Options of every benchmark.
+#[derive(Args, Debug, Clone)]
+pub struct BenchOpts {
+    /// Transport between the two ranks: shm (shared memory where possible) or udp.
+    #[arg(long, value_enum, global = true)]
+    pub transport: Option<TransportArg>,
+    /// Message sizes: comma list with K/M suffixes and ranges of powers of two, e.g.
+    /// `0,8,1K,64K,1M` or `0..4M`.
+    #[arg(long, value_parser = parse_sizes_arg, global = true)]
+    pub sizes: Option<Sizes>,
+    /// Measured iterations per size (round trips or windows); default scaled by size.
+    #[arg(long, global = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: Option<u64>,
+    /// Warm-up iterations per size; default a tenth of the iterations.
+    #[arg(long, global = true)]
+    pub warmup: Option<u64>,
+    /// Messages per window (bw, bibw).
+    #[arg(long, default_value_t = 64, global = true,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub window: u32,
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value_t = output::Format::Table, global = true)]
+    pub format: output::Format,
+    /// Write a PNG chart of the results to this file.
+    #[arg(long, value_name = "FILE.png", global = true)]
+    pub plot: Option<PathBuf>,
+    /// How blocking reads wait: spin, block, hybrid or hybrid:MICROSECONDS (sets
+    /// QUIVER_WAIT; default spin).
+    #[arg(long, value_parser = parse_wait_arg, global = true)]
+    pub wait: Option<String>,
+    /// Do not pin rank i to CPU i.
+    #[arg(long, global = true)]
+    pub no_pin: bool,
+    /// Limit for each launched job, in seconds.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, global = true)]
+    pub timeout: Option<Duration>,
+}
+
+/// `--transport` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportArg {
+    /// Shared memory between ranks of one host (QUIVER_TRANSPORT=auto).
+    Shm,
+    /// UDP even between ranks of one host (QUIVER_TRANSPORT=udp).
+    Udp,
+}
+
+impl TransportArg {
+    /// Name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportArg::Shm => "shm",
+            TransportArg::Udp => "udp",
+        }
+    }
+    /// Value of `QUIVER_TRANSPORT` that selects it.
+    pub fn env_value(self) -> &'static str {
+        match self {
+            TransportArg::Shm => "auto",
+            TransportArg::Udp => "udp",
+        }
+    }
+}
+
+/// A parsed `--sizes` list (sorted, without duplicates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sizes(pub Vec<usize>);
+
+fn parse_sizes_arg(s: &str) -> Result<Sizes, String> {
+    sizes::parse_sizes(s).map(Sizes)
+}
+
+fn parse_wait_arg(s: &str) -> Result<String, String> {
+    quiver::WaitMode::parse(s)
+        .map(|_| s.to_string())
+        .ok_or_else(|| format!("{s:?}: expected spin, block, hybrid or hybrid:MICROSECONDS"))
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v < 1e9 => Ok(Duration::from_secs_f64(v)),
+        _ => Err(format!("{s:?}: expected a positive number of seconds")),
+    }
+}
+
+/// A benchmark kind as it appears in results (`"pingpong"`, `"bw"`, `"bibw"`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Bench {
+    /// Ping-pong latency.
+    Pingpong,
+    /// Uni-directional bandwidth.
+    Bw,
+    /// Bi-directional bandwidth.
+    Bibw,
+}
+
+impl Bench {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bench::Pingpong => "pingpong",
+            Bench::Bw => "bw",
+            Bench::Bibw => "bibw",
+        }
+    }
+    /// True for the bandwidth benchmarks.
+    pub fn is_bandwidth(self) -> bool {
+        !matches!(self, Bench::Pingpong)
+    }
+}
+
+impl std::fmt::Display for Bench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl From<BenchCmd> for Bench {
+    fn from(c: BenchCmd) -> Bench {
+        match c {
+            BenchCmd::Pingpong => Bench::Pingpong,
+            BenchCmd::Bw => Bench::Bw,
+            BenchCmd::Bibw => Bench::Bibw,
+        }
+    }
+}
+
+/// Default sizes of `pingpong`: 0 and the powers of two up to 4 MiB.
+pub fn default_sizes(bench: Bench) -> Vec<usize> {
+    let (lo, hi) = match bench {
+        Bench::Pingpong => (0, 4 << 20),
+        Bench::Bw | Bench::Bibw => (1 << 10, 4 << 20),
+    };
+    let mut v = if lo == 0 { vec![0] } else { Vec::new() };
+    let mut s = lo.max(1);
+    while s <= hi {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
+/// Sizes of the default suite.
+pub fn suite_sizes(bench: Bench) -> Vec<usize> {
+    match bench {
+        Bench::Pingpong => vec![0, 8, 64, 1 << 10, 4 << 10, 64 << 10, 1 << 20],
+        Bench::Bw | Bench::Bibw => vec![4 << 10, 64 << 10, 1 << 20],
+    }
+}
+
+/// One benchmark to run over a list of sizes.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Which benchmark.
+    pub bench: Bench,
+    /// Sizes in bytes, ascending.
+    pub sizes: Vec<usize>,
+}
+
+/// The plans of a command: one benchmark, or the suite's pingpong and bw.
+pub fn plans(command: Option<BenchCmd>, opts: &BenchOpts) -> Vec<Plan> {
+    let sized = |bench: Bench, default: fn(Bench) -> Vec<usize>| Plan {
+        bench,
+        sizes: opts
+            .sizes
+            .as_ref()
+            .map(|s| s.0.clone())
+            .unwrap_or_else(|| default(bench)),
+    };
+    match command {
+        Some(c) => vec![sized(c.into(), default_sizes)],
+        None => vec![
+            sized(Bench::Pingpong, suite_sizes),
+            sized(Bench::Bw, suite_sizes),
+        ],
+    }
+}
+
+/// Default measured iterations of a ping-pong of `size` bytes: 20000 round trips up to
+/// 1 KiB, fewer for larger messages so that a sweep to 4 MiB stays within seconds.
+pub fn pingpong_iters(size: usize) -> u64 {
+    match size {
+        0..=1024 => 20_000,
+        1025..=16_384 => 10_000,
+        16_385..=131_072 => 2_000,
+        131_073..=1_048_576 => 500,
+        _ => 200,
+    }
+}
+
+/// Default measured windows of a bandwidth run: about 128 MiB per size, from 20 to 2000
+/// windows.
+pub fn bw_iters(size: usize, window: u32) -> u64 {
+    let bytes = (size.max(1) as u64).saturating_mul(u64::from(window.max(1)));
+    ((128u64 << 20) / bytes).clamp(20, 2000)
+}
+
+/// Warm-up iterations: `--warmup`, or a tenth of the measured ones (at least one).
+pub fn warmup_for(opts: &BenchOpts, iters: u64) -> u64 {
+    opts.warmup.unwrap_or((iters / 10).max(1))
+}
+
+/// The wait mode benchmarks use: `--wait`, else `QUIVER_WAIT`, else spin.
+pub fn effective_wait(opts: &BenchOpts) -> String {
+    opts.wait
+        .clone()
+        .or_else(|| std::env::var("QUIVER_WAIT").ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "spin".to_string())
+}
+
+/// True when this process is a rank of a job started by some launcher.
+pub fn in_job() -> bool {
+    JOB_RANK_VARS.iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// Entry point of `quiver bench`; returns the exit code.
+pub fn main(args: BenchArgs) -> i32 {
+    if in_job() {
+        return runner::main(&args);
+    }
+    if std::env::var_os(launch::CHILD_MARKER).is_some() {
+        eprintln!(
+            "quiver bench: re-launched by quiver bench but no rank variable ({}) is set; \
+             the launcher did not start a job",
+            JOB_RANK_VARS.join(", ")
+        );
+        return 1;
+    }
+    match args.command {
+        Some(cmd) => launch::relaunch(&args.opts, cmd),
+        None => suite::main(&args.opts),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Top,
+    }
+    #[derive(clap::Subcommand)]
+    enum Top {
+        Bench(BenchArgs),
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let mut v = vec!["quiver", "bench"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).map(|c| match c.cmd {
+            Top::Bench(b) => b,
+        })
+    }
+
+    #[test]
+    fn options_before_or_after_the_subcommand() {
+        let a = parse(&[
+            "pingpong", "--sizes", "0,8,1K", "--iters", "200", "--format", "json",
+        ])
+        .unwrap();
+        assert_eq!(a.command, Some(BenchCmd::Pingpong));
+        assert_eq!(a.opts.sizes, Some(Sizes(vec![0, 8, 1024])));
+        assert_eq!(a.opts.iters, Some(200));
+        assert_eq!(a.opts.format, output::Format::Json);
+        let b = parse(&["--transport", "udp", "bw", "--window", "8"]).unwrap();
+        assert_eq!(b.command, Some(BenchCmd::Bw));
+        assert_eq!(b.opts.transport, Some(TransportArg::Udp));
+        assert_eq!(b.opts.window, 8);
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.command, None);
+        assert_eq!(c.opts.window, 64);
+    }
+
+    #[test]
+    fn bad_options_are_rejected() {
+        assert!(parse(&["pingpong", "--sizes", "3..8"]).is_err());
+        assert!(parse(&["pingpong", "--wait", "sometimes"]).is_err());
+        assert!(parse(&["bw", "--window", "0"]).is_err());
+        assert!(parse(&["bw", "--iters", "0"]).is_err());
+        assert!(parse(&["bw", "--timeout", "-1"]).is_err());
+        assert!(parse(&["--transport", "eth"]).is_err());
+        assert!(parse(&["pingpong", "--wait", "hybrid:50"]).is_ok());
+    }
+
+    #[test]
+    fn defaults() {
+        let pp = default_sizes(Bench::Pingpong);
+        assert_eq!(pp[..4], [0, 1, 2, 4]);
+        assert_eq!(*pp.last().unwrap(), 4 << 20);
+        let bw = default_sizes(Bench::Bw);
+        assert_eq!(bw[0], 1024);
+        assert_eq!(*bw.last().unwrap(), 4 << 20);
+        assert_eq!(pingpong_iters(8), 20_000);
+        assert!(pingpong_iters(4 << 20) >= 100);
+        assert_eq!(bw_iters(4 << 20, 64), 20);
+        assert_eq!(bw_iters(1024, 64), 2000);
+    }
 }

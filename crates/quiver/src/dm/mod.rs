@@ -1,7 +1,28 @@
-//! Directed Point endpoints (placeholder API).
-use crate::{Result, Transport};
-use std::os::fd::{AsRawFd, RawFd};
-use std::time::Duration;
+//! Directed Point endpoints: the message API with UNIX I/O semantics and the token
+//! buffer pool.
+//!
+//! An [`Endpoint`] is named (NID, DPID) and opened with [`crate::Job::open`]. `target`
+//! chooses where [`Endpoint::write`] sends; `write` copies the message once (straight into
+//! the receiver's shared-memory ring, or into the kernel for UDP) and returns when the
+//! buffer may be reused. [`Endpoint::read`] returns a [`Message`]: a zero-copy view of the
+//! next message in the endpoint's token buffer pool, released when dropped, or kept with
+//! [`Message::hold`] and released later in bulk with [`Endpoint::release`] (DP's
+//! `dp_fsync`).
+//!
+//! Guarantees: messages keep their boundaries, may be empty, and arrive in FIFO order per
+//! channel (sender endpoint to receiver endpoint). A message longer than the maximum is
+//! [`Error::MessageTooLarge`], never truncated. Frames that are malformed, of another job,
+//! with a wrong token or for another endpoint are dropped and counted in
+//! [`Endpoint::stats`]. Lost UDP frames are detected by sequence numbers and reported
+//! as [`Error::Lost`] by the next read.
+//!
+//! An endpoint is used from one thread at a time (it is `Send`, not `Sync`).
+
+mod endpoint;
+mod message;
+
+pub use endpoint::Endpoint;
+pub use message::Message;
 
 /// Where a message came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -13,7 +34,7 @@ pub struct Source {
 }
 
 /// Counters of an endpoint.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EndpointStats {
     /// Messages written.
     pub msgs_sent: u64,
@@ -23,81 +44,26 @@ pub struct EndpointStats {
     pub msgs_received: u64,
     /// Payload bytes read.
     pub bytes_received: u64,
-}
-
-/// A Directed Point endpoint.
-pub struct Endpoint {}
-
-/// A zero-copy view of a received message.
-pub struct Message<'a> {
-    _ep: &'a Endpoint,
-}
-
-impl std::ops::Deref for Message<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        todo!()
-    }
-}
-
-impl Message<'_> {
-    /// Sender of the message.
-    pub fn source(&self) -> Source {
-        todo!()
-    }
-}
-
-impl Endpoint {
-    /// This endpoint's DPID.
-    pub fn dpid(&self) -> u16 {
-        todo!()
-    }
-    /// Sets the destination of `write` to endpoint `dpid` of node `nid`.
-    pub fn target(&self, _nid: u32, _dpid: u16) -> Result<()> {
-        todo!()
-    }
-    /// Sets the destination of `write` to the endpoint with this endpoint's DPID on `rank`.
-    pub fn target_rank(&self, _rank: u32) -> Result<()> {
-        todo!()
-    }
-    /// Sets the destination to endpoint `dpid` on `rank`.
-    pub fn target_endpoint(&self, _rank: u32, _dpid: u16) -> Result<()> {
-        todo!()
-    }
-    /// Sends one message to the target.
-    pub fn write(&self, _data: &[u8]) -> Result<()> {
-        todo!()
-    }
-    /// Next message, blocking per the wait mode.
-    pub fn read(&self) -> Result<Message<'_>> {
-        todo!()
-    }
-    /// Next message, waiting at most `timeout`.
-    pub fn read_timeout(&self, _timeout: Duration) -> Result<Message<'_>> {
-        todo!()
-    }
-    /// Next message if one is waiting.
-    pub fn try_read(&self) -> Result<Option<Message<'_>>> {
-        todo!()
-    }
-    /// Frees the `n` oldest held tokens.
-    pub fn release(&self, _n: usize) -> usize {
-        todo!()
-    }
-    /// Transport used towards `rank`.
-    pub fn transport_to(&self, _rank: u32) -> Result<Transport> {
-        todo!()
-    }
-    /// Counters.
-    pub fn stats(&self) -> EndpointStats {
-        todo!()
-    }
-    /// Closes the endpoint.
-    pub fn close(self) {}
-}
-
-impl AsRawFd for Endpoint {
-    fn as_raw_fd(&self) -> RawFd {
-        todo!()
-    }
+    /// UDP datagrams sent.
+    pub frames_sent: u64,
+    /// UDP datagrams received.
+    pub frames_received: u64,
+    /// Writes that found the receiver's pool full and had to wait.
+    pub send_stalls: u64,
+    /// Frames dropped because they did not decode (truncated, bad version, bad kind...).
+    pub dropped_malformed: u64,
+    /// Frames dropped because they belong to another job.
+    pub dropped_foreign_job: u64,
+    /// Frames of this job id dropped because their token is wrong.
+    pub dropped_bad_token: u64,
+    /// Frames dropped because they name another endpoint or an unknown rank.
+    pub dropped_misaddressed: u64,
+    /// Messages dropped because they exceed this endpoint's maximum.
+    pub dropped_oversized: u64,
+    /// Duplicate frames ignored.
+    pub duplicates: u64,
+    /// Frames detected as lost (gaps in sequence numbers).
+    pub lost_frames: u64,
+    /// Shared-memory rings found corrupt (their sender is ignored from then on).
+    pub corrupt_rings: u64,
 }

@@ -1,1 +1,1107 @@
-//! Bootstrap (placeholder: being written).
+//! Bootstrap: how a process learns its rank, the job size, the job's id and secret token,
+//! and the node (name and address) of every rank.
+//!
+//! It reads the launcher's environment ([`detect`]): quiver's own `quiver run`
+//! (`QUIVER_RANK`, `QUIVER_SIZE`), Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`), MPICH's
+//! Hydra (`PMI_RANK`, `PMI_SIZE`) or Slurm's `srun` (`SLURM_PROCID`, `SLURM_NTASKS`), in
+//! that order of priority. The ranks then meet in the rendezvous store named by
+//! `QUIVER_RENDEZVOUS` (see [`super::rendezvous`]) and exchange the rest ([`bootstrap`]).
+//!
+//! # Guarantees
+//!
+//! - Detection is a pure function of the variables it is given; every error names the
+//!   variable to fix ([`Error::MissingEnv`], [`Error::InvalidEnv`]).
+//! - When [`bootstrap`] returns, every rank has published its node and agrees on the job
+//!   id, the token, the node names, the node ids and the addresses; every rank has
+//!   finished its own bootstrap (a final barrier), so the store may be used at once.
+//! - Node ids are dense and numbered in order of first appearance by rank: rank 0's node
+//!   is node 0, and ranks whose node names are equal share a node id.
+//!
+//! # Variables
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `QUIVER_RENDEZVOUS` | `tcp://HOST:PORT` or `file:///DIR` (required) |
+//! | `QUIVER_JOB_ID`, `QUIVER_JOB_TOKEN` | decimal u32 and 16 hex digits, both or neither; set by `quiver run`, which then also serves the tcp store |
+//! | `QUIVER_NODE` | this rank's node name (default: the host name) |
+//! | `QUIVER_ADDR` | this rank's IP address (default: the local address of the connection to the store, or 127.0.0.1) |
+//!
+//! Without `QUIVER_JOB_ID`, rank 0 serves a `tcp://` store itself at `HOST:PORT`, and draws
+//! a random job id and token that it publishes in the store. A `file://` store is then
+//! divided per run by the launcher's job id (`OMPI_MCA_ess_base_jobid`, `PMIX_NAMESPACE`,
+//! or `SLURM_JOB_ID` and `SLURM_STEP_ID`).
+//!
+//! Keys used in the store: `job/id`, `job/token`, `node/{rank}`, `nodes/count`,
+//! `nodes/{chunk}` (rank 0's merged list, so that the exchange costs O(size) requests)
+//! and those of the barrier `bootstrap`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::rendezvous::{
+    parse_url, show, Deadline, KvServer, KvServerHandle, Rendezvous, RendezvousUrl, MAX_ITEM_LEN,
+};
+use crate::{Error, Result};
+
+/// The program that started the job's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// quiver's own launcher, `quiver run`.
+    Quiver,
+    /// Open MPI's `mpirun` / `mpiexec` (or `prterun`).
+    OpenMpi,
+    /// MPICH's Hydra process manager (`mpiexec.hydra`).
+    Hydra,
+    /// Slurm's `srun`.
+    Slurm,
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Launcher::Quiver => "quiver run",
+            Launcher::OpenMpi => "Open MPI (mpirun)",
+            Launcher::Hydra => "MPICH Hydra (mpiexec)",
+            Launcher::Slurm => "Slurm (srun)",
+        })
+    }
+}
+
+/// What the launcher's environment says about this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Detected {
+    /// This process's rank, below `size`.
+    pub rank: u32,
+    /// The number of ranks, at least 1.
+    pub size: u32,
+    /// This process's rank among those on its node, when the launcher says.
+    pub local_rank: Option<u32>,
+    /// The launcher whose variables were found.
+    pub launcher: Launcher,
+}
+
+/// The variables of one launcher.
+struct Scheme {
+    launcher: Launcher,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+}
+
+/// In order of priority: an MPI launcher run inside a Slurm allocation wins over Slurm.
+const SCHEMES: [Scheme; 4] = [
+    Scheme {
+        launcher: Launcher::Quiver,
+        rank: "QUIVER_RANK",
+        size: "QUIVER_SIZE",
+        local_rank: "QUIVER_LOCAL_RANK",
+    },
+    Scheme {
+        launcher: Launcher::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+    },
+    Scheme {
+        launcher: Launcher::Hydra,
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: "MPI_LOCALRANKID",
+    },
+    Scheme {
+        launcher: Launcher::Slurm,
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+    },
+];
+
+/// The variable's value, trimmed; `None` when unset or blank.
+fn var(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+    get(name)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+fn invalid(var: &str, value: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidEnv {
+        var: var.to_string(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Parses a decimal u32 (digits only: no sign).
+fn parse_u32(name: &str, value: &str) -> Result<u32> {
+    match value.parse::<u32>() {
+        Ok(n) if value.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
+        _ => Err(invalid(
+            name,
+            value,
+            "expected a decimal number from 0 to 4294967295",
+        )),
+    }
+}
+
+/// Parses a job token: exactly 16 hex digits.
+fn parse_token(name: &str, value: &str) -> Result<u64> {
+    match u64::from_str_radix(value, 16) {
+        Ok(t) if value.len() == 16 && value.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(t),
+        _ => Err(invalid(
+            name,
+            value,
+            "expected exactly 16 hexadecimal digits",
+        )),
+    }
+}
+
+/// Reads rank, size and local rank from the launcher's variables, looked up with `get`.
+///
+/// Priority: `QUIVER_RANK`/`QUIVER_SIZE` (`QUIVER_LOCAL_RANK`) >
+/// `OMPI_COMM_WORLD_RANK`/`OMPI_COMM_WORLD_SIZE` (`OMPI_COMM_WORLD_LOCAL_RANK`) >
+/// `PMI_RANK`/`PMI_SIZE` (`MPI_LOCALRANKID`) > `SLURM_PROCID`/`SLURM_NTASKS`
+/// (`SLURM_LOCALID`). Blank values count as unset.
+///
+/// # Errors
+///
+/// [`Error::MissingEnv`] naming the missing variable when a rank variable is set without
+/// its size variable or the reverse, or (naming `QUIVER_RANK`) when no launcher is found;
+/// [`Error::InvalidEnv`] naming the variable when a value is not a number, the size is 0,
+/// or the rank (or local rank) is not below the size.
+pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Detected> {
+    for s in &SCHEMES {
+        let (rank, size) = match (var(get, s.rank), var(get, s.size)) {
+            (None, None) => continue,
+            (Some(rank), Some(size)) => (rank, size),
+            (Some(_), None) => {
+                return Err(Error::MissingEnv {
+                    var: s.size,
+                    hint: format!(
+                        "{} is set, so this process looks started by {}, but the job size \
+                         {} is not",
+                        s.rank, s.launcher, s.size
+                    ),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(Error::MissingEnv {
+                    var: s.rank,
+                    hint: format!(
+                        "{} is set, so this process looks started by {}, but its rank {} \
+                         is not",
+                        s.size, s.launcher, s.rank
+                    ),
+                })
+            }
+        };
+        let size_n = parse_u32(s.size, &size)?;
+        if size_n == 0 {
+            return Err(invalid(s.size, &size, "the job size must be at least 1"));
+        }
+        let rank_n = parse_u32(s.rank, &rank)?;
+        if rank_n >= size_n {
+            return Err(invalid(
+                s.rank,
+                &rank,
+                format!("the rank must be below the job size {size_n} ({})", s.size),
+            ));
+        }
+        let local_rank = match var(get, s.local_rank) {
+            None => None,
+            Some(v) => {
+                let n = parse_u32(s.local_rank, &v)?;
+                if n >= size_n {
+                    return Err(invalid(
+                        s.local_rank,
+                        &v,
+                        format!(
+                            "the local rank must be below the job size {size_n} ({})",
+                            s.size
+                        ),
+                    ));
+                }
+                Some(n)
+            }
+        };
+        return Ok(Detected {
+            rank: rank_n,
+            size: size_n,
+            local_rank,
+            launcher: s.launcher,
+        });
+    }
+    Err(Error::MissingEnv {
+        var: "QUIVER_RANK",
+        hint: "no launcher was found (none of QUIVER_RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, \
+               SLURM_PROCID is set): start the program with `quiver run -n N PROGRAM`, \
+               `mpirun -n N PROGRAM` or `srun -n N PROGRAM`"
+            .into(),
+    })
+}
+
+/// Everything a rank knows about its job once bootstrapped.
+pub struct JobInfo {
+    /// This process's rank.
+    pub rank: u32,
+    /// The number of ranks.
+    pub size: u32,
+    /// Rank among those on this node, when the launcher says.
+    pub local_rank: Option<u32>,
+    /// The job's id, the same on every rank.
+    pub job_id: u32,
+    /// The job's secret token, the same on every rank.
+    pub token: u64,
+    /// The launcher that started the job.
+    pub launcher: Launcher,
+    /// The node name of every rank, indexed by rank.
+    pub node_names: Vec<String>,
+    /// The node id of every rank, indexed by rank (dense, by first appearance).
+    pub nids: Vec<u32>,
+    /// The IP address of every rank, indexed by rank.
+    pub addrs: Vec<IpAddr>,
+    /// The rendezvous store, for later exchanges (endpoint addresses, barriers).
+    pub rendezvous: Arc<Rendezvous>,
+    /// The store this rank serves (rank 0 of a `tcp://` job not started by `quiver run`).
+    /// The other ranks need it for as long as they use the store.
+    pub server: Option<KvServerHandle>,
+}
+
+impl fmt::Debug for JobInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobInfo")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("local_rank", &self.local_rank)
+            .field("job_id", &self.job_id)
+            .field("token", &"<secret>")
+            .field("launcher", &self.launcher)
+            .field("node_names", &self.node_names)
+            .field("nids", &self.nids)
+            .field("addrs", &self.addrs)
+            .field("rendezvous", &self.rendezvous)
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+/// [`bootstrap`] over the process environment.
+pub fn bootstrap_from_env(timeout: Duration) -> Result<JobInfo> {
+    bootstrap(&|name| std::env::var(name).ok(), timeout)
+}
+
+/// Joins the job described by the variables looked up with `get` (see the module
+/// documentation), waiting at most `timeout` in all for the store and the other ranks.
+///
+/// # Errors
+///
+/// The errors of [`detect`]; [`Error::MissingEnv`] or [`Error::InvalidEnv`] for the
+/// `QUIVER_*` variables of the module documentation; [`Error::Io`] if rank 0 cannot serve
+/// the store at `HOST:PORT`; [`Error::Rendezvous`] if the store cannot be reached, holds
+/// malformed entries, or some rank does not show up within `timeout` (the message says
+/// which).
+pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Result<JobInfo> {
+    let deadline = Deadline::after(timeout);
+    let det = detect(get)?;
+    let (rank, size) = (det.rank, det.size);
+
+    let url_text = var(get, "QUIVER_RENDEZVOUS").ok_or_else(|| Error::MissingEnv {
+        var: "QUIVER_RENDEZVOUS",
+        hint: "set QUIVER_RENDEZVOUS=tcp://HOST:PORT (a store served by rank 0, on HOST, or \
+               by the launcher) or file:///SHARED/DIR (a directory every node sees) on every \
+               rank; with Open MPI: mpirun -x QUIVER_RENDEZVOUS=tcp://127.0.0.1:7777 ...; \
+               `quiver run` sets it"
+            .into(),
+    })?;
+    let url = parse_url(&url_text).map_err(|e| match e {
+        Error::Rendezvous { reason, .. } => invalid("QUIVER_RENDEZVOUS", &url_text, reason),
+        e => e,
+    })?;
+
+    let env_job = match (var(get, "QUIVER_JOB_ID"), var(get, "QUIVER_JOB_TOKEN")) {
+        (Some(id), Some(token)) => Some((
+            parse_u32("QUIVER_JOB_ID", &id)?,
+            parse_token("QUIVER_JOB_TOKEN", &token)?,
+        )),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(Error::MissingEnv {
+                var: "QUIVER_JOB_TOKEN",
+                hint: "QUIVER_JOB_ID is set, so QUIVER_JOB_TOKEN (16 hex digits, the same on \
+                       every rank) must be set too; `quiver run` sets both"
+                    .into(),
+            })
+        }
+        (None, Some(_)) => {
+            return Err(Error::MissingEnv {
+                var: "QUIVER_JOB_ID",
+                hint: "QUIVER_JOB_TOKEN is set, so QUIVER_JOB_ID (a decimal number, the same \
+                       on every rank) must be set too; `quiver run` sets both"
+                    .into(),
+            })
+        }
+    };
+
+    // The store: served by the launcher, by rank 0, or a directory (divided per run).
+    let mut server = None;
+    let url = match url {
+        RendezvousUrl::Tcp(host_port) => {
+            if env_job.is_none() && rank == 0 {
+                server = Some(serve(&host_port, &url_text)?);
+            }
+            RendezvousUrl::Tcp(host_port)
+        }
+        RendezvousUrl::File(dir) => {
+            let namespace = match env_job {
+                Some((id, _)) => format!("quiver-{id}"),
+                None => launcher_namespace(get)?,
+            };
+            RendezvousUrl::File(dir.join(namespace))
+        }
+    };
+    let rv = Rendezvous::connect_url(url, deadline.remaining()).map_err(|e| match e {
+        Error::Rendezvous { url, reason } if env_job.is_some() => Error::Rendezvous {
+            url,
+            reason: format!(
+                "{reason} (QUIVER_JOB_ID is set, so the launcher is expected to serve the store; \
+                 unset QUIVER_JOB_ID and QUIVER_JOB_TOKEN to have rank 0 serve it)"
+            ),
+        },
+        e => e,
+    })?;
+    let waiting = |what: String| {
+        let url = rv.url().to_string();
+        move |e: Error| match e {
+            Error::Timeout(_) => Error::Rendezvous {
+                url,
+                reason: format!(
+                    "timed out after {timeout:?} waiting for {what}; did all {size} ranks start, \
+                     with the same QUIVER_RENDEZVOUS?"
+                ),
+            },
+            e => e,
+        }
+    };
+
+    // Job id and token.
+    let (job_id, token) = match env_job {
+        Some(job) => job,
+        None => {
+            let (id_text, token_text) = if rank == 0 {
+                let id = loop {
+                    let id = random_u64()? as u32;
+                    if id != 0 {
+                        break id;
+                    }
+                };
+                let token = loop {
+                    let token = random_u64()?;
+                    if token != 0 {
+                        break token;
+                    }
+                };
+                (
+                    rv.put_if_absent("job/id", &id.to_string())?,
+                    rv.put_if_absent("job/token", &format!("{token:016x}"))?,
+                )
+            } else {
+                (
+                    rv.get("job/id", deadline.remaining())
+                        .map_err(waiting("rank 0 to publish the job id".into()))?,
+                    rv.get("job/token", deadline.remaining())
+                        .map_err(waiting("rank 0 to publish the job token".into()))?,
+                )
+            };
+            let bad = |what: &str, value: &str| Error::Rendezvous {
+                url: rv.url().to_string(),
+                reason: format!("the store holds a malformed {what} {}", show(value)),
+            };
+            let id = parse_u32("job/id", &id_text).map_err(|_| bad("job id", &id_text))?;
+            let token =
+                parse_token("job/token", &token_text).map_err(|_| bad("job token", &token_text))?;
+            (id, token)
+        }
+    };
+
+    // This rank's node and address.
+    let (name, name_var) = match var(get, "QUIVER_NODE") {
+        Some(n) => (n, true),
+        None => (
+            hostname().ok_or_else(|| {
+                Error::Config("cannot determine the host name; set QUIVER_NODE".into())
+            })?,
+            false,
+        ),
+    };
+    if let Err(why) = check_node_name(&name) {
+        let reason = if name_var {
+            format!("a node name {why}")
+        } else {
+            format!("QUIVER_NODE is unset and the host name {why}; set QUIVER_NODE to a name without whitespace, '|' or ','")
+        };
+        return Err(invalid("QUIVER_NODE", &name, reason));
+    }
+    let addr = match var(get, "QUIVER_ADDR") {
+        Some(a) => a
+            .parse::<IpAddr>()
+            .map_err(|_| invalid("QUIVER_ADDR", &a, "expected an IPv4 or IPv6 address"))?,
+        None => rv.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+    };
+
+    let nodes = exchange_nodes(
+        &rv,
+        rank,
+        size,
+        &format!("{name}|{addr}"),
+        deadline,
+        &waiting,
+    )?;
+    let mut node_names = Vec::with_capacity(nodes.len());
+    let mut addrs = Vec::with_capacity(nodes.len());
+    let mut nids = Vec::with_capacity(nodes.len());
+    let mut nid_of: HashMap<String, u32> = HashMap::new();
+    for (node, ip) in nodes {
+        let next = nid_of.len() as u32;
+        let nid = *nid_of.entry(node.clone()).or_insert(next);
+        nids.push(nid);
+        node_names.push(node);
+        addrs.push(ip);
+    }
+
+    rv.barrier("bootstrap", rank, size, deadline.remaining())
+        .map_err(waiting(
+            "every rank to finish bootstrapping (barrier)".into(),
+        ))?;
+
+    Ok(JobInfo {
+        rank,
+        size,
+        local_rank: det.local_rank,
+        job_id,
+        token,
+        launcher: det.launcher,
+        node_names,
+        nids,
+        addrs,
+        rendezvous: Arc::new(rv),
+        server,
+    })
+}
+
+/// Rank 0 serves the store at `host_port` (an address of its own node).
+fn serve(host_port: &str, url_text: &str) -> Result<KvServerHandle> {
+    let context = format!(
+        "rank 0 cannot serve the rendezvous store at {url_text} (QUIVER_RENDEZVOUS): HOST must \
+         be an address of rank 0's node and PORT free"
+    );
+    let addrs = host_port
+        .to_socket_addrs()
+        .map_err(|e| Error::io(context.clone(), e))?;
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "HOST resolves to no address");
+    for addr in addrs {
+        match KvServer::bind(addr) {
+            Ok(server) => return Ok(server.spawn()),
+            Err(e) => last = e,
+        }
+    }
+    Err(Error::io(context, last))
+}
+
+/// The subdirectory of a `file://` store for this run, from the launcher's job id.
+fn launcher_namespace(get: &dyn Fn(&str) -> Option<String>) -> Result<String> {
+    let raw = if let Some(id) = var(get, "OMPI_MCA_ess_base_jobid") {
+        format!("ompi-{id}")
+    } else if let Some(ns) = var(get, "PMIX_NAMESPACE") {
+        format!("pmix-{ns}")
+    } else if let (Some(job), Some(step)) = (
+        var(get, "SLURM_JOB_ID"),
+        var(get, "SLURM_STEP_ID").or_else(|| var(get, "SLURM_STEPID")),
+    ) {
+        format!("slurm-{job}.{step}")
+    } else {
+        return Err(Error::MissingEnv {
+            var: "QUIVER_JOB_ID",
+            hint: "a file:// rendezvous needs a job id unique to this run to name its \
+                   subdirectory, and none of OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, \
+                   SLURM_JOB_ID with SLURM_STEP_ID is set: set QUIVER_JOB_ID (a decimal number \
+                   unique to this run) and QUIVER_JOB_TOKEN (16 hex digits) on every rank, or \
+                   use a tcp:// rendezvous"
+                .into(),
+        });
+    };
+    // Keep the name to safe characters, escaping the rest, and short.
+    let mut name = String::new();
+    for b in raw.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+            name.push(b as char);
+        } else {
+            name.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if name.len() > 200 {
+        return Err(Error::Config(format!(
+            "the launcher's job id {} is too long to name a rendezvous directory; set \
+             QUIVER_JOB_ID and QUIVER_JOB_TOKEN",
+            show(&raw)
+        )));
+    }
+    Ok(name)
+}
+
+/// Why `name` cannot be a node name, if it cannot.
+fn check_node_name(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty() || name.len() > 255 {
+        Err("must be 1 to 255 characters long")
+    } else if !name
+        .bytes()
+        .all(|b| (0x21..=0x7e).contains(&b) && b != b'|' && b != b',')
+    {
+        Err("must be printable ASCII without whitespace, '|' or ','")
+    } else {
+        Ok(())
+    }
+}
+
+/// Parses a node entry `name|addr`.
+fn parse_node(entry: &str) -> Option<(String, IpAddr)> {
+    let (name, addr) = entry.split_once('|')?;
+    check_node_name(name).ok()?;
+    Some((name.to_string(), addr.parse().ok()?))
+}
+
+/// Publishes this rank's node entry and returns every rank's, indexed by rank.
+///
+/// Every rank puts `node/{rank}`; rank 0 gathers them all, checks them, and publishes the
+/// merged list as `nodes/0..n` (each at most [`MAX_ITEM_LEN`] bytes) and then
+/// `nodes/count`, which the other ranks wait for.
+fn exchange_nodes<W, F>(
+    rv: &Rendezvous,
+    rank: u32,
+    size: u32,
+    entry: &str,
+    deadline: Deadline,
+    waiting: &W,
+) -> Result<Vec<(String, IpAddr)>>
+where
+    W: Fn(String) -> F,
+    F: FnOnce(Error) -> Error,
+{
+    let malformed = |r: usize, e: &str| Error::Rendezvous {
+        url: rv.url().to_string(),
+        reason: format!("rank {r} published a malformed node entry {}", show(e)),
+    };
+    rv.put(&format!("node/{rank}"), entry)?;
+    let entries = if rank == 0 {
+        let mut all = Vec::with_capacity(size as usize);
+        all.push(entry.to_string());
+        for r in 1..size {
+            let e = rv
+                .get(&format!("node/{r}"), deadline.remaining())
+                .map_err(waiting(format!("rank {r} to publish its node")))?;
+            if parse_node(&e).is_none() {
+                return Err(malformed(r as usize, &e));
+            }
+            all.push(e);
+        }
+        let mut chunks = Vec::new();
+        let mut chunk = String::new();
+        for e in &all {
+            if !chunk.is_empty() && chunk.len() + 1 + e.len() > MAX_ITEM_LEN {
+                chunks.push(std::mem::take(&mut chunk));
+            }
+            if !chunk.is_empty() {
+                chunk.push(',');
+            }
+            chunk.push_str(e);
+        }
+        chunks.push(chunk);
+        for (i, c) in chunks.iter().enumerate() {
+            rv.put(&format!("nodes/{i}"), c)?;
+        }
+        rv.put("nodes/count", &chunks.len().to_string())?;
+        all
+    } else {
+        let count_text = rv
+            .get("nodes/count", deadline.remaining())
+            .map_err(waiting("rank 0 to publish the list of nodes".into()))?;
+        let count = match count_text.parse::<u32>() {
+            Ok(n) if n >= 1 && n <= size => n,
+            _ => {
+                return Err(Error::Rendezvous {
+                    url: rv.url().to_string(),
+                    reason: format!(
+                        "the store holds a malformed nodes/count {}",
+                        show(&count_text)
+                    ),
+                })
+            }
+        };
+        let mut all = Vec::with_capacity(size as usize);
+        for i in 0..count {
+            let c = rv
+                .get(&format!("nodes/{i}"), deadline.remaining())
+                .map_err(waiting("rank 0 to publish the list of nodes".into()))?;
+            all.extend(c.split(',').map(str::to_string));
+        }
+        if all.len() != size as usize {
+            return Err(Error::Rendezvous {
+                url: rv.url().to_string(),
+                reason: format!(
+                    "the list of nodes in the store has {} entries for {size} ranks",
+                    all.len()
+                ),
+            });
+        }
+        all
+    };
+    entries
+        .iter()
+        .enumerate()
+        .map(|(r, e)| parse_node(e).ok_or_else(|| malformed(r, e)))
+        .collect()
+}
+
+fn random_u64() -> Result<u64> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        Error::io(
+            "drawing a random job id and token",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// The host name, from gethostname(2) or /proc.
+fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration of the call.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        if let Ok(s) = std::str::from_utf8(&buf[..end]) {
+            if !s.is_empty() {
+                return Some(s.to_string());
+            }
+        }
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{SocketAddr, TcpListener};
+    use std::thread;
+
+    type Env = HashMap<String, String>;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn detect_in(pairs: &[(&str, &str)]) -> Result<Detected> {
+        let e = env(pairs);
+        detect(&|k| e.get(k).cloned())
+    }
+
+    #[test]
+    fn detects_each_launcher() {
+        let d = detect_in(&[
+            ("QUIVER_RANK", "2"),
+            ("QUIVER_SIZE", "4"),
+            ("QUIVER_LOCAL_RANK", "0"),
+        ])
+        .unwrap();
+        assert_eq!(
+            d,
+            Detected {
+                rank: 2,
+                size: 4,
+                local_rank: Some(0),
+                launcher: Launcher::Quiver
+            }
+        );
+        let d = detect_in(&[
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            d,
+            Detected {
+                rank: 1,
+                size: 2,
+                local_rank: Some(1),
+                launcher: Launcher::OpenMpi
+            }
+        );
+        let d = detect_in(&[("PMI_RANK", "0"), ("PMI_SIZE", "3")]).unwrap();
+        assert_eq!(
+            d,
+            Detected {
+                rank: 0,
+                size: 3,
+                local_rank: None,
+                launcher: Launcher::Hydra
+            }
+        );
+        let d = detect_in(&[
+            ("SLURM_PROCID", "7"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "3"),
+            ("SLURM_NODEID", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            d,
+            Detected {
+                rank: 7,
+                size: 8,
+                local_rank: Some(3),
+                launcher: Launcher::Slurm
+            }
+        );
+    }
+
+    #[test]
+    fn detection_priority() {
+        // mpirun inside a Slurm allocation: Open MPI wins; quiver run wins over all.
+        let d = detect_in(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+        ])
+        .unwrap();
+        assert_eq!((d.launcher, d.rank, d.size), (Launcher::OpenMpi, 3, 4));
+        let d = detect_in(&[
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "1"),
+            ("QUIVER_RANK", "1"),
+            ("QUIVER_SIZE", "2"),
+        ])
+        .unwrap();
+        assert_eq!(d.launcher, Launcher::Quiver);
+        let d = detect_in(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("SLURM_PROCID", "0")]).unwrap();
+        assert_eq!(d.launcher, Launcher::Hydra);
+    }
+
+    fn err_text(pairs: &[(&str, &str)]) -> String {
+        detect_in(pairs).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn detection_errors_name_the_variable() {
+        let e = err_text(&[("QUIVER_RANK", "0")]);
+        assert!(e.contains("QUIVER_SIZE"), "{e}");
+        let e = err_text(&[("OMPI_COMM_WORLD_SIZE", "4")]);
+        assert!(e.contains("OMPI_COMM_WORLD_RANK"), "{e}");
+        let e = err_text(&[("SLURM_PROCID", "0")]);
+        assert!(e.contains("SLURM_NTASKS"), "{e}");
+        let e = err_text(&[("PMI_RANK", "x"), ("PMI_SIZE", "2")]);
+        assert!(e.contains("PMI_RANK") && e.contains("\"x\""), "{e}");
+        let e = err_text(&[("PMI_RANK", "0"), ("PMI_SIZE", "-2")]);
+        assert!(e.contains("PMI_SIZE"), "{e}");
+        let e = err_text(&[("QUIVER_RANK", "+1"), ("QUIVER_SIZE", "2")]);
+        assert!(e.contains("QUIVER_RANK"), "{e}");
+        let e = err_text(&[("QUIVER_RANK", "4"), ("QUIVER_SIZE", "4")]);
+        assert!(e.contains("QUIVER_RANK") && e.contains("below"), "{e}");
+        let e = err_text(&[("QUIVER_RANK", "0"), ("QUIVER_SIZE", "0")]);
+        assert!(e.contains("QUIVER_SIZE"), "{e}");
+        let e = err_text(&[("QUIVER_RANK", "0"), ("QUIVER_SIZE", "99999999999")]);
+        assert!(e.contains("QUIVER_SIZE"), "{e}");
+        let e = err_text(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "z"),
+        ]);
+        assert!(e.contains("SLURM_LOCALID"), "{e}");
+        let e = err_text(&[]);
+        assert!(e.contains("QUIVER_RANK") && e.contains("quiver run"), "{e}");
+        assert!(matches!(
+            detect_in(&[]),
+            Err(Error::MissingEnv {
+                var: "QUIVER_RANK",
+                ..
+            })
+        ));
+        // Blank counts as unset.
+        let e = err_text(&[("QUIVER_RANK", " "), ("QUIVER_SIZE", "2")]);
+        assert!(e.contains("QUIVER_RANK"), "{e}");
+    }
+
+    fn bootstrap_in(pairs: &[(&str, &str)]) -> Result<JobInfo> {
+        let e = env(pairs);
+        bootstrap(&|k| e.get(k).cloned(), Duration::from_secs(2))
+    }
+
+    #[test]
+    fn bootstrap_env_errors_name_the_variable() {
+        let base = [("QUIVER_RANK", "0"), ("QUIVER_SIZE", "1")];
+        let e = bootstrap_in(&base).unwrap_err().to_string();
+        assert!(
+            e.contains("QUIVER_RENDEZVOUS") && e.contains("tcp://"),
+            "{e}"
+        );
+        let mut with = base.to_vec();
+        with.push(("QUIVER_RENDEZVOUS", "http://x:1"));
+        let e = bootstrap_in(&with).unwrap_err().to_string();
+        assert!(
+            e.contains("QUIVER_RENDEZVOUS") && e.contains("expected tcp://"),
+            "{e}"
+        );
+        let mut with = base.to_vec();
+        with.push(("QUIVER_RENDEZVOUS", "tcp://127.0.0.1:1"));
+        with.push(("QUIVER_JOB_ID", "5"));
+        let e = bootstrap_in(&with).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_JOB_TOKEN"), "{e}");
+        with.push(("QUIVER_JOB_TOKEN", "123"));
+        let e = bootstrap_in(&with).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_JOB_TOKEN") && e.contains("16"), "{e}");
+        let mut with = base.to_vec();
+        with.push(("QUIVER_RENDEZVOUS", "tcp://127.0.0.1:1"));
+        with.push(("QUIVER_JOB_TOKEN", "0123456789abcdef"));
+        let e = bootstrap_in(&with).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_JOB_ID"), "{e}");
+        // file:// without any job id.
+        let dir = temp_dir("nojob");
+        let url = format!("file://{}", dir.display());
+        let mut with = base.to_vec();
+        with.push(("QUIVER_RENDEZVOUS", &url));
+        let e = bootstrap_in(&with).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_JOB_ID") && e.contains("file://"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn bad_node_and_addr_are_invalid_env() {
+        let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap()
+            .spawn();
+        let url = format!("tcp://{}", srv.local_addr());
+        let base = [
+            ("QUIVER_RANK", "0"),
+            ("QUIVER_SIZE", "1"),
+            ("QUIVER_RENDEZVOUS", url.as_str()),
+            ("QUIVER_JOB_ID", "9"),
+            ("QUIVER_JOB_TOKEN", "00000000deadbeef"),
+        ];
+        let mut with = base.to_vec();
+        with.push(("QUIVER_NODE", "a|b"));
+        let e = bootstrap_in(&with).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_NODE"), "{e}");
+        let mut with = base.to_vec();
+        with.push(("QUIVER_ADDR", "not-an-ip"));
+        let e = bootstrap_in(&with).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_ADDR"), "{e}");
+        let job = bootstrap_in(&base).unwrap();
+        assert_eq!(
+            (job.job_id, job.token, job.nids.clone()),
+            (9, 0xdead_beef, vec![0])
+        );
+        let shown = format!("{job:?}").to_lowercase();
+        assert!(
+            !shown.contains("deadbeef") && !shown.contains("3735928559"),
+            "{shown}"
+        );
+    }
+
+    fn temp_dir(tag: &str) -> std::path::PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        std::env::temp_dir().join(format!(
+            "quiver-bs-test-{tag}-{}-{nanos}",
+            std::process::id()
+        ))
+    }
+
+    /// Runs one bootstrap per environment, each on its own thread.
+    fn run_ranks(envs: Vec<Env>) -> Vec<JobInfo> {
+        let threads: Vec<_> = envs
+            .into_iter()
+            .map(|e| {
+                thread::spawn(move || bootstrap(&|k| e.get(k).cloned(), Duration::from_secs(20)))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap().unwrap())
+            .collect()
+    }
+
+    fn quiver_envs(url: &str, nodes: &[&str]) -> Vec<Env> {
+        let size = nodes.len().to_string();
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(r, node)| {
+                let rank = r.to_string();
+                let mut e = env(&[
+                    ("QUIVER_RANK", &rank),
+                    ("QUIVER_SIZE", &size),
+                    ("QUIVER_LOCAL_RANK", &rank),
+                    ("QUIVER_JOB_ID", "4242"),
+                    ("QUIVER_JOB_TOKEN", "0123456789ABCDEF"),
+                    ("QUIVER_RENDEZVOUS", url),
+                ]);
+                if !node.is_empty() {
+                    e.insert("QUIVER_NODE".into(), node.to_string());
+                }
+                e
+            })
+            .collect()
+    }
+
+    fn check_agree(jobs: &[JobInfo]) {
+        for (r, j) in jobs.iter().enumerate() {
+            assert_eq!(j.rank as usize, r);
+            assert_eq!(j.size as usize, jobs.len());
+            assert_eq!(j.job_id, jobs[0].job_id);
+            assert_eq!(j.token, jobs[0].token);
+            assert_eq!(j.node_names, jobs[0].node_names);
+            assert_eq!(j.nids, jobs[0].nids);
+            assert_eq!(j.addrs, jobs[0].addrs);
+            assert_eq!(j.node_names.len(), jobs.len());
+        }
+    }
+
+    #[test]
+    fn four_ranks_against_a_launcher_store() {
+        let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap()
+            .spawn();
+        let url = format!("tcp://{}", srv.local_addr());
+        let jobs = run_ranks(quiver_envs(&url, &["", "", "", ""]));
+        check_agree(&jobs);
+        assert_eq!(jobs[0].job_id, 4242);
+        assert_eq!(jobs[0].token, 0x0123_4567_89ab_cdef);
+        assert_eq!(jobs[0].nids, vec![0, 0, 0, 0]);
+        assert_eq!(jobs[0].node_names[0], hostname().unwrap());
+        assert!(jobs
+            .iter()
+            .all(|j| j.server.is_none() && j.launcher == Launcher::Quiver));
+        assert_eq!(jobs[0].addrs, vec![IpAddr::V4(Ipv4Addr::LOCALHOST); 4]);
+        assert_eq!(jobs[2].local_rank, Some(2));
+    }
+
+    #[test]
+    fn two_nodes_from_quiver_node() {
+        let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap()
+            .spawn();
+        let url = format!("tcp://{}", srv.local_addr());
+        let jobs = run_ranks(quiver_envs(&url, &["n0", "n0", "n1", "n1"]));
+        check_agree(&jobs);
+        assert_eq!(jobs[0].nids, vec![0, 0, 1, 1]);
+        assert_eq!(jobs[3].node_names, vec!["n0", "n0", "n1", "n1"]);
+        // Numbering by first appearance, on a store of its own.
+        let srv2 = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap()
+            .spawn();
+        let url2 = format!("tcp://{}", srv2.local_addr());
+        let jobs = run_ranks(quiver_envs(&url2, &["b", "a", "b", "c"]));
+        check_agree(&jobs);
+        assert_eq!(jobs[1].nids, vec![0, 1, 0, 2]);
+    }
+
+    #[test]
+    fn rank_zero_serves_the_store_and_draws_the_job_id() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let envs = (0..4)
+            .map(|r| {
+                let rank = r.to_string();
+                env(&[
+                    ("OMPI_COMM_WORLD_RANK", &rank),
+                    ("OMPI_COMM_WORLD_SIZE", "4"),
+                    ("OMPI_COMM_WORLD_LOCAL_RANK", &rank),
+                    ("QUIVER_RENDEZVOUS", &url),
+                ])
+            })
+            .collect();
+        let jobs = run_ranks(envs);
+        check_agree(&jobs);
+        assert!(jobs[0].server.is_some());
+        assert!(jobs[1..].iter().all(|j| j.server.is_none()));
+        assert!(jobs.iter().all(|j| j.launcher == Launcher::OpenMpi));
+        assert_ne!(jobs[0].job_id, 0);
+        assert_ne!(jobs[0].token, 0);
+        assert_eq!(jobs[0].nids, vec![0, 0, 0, 0]);
+        // The store stays usable while rank 0 holds its handle.
+        jobs[3].rendezvous.put("after", "1").unwrap();
+        assert_eq!(
+            jobs[1]
+                .rendezvous
+                .get("after", Duration::from_secs(5))
+                .unwrap(),
+            "1"
+        );
+    }
+
+    #[test]
+    fn file_store_with_quiver_job_id() {
+        let dir = temp_dir("file");
+        let url = format!("file://{}", dir.display());
+        let jobs = run_ranks(quiver_envs(&url, &["x", "y", "x", "y"]));
+        check_agree(&jobs);
+        assert_eq!(jobs[0].nids, vec![0, 1, 0, 1]);
+        assert_eq!(jobs[0].job_id, 4242);
+        assert!(dir.join("quiver-4242").is_dir());
+        assert!(jobs[0].rendezvous.local_ip().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn file_store_divided_by_the_slurm_job() {
+        let dir = temp_dir("slurm");
+        let url = format!("file://{}", dir.display());
+        let envs = (0..3)
+            .map(|r| {
+                let rank = r.to_string();
+                env(&[
+                    ("SLURM_PROCID", &rank),
+                    ("SLURM_NTASKS", "3"),
+                    ("SLURM_JOB_ID", "777"),
+                    ("SLURM_STEP_ID", "0"),
+                    ("QUIVER_RENDEZVOUS", &url),
+                ])
+            })
+            .collect();
+        let jobs = run_ranks(envs);
+        check_agree(&jobs);
+        assert!(dir.join("slurm-777.0").is_dir());
+        assert!(jobs.iter().all(|j| j.server.is_none()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn many_ranks_spill_the_node_list_over_chunks() {
+        let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap()
+            .spawn();
+        let url = format!("tcp://{}", srv.local_addr());
+        let long: Vec<String> = (0..24).map(|i| format!("{}{i}", "n".repeat(200))).collect();
+        let names: Vec<&str> = long.iter().map(String::as_str).collect();
+        let jobs = run_ranks(quiver_envs(&url, &names));
+        check_agree(&jobs);
+        assert_eq!(jobs[5].nids, (0..24).collect::<Vec<u32>>());
+        let count = jobs[0].rendezvous.try_get("nodes/count").unwrap().unwrap();
+        assert!(count.parse::<u32>().unwrap() > 1, "{count}");
+    }
+}

@@ -1,52 +1,184 @@
-//! Jobs: bootstrap from the launcher's environment and the rendezvous store.
+//! Jobs: a process joins a job, learns its rank, the job size, the job id and token and
+//! the node of every rank ([`bootstrap`]), and opens endpoints whose addresses are
+//! exchanged through the job's [`rendezvous`] store.
+
 pub mod bootstrap;
 pub mod rendezvous;
 
+use self::bootstrap::{JobInfo, Launcher};
+use self::rendezvous::{KvServerHandle, Rendezvous};
 use crate::dm::Endpoint;
-use crate::{Config, Result};
+use crate::{Config, Error, Result};
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
 
-/// A process's membership in a job: its rank, the job size, the node of every rank.
-pub struct Job {}
+/// How long [`Job::barrier`] waits for the slowest rank.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// What endpoints share with their job.
+pub(crate) struct JobShared {
+    pub rank: u32,
+    pub size: u32,
+    pub job_id: u32,
+    pub token: u64,
+    pub nids: Vec<u32>,
+    pub addrs: Vec<IpAddr>,
+    pub config: Config,
+    pub kv: Arc<Rendezvous>,
+    pub launcher: Launcher,
+    open_dpids: Mutex<HashSet<u16>>,
+    barriers: AtomicU64,
+    _server: Option<KvServerHandle>,
+}
+
+impl JobShared {
+    pub(crate) fn node_count(&self) -> usize {
+        self.nids.iter().max().map_or(1, |m| *m as usize + 1)
+    }
+
+    pub(crate) fn close_dpid(&self, dpid: u16) {
+        if let Ok(mut open) = self.open_dpids.lock() {
+            open.remove(&dpid);
+        }
+    }
+}
+
+/// A process's membership in a job.
+///
+/// ```no_run
+/// let job = quiver::Job::from_env()?;
+/// println!("rank {} of {} on node {}", job.rank(), job.size(), job.nid());
+/// # Ok::<(), quiver::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Job {
+    shared: Arc<JobShared>,
+}
+
+static CLEANUP: Once = Once::new();
 
 impl Job {
-    /// Joins the job described by the environment (see [`bootstrap`]).
+    /// Joins the job described by the environment of `quiver run`, Open MPI's `mpirun`,
+    /// MPICH's Hydra or Slurm, with configuration from the `QUIVER_*` variables.
     pub fn from_env() -> Result<Job> {
-        todo!()
+        Self::from_env_with(Config::from_env()?)
     }
-    /// Joins with an explicit configuration instead of the `QUIVER_*` knobs.
-    pub fn from_env_with(_config: Config) -> Result<Job> {
-        todo!()
+
+    /// Like [`Job::from_env`] with an explicit configuration.
+    pub fn from_env_with(config: Config) -> Result<Job> {
+        config.validate()?;
+        // The first job of a process on a node removes segments that crashed jobs left.
+        CLEANUP.call_once(|| {
+            let n = crate::link::shm::cleanup_stale();
+            if n > 0 {
+                tracing::info!("removed {n} shared-memory segment(s) left by dead processes");
+            }
+        });
+        let info = bootstrap::bootstrap_from_env(config.connect_timeout)?;
+        Ok(Self::from_info(info, config))
     }
+
+    /// Joins a job whose variables are read through `get` instead of the process
+    /// environment (several ranks in one process, embedding in another launcher).
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, config: Config) -> Result<Job> {
+        config.validate()?;
+        let info = bootstrap::bootstrap(get, config.connect_timeout)?;
+        Ok(Self::from_info(info, config))
+    }
+
+    fn from_info(info: JobInfo, config: Config) -> Job {
+        Job {
+            shared: Arc::new(JobShared {
+                rank: info.rank,
+                size: info.size,
+                job_id: info.job_id,
+                token: info.token,
+                nids: info.nids,
+                addrs: info.addrs,
+                config,
+                kv: info.rendezvous,
+                launcher: info.launcher,
+                open_dpids: Mutex::new(HashSet::new()),
+                barriers: AtomicU64::new(0),
+                _server: info.server,
+            }),
+        }
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> u32 {
-        todo!()
+        self.shared.rank
     }
-    /// Number of ranks.
+
+    /// Number of ranks in the job.
     pub fn size(&self) -> u32 {
-        todo!()
+        self.shared.size
     }
+
     /// The job's id.
     pub fn job_id(&self) -> u32 {
-        todo!()
+        self.shared.job_id
     }
+
     /// Node id of this rank.
     pub fn nid(&self) -> u32 {
-        todo!()
+        self.shared.nids[self.shared.rank as usize]
     }
+
     /// Node id of `rank`.
-    pub fn nid_of(&self, _rank: u32) -> Result<u32> {
-        todo!()
+    pub fn nid_of(&self, rank: u32) -> Result<u32> {
+        self.shared
+            .nids
+            .get(rank as usize)
+            .copied()
+            .ok_or(Error::NoSuchRank {
+                rank,
+                size: self.shared.size,
+            })
     }
+
+    /// Number of nodes the job spans.
+    pub fn node_count(&self) -> usize {
+        self.shared.node_count()
+    }
+
+    /// Which launcher started the job.
+    pub fn launcher(&self) -> Launcher {
+        self.shared.launcher
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &Config {
-        todo!()
+        &self.shared.config
     }
-    /// Opens endpoint `dpid` on this rank.
-    pub fn open(&self, _dpid: u16) -> Result<Endpoint> {
-        todo!()
+
+    /// Opens endpoint `dpid` on this rank. A DPID can be open once per rank at a time.
+    pub fn open(&self, dpid: u16) -> Result<Endpoint> {
+        {
+            let mut open = self
+                .shared
+                .open_dpids
+                .lock()
+                .map_err(|_| Error::Config("endpoint registry poisoned by a panic".into()))?;
+            if !open.insert(dpid) {
+                return Err(Error::DpidInUse { dpid });
+            }
+        }
+        Endpoint::open(self.shared.clone(), dpid).inspect_err(|_| self.shared.close_dpid(dpid))
     }
-    /// Waits until every rank has called `barrier` (through the rendezvous store).
+
+    /// Waits until every rank of the job has called `barrier` the same number of times
+    /// (through the rendezvous store: for setup and tests, not for speed).
     pub fn barrier(&self) -> Result<()> {
-        todo!()
+        let n = self.shared.barriers.fetch_add(1, Ordering::Relaxed);
+        self.shared.kv.barrier(
+            &format!("user{n}"),
+            self.shared.rank,
+            self.shared.size,
+            BARRIER_TIMEOUT,
+        )
     }
 }

@@ -1,0 +1,508 @@
+//! Every way `quiver bench` presents results: the result record ([`BenchResult`], also
+//! the JSON line exchanged between a suite and its jobs), aligned tables, CSV and JSON
+//! lines ([`Reporter`]), and the suite's summary ([`SummaryRow`]). Benchmarks produce
+//! records; only this module turns them into text.
+
+use super::Bench;
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// Output format of `--format`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Aligned columns, one table per benchmark and transport.
+    Table,
+    /// One JSON object per line.
+    Json,
+    /// A header line, then one row per result.
+    Csv,
+}
+
+impl Format {
+    /// Name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Table => "table",
+            Format::Json => "json",
+            Format::Csv => "csv",
+        }
+    }
+}
+
+/// The result of one benchmark at one message size.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct BenchResult {
+    /// Benchmark.
+    pub bench: Bench,
+    /// Transport between the two ranks (`shm`, `udp`).
+    pub transport: String,
+    /// Wait mode of blocking reads (`spin`, `block`, `hybrid:US`).
+    pub wait: String,
+    /// Message size in bytes.
+    pub size: u64,
+    /// Measured iterations (round trips or windows).
+    pub iters: u64,
+    /// Warm-up iterations before them.
+    pub warmup: u64,
+    /// Messages per window (bandwidth benchmarks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u32>,
+    /// One-way latency, median (pingpong).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us_median: Option<f64>,
+    /// One-way latency, mean of the middle 80 % (pingpong).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us_avg80: Option<f64>,
+    /// One-way latency, 99th percentile (pingpong).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us_p99: Option<f64>,
+    /// One-way latency, minimum (pingpong).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us_min: Option<f64>,
+    /// One-way latency, maximum (pingpong).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us_max: Option<f64>,
+    /// Bandwidth, mean of the middle 80 % of the per-window samples, in 10^6 bytes/s.
+    #[serde(
+        rename = "bandwidth_MBps",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bandwidth_mbps: Option<f64>,
+    /// Bandwidth, median of the per-window samples, in 10^6 bytes/s.
+    #[serde(
+        rename = "bandwidth_MBps_median",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub bandwidth_mbps_median: Option<f64>,
+}
+
+impl BenchResult {
+    /// A record with the identifying fields set and no measurements.
+    pub fn new(
+        bench: Bench,
+        transport: &str,
+        wait: &str,
+        size: usize,
+        iters: u64,
+        warmup: u64,
+    ) -> Self {
+        BenchResult {
+            bench,
+            transport: transport.to_string(),
+            wait: wait.to_string(),
+            size: size as u64,
+            iters,
+            warmup,
+            window: None,
+            latency_us_median: None,
+            latency_us_avg80: None,
+            latency_us_p99: None,
+            latency_us_min: None,
+            latency_us_max: None,
+            bandwidth_mbps: None,
+            bandwidth_mbps_median: None,
+        }
+    }
+
+    /// The value a chart shows: median latency (us) or bandwidth (MB/s).
+    pub fn headline(&self) -> Option<f64> {
+        if self.bench.is_bandwidth() {
+            self.bandwidth_mbps
+        } else {
+            self.latency_us_median
+        }
+    }
+
+    /// One JSON line (no newline).
+    pub fn to_json(&self) -> String {
+        // Serializing plain fields (strings, integers, finite or non-finite floats) into
+        // a String cannot fail; fall back to a minimal object all the same.
+        serde_json::to_string(self).unwrap_or_else(|e| {
+            format!(
+                "{{\"bench\":\"{}\",\"size\":{},\"error\":{:?}}}",
+                self.bench,
+                self.size,
+                e.to_string()
+            )
+        })
+    }
+}
+
+/// Rounds `v` to `decimals` decimal places (results carry no false precision).
+pub fn round(v: f64, decimals: i32) -> f64 {
+    let m = 10f64.powi(decimals);
+    (v * m).round() / m
+}
+
+/// CSV columns, in order.
+pub const CSV_COLUMNS: [&str; 14] = [
+    "bench",
+    "transport",
+    "wait",
+    "size",
+    "iters",
+    "warmup",
+    "window",
+    "latency_us_median",
+    "latency_us_avg80",
+    "latency_us_p99",
+    "latency_us_min",
+    "latency_us_max",
+    "bandwidth_MBps",
+    "bandwidth_MBps_median",
+];
+
+/// Turns results into text for stdout, one result at a time, adding headers where
+/// needed (a CSV header once; a table title and header whenever the benchmark or the
+/// transport changes).
+#[derive(Debug)]
+pub struct Reporter {
+    format: Format,
+    last: Option<(Bench, String, String)>,
+    csv_header_done: bool,
+}
+
+fn num(v: Option<f64>, decimals: usize) -> String {
+    match v {
+        Some(x) => format!("{x:.decimals$}"),
+        None => "-".to_string(),
+    }
+}
+
+fn csv_num(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.4}")).unwrap_or_default()
+}
+
+impl Reporter {
+    /// A reporter for `format`.
+    pub fn new(format: Format) -> Reporter {
+        Reporter {
+            format,
+            last: None,
+            csv_header_done: false,
+        }
+    }
+
+    /// The lines (each ending in a newline) that present `r`.
+    pub fn render(&mut self, r: &BenchResult) -> String {
+        let mut out = String::new();
+        match self.format {
+            Format::Json => {
+                out.push_str(&r.to_json());
+                out.push('\n');
+            }
+            Format::Csv => {
+                if !self.csv_header_done {
+                    out.push_str(&CSV_COLUMNS.join(","));
+                    out.push('\n');
+                    self.csv_header_done = true;
+                }
+                let cells = [
+                    r.bench.name().to_string(),
+                    r.transport.clone(),
+                    r.wait.clone(),
+                    r.size.to_string(),
+                    r.iters.to_string(),
+                    r.warmup.to_string(),
+                    r.window.map(|w| w.to_string()).unwrap_or_default(),
+                    csv_num(r.latency_us_median),
+                    csv_num(r.latency_us_avg80),
+                    csv_num(r.latency_us_p99),
+                    csv_num(r.latency_us_min),
+                    csv_num(r.latency_us_max),
+                    csv_num(r.bandwidth_mbps),
+                    csv_num(r.bandwidth_mbps_median),
+                ];
+                out.push_str(&cells.join(","));
+                out.push('\n');
+            }
+            Format::Table => {
+                let key = (r.bench, r.transport.clone(), r.wait.clone());
+                if self.last.as_ref() != Some(&key) {
+                    if self.last.is_some() {
+                        out.push('\n');
+                    }
+                    out.push_str(&table_title(r));
+                    out.push_str(&table_header(r.bench));
+                    self.last = Some(key);
+                }
+                if r.bench.is_bandwidth() {
+                    let _ = writeln!(
+                        out,
+                        "{:>10} {:>12} {:>12} {:>8} {:>8}",
+                        r.size,
+                        num(r.bandwidth_mbps, 1),
+                        num(r.bandwidth_mbps_median, 1),
+                        r.window
+                            .map(|w| w.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        r.iters
+                    );
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "{:>10} {:>12} {:>12} {:>12} {:>8}",
+                        r.size,
+                        num(r.latency_us_median, 2),
+                        num(r.latency_us_avg80, 2),
+                        num(r.latency_us_p99, 2),
+                        r.iters
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
+fn table_title(r: &BenchResult) -> String {
+    let what = match r.bench {
+        Bench::Pingpong => "one-way latency (round trip / 2)",
+        Bench::Bw => "uni-directional bandwidth, MB/s = 10^6 B/s",
+        Bench::Bibw => "bi-directional bandwidth (both directions), MB/s = 10^6 B/s",
+    };
+    format!(
+        "# {} over {}, wait {}: {}\n",
+        r.bench, r.transport, r.wait, what
+    )
+}
+
+fn table_header(bench: Bench) -> String {
+    if bench.is_bandwidth() {
+        format!(
+            "{:>10} {:>12} {:>12} {:>8} {:>8}\n",
+            "size(B)", "avg80 MB/s", "median MB/s", "window", "iters"
+        )
+    } else {
+        format!(
+            "{:>10} {:>12} {:>12} {:>12} {:>8}\n",
+            "size(B)", "median(us)", "avg80(us)", "p99(us)", "iters"
+        )
+    }
+}
+
+/// One line of the suite's summary: the figures of one transport.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct SummaryRow {
+    /// Always `"summary"`, so that JSON consumers can tell these lines apart.
+    pub bench: &'static str,
+    /// Transport.
+    pub transport: String,
+    /// Median one-way latency of 8-byte messages, us.
+    #[serde(rename = "latency_us_median_8B")]
+    pub latency_us_median_8b: Option<f64>,
+    /// 99th percentile one-way latency of 8-byte messages, us.
+    #[serde(rename = "latency_us_p99_8B")]
+    pub latency_us_p99_8b: Option<f64>,
+    /// Bandwidth with 64 KiB messages, MB/s.
+    #[serde(rename = "bandwidth_MBps_64K")]
+    pub bandwidth_mbps_64k: Option<f64>,
+    /// Bandwidth with 1 MiB messages, MB/s.
+    #[serde(rename = "bandwidth_MBps_1M")]
+    pub bandwidth_mbps_1m: Option<f64>,
+}
+
+/// Summary rows, one per transport in order of first appearance.
+pub fn summarize(results: &[BenchResult]) -> Vec<SummaryRow> {
+    let mut rows: Vec<SummaryRow> = Vec::new();
+    for r in results {
+        let idx = match rows.iter().position(|row| row.transport == r.transport) {
+            Some(i) => i,
+            None => {
+                rows.push(SummaryRow {
+                    bench: "summary",
+                    transport: r.transport.clone(),
+                    latency_us_median_8b: None,
+                    latency_us_p99_8b: None,
+                    bandwidth_mbps_64k: None,
+                    bandwidth_mbps_1m: None,
+                });
+                rows.len() - 1
+            }
+        };
+        let row = &mut rows[idx];
+        match (r.bench, r.size) {
+            (Bench::Pingpong, 8) => {
+                row.latency_us_median_8b = r.latency_us_median;
+                row.latency_us_p99_8b = r.latency_us_p99;
+            }
+            (Bench::Bw, 65_536) => row.bandwidth_mbps_64k = r.bandwidth_mbps,
+            (Bench::Bw, 1_048_576) => row.bandwidth_mbps_1m = r.bandwidth_mbps,
+            _ => {}
+        }
+    }
+    rows
+}
+
+/// The summary as text: a table (for `table` and `csv`) or JSON lines (for `json`).
+pub fn render_summary(format: Format, rows: &[SummaryRow]) -> String {
+    let mut out = String::new();
+    if format == Format::Json {
+        for row in rows {
+            if let Ok(line) = serde_json::to_string(row) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        return out;
+    }
+    out.push_str("# summary: one-way latency of 8 B messages; bandwidth (bw, avg80) in MB/s\n");
+    let _ = writeln!(
+        out,
+        "{:>9} {:>14} {:>14} {:>12} {:>12}",
+        "transport", "8B median(us)", "8B p99(us)", "64K MB/s", "1M MB/s"
+    );
+    for row in rows {
+        let _ = writeln!(
+            out,
+            "{:>9} {:>14} {:>14} {:>12} {:>12}",
+            row.transport,
+            num(row.latency_us_median_8b, 2),
+            num(row.latency_us_p99_8b, 2),
+            num(row.bandwidth_mbps_64k, 1),
+            num(row.bandwidth_mbps_1m, 1)
+        );
+    }
+    out
+}
+
+/// Where the summary goes: stdout, or stderr (so that CSV on stdout stays one table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// The summary of `results` as printed after a suite: its text and its stream.
+pub fn summary_block(format: Format, results: &[BenchResult]) -> (String, Stream) {
+    let text = render_summary(format, &summarize(results));
+    match format {
+        Format::Json => (text, Stream::Stdout),
+        Format::Table => (format!("\n{text}"), Stream::Stdout),
+        Format::Csv => (format!("\n{text}"), Stream::Stderr),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pingpong(size: usize, median: f64) -> BenchResult {
+        let mut r = BenchResult::new(Bench::Pingpong, "shm", "spin", size, 200, 20);
+        r.latency_us_median = Some(median);
+        r.latency_us_avg80 = Some(median * 1.1);
+        r.latency_us_p99 = Some(median * 3.0);
+        r.latency_us_min = Some(median * 0.9);
+        r.latency_us_max = Some(median * 10.0);
+        r
+    }
+
+    fn bw(transport: &str, size: usize, mbps: f64) -> BenchResult {
+        let mut r = BenchResult::new(Bench::Bw, transport, "spin", size, 20, 2);
+        r.window = Some(64);
+        r.bandwidth_mbps = Some(mbps);
+        r.bandwidth_mbps_median = Some(mbps);
+        r
+    }
+
+    #[test]
+    fn json_line_has_required_keys() {
+        let mut rep = Reporter::new(Format::Json);
+        let line = rep.render(&pingpong(8, 0.5));
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        for key in [
+            "bench",
+            "transport",
+            "size",
+            "latency_us_median",
+            "latency_us_p99",
+            "latency_us_avg80",
+            "iters",
+            "wait",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key} in {line}");
+        }
+        assert_eq!(v["bench"], "pingpong");
+        assert_eq!(v["size"], 8);
+        assert!(v.get("bandwidth_MBps").is_none());
+
+        let line = rep.render(&bw("udp", 4096, 812.5));
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        for key in [
+            "bench",
+            "transport",
+            "size",
+            "bandwidth_MBps",
+            "iters",
+            "wait",
+            "window",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key} in {line}");
+        }
+        assert_eq!(v["bandwidth_MBps"], 812.5);
+        // Round trip: the suite reads these lines back.
+        let back: BenchResult = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(back, bw("udp", 4096, 812.5));
+    }
+
+    #[test]
+    fn csv_has_one_header_and_fixed_columns() {
+        let mut rep = Reporter::new(Format::Csv);
+        let mut text = rep.render(&pingpong(0, 0.3));
+        text += &rep.render(&bw("shm", 65536, 5000.0));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0], CSV_COLUMNS.join(","));
+        for l in &lines[1..] {
+            assert_eq!(l.split(',').count(), CSV_COLUMNS.len(), "{l}");
+        }
+        assert!(lines[1].starts_with("pingpong,shm,spin,0,200,20,,0.3000,"));
+        assert!(lines[2].starts_with("bw,shm,spin,65536,20,2,64,,"));
+    }
+
+    #[test]
+    fn table_is_aligned_with_titles_per_group() {
+        let mut rep = Reporter::new(Format::Table);
+        let mut text = String::new();
+        for s in [0, 8, 1 << 20] {
+            text += &rep.render(&pingpong(s, 1.5));
+        }
+        text += &rep.render(&bw("shm", 4096, 123.4));
+        let titles = text.lines().filter(|l| l.starts_with('#')).count();
+        assert_eq!(titles, 2, "{text}");
+        // The pingpong header and its three rows.
+        let widths: Vec<usize> = text.lines().skip(1).take(4).map(str::len).collect();
+        assert!(widths.windows(2).all(|w| w[0] == w[1]), "{text}");
+        assert!(text.contains("   1048576 "), "{text}");
+    }
+
+    #[test]
+    fn summary_picks_8b_64k_1m() {
+        let results = vec![
+            pingpong(0, 0.2),
+            pingpong(8, 0.25),
+            bw("shm", 65536, 4000.0),
+            bw("shm", 1 << 20, 6000.0),
+            bw("udp", 65536, 500.0),
+        ];
+        let rows = summarize(&results);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].latency_us_median_8b, Some(0.25));
+        assert_eq!(rows[0].latency_us_p99_8b, Some(0.75));
+        assert_eq!(rows[0].bandwidth_mbps_1m, Some(6000.0));
+        assert_eq!(rows[1].transport, "udp");
+        assert_eq!(rows[1].bandwidth_mbps_1m, None);
+        let table = render_summary(Format::Table, &rows);
+        assert!(table.contains("udp") && table.contains("6000.0") && table.contains(" -"));
+        let json = render_summary(Format::Json, &rows);
+        let v: serde_json::Value = serde_json::from_str(json.lines().next().unwrap()).unwrap();
+        assert_eq!(v["bench"], "summary");
+        assert_eq!(v["bandwidth_MBps_64K"], 4000.0);
+    }
+}

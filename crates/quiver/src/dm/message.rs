@@ -1,0 +1,73 @@
+//! A received message: a view into the token buffer pool that owns its token.
+
+use super::{Endpoint, Source};
+use std::fmt;
+
+/// Which pool memory a message occupies.
+pub(crate) enum Token {
+    /// A record in shared-memory ring `chan`.
+    Shm { chan: u32, token: u64 },
+    /// A slot of the UDP receive pool.
+    Udp { slot: u32 },
+    /// A reassembled multi-fragment message.
+    /// The view points into this vector, which the token keeps alive.
+    Owned(#[allow(dead_code)] Vec<u8>),
+}
+
+/// A zero-copy view of a received message in the endpoint's token buffer pool.
+///
+/// Dereferences to the message bytes. Dropping it releases its token; [`Message::hold`]
+/// keeps the token until [`Endpoint::release`].
+pub struct Message<'a> {
+    pub(crate) ep: &'a Endpoint,
+    pub(crate) ptr: *const u8,
+    pub(crate) len: usize,
+    pub(crate) source: Source,
+    pub(crate) token: Option<Token>,
+}
+
+impl Message<'_> {
+    /// The sending endpoint.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// Keeps the token in the pool after the view is gone; free it (and others) with
+    /// [`Endpoint::release`], oldest first, like DP's `dp_fsync`.
+    pub fn hold(mut self) {
+        if let Some(t) = self.token.take() {
+            self.ep.hold_token(t);
+        }
+    }
+}
+
+impl std::ops::Deref for Message<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: ptr/len describe pool memory of this message's token, which is neither
+        // released nor reused while the token is held (it is released only in Drop or
+        // handed to the endpoint by `hold`, which consumes the view); the pool lives as
+        // long as the endpoint, which this view borrows.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Message<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.token.take() {
+            self.ep.release_token(t);
+        }
+    }
+}
+
+impl fmt::Debug for Message<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("source", &self.source)
+            .field("len", &self.len)
+            .finish()
+    }
+}

@@ -1,0 +1,71 @@
+//! The doorbell: a Unix datagram socket per receiving endpoint, in the abstract namespace
+//! (`quiver-UID-JOB-RANK-DPID`), that makes the endpoint's descriptor readable when a
+//! sender rings it. Only used when the receiver sleeps (see `wake`); datagrams carry no
+//! data, and a full socket buffer just means the receiver is already being woken.
+
+use crate::{Error, Result};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+
+fn address(job_id: u32, rank: u32, dpid: u16) -> io::Result<SocketAddr> {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    SocketAddr::from_abstract_name(format!("quiver-{uid}-{job_id:08x}-{rank}-{dpid}"))
+}
+
+/// The receiver's end.
+pub(crate) struct Doorbell {
+    sock: UnixDatagram,
+}
+
+impl Doorbell {
+    pub(crate) fn bind(job_id: u32, rank: u32, dpid: u16) -> Result<Doorbell> {
+        let addr = address(job_id, rank, dpid).map_err(|e| Error::io("doorbell address", e))?;
+        let sock = UnixDatagram::bind_addr(&addr).map_err(|e| {
+            if e.kind() == io::ErrorKind::AddrInUse {
+                Error::DpidInUse { dpid }
+            } else {
+                Error::io("binding the doorbell socket", e)
+            }
+        })?;
+        sock.set_nonblocking(true)
+            .map_err(|e| Error::io("doorbell socket", e))?;
+        Ok(Doorbell { sock })
+    }
+
+    /// Empties the socket.
+    pub(crate) fn drain(&self) {
+        let mut buf = [0u8; 16];
+        while self.sock.recv(&mut buf).is_ok() {}
+    }
+}
+
+impl AsRawFd for Doorbell {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+/// A sender's handle on one receiver's doorbell.
+pub(crate) struct Bell {
+    sock: UnixDatagram,
+    addr: SocketAddr,
+}
+
+impl Bell {
+    pub(crate) fn new(job_id: u32, rank: u32, dpid: u16) -> Result<Bell> {
+        let addr = address(job_id, rank, dpid).map_err(|e| Error::io("doorbell address", e))?;
+        let sock = UnixDatagram::unbound().map_err(|e| Error::io("doorbell socket", e))?;
+        sock.set_nonblocking(true)
+            .map_err(|e| Error::io("doorbell socket", e))?;
+        Ok(Bell { sock, addr })
+    }
+
+    /// Rings; errors are ignored: a full buffer means a wake-up is already queued, and a
+    /// missing receiver is detected by the liveness checks of the sender.
+    pub(crate) fn ring(&self) {
+        let _ = self.sock.send_to_addr(&[1], &self.addr);
+    }
+}

@@ -1,0 +1,138 @@
+//! Whole frames: decoding with body validation, and the checksum.
+
+use super::{field, DecodeError, Flags, FrameKind, Header, HEADER_LEN};
+
+/// Length of the `u32` total-message-length prefix that opens the body of a `FIRST`-only
+/// `Data` fragment.
+pub const LENGTH_PREFIX_LEN: usize = 4;
+
+/// A validated frame: its header and its body, borrowed from the datagram.
+///
+/// A `Frame` returned by [`decode`] satisfies the body rules of its kind (see the
+/// [module documentation](super)); the accessors also behave (without panicking) on a
+/// `Frame` built by hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The validated header.
+    pub header: Header,
+    /// Everything after the header, including the length prefix of a `FIRST`-only
+    /// fragment.
+    pub body: &'a [u8],
+}
+
+impl<'a> Frame<'a> {
+    /// The total length of the message this fragment starts: the length prefix of a
+    /// `FIRST`-only `Data` fragment, the body length of a `FIRST | LAST` one; `None` for
+    /// other fragments and other kinds.
+    pub fn total_len(&self) -> Option<u32> {
+        if self.header.kind != FrameKind::Data {
+            return None;
+        }
+        let flags = self.header.flags;
+        match (flags.contains(Flags::FIRST), flags.contains(Flags::LAST)) {
+            (true, true) => u32::try_from(self.body.len()).ok(),
+            (true, false) => {
+                let (prefix, _) = self.body.split_first_chunk::<LENGTH_PREFIX_LEN>()?;
+                Some(u32::from_le_bytes(*prefix))
+            }
+            _ => None,
+        }
+    }
+
+    /// The message bytes this fragment carries: the body without the length prefix of a
+    /// `FIRST`-only `Data` fragment; empty for kinds other than `Data`.
+    pub fn data(&self) -> &'a [u8] {
+        if self.header.kind != FrameKind::Data {
+            return &[];
+        }
+        if self.header.flags.contains(Flags::FIRST) && !self.header.flags.contains(Flags::LAST) {
+            return self.body.get(LENGTH_PREFIX_LEN..).unwrap_or(&[]);
+        }
+        self.body
+    }
+}
+
+/// Decodes one datagram: validates the header, then the checksum if the CHECKSUM flag is
+/// set, then the body against the rules of its kind. Never panics.
+pub fn decode(datagram: &[u8]) -> Result<Frame<'_>, DecodeError> {
+    let Some((head, body)) = datagram.split_first_chunk::<HEADER_LEN>() else {
+        return Err(DecodeError::Truncated {
+            len: datagram.len(),
+        });
+    };
+    let header = Header::parse(head)?;
+    if header.flags.contains(Flags::CHECKSUM) {
+        let expected = checksum(head, &[body]);
+        if expected != header.checksum {
+            return Err(DecodeError::Checksum {
+                expected,
+                found: header.checksum,
+            });
+        }
+    }
+    check_body(&header, body)?;
+    Ok(Frame { header, body })
+}
+
+fn check_body(header: &Header, body: &[u8]) -> Result<(), DecodeError> {
+    let bad = |reason| DecodeError::BadBody {
+        kind: header.kind,
+        flags: header.flags.bits(),
+        len: body.len(),
+        reason,
+    };
+    if header.kind != FrameKind::Data {
+        return if body.is_empty() {
+            Ok(())
+        } else {
+            Err(bad("this kind carries no body"))
+        };
+    }
+    let flags = header.flags;
+    match (flags.contains(Flags::FIRST), flags.contains(Flags::LAST)) {
+        (true, true) => {
+            if u32::try_from(body.len()).is_err() {
+                return Err(bad("a message is at most 4 GiB - 1 bytes"));
+            }
+        }
+        (true, false) => {
+            let Some((prefix, data)) = body.split_first_chunk::<LENGTH_PREFIX_LEN>() else {
+                return Err(bad("a first fragment starts with a 4-byte message length"));
+            };
+            let total = u32::from_le_bytes(*prefix);
+            // Compared as u64 so that no length is truncated on any platform.
+            if u64::from(total) <= data.len() as u64 {
+                return Err(bad(
+                    "the message length of a first fragment must exceed the data it carries",
+                ));
+            }
+        }
+        (false, _) => {
+            if body.is_empty() {
+                return Err(bad("a middle or last fragment carries at least one byte"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The CRC32C (Castagnoli) of a frame: over `header` with its checksum field treated as
+/// zero, then over each of `body_parts` in order (the body may be given in pieces, as it
+/// is sent with vectored I/O).
+pub fn checksum(header: &[u8; HEADER_LEN], body_parts: &[&[u8]]) -> u32 {
+    let mut h = *header;
+    h[field::CHECKSUM..field::CHECKSUM + 4].fill(0);
+    body_parts.iter().fold(crc32c::crc32c(&h), |crc, part| {
+        crc32c::crc32c_append(crc, part)
+    })
+}
+
+/// Seals an emitted header: sets its CHECKSUM flag, then writes the [`checksum`] of the
+/// header and `body_parts` into its checksum field; returns the checksum. Use it on a
+/// pre-computed header after patching its per-frame fields.
+pub fn seal(header: &mut [u8; HEADER_LEN], body_parts: &[&[u8]]) -> u32 {
+    header[field::FLAGS] |= Flags::CHECKSUM.bits();
+    let sum = checksum(header, body_parts);
+    header[field::CHECKSUM..field::CHECKSUM + 4].copy_from_slice(&sum.to_le_bytes());
+    sum
+}

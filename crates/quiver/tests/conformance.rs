@@ -1,0 +1,317 @@
+//! Transport conformance suite: the same tests run over every transport (shared memory,
+//! UDP), with ranks as threads of the test process.
+
+mod common;
+
+use common::{config, pattern, run_ranks};
+use quiver::{Error, TransportChoice, WaitMode};
+use std::time::Duration;
+
+const SIZES: [usize; 10] = [0, 1, 63, 64, 65, 1471, 1472, 1473, 64 << 10, 1 << 20];
+const T: Duration = Duration::from_secs(60);
+
+fn sizes_in_order(t: TransportChoice) {
+    run_ranks(2, config(t), |job| {
+        let ep = job.open(1).unwrap();
+        if job.rank() == 0 {
+            ep.target_rank(1).unwrap();
+            for (i, &len) in SIZES.iter().enumerate() {
+                ep.write(&pattern(0, i as u32, len)).unwrap();
+            }
+        } else {
+            for (i, &len) in SIZES.iter().enumerate() {
+                let m = ep.read_timeout(T).unwrap();
+                assert_eq!(m.len(), len, "message {i}");
+                assert!(
+                    *m == *pattern(0, i as u32, len),
+                    "bytes of message {i} ({len} B)"
+                );
+                assert_eq!(m.source().rank, 0);
+            }
+            assert!(ep.try_read().unwrap().is_none(), "a message arrived twice");
+        }
+        job.barrier().unwrap();
+    });
+}
+
+fn many_small_messages_fifo(t: TransportChoice) {
+    const N: u32 = 20_000;
+    run_ranks(2, config(t), |job| {
+        let ep = job.open(3).unwrap();
+        if job.rank() == 0 {
+            ep.target_rank(1).unwrap();
+            for i in 0..N {
+                ep.write(&i.to_le_bytes()).unwrap();
+                // Stay within the receiver's buffers on UDP (no flow control yet).
+                if i % 256 == 255 {
+                    ep.read_timeout(T).unwrap();
+                }
+            }
+        } else {
+            ep.target_rank(0).unwrap();
+            for i in 0..N {
+                let m = ep.read_timeout(T).unwrap();
+                assert_eq!(u32::from_le_bytes((*m).try_into().unwrap()), i);
+                drop(m);
+                if i % 256 == 255 {
+                    ep.write(b"k").unwrap();
+                }
+            }
+        }
+        job.barrier().unwrap();
+    });
+}
+
+fn all_to_all(t: TransportChoice) {
+    const PER_PEER: u32 = 200;
+    run_ranks(4, config(t), |job| {
+        let (me, n) = (job.rank(), job.size());
+        let ep = job.open(2).unwrap();
+        let mut next_from = vec![0u32; n as usize];
+        let mut received = 0;
+        let expect = PER_PEER * (n - 1);
+        let len_of = |src: u32, seq: u32| ((src * 977 + seq * 131) % 3000) as usize;
+        let mut check = |m: &quiver::Message| {
+            let src = m.source().rank;
+            let seq = next_from[src as usize];
+            assert_eq!(
+                &m[..],
+                &pattern(src, seq, len_of(src, seq))[..],
+                "from {src} seq {seq}"
+            );
+            next_from[src as usize] += 1;
+        };
+        for seq in 0..PER_PEER {
+            for k in 1..n {
+                let dst = (me + k) % n;
+                ep.target_rank(dst).unwrap();
+                ep.write(&pattern(me, seq, len_of(me, seq))).unwrap();
+            }
+            while let Some(m) = ep.try_read().unwrap() {
+                check(&m);
+                received += 1;
+            }
+        }
+        while received < expect {
+            let m = ep.read_timeout(T).unwrap();
+            check(&m);
+            received += 1;
+        }
+        job.barrier().unwrap();
+        assert!(ep.try_read().unwrap().is_none());
+    });
+}
+
+fn held_tokens_stay_valid_until_released(t: TransportChoice) {
+    run_ranks(2, config(t), |job| {
+        let ep = job.open(4).unwrap();
+        if job.rank() == 0 {
+            ep.target_rank(1).unwrap();
+            for i in 0..50u32 {
+                ep.write(&pattern(0, i, 100)).unwrap();
+            }
+        } else {
+            let mut ptrs = Vec::new();
+            for i in 0..50u32 {
+                let m = ep.read_timeout(T).unwrap();
+                assert_eq!(*m, *pattern(0, i, 100));
+                ptrs.push((m.as_ptr() as usize, m.len(), i));
+                m.hold();
+            }
+            assert_eq!(ep.held(), 50);
+            // Held tokens are not reused: their bytes are intact.
+            for (p, len, i) in ptrs {
+                // SAFETY: the token is held, so the pool memory is still this message.
+                let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+                assert_eq!(bytes, &pattern(0, i, 100)[..]);
+            }
+            assert_eq!(ep.release(20), 20);
+            assert_eq!(ep.release(100), 30);
+            assert_eq!(ep.held(), 0);
+        }
+        job.barrier().unwrap();
+    });
+}
+
+fn errors_are_typed(t: TransportChoice) {
+    run_ranks(
+        2,
+        config(t).with_max_message(4096).with_pool_size(64 << 10),
+        |job| {
+            let ep = job.open(5).unwrap();
+            assert!(matches!(ep.write(b"x"), Err(Error::NoTarget)));
+            assert!(matches!(
+                ep.target_rank(7),
+                Err(Error::NoSuchRank { rank: 7, size: 2 })
+            ));
+            ep.target_rank(1 - job.rank()).unwrap();
+            let e = ep.write(&vec![0u8; 4097]).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::MessageTooLarge {
+                        len: 4097,
+                        max: 4096
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains("QUIVER_MAX_MESSAGE"));
+            assert!(matches!(job.open(5), Err(Error::DpidInUse { dpid: 5 })));
+            ep.write(&[9u8; 4096]).unwrap();
+            let m = ep.read_timeout(T).unwrap();
+            assert_eq!(*m, [9u8; 4096]);
+            drop(m);
+            job.barrier().unwrap();
+        },
+    );
+}
+
+fn send_to_self_and_by_node(t: TransportChoice) {
+    run_ranks(2, config(t), |job| {
+        // Rank 0 opens first, so it owns the node-wide name (NID, 6).
+        if job.rank() == 1 {
+            job.barrier().unwrap();
+        }
+        let ep = job.open(6).unwrap();
+        if job.rank() == 0 {
+            job.barrier().unwrap();
+        }
+        ep.target_rank(job.rank()).unwrap();
+        ep.write(b"to myself").unwrap();
+        let m = ep.read_timeout(T).unwrap();
+        assert_eq!(&*m, b"to myself");
+        assert_eq!(m.source().rank, job.rank());
+        drop(m);
+        job.barrier().unwrap();
+        // (NID, DPID) names the endpoint of the first rank of the node that opened it.
+        if job.rank() == 1 {
+            ep.target(job.nid_of(0).unwrap(), 6).unwrap();
+            ep.write(b"by name").unwrap();
+        } else {
+            let m = ep.read_timeout(T).unwrap();
+            assert_eq!(&*m, b"by name");
+        }
+        job.barrier().unwrap();
+    });
+}
+
+fn wait_modes(t: TransportChoice) {
+    for mode in [
+        WaitMode::Spin,
+        WaitMode::Block,
+        WaitMode::Hybrid(Duration::from_micros(5)),
+    ] {
+        run_ranks(2, config(t).with_wait(mode), move |job| {
+            let ep = job.open(7).unwrap();
+            ep.target_rank(1 - job.rank()).unwrap();
+            for i in 0..200u32 {
+                if (i % 2 == 0) == (job.rank() == 0) {
+                    ep.write(&i.to_le_bytes()).unwrap();
+                } else {
+                    let m = ep.read_timeout(T).unwrap();
+                    assert_eq!(*m, i.to_le_bytes(), "{mode:?}");
+                }
+            }
+            job.barrier().unwrap();
+        });
+    }
+}
+
+fn read_times_out(t: TransportChoice) {
+    run_ranks(1, config(t).with_wait(WaitMode::Block), |job| {
+        let ep = job.open(8).unwrap();
+        let start = std::time::Instant::now();
+        let e = ep.read_timeout(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(e, Error::Timeout(_)));
+        assert!(start.elapsed() >= Duration::from_millis(45));
+    });
+}
+
+/// A process waits on several endpoints' descriptors with poll(2).
+fn epoll_on_several_endpoints(t: TransportChoice) {
+    use std::os::fd::AsRawFd;
+    run_ranks(2, config(t), |job| {
+        let a = job.open(10).unwrap();
+        let b = job.open(11).unwrap();
+        job.barrier().unwrap();
+        if job.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(100));
+            b.target_rank(1).unwrap();
+            b.write(b"on b").unwrap();
+        } else {
+            let mut fds = [
+                libc::pollfd {
+                    fd: a.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: b.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let mut got = None;
+            while got.is_none() {
+                // SAFETY: fds is a valid array of two pollfd.
+                let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 30_000) };
+                assert!(n > 0, "poll timed out or failed");
+                assert_eq!(fds[0].revents, 0, "endpoint a signalled without a message");
+                if fds[1].revents & libc::POLLIN != 0 {
+                    got = b.try_read().unwrap().map(|m| m.to_vec());
+                }
+            }
+            assert_eq!(got.unwrap(), b"on b");
+            assert!(a.try_read().unwrap().is_none());
+        }
+        job.barrier().unwrap();
+    });
+}
+
+macro_rules! conformance {
+    ($module:ident, $transport:expr) => {
+        mod $module {
+            use super::*;
+            #[test]
+            fn sizes_in_order() {
+                super::sizes_in_order($transport)
+            }
+            #[test]
+            fn many_small_messages_fifo() {
+                super::many_small_messages_fifo($transport)
+            }
+            #[test]
+            fn all_to_all() {
+                super::all_to_all($transport)
+            }
+            #[test]
+            fn held_tokens_stay_valid_until_released() {
+                super::held_tokens_stay_valid_until_released($transport)
+            }
+            #[test]
+            fn errors_are_typed() {
+                super::errors_are_typed($transport)
+            }
+            #[test]
+            fn send_to_self_and_by_node() {
+                super::send_to_self_and_by_node($transport)
+            }
+            #[test]
+            fn wait_modes() {
+                super::wait_modes($transport)
+            }
+            #[test]
+            fn read_times_out() {
+                super::read_times_out($transport)
+            }
+            #[test]
+            fn epoll_on_several_endpoints() {
+                super::epoll_on_several_endpoints($transport)
+            }
+        }
+    };
+}
+
+conformance!(shm, TransportChoice::Auto);
+conformance!(udp, TransportChoice::Udp);

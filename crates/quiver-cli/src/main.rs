@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod check;
 mod run;
 
 #[derive(Parser)]
@@ -21,6 +22,8 @@ enum Command {
     Run(run::RunArgs),
     /// Benchmarks; with no subcommand, the default suite.
     Bench(bench::BenchArgs),
+    /// Verify an installation: run inside a job, every rank exchanges verified messages.
+    Check(check::CheckArgs),
 }
 
 fn main() {
@@ -35,6 +38,7 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => run::main(args),
         Command::Bench(args) => bench::main(args),
+        Command::Check(args) => check::main(args),
     };
     std::process::exit(code);
 }

@@ -34,18 +34,32 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+// Under `--cfg loom` only the lock-free structures are compiled, for their models
+// (`RUSTFLAGS="--cfg loom" cargo test -p quiver --lib --release loom`).
+#[cfg(not(loom))]
 pub mod channel;
+#[cfg(not(loom))]
 pub mod config;
+#[cfg(not(loom))]
 pub mod dm;
+#[cfg(not(loom))]
 pub mod engine;
+#[cfg(not(loom))]
 mod error;
+#[cfg(not(loom))]
 pub mod job;
 pub mod link;
 pub(crate) mod sync;
+#[cfg(not(loom))]
 pub mod wire;
 
+#[cfg(not(loom))]
 pub use config::{Config, TransportChoice, WaitMode};
+#[cfg(not(loom))]
 pub use dm::{Endpoint, EndpointStats, Message, Source};
+#[cfg(not(loom))]
 pub use error::{Error, Result};
+#[cfg(not(loom))]
 pub use job::Job;
+#[cfg(not(loom))]
 pub use link::Transport;

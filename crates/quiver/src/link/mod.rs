@@ -1,5 +1,6 @@
 //! Link layer: transports that move frames between endpoints.
 pub mod shm;
+#[cfg(not(loom))]
 pub mod udp;
 
 /// The transports quiver can use between two endpoints.

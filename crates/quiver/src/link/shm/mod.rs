@@ -10,6 +10,7 @@
 //! version, layout, job id, size), unlinked when the endpoint closes, and removed after a
 //! crash by [`cleanup_stale`] or [`cleanup_job`].
 
+#[cfg(not(loom))]
 mod doorbell;
 pub(crate) mod ring;
 #[cfg(not(loom))]

@@ -52,7 +52,7 @@ pub(crate) struct RingMem {
     #[cfg(not(loom))]
     base: *mut u8,
     #[cfg(loom)]
-    words: std::sync::Arc<Vec<AtomicU64>>,
+    words: loom::sync::Arc<Vec<AtomicU64>>,
     capacity: usize,
 }
 
@@ -76,7 +76,7 @@ impl RingMem {
 
     /// A ring over loom-tracked memory (model checking only).
     #[cfg(loom)]
-    pub(crate) fn new_loom(words: std::sync::Arc<Vec<AtomicU64>>) -> RingMem {
+    pub(crate) fn new_loom(words: loom::sync::Arc<Vec<AtomicU64>>) -> RingMem {
         let capacity = words.len() * 8;
         RingMem { words, capacity }
     }
@@ -146,7 +146,7 @@ pub(crate) struct TailRef {
     #[cfg(not(loom))]
     ptr: *const AtomicU64,
     #[cfg(loom)]
-    arc: std::sync::Arc<AtomicU64>,
+    arc: loom::sync::Arc<AtomicU64>,
 }
 
 // SAFETY: the pointee is an atomic in shared memory that outlives this handle.
@@ -161,7 +161,7 @@ impl TailRef {
         TailRef { ptr }
     }
     #[cfg(loom)]
-    pub(crate) fn new_loom(arc: std::sync::Arc<AtomicU64>) -> TailRef {
+    pub(crate) fn new_loom(arc: loom::sync::Arc<AtomicU64>) -> TailRef {
         TailRef { arc }
     }
     #[inline]
@@ -379,6 +379,7 @@ impl Consumer {
 
     /// True when the next header is published (a cheap peek, no state change).
     #[inline]
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn has_data(&self) -> bool {
         let idx = (self.read_pos % self.mem.capacity as u64) as usize;
         self.mem.header(idx).load(Ordering::Acquire) != 0

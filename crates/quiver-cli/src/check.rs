@@ -1,0 +1,455 @@
+//! `quiver check`: a verification job that checks an installation end to end.
+//!
+//! ```text
+//! quiver run -n N -- quiver check [--pattern pairs|all-to-all] [--sizes LIST] [--count N]
+//!                                 [--transport shm|udp]
+//! mpirun -n N -x QUIVER_RENDEZVOUS=tcp://HOST:PORT quiver check ...
+//! ```
+//!
+//! Every rank joins the job ([`quiver::Job::from_env_with`], configuration from the
+//! `QUIVER_*` variables, `--transport` overriding `QUIVER_TRANSPORT`) and opens DPID 1.
+//! Its peers are, with `--pattern pairs` (the default), rank `r ^ 1` if that rank exists,
+//! and with `--pattern all-to-all` every other rank.
+//!
+//! # Traffic
+//!
+//! The check proceeds in rounds: one round per size and repetition (`--count` rounds of
+//! each size, sizes in increasing order). In round `k` every rank writes one message of
+//! that round's size to each of its peers, then reads until it holds round `k`'s message
+//! from every peer. A rank therefore starts round `k + 1` only after every peer has
+//! started round `k`, so at most two messages per channel are ever waiting at a
+//! receiver: they always fit the shared-memory ring of a sender (which `write` would
+//! otherwise block on) and, over UDP (which has no flow control), the receiver's socket
+//! buffer. After every write the endpoint is drained with `try_read`.
+//!
+//! # What is verified
+//!
+//! - Content: message `k` from rank `s` has the round's length and bytes that are a
+//!   deterministic function of `(s, k, length)`; messages of 8 bytes or more carry `k` in
+//!   their first 8 bytes (little endian), which names a reordered message precisely.
+//! - Order: messages from each source arrive in the order they were sent (every message's
+//!   expected `k` is the number of messages already received from its source).
+//! - Exactly once: no message from a rank that is not a peer, no message beyond the
+//!   expected count (each rank received exactly the rounds' messages from every peer),
+//!   and, after a [`quiver::Job::barrier`] that every rank reaches only once it has sent
+//!   everything, no further message is waiting.
+//!
+//! Rank 0 prints one summary line after a second barrier, that is once every rank has
+//! passed every check, e.g.
+//! `quiver check: 4 ranks, pattern all-to-all, transport shm, 120 messages (3.2 MB) verified`.
+//! A rank that finds an error prints `quiver check: rank R: WHAT` to stderr and exits
+//! with status 1 (the launcher then terminates the job).
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use quiver::{Config, Endpoint, Error, Job, TransportChoice};
+
+use crate::bench::sizes::parse_sizes;
+use crate::bench::TransportArg;
+
+/// DPID of the check's endpoint.
+const DPID: u16 = 1;
+/// How long a rank waits for the next message before it gives up.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Sizes checked by default: around zero, the 64-byte boundary, the UDP datagram payload
+/// (1472), and multi-fragment messages up to 1 MiB.
+const DEFAULT_SIZES: [usize; 10] = [0, 1, 63, 64, 65, 1471, 1472, 1473, 65536, 1 << 20];
+
+/// Arguments of `quiver check`.
+#[derive(Args, Debug)]
+#[command(after_long_help = "\
+Run it inside a job: `quiver run -n 4 -- quiver check --pattern all-to-all`, or under \
+mpirun with QUIVER_RENDEZVOUS set (`mpirun -n 2 -x QUIVER_RENDEZVOUS=tcp://127.0.0.1:7777 \
+quiver check`). Every message is verified byte for byte, in order and exactly once; rank 0 \
+prints a summary line. Default sizes: 0,1,63,64,65,1471,1472,1473,64K,1M.")]
+pub struct CheckArgs {
+    /// Who talks to whom: pairs (rank r with rank r^1) or all-to-all.
+    #[arg(long, value_enum, default_value_t = Pattern::Pairs)]
+    pub pattern: Pattern,
+    /// Message sizes: comma list with K/M suffixes and ranges of powers of two, e.g.
+    /// `0,8,1K,64K,1M` or `0..1M`.
+    #[arg(long, value_name = "LIST", value_parser = parse_sizes)]
+    pub sizes: Option<Vec<usize>>,
+    /// Messages of each size sent to each peer.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: u64,
+    /// Transport: shm (shared memory where possible) or udp (overrides QUIVER_TRANSPORT).
+    #[arg(long, value_enum)]
+    pub transport: Option<TransportArg>,
+}
+
+/// Communication pattern of `quiver check`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// Rank r exchanges messages with rank r^1 (a rank without partner only synchronizes).
+    Pairs,
+    /// Every rank exchanges messages with every other rank.
+    AllToAll,
+}
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::Pairs => "pairs",
+            Pattern::AllToAll => "all-to-all",
+        }
+    }
+
+    /// The peers of `rank` in a job of `size` ranks, in the order `rank` writes to them
+    /// (starting after itself, so that ranks do not all write to the same rank at once).
+    fn peers(self, rank: u32, size: u32) -> Vec<u32> {
+        match self {
+            Pattern::Pairs => {
+                let p = rank ^ 1;
+                if p < size {
+                    vec![p]
+                } else {
+                    Vec::new()
+                }
+            }
+            Pattern::AllToAll => (1..size).map(|d| (rank + d) % size).collect(),
+        }
+    }
+}
+
+/// Entry point of `quiver check`; returns the exit status.
+pub fn main(args: CheckArgs) -> i32 {
+    let sizes = args.sizes.clone().unwrap_or_else(|| DEFAULT_SIZES.to_vec());
+    if sizes.is_empty() {
+        eprintln!("quiver check: no message sizes given");
+        return 1;
+    }
+    if !crate::bench::in_job() {
+        eprintln!(
+            "quiver check: not inside a job (none of {} is set); start it with \
+             `quiver run -n 2 -- quiver check` or under mpirun with QUIVER_RENDEZVOUS set",
+            crate::bench::JOB_RANK_VARS.join(", ")
+        );
+        return 1;
+    }
+    let config = match job_config(&args, &sizes) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("quiver check: {e}");
+            return 1;
+        }
+    };
+    let job = match Job::from_env_with(config) {
+        Ok(job) => job,
+        Err(e) => {
+            eprintln!("quiver check: cannot join the job: {e}");
+            return 1;
+        }
+    };
+    match run(&job, &args, &sizes) {
+        Ok(()) => 0,
+        Err(what) => {
+            eprintln!("quiver check: rank {}: {what}", job.rank());
+            1
+        }
+    }
+}
+
+/// The configuration: `QUIVER_*` variables, `--transport` over `QUIVER_TRANSPORT`, and
+/// the maximum message and pool raised to fit the largest size unless `QUIVER_MAX_MESSAGE`
+/// or `QUIVER_POOL_SIZE` say otherwise.
+fn job_config(args: &CheckArgs, sizes: &[usize]) -> Result<Config, String> {
+    let set = |v: &str| std::env::var_os(v).is_some_and(|x| !x.is_empty());
+    let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
+    if let Some(t) = args.transport {
+        cfg.transport = match t {
+            TransportArg::Shm => TransportChoice::Auto,
+            TransportArg::Udp => TransportChoice::Udp,
+        };
+    }
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    if largest > cfg.max_message {
+        if set("QUIVER_MAX_MESSAGE") {
+            return Err(format!(
+                "message size {largest} exceeds QUIVER_MAX_MESSAGE={}; raise it or drop the size",
+                cfg.max_message
+            ));
+        }
+        cfg.max_message = largest;
+    }
+    // Two messages per channel may wait at a receiver (see the module documentation).
+    let want_pool = 2 * cfg.max_message + 64 * 1024;
+    if cfg.pool_size < want_pool && !set("QUIVER_POOL_SIZE") {
+        cfg.pool_size = want_pool;
+    }
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+/// Receive-side bookkeeping of one rank.
+struct Receiver<'a> {
+    ep: &'a Endpoint,
+    rank: u32,
+    size: u32,
+    sizes: &'a [usize],
+    count: u64,
+    /// Messages received per source rank (`u64::MAX` marks a rank that is not a peer).
+    received: Vec<u64>,
+    /// Scratch buffer for the expected bytes.
+    expected: Vec<u8>,
+    bytes: u64,
+}
+
+impl Receiver<'_> {
+    /// Length of message `k` of every sender.
+    fn len_of(&self, k: u64) -> usize {
+        self.sizes[(k / self.count) as usize]
+    }
+
+    fn total(&self) -> u64 {
+        self.sizes.len() as u64 * self.count
+    }
+
+    /// Verifies one received message and counts it.
+    fn accept(&mut self, src: u32, data: &[u8]) -> Result<(), String> {
+        if src >= self.size {
+            return Err(format!(
+                "message from rank {src}, which is not in the job of {} ranks",
+                self.size
+            ));
+        }
+        let k = self.received[src as usize];
+        if k == u64::MAX {
+            return Err(format!(
+                "unexpected message of {} bytes from rank {src}, which is not a peer of rank {}",
+                data.len(),
+                self.rank
+            ));
+        }
+        if k >= self.total() {
+            return Err(format!(
+                "extra message of {} bytes from rank {src}: all {} expected messages had \
+                 already arrived (duplicate?)",
+                data.len(),
+                self.total()
+            ));
+        }
+        let len = self.len_of(k);
+        if data.len() >= 8 {
+            let seq = u64::from_le_bytes(data[..8].try_into().expect("8 bytes"));
+            if seq != k {
+                return Err(format!(
+                    "message from rank {src} out of order: expected message #{k} ({len} bytes), \
+                     got message #{seq} ({} bytes)",
+                    data.len()
+                ));
+            }
+        }
+        if data.len() != len {
+            return Err(format!(
+                "message #{k} from rank {src} has {} bytes, expected {len}",
+                data.len()
+            ));
+        }
+        self.expected.resize(len, 0);
+        fill(&mut self.expected, src, k);
+        if data != self.expected.as_slice() {
+            let at = data
+                .iter()
+                .zip(&self.expected)
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            return Err(format!(
+                "message #{k} from rank {src} ({len} bytes) is corrupt: byte {at} is {:#04x}, \
+                 expected {:#04x}",
+                data[at], self.expected[at]
+            ));
+        }
+        self.received[src as usize] = k + 1;
+        self.bytes += len as u64;
+        Ok(())
+    }
+
+    /// Verifies every message that is waiting, without blocking.
+    fn drain(&mut self) -> Result<(), String> {
+        loop {
+            match self.ep.try_read() {
+                Ok(Some(msg)) => {
+                    let src = msg.source().rank;
+                    self.accept(src, &msg)?;
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(read_error(e)),
+            }
+        }
+    }
+
+    /// Waits until `n` messages have arrived from each of `peers`.
+    fn wait_for(&mut self, peers: &[u32], n: u64) -> Result<(), String> {
+        while let Some(&slow) = peers.iter().find(|&&p| self.received[p as usize] < n) {
+            match self.ep.read_timeout(READ_TIMEOUT) {
+                Ok(msg) => {
+                    let src = msg.source().rank;
+                    self.accept(src, &msg)?;
+                }
+                Err(Error::Timeout(t)) => {
+                    return Err(format!(
+                        "timed out after {t:?} waiting for message #{} from rank {slow} \
+                         ({} of {} received)",
+                        self.received[slow as usize],
+                        self.received[slow as usize],
+                        self.total()
+                    ))
+                }
+                Err(e) => return Err(read_error(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_error(e: Error) -> String {
+    match e {
+        Error::Lost { .. } => {
+            format!("{e} (UDP datagrams were dropped, e.g. because a receive buffer overflowed)")
+        }
+        e => format!("read failed: {e}"),
+    }
+}
+
+/// Runs the check on this rank; `Err` says what went wrong.
+fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
+    let (rank, size) = (job.rank(), job.size());
+    let ep = job
+        .open(DPID)
+        .map_err(|e| format!("cannot open DPID {DPID}: {e}"))?;
+    let peers = args.pattern.peers(rank, size);
+    let mut rx = Receiver {
+        ep: &ep,
+        rank,
+        size,
+        sizes,
+        count: args.count,
+        received: (0..size)
+            .map(|r| if peers.contains(&r) { 0 } else { u64::MAX })
+            .collect(),
+        expected: Vec::new(),
+        bytes: 0,
+    };
+    let mut buf = Vec::new();
+    for k in 0..rx.total() {
+        let len = rx.len_of(k);
+        buf.resize(len, 0);
+        fill(&mut buf, rank, k);
+        for &p in &peers {
+            ep.target_rank(p)
+                .map_err(|e| format!("cannot reach rank {p}: {e}"))?;
+            ep.write(&buf)
+                .map_err(|e| format!("write of message #{k} ({len} bytes) to rank {p}: {e}"))?;
+            rx.drain()?;
+        }
+        rx.wait_for(&peers, k + 1)?;
+    }
+    // Every rank reaches the barrier only after its last write: whatever is still waiting
+    // now is a duplicate or a stray message.
+    job.barrier().map_err(|e| format!("barrier failed: {e}"))?;
+    for _ in 0..64 {
+        rx.drain()?;
+    }
+    job.barrier().map_err(|e| format!("barrier failed: {e}"))?;
+
+    if rank == 0 {
+        let per_peer_msgs = rx.total();
+        let per_peer_bytes = args.count * sizes.iter().map(|&s| s as u64).sum::<u64>();
+        let channels: u64 = (0..size)
+            .map(|r| args.pattern.peers(r, size).len() as u64)
+            .sum();
+        let transport = match job.config().transport {
+            TransportChoice::Auto => "shm",
+            TransportChoice::Udp => "udp",
+        };
+        println!(
+            "quiver check: {size} ranks, pattern {}, transport {transport}, {} messages ({}) verified",
+            args.pattern.name(),
+            channels * per_peer_msgs,
+            fmt_bytes(channels * per_peer_bytes)
+        );
+    }
+    Ok(())
+}
+
+/// Fills `buf` with the bytes of message `seq` of rank `src` (of length `buf.len()`): a
+/// pseudo-random stream seeded by `(src, seq, len)`, whose first 8 bytes are replaced by
+/// the sequence number when the message has room for them.
+fn fill(buf: &mut [u8], src: u32, seq: u64) {
+    let len = buf.len() as u64;
+    let seed = mix(((src as u64) << 40) ^ seq.rotate_left(20) ^ len.wrapping_mul(0x9e37_79b9));
+    let rest = if buf.len() >= 8 {
+        let (head, rest) = buf.split_at_mut(8);
+        head.copy_from_slice(&seq.to_le_bytes());
+        rest
+    } else {
+        buf
+    };
+    for (i, chunk) in rest.chunks_mut(8).enumerate() {
+        let word = mix(seed.wrapping_add(i as u64)).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+}
+
+/// SplitMix64's finalizer.
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `950 B`, `12.3 kB`, `3.2 MB`, `1.5 GB` (decimal units).
+fn fmt_bytes(n: u64) -> String {
+    let x = n as f64;
+    if n < 1000 {
+        format!("{n} B")
+    } else if x < 1e6 {
+        format!("{:.1} kB", x / 1e3)
+    } else if x < 1e9 {
+        format!("{:.1} MB", x / 1e6)
+    } else {
+        format!("{:.1} GB", x / 1e9)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_of_each_pattern() {
+        assert_eq!(Pattern::Pairs.peers(0, 3), [1]);
+        assert_eq!(Pattern::Pairs.peers(1, 3), [0]);
+        assert!(Pattern::Pairs.peers(2, 3).is_empty());
+        assert_eq!(Pattern::AllToAll.peers(1, 4), [2, 3, 0]);
+        assert!(Pattern::AllToAll.peers(0, 1).is_empty());
+    }
+
+    #[test]
+    fn pattern_depends_on_source_sequence_and_length() {
+        let bytes = |src, seq, len| {
+            let mut b = vec![0u8; len];
+            fill(&mut b, src, seq);
+            b
+        };
+        assert_eq!(bytes(1, 5, 100), bytes(1, 5, 100));
+        assert_ne!(bytes(1, 5, 100), bytes(2, 5, 100));
+        assert_ne!(bytes(1, 5, 100)[8..], bytes(1, 6, 100)[8..]);
+        assert_ne!(bytes(1, 5, 100)[..50], bytes(1, 5, 101)[..50]);
+        assert_eq!(bytes(1, 5, 100)[..8], 5u64.to_le_bytes());
+        assert_eq!(bytes(3, 9, 3).len(), 3);
+        assert_ne!(bytes(3, 9, 7), bytes(4, 9, 7));
+        assert!(bytes(3, 9, 0).is_empty());
+    }
+
+    #[test]
+    fn bytes_are_formatted_in_decimal_units() {
+        assert_eq!(fmt_bytes(999), "999 B");
+        assert_eq!(fmt_bytes(3_200_000), "3.2 MB");
+        assert_eq!(fmt_bytes(12_345), "12.3 kB");
+    }
+}

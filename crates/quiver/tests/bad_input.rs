@@ -1,0 +1,144 @@
+//! Bad input at a live endpoint: truncated, oversized, foreign-job, wrong-token,
+//! misaddressed and random frames are dropped and counted; the endpoint keeps working.
+
+mod common;
+
+use common::{config, TestJob};
+use quiver::job::rendezvous::Rendezvous;
+use quiver::wire::{Flags, FrameKind, Header, HEADER_LEN};
+use quiver::TransportChoice;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+
+fn frame(h: &Header, body: &[u8]) -> Vec<u8> {
+    let mut hdr = [0u8; HEADER_LEN];
+    h.emit(&mut hdr);
+    let mut v = hdr.to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+#[test]
+fn hostile_datagrams_are_counted_and_dropped() {
+    let tj = TestJob::new(2);
+    let cfg = config(TransportChoice::Udp)
+        .with_max_message(4096)
+        .with_pool_size(64 << 10);
+    let (job0, job1) = std::thread::scope(|s| {
+        let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
+        let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let rx = job1.open(1).unwrap();
+    let tx = job0.open(1).unwrap();
+    tx.target_rank(1).unwrap();
+
+    let kv = Rendezvous::connect(&tj.url(), Duration::from_secs(5)).unwrap();
+    let addr: SocketAddr = kv
+        .get("udp/1/1", Duration::from_secs(5))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let good = Header {
+        kind: FrameKind::Data,
+        flags: Flags::FIRST | Flags::LAST,
+        src_dpid: 1,
+        dst_dpid: 1,
+        credits: 0,
+        src_rank: 0,
+        job_id: tj.job_id,
+        token: tj.token as u32,
+        seq: 0,
+        ack: 0,
+        checksum: 0,
+    };
+    let send = |bytes: &[u8]| {
+        attacker.send_to(bytes, addr).unwrap();
+    };
+    // Truncated: shorter than a header.
+    send(&frame(&good, b"")[..HEADER_LEN - 5]);
+    send(&[]);
+    // Bad version byte.
+    let mut v = frame(&good, b"x");
+    v[0] = 0xf1;
+    send(&v);
+    // Foreign job, wrong token, wrong endpoint, unknown rank.
+    send(&frame(
+        &Header {
+            job_id: tj.job_id ^ 1,
+            ..good
+        },
+        b"foreign",
+    ));
+    send(&frame(
+        &Header {
+            token: good.token ^ 1,
+            ..good
+        },
+        b"token",
+    ));
+    send(&frame(
+        &Header {
+            dst_dpid: 9,
+            ..good
+        },
+        b"dpid",
+    ));
+    send(&frame(
+        &Header {
+            src_rank: 77,
+            ..good
+        },
+        b"rank",
+    ));
+    // Oversized: a first fragment announcing 1 GiB.
+    let mut body = (1u32 << 30).to_le_bytes().to_vec();
+    body.extend_from_slice(&[0; 100]);
+    send(&frame(
+        &Header {
+            flags: Flags::FIRST,
+            src_dpid: 2,
+            ..good
+        },
+        &body,
+    ));
+    // A datagram longer than any quiver frame (truncated by the receive slot).
+    send(&vec![0x11; 8000]);
+    // Random bytes.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..200 {
+        let len = (x % 200) as usize;
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        send(&bytes);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+
+    // The endpoint still works, and nothing hostile was delivered.
+    tx.write(b"real message").unwrap();
+    let m = rx.read_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(&*m, b"real message");
+    assert_eq!(m.source().rank, 0);
+    drop(m);
+    assert!(rx.try_read().unwrap().is_none());
+    let st = rx.stats();
+    assert_eq!(st.dropped_foreign_job, 1, "{st:?}");
+    assert_eq!(st.dropped_bad_token, 1, "{st:?}");
+    assert_eq!(st.dropped_misaddressed, 2, "{st:?}");
+    assert_eq!(st.dropped_oversized, 1, "{st:?}");
+    assert!(st.dropped_malformed >= 4, "{st:?}");
+    assert_eq!(st.msgs_received, 1, "{st:?}");
+    let dropped = st.dropped_malformed
+        + st.dropped_foreign_job
+        + st.dropped_bad_token
+        + st.dropped_misaddressed
+        + st.dropped_oversized;
+    assert!(dropped + st.lost_frames + 1 >= 209 - 2, "{st:?}");
+}

@@ -65,6 +65,10 @@ pub(crate) struct UdpLink {
     sock: UdpSocket,
     local: SocketAddr,
     max_datagram: usize,
+    /// Datagrams the last receive returned: while traffic is sparse (a ping-pong), ask
+    /// for one, because with a larger vector the kernel tries a second, empty receive
+    /// before returning; once batches fill up, ask for a full batch.
+    last_batch: usize,
     /// Scratch space for fragment headers (header plus optional length prefix).
     frag_headers: Vec<[u8; HEADER_LEN + 4]>,
 }
@@ -83,6 +87,7 @@ impl UdpLink {
             sock,
             local,
             max_datagram,
+            last_batch: 0,
             frag_headers: Vec::new(),
         })
     }
@@ -92,8 +97,13 @@ impl UdpLink {
     }
 
     /// Receives up to a batch of datagrams into free slots of `pool` without blocking.
-    pub(crate) fn recv_batch(&self, pool: &mut SlotPool, out: &mut Vec<Datagram>) -> Result<()> {
-        let n = pool.free.len().min(RECV_BATCH);
+    pub(crate) fn recv_batch(
+        &mut self,
+        pool: &mut SlotPool,
+        out: &mut Vec<Datagram>,
+    ) -> Result<()> {
+        let want = if self.last_batch > 1 { RECV_BATCH } else { 1 };
+        let n = pool.free.len().min(want);
         if n == 0 {
             return Ok(());
         }
@@ -136,6 +146,7 @@ impl UdpLink {
                 _ => Err(Error::io("recvmmsg", e)),
             };
         }
+        self.last_batch = got as usize;
         for (i, m) in msgs.iter().enumerate().take(got as usize) {
             let len = m.msg_len as usize;
             let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;

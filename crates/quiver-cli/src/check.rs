@@ -69,8 +69,8 @@ pub struct CheckArgs {
     pub pattern: Pattern,
     /// Message sizes: comma list with K/M suffixes and ranges of powers of two, e.g.
     /// `0,8,1K,64K,1M` or `0..1M`.
-    #[arg(long, value_name = "LIST", value_parser = parse_sizes)]
-    pub sizes: Option<Vec<usize>>,
+    #[arg(long, value_name = "LIST", value_parser = parse_size_list)]
+    pub sizes: Option<SizeList>,
     /// Messages of each size sent to each peer.
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -78,6 +78,14 @@ pub struct CheckArgs {
     /// Transport: shm (shared memory where possible) or udp (overrides QUIVER_TRANSPORT).
     #[arg(long, value_enum)]
     pub transport: Option<TransportArg>,
+}
+
+/// A parsed `--sizes` list (sorted, without duplicates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeList(pub Vec<usize>);
+
+fn parse_size_list(s: &str) -> Result<SizeList, String> {
+    parse_sizes(s).map(SizeList)
 }
 
 /// Communication pattern of `quiver check`.
@@ -116,7 +124,10 @@ impl Pattern {
 
 /// Entry point of `quiver check`; returns the exit status.
 pub fn main(args: CheckArgs) -> i32 {
-    let sizes = args.sizes.clone().unwrap_or_else(|| DEFAULT_SIZES.to_vec());
+    let sizes = match &args.sizes {
+        Some(SizeList(list)) => list.clone(),
+        None => DEFAULT_SIZES.to_vec(),
+    };
     if sizes.is_empty() {
         eprintln!("quiver check: no message sizes given");
         return 1;
@@ -184,8 +195,7 @@ fn job_config(args: &CheckArgs, sizes: &[usize]) -> Result<Config, String> {
 }
 
 /// Receive-side bookkeeping of one rank.
-struct Receiver<'a> {
-    ep: &'a Endpoint,
+struct Tally<'a> {
     rank: u32,
     size: u32,
     sizes: &'a [usize],
@@ -194,10 +204,24 @@ struct Receiver<'a> {
     received: Vec<u64>,
     /// Scratch buffer for the expected bytes.
     expected: Vec<u8>,
-    bytes: u64,
 }
 
-impl Receiver<'_> {
+impl<'a> Tally<'a> {
+    /// Bookkeeping for `rank` of a job of `size` ranks, expecting `count` messages of each
+    /// of `sizes` from each of `peers`.
+    fn new(rank: u32, size: u32, peers: &[u32], sizes: &'a [usize], count: u64) -> Self {
+        Tally {
+            rank,
+            size,
+            sizes,
+            count,
+            received: (0..size)
+                .map(|r| if peers.contains(&r) { 0 } else { u64::MAX })
+                .collect(),
+            expected: Vec::new(),
+        }
+    }
+
     /// Length of message `k` of every sender.
     fn len_of(&self, k: u64) -> usize {
         self.sizes[(k / self.count) as usize]
@@ -263,14 +287,13 @@ impl Receiver<'_> {
             ));
         }
         self.received[src as usize] = k + 1;
-        self.bytes += len as u64;
         Ok(())
     }
 
     /// Verifies every message that is waiting, without blocking.
-    fn drain(&mut self) -> Result<(), String> {
+    fn drain(&mut self, ep: &Endpoint) -> Result<(), String> {
         loop {
-            match self.ep.try_read() {
+            match ep.try_read() {
                 Ok(Some(msg)) => {
                     let src = msg.source().rank;
                     self.accept(src, &msg)?;
@@ -282,9 +305,9 @@ impl Receiver<'_> {
     }
 
     /// Waits until `n` messages have arrived from each of `peers`.
-    fn wait_for(&mut self, peers: &[u32], n: u64) -> Result<(), String> {
+    fn wait_for(&mut self, ep: &Endpoint, peers: &[u32], n: u64) -> Result<(), String> {
         while let Some(&slow) = peers.iter().find(|&&p| self.received[p as usize] < n) {
-            match self.ep.read_timeout(READ_TIMEOUT) {
+            match ep.read_timeout(READ_TIMEOUT) {
                 Ok(msg) => {
                     let src = msg.source().rank;
                     self.accept(src, &msg)?;
@@ -321,18 +344,7 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
         .open(DPID)
         .map_err(|e| format!("cannot open DPID {DPID}: {e}"))?;
     let peers = args.pattern.peers(rank, size);
-    let mut rx = Receiver {
-        ep: &ep,
-        rank,
-        size,
-        sizes,
-        count: args.count,
-        received: (0..size)
-            .map(|r| if peers.contains(&r) { 0 } else { u64::MAX })
-            .collect(),
-        expected: Vec::new(),
-        bytes: 0,
-    };
+    let mut rx = Tally::new(rank, size, &peers, sizes, args.count);
     let mut buf = Vec::new();
     for k in 0..rx.total() {
         let len = rx.len_of(k);
@@ -343,15 +355,15 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
                 .map_err(|e| format!("cannot reach rank {p}: {e}"))?;
             ep.write(&buf)
                 .map_err(|e| format!("write of message #{k} ({len} bytes) to rank {p}: {e}"))?;
-            rx.drain()?;
+            rx.drain(&ep)?;
         }
-        rx.wait_for(&peers, k + 1)?;
+        rx.wait_for(&ep, &peers, k + 1)?;
     }
     // Every rank reaches the barrier only after its last write: whatever is still waiting
     // now is a duplicate or a stray message.
     job.barrier().map_err(|e| format!("barrier failed: {e}"))?;
     for _ in 0..64 {
-        rx.drain()?;
+        rx.drain(&ep)?;
     }
     job.barrier().map_err(|e| format!("barrier failed: {e}"))?;
 
@@ -444,6 +456,42 @@ mod tests {
         assert_eq!(bytes(3, 9, 3).len(), 3);
         assert_ne!(bytes(3, 9, 7), bytes(4, 9, 7));
         assert!(bytes(3, 9, 0).is_empty());
+    }
+
+    #[test]
+    fn tally_detects_corruption_reordering_strays_and_duplicates() {
+        let sizes = [3, 100];
+        let msg = |src, seq, len| {
+            let mut b = vec![0u8; len];
+            fill(&mut b, src, seq);
+            b
+        };
+        // Rank 0 of 3 expects two messages of each size from rank 1 only.
+        let mut t = Tally::new(0, 3, &[1], &sizes, 2);
+        assert!(t
+            .accept(2, &msg(2, 0, 3))
+            .unwrap_err()
+            .contains("not a peer"));
+        assert!(t
+            .accept(7, &msg(7, 0, 3))
+            .unwrap_err()
+            .contains("not in the job"));
+        t.accept(1, &msg(1, 0, 3)).unwrap();
+        let e = t.accept(1, &msg(1, 0, 3)).unwrap_err();
+        assert!(e.contains("corrupt"), "{e}");
+        t.accept(1, &msg(1, 1, 3)).unwrap();
+        let e = t.accept(1, &msg(1, 3, 100)).unwrap_err();
+        assert!(e.contains("out of order") && e.contains("#2"), "{e}");
+        let e = t.accept(1, &msg(1, 2, 3)).unwrap_err();
+        assert!(e.contains("has 3 bytes, expected 100"), "{e}");
+        let mut bad = msg(1, 2, 100);
+        bad[57] ^= 1;
+        let e = t.accept(1, &bad).unwrap_err();
+        assert!(e.contains("byte 57"), "{e}");
+        t.accept(1, &msg(1, 2, 100)).unwrap();
+        t.accept(1, &msg(1, 3, 100)).unwrap();
+        let e = t.accept(1, &msg(1, 3, 100)).unwrap_err();
+        assert!(e.contains("extra message"), "{e}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The `quiver` command: `run` (launcher), `bench` (benchmarks), `info`.
+//! The `quiver` command: `run` (launcher), `bench` (benchmarks), `check` (a job that
+//! verifies its traffic byte for byte).
 use clap::{Parser, Subcommand};
 
 mod bench;

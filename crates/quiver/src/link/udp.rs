@@ -342,8 +342,32 @@ impl From<&SocketAddr> for SockAddr {
     }
 }
 
+/// Asks for a socket buffer of `bytes` (forcing it where permitted) and warns once if the
+/// kernel grants much less: a small receive buffer loses datagrams under bursts.
 fn set_buffer(sock: &UdpSocket, force: i32, plain: i32, bytes: usize) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
     let v = bytes as libc::c_int;
+    let granted = || {
+        let mut got: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt with a valid fd writing one c_int into `got`.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                plain,
+                &mut got as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        // Linux reports twice the usable size (it adds bookkeeping overhead).
+        if rc == 0 {
+            got as usize / 2
+        } else {
+            0
+        }
+    };
     for opt in [force, plain] {
         // SAFETY: setsockopt with a valid fd and a c_int option value.
         let rc = unsafe {
@@ -356,7 +380,19 @@ fn set_buffer(sock: &UdpSocket, force: i32, plain: i32, bytes: usize) {
             )
         };
         if rc == 0 {
-            return;
+            break;
         }
+    }
+    let got = granted();
+    if got < bytes / 2 && !WARNED.swap(true, Ordering::Relaxed) {
+        let which = if plain == libc::SO_RCVBUF {
+            "receive"
+        } else {
+            "send"
+        };
+        tracing::warn!(
+            "UDP {which} buffer is {got} bytes, {bytes} asked for (raise net.core.{}mem_max or run with CAP_NET_ADMIN): bursts may lose datagrams",
+            if plain == libc::SO_RCVBUF { "r" } else { "w" }
+        );
     }
 }

@@ -476,12 +476,16 @@ fn map(fd: i32, len: usize, name: &str) -> Result<*mut u8> {
     Ok(p as *mut u8)
 }
 
-/// Start time of a process in clock ticks since boot (field 22 of /proc/PID/stat), used
-/// to tell a live owner from a recycled pid.
+/// Start time of a live process in clock ticks since boot (field 22 of /proc/PID/stat),
+/// used to tell a live owner from a recycled pid. None for a process that does not exist
+/// or has died and awaits reaping (state Z or X).
 fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_comm = &stat[stat.rfind(')')? + 2..];
-    after_comm.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split_whitespace();
+    if matches!(fields.next()?, "Z" | "X") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether the owner of segment `name` (as passed to shm_open) is alive; None if the

@@ -1,0 +1,548 @@
+//! Multi-process tests of whole jobs: `quiver check` started by `quiver run` over shared
+//! memory and UDP, `quiver bench` and `quiver check` started by Open MPI's `mpirun` (skipped
+//! when it is not installed), and the removal of the shared-memory segments of crashed
+//! jobs (by the launcher, and by the next job for segments no launcher cleaned up).
+//!
+//! Every command runs under a deadline after which its whole process group is killed, so
+//! that a hung job fails the test instead of hanging CI. Jobs run one at a time.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+const QUIVER: &str = env!("CARGO_BIN_EXE_quiver");
+
+/// Deadline of one job; generous for a loaded two-core machine.
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// One job at a time: several ranks per job already fill a small machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Variables of the test's own environment that would change what a job does.
+const CLEAN_ENV: [&str; 18] = [
+    "QUIVER_RANK",
+    "QUIVER_SIZE",
+    "QUIVER_LOCAL_RANK",
+    "QUIVER_LOCAL_SIZE",
+    "QUIVER_JOB_ID",
+    "QUIVER_JOB_TOKEN",
+    "QUIVER_RENDEZVOUS",
+    "QUIVER_TRANSPORT",
+    "QUIVER_WAIT",
+    "QUIVER_MAX_MESSAGE",
+    "QUIVER_POOL_SIZE",
+    "QUIVER_NODE",
+    "QUIVER_ADDR",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "SLURM_PROCID",
+];
+
+fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for var in CLEAN_ENV {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// What a finished command left.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn describe(&self) -> String {
+        format!(
+            "status {}\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+fn reader(mut src: impl Read + Send + 'static) -> JoinHandle<String> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = src.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// Kills the process group of `child` (it leads one of its own).
+fn kill_group(child: &Child) {
+    // SAFETY: kill has no memory-safety preconditions; the group is ours.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+    }
+}
+
+/// Runs `cmd` in a process group of its own with its output captured; past `limit` the
+/// group is killed and the test fails with what the command printed.
+fn run_limited(mut cmd: Command, limit: Duration) -> Finished {
+    let what = format!("{cmd:?}");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let out = reader(child.stdout.take().expect("piped stdout"));
+    let err = reader(child.stderr.take().expect("piped stderr"));
+    let start = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the command") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            timed_out = true;
+            kill_group(&child);
+            break child.wait().expect("wait for the killed command");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    // Whatever the command left behind in its group must not hold the pipes open.
+    kill_group(&child);
+    let finished = Finished {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    };
+    assert!(
+        !timed_out,
+        "{what} still ran after {limit:?} and was killed\n{}",
+        finished.describe()
+    );
+    finished
+}
+
+/// Runs `quiver run -n N -- quiver check ARGS` with extra environment; expects success and
+/// returns the summary line.
+fn check_job(n: u32, args: &[&str], env: &[(&str, &str)]) -> String {
+    let _one = serial();
+    let mut cmd = command(QUIVER);
+    cmd.args([
+        "run",
+        "-n",
+        &n.to_string(),
+        "--timeout",
+        "240",
+        "--",
+        QUIVER,
+        "check",
+    ])
+    .args(args)
+    .envs(env.iter().copied());
+    let done = run_limited(cmd, LIMIT);
+    assert!(
+        done.status.success(),
+        "quiver check {args:?} with {env:?} failed\n{}",
+        done.describe()
+    );
+    summary(&done)
+}
+
+/// The one summary line of a successful check (printed by rank 0 only).
+fn summary(done: &Finished) -> String {
+    let lines: Vec<&str> = done
+        .stdout
+        .lines()
+        .filter(|l| l.contains("quiver check:"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one summary line\n{}",
+        done.describe()
+    );
+    assert!(lines[0].ends_with("verified"), "{}", done.describe());
+    lines[0].to_string()
+}
+
+#[test]
+fn check_pairs_over_shm() {
+    let line = check_job(2, &["--transport", "shm"], &[]);
+    assert!(
+        line.contains("quiver check: 2 ranks, pattern pairs, transport shm, 60 messages"),
+        "{line}"
+    );
+}
+
+#[test]
+fn check_all_to_all_over_shm() {
+    let line = check_job(4, &["--pattern", "all-to-all"], &[]);
+    assert!(
+        line.contains("quiver check: 4 ranks, pattern all-to-all, transport shm, 360 messages"),
+        "{line}"
+    );
+}
+
+/// Receive buffer quiver asks for on its UDP sockets.
+const UDP_RCVBUF: usize = 16 << 20;
+
+/// Extra `quiver check` arguments for UDP. UDP has no flow control yet: datagrams beyond
+/// a receiver's socket buffer are lost. Where this process cannot get the 16 MiB buffer
+/// quiver asks for (not root and `net.core.rmem_max` lower, as on most CI runners), the
+/// largest sizes (64K, 1M) are replaced by smaller ones so that a burst always fits.
+fn udp_sizes() -> Vec<&'static str> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind a UDP socket");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
+    let want = UDP_RCVBUF as libc::c_int;
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt on a valid socket with a c_int value.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                &want as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            break;
+        }
+    }
+    let mut got: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt on a valid socket into a c_int of the given length.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &mut got as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    // Linux reports twice the size asked for (the doubling covers bookkeeping).
+    if rc == 0 && got as usize >= 2 * UDP_RCVBUF {
+        return Vec::new();
+    }
+    println!(
+        "note: UDP receive buffers are capped at {} bytes here (net.core.rmem_max); \
+         checking UDP with sizes up to 16K only",
+        got / 2
+    );
+    vec!["--sizes", "0,1,63,64,65,1471,1472,1473,4K,16K"]
+}
+
+#[test]
+fn check_pairs_over_udp() {
+    let mut args = vec!["--transport", "udp"];
+    args.extend(udp_sizes());
+    let line = check_job(2, &args, &[]);
+    assert!(
+        line.contains("quiver check: 2 ranks, pattern pairs, transport udp, 60 messages"),
+        "{line}"
+    );
+}
+
+#[test]
+fn check_all_to_all_over_udp_from_the_environment() {
+    let mut args = vec!["--pattern", "all-to-all"];
+    args.extend(udp_sizes());
+    let line = check_job(4, &args, &[("QUIVER_TRANSPORT", "udp")]);
+    assert!(
+        line.contains("quiver check: 4 ranks, pattern all-to-all, transport udp, 360 messages"),
+        "{line}"
+    );
+}
+
+#[test]
+fn check_with_an_odd_rank_out() {
+    // Rank 2 has no partner: it only takes part in the barriers.
+    let line = check_job(3, &["--sizes", "0,7,8,1K", "--count", "5"], &[]);
+    assert!(
+        line.contains("3 ranks, pattern pairs, transport shm, 40 messages"),
+        "{line}"
+    );
+}
+
+#[test]
+fn check_outside_a_job_says_how_to_start_it() {
+    let done = run_limited(
+        {
+            let mut cmd = command(QUIVER);
+            cmd.arg("check");
+            cmd
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.status.code(), Some(1), "{}", done.describe());
+    assert!(
+        done.stderr.contains("quiver run -n 2"),
+        "{}",
+        done.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Open MPI
+// ---------------------------------------------------------------------------------------
+
+/// `mpirun` of Open MPI, or why it cannot be used.
+fn open_mpi() -> Result<PathBuf, String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mpirun = std::env::split_paths(&path)
+        .map(|dir| dir.join("mpirun"))
+        .find(|p| p.is_file())
+        .ok_or("mpirun is not installed (install openmpi-bin)")?;
+    let out = Command::new(&mpirun)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !text.contains("Open MPI") && !text.contains("OpenRTE") {
+        return Err(format!("{} is not Open MPI's", mpirun.display()));
+    }
+    Ok(mpirun)
+}
+
+/// A TCP port that was free a moment ago.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local address").port()
+}
+
+/// Runs `mpirun -n N -x QUIVER_RENDEZVOUS=... quiver ARGS` (rank 0 serves the store).
+fn mpirun(mpirun: &Path, n: u32, args: &[&str]) -> Finished {
+    let _one = serial();
+    let mut cmd = command(mpirun);
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        &n.to_string(),
+    ])
+    .arg("-x")
+    .arg(format!("QUIVER_RENDEZVOUS=tcp://127.0.0.1:{}", free_port()))
+    .arg(QUIVER)
+    .args(args);
+    let done = run_limited(cmd, Duration::from_secs(120));
+    assert!(
+        done.status.success(),
+        "mpirun quiver {args:?} failed\n{}",
+        done.describe()
+    );
+    done
+}
+
+#[test]
+fn bench_pingpong_under_mpirun() {
+    let mpi = match open_mpi() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let done = mpirun(
+        &mpi,
+        2,
+        &[
+            "bench", "pingpong", "--sizes", "0,8,1K", "--iters", "100", "--format", "json",
+        ],
+    );
+    let lines: Vec<serde_json::Value> = done
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    let sizes: Vec<u64> = lines
+        .iter()
+        .map(|v| v["size"].as_u64().expect("size"))
+        .collect();
+    assert_eq!(sizes, [0, 8, 1024], "{}", done.describe());
+    for v in &lines {
+        assert_eq!(v["bench"], "pingpong", "{v}");
+        let median = v["latency_us_median"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("latency_us_median missing in {v}"));
+        assert!(median > 0.0 && median.is_finite(), "{v}");
+    }
+}
+
+#[test]
+fn check_under_mpirun() {
+    let mpi = match open_mpi() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+    let done = mpirun(&mpi, 4, &["check", "--pattern", "all-to-all"]);
+    let line = summary(&done);
+    assert!(
+        line.contains("quiver check: 4 ranks, pattern all-to-all, transport shm, 360 messages"),
+        "{line}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared-memory segments of crashed jobs
+// ---------------------------------------------------------------------------------------
+
+/// The value of `KEY=VALUE` in the output (after any `[RANK] ` prefix).
+fn value_of(text: &str, key: &str) -> Option<String> {
+    let tag = format!("{key}=");
+    text.lines()
+        .find_map(|l| l.split_once(&tag).map(|(_, v)| v.trim().to_string()))
+}
+
+#[test]
+fn launcher_removes_the_segments_of_a_killed_rank() {
+    let _one = serial();
+    // Rank 1 waits until both ranks' segments exist, reports how many it saw, and is then
+    // killed with SIGKILL (the shell's pid is the check's after exec).
+    let script = r#"
+echo "job=$QUIVER_JOB_ID"
+if [ "$QUIVER_RANK" = 1 ]; then
+    (
+        prefix="quiver-$(id -u)-$(printf %08x "$QUIVER_JOB_ID")-"
+        i=0
+        while [ "$(ls /dev/shm | grep -c "^$prefix")" -lt 2 ] && [ $i -lt 1200 ]; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        echo "segments=$(ls /dev/shm | grep -c "^$prefix")"
+        kill -9 $$
+    ) &
+fi
+exec "$0" check --count 1000000
+"#;
+    let mut cmd = command(QUIVER);
+    cmd.args([
+        "run",
+        "-n",
+        "2",
+        "--timeout",
+        "240",
+        "--",
+        "sh",
+        "-c",
+        script,
+        QUIVER,
+    ]);
+    let done = run_limited(cmd, LIMIT);
+    assert!(!done.status.success(), "{}", done.describe());
+    assert!(
+        done.stderr.contains("rank 1 was killed by signal SIGKILL")
+            || done.stderr.contains("quiver run: rank 0"),
+        "{}",
+        done.describe()
+    );
+    assert_eq!(
+        value_of(&done.stdout, "segments").as_deref(),
+        Some("2"),
+        "both ranks should have had their segment while the job ran\n{}",
+        done.describe()
+    );
+    let job_id: u32 = value_of(&done.stdout, "job")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no job id in the output\n{}", done.describe()));
+    let left = quiver::link::shm::job_segments(job_id);
+    assert!(
+        left.is_empty(),
+        "segments of job {job_id} left after the launcher returned: {left:?}\n{}",
+        done.describe()
+    );
+}
+
+#[test]
+fn next_job_removes_segments_of_dead_processes() {
+    let _one = serial();
+    // A job started without a launcher that would clean up after it: two ranks meet in a
+    // file store; both are killed with SIGKILL once their segments exist.
+    let mut id = [0u8; 4];
+    getrandom::fill(&mut id).expect("random job id");
+    let job_id = u32::from_le_bytes(id) | 1;
+    let store =
+        std::env::temp_dir().join(format!("quiver-jobs-test-{}-{job_id}", std::process::id()));
+    std::fs::create_dir_all(&store).expect("create the store directory");
+    let mut ranks: Vec<Child> = (0..2)
+        .map(|rank| {
+            command(QUIVER)
+                .args(["check", "--count", "1000000"])
+                .env("QUIVER_RANK", rank.to_string())
+                .env("QUIVER_SIZE", "2")
+                .env("QUIVER_JOB_ID", job_id.to_string())
+                .env("QUIVER_JOB_TOKEN", "0123456789abcdef")
+                .env("QUIVER_RENDEZVOUS", format!("file://{}", store.display()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    while start.elapsed() < Duration::from_secs(120) {
+        seen = quiver::link::shm::job_segments(job_id);
+        if seen.len() >= 2
+            || ranks
+                .iter_mut()
+                .any(|r| matches!(r.try_wait(), Ok(Some(_))))
+        {
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    for r in &mut ranks {
+        kill_group(r);
+        let _ = r.wait();
+    }
+    let _ = std::fs::remove_dir_all(&store);
+    assert_eq!(
+        seen.len(),
+        2,
+        "the ranks never created both segments: {seen:?}"
+    );
+    assert_eq!(
+        quiver::link::shm::job_segments(job_id).len(),
+        2,
+        "the segments should outlive their killed owners"
+    );
+
+    // The next job's ranks remove them when they join (Job::from_env).
+    let mut cmd = command(QUIVER);
+    cmd.args([
+        "run",
+        "-n",
+        "2",
+        "--timeout",
+        "240",
+        "--",
+        QUIVER,
+        "check",
+        "--count",
+        "1",
+    ]);
+    let done = run_limited(cmd, LIMIT);
+    assert!(done.status.success(), "{}", done.describe());
+    let left = quiver::link::shm::job_segments(job_id);
+    assert!(
+        left.is_empty(),
+        "segments of dead processes were not removed by the next job: {left:?}\n{}",
+        done.describe()
+    );
+}

@@ -7,7 +7,7 @@ use crate::channel::{Delivery, RxChannel};
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::job::JobShared;
 use crate::link::shm::{ShmRx, ShmTx};
-use crate::link::udp::{Datagram, SlotPool, UdpLink};
+use crate::link::udp::{Datagram, SlotPool, SockAddr, UdpLink};
 use crate::wire::{self, Flags, FrameKind, Header, HEADER_LEN};
 use crate::{Error, Result, Transport, TransportChoice};
 use std::cell::{Cell, RefCell};
@@ -45,7 +45,7 @@ struct UdpSide {
 enum Conn {
     Shm(ShmTx),
     Udp {
-        dest: SocketAddr,
+        dest: SockAddr,
         template: Header,
         seq: u32,
     },
@@ -230,7 +230,7 @@ impl Endpoint {
                     reason: format!("bad UDP address {addr:?} for {key}"),
                 })?;
                 Conn::Udp {
-                    dest,
+                    dest: SockAddr::from(&dest),
                     template: Header {
                         kind: FrameKind::Data,
                         flags: Flags::EMPTY,

@@ -65,10 +65,12 @@ pub(crate) struct UdpLink {
     sock: UdpSocket,
     local: SocketAddr,
     max_datagram: usize,
-    /// Datagrams the last receive returned: while traffic is sparse (a ping-pong), ask
-    /// for one, because with a larger vector the kernel tries a second, empty receive
-    /// before returning; once batches fill up, ask for a full batch.
-    last_batch: usize,
+    /// Receive mode: while traffic is sparse (a ping-pong) receive one datagram per call
+    /// with `recv`; after several datagrams in a row without an empty receive, switch to
+    /// `recvmmsg` batches, and back when a batch brings at most one.
+    batching: bool,
+    /// Consecutive single receives that found a datagram.
+    streak: u32,
     /// Scratch space for fragment headers (header plus optional length prefix).
     frag_headers: Vec<[u8; HEADER_LEN + 4]>,
 }
@@ -87,7 +89,8 @@ impl UdpLink {
             sock,
             local,
             max_datagram,
-            last_batch: 0,
+            batching: false,
+            streak: 0,
             frag_headers: Vec::new(),
         })
     }
@@ -102,8 +105,10 @@ impl UdpLink {
         pool: &mut SlotPool,
         out: &mut Vec<Datagram>,
     ) -> Result<()> {
-        let want = if self.last_batch > 1 { RECV_BATCH } else { 1 };
-        let n = pool.free.len().min(want);
+        if !self.batching || pool.free.len() == 1 {
+            return self.recv_one(pool, out);
+        }
+        let n = pool.free.len().min(RECV_BATCH);
         if n == 0 {
             return Ok(());
         }
@@ -137,6 +142,8 @@ impl UdpLink {
                 std::ptr::null_mut(),
             )
         };
+        self.batching = got > 1;
+        self.streak = 0;
         if got < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
@@ -146,7 +153,6 @@ impl UdpLink {
                 _ => Err(Error::io("recvmmsg", e)),
             };
         }
-        self.last_batch = got as usize;
         for (i, m) in msgs.iter().enumerate().take(got as usize) {
             let len = m.msg_len as usize;
             let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
@@ -161,23 +167,72 @@ impl UdpLink {
         Ok(())
     }
 
+    /// Receives one datagram with `recv`, the cheapest receive call: a busy-polling
+    /// reader spends most of its time in calls that find nothing, and the shorter each
+    /// is, the sooner it sees the datagram that arrives.
+    fn recv_one(&mut self, pool: &mut SlotPool, out: &mut Vec<Datagram>) -> Result<()> {
+        let Some(&slot) = pool.free.last() else {
+            return Ok(());
+        };
+        let at = slot as usize * pool.slot_size;
+        let buf = &mut pool.buf[at..at + pool.slot_size];
+        // SAFETY: buf is a writable slot of slot_size bytes; MSG_TRUNC makes the call
+        // return the datagram's real length, so an oversized one is recognised.
+        let got = unsafe {
+            libc::recv(
+                self.sock.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+            )
+        };
+        if got < 0 {
+            self.streak = 0;
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock
+                | io::ErrorKind::Interrupted
+                | io::ErrorKind::ConnectionRefused => Ok(()),
+                _ => Err(Error::io("recv", e)),
+            };
+        }
+        pool.free.pop();
+        let len = got as usize;
+        out.push(Datagram {
+            slot,
+            len: if len > pool.slot_size { 0 } else { len },
+        });
+        self.streak += 1;
+        self.batching = self.streak >= 4;
+        Ok(())
+    }
+
     /// Sends one message as Directed Messages to `dest`, numbering fragments from `*seq`.
     /// `template` is the channel's pre-computed header (flags and seq are filled in).
     pub(crate) fn send_message(
         &mut self,
-        dest: &SocketAddr,
+        addr: &SockAddr,
         template: &Header,
         seq: &mut u32,
         data: &[u8],
     ) -> Result<usize> {
-        let addr = SockAddr::from(dest);
         if data.len() + HEADER_LEN <= self.max_datagram {
             let mut h = *template;
             h.flags = Flags::FIRST | Flags::LAST;
             h.seq = *seq;
-            let mut hdr = [0u8; HEADER_LEN];
-            h.emit(&mut hdr);
-            self.sendmsg(&addr, &hdr, data)?;
+            if data.len() <= SMALL {
+                // Copying a small message next to its header is cheaper than a gather.
+                let mut buf = [0u8; HEADER_LEN + SMALL];
+                let hdr: &mut [u8; HEADER_LEN] =
+                    (&mut buf[..HEADER_LEN]).try_into().expect("header length");
+                h.emit(hdr);
+                buf[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
+                self.sendto(addr, &buf[..HEADER_LEN + data.len()])?;
+            } else {
+                let mut hdr = [0u8; HEADER_LEN];
+                h.emit(&mut hdr);
+                self.sendmsg(addr, &hdr, data)?;
+            }
             *seq = seq.wrapping_add(1);
             return Ok(1);
         }
@@ -244,12 +299,36 @@ impl UdpLink {
                         // An ICMP error of an earlier datagram; this one was not sent.
                         continue;
                     }
-                    return Err(Error::io(format!("sendmmsg to {dest}"), e));
+                    return Err(Error::io(format!("sendmmsg to {}", addr.addr), e));
                 }
                 done += n as usize;
             }
         }
         Ok(count)
+    }
+
+    fn sendto(&self, addr: &SockAddr, frame: &[u8]) -> Result<()> {
+        loop {
+            // SAFETY: frame and the address are valid for the duration of the call.
+            let n = unsafe {
+                libc::sendto(
+                    self.sock.as_raw_fd(),
+                    frame.as_ptr() as *const libc::c_void,
+                    frame.len(),
+                    0,
+                    addr.ptr() as *const libc::sockaddr,
+                    addr.len,
+                )
+            };
+            if n >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => continue,
+                _ => return Err(Error::io(format!("sendto {}", addr.addr), e)),
+            }
+        }
     }
 
     fn sendmsg(&self, addr: &SockAddr, hdr: &[u8; HEADER_LEN], data: &[u8]) -> Result<()> {
@@ -290,10 +369,14 @@ impl AsRawFd for UdpLink {
     }
 }
 
-/// A socket address in the C layout, for sendmsg.
-struct SockAddr {
+/// Messages up to this size are copied next to their header and sent contiguously.
+const SMALL: usize = 256;
+
+/// A destination in the C layout, converted once per connection.
+pub(crate) struct SockAddr {
     storage: libc::sockaddr_storage,
     len: libc::socklen_t,
+    addr: SocketAddr,
 }
 
 impl SockAddr {
@@ -338,6 +421,7 @@ impl From<&SocketAddr> for SockAddr {
         SockAddr {
             storage,
             len: len as libc::socklen_t,
+            addr: *a,
         }
     }
 }

@@ -315,3 +315,24 @@ macro_rules! conformance {
 
 conformance!(shm, TransportChoice::Auto);
 conformance!(udp, TransportChoice::Udp);
+
+/// Writing to an endpoint its owner closed is an error naming the peer, not a silent loss.
+#[test]
+fn shm_write_to_a_closed_endpoint_fails() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let ep = job.open(12).unwrap();
+        if job.rank() == 0 {
+            ep.target_rank(1).unwrap();
+            ep.write(b"first").unwrap();
+            job.barrier().unwrap(); // rank 1 read it and closes
+            job.barrier().unwrap();
+            let e = ep.write(b"second").unwrap_err();
+            assert!(matches!(e, Error::PeerClosed { rank: 1, dpid: 12 }), "{e}");
+        } else {
+            assert_eq!(&*ep.read_timeout(T).unwrap(), b"first");
+            job.barrier().unwrap();
+            ep.close();
+            job.barrier().unwrap();
+        }
+    });
+}

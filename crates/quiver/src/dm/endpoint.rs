@@ -277,11 +277,11 @@ impl Endpoint {
                         max: tx.max_message(),
                     });
                 }
-                if !tx.try_send(data) {
+                if !tx.try_send(data)? {
                     inner.stats.send_stalls += 1;
                     let mut last_check = Instant::now();
                     backoff_until(self.waiter.mode, None, || {
-                        if tx.try_send(data) {
+                        if tx.try_send(data)? {
                             return Ok(Some(()));
                         }
                         if last_check.elapsed() > Duration::from_millis(10) {

@@ -223,16 +223,24 @@ mod imp_crate {
             self.max_message
         }
 
-        /// Pushes one message; false if the ring is full. `data.len()` <= max_message.
+        /// Pushes one message; `Ok(false)` if the ring is full. `data.len()` <=
+        /// max_message. A receiver that closed its endpoint is an error (the flag shares
+        /// a read-mostly cache line with the segment's geometry, so the check is cheap).
         #[inline]
-        pub(crate) fn try_send(&mut self, data: &[u8]) -> bool {
+        pub(crate) fn try_send(&mut self, data: &[u8]) -> Result<bool> {
+            if self.seg.is_closed() {
+                return Err(Error::PeerClosed {
+                    rank: self.peer.rank,
+                    dpid: self.peer.dpid,
+                });
+            }
             if !self.producer.try_push(data) {
-                return false;
+                return Ok(false);
             }
             if self.seg.header().wake.must_ring() {
                 self.bell.ring();
             }
-            true
+            Ok(true)
         }
 
         /// Errors if the receiver closed its endpoint or its process is gone.

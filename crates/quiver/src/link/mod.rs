@@ -1,6 +1,8 @@
 //! Link layer: transports that move frames between endpoints.
 pub mod shm;
 #[cfg(not(loom))]
+pub mod sim;
+#[cfg(not(loom))]
 pub mod udp;
 
 /// The transports quiver can use between two endpoints.

@@ -37,9 +37,10 @@ mod imp_crate {
     use std::os::fd::{AsRawFd, RawFd};
     use std::time::Duration;
 
-    /// Ring bytes per sender for a given pool size (rounded to 8).
+    /// Ring bytes per sender for a given pool size: the next power of two (ring
+    /// positions wrap with a mask; the segment is sparse, so unused bytes cost no memory).
     pub(crate) fn ring_capacity(pool_size: usize) -> usize {
-        (pool_size + 7) & !7
+        pool_size.max(64).next_power_of_two()
     }
 
     /// One sender's ring as seen by the receiver.

@@ -42,7 +42,7 @@ pub(crate) fn stride(len: usize) -> usize {
     HDR + ((len + 7) & !7)
 }
 
-/// Largest payload a ring of `capacity` bytes can carry (capacity a multiple of 8).
+/// Largest payload a ring of `capacity` bytes can carry (capacity a power of two).
 pub(crate) fn max_payload(capacity: usize) -> usize {
     capacity.saturating_sub(3 * HDR)
 }
@@ -63,14 +63,15 @@ pub(crate) struct RingMem {
 unsafe impl Send for RingMem {}
 
 impl RingMem {
-    /// A ring over `capacity` bytes at `base`.
+    /// A ring over `capacity` bytes at `base`; `capacity` is a power of two (positions
+    /// wrap with a mask, not a division), at least 64.
     ///
     /// # Safety
     /// `base` must be 8-byte aligned, valid for reads and writes of `capacity` bytes for
     /// the life of the returned value, and used by at most one producer and one consumer.
     #[cfg(not(loom))]
     pub(crate) unsafe fn new(base: *mut u8, capacity: usize) -> RingMem {
-        debug_assert!((base as usize).is_multiple_of(8) && capacity.is_multiple_of(8));
+        debug_assert!((base as usize).is_multiple_of(8) && capacity.is_power_of_two());
         RingMem { base, capacity }
     }
 
@@ -209,7 +210,7 @@ impl Producer {
         debug_assert!(data.len() <= self.max_payload());
         let cap = self.mem.capacity as u64;
         let rec = stride(data.len()) as u64;
-        let idx = self.head % cap;
+        let idx = self.head & (cap - 1);
         let contiguous = cap - idx;
         let wrap = rec > contiguous;
         // Room for the record, the padding to the end if it must wrap, and the zeroed
@@ -234,7 +235,7 @@ impl Producer {
             at = 0;
         }
         self.mem.write_payload(at + HDR, data);
-        let next = (at + rec as usize) % cap as usize;
+        let next = (at + rec as usize) & (cap as usize - 1);
         self.mem.header(next).store(0, Ordering::Relaxed);
         // Release: payload and next zero header are visible before this header.
         self.mem.header(at).store(
@@ -306,7 +307,7 @@ impl Consumer {
     pub(crate) fn try_pop(&mut self) -> Result<Option<Record>, Corrupt> {
         let cap = self.mem.capacity as u64;
         loop {
-            let idx = (self.read_pos % cap) as usize;
+            let idx = (self.read_pos & (cap - 1)) as usize;
             // Acquire pairs with the producer's Release of this header.
             let h = self.mem.header(idx).load(Ordering::Acquire);
             if h == 0 {
@@ -381,7 +382,7 @@ impl Consumer {
     #[inline]
     #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn has_data(&self) -> bool {
-        let idx = (self.read_pos % self.mem.capacity as u64) as usize;
+        let idx = (self.read_pos & (self.mem.capacity as u64 - 1)) as usize;
         self.mem.header(idx).load(Ordering::Acquire) != 0
     }
 }

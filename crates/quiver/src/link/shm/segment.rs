@@ -312,7 +312,7 @@ impl Segment {
             ring_capacity: h.ring_capacity as usize,
         };
         if geometry.slots == 0
-            || !geometry.ring_capacity.is_multiple_of(8)
+            || !geometry.ring_capacity.is_power_of_two()
             || geometry.ring_capacity < 64
             || geometry.checked_total_len().is_none_or(|total| total > len)
         {

@@ -92,14 +92,16 @@ impl Waiter {
         if let Some(v) = w.poll_once()? {
             return Ok(v);
         }
-        let start = Instant::now();
-        let deadline = timeout.map(|t| start + t);
         let spin_for = match self.mode {
             WaitMode::Spin => None,
             WaitMode::Block => Some(Duration::ZERO),
             WaitMode::Hybrid(d) => Some(d),
         };
-        // Polling phase.
+        // Polling phase. The clock is read only every 64 polls (a message usually arrives
+        // sooner, and a clock read costs as much as a few polls), and never when spinning
+        // without a deadline.
+        let needs_clock = timeout.is_some() || spin_for.is_some();
+        let mut start = None;
         let mut n: u32 = 0;
         loop {
             if let Some(v) = w.poll_once()? {
@@ -107,9 +109,10 @@ impl Waiter {
             }
             std::hint::spin_loop();
             n = n.wrapping_add(1);
-            if n.is_multiple_of(64) {
+            if needs_clock && (n.is_multiple_of(64) || spin_for == Some(Duration::ZERO)) {
                 let now = Instant::now();
-                if deadline.is_some_and(|d| now >= d) {
+                let start = *start.get_or_insert(now);
+                if timeout.is_some_and(|t| now - start >= t) {
                     return Err(Error::Timeout(timeout.unwrap_or_default()));
                 }
                 if spin_for.is_some_and(|s| now - start >= s) {
@@ -117,6 +120,8 @@ impl Waiter {
                 }
             }
         }
+        let start = start.unwrap_or_else(Instant::now);
+        let deadline = timeout.map(|t| start + t);
         // Sleeping phase.
         loop {
             w.arm();

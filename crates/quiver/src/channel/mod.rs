@@ -6,6 +6,7 @@
 //! detect loss and duplication, and multi-fragment Directed Messages are reassembled.
 //! Reliability (acknowledgements, retransmission, credits) builds on the same structure.
 
+pub mod reliable;
 pub mod rx;
 
 pub use rx::{Delivery, RxChannel, RxOutcome};

@@ -120,17 +120,22 @@ mod imp_crate {
                 self.discover();
             }
             let n = self.chans.len();
-            for k in 0..n {
-                let i = (self.next_chan + k) % n;
+            let mut i = self.next_chan;
+            for _ in 0..n {
+                // Round-robin without a division: i stays in 0..n.
+                if i >= n {
+                    i = 0;
+                }
                 let chan = &mut self.chans[i];
+                i += 1;
                 if chan.broken {
                     continue;
                 }
                 match chan.consumer.try_pop() {
                     Ok(Some(Record { idx, len, token })) => {
-                        self.next_chan = i + 1;
+                        self.next_chan = i;
                         return Some(Received {
-                            chan: i as u32,
+                            chan: (i - 1) as u32,
                             token,
                             ptr: chan.consumer.mem().payload_ptr(idx),
                             len,

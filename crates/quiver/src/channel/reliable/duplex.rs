@@ -1,0 +1,254 @@
+//! One endpoint's reliable state for one peer: the outgoing channel's [`Sender`], the
+//! incoming channel's [`Receiver`], and the piggybacking between them.
+
+use std::collections::VecDeque;
+
+use super::time::earliest;
+use super::{
+    AckSent, AckStamp, Config, ConfigError, Counters, Event, Mode, Receiver, SendError, SendStatus,
+    Sender, Time,
+};
+use crate::wire::{Flags, FrameKind, Header};
+
+/// The reliable state an endpoint keeps for one peer endpoint: both directions of the
+/// pair, so that acknowledgements and credits of the incoming channel ride on the frames
+/// of the outgoing one.
+///
+/// `B` is the caller's handle for a received datagram (see [`Receiver`]).
+///
+/// Call order (quinn-style: `handle_*` in, `poll_*` out; any number of inputs may come
+/// before the outputs are drained):
+///
+/// 1. Inputs: [`send`](Self::send) for each application message;
+///    [`handle_frame`](Self::handle_frame) for each datagram from the peer that decoded
+///    (`wire::decode`) and belongs to this pair; [`handle_invalid`](Self::handle_invalid)
+///    for one from the peer that failed decoding or its checksum;
+///    [`handle_release`](Self::handle_release) when the application frees buffers of
+///    delivered frames; [`handle_timeout`](Self::handle_timeout) once the time reaches
+///    [`poll_timeout`](Self::poll_timeout).
+/// 2. Outputs: [`poll_transmit`](Self::poll_transmit) until `None` (send each datagram
+///    before the next call); [`poll_deliver`](Self::poll_deliver) until `None` (frames
+///    in order, for the message layer); [`poll_event`](Self::poll_event) until `None`.
+/// 3. Arm the timer at [`poll_timeout`](Self::poll_timeout).
+///
+/// [`is_blocked`](Self::is_blocked) tells whether sends wait for credits.
+pub struct Duplex<B> {
+    mode: Mode,
+    checksum: bool,
+    sender: Sender,
+    receiver: Receiver<B>,
+    events: VecDeque<Event>,
+}
+
+impl<B> Duplex<B> {
+    /// The state for a new pair. `template` gives the addressing fields of every frame
+    /// sent (see [`Sender::new`]).
+    pub fn new(cfg: &Config, template: Header) -> Result<Duplex<B>, ConfigError> {
+        Ok(Duplex {
+            mode: cfg.mode,
+            checksum: cfg.checksums(),
+            sender: Sender::new(cfg, template)?,
+            receiver: Receiver::new(cfg)?,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// Starts both directions' sequence numbers at `seq` (for tests of wrapping).
+    #[cfg(test)]
+    pub(crate) fn start_at(&mut self, seq: u32) {
+        self.sender.start_at(seq);
+        self.receiver.start_at(seq);
+    }
+
+    /// The reliability scheme.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Builds and queues the frames of a message; see [`Sender::send`].
+    pub fn send(&mut self, now: Time, msg: &[u8]) -> Result<SendStatus, SendError> {
+        self.sender.send(now, msg)
+    }
+
+    /// The zero-copy fast path of [`Mode::None`]; see [`Sender::send_direct`]. On
+    /// success the caller must send `frames` `Data` frames numbered from
+    /// [`DirectSend::first_seq`], carrying [`DirectSend::stamp`], sealed if
+    /// [`DirectSend::checksum`].
+    pub fn send_direct(&mut self, now: Time, frames: u32) -> Option<DirectSend> {
+        let stamp = self.receiver.ack_stamp();
+        let first_seq = self.sender.send_direct(now, frames)?;
+        self.receiver.on_ack_sent(now, AckSent::Piggybacked);
+        Some(DirectSend {
+            first_seq,
+            stamp,
+            checksum: self.checksum,
+        })
+    }
+
+    /// Takes in a decoded frame from the peer; `buf` is the caller's handle for its
+    /// datagram. Returns `Some(buf)` when the frame is not kept (it may be freed at once),
+    /// `None` when it will come out of [`poll_deliver`](Self::poll_deliver).
+    ///
+    /// When checksums are on, a frame without the CHECKSUM flag is treated as corrupt.
+    pub fn handle_frame(&mut self, now: Time, header: &Header, buf: B) -> Option<B> {
+        if self.checksum && !header.flags.contains(Flags::CHECKSUM) {
+            self.handle_invalid(now);
+            return Some(buf);
+        }
+        let stamp = AckStamp {
+            ack: header.ack,
+            credits: header.credits,
+        };
+        match header.kind {
+            FrameKind::Data => {
+                self.sender.handle_ack(now, stamp, None);
+                let kept = self.receiver.handle_data(now, header.seq, buf);
+                self.collect_errors();
+                kept
+            }
+            FrameKind::Ack => {
+                self.sender.handle_ack(now, stamp, Some(header.seq));
+                Some(buf)
+            }
+            FrameKind::Heartbeat => {
+                self.sender.handle_ack(now, stamp, None);
+                self.receiver.handle_probe(now, header.seq);
+                self.collect_errors();
+                Some(buf)
+            }
+            FrameKind::Goodbye => {
+                self.events.push_back(Event::PeerClosed);
+                Some(buf)
+            }
+        }
+    }
+
+    /// A datagram from the peer that failed decoding or its checksum; see
+    /// [`Receiver::handle_corrupt`].
+    pub fn handle_invalid(&mut self, now: Time) {
+        self.receiver.handle_corrupt(now);
+        self.collect_errors();
+    }
+
+    /// The application released `n` buffers of delivered frames; see
+    /// [`Receiver::handle_release`].
+    pub fn handle_release(&mut self, now: Time, n: u32) -> u32 {
+        self.receiver.handle_release(now, n)
+    }
+
+    /// Fires whichever timers are due: retransmission, probe, delayed acknowledgement.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.sender.handle_timeout(now);
+        self.receiver.handle_timeout(now);
+        self.collect_errors();
+    }
+
+    /// The next datagram to send to the peer: a retransmission, a new data frame or a
+    /// probe, each carrying the current acknowledgement; else an explicit `Ack` if one is
+    /// due. Send it before the next call.
+    pub fn poll_transmit(&mut self, now: Time) -> Option<&[u8]> {
+        let stamp = self.receiver.ack_stamp();
+        if self.sender.has_transmit() {
+            self.receiver.on_ack_sent(now, AckSent::Piggybacked);
+            return self.sender.poll_transmit(now, stamp);
+        }
+        self.receiver.ack_due()?;
+        let sack = self.receiver.sack_bitmap();
+        self.receiver.on_ack_sent(now, AckSent::Explicit);
+        Some(self.sender.build_ack(stamp, sack))
+    }
+
+    /// The next received frame in order.
+    pub fn poll_deliver(&mut self) -> Option<B> {
+        self.receiver.poll_deliver()
+    }
+
+    /// The next event (errors of either direction, the peer closing).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.collect_errors();
+        self.events.pop_front()
+    }
+
+    /// The earliest deadline at which [`handle_timeout`](Self::handle_timeout) has work.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        earliest(self.sender.poll_timeout(), self.receiver.poll_timeout())
+    }
+
+    /// Whether sends wait on the blocked-sends queue for credits.
+    pub fn is_blocked(&self) -> bool {
+        self.sender.is_blocked()
+    }
+
+    /// Whether everything sent is acknowledged and nothing waits to be sent.
+    pub fn is_idle(&self) -> bool {
+        self.sender.is_idle()
+    }
+
+    /// The outgoing channel's state.
+    pub fn sender(&self) -> &Sender {
+        &self.sender
+    }
+
+    /// The incoming channel's state.
+    pub fn receiver(&self) -> &Receiver<B> {
+        &self.receiver
+    }
+
+    /// The counters of both directions, summed.
+    pub fn counters(&self) -> Counters {
+        let mut c = self.sender.counters().clone();
+        c.add(self.receiver.counters());
+        c
+    }
+
+    fn collect_errors(&mut self) {
+        while let Some(e) = self.receiver.poll_error() {
+            self.events.push_back(Event::Error(e));
+        }
+        while let Some(e) = self.sender.poll_error() {
+            self.events.push_back(Event::Error(e));
+        }
+    }
+}
+
+/// What the caller of [`Duplex::send_direct`] writes into the frames it builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectSend {
+    /// Sequence number of the first frame; the others follow consecutively.
+    pub first_seq: u32,
+    /// The acknowledgement fields every frame carries.
+    pub stamp: AckStamp,
+    /// Whether the frames must be sealed with CRC32C (`wire::seal`).
+    pub checksum: bool,
+}
+
+impl<B> std::fmt::Debug for Duplex<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Duplex")
+            .field("mode", &self.mode)
+            .field("in_flight", &self.sender.in_flight())
+            .field("queued", &self.sender.queued_frames())
+            .field("expected", &self.receiver.expected())
+            .field("held", &self.receiver.held())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Convenience for callers whose datagram handle is the datagram itself.
+impl Duplex<Vec<u8>> {
+    /// Decodes `datagram` and feeds it as [`handle_frame`](Self::handle_frame) or
+    /// [`handle_invalid`](Self::handle_invalid) would. Returns the datagram if it is not
+    /// kept.
+    pub fn handle_datagram(&mut self, now: Time, datagram: Vec<u8>) -> Option<Vec<u8>> {
+        match crate::wire::decode(&datagram) {
+            Ok(frame) => {
+                let header = frame.header;
+                self.handle_frame(now, &header, datagram)
+            }
+            Err(_) => {
+                self.handle_invalid(now);
+                Some(datagram)
+            }
+        }
+    }
+}

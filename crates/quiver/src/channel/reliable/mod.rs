@@ -1,0 +1,271 @@
+//! Reliable, flow-controlled channels: the reliability schemes of LCI (RX_no, RX_h,
+//! RX_ni) as sans-IO state machines.
+//!
+//! This module owns the per-peer protocol state of the network path: sequence numbers,
+//! credits, acknowledgements, retransmission and the timers that drive them. It does no
+//! I/O and reads no clock: frames and the current [`Time`] go in, frames, deadlines,
+//! in-order deliveries and [`Event`]s come out. The message layer (fragmentation with
+//! [`wire::fragments`](crate::wire::fragments), reassembly with
+//! [`RxChannel`](super::RxChannel)) sits on top: the state machines here work on frames,
+//! each carrying one Directed Message fragment, and hand received frames back in order.
+//!
+//! The pieces:
+//!
+//! - [`Sender`]: the send side of one channel: builds frames (one copy of the caller's
+//!   data), queues them while the window is closed (the blocked-sends queue: never
+//!   drops), keeps them until acknowledged when the mode retransmits, and resends the very
+//!   same buffers (no extra copy) on a timeout or a selective acknowledgement.
+//! - [`Receiver`]: the receive side: sequence check, duplicate and out-of-order
+//!   detection, credits, and the acknowledgement policy (piggybacked, half-window,
+//!   delayed, immediate on out-of-order).
+//! - [`Duplex`]: one endpoint's state for one peer: a `Sender` for the outgoing channel
+//!   and a `Receiver` for the incoming one, with acknowledgements and credits of the
+//!   incoming channel piggybacked on the frames of the outgoing one. This is what the
+//!   engine drives.
+//! - [`Config`], [`Mode`], [`Recovery`]: the run-time choice of scheme
+//!   (`QUIVER_RELIABILITY=none|host|offload`) and its parameters.
+//!
+//! # The protocol on the wire
+//!
+//! Every frame uses the 32-byte header of [`wire`](crate::wire):
+//!
+//! - `Data`: `seq` is the frame's sequence number (consecutive per channel, wrapping);
+//!   `ack` and `credits` acknowledge the reverse channel (piggybacked).
+//! - `Ack` (explicit acknowledgement): `ack` is cumulative (every frame before it was
+//!   received), `credits` is the number of frames from `ack` on that the receiver can
+//!   take, so the sender may send frames before `ack + credits`; `seq` is reused as a
+//!   selective-acknowledgement bitmap: bit `i` says frame `ack + 1 + i` arrived (kept
+//!   under [`Recovery::Selective`], seen and dropped under go-back-N).
+//! - `Heartbeat` (probe): `seq` is the sender's next sequence number, so a receiver
+//!   learns of frames lost at the tail of a burst; the receiver answers with an `Ack`.
+//!
+//! The credit limit `ack + credits` equals the receiver's released frames plus W: it
+//! never moves backwards, so the sender takes the largest limit it has seen and stale or
+//! duplicated acknowledgements are harmless.
+//!
+//! # Guarantees
+//!
+//! - [`Mode::Host`] / [`Mode::Offload`]: every frame is delivered exactly once and in
+//!   order, or the sender reports [`ChannelError::Unreachable`] after
+//!   [`Config::max_timeouts`] consecutive timeouts without progress.
+//! - [`Mode::None`]: frames are delivered in order, never twice; a gap (loss or
+//!   reordering) is reported as [`ChannelError::Lost`], a checksum failure as
+//!   [`ChannelError::Corrupt`], within a bounded time (the sender's probe detects a lost
+//!   tail). Nothing is retransmitted.
+//! - All modes: a sender whose window is closed queues, never drops; no input from the
+//!   peer makes a state machine panic; sequence numbers wrap.
+
+mod config;
+mod duplex;
+mod receiver;
+mod sender;
+mod time;
+
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod sim_tests;
+#[cfg(test)]
+mod tests;
+
+pub use config::{Config, ConfigError, Mode, ModeParseError, Recovery, MAX_WINDOW};
+pub use duplex::{DirectSend, Duplex};
+pub use receiver::Receiver;
+pub use sender::Sender;
+pub use time::Time;
+
+/// The acknowledgement fields a frame carries for the reverse channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AckStamp {
+    /// Cumulative acknowledgement: the next sequence number the receiver expects.
+    pub ack: u32,
+    /// Frames from `ack` on that the receiver has buffers for.
+    pub credits: u16,
+}
+
+/// Why the receiver wants an explicit acknowledgement sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckReason {
+    /// W/2 frames arrived since the last acknowledgement (half-window).
+    HalfWindow,
+    /// The acknowledgement timer expired (delayed acknowledgement).
+    Delayed,
+    /// A frame arrived out of order: tell the sender at once (with the bitmap).
+    OutOfOrder,
+    /// W/2 buffers were released since the last credit update.
+    Credit,
+    /// The sender probed (a `Heartbeat`).
+    ProbeReply,
+}
+
+/// How an acknowledgement left: on a frame that went anyway, or as an `Ack` frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckSent {
+    /// In the header of a `Data` or `Heartbeat` frame.
+    Piggybacked,
+    /// As an explicit `Ack` frame.
+    Explicit,
+}
+
+/// An error on a channel. [`Lost`](Self::Lost), [`Corrupt`](Self::Corrupt) and
+/// [`Overrun`](Self::Overrun) are reported by the receiving side and the channel goes on
+/// with the next frame; [`Unreachable`](Self::Unreachable) is reported by the sending
+/// side and ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChannelError {
+    /// Frames never arrived ([`Mode::None`]): a gap in sequence numbers.
+    #[error("{count} frame(s) lost from sequence number {first}")]
+    Lost {
+        /// Sequence number of the first missing frame.
+        first: u32,
+        /// Number of missing frames.
+        count: u32,
+    },
+    /// A frame from the peer failed its checksum or did not decode ([`Mode::None`]).
+    #[error("a corrupted frame arrived")]
+    Corrupt,
+    /// The peer sent beyond the credits it was given: the frame was dropped.
+    #[error("frame {seq} arrived beyond the receive window (the peer ignores flow control)")]
+    Overrun {
+        /// Its sequence number.
+        seq: u32,
+    },
+    /// The peer stopped answering: this many consecutive timeouts without progress.
+    #[error("peer unreachable: no progress after {timeouts} consecutive timeouts")]
+    Unreachable {
+        /// Consecutive timeouts counted.
+        timeouts: u32,
+    },
+}
+
+/// Something a [`Duplex`] reports besides deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// An error on the channel.
+    Error(ChannelError),
+    /// The peer sent `Goodbye`: it is closing.
+    PeerClosed,
+}
+
+/// What [`Sender::send`] did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendStatus {
+    /// Every frame of the message fits in the window: it goes out at the next
+    /// `poll_transmit`.
+    Ready,
+    /// The window is closed for some of its frames: they wait on the blocked-sends queue
+    /// until credits come back (a credit stall, counted).
+    Blocked,
+}
+
+/// Why [`Sender::send`] refused a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The message is longer than a Directed Message can be.
+    #[error("message of {len} bytes exceeds the maximum of {max} bytes")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// The channel failed ([`ChannelError::Unreachable`] was reported).
+    #[error("the channel failed: the peer is unreachable")]
+    Failed,
+}
+
+/// Counters of a channel's protocol work, for statistics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counters {
+    /// Data frames sent for the first time.
+    pub data_sent: u64,
+    /// Data frames sent again.
+    pub retransmissions: u64,
+    /// Retransmission timeouts that fired.
+    pub timeouts: u64,
+    /// Go-back or hole repairs triggered by a selective acknowledgement, before a timeout.
+    pub fast_retransmits: u64,
+    /// Probes (`Heartbeat` frames) sent.
+    pub probes: u64,
+    /// Sends that found the window closed and queued (credit stalls).
+    pub credit_stalls: u64,
+    /// Acknowledgements from the peer that acknowledged frames never sent (ignored).
+    pub bad_acks: u64,
+    /// Data frames accepted in order.
+    pub delivered: u64,
+    /// Data frames that arrived again (dropped).
+    pub duplicates: u64,
+    /// Data frames that arrived ahead of a missing one.
+    pub out_of_order: u64,
+    /// Frames dropped for a bad or missing checksum, or undecodable.
+    pub checksum_failures: u64,
+    /// Data frames beyond the receive window (dropped).
+    pub overruns: u64,
+    /// Frames reported lost ([`Mode::None`]).
+    pub lost: u64,
+    /// Acknowledgements that rode on a frame sent anyway (piggybacked).
+    pub acks_piggybacked: u64,
+    /// Explicit `Ack` frames sent, whatever the reason.
+    pub acks_explicit: u64,
+    /// Explicit acknowledgements sent because the acknowledgement timer expired.
+    pub acks_delayed: u64,
+    /// Explicit acknowledgements sent because half a window arrived or was released.
+    pub acks_half_window: u64,
+}
+
+impl Counters {
+    /// Adds every counter of `other` to `self`.
+    pub fn add(&mut self, other: &Counters) {
+        let Counters {
+            data_sent,
+            retransmissions,
+            timeouts,
+            fast_retransmits,
+            probes,
+            credit_stalls,
+            bad_acks,
+            delivered,
+            duplicates,
+            out_of_order,
+            checksum_failures,
+            overruns,
+            lost,
+            acks_piggybacked,
+            acks_explicit,
+            acks_delayed,
+            acks_half_window,
+        } = other;
+        self.data_sent += data_sent;
+        self.retransmissions += retransmissions;
+        self.timeouts += timeouts;
+        self.fast_retransmits += fast_retransmits;
+        self.probes += probes;
+        self.credit_stalls += credit_stalls;
+        self.bad_acks += bad_acks;
+        self.delivered += delivered;
+        self.duplicates += duplicates;
+        self.out_of_order += out_of_order;
+        self.checksum_failures += checksum_failures;
+        self.overruns += overruns;
+        self.lost += lost;
+        self.acks_piggybacked += acks_piggybacked;
+        self.acks_explicit += acks_explicit;
+        self.acks_delayed += acks_delayed;
+        self.acks_half_window += acks_half_window;
+    }
+}
+
+/// Distance from `from` to `to` in sequence space, if `to` is not before `from`.
+fn seq_ahead(from: u32, to: u32) -> Option<u32> {
+    let d = to.wrapping_sub(from);
+    (d < 1 << 31).then_some(d)
+}
+
+/// Whether `a` comes strictly before `b` in sequence space.
+fn seq_lt(a: u32, b: u32) -> bool {
+    a != b && seq_ahead(a, b).is_some()
+}

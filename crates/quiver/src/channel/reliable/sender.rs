@@ -1,0 +1,625 @@
+//! Send side of a reliable channel: frame building, the window, the blocked-sends queue,
+//! the retransmission buffer and timer, and the probe.
+//!
+//! Guarantees: a message accepted by [`Sender::send`] is never dropped: its frames wait
+//! on the blocked-sends queue until the window opens. In the retransmitting modes a frame
+//! is kept, as the very datagram that was sent, until it is acknowledged; a
+//! retransmission re-sends that buffer with only the acknowledgement fields and the
+//! checksum refreshed (no copy of the data). The sender never has a frame in flight at
+//! or beyond the receiver's credit limit, nor (when it retransmits) more than W frames
+//! unacknowledged.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::time::earliest;
+use super::{
+    seq_ahead, seq_lt, AckStamp, ChannelError, Config, ConfigError, Counters, Recovery, SendError,
+    SendStatus, Time,
+};
+use crate::wire::{fragments, Flags, FrameKind, FrameView, Header, HEADER_LEN, MAX_MESSAGE};
+
+/// Buffers kept for reuse at most (so that a burst's frames are not reallocated).
+const SPARE_MAX: usize = 64;
+
+/// A frame in flight, kept for retransmission.
+struct Outgoing {
+    /// The datagram as last sent.
+    bytes: Vec<u8>,
+    /// The acknowledgement fields `bytes` carries (and is sealed with).
+    stamp: AckStamp,
+    /// When it was first sent (for round-trip samples).
+    first_tx: Time,
+    /// When it was last sent.
+    last_tx: Time,
+    /// Whether it was ever sent again (Karn: no round-trip sample from it).
+    retransmitted: bool,
+    /// The receiver reported it in a selective acknowledgement.
+    sacked: bool,
+    /// It is on the retransmission queue.
+    queued: bool,
+}
+
+/// The send side of one channel.
+///
+/// Call order (each call may be made any time; this order keeps latency lowest):
+///
+/// 1. [`send`](Self::send) for each message the application writes;
+///    [`handle_ack`](Self::handle_ack) for the acknowledgement fields of every valid
+///    frame from the peer; [`handle_timeout`](Self::handle_timeout) when the time passes
+///    [`poll_timeout`](Self::poll_timeout).
+/// 2. Then [`poll_transmit`](Self::poll_transmit) until it returns `None`, sending each
+///    datagram before the next call; [`poll_error`](Self::poll_error) until `None`.
+/// 3. Then [`poll_timeout`](Self::poll_timeout) to arm the caller's timer.
+///
+/// [`Duplex`](super::Duplex) does all of this together with the reverse channel's
+/// [`Receiver`](super::Receiver).
+pub struct Sender {
+    retransmit: bool,
+    selective: bool,
+    checksum: bool,
+    window: u32,
+    max_datagram: usize,
+    rto_min: Duration,
+    rto_max: Duration,
+    probe_base: Duration,
+    max_timeouts: u32,
+    template: Header,
+
+    /// Oldest unacknowledged sequence number.
+    snd_una: u32,
+    /// Sequence number of the next frame sent for the first time.
+    next_tx: u32,
+    /// Sequence number of the next frame built.
+    next_seq: u32,
+    /// The receiver's credit limit: frames before it may be in flight.
+    limit: u32,
+    /// Retransmitting modes: frames `snd_una..next_tx`, in order.
+    unacked: VecDeque<Outgoing>,
+    /// The blocked-sends queue: built frames `next_tx..next_seq`, not yet sent.
+    pending: VecDeque<Vec<u8>>,
+    pending_bytes: usize,
+    /// Sequence numbers to send again, oldest first.
+    retx: VecDeque<u32>,
+    /// The last frame handed out that is not kept (mode none, control frames).
+    scratch: Vec<u8>,
+    spare: Vec<Vec<u8>>,
+
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The timeout the round-trip estimate gives (`rto_initial` before any sample).
+    rto_base: Duration,
+    /// The timeout in force: `rto_base`, doubled by each timeout until progress.
+    rto: Duration,
+    rto_deadline: Option<Time>,
+    rto_timeouts: u32,
+    probe_deadline: Option<Time>,
+    probe_interval: Duration,
+    probe_timeouts: u32,
+    probe_due: bool,
+
+    failed: bool,
+    errors: VecDeque<ChannelError>,
+    counters: Counters,
+}
+
+impl Sender {
+    /// A sender whose frames carry the addressing fields of `template` (endpoints, rank,
+    /// job id and token; its kind, flags, sequence, acknowledgement, credits and
+    /// checksum are ignored). Sequence numbers start at 0 and the receiver is assumed to
+    /// have `cfg.window` buffers free.
+    pub fn new(cfg: &Config, template: Header) -> Result<Sender, ConfigError> {
+        cfg.validate()?;
+        let window = u32::from(cfg.window);
+        Ok(Sender {
+            retransmit: cfg.mode.retransmits(),
+            selective: cfg.recovery == Recovery::Selective,
+            checksum: cfg.checksums(),
+            window,
+            max_datagram: cfg.max_datagram,
+            rto_min: cfg.rto_min,
+            rto_max: cfg.rto_max,
+            probe_base: cfg.probe_interval,
+            max_timeouts: cfg.max_timeouts,
+            template,
+            snd_una: 0,
+            next_tx: 0,
+            next_seq: 0,
+            limit: window,
+            unacked: VecDeque::new(),
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            retx: VecDeque::new(),
+            scratch: Vec::new(),
+            spare: Vec::new(),
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rto_base: cfg.rto_initial,
+            rto: cfg.rto_initial,
+            rto_deadline: None,
+            rto_timeouts: 0,
+            probe_deadline: None,
+            probe_interval: cfg.probe_interval,
+            probe_timeouts: 0,
+            probe_due: false,
+            failed: false,
+            errors: VecDeque::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Starts the sequence numbers at `seq` (both ends must agree; for tests of wrapping).
+    #[cfg(test)]
+    pub(crate) fn start_at(&mut self, seq: u32) {
+        self.snd_una = seq;
+        self.next_tx = seq;
+        self.next_seq = seq;
+        self.limit = seq.wrapping_add(self.window);
+    }
+
+    /// Splits `msg` into Directed Message fragments, builds their frames (the one copy of
+    /// the data) and queues them. The caller's buffer is free again on return.
+    ///
+    /// Returns [`SendStatus::Blocked`] if the window cannot take every frame now (counted
+    /// as a credit stall); the frames go out as credits return, in order, never dropped.
+    pub fn send(&mut self, now: Time, msg: &[u8]) -> Result<SendStatus, SendError> {
+        if self.failed {
+            return Err(SendError::Failed);
+        }
+        if msg.len() > MAX_MESSAGE {
+            return Err(SendError::TooLarge {
+                len: msg.len(),
+                max: MAX_MESSAGE,
+            });
+        }
+        let total = (msg.len() as u32).to_le_bytes();
+        for frag in fragments(msg.len(), self.max_datagram) {
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.reserve(frag.datagram_len());
+            let header = Header {
+                kind: FrameKind::Data,
+                flags: frag.flags,
+                seq: self.next_seq,
+                ack: 0,
+                credits: 0,
+                checksum: 0,
+                ..self.template
+            };
+            let mut head = [0; HEADER_LEN];
+            header.emit(&mut head);
+            buf.extend_from_slice(&head);
+            if frag.length_prefix {
+                buf.extend_from_slice(&total);
+            }
+            buf.extend_from_slice(&msg[frag.offset..frag.offset + frag.len]);
+            self.pending_bytes += buf.len();
+            self.pending.push_back(buf);
+            self.next_seq = self.next_seq.wrapping_add(1);
+        }
+        let status = if self.pending.len() as u64 > u64::from(self.room()) {
+            self.counters.credit_stalls += 1;
+            SendStatus::Blocked
+        } else {
+            SendStatus::Ready
+        };
+        self.update_probe(now);
+        Ok(status)
+    }
+
+    /// The zero-copy fast path of [`Mode::None`](super::Mode::None): if nothing is
+    /// queued and the window has room for `frames` frames, takes their sequence numbers
+    /// (returning the first) as if they had been sent, without building or keeping
+    /// them. The caller then builds and sends the frames itself (with vectored I/O
+    /// straight from the application's buffer), numbered from the returned sequence
+    /// number on, with the reverse channel's acknowledgement stamp.
+    ///
+    /// `None` in the retransmitting modes (which must keep what they send), when frames
+    /// are queued or the window is closed: use [`send`](Self::send) then, which queues.
+    pub fn send_direct(&mut self, now: Time, frames: u32) -> Option<u32> {
+        if self.retransmit || self.failed || !self.pending.is_empty() || self.room() < frames {
+            return None;
+        }
+        let first = self.next_tx;
+        self.next_tx = first.wrapping_add(frames);
+        self.next_seq = self.next_tx;
+        self.counters.data_sent += u64::from(frames);
+        if self.probe_timeouts == 0 {
+            self.probe_deadline = Some(now + self.probe_interval);
+        }
+        self.update_probe(now);
+        Some(first)
+    }
+
+    /// Takes in the acknowledgement fields of a valid frame from the peer. `sack` is the
+    /// selective-acknowledgement bitmap of an explicit `Ack` frame (its `seq` field),
+    /// `None` for other kinds.
+    ///
+    /// A stale acknowledgement (before the oldest unacknowledged frame) is ignored; one
+    /// that acknowledges frames never sent is ignored and counted in `bad_acks`.
+    pub fn handle_ack(&mut self, now: Time, stamp: AckStamp, sack: Option<u32>) {
+        if self.failed {
+            return;
+        }
+        let in_flight = self.next_tx.wrapping_sub(self.snd_una);
+        let Some(advance) = seq_ahead(self.snd_una, stamp.ack).filter(|&a| a <= in_flight) else {
+            if seq_lt(self.next_tx, stamp.ack) {
+                self.counters.bad_acks += 1;
+            }
+            return;
+        };
+        // Any current acknowledgement answers a probe: the peer is alive.
+        self.probe_timeouts = 0;
+        let limit = stamp.ack.wrapping_add(u32::from(stamp.credits));
+        if seq_lt(self.limit, limit) {
+            self.limit = limit;
+            self.probe_interval = self.probe_base;
+        }
+        if advance > 0 {
+            self.snd_una = stamp.ack;
+            // Progress shows the path works again: drop the backoff.
+            self.rto_timeouts = 0;
+            self.rto = self.rto_base;
+            if self.retransmit {
+                let mut sample = None;
+                for _ in 0..advance {
+                    if let Some(o) = self.unacked.pop_front() {
+                        sample = (!o.retransmitted).then(|| now.saturating_since(o.first_tx));
+                        self.recycle(o.bytes);
+                    }
+                }
+                if let Some(rtt) = sample {
+                    self.rtt_sample(rtt);
+                }
+                self.rto_deadline = (!self.unacked.is_empty()).then(|| now + self.rto);
+            }
+        }
+        if let (true, Some(bits)) = (self.retransmit, sack) {
+            if bits != 0 {
+                self.handle_sack(now, bits);
+            }
+        }
+        self.update_probe(now);
+    }
+
+    /// Fires the retransmission timer (resend every unacknowledged frame not reported
+    /// received, double the timeout) and the probe timer, if their deadlines have passed.
+    /// After [`Config::max_timeouts`] consecutive timeouts the sender fails with
+    /// [`ChannelError::Unreachable`].
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.failed {
+            return;
+        }
+        if self.rto_deadline.is_some_and(|d| d <= now) {
+            self.counters.timeouts += 1;
+            self.rto_timeouts += 1;
+            if self.rto_timeouts > self.max_timeouts {
+                return self.fail(self.rto_timeouts);
+            }
+            self.rto = self.rto.saturating_mul(2).min(self.rto_max);
+            self.queue_all();
+            self.rto_deadline = (!self.unacked.is_empty()).then(|| now + self.rto);
+        }
+        if self.probe_deadline.is_some_and(|d| d <= now) {
+            self.probe_timeouts += 1;
+            if self.probe_timeouts > self.max_timeouts {
+                return self.fail(self.probe_timeouts);
+            }
+            self.probe_due = true;
+            self.probe_interval = self.probe_interval.saturating_mul(2).min(self.rto_max);
+            self.probe_deadline = Some(now + self.probe_interval);
+        }
+    }
+
+    /// Whether [`poll_transmit`](Self::poll_transmit) has a frame to hand out.
+    pub fn has_transmit(&mut self) -> bool {
+        if self.failed {
+            return false;
+        }
+        while let Some(&seq) = self.retx.front() {
+            match self.index_of(seq) {
+                Some(i) if !self.unacked[i].sacked => return true,
+                Some(i) => self.unacked[i].queued = false,
+                None => {}
+            }
+            self.retx.pop_front();
+        }
+        (!self.pending.is_empty() && self.room() > 0) || self.probe_due
+    }
+
+    /// The next datagram to send, with `stamp` (the reverse channel's acknowledgement)
+    /// written into it: a retransmission, else a new frame if the window allows, else a
+    /// probe. Send it before calling again.
+    pub fn poll_transmit(&mut self, now: Time, stamp: AckStamp) -> Option<&[u8]> {
+        if self.failed {
+            return None;
+        }
+        while let Some(seq) = self.retx.pop_front() {
+            let Some(i) = self.index_of(seq) else {
+                continue;
+            };
+            let checksum = self.checksum;
+            let o = &mut self.unacked[i];
+            o.queued = false;
+            if o.sacked {
+                continue;
+            }
+            o.last_tx = now;
+            o.retransmitted = true;
+            if o.stamp != stamp {
+                stamp_frame(&mut o.bytes, stamp, checksum);
+                o.stamp = stamp;
+            }
+            self.counters.retransmissions += 1;
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rto);
+            }
+            return Some(&self.unacked[i].bytes);
+        }
+        if self.room() > 0 {
+            if let Some(mut bytes) = self.pending.pop_front() {
+                self.pending_bytes -= bytes.len();
+                stamp_frame(&mut bytes, stamp, self.checksum);
+                self.next_tx = self.next_tx.wrapping_add(1);
+                self.counters.data_sent += 1;
+                if self.retransmit {
+                    self.unacked.push_back(Outgoing {
+                        bytes,
+                        stamp,
+                        first_tx: now,
+                        last_tx: now,
+                        retransmitted: false,
+                        sacked: false,
+                        queued: false,
+                    });
+                    if self.rto_deadline.is_none() {
+                        self.rto_deadline = Some(now + self.rto);
+                    }
+                    self.update_probe(now);
+                    return self.unacked.back().map(|o| o.bytes.as_slice());
+                }
+                let old = std::mem::replace(&mut self.scratch, bytes);
+                self.recycle(old);
+                // A tail probe follows a quiet period after the last frame.
+                if self.probe_timeouts == 0 {
+                    self.probe_deadline = Some(now + self.probe_interval);
+                }
+                self.update_probe(now);
+                return Some(&self.scratch);
+            }
+        }
+        if self.probe_due {
+            self.probe_due = false;
+            self.counters.probes += 1;
+            return Some(self.build_control(FrameKind::Heartbeat, self.next_tx, stamp));
+        }
+        None
+    }
+
+    /// Builds an explicit acknowledgement frame (kind `Ack`) for the reverse channel:
+    /// `stamp` in its acknowledgement fields and the selective-acknowledgement bitmap
+    /// `sack` in its sequence field. The frame is valid until the next call.
+    pub fn build_ack(&mut self, stamp: AckStamp, sack: u32) -> &[u8] {
+        self.build_control(FrameKind::Ack, sack, stamp)
+    }
+
+    /// The earliest deadline at which [`handle_timeout`](Self::handle_timeout) has work.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        earliest(self.rto_deadline, self.probe_deadline)
+    }
+
+    /// The next error to report ([`ChannelError::Unreachable`]).
+    pub fn poll_error(&mut self) -> Option<ChannelError> {
+        self.errors.pop_front()
+    }
+
+    /// Whether frames wait on the blocked-sends queue because the window is closed.
+    pub fn is_blocked(&self) -> bool {
+        !self.pending.is_empty() && self.room() == 0
+    }
+
+    /// Whether everything sent is acknowledged and nothing waits.
+    pub fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.snd_una == self.next_tx
+    }
+
+    /// Whether the sender gave up ([`ChannelError::Unreachable`] was reported).
+    pub fn is_failed(&self) -> bool {
+        self.failed
+    }
+
+    /// Frames built but not yet sent (the blocked-sends queue).
+    pub fn queued_frames(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Bytes of the frames built but not yet sent.
+    pub fn queued_bytes(&self) -> usize {
+        self.pending_bytes
+    }
+
+    /// Frames sent and not yet acknowledged.
+    pub fn in_flight(&self) -> u32 {
+        self.next_tx.wrapping_sub(self.snd_una)
+    }
+
+    /// The current retransmission timeout.
+    pub fn rto(&self) -> Duration {
+        self.rto
+    }
+
+    /// The smoothed round-trip time, once measured.
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt
+    }
+
+    /// The counters of the send side.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// New frames the window lets out now.
+    fn room(&self) -> u32 {
+        let credit = seq_ahead(self.next_tx, self.limit).unwrap_or(0);
+        if self.retransmit {
+            let buffered = u32::try_from(self.unacked.len()).unwrap_or(u32::MAX);
+            credit.min(self.window.saturating_sub(buffered))
+        } else {
+            credit
+        }
+    }
+
+    /// Index in `unacked` of frame `seq`, if it is unacknowledged.
+    fn index_of(&self, seq: u32) -> Option<usize> {
+        let d = seq_ahead(self.snd_una, seq)? as usize;
+        (d < self.unacked.len()).then_some(d)
+    }
+
+    /// Queues every unacknowledged frame that the receiver has not reported for
+    /// retransmission (go-back-N; under selective repeat, the holes).
+    fn queue_all(&mut self) {
+        let base = self.snd_una;
+        for (i, o) in self.unacked.iter_mut().enumerate() {
+            if !o.sacked && !o.queued {
+                o.queued = true;
+                self.retx.push_back(base.wrapping_add(i as u32));
+            }
+        }
+    }
+
+    /// A selective acknowledgement with at least one bit: frames beyond `snd_una`
+    /// arrived, so `snd_una` (and, under selective repeat, every unreported frame below
+    /// the highest reported one) is missing. Resend them at once, except those already
+    /// resent within the last round trip (that resend may still be on the way).
+    fn handle_sack(&mut self, now: Time, bits: u32) {
+        let guard = self.srtt.unwrap_or(self.rto_min / 2);
+        if !self.selective {
+            let fresh = self
+                .unacked
+                .front()
+                .is_some_and(|o| !o.queued && repairable(o, now, guard));
+            if fresh {
+                self.counters.fast_retransmits += 1;
+                self.queue_all();
+            }
+            return;
+        }
+        let mut highest = None;
+        for i in 0..32u32 {
+            if bits & (1 << i) == 0 {
+                continue;
+            }
+            if let Some(idx) = self.index_of(self.snd_una.wrapping_add(1 + i)) {
+                self.unacked[idx].sacked = true;
+                highest = Some(idx);
+            }
+        }
+        let Some(highest) = highest else {
+            return;
+        };
+        let base = self.snd_una;
+        let mut repaired = false;
+        for (i, o) in self.unacked.iter_mut().take(highest).enumerate() {
+            if !o.sacked && !o.queued && repairable(o, now, guard) {
+                o.queued = true;
+                self.retx.push_back(base.wrapping_add(i as u32));
+                repaired = true;
+            }
+        }
+        if repaired {
+            self.counters.fast_retransmits += 1;
+        }
+    }
+
+    /// RFC 6298 smoothing; the timeout is `srtt + 4 rttvar`, clamped.
+    fn rtt_sample(&mut self, rtt: Duration) {
+        let srtt = match self.srtt {
+            None => {
+                self.rttvar = rtt / 2;
+                rtt
+            }
+            Some(s) => {
+                self.rttvar = (self.rttvar.saturating_mul(3) + s.abs_diff(rtt)) / 4;
+                (s.saturating_mul(7) + rtt) / 8
+            }
+        };
+        self.srtt = Some(srtt);
+        let var = self.rttvar.saturating_mul(4).max(Duration::from_micros(1));
+        self.rto_base = (srtt + var).clamp(self.rto_min, self.rto_max);
+        self.rto = self.rto_base;
+    }
+
+    /// Arms or disarms the probe: in mode none while frames are unconfirmed or the
+    /// window is closed; in the retransmitting modes while the window is closed with
+    /// nothing in flight (the retransmission timer covers the rest).
+    fn update_probe(&mut self, now: Time) {
+        let needed = if self.retransmit {
+            self.unacked.is_empty() && self.is_blocked()
+        } else {
+            self.snd_una != self.next_tx || self.is_blocked()
+        };
+        if !needed {
+            self.probe_deadline = None;
+            self.probe_due = false;
+            self.probe_timeouts = 0;
+            self.probe_interval = self.probe_base;
+        } else if self.probe_deadline.is_none() {
+            self.probe_deadline = Some(now + self.probe_interval);
+        }
+    }
+
+    fn fail(&mut self, timeouts: u32) {
+        self.failed = true;
+        self.errors
+            .push_back(ChannelError::Unreachable { timeouts });
+        self.rto_deadline = None;
+        self.probe_deadline = None;
+        self.probe_due = false;
+        self.retx.clear();
+    }
+
+    fn build_control(&mut self, kind: FrameKind, seq: u32, stamp: AckStamp) -> &[u8] {
+        let header = Header {
+            kind,
+            flags: Flags::EMPTY,
+            seq,
+            ack: stamp.ack,
+            credits: stamp.credits,
+            checksum: 0,
+            ..self.template
+        };
+        let mut head = [0; HEADER_LEN];
+        if self.checksum {
+            header.emit_sealed(&mut head, &[]);
+        } else {
+            header.emit(&mut head);
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&head);
+        &self.scratch
+    }
+
+    fn recycle(&mut self, mut buf: Vec<u8>) {
+        if self.spare.len() < SPARE_MAX && buf.capacity() > 0 {
+            buf.clear();
+            self.spare.push(buf);
+        }
+    }
+}
+
+/// Whether a selective acknowledgement that reports a later frame may resend `o`: a
+/// frame sent once is missing; a frame already resent is given a round trip.
+fn repairable(o: &Outgoing, now: Time, guard: Duration) -> bool {
+    !o.retransmitted || now.saturating_since(o.last_tx) >= guard
+}
+
+/// Writes the acknowledgement fields into a built frame and seals it if checksums are on.
+fn stamp_frame(bytes: &mut [u8], stamp: AckStamp, checksum: bool) {
+    // Every frame here was built with a whole header, so the view always exists.
+    if let Ok(mut view) = FrameView::new_checked(bytes) {
+        view.set_ack(stamp.ack);
+        view.set_credits(stamp.credits);
+        if checksum {
+            view.fill_checksum();
+        }
+    }
+}

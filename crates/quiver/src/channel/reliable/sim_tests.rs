@@ -1,0 +1,360 @@
+//! Property tests in the simulator: random fault schedules, windows and message sizes,
+//! every run bounded in virtual time and steps. Plus an `#[ignore]`d goodput comparison
+//! of go-back-N and selective repeat.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::harness::{is_subsequence, messages, Multi, PairSetup, Peer};
+use super::{ChannelError, Config, Mode, Recovery};
+use crate::link::sim::{FaultConfig, Limits, LinkConfig, Network};
+
+/// Cases per property: 64, or `PROPTEST_CASES` for a longer soak.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+fn arb_sizes(max_count: usize) -> impl Strategy<Value = Vec<usize>> {
+    let size = prop_oneof![
+        3 => 0usize..64,
+        3 => 64usize..1500,
+        2 => 1500usize..6000,
+    ];
+    prop::collection::vec(size, 1..max_count)
+}
+
+fn arb_window() -> impl Strategy<Value = u16> {
+    prop_oneof![Just(1u16), Just(2), Just(3), Just(8), Just(64), 1u16..200]
+}
+
+fn arb_faults(max_loss: f64, other: f64) -> impl Strategy<Value = FaultConfig> {
+    (
+        0.0..max_loss,
+        0.0..other,
+        0.0..other,
+        0.0..other,
+        0u64..30,
+        any::<u64>(),
+    )
+        .prop_map(
+            |(loss, dup, reorder, corrupt, jitter_us, seed)| FaultConfig {
+                loss,
+                dup,
+                reorder,
+                corrupt,
+                jitter: Duration::from_micros(jitter_us),
+                reorder_delay: Duration::from_micros(40),
+                seed,
+            },
+        )
+}
+
+fn arb_link(faults: impl Strategy<Value = FaultConfig>) -> impl Strategy<Value = LinkConfig> {
+    (
+        1u64..100,
+        prop::option::of(prop_oneof![Just(125_000_000u64), Just(1_250_000_000)]),
+        faults,
+    )
+        .prop_map(|(latency_us, rate, faults)| LinkConfig {
+            latency: Duration::from_micros(latency_us),
+            mtu: 1472,
+            rate,
+            // Deep enough that the bottleneck never drops: loss comes from `faults` only.
+            queue_limit: 64 << 20,
+            faults,
+        })
+}
+
+fn host_config(window: u16, selective: bool, offload: bool) -> Config {
+    Config {
+        mode: if offload { Mode::Offload } else { Mode::Host },
+        recovery: if selective {
+            Recovery::Selective
+        } else {
+            Recovery::GoBackN
+        },
+        window,
+        // High enough that a run of bad luck at 30 % loss never gives up.
+        max_timeouts: 40,
+        ..Config::default()
+    }
+}
+
+fn check_host(
+    cfg: Config,
+    link: LinkConfig,
+    a_sizes: &[usize],
+    b_sizes: &[usize],
+    seed: u64,
+    gap_us: u64,
+    release_us: u64,
+) -> Result<(), TestCaseError> {
+    let mut s = PairSetup::new(cfg, link);
+    s.a_to_b = messages(a_sizes, seed);
+    s.b_to_a = messages(b_sizes, seed ^ 1);
+    s.gap = Duration::from_micros(gap_us);
+    s.release_delay = Duration::from_micros(release_us);
+    let run = s.run();
+    prop_assert!(
+        run.result.is_ok(),
+        "simulation did not settle: {:?}",
+        run.result
+    );
+    let [a, b] = &run.peers[..] else {
+        unreachable!()
+    };
+    for (from, to) in [(a, b), (b, a)] {
+        prop_assert!(to.errors.is_empty(), "errors: {:?}", to.errors);
+        prop_assert_eq!(to.rx_anomalies, 0);
+        prop_assert_eq!(to.received.len(), from.sent.len());
+        prop_assert!(to.received == from.sent, "messages differ");
+        prop_assert!(from.duplex.is_idle());
+        prop_assert_eq!(to.duplex.counters().overruns, 0);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// Host mode under loss, duplication, reordering, corruption and jitter: every
+    /// message arrives exactly once, in order, byte-identical, in both directions, and
+    /// the run settles (nothing in flight, no timer) within the bounds.
+    #[test]
+    fn host_mode_delivers_exactly_once_in_order(
+        window in arb_window(),
+        selective in any::<bool>(),
+        offload in any::<bool>(),
+        link in arb_link(arb_faults(0.1, 0.05)),
+        a_sizes in arb_sizes(30),
+        b_sizes in arb_sizes(10),
+        seed in any::<u64>(),
+        gap_us in 0u64..20,
+        release_us in prop_oneof![Just(0u64), 1u64..300],
+    ) {
+        let cfg = host_config(window, selective, offload);
+        check_host(cfg, link, &a_sizes, &b_sizes, seed, gap_us, release_us)?;
+    }
+
+    /// The same under heavy faults: up to 30 % loss and 20 % duplication, reordering
+    /// and corruption.
+    #[test]
+    fn host_mode_survives_heavy_faults(
+        window in arb_window(),
+        selective in any::<bool>(),
+        link in arb_link(arb_faults(0.3, 0.2)),
+        a_sizes in arb_sizes(20),
+        b_sizes in arb_sizes(5),
+        seed in any::<u64>(),
+    ) {
+        let cfg = host_config(window, selective, false);
+        check_host(cfg, link, &a_sizes, &b_sizes, seed, 0, 0)?;
+    }
+
+    /// Mode none on a perfect link (FIFO, no loss), with slow receivers and small
+    /// windows: every message exactly once, in order, no error; a closed window queues.
+    #[test]
+    fn none_mode_on_a_perfect_link_delivers_everything(
+        window in arb_window(),
+        link in arb_link(Just(FaultConfig::none())),
+        a_sizes in arb_sizes(30),
+        b_sizes in arb_sizes(10),
+        seed in any::<u64>(),
+        release_us in prop_oneof![Just(0u64), 1u64..500],
+        checksum in any::<bool>(),
+    ) {
+        let cfg = Config { window, checksum, ..Config::with_mode(Mode::None) };
+        let mut s = PairSetup::new(cfg, link);
+        s.a_to_b = messages(&a_sizes, seed);
+        s.b_to_a = messages(&b_sizes, seed ^ 1);
+        s.release_delay = Duration::from_micros(release_us);
+        let run = s.run();
+        prop_assert!(run.result.is_ok(), "simulation did not settle: {:?}", run.result);
+        let [a, b] = &run.peers[..] else { unreachable!() };
+        for (from, to) in [(a, b), (b, a)] {
+            prop_assert!(to.errors.is_empty(), "errors: {:?}", to.errors);
+            prop_assert_eq!(to.rx_anomalies, 0);
+            prop_assert!(to.received == from.sent, "messages differ");
+            prop_assert!(from.duplex.is_idle());
+            prop_assert_eq!(from.duplex.counters().retransmissions, 0);
+        }
+        // Frames that cannot fit the window stall rather than drop.
+        let frames: u64 = a.duplex.counters().data_sent;
+        if frames > u64::from(window) && release_us > 0 {
+            prop_assert!(a.duplex.counters().credit_stalls > 0 || a.blocked_sends == 0);
+        }
+    }
+
+    /// Mode none on a lossy link: the run never hangs; what arrives is a byte-identical,
+    /// in-order subsequence of what was sent; and if anything is missing, the receiver
+    /// reported an error, within a bounded virtual time.
+    #[test]
+    fn none_mode_on_a_lossy_link_reports_an_error(
+        window in arb_window(),
+        link in arb_link(arb_faults(0.2, 0.05)),
+        a_sizes in arb_sizes(30),
+        seed in any::<u64>(),
+        release_us in prop_oneof![Just(0u64), 1u64..300],
+    ) {
+        let cfg = Config { window, ..Config::with_mode(Mode::None) };
+        let mut s = PairSetup::new(cfg, link);
+        s.a_to_b = messages(&a_sizes, seed);
+        s.release_delay = Duration::from_micros(release_us);
+        s.limits.max_time = Duration::from_secs(10);
+        let run = s.run();
+        prop_assert!(run.result.is_ok(), "simulation did not settle: {:?}", run.result);
+        let end = run.result.unwrap_or_default();
+        let [a, b] = &run.peers[..] else { unreachable!() };
+        prop_assert!(is_subsequence(&b.received, &a.sent), "delivered data is not a subsequence");
+        if b.received != a.sent {
+            prop_assert!(!b.errors.is_empty(), "messages missing but no error reported");
+            // Reported before the run settled, which it did within `limits.max_time`.
+            let first = b.errors[0].0.as_duration();
+            prop_assert!(first <= end, "error at {first:?} after the end {end:?}");
+        }
+    }
+}
+
+/// A peer that never answers: the host-mode sender reports it unreachable after its
+/// timeouts, and the run settles instead of retransmitting forever.
+#[test]
+fn host_mode_reports_an_unreachable_peer() {
+    let cfg = Config::with_mode(Mode::Host);
+    let dead = LinkConfig {
+        faults: FaultConfig::parse("loss=1,seed=3").unwrap(),
+        ..LinkConfig::default()
+    };
+    let mut s = PairSetup::new(cfg.clone(), dead);
+    s.a_to_b = messages(&[10, 3000, 10], 1);
+    let run = s.run();
+    let end = run.result.expect("settles");
+    let a = &run.peers[0];
+    assert_eq!(
+        a.errors.iter().map(|e| e.1).collect::<Vec<_>>(),
+        vec![ChannelError::Unreachable {
+            timeouts: cfg.max_timeouts + 1
+        }]
+    );
+    // 1, 2, 4, ... ms, capped at 1 s: about 3.5 s of virtual time.
+    assert!(end < Duration::from_secs(5), "{end:?}");
+    assert!(run.peers[1].received.is_empty());
+}
+
+fn incast(cfg: &Config, senders: usize, per_sender: usize) -> (Vec<Multi>, Network) {
+    // Per-sender links of 1 Gbit/s with room for 16 KiB (11 full frames) in the queue.
+    let link = LinkConfig {
+        latency: Duration::from_micros(5),
+        rate: Some(125_000_000),
+        queue_limit: 16 << 10,
+        ..LinkConfig::default()
+    };
+    let mut net = Network::new(senders + 1, link);
+    let hub = Multi::new((1..=senders).map(|i| Peer::new(cfg, 0, i)).collect());
+    let mut nodes = vec![hub];
+    for i in 1..=senders {
+        let mut p = Peer::new(cfg, i, 0);
+        p.script(
+            messages(&vec![1400; per_sender], i as u64),
+            Duration::ZERO,
+            Duration::ZERO,
+        );
+        nodes.push(Multi::new(vec![p]));
+    }
+    let limits = Limits {
+        max_time: Duration::from_secs(30),
+        max_steps: 10_000_000,
+    };
+    net.run(&mut nodes, limits).expect("settles");
+    (nodes, net)
+}
+
+/// Four senders into one receiver through small bottleneck queues. Host mode recovers
+/// the tail drops; mode none with a window that fits the queue loses nothing, and with
+/// one that does not, reports the loss.
+#[test]
+fn incast_through_small_queues() {
+    let (nodes, net) = incast(&Config::with_mode(Mode::Host), 4, 200);
+    let drops: u64 = (1..=4).map(|i| net.stats(i, 0).unwrap().queue_drops).sum();
+    assert!(drops > 0, "the queues overflow with W = 64");
+    for (i, p) in nodes[0].peers.iter().enumerate() {
+        assert_eq!(p.received, nodes[i + 1].peers[0].sent);
+        assert!(p.errors.is_empty());
+    }
+
+    let fits = Config {
+        window: 8,
+        ..Config::with_mode(Mode::None)
+    };
+    let (nodes, net) = incast(&fits, 4, 200);
+    let drops: u64 = (1..=4).map(|i| net.stats(i, 0).unwrap().queue_drops).sum();
+    assert_eq!(drops, 0, "credits keep the queues from overflowing");
+    for (i, p) in nodes[0].peers.iter().enumerate() {
+        assert_eq!(p.received, nodes[i + 1].peers[0].sent);
+        assert!(p.errors.is_empty());
+        assert!(nodes[i + 1].peers[0].blocked_sends > 0);
+    }
+
+    let (nodes, _) = incast(&Config::with_mode(Mode::None), 4, 200);
+    for p in &nodes[0].peers {
+        assert!(p.received.len() < 200);
+        assert!(matches!(
+            p.errors.first(),
+            Some((_, ChannelError::Lost { .. }))
+        ));
+    }
+}
+
+/// Goodput (message bytes per second of virtual time) of one bulk transfer.
+fn goodput(recovery: Recovery, loss: f64, seed: u64) -> (f64, u64) {
+    const MESSAGES: usize = 4000;
+    let cfg = Config {
+        recovery,
+        max_timeouts: 50,
+        ..Config::with_mode(Mode::Host)
+    };
+    let link = LinkConfig {
+        latency: Duration::from_micros(20),
+        mtu: 1472,
+        rate: Some(1_250_000_000), // 10 Gbit/s
+        queue_limit: 64 << 20,
+        faults: FaultConfig {
+            loss,
+            seed,
+            ..FaultConfig::none()
+        },
+    };
+    let mut s = PairSetup::new(cfg, link);
+    s.a_to_b = messages(&vec![1400; MESSAGES], seed);
+    let run = s.run();
+    let b = &run.peers[1];
+    assert!(run.result.is_ok(), "{:?}", run.result);
+    assert_eq!(b.received, run.peers[0].sent);
+    let t = b
+        .last_received
+        .map_or(1.0, |t| t.as_duration().as_secs_f64());
+    let bytes = (MESSAGES * 1400) as f64;
+    (bytes / t, run.peers[0].duplex.counters().retransmissions)
+}
+
+/// Prints goodput of go-back-N and selective repeat at 0, 1 and 5 % loss (W = 64,
+/// 1400-byte messages, 10 Gbit/s, 20 us one way).
+/// `cargo test -p quiver --release --lib goodput_comparison -- --ignored --nocapture`
+#[test]
+#[ignore = "prints a comparison; run by hand"]
+fn goodput_comparison() {
+    println!("loss   go-back-N MB/s (retx)    selective MB/s (retx)");
+    for loss in [0.0, 0.01, 0.05] {
+        let mut row = format!("{:>4.0} %", loss * 100.0);
+        for recovery in [Recovery::GoBackN, Recovery::Selective] {
+            let runs: Vec<_> = (1..=5).map(|seed| goodput(recovery, loss, seed)).collect();
+            let mbps = runs.iter().map(|r| r.0).sum::<f64>() / runs.len() as f64 / 1e6;
+            let retx = runs.iter().map(|r| r.1).sum::<u64>() / runs.len() as u64;
+            row += &format!("   {mbps:>10.1} ({retx:>6})     ");
+        }
+        println!("{row}");
+    }
+}

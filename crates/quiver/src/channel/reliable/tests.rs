@@ -1,0 +1,610 @@
+//! Unit tests of the state machines, driven by hand: every frame moved explicitly, the
+//! time given explicitly.
+
+use std::time::Duration;
+
+use super::harness::template;
+use super::*;
+use crate::wire::{decode, Flags, FrameKind, FrameView, Header};
+
+fn t(us: u64) -> Time {
+    Time::from_micros(us)
+}
+
+fn config(mode: Mode, window: u16) -> Config {
+    Config {
+        window,
+        ..Config::with_mode(mode)
+    }
+}
+
+fn pair(cfg: &Config) -> (Duplex<Vec<u8>>, Duplex<Vec<u8>>) {
+    (
+        Duplex::new(cfg, template(0, 1)).unwrap(),
+        Duplex::new(cfg, template(1, 0)).unwrap(),
+    )
+}
+
+/// Everything `d` has to send at `now`.
+fn out(d: &mut Duplex<Vec<u8>>, now: Time) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    while let Some(f) = d.poll_transmit(now) {
+        v.push(f.to_vec());
+        assert!(v.len() < 100_000, "poll_transmit never ends");
+    }
+    v
+}
+
+/// Feeds `frames` to `d` at `now`; returns the frames delivered in order.
+fn feed(d: &mut Duplex<Vec<u8>>, now: Time, frames: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    for f in frames {
+        d.handle_datagram(now, f);
+    }
+    std::iter::from_fn(|| d.poll_deliver()).collect()
+}
+
+fn header(f: &[u8]) -> Header {
+    decode(f).expect("a valid frame").header
+}
+
+fn data_of(f: &[u8]) -> Vec<u8> {
+    decode(f).unwrap().data().to_vec()
+}
+
+fn events(d: &mut Duplex<Vec<u8>>) -> Vec<Event> {
+    std::iter::from_fn(|| d.poll_event()).collect()
+}
+
+/// Moves frames both ways at `now` (a perfect, instant link) until both are quiet;
+/// releases every delivered frame at once. Returns the payloads B received.
+fn exchange(a: &mut Duplex<Vec<u8>>, b: &mut Duplex<Vec<u8>>, now: Time) -> Vec<Vec<u8>> {
+    let mut got = Vec::new();
+    loop {
+        let fa = out(a, now);
+        let fb = out(b, now);
+        if fa.is_empty() && fb.is_empty() {
+            return got;
+        }
+        for f in feed(b, now, fa) {
+            got.push(data_of(&f));
+            b.handle_release(now, 1);
+        }
+        for _ in feed(a, now, fb) {
+            a.handle_release(now, 1);
+        }
+    }
+}
+
+#[test]
+fn config_is_validated_and_modes_parse() {
+    assert!(Config::default().validate().is_ok());
+    let e = Config {
+        window: 0,
+        ..Config::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(e.field, "window");
+    assert!(e.to_string().contains("window"));
+    let e = Config {
+        max_datagram: 10,
+        ..Config::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(e.field, "max_datagram");
+    assert!(Duplex::<Vec<u8>>::new(
+        &Config {
+            rto_min: Duration::from_secs(5),
+            ..Config::default()
+        },
+        template(0, 1)
+    )
+    .is_err());
+    assert_eq!("none".parse::<Mode>(), Ok(Mode::None));
+    assert_eq!(Mode::parse(" host "), Ok(Mode::Host));
+    assert_eq!(Mode::parse("offload"), Ok(Mode::Offload));
+    let e = Mode::parse("nic").unwrap_err();
+    assert!(e.to_string().contains("none, host or offload"), "{e}");
+    for m in [Mode::None, Mode::Host, Mode::Offload] {
+        assert_eq!(Mode::parse(&m.to_string()), Ok(m));
+    }
+    assert!(!Mode::None.retransmits() && Mode::Offload.retransmits());
+}
+
+#[test]
+fn frames_carry_the_template_sequence_numbers_and_checksums() {
+    let (mut a, _) = pair(&config(Mode::Host, 8));
+    a.send(t(0), b"hello").unwrap();
+    a.send(t(0), &[9; 3000]).unwrap();
+    let f = out(&mut a, t(0));
+    assert_eq!(f.len(), 4, "one frame, then three fragments");
+    for (i, frame) in f.iter().enumerate() {
+        let h = header(frame);
+        assert_eq!(h.kind, FrameKind::Data);
+        assert_eq!(h.seq, i as u32);
+        assert!(h.flags.contains(Flags::CHECKSUM));
+        assert_eq!((h.src_dpid, h.dst_dpid, h.job_id), (0, 1, 7));
+        assert_eq!((h.ack, h.credits), (0, 8));
+        assert!(frame.len() <= 1472);
+    }
+    assert_eq!(data_of(&f[0]), b"hello");
+    // Mode none without checksums leaves the checksum out.
+    let (mut a, _) = pair(&Config {
+        checksum: false,
+        ..config(Mode::None, 8)
+    });
+    a.send(t(0), b"x").unwrap();
+    let f = out(&mut a, t(0));
+    assert!(!header(&f[0]).flags.contains(Flags::CHECKSUM));
+}
+
+#[test]
+fn delayed_ack_fires_at_its_deadline() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 64));
+    a.send(t(0), b"one").unwrap();
+    let f = out(&mut a, t(0));
+    assert_eq!(feed(&mut b, t(10), f).len(), 1);
+    assert!(out(&mut b, t(10)).is_empty(), "no ack before the timer");
+    assert_eq!(b.poll_timeout(), Some(t(210)));
+    b.handle_timeout(t(209));
+    assert!(out(&mut b, t(209)).is_empty());
+    b.handle_timeout(t(210));
+    let acks = out(&mut b, t(210));
+    assert_eq!(acks.len(), 1);
+    let h = header(&acks[0]);
+    assert_eq!((h.kind, h.ack, h.credits), (FrameKind::Ack, 1, 63));
+    assert_eq!(b.poll_timeout(), None);
+    let c = b.counters();
+    assert_eq!(
+        (c.acks_explicit, c.acks_delayed, c.acks_piggybacked),
+        (1, 1, 0)
+    );
+    // The ack frees the sender's retransmission buffer and stops its timer.
+    assert!(a.poll_timeout().is_some());
+    feed(&mut a, t(220), acks);
+    assert!(a.is_idle());
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(a.sender().srtt(), Some(Duration::from_micros(220)));
+}
+
+#[test]
+fn half_window_ack_goes_at_once() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 8));
+    for i in 0..4u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let f = out(&mut a, t(0));
+    assert_eq!(f.len(), 4);
+    let mut f = f.into_iter();
+    feed(&mut b, t(5), f.by_ref().take(3).collect());
+    assert!(out(&mut b, t(5)).is_empty(), "three of eight: wait");
+    feed(&mut b, t(6), f.collect());
+    let acks = out(&mut b, t(6));
+    assert_eq!(acks.len(), 1);
+    assert_eq!(header(&acks[0]).ack, 4);
+    assert_eq!(b.counters().acks_half_window, 1);
+    assert_eq!(b.poll_timeout(), None, "the ack timer is cancelled");
+}
+
+#[test]
+fn piggybacked_ack_suppresses_the_explicit_one() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 64));
+    a.send(t(0), b"ping").unwrap();
+    feed(&mut b, t(10), out(&mut a, t(0)));
+    b.handle_release(t(10), 1);
+    b.send(t(50), b"pong").unwrap();
+    let f = out(&mut b, t(50));
+    assert_eq!(f.len(), 1, "the data frame only, no separate ack");
+    let h = header(&f[0]);
+    assert_eq!((h.kind, h.ack, h.credits), (FrameKind::Data, 1, 64));
+    // The delayed-ack deadline (210 us) is gone; only B's retransmission timer is left.
+    assert_eq!(
+        b.poll_timeout(),
+        Some(t(50) + Config::default().rto_initial)
+    );
+    b.handle_timeout(t(210));
+    assert!(out(&mut b, t(210)).is_empty());
+    let c = b.counters();
+    assert_eq!((c.acks_piggybacked, c.acks_explicit), (1, 0));
+    // A learns from the piggybacked ack.
+    feed(&mut a, t(60), f);
+    assert!(a.is_idle());
+}
+
+#[test]
+fn retransmission_timer_backs_off_then_gives_up() {
+    let cfg = Config {
+        rto_initial: Duration::from_millis(1),
+        rto_min: Duration::from_millis(1),
+        rto_max: Duration::from_millis(8),
+        max_timeouts: 5,
+        ..config(Mode::Host, 8)
+    };
+    let (mut a, _) = pair(&cfg);
+    a.send(t(0), b"lost forever").unwrap();
+    let first = out(&mut a, t(0));
+    let mut deadline = t(1000);
+    for (i, rto_ms) in [2u64, 4, 8, 8, 8].into_iter().enumerate() {
+        assert_eq!(a.poll_timeout(), Some(deadline), "timeout {i}");
+        a.handle_timeout(deadline);
+        let again = out(&mut a, deadline);
+        assert_eq!(again, first, "the same bytes go again");
+        assert_eq!(a.sender().rto(), Duration::from_millis(rto_ms));
+        deadline += Duration::from_millis(rto_ms);
+    }
+    a.handle_timeout(deadline);
+    assert!(out(&mut a, deadline).is_empty());
+    assert_eq!(
+        events(&mut a),
+        vec![Event::Error(ChannelError::Unreachable { timeouts: 6 })]
+    );
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(a.send(deadline, b"more"), Err(SendError::Failed));
+    let c = a.counters();
+    assert_eq!((c.retransmissions, c.timeouts), (5, 6));
+}
+
+#[test]
+fn round_trip_samples_set_the_timeout() {
+    let cfg = Config {
+        rto_min: Duration::from_micros(100),
+        ..config(Mode::Host, 2)
+    };
+    let (mut a, mut b) = pair(&cfg);
+    a.send(t(0), b"x").unwrap();
+    feed(&mut b, t(50), out(&mut a, t(0)));
+    b.handle_release(t(50), 1);
+    // W = 2: half-window is one frame, so B acks at once.
+    let ack = out(&mut b, t(50));
+    assert_eq!(ack.len(), 1);
+    feed(&mut a, t(100), ack);
+    assert_eq!(a.sender().srtt(), Some(Duration::from_micros(100)));
+    // rto = srtt + 4 * rttvar = 100 + 4 * 50 us.
+    assert_eq!(a.sender().rto(), Duration::from_micros(300));
+}
+
+#[test]
+fn closed_window_queues_and_credits_reopen_it() {
+    let (mut a, mut b) = pair(&config(Mode::None, 4));
+    let status: Vec<_> = (0..10u8).map(|i| a.send(t(0), &[i]).unwrap()).collect();
+    assert_eq!(&status[..4], &[SendStatus::Ready; 4]);
+    assert_eq!(&status[4..], &[SendStatus::Blocked; 6]);
+    assert_eq!(a.counters().credit_stalls, 6);
+    let f = out(&mut a, t(0));
+    assert_eq!(f.len(), 4);
+    assert!(a.is_blocked());
+    assert_eq!(feed(&mut b, t(1), f).len(), 4);
+    // Nothing released: no credit to return.
+    assert!(out(&mut b, t(1)).is_empty());
+    b.handle_release(t(2), 1);
+    assert!(out(&mut b, t(2)).is_empty(), "one of W/2 = 2");
+    b.handle_release(t(3), 1);
+    let ack = out(&mut b, t(3));
+    assert_eq!(ack.len(), 1);
+    let h = header(&ack[0]);
+    assert_eq!((h.kind, h.ack, h.credits), (FrameKind::Ack, 4, 2));
+    feed(&mut a, t(4), ack);
+    let f = out(&mut a, t(4));
+    assert_eq!(f.len(), 2, "two credits, two frames");
+    assert!(a.is_blocked());
+    // Everything arrives in the end, in order, nothing dropped.
+    b.handle_release(t(5), 2);
+    let mut got: Vec<Vec<u8>> = feed(&mut b, t(5), f).iter().map(|f| data_of(f)).collect();
+    for _ in 0..2 {
+        b.handle_release(t(5), 1);
+    }
+    got.extend(exchange(&mut a, &mut b, t(6)));
+    assert_eq!(got, (4..10u8).map(|i| vec![i]).collect::<Vec<_>>());
+    assert!(!a.is_blocked());
+    assert!(events(&mut b).is_empty());
+}
+
+#[test]
+fn zero_window_probe_recovers_a_lost_credit_update() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 2));
+    for i in 0..3u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let f = out(&mut a, t(0));
+    assert_eq!(f.len(), 2);
+    feed(&mut b, t(1), f);
+    // B acks both frames (half-window = 1) with no credit left, as the app holds them.
+    let acks = out(&mut b, t(1));
+    assert!(!acks.is_empty());
+    feed(&mut a, t(2), acks);
+    assert!(a.is_blocked());
+    assert_eq!(a.sender().in_flight(), 0);
+    // The release's credit update is lost on the way.
+    b.handle_release(t(3), 2);
+    assert_eq!(out(&mut b, t(3)).len(), 1);
+    // The sender probes after the probe interval and gets the credits in reply.
+    let probe_at = a.poll_timeout().unwrap();
+    assert_eq!(probe_at, t(2) + Config::default().probe_interval);
+    a.handle_timeout(probe_at);
+    let probe = out(&mut a, probe_at);
+    assert_eq!(probe.len(), 1);
+    let h = header(&probe[0]);
+    assert_eq!((h.kind, h.seq), (FrameKind::Heartbeat, 2));
+    feed(&mut b, probe_at, probe);
+    let reply = out(&mut b, probe_at);
+    assert_eq!(header(&reply[0]).kind, FrameKind::Ack);
+    feed(&mut a, probe_at, reply);
+    let f = out(&mut a, probe_at);
+    assert_eq!(f.len(), 1);
+    assert_eq!(data_of(&f[0]), [2]);
+    assert_eq!(a.counters().probes, 1);
+}
+
+#[test]
+fn none_mode_reports_a_gap() {
+    let (mut a, mut b) = pair(&config(Mode::None, 8));
+    for i in 0..3u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let mut f = out(&mut a, t(0));
+    f.remove(1);
+    let got = feed(&mut b, t(1), f);
+    assert_eq!(got.len(), 2, "what arrived is delivered");
+    assert_eq!(
+        events(&mut b),
+        vec![Event::Error(ChannelError::Lost { first: 1, count: 1 })]
+    );
+    assert_eq!(b.counters().lost, 1);
+}
+
+#[test]
+fn none_mode_detects_a_lost_tail_with_its_probe() {
+    let cfg = config(Mode::None, 8);
+    let (mut a, mut b) = pair(&cfg);
+    a.send(t(0), b"first").unwrap();
+    a.send(t(0), b"last").unwrap();
+    let f = out(&mut a, t(0));
+    feed(&mut b, t(10), f[..1].to_vec());
+    b.handle_release(t(10), 1);
+    assert!(events(&mut b).is_empty());
+    let probe_at = a.poll_timeout().unwrap();
+    assert_eq!(probe_at, t(0) + cfg.probe_interval);
+    a.handle_timeout(probe_at);
+    let probe = out(&mut a, probe_at);
+    assert_eq!(header(&probe[0]).kind, FrameKind::Heartbeat);
+    feed(&mut b, probe_at + Duration::from_micros(10), probe);
+    assert_eq!(
+        events(&mut b),
+        vec![Event::Error(ChannelError::Lost { first: 1, count: 1 })]
+    );
+    // The reply settles the sender: nothing more to probe.
+    let reply = out(&mut b, probe_at);
+    feed(&mut a, probe_at + Duration::from_micros(20), reply);
+    assert!(a.is_idle());
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn none_mode_reports_corruption() {
+    let (mut a, mut b) = pair(&config(Mode::None, 8));
+    a.send(t(0), b"payload").unwrap();
+    let mut f = out(&mut a, t(0));
+    let last = f[0].len() - 1;
+    f[0][last] ^= 0x20;
+    assert!(feed(&mut b, t(1), f).is_empty());
+    assert_eq!(events(&mut b), vec![Event::Error(ChannelError::Corrupt)]);
+    assert_eq!(b.counters().checksum_failures, 1);
+}
+
+#[test]
+fn host_mode_repairs_corruption_and_requires_checksums() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 8));
+    a.send(t(0), b"payload").unwrap();
+    let good = out(&mut a, t(0));
+    let mut bad = good.clone();
+    bad[0][36] ^= 1;
+    assert!(feed(&mut b, t(1), bad).is_empty());
+    // A frame without the CHECKSUM flag is not trusted either.
+    let mut bare = good.clone();
+    {
+        let mut v = FrameView::new_checked(&mut bare[0][..]).unwrap();
+        v.set_flags(Flags::FIRST | Flags::LAST);
+        v.set_checksum(0);
+    }
+    assert!(feed(&mut b, t(1), bare).is_empty());
+    assert!(events(&mut b).is_empty(), "repaired, not reported");
+    assert_eq!(b.counters().checksum_failures, 2);
+    let at = a.poll_timeout().unwrap();
+    a.handle_timeout(at);
+    let again = out(&mut a, at);
+    let got = feed(&mut b, at, again);
+    assert_eq!(got.len(), 1);
+    assert_eq!(data_of(&got[0]), b"payload");
+}
+
+#[test]
+fn duplicates_are_dropped_and_acknowledged_again() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 8));
+    a.send(t(0), b"x").unwrap();
+    let f = out(&mut a, t(0));
+    assert_eq!(feed(&mut b, t(1), f.clone()).len(), 1);
+    let _ = out(&mut b, t(1));
+    b.handle_timeout(t(201));
+    assert_eq!(out(&mut b, t(201)).len(), 1, "delayed ack");
+    assert!(feed(&mut b, t(300), f).is_empty());
+    assert_eq!(b.counters().duplicates, 1);
+    assert_eq!(b.poll_timeout(), Some(t(500)), "re-ack timer armed");
+}
+
+#[test]
+fn go_back_n_drops_out_of_order_and_resends_everything() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 8));
+    for i in 0..4u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let f = out(&mut a, t(0));
+    assert!(feed(&mut b, t(1), f[1..].to_vec()).is_empty());
+    assert_eq!(b.counters().out_of_order, 3);
+    let acks = out(&mut b, t(1));
+    assert_eq!(acks.len(), 1, "one immediate ack for the gap");
+    let h = header(&acks[0]);
+    assert_eq!((h.kind, h.ack, h.seq), (FrameKind::Ack, 0, 0b111));
+    // Past the guard (no round-trip sample yet: rto_min / 2), A goes back.
+    feed(&mut a, t(300), acks);
+    let again = out(&mut a, t(300));
+    assert_eq!(again.len(), 4);
+    assert_eq!(a.counters().fast_retransmits, 1);
+    let got = feed(&mut b, t(301), again);
+    let got: Vec<_> = got.iter().map(|f| data_of(f)).collect();
+    assert_eq!(got, (0..4u8).map(|i| vec![i]).collect::<Vec<_>>());
+}
+
+#[test]
+fn selective_repeat_keeps_out_of_order_and_resends_holes() {
+    let cfg = Config {
+        recovery: Recovery::Selective,
+        ..config(Mode::Host, 8)
+    };
+    let (mut a, mut b) = pair(&cfg);
+    for i in 0..5u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let f = out(&mut a, t(0));
+    // Frames 0 and 2 are lost.
+    assert!(feed(&mut b, t(1), vec![f[1].clone(), f[3].clone(), f[4].clone()]).is_empty());
+    let acks = out(&mut b, t(1));
+    assert_eq!(acks.len(), 1);
+    assert_eq!(header(&acks[0]).seq, 0b1101, "frames 1, 3 and 4 are kept");
+    feed(&mut a, t(300), acks);
+    let again = out(&mut a, t(300));
+    let seqs: Vec<_> = again.iter().map(|f| header(f).seq).collect();
+    assert_eq!(seqs, vec![0, 2], "only the holes");
+    let got = feed(&mut b, t(301), again);
+    let got: Vec<_> = got.iter().map(|f| data_of(f)).collect();
+    assert_eq!(got, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
+}
+
+#[test]
+fn sequence_numbers_wrap() {
+    for mode in [Mode::None, Mode::Host] {
+        let (mut a, mut b) = pair(&config(mode, 4));
+        a.start_at(u32::MAX - 5);
+        b.start_at(u32::MAX - 5);
+        for i in 0..20u8 {
+            a.send(t(0), &[i]).unwrap();
+        }
+        let got = exchange(&mut a, &mut b, t(1));
+        assert_eq!(
+            got,
+            (0..20u8).map(|i| vec![i]).collect::<Vec<_>>(),
+            "{mode}"
+        );
+        assert!(events(&mut b).is_empty());
+        assert!(a.is_idle());
+    }
+}
+
+#[test]
+fn frames_beyond_the_window_are_overruns() {
+    for mode in [Mode::None, Mode::Host] {
+        let (mut a, mut b) = pair(&config(mode, 4));
+        for i in 0..6u8 {
+            a.send(t(0), &[i]).unwrap();
+        }
+        let mut f = out(&mut a, t(0));
+        assert_eq!(f.len(), 4);
+        // Forge frame 5 as if the sender ignored its credits.
+        let mut forged = f[3].clone();
+        {
+            let mut v = FrameView::new_checked(&mut forged[..]).unwrap();
+            v.set_seq(5);
+            v.fill_checksum();
+        }
+        f.push(forged);
+        feed(&mut b, t(1), f);
+        assert_eq!(b.counters().overruns, 1);
+        let errs = events(&mut b);
+        if mode == Mode::None {
+            assert_eq!(errs, vec![Event::Error(ChannelError::Overrun { seq: 5 })]);
+        } else {
+            assert!(errs.is_empty());
+        }
+    }
+}
+
+#[test]
+fn bogus_acks_and_releases_are_harmless() {
+    let (mut a, mut b) = pair(&config(Mode::Host, 4));
+    a.send(t(0), b"x").unwrap();
+    let _ = out(&mut a, t(0));
+    // An ack for frames never sent.
+    let mut h = [0u8; crate::wire::HEADER_LEN];
+    Header {
+        kind: FrameKind::Ack,
+        ack: 1000,
+        credits: 60_000,
+        ..template(1, 0)
+    }
+    .emit_sealed(&mut h, &[]);
+    feed(&mut a, t(1), vec![h.to_vec()]);
+    assert_eq!(a.counters().bad_acks, 1);
+    assert_eq!(a.sender().in_flight(), 1);
+    assert_eq!(b.handle_release(t(1), 50), 0, "nothing held: clamped");
+    // Garbage is a checksum failure, not a panic.
+    feed(&mut b, t(1), vec![vec![], vec![0xff; 7], vec![0x12; 64]]);
+    assert_eq!(b.counters().checksum_failures, 3);
+}
+
+#[test]
+fn goodbye_is_reported() {
+    let (_, mut b) = pair(&config(Mode::Host, 4));
+    let mut h = [0u8; crate::wire::HEADER_LEN];
+    Header {
+        kind: FrameKind::Goodbye,
+        ..template(0, 1)
+    }
+    .emit_sealed(&mut h, &[]);
+    feed(&mut b, t(0), vec![h.to_vec()]);
+    assert_eq!(events(&mut b), vec![Event::PeerClosed]);
+}
+
+#[test]
+fn time_saturates() {
+    let end = Time::from_nanos(u64::MAX);
+    assert_eq!(end + Duration::from_secs(1), end);
+    assert_eq!(t(5).saturating_since(t(10)), Duration::ZERO);
+    assert_eq!(Time::from_duration(Duration::MAX), end);
+    assert_eq!(t(3).as_duration(), Duration::from_micros(3));
+}
+
+#[test]
+fn mode_none_direct_sends_skip_the_copy() {
+    let (mut a, mut b) = pair(&config(Mode::None, 4));
+    let d = a.send_direct(t(0), 3).expect("window open");
+    assert_eq!(d.first_seq, 0);
+    assert_eq!(d.stamp, AckStamp { ack: 0, credits: 4 });
+    assert!(d.checksum);
+    // The caller builds the frames itself (here: one single-fragment message each).
+    let frames: Vec<Vec<u8>> = (0..3u8)
+        .map(|i| {
+            let mut head = [0u8; crate::wire::HEADER_LEN];
+            let body = [i];
+            Header {
+                kind: FrameKind::Data,
+                flags: Flags::FIRST | Flags::LAST,
+                seq: d.first_seq + u32::from(i),
+                ack: d.stamp.ack,
+                credits: d.stamp.credits,
+                ..template(0, 1)
+            }
+            .emit_sealed(&mut head, &[&body]);
+            [&head[..], &body].concat()
+        })
+        .collect();
+    assert_eq!(feed(&mut b, t(1), frames).len(), 3);
+    assert_eq!(a.send_direct(t(1), 2), None, "one credit left");
+    // The regular path goes on with the next sequence number.
+    a.send(t(1), b"q").unwrap();
+    let f = out(&mut a, t(1));
+    assert_eq!(header(&f[0]).seq, 3);
+    assert!(events(&mut b).is_empty());
+    // Retransmitting modes must keep what they send: no direct path.
+    let (mut h, _) = pair(&config(Mode::Host, 4));
+    assert_eq!(h.send_direct(t(0), 1), None);
+}

@@ -1,0 +1,79 @@
+//! Time as a value: the state machines of [`reliable`](super) never read a clock.
+//!
+//! A [`Time`] is a number of nanoseconds since an epoch that the caller chooses (the
+//! engine: an `Instant` taken when the endpoint opened; the simulator: the start of the
+//! simulation). Only differences between two `Time`s of one caller mean anything.
+//! Arithmetic saturates instead of overflowing, so no input can make it panic.
+
+use core::fmt;
+use core::ops::{Add, AddAssign};
+use std::time::Duration;
+
+/// A point in time: nanoseconds since the caller's epoch.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Time(u64);
+
+impl Time {
+    /// The epoch itself.
+    pub const ZERO: Time = Time(0);
+
+    /// The time `nanos` nanoseconds after the epoch.
+    pub const fn from_nanos(nanos: u64) -> Time {
+        Time(nanos)
+    }
+
+    /// The time `micros` microseconds after the epoch (saturating).
+    pub const fn from_micros(micros: u64) -> Time {
+        Time(micros.saturating_mul(1_000))
+    }
+
+    /// The time `since_epoch` after the epoch (saturating at about 584 years).
+    pub fn from_duration(since_epoch: Duration) -> Time {
+        Time(u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Nanoseconds since the epoch.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// The time since the epoch as a [`Duration`].
+    pub const fn as_duration(self) -> Duration {
+        Duration::from_nanos(self.0)
+    }
+
+    /// How long after `earlier` this is; zero if `earlier` is later.
+    pub fn saturating_since(self, earlier: Time) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl Add<Duration> for Time {
+    type Output = Time;
+
+    fn add(self, d: Duration) -> Time {
+        let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Time(self.0.saturating_add(d))
+    }
+}
+
+impl AddAssign<Duration> for Time {
+    fn add_assign(&mut self, d: Duration) {
+        *self = *self + d;
+    }
+}
+
+impl fmt::Debug for Time {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "t+{:?}", self.as_duration())
+    }
+}
+
+/// The earlier of two optional deadlines (`None` means "no deadline").
+pub(crate) fn earliest(a: Option<Time>, b: Option<Time>) -> Option<Time> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}

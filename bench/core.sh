@@ -65,10 +65,11 @@ pairs = [
     ("udp 8 B one-way (median, spin)", "UDP loopback ping-pong 8 B (busy, p50)", "latency"),
 ]
 find = lambda who, what: next((k, v) for k, v in rows.items() if k[0] == who and k[1] == what)
-print(f"| quiver figure | median (min-max) | limit | median (min-max) | ratio quiver/limit |")
-print("|---|---|---|---|---|")
+print("| quiver figure | median (min-max) | limit | median (min-max) | ratio of medians | paired ratios per repetition |")
+print("|---|---|---|---|---|---|")
 for q, l, kind in pairs:
     (qk, qv), (lk, lv) = find("quiver", q), find("limit", l)
     ratio = statistics.median(qv) / statistics.median(lv)
-    print(f"| {q} | {fmt(qv)} {qk[2]} | {l} | {fmt(lv)} {lk[2]} | {ratio:.2f} |")
+    paired = " ".join(f"{a / b:.2f}" for a, b in zip(qv, lv))
+    print(f"| {q} | {fmt(qv)} {qk[2]} | {l} | {fmt(lv)} {lk[2]} | {ratio:.2f} | {paired} |")
 EOF

@@ -267,7 +267,9 @@ impl Endpoint {
         }
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
-        let idx = inner.target.ok_or(Error::NoTarget)?;
+        let Some(idx) = inner.target else {
+            return Err(Error::NoTarget);
+        };
         let (_, conn) = &mut inner.conns[idx];
         match conn {
             Conn::Shm(tx) => {
@@ -311,6 +313,7 @@ impl Endpoint {
     }
 
     /// The next message, if one is waiting. Never blocks.
+    #[inline]
     pub fn try_read(&self) -> Result<Option<Message<'_>>> {
         if let Some(m) = self.poll_once()? {
             return Ok(Some(m));
@@ -327,7 +330,11 @@ impl Endpoint {
     }
 
     /// The next message, waiting for it per the wait mode (`QUIVER_WAIT`).
+    #[inline]
     pub fn read(&self) -> Result<Message<'_>> {
+        if let Some(m) = self.poll_once()? {
+            return Ok(m);
+        }
         self.waiter.wait(&ReadWait(self), None)
     }
 
@@ -367,6 +374,7 @@ impl Endpoint {
         self.inner.borrow_mut().held.push_back(t);
     }
 
+    #[inline]
     pub(crate) fn release_token(&self, t: Token) {
         let mut inner = self.inner.borrow_mut();
         match t {
@@ -387,8 +395,12 @@ impl Endpoint {
     fn poll_once(&self) -> Result<Option<Message<'_>>> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
-        if let Some(e) = inner.errors.pop_front() {
-            return Err(e);
+        // Checked before popping: building and dropping an empty Option<Error> costs more
+        // than the check on this path.
+        if !inner.errors.is_empty() {
+            if let Some(e) = inner.errors.pop_front() {
+                return Err(e);
+            }
         }
         if let Some(shm) = inner.shm.as_mut() {
             if let Some(r) = shm.poll() {

@@ -56,6 +56,7 @@ impl std::ops::Deref for Message<'_> {
 }
 
 impl Drop for Message<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Some(t) = self.token.take() {
             self.ep.release_token(t);

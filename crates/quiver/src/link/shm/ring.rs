@@ -351,6 +351,15 @@ impl Consumer {
 
     /// Releases the record with `token`; unknown or repeated tokens are ignored.
     pub(crate) fn release(&mut self, token: u64) {
+        if token == self.first_token {
+            // The common case: the oldest record is released.
+            if let Some((end, _)) = self.outstanding.pop_front() {
+                self.first_token += 1;
+                self.released = end;
+                self.advance();
+            }
+            return;
+        }
         let Some(i) = token.checked_sub(self.first_token) else {
             return;
         };

@@ -359,6 +359,13 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
         }
         rx.wait_for(&ep, &peers, k + 1)?;
     }
+    // Before blocking in the rendezvous barrier, make sure what this rank sent has
+    // arrived: retransmissions happen only inside quiver calls. A flush that times out
+    // because the very last acknowledgement was lost is harmless (the peer has the data;
+    // if it had not, it would report a missing message).
+    if let Err(e) = ep.flush_within(std::time::Duration::from_secs(10)) {
+        tracing::debug!("flush before the final barrier: {e}");
+    }
     // Every rank reaches the barrier only after its last write: whatever is still waiting
     // now is a duplicate or a stray message.
     job.barrier().map_err(|e| format!("barrier failed: {e}"))?;

@@ -262,6 +262,37 @@ fn check_all_to_all_over_udp_from_the_environment() {
     );
 }
 
+/// The reliability issue's test: 4 ranks move more than 256 MiB of all-to-all traffic
+/// over udp with 5 % loss plus duplication, reordering and corruption injected, with
+/// every byte verified (host reliability: retransmission with selective repeat).
+#[test]
+fn check_all_to_all_over_a_lossy_udp_link() {
+    let line = check_job(
+        4,
+        &[
+            "--pattern",
+            "all-to-all",
+            "--transport",
+            "udp",
+            "--count",
+            "20",
+        ],
+        &[
+            (
+                "QUIVER_FAULTS",
+                "loss=0.05,dup=0.01,reorder=0.02,corrupt=0.01,seed=3",
+            ),
+            ("QUIVER_RELIABILITY", "host"),
+        ],
+    );
+    assert!(
+        line.contains(
+            "4 ranks, pattern all-to-all, transport udp, 2400 messages (268.5 MB) verified"
+        ),
+        "{line}"
+    );
+}
+
 #[test]
 fn check_with_an_odd_rank_out() {
     // Rank 2 has no partner: it only takes part in the barriers.

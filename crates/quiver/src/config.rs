@@ -1,6 +1,8 @@
 //! Configuration of a job's endpoints: every knob has a default, a `QUIVER_*` variable
 //! and a builder method. An invalid value is an error that names the variable.
 
+use crate::channel::reliable::{Mode, Recovery};
+use crate::link::sim::FaultConfig;
 use crate::{Error, Result};
 use std::time::Duration;
 
@@ -62,6 +64,18 @@ pub struct Config {
     /// How long `target` and `write` wait for a peer endpoint to appear
     /// (`QUIVER_CONNECT_TIMEOUT`, seconds).
     pub connect_timeout: Duration,
+    /// Reliability scheme of network channels (`QUIVER_RELIABILITY=none|host`): `host`
+    /// retransmits lost frames (LCI's RX_h); `none` only flow-controls and reports loss
+    /// (RX_no). Shared memory needs neither: its rings are reliable and flow-controlled.
+    pub reliability: Mode,
+    /// How `host` repairs a loss (`QUIVER_RECOVERY=selective|gobackn`).
+    pub recovery: Recovery,
+    /// Frames a sender may have outstanding per channel: the receive buffers reserved for
+    /// each sender (`QUIVER_WINDOW`).
+    pub window: u16,
+    /// Faults injected into the datagrams this process sends (`QUIVER_FAULTS`, e.g.
+    /// `loss=0.01,dup=0.001,reorder=0.01,corrupt=0.001,seed=7`), for testing.
+    pub faults: Option<FaultConfig>,
 }
 
 impl Default for Config {
@@ -74,6 +88,10 @@ impl Default for Config {
             shm_slots: 64,
             udp_datagram: 1472,
             connect_timeout: Duration::from_secs(30),
+            reliability: Mode::Host,
+            recovery: Recovery::Selective,
+            window: 64,
+            faults: None,
         }
     }
 }
@@ -150,8 +168,69 @@ impl Config {
                 .ok_or_else(|| invalid("QUIVER_CONNECT_TIMEOUT", &v, "expected seconds > 0"))?;
             c.connect_timeout = Duration::from_secs_f64(secs);
         }
+        if let Some(v) = get("QUIVER_RELIABILITY") {
+            c.reliability = match Mode::parse(&v) {
+                Ok(Mode::Offload) => {
+                    return Err(invalid(
+                        "QUIVER_RELIABILITY",
+                        &v,
+                        "the offload engine is not available yet; use none or host",
+                    ))
+                }
+                Ok(m) => m,
+                Err(_) => return Err(invalid("QUIVER_RELIABILITY", &v, "expected none or host")),
+            };
+        }
+        if let Some(v) = get("QUIVER_RECOVERY") {
+            c.recovery = match v.as_str() {
+                "selective" => Recovery::Selective,
+                "gobackn" | "go-back-n" => Recovery::GoBackN,
+                _ => {
+                    return Err(invalid(
+                        "QUIVER_RECOVERY",
+                        &v,
+                        "expected selective or gobackn",
+                    ))
+                }
+            };
+        }
+        if let Some(v) = get("QUIVER_WINDOW") {
+            c.window = v
+                .parse()
+                .ok()
+                .filter(|w| (2..=crate::channel::reliable::MAX_WINDOW).contains(w))
+                .ok_or_else(|| {
+                    invalid(
+                        "QUIVER_WINDOW",
+                        &v,
+                        &format!(
+                            "expected 2 to {} frames",
+                            crate::channel::reliable::MAX_WINDOW
+                        ),
+                    )
+                })?;
+        }
+        if let Some(v) = get("QUIVER_FAULTS") {
+            if !v.trim().is_empty() {
+                c.faults = Some(
+                    FaultConfig::parse(&v)
+                        .map_err(|e| invalid("QUIVER_FAULTS", &v, &e.to_string()))?,
+                );
+            }
+        }
         c.validate()?;
         Ok(c)
+    }
+
+    /// The parameters of the reliable channels of this configuration.
+    pub(crate) fn reliable(&self) -> crate::channel::reliable::Config {
+        crate::channel::reliable::Config {
+            mode: self.reliability,
+            recovery: self.recovery,
+            window: self.window,
+            max_datagram: self.udp_datagram,
+            ..Default::default()
+        }
     }
 
     /// Checks that the settings fit together.
@@ -172,6 +251,9 @@ impl Config {
                 self.max_message
             )));
         }
+        if let Err(e) = self.reliable().validate() {
+            return Err(Error::Config(format!("reliable channels: {e}")));
+        }
         if self.udp_datagram < HEADER_LEN + 8 || self.udp_datagram > 65507 {
             return Err(Error::Config(format!(
                 "UDP datagram size {} must lie between {} and 65507 bytes",
@@ -182,6 +264,16 @@ impl Config {
         Ok(())
     }
 
+    /// Sets the reliability scheme of network channels.
+    pub fn with_reliability(mut self, mode: Mode) -> Self {
+        self.reliability = mode;
+        self
+    }
+    /// Sets the faults injected into sent datagrams.
+    pub fn with_faults(mut self, faults: Option<FaultConfig>) -> Self {
+        self.faults = faults;
+        self
+    }
     /// Sets the waiting strategy.
     pub fn with_wait(mut self, wait: WaitMode) -> Self {
         self.wait = wait;
@@ -270,6 +362,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("QUIVER_TRANSPORT"), "{e}");
+    }
+
+    #[test]
+    fn reliability_knobs_parse_and_name_the_variable() {
+        let c = cfg(&[
+            ("QUIVER_RELIABILITY", "none"),
+            ("QUIVER_RECOVERY", "gobackn"),
+            ("QUIVER_WINDOW", "16"),
+            ("QUIVER_FAULTS", "loss=0.05,seed=3"),
+        ])
+        .unwrap();
+        assert_eq!(c.reliability, Mode::None);
+        assert_eq!(c.recovery, Recovery::GoBackN);
+        assert_eq!(c.window, 16);
+        assert_eq!(c.faults.unwrap().loss, 0.05);
+        for (var, val) in [
+            ("QUIVER_RELIABILITY", "sometimes"),
+            ("QUIVER_RELIABILITY", "offload"),
+            ("QUIVER_RECOVERY", "pray"),
+            ("QUIVER_WINDOW", "1"),
+            ("QUIVER_FAULTS", "loss=lots"),
+        ] {
+            let e = cfg(&[(var, val)]).unwrap_err().to_string();
+            assert!(e.contains(var), "{e}");
+        }
     }
 
     #[test]

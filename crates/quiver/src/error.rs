@@ -129,6 +129,18 @@ pub enum Error {
         /// Frames missing.
         frames: u32,
     },
+    /// A network channel failed: a corrupted frame without retransmission
+    /// (`QUIVER_RELIABILITY=none`), a peer that ignored flow control, or a peer that
+    /// stopped answering.
+    #[error("channel with rank {rank} DPID {dpid} failed: {reason}")]
+    ChannelFailed {
+        /// Rank of the peer.
+        rank: u32,
+        /// DPID of the peer endpoint.
+        dpid: u16,
+        /// What happened.
+        reason: String,
+    },
     /// A blocking call hit its deadline.
     #[error("timed out after {0:?}")]
     Timeout(Duration),

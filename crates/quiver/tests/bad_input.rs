@@ -18,6 +18,15 @@ fn frame(h: &Header, body: &[u8]) -> Vec<u8> {
     v
 }
 
+/// A frame with a valid CRC32C (reliable channels refuse frames without one).
+fn sealed(h: &Header, body: &[u8]) -> Vec<u8> {
+    let mut hdr = [0u8; HEADER_LEN];
+    h.emit_sealed(&mut hdr, &[body]);
+    let mut v = hdr.to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
 #[test]
 fn hostile_datagrams_are_counted_and_dropped() {
     let tj = TestJob::new(2);
@@ -31,7 +40,10 @@ fn hostile_datagrams_are_counted_and_dropped() {
     });
     let rx = job1.open(1).unwrap();
     let tx = job0.open(1).unwrap();
+    // An endpoint of this job that never sends: the attacker below speaks in its name.
+    let _idle = job0.open(2).unwrap();
     tx.target_rank(1).unwrap();
+    let start = std::time::Instant::now();
 
     let kv = Rendezvous::connect(&tj.url(), Duration::from_secs(5)).unwrap();
     let addr: SocketAddr = kv
@@ -92,10 +104,18 @@ fn hostile_datagrams_are_counted_and_dropped() {
         },
         b"rank",
     ));
-    // Oversized: a first fragment announcing 1 GiB.
+    // A source endpoint that does not exist: dropped at once, without waiting for it.
+    send(&sealed(
+        &Header {
+            src_dpid: 77,
+            ..good
+        },
+        b"nobody",
+    ));
+    // Oversized: a first fragment announcing 1 GiB, from a real endpoint, sealed.
     let mut body = (1u32 << 30).to_le_bytes().to_vec();
     body.extend_from_slice(&[0; 100]);
-    send(&frame(
+    send(&sealed(
         &Header {
             flags: Flags::FIRST,
             src_dpid: 2,
@@ -131,7 +151,7 @@ fn hostile_datagrams_are_counted_and_dropped() {
     let st = rx.stats();
     assert_eq!(st.dropped_foreign_job, 1, "{st:?}");
     assert_eq!(st.dropped_bad_token, 1, "{st:?}");
-    assert_eq!(st.dropped_misaddressed, 2, "{st:?}");
+    assert_eq!(st.dropped_misaddressed, 3, "{st:?}");
     assert_eq!(st.dropped_oversized, 1, "{st:?}");
     assert!(st.dropped_malformed >= 4, "{st:?}");
     assert_eq!(st.msgs_received, 1, "{st:?}");
@@ -141,4 +161,9 @@ fn hostile_datagrams_are_counted_and_dropped() {
         + st.dropped_misaddressed
         + st.dropped_oversized;
     assert!(dropped + st.lost_frames + 1 >= 209 - 2, "{st:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "hostile frames stalled the endpoint for {:?}",
+        start.elapsed()
+    );
 }

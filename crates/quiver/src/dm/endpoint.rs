@@ -3,15 +3,18 @@
 
 use super::message::{Message, Token};
 use super::{EndpointStats, Source};
+use crate::channel::reliable::{ChannelError, Duplex, Event, SendError, Time};
 use crate::channel::{Delivery, RxChannel};
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::job::JobShared;
 use crate::link::shm::{ShmRx, ShmTx};
+use crate::link::sim::FaultInjector;
 use crate::link::udp::{Datagram, SlotPool, SockAddr, UdpLink};
-use crate::wire::{self, Flags, FrameKind, Header, HEADER_LEN};
+use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
 use crate::{Error, Result, Transport, TransportChoice};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
@@ -35,27 +38,54 @@ pub struct Endpoint {
 // time uses it, which is all that moving it to another thread allows.
 unsafe impl Send for Endpoint {}
 
+/// The network side of an endpoint: its socket, its receive pool and one reliable
+/// channel state machine per peer endpoint.
 struct UdpSide {
     link: UdpLink,
     pool: SlotPool,
-    channels: HashMap<Source, RxChannel>,
+    peers: Vec<Peer>,
+    peer_index: HashMap<Source, usize>,
     scratch: Vec<Datagram>,
+    /// Origin of the protocol clock ([`Time`] is measured from here).
+    epoch: Instant,
+    /// Earliest deadline of any peer's timers or of a delayed datagram.
+    next_deadline: Option<Time>,
+    faults: Option<FaultInjector>,
+    /// Datagrams the fault injector delays, earliest first.
+    delayed: BinaryHeap<Reverse<Delayed>>,
+    delayed_seq: u64,
+    /// Datagrams gathered for one sendmmsg call, back to back, and where each ends.
+    gather: Vec<u8>,
+    gather_ends: Vec<usize>,
+}
+
+/// A datagram held back by the fault injector: (when to send, order of injection, peer,
+/// bytes); ordered by time, then by injection.
+type Delayed = (Duration, u64, usize, Vec<u8>);
+
+/// One peer endpoint reached over the network.
+struct Peer {
+    source: Source,
+    dest: SockAddr,
+    duplex: Duplex<Datagram>,
+    rx: RxChannel,
+    /// The peer said goodbye: nothing it has not acknowledged will be.
+    closed: bool,
 }
 
 enum Conn {
-    Shm(ShmTx),
-    Udp {
-        dest: SockAddr,
-        template: Header,
-        seq: u32,
-    },
+    // Boxed: a shared-memory connection is large and a UDP one is an index.
+    Shm(Box<ShmTx>),
+    Udp { peer: usize },
 }
 
 enum Ready {
     Slot {
         slot: u32,
+        offset: usize,
         len: usize,
         source: Source,
+        peer: u32,
     },
     Owned {
         data: Vec<u8>,
@@ -93,14 +123,22 @@ impl Endpoint {
         };
         let needs_udp = cfg.transport == TransportChoice::Udp || job.node_count() > 1;
         let udp = if needs_udp {
-            let link = UdpLink::bind(job.addrs[me as usize], cfg.udp_datagram)?;
+            let link = UdpLink::bind(job.addrs[me as usize])?;
             job.kv
                 .put(&format!("udp/{me}/{dpid}"), &link.local_addr().to_string())?;
             Some(UdpSide {
                 link,
                 pool: SlotPool::new(cfg.pool_size, cfg.udp_datagram),
-                channels: HashMap::new(),
+                peers: Vec::new(),
+                peer_index: HashMap::new(),
                 scratch: Vec::with_capacity(crate::link::udp::RECV_BATCH),
+                epoch: Instant::now(),
+                next_deadline: None,
+                faults: cfg.faults.clone().map(FaultInjector::new),
+                delayed: BinaryHeap::new(),
+                delayed_seq: 0,
+                gather: Vec::new(),
+                gather_ends: Vec::new(),
             })
         } else {
             None
@@ -211,40 +249,20 @@ impl Endpoint {
         };
         let timeout = self.job.config.connect_timeout;
         let conn = match self.transport_to(peer.rank)? {
-            Transport::Shm => Conn::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
+            Transport::Shm => Conn::Shm(Box::new(ShmTx::connect(
+                self.job.job_id,
+                peer,
+                me,
+                timeout,
+            )?)),
             Transport::Udp => {
-                let key = format!("udp/{}/{}", peer.rank, peer.dpid);
-                let addr = match self.job.kv.get(&key, timeout) {
-                    Ok(a) => a,
-                    Err(Error::Timeout(_)) => {
-                        return Err(Error::PeerNotFound {
-                            rank: peer.rank,
-                            dpid: peer.dpid,
-                            waited: timeout,
-                        })
-                    }
-                    Err(e) => return Err(e),
-                };
-                let dest: SocketAddr = addr.parse().map_err(|_| Error::Rendezvous {
-                    url: self.job.kv.url().to_string(),
-                    reason: format!("bad UDP address {addr:?} for {key}"),
-                })?;
+                let mut guard = self.inner.borrow_mut();
+                let udp = guard
+                    .udp
+                    .as_mut()
+                    .expect("a UDP transport implies a UDP socket");
                 Conn::Udp {
-                    dest: SockAddr::from(&dest),
-                    template: Header {
-                        kind: FrameKind::Data,
-                        flags: Flags::EMPTY,
-                        src_dpid: self.dpid,
-                        dst_dpid: peer.dpid,
-                        credits: 0,
-                        src_rank: self.job.rank,
-                        job_id: self.job.job_id,
-                        token: self.job.token as u32,
-                        seq: 0,
-                        ack: 0,
-                        checksum: 0,
-                    },
-                    seq: 0,
+                    peer: self.udp_peer(udp, peer, true)?,
                 }
             }
         };
@@ -294,17 +312,62 @@ impl Endpoint {
                     })?;
                 }
             }
-            Conn::Udp {
-                dest,
-                template,
-                seq,
-            } => {
+            Conn::Udp { peer } => {
+                let peer = *peer;
                 let udp = inner
                     .udp
                     .as_mut()
                     .expect("a UDP connection implies a UDP socket");
-                let frames = udp.link.send_message(dest, template, seq, data)?;
-                inner.stats.frames_sent += frames as u64;
+                let now = udp.now();
+                let p = &mut udp.peers[peer];
+                match p.duplex.send(now, data) {
+                    Ok(_) => {}
+                    Err(SendError::Failed) => {
+                        return Err(channel_error(
+                            p.source,
+                            &ChannelError::Unreachable { timeouts: 0 },
+                        ))
+                    }
+                    Err(SendError::TooLarge { len, max }) => {
+                        return Err(Error::MessageTooLarge { len, max })
+                    }
+                }
+                udp.transmit(peer, now, &mut inner.stats)?;
+                udp.update_deadline();
+                if udp.peers[peer].duplex.is_blocked() {
+                    // The window is closed: make progress (acknowledgements bring
+                    // credits) until the queued frames may go, so that a fast writer
+                    // waits for a slow reader instead of queueing without bound.
+                    inner.stats.send_stalls += 1;
+                    drop(guard);
+                    backoff_until(self.waiter.mode, None, || {
+                        let mut guard = self.inner.borrow_mut();
+                        let inner = &mut *guard;
+                        let udp = inner.udp.as_mut().expect("checked above");
+                        self.udp_progress(
+                            udp,
+                            &mut inner.ready,
+                            &mut inner.stats,
+                            &mut inner.errors,
+                        )?;
+                        let p = &udp.peers[peer];
+                        if p.duplex.is_blocked() {
+                            let failed = inner.errors.iter().position(|e| {
+                                matches!(e, Error::ChannelFailed { rank, dpid, .. }
+                                    if *rank == p.source.rank && *dpid == p.source.dpid)
+                            });
+                            if let Some(e) = failed.and_then(|i| inner.errors.remove(i)) {
+                                return Err(e);
+                            }
+                            return Ok(None);
+                        }
+                        Ok(Some(()))
+                    })?;
+                    let mut inner = self.inner.borrow_mut();
+                    inner.stats.msgs_sent += 1;
+                    inner.stats.bytes_sent += data.len() as u64;
+                    return Ok(());
+                }
             }
         }
         inner.stats.msgs_sent += 1;
@@ -357,6 +420,63 @@ impl Endpoint {
         released
     }
 
+    /// Waits until everything this endpoint sent over the network is acknowledged (or
+    /// its receiver closed), sending pending acknowledgements at once. Call it before
+    /// blocking outside quiver (a barrier of another library, a long computation): in
+    /// `host` and `none` reliability, retransmissions and acknowledgements happen only
+    /// while the process is inside quiver. Shared memory needs no flush.
+    /// [`Error::Timeout`] after `QUIVER_CONNECT_TIMEOUT`.
+    pub fn flush(&self) -> Result<()> {
+        self.flush_within(self.job.config.connect_timeout)
+    }
+
+    /// Like [`Endpoint::flush`] with an explicit time limit.
+    pub fn flush_within(&self, timeout: Duration) -> Result<()> {
+        {
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let Some(udp) = inner.udp.as_mut() else {
+                return Ok(());
+            };
+            for p in &mut udp.peers {
+                p.duplex.flush_ack();
+            }
+            let now = udp.now();
+            for i in 0..udp.peers.len() {
+                udp.transmit(i, now, &mut inner.stats)?;
+            }
+            udp.update_deadline();
+        }
+        backoff_until(self.waiter.mode, Some(timeout), || {
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let udp = inner.udp.as_mut().expect("checked above");
+            self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+            let pending = udp
+                .peers
+                .iter()
+                .find(|p| !p.closed && !p.duplex.is_idle() && !p.duplex.sender().is_failed());
+            match pending {
+                None => Ok(Some(())),
+                Some(_) => Ok(None),
+            }
+        })?;
+        // A channel that failed while flushing says so.
+        let inner = self.inner.borrow();
+        let failed = inner.udp.as_ref().and_then(|u| {
+            u.peers
+                .iter()
+                .find(|p| !p.closed && p.duplex.sender().is_failed())
+        });
+        match failed {
+            Some(p) => Err(channel_error(
+                p.source,
+                &ChannelError::Unreachable { timeouts: 0 },
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Number of tokens kept with [`Message::hold`] and not yet released.
     pub fn held(&self) -> usize {
         self.inner.borrow().held.len()
@@ -364,7 +484,27 @@ impl Endpoint {
 
     /// The endpoint's counters.
     pub fn stats(&self) -> EndpointStats {
-        self.inner.borrow().stats.clone()
+        let inner = self.inner.borrow();
+        let mut st = inner.stats.clone();
+        if let Some(udp) = &inner.udp {
+            for p in &udp.peers {
+                let c = p.duplex.counters();
+                st.retransmissions += c.retransmissions;
+                st.checksum_failures += c.checksum_failures;
+                st.duplicates += c.duplicates;
+                st.out_of_order += c.out_of_order;
+                st.credit_stalls += c.credit_stalls;
+                st.acks_sent += c.acks_explicit;
+            }
+            if let Some(f) = &udp.faults {
+                let c = f.counters();
+                st.faults_lost = c.lost;
+                st.faults_duplicated = c.duplicated;
+                st.faults_reordered = c.reordered;
+                st.faults_corrupted = c.corrupted;
+            }
+        }
+        st
     }
 
     /// Closes the endpoint: its receive area is removed and later writes to it fail.
@@ -383,9 +523,14 @@ impl Endpoint {
                     shm.release(chan, token);
                 }
             }
-            Token::Udp { slot } => {
+            Token::Udp { slot, peer } => {
                 if let Some(udp) = inner.udp.as_mut() {
                     udp.pool.free_slot(slot);
+                    // A receive buffer is free again: credit for the sender.
+                    let now = udp.now();
+                    if let Some(p) = udp.peers.get_mut(peer as usize) {
+                        p.duplex.handle_release(now, 1);
+                    }
                 }
             }
             Token::Owned(_) => {}
@@ -427,7 +572,7 @@ impl Endpoint {
             if inner.shm.is_some() && !inner.polls.is_multiple_of(UDP_POLL_EVERY) {
                 return Ok(None);
             }
-            self.ingest(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+            self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
             if let Some(e) = inner.errors.pop_front() {
                 return Err(e);
             }
@@ -437,16 +582,22 @@ impl Endpoint {
         };
         inner.stats.msgs_received += 1;
         Ok(Some(match r {
-            Ready::Slot { slot, len, source } => {
+            Ready::Slot {
+                slot,
+                offset,
+                len,
+                source,
+                peer,
+            } => {
                 inner.stats.bytes_received += len as u64;
                 let udp = inner.udp.as_ref().expect("slot messages come from UDP");
-                let ptr = udp.pool.slot(slot)[HEADER_LEN..].as_ptr();
+                let ptr = udp.pool.slot(slot)[offset..].as_ptr();
                 Message {
                     ep: self,
                     ptr,
                     len,
                     source,
-                    token: Some(Token::Udp { slot }),
+                    token: Some(Token::Udp { slot, peer }),
                 }
             }
             Ready::Owned { data, source } => {
@@ -462,89 +613,302 @@ impl Endpoint {
         }))
     }
 
-    /// Receives a batch of datagrams and turns them into ready messages.
-    fn ingest(
+    /// The peer state for endpoint `peer` on the network, created on first use (the
+    /// peer's address comes from the rendezvous store). `wait` says whether to wait for
+    /// the peer to register (when targeting it) or not (when a frame claims to come from
+    /// it: a peer registers before it sends, and a forged source must not stall us).
+    fn udp_peer(&self, udp: &mut UdpSide, peer: Source, wait: bool) -> Result<usize> {
+        if let Some(&i) = udp.peer_index.get(&peer) {
+            return Ok(i);
+        }
+        let timeout = self.job.config.connect_timeout;
+        let key = format!("udp/{}/{}", peer.rank, peer.dpid);
+        let not_found = || Error::PeerNotFound {
+            rank: peer.rank,
+            dpid: peer.dpid,
+            waited: if wait { timeout } else { Duration::ZERO },
+        };
+        let addr = if wait {
+            match self.job.kv.get(&key, timeout) {
+                Ok(a) => a,
+                Err(Error::Timeout(_)) => return Err(not_found()),
+                Err(e) => return Err(e),
+            }
+        } else {
+            self.job.kv.try_get(&key)?.ok_or_else(not_found)?
+        };
+        let dest: SocketAddr = addr.parse().map_err(|_| Error::Rendezvous {
+            url: self.job.kv.url().to_string(),
+            reason: format!("bad UDP address {addr:?} for {key}"),
+        })?;
+        let template = Header {
+            kind: FrameKind::Data,
+            flags: Flags::EMPTY,
+            src_dpid: self.dpid,
+            dst_dpid: peer.dpid,
+            credits: 0,
+            src_rank: self.job.rank,
+            job_id: self.job.job_id,
+            token: self.job.token as u32,
+            seq: 0,
+            ack: 0,
+            checksum: 0,
+        };
+        let duplex = Duplex::new(&self.job.config.reliable(), template)
+            .map_err(|e| Error::Config(format!("reliable channels: {e}")))?;
+        let i = udp.peers.len();
+        udp.peers.push(Peer {
+            source: peer,
+            dest: SockAddr::from(&dest),
+            duplex,
+            rx: RxChannel::new(),
+            closed: false,
+        });
+        udp.peer_index.insert(peer, i);
+        Ok(i)
+    }
+
+    /// One round of network progress: receive a batch of datagrams and hand them to
+    /// their channels, turn in-order frames into ready messages, collect channel events,
+    /// fire due timers and send what the channels want sent.
+    fn udp_progress(
         &self,
         udp: &mut UdpSide,
         ready: &mut VecDeque<Ready>,
         stats: &mut EndpointStats,
         errors: &mut VecDeque<Error>,
     ) -> Result<()> {
+        let now = udp.now();
         let mut batch = std::mem::take(&mut udp.scratch);
         batch.clear();
-        let r = udp.link.recv_batch(&mut udp.pool, &mut batch);
+        let received = udp.link.recv_batch(&mut udp.pool, &mut batch);
         let job = &self.job;
+        let mut touched = false;
         for d in &batch {
             stats.frames_received += 1;
-            let keep = {
-                let bytes = &udp.pool.slot(d.slot)[..d.len];
-                match wire::decode(bytes) {
-                    Err(_) => {
-                        stats.dropped_malformed += 1;
-                        false
-                    }
-                    Ok(frame) => {
-                        let h = frame.header;
-                        if h.job_id != job.job_id {
-                            stats.dropped_foreign_job += 1;
-                            false
-                        } else if h.token != job.token as u32 {
-                            stats.dropped_bad_token += 1;
-                            false
-                        } else if h.dst_dpid != self.dpid || h.src_rank >= job.size {
-                            stats.dropped_misaddressed += 1;
-                            false
-                        } else if h.kind != FrameKind::Data {
-                            false // control frames: used by the reliability layer
-                        } else {
-                            let source = Source {
-                                rank: h.src_rank,
-                                dpid: h.src_dpid,
-                            };
-                            let ch = udp.channels.entry(source).or_default();
-                            let out = ch.on_data(
-                                h.seq,
-                                h.flags,
-                                frame.total_len(),
-                                frame.data(),
-                                job.config.max_message,
-                            );
-                            if out.lost > 0 {
-                                stats.lost_frames += out.lost as u64;
-                                errors.push_back(Error::Lost {
-                                    rank: source.rank,
-                                    dpid: source.dpid,
-                                    frames: out.lost,
-                                });
-                            }
-                            stats.duplicates += out.duplicate as u64;
-                            stats.dropped_oversized += out.oversized as u64;
-                            stats.dropped_malformed += out.malformed as u64;
-                            match out.delivery {
-                                Delivery::None => false,
-                                Delivery::InPlace => {
-                                    ready.push_back(Ready::Slot {
-                                        slot: d.slot,
-                                        len: frame.data().len(),
-                                        source,
-                                    });
-                                    true
-                                }
-                                Delivery::Assembled(data) => {
-                                    ready.push_back(Ready::Owned { data, source });
-                                    false
-                                }
-                            }
+            let bytes = &udp.pool.slot(d.slot)[..d.len];
+            let header = match wire::decode(bytes) {
+                Ok(frame) => Ok(frame.header),
+                Err(DecodeError::Checksum { .. }) => Err(Header::parse(bytes).ok()),
+                Err(_) => Err(None),
+            };
+            let h = match header {
+                Ok(h) => h,
+                Err(parsed) => {
+                    stats.dropped_malformed += 1;
+                    // A corrupted frame of a known peer: its channel decides (mode none
+                    // reports it; host lets retransmission repair it).
+                    if let Some(h) = parsed.filter(|h| h.job_id == job.job_id) {
+                        let src = Source {
+                            rank: h.src_rank,
+                            dpid: h.src_dpid,
+                        };
+                        if let Some(&i) = udp.peer_index.get(&src) {
+                            udp.peers[i].duplex.handle_invalid(now);
+                            touched = true;
                         }
+                    }
+                    udp.pool.free_slot(d.slot);
+                    continue;
+                }
+            };
+            let verdict = if h.job_id != job.job_id {
+                stats.dropped_foreign_job += 1;
+                None
+            } else if h.token != job.token as u32 {
+                stats.dropped_bad_token += 1;
+                None
+            } else if h.dst_dpid != self.dpid || h.src_rank >= job.size {
+                stats.dropped_misaddressed += 1;
+                None
+            } else {
+                let src = Source {
+                    rank: h.src_rank,
+                    dpid: h.src_dpid,
+                };
+                match self.udp_peer(udp, src, false) {
+                    Ok(i) => Some(i),
+                    Err(e) => {
+                        tracing::debug!("frame from rank {} DPID {}: {e}", src.rank, src.dpid);
+                        stats.dropped_misaddressed += 1;
+                        None
                     }
                 }
             };
-            if !keep {
-                udp.pool.free_slot(d.slot);
+            match verdict {
+                Some(i) => {
+                    touched = true;
+                    if let Some(back) = udp.peers[i].duplex.handle_frame(now, &h, *d) {
+                        udp.pool.free_slot(back.slot);
+                    }
+                }
+                None => udp.pool.free_slot(d.slot),
             }
         }
         udp.scratch = batch;
-        r
+        received?;
+
+        let due = udp.next_deadline.is_some_and(|t| t <= now);
+        if !touched && !due {
+            return Ok(());
+        }
+        let max_message = job.config.max_message;
+        for (i, p) in udp.peers.iter_mut().enumerate() {
+            if due && p.duplex.poll_timeout().is_some_and(|t| t <= now) {
+                p.duplex.handle_timeout(now);
+            }
+            while let Some(d) = p.duplex.poll_deliver() {
+                let bytes = &udp.pool.slot(d.slot)[..d.len];
+                let Ok(frame) = wire::decode(bytes) else {
+                    udp.pool.free_slot(d.slot);
+                    p.duplex.handle_release(now, 1);
+                    continue;
+                };
+                let h = frame.header;
+                let out =
+                    p.rx.on_data(h.seq, h.flags, frame.total_len(), frame.data(), max_message);
+                stats.dropped_oversized += out.oversized as u64;
+                stats.dropped_malformed += out.malformed as u64;
+                match out.delivery {
+                    Delivery::InPlace => {
+                        let offset = frame.data().as_ptr() as usize - bytes.as_ptr() as usize;
+                        ready.push_back(Ready::Slot {
+                            slot: d.slot,
+                            offset,
+                            len: frame.data().len(),
+                            source: p.source,
+                            peer: i as u32,
+                        });
+                    }
+                    Delivery::Assembled(data) => {
+                        ready.push_back(Ready::Owned {
+                            data,
+                            source: p.source,
+                        });
+                        udp.pool.free_slot(d.slot);
+                        p.duplex.handle_release(now, 1);
+                    }
+                    Delivery::None => {
+                        udp.pool.free_slot(d.slot);
+                        p.duplex.handle_release(now, 1);
+                    }
+                }
+            }
+            while let Some(ev) = p.duplex.poll_event() {
+                match ev {
+                    Event::Error(ChannelError::Lost { count, .. }) => {
+                        stats.lost_frames += count as u64;
+                        errors.push_back(Error::Lost {
+                            rank: p.source.rank,
+                            dpid: p.source.dpid,
+                            frames: count,
+                        });
+                    }
+                    Event::Error(e) => errors.push_back(channel_error(p.source, &e)),
+                    Event::PeerClosed => p.closed = true,
+                }
+            }
+        }
+        for i in 0..udp.peers.len() {
+            udp.transmit(i, now, stats)?;
+        }
+        udp.send_delayed(now)?;
+        udp.update_deadline();
+        Ok(())
+    }
+}
+
+fn channel_error(peer: Source, e: &ChannelError) -> Error {
+    Error::ChannelFailed {
+        rank: peer.rank,
+        dpid: peer.dpid,
+        reason: e.to_string(),
+    }
+}
+
+impl UdpSide {
+    /// The protocol clock.
+    fn now(&self) -> Time {
+        Time::from_duration(self.epoch.elapsed())
+    }
+
+    /// Sends everything peer `i`'s channel has to send, through the fault injector when
+    /// one is configured.
+    fn transmit(&mut self, i: usize, now: Time, stats: &mut EndpointStats) -> Result<()> {
+        let p = &mut self.peers[i];
+        // Gather what the channel wants sent, then send it with one sendmmsg call per
+        // batch (the channel hands out one datagram at a time, so each is copied once
+        // into the gather buffer: cheap next to a system call per datagram).
+        self.gather.clear();
+        self.gather_ends.clear();
+        while let Some(dgram) = p.duplex.poll_transmit(now) {
+            stats.frames_sent += 1;
+            match self.faults.as_mut() {
+                None => {
+                    self.gather.extend_from_slice(dgram);
+                    self.gather_ends.push(self.gather.len());
+                }
+                Some(inj) => {
+                    for (at, bytes) in inj.inject(now.as_duration(), dgram.to_vec()) {
+                        self.delayed_seq += 1;
+                        self.delayed.push(Reverse((at, self.delayed_seq, i, bytes)));
+                    }
+                }
+            }
+        }
+        match self.gather_ends.len() {
+            0 => return Ok(()),
+            1 => return self.link.send_datagram(&p.dest, &self.gather),
+            _ => {}
+        }
+        let mut start = 0;
+        let parts: Vec<&[u8]> = self
+            .gather_ends
+            .iter()
+            .map(|&end| {
+                let d = &self.gather[start..end];
+                start = end;
+                d
+            })
+            .collect();
+        self.link.send_batch(&p.dest, &parts)
+    }
+
+    /// Sends the datagrams whose (injected) delay has passed.
+    fn send_delayed(&mut self, now: Time) -> Result<()> {
+        while let Some(Reverse((at, ..))) = self.delayed.peek() {
+            if *at > now.as_duration() {
+                break;
+            }
+            let Some(Reverse((_, _, i, bytes))) = self.delayed.pop() else {
+                break;
+            };
+            self.link.send_datagram(&self.peers[i].dest, &bytes)?;
+        }
+        Ok(())
+    }
+
+    fn update_deadline(&mut self) {
+        let timers = self
+            .peers
+            .iter()
+            .filter_map(|p| p.duplex.poll_timeout())
+            .min();
+        let delayed = self
+            .delayed
+            .peek()
+            .map(|Reverse((at, ..))| Time::from_duration(*at));
+        self.next_deadline = match (timers, delayed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// How long a sleeper may wait before the protocol needs attention.
+    fn time_to_deadline(&self) -> Option<Duration> {
+        let now = self.now();
+        self.next_deadline
+            .map(|t| t.as_duration().saturating_sub(now.as_duration()))
     }
 }
 
@@ -563,9 +927,48 @@ impl AsRawFd for Endpoint {
     }
 }
 
+/// How long a closing endpoint waits for its last network frames to be acknowledged.
+const LINGER: Duration = Duration::from_secs(2);
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        // Linger: what was written should arrive even if the process exits right after.
+        if self.inner.borrow().udp.is_some() {
+            let linger = LINGER.min(self.job.config.connect_timeout);
+            if let Err(e) = self.flush_within(linger) {
+                tracing::debug!("closing endpoint DPID {}: {e}", self.dpid);
+            }
+            self.say_goodbye();
+        }
         self.job.close_dpid(self.dpid);
+    }
+}
+
+impl Endpoint {
+    /// Tells every network peer that this endpoint is closing, so that none waits for it.
+    fn say_goodbye(&self) {
+        let inner = self.inner.borrow();
+        let Some(udp) = inner.udp.as_ref() else {
+            return;
+        };
+        for p in udp.peers.iter().filter(|p| !p.closed) {
+            let h = Header {
+                kind: FrameKind::Goodbye,
+                flags: Flags::EMPTY,
+                src_dpid: self.dpid,
+                dst_dpid: p.source.dpid,
+                credits: 0,
+                src_rank: self.job.rank,
+                job_id: self.job.job_id,
+                token: self.job.token as u32,
+                seq: 0,
+                ack: 0,
+                checksum: 0,
+            };
+            let mut bytes = [0u8; wire::HEADER_LEN];
+            h.emit_sealed(&mut bytes, &[]);
+            let _ = udp.link.send_datagram(&p.dest, &bytes);
+        }
     }
 }
 
@@ -607,6 +1010,18 @@ impl<'a> Waitable for ReadWait<'a> {
         if has_ready {
             return Ok(());
         }
+        // Wake for the protocol's timers (retransmission, acknowledgements, probes).
+        let protocol = self
+            .0
+            .inner
+            .borrow()
+            .udp
+            .as_ref()
+            .and_then(|u| u.time_to_deadline());
+        let timeout = match (timeout, protocol) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.0.poller.wait(timeout)
     }
 }

@@ -8,7 +8,7 @@ pub(crate) enum Token {
     /// A record in shared-memory ring `chan`.
     Shm { chan: u32, token: u64 },
     /// A slot of the UDP receive pool.
-    Udp { slot: u32 },
+    Udp { slot: u32, peer: u32 },
     /// A reassembled multi-fragment message.
     /// The view points into this vector, which the token keeps alive.
     Owned(#[allow(dead_code)] Vec<u8>),

@@ -66,4 +66,23 @@ pub struct EndpointStats {
     pub lost_frames: u64,
     /// Shared-memory rings found corrupt (their sender is ignored from then on).
     pub corrupt_rings: u64,
+    /// Network frames sent again after a timeout or a selective acknowledgement.
+    pub retransmissions: u64,
+    /// Network frames whose CRC32C did not match (dropped; repaired by retransmission in
+    /// `host` mode, reported in `none` mode).
+    pub checksum_failures: u64,
+    /// Network frames that arrived ahead of a missing one.
+    pub out_of_order: u64,
+    /// Times a network sender found its window closed (no credits) and waited.
+    pub credit_stalls: u64,
+    /// Explicit acknowledgement frames sent (the others ride on data frames).
+    pub acks_sent: u64,
+    /// Datagrams the fault injector (`QUIVER_FAULTS`) dropped.
+    pub faults_lost: u64,
+    /// Datagrams the fault injector sent twice.
+    pub faults_duplicated: u64,
+    /// Datagrams the fault injector held back so that later ones passed them.
+    pub faults_reordered: u64,
+    /// Datagrams the fault injector corrupted.
+    pub faults_corrupted: u64,
 }

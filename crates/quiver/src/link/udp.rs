@@ -10,7 +10,6 @@
 //! This module moves datagrams only; validation and reassembly are the job of the wire
 //! and channel layers.
 
-use crate::wire::{Flags, Header, HEADER_LEN};
 use crate::{Error, Result};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -64,20 +63,17 @@ pub(crate) struct Datagram {
 pub(crate) struct UdpLink {
     sock: UdpSocket,
     local: SocketAddr,
-    max_datagram: usize,
     /// Receive mode: while traffic is sparse (a ping-pong) receive one datagram per call
     /// with `recv`; after several datagrams in a row without an empty receive, switch to
     /// `recvmmsg` batches, and back when a batch brings at most one.
     batching: bool,
     /// Consecutive single receives that found a datagram.
     streak: u32,
-    /// Scratch space for fragment headers (header plus optional length prefix).
-    frag_headers: Vec<[u8; HEADER_LEN + 4]>,
 }
 
 impl UdpLink {
     /// Binds a socket to `ip`, port chosen by the kernel.
-    pub(crate) fn bind(ip: IpAddr, max_datagram: usize) -> Result<UdpLink> {
+    pub(crate) fn bind(ip: IpAddr) -> Result<UdpLink> {
         let sock = UdpSocket::bind((ip, 0))
             .map_err(|e| Error::io(format!("binding a UDP socket to {ip}"), e))?;
         let local = sock
@@ -88,10 +84,8 @@ impl UdpLink {
         Ok(UdpLink {
             sock,
             local,
-            max_datagram,
             batching: false,
             streak: 0,
-            frag_headers: Vec::new(),
         })
     }
 
@@ -207,67 +201,14 @@ impl UdpLink {
         Ok(())
     }
 
-    /// Sends one message as Directed Messages to `dest`, numbering fragments from `*seq`.
-    /// `template` is the channel's pre-computed header (flags and seq are filled in).
-    pub(crate) fn send_message(
-        &mut self,
-        addr: &SockAddr,
-        template: &Header,
-        seq: &mut u32,
-        data: &[u8],
-    ) -> Result<usize> {
-        if data.len() + HEADER_LEN <= self.max_datagram {
-            let mut h = *template;
-            h.flags = Flags::FIRST | Flags::LAST;
-            h.seq = *seq;
-            if data.len() <= SMALL {
-                // Copying a small message next to its header is cheaper than a gather.
-                let mut buf = [0u8; HEADER_LEN + SMALL];
-                let hdr: &mut [u8; HEADER_LEN] =
-                    (&mut buf[..HEADER_LEN]).try_into().expect("header length");
-                h.emit(hdr);
-                buf[HEADER_LEN..HEADER_LEN + data.len()].copy_from_slice(data);
-                self.sendto(addr, &buf[..HEADER_LEN + data.len()])?;
-            } else {
-                let mut hdr = [0u8; HEADER_LEN];
-                h.emit(&mut hdr);
-                self.sendmsg(addr, &hdr, data)?;
-            }
-            *seq = seq.wrapping_add(1);
-            return Ok(1);
-        }
-        let frags: Vec<_> = crate::wire::fragments(data.len(), self.max_datagram).collect();
-        let count = frags.len();
-        for chunk in frags.chunks(SEND_BATCH) {
-            self.frag_headers.clear();
-            for f in chunk {
-                let mut h = *template;
-                h.flags = f.flags;
-                h.seq = *seq;
-                *seq = seq.wrapping_add(1);
-                let mut buf = [0u8; HEADER_LEN + 4];
-                let hdr: &mut [u8; HEADER_LEN] =
-                    (&mut buf[..HEADER_LEN]).try_into().expect("header length");
-                h.emit(hdr);
-                buf[HEADER_LEN..].copy_from_slice(&(data.len() as u32).to_le_bytes());
-                self.frag_headers.push(buf);
-            }
-            let mut iov: Vec<[libc::iovec; 2]> = chunk
+    /// Sends datagrams to `addr`, as many per `sendmmsg` call as fit in a batch.
+    pub(crate) fn send_batch(&self, addr: &SockAddr, datagrams: &[&[u8]]) -> Result<()> {
+        for chunk in datagrams.chunks(SEND_BATCH) {
+            let mut iov: Vec<libc::iovec> = chunk
                 .iter()
-                .zip(&self.frag_headers)
-                .map(|(f, h)| {
-                    [
-                        libc::iovec {
-                            iov_base: h.as_ptr() as *mut libc::c_void,
-                            iov_len: HEADER_LEN + if f.length_prefix { 4 } else { 0 },
-                        },
-                        libc::iovec {
-                            // SAFETY: offset + len lies within `data` (fragments() covers
-                            // exactly 0..data.len()).
-                            iov_base: unsafe { data.as_ptr().add(f.offset) } as *mut libc::c_void,
-                            iov_len: f.len,
-                        },
-                    ]
+                .map(|d| libc::iovec {
+                    iov_base: d.as_ptr() as *mut libc::c_void,
+                    iov_len: d.len(),
                 })
                 .collect();
             // SAFETY: mmsghdr is plain data; zero is a valid initial state.
@@ -275,13 +216,13 @@ impl UdpLink {
             for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
                 m.msg_hdr.msg_name = addr.ptr();
                 m.msg_hdr.msg_namelen = addr.len;
-                m.msg_hdr.msg_iov = v.as_mut_ptr();
-                m.msg_hdr.msg_iovlen = 2;
+                m.msg_hdr.msg_iov = v;
+                m.msg_hdr.msg_iovlen = 1;
             }
             let mut done = 0;
             while done < msgs.len() {
-                // SAFETY: every mmsghdr points to live iovecs over `frag_headers` and
-                // `data` and to `addr`, all alive for the call; the kernel only reads them.
+                // SAFETY: every mmsghdr points to a live iovec over a caller's datagram
+                // and to `addr`, all alive for the call; the kernel only reads them.
                 let n = unsafe {
                     libc::sendmmsg(
                         self.sock.as_raw_fd(),
@@ -292,19 +233,21 @@ impl UdpLink {
                 };
                 if n < 0 {
                     let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    if e.kind() == io::ErrorKind::ConnectionRefused {
+                    match e.kind() {
                         // An ICMP error of an earlier datagram; this one was not sent.
-                        continue;
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => continue,
+                        _ => return Err(Error::io(format!("sendmmsg to {}", addr.addr), e)),
                     }
-                    return Err(Error::io(format!("sendmmsg to {}", addr.addr), e));
                 }
                 done += n as usize;
             }
         }
-        Ok(count)
+        Ok(())
+    }
+
+    /// Sends one datagram built by a channel.
+    pub(crate) fn send_datagram(&self, addr: &SockAddr, datagram: &[u8]) -> Result<()> {
+        self.sendto(addr, datagram)
     }
 
     fn sendto(&self, addr: &SockAddr, frame: &[u8]) -> Result<()> {
@@ -330,37 +273,6 @@ impl UdpLink {
             }
         }
     }
-
-    fn sendmsg(&self, addr: &SockAddr, hdr: &[u8; HEADER_LEN], data: &[u8]) -> Result<()> {
-        let mut iov = [
-            libc::iovec {
-                iov_base: hdr.as_ptr() as *mut libc::c_void,
-                iov_len: HEADER_LEN,
-            },
-            libc::iovec {
-                iov_base: data.as_ptr() as *mut libc::c_void,
-                iov_len: data.len(),
-            },
-        ];
-        // SAFETY: msghdr is plain data; zero is a valid initial state.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = addr.ptr();
-        msg.msg_namelen = addr.len;
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = 2;
-        loop {
-            // SAFETY: msg points to live iovecs and address for the duration of the call.
-            let n = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, 0) };
-            if n >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => continue,
-                _ => return Err(Error::io("sendmsg", e)),
-            }
-        }
-    }
 }
 
 impl AsRawFd for UdpLink {
@@ -368,9 +280,6 @@ impl AsRawFd for UdpLink {
         self.sock.as_raw_fd()
     }
 }
-
-/// Messages up to this size are copied next to their header and sent contiguously.
-const SMALL: usize = 256;
 
 /// A destination in the C layout, converted once per connection.
 pub(crate) struct SockAddr {

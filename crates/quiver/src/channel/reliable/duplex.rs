@@ -174,6 +174,12 @@ impl<B> Duplex<B> {
         earliest(self.sender.poll_timeout(), self.receiver.poll_timeout())
     }
 
+    /// Sends a pending acknowledgement with the next [`poll_transmit`](Self::poll_transmit)
+    /// instead of waiting for the acknowledgement timer.
+    pub fn flush_ack(&mut self) {
+        self.receiver.flush_ack();
+    }
+
     /// Whether sends wait on the blocked-sends queue for credits.
     pub fn is_blocked(&self) -> bool {
         self.sender.is_blocked()

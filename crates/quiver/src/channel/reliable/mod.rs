@@ -96,6 +96,9 @@ pub enum AckReason {
     Credit,
     /// The sender probed (a `Heartbeat`).
     ProbeReply,
+    /// The application asked for pending acknowledgements to go now (a flush before it
+    /// stops making progress).
+    Flush,
 }
 
 /// How an acknowledgement left: on a frame that went anyway, or as an `Ack` frame.

@@ -286,6 +286,14 @@ impl<B> Receiver<B> {
         self.due
     }
 
+    /// Makes a pending acknowledgement due now instead of at its timer (the application
+    /// is about to stop making progress).
+    pub fn flush_ack(&mut self) {
+        if self.due.is_none() && self.ack_pending() {
+            self.due = Some(AckReason::Flush);
+        }
+    }
+
     /// An acknowledgement ([`ack_stamp`](Self::ack_stamp)) left for the peer. A
     /// piggybacked one satisfies every reason but [`AckReason::OutOfOrder`], whose bitmap
     /// needs an explicit frame.

@@ -20,6 +20,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Idle network polls between two reads of the protocol clock (for timers).
+const CLOCK_EVERY: u32 = 32;
+
 /// How often (in polls) a shared-memory reader also polls its UDP socket.
 const UDP_POLL_EVERY: u32 = 16;
 
@@ -50,6 +53,10 @@ struct UdpSide {
     epoch: Instant,
     /// Earliest deadline of any peer's timers or of a delayed datagram.
     next_deadline: Option<Time>,
+    /// The protocol clock at the last progress round (a clock read costs more than an
+    /// empty poll, so idle polls read it only every [`CLOCK_EVERY`] rounds).
+    last_now: Time,
+    idle_polls: u32,
     faults: Option<FaultInjector>,
     /// Datagrams the fault injector delays, earliest first.
     delayed: BinaryHeap<Reverse<Delayed>>,
@@ -63,11 +70,23 @@ struct UdpSide {
 /// bytes); ordered by time, then by injection.
 type Delayed = (Duration, u64, usize, Vec<u8>);
 
+/// A received frame in the pool: its slot, and what the first decode found, so that
+/// delivery needs no second pass over the bytes.
+#[derive(Debug, Clone, Copy)]
+struct RxFrame {
+    slot: u32,
+    seq: u32,
+    flags: Flags,
+    total_len: Option<u32>,
+    data_off: u32,
+    data_len: u32,
+}
+
 /// One peer endpoint reached over the network.
 struct Peer {
     source: Source,
     dest: SockAddr,
-    duplex: Duplex<Datagram>,
+    duplex: Duplex<RxFrame>,
     rx: RxChannel,
     /// The peer said goodbye: nothing it has not acknowledged will be.
     closed: bool,
@@ -134,6 +153,8 @@ impl Endpoint {
                 scratch: Vec::with_capacity(crate::link::udp::RECV_BATCH),
                 epoch: Instant::now(),
                 next_deadline: None,
+                last_now: Time::ZERO,
+                idle_polls: 0,
                 faults: cfg.faults.clone().map(FaultInjector::new),
                 delayed: BinaryHeap::new(),
                 delayed_seq: 0,
@@ -527,7 +548,7 @@ impl Endpoint {
                 if let Some(udp) = inner.udp.as_mut() {
                     udp.pool.free_slot(slot);
                     // A receive buffer is free again: credit for the sender.
-                    let now = udp.now();
+                    let now = udp.last_now;
                     if let Some(p) = udp.peers.get_mut(peer as usize) {
                         p.duplex.handle_release(now, 1);
                     }
@@ -678,22 +699,46 @@ impl Endpoint {
         stats: &mut EndpointStats,
         errors: &mut VecDeque<Error>,
     ) -> Result<()> {
-        let now = udp.now();
         let mut batch = std::mem::take(&mut udp.scratch);
         batch.clear();
         let received = udp.link.recv_batch(&mut udp.pool, &mut batch);
+        if batch.is_empty() && udp.next_deadline.is_none() && udp.delayed.is_empty() {
+            udp.scratch = batch;
+            return received;
+        }
+        if batch.is_empty() {
+            udp.idle_polls += 1;
+            if udp.idle_polls < CLOCK_EVERY {
+                udp.scratch = batch;
+                return received;
+            }
+        }
+        udp.idle_polls = 0;
+        let now = udp.now();
+        udp.last_now = now;
         let job = &self.job;
         let mut touched = false;
         for d in &batch {
             stats.frames_received += 1;
             let bytes = &udp.pool.slot(d.slot)[..d.len];
-            let header = match wire::decode(bytes) {
-                Ok(frame) => Ok(frame.header),
+            let decoded = match wire::decode(bytes) {
+                Ok(frame) => {
+                    let data = frame.data();
+                    let rx = RxFrame {
+                        slot: d.slot,
+                        seq: frame.header.seq,
+                        flags: frame.header.flags,
+                        total_len: frame.total_len(),
+                        data_off: (data.as_ptr() as usize - bytes.as_ptr() as usize) as u32,
+                        data_len: data.len() as u32,
+                    };
+                    Ok((frame.header, rx))
+                }
                 Err(DecodeError::Checksum { .. }) => Err(Header::parse(bytes).ok()),
                 Err(_) => Err(None),
             };
-            let h = match header {
-                Ok(h) => h,
+            let (h, rxf) = match decoded {
+                Ok(x) => x,
                 Err(parsed) => {
                     stats.dropped_malformed += 1;
                     // A corrupted frame of a known peer: its channel decides (mode none
@@ -738,7 +783,7 @@ impl Endpoint {
             match verdict {
                 Some(i) => {
                     touched = true;
-                    if let Some(back) = udp.peers[i].duplex.handle_frame(now, &h, *d) {
+                    if let Some(back) = udp.peers[i].duplex.handle_frame(now, &h, rxf) {
                         udp.pool.free_slot(back.slot);
                     }
                 }
@@ -758,24 +803,17 @@ impl Endpoint {
                 p.duplex.handle_timeout(now);
             }
             while let Some(d) = p.duplex.poll_deliver() {
-                let bytes = &udp.pool.slot(d.slot)[..d.len];
-                let Ok(frame) = wire::decode(bytes) else {
-                    udp.pool.free_slot(d.slot);
-                    p.duplex.handle_release(now, 1);
-                    continue;
-                };
-                let h = frame.header;
-                let out =
-                    p.rx.on_data(h.seq, h.flags, frame.total_len(), frame.data(), max_message);
+                let (off, len) = (d.data_off as usize, d.data_len as usize);
+                let data = &udp.pool.slot(d.slot)[off..off + len];
+                let out = p.rx.on_data(d.seq, d.flags, d.total_len, data, max_message);
                 stats.dropped_oversized += out.oversized as u64;
                 stats.dropped_malformed += out.malformed as u64;
                 match out.delivery {
                     Delivery::InPlace => {
-                        let offset = frame.data().as_ptr() as usize - bytes.as_ptr() as usize;
                         ready.push_back(Ready::Slot {
                             slot: d.slot,
-                            offset,
-                            len: frame.data().len(),
+                            offset: off,
+                            len,
                             source: p.source,
                             peer: i as u32,
                         });

@@ -92,9 +92,11 @@ struct Peer {
     closed: bool,
 }
 
+// Not boxed: the shared-memory connection is on the fast path of every write, and a
+// pointer chase there costs more than the space a UDP connection (an index) wastes.
+#[allow(clippy::large_enum_variant)]
 enum Conn {
-    // Boxed: a shared-memory connection is large and a UDP one is an index.
-    Shm(Box<ShmTx>),
+    Shm(ShmTx),
     Udp { peer: usize },
 }
 
@@ -270,12 +272,7 @@ impl Endpoint {
         };
         let timeout = self.job.config.connect_timeout;
         let conn = match self.transport_to(peer.rank)? {
-            Transport::Shm => Conn::Shm(Box::new(ShmTx::connect(
-                self.job.job_id,
-                peer,
-                me,
-                timeout,
-            )?)),
+            Transport::Shm => Conn::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
             Transport::Udp => {
                 let mut guard = self.inner.borrow_mut();
                 let udp = guard

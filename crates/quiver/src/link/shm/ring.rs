@@ -277,7 +277,11 @@ pub(crate) struct Consumer {
     published: u64,
     /// End position and released flag of each record read and not yet passed by the tail.
     outstanding: VecDeque<(u64, bool)>,
-    /// Token number of `outstanding[0]`.
+    /// The common case kept out of `outstanding`: exactly one record is read and not
+    /// released; its end position. When set, `outstanding` is empty.
+    solo: Option<u64>,
+    /// Token number of the oldest record not yet passed by the tail (`solo`'s, or
+    /// `outstanding[0]`'s).
     first_token: u64,
 }
 
@@ -293,6 +297,7 @@ impl Consumer {
             released: 0,
             published: 0,
             outstanding: VecDeque::new(),
+            solo: None,
             first_token: 0,
         }
     }
@@ -341,6 +346,21 @@ impl Consumer {
     }
 
     fn push_outstanding(&mut self, released: bool) -> u64 {
+        if self.outstanding.is_empty() && self.solo.is_none() {
+            // Nothing else is held: no queue needed.
+            let token = self.first_token;
+            if released {
+                self.first_token += 1;
+                self.released = self.read_pos;
+                self.maybe_publish();
+            } else {
+                self.solo = Some(self.read_pos);
+            }
+            return token;
+        }
+        if let Some(end) = self.solo.take() {
+            self.outstanding.push_back((end, false));
+        }
         let token = self.first_token + self.outstanding.len() as u64;
         self.outstanding.push_back((self.read_pos, released));
         if released {
@@ -352,6 +372,12 @@ impl Consumer {
     /// Releases the record with `token`; unknown or repeated tokens are ignored.
     pub(crate) fn release(&mut self, token: u64) {
         if token == self.first_token {
+            if let Some(end) = self.solo.take() {
+                self.first_token += 1;
+                self.released = end;
+                self.maybe_publish();
+                return;
+            }
             // The common case: the oldest record is released.
             if let Some((end, _)) = self.outstanding.pop_front() {
                 self.first_token += 1;
@@ -375,6 +401,12 @@ impl Consumer {
             self.first_token += 1;
             self.released = end;
         }
+        self.maybe_publish();
+    }
+
+    /// Publishes the tail once an eighth of the ring has been freed since the last time.
+    #[inline]
+    fn maybe_publish(&mut self) {
         if self.released - self.published >= self.mem.capacity as u64 / 8 {
             self.publish();
         }

@@ -359,20 +359,17 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
         }
         rx.wait_for(&ep, &peers, k + 1)?;
     }
-    // Before blocking in the rendezvous barrier, make sure what this rank sent has
-    // arrived: retransmissions happen only inside quiver calls. A flush that times out
-    // because the very last acknowledgement was lost is harmless (the peer has the data;
-    // if it had not, it would report a missing message).
-    if let Err(e) = ep.flush_within(std::time::Duration::from_secs(10)) {
-        tracing::debug!("flush before the final barrier: {e}");
-    }
     // Every rank reaches the barrier only after its last write: whatever is still waiting
-    // now is a duplicate or a stray message.
-    job.barrier().map_err(|e| format!("barrier failed: {e}"))?;
+    // now is a duplicate or a stray message. The barriers keep the endpoint making
+    // progress, so that peers still waiting for an acknowledgement or a retransmission
+    // from this rank get it.
+    job.barrier_progressing(&[&ep])
+        .map_err(|e| format!("barrier failed: {e}"))?;
     for _ in 0..64 {
         rx.drain(&ep)?;
     }
-    job.barrier().map_err(|e| format!("barrier failed: {e}"))?;
+    job.barrier_progressing(&[&ep])
+        .map_err(|e| format!("barrier failed: {e}"))?;
 
     if rank == 0 {
         let per_peer_msgs = rx.total();

@@ -17,6 +17,8 @@ fn quiver_bench(args: &[&str]) -> Output {
         .env_remove("QUIVER_RANK")
         .env_remove("QUIVER_TRANSPORT")
         .env_remove("QUIVER_WAIT")
+        .env_remove("QUIVER_RELIABILITY")
+        .env_remove("QUIVER_FAULTS")
         .output()
         .expect("run quiver");
     assert!(
@@ -122,6 +124,30 @@ fn bibw_over_shm() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["bench"], "bibw");
     positive(&lines[0], "bandwidth_MBps");
+}
+
+#[test]
+fn reliability_is_selectable_and_reported() {
+    for mode in ["none", "host"] {
+        let out = quiver_bench(&[
+            "pingpong",
+            "--transport",
+            "udp",
+            "--reliability",
+            mode,
+            "--sizes",
+            "8",
+            "--iters",
+            "200",
+        ]);
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0]["reliability"], mode, "{}", lines[0]);
+        positive(&lines[0], "latency_us_median");
+    }
+    // Shared memory has no network channel, so no reliability to report.
+    let out = quiver_bench(&["pingpong", "--sizes", "8", "--iters", "200"]);
+    assert!(json_lines(&out)[0].get("reliability").is_none());
 }
 
 #[test]

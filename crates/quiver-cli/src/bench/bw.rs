@@ -81,6 +81,7 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
     }
     stats::sort(&mut samples);
     let mut r = BenchResult::new(bench, &ctx.transport_name(), &ctx.wait, size, iters, warmup);
+    r.reliability = ctx.reliability.clone();
     r.window = Some(window);
     r.bandwidth_mbps = Some(round(
         avg80(&samples).context("no samples to summarize")?,

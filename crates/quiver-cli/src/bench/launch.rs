@@ -63,6 +63,9 @@ pub fn child_env(opts: &BenchOpts, transport: TransportArg) -> Vec<(String, Stri
         ("QUIVER_WAIT".into(), super::effective_wait(opts)),
         (CHILD_MARKER.into(), "1".into()),
     ];
+    if let Some(r) = opts.reliability {
+        env.push(("QUIVER_RELIABILITY".into(), r.env_value().into()));
+    }
     if let Some(width) = super::progress::env_for_children() {
         env.push((super::progress::PROGRESS_ENV.into(), width));
     }
@@ -125,6 +128,7 @@ mod tests {
             format: Format::Json,
             plot: Some("x.png".into()),
             wait: Some("hybrid:20".into()),
+            reliability: None,
             no_pin: true,
             timeout: Some(Duration::from_secs(5)),
         };

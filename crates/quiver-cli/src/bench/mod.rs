@@ -99,12 +99,43 @@ pub struct BenchOpts {
     /// QUIVER_WAIT; default spin).
     #[arg(long, value_parser = parse_wait_arg, global = true)]
     pub wait: Option<String>,
+    /// Reliability of network channels: none (flow control only) or host
+    /// (retransmission); sets QUIVER_RELIABILITY. Default: the library's (host).
+    #[arg(long, value_enum, global = true)]
+    pub reliability: Option<ReliabilityArg>,
     /// Do not pin rank i to CPU i.
     #[arg(long, global = true)]
     pub no_pin: bool,
     /// Limit for each launched job, in seconds.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, global = true)]
     pub timeout: Option<Duration>,
+}
+
+/// `--reliability` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReliabilityArg {
+    /// Credit-based flow control, loss reported as an error (LCI's RX_no).
+    None,
+    /// Retransmission by the process itself (LCI's RX_h).
+    Host,
+}
+
+impl ReliabilityArg {
+    /// The value of QUIVER_RELIABILITY.
+    pub fn env_value(self) -> &'static str {
+        match self {
+            ReliabilityArg::None => "none",
+            ReliabilityArg::Host => "host",
+        }
+    }
+
+    /// The library's mode.
+    pub fn mode(self) -> quiver::channel::reliable::Mode {
+        match self {
+            ReliabilityArg::None => quiver::channel::reliable::Mode::None,
+            ReliabilityArg::Host => quiver::channel::reliable::Mode::Host,
+        }
+    }
 }
 
 /// `--transport` values.

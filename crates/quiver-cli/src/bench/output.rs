@@ -39,6 +39,9 @@ pub struct BenchResult {
     pub transport: String,
     /// Wait mode of blocking reads (`spin`, `block`, `hybrid:US`).
     pub wait: String,
+    /// Reliability of the network channel (`none`, `host`); absent over shared memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reliability: Option<String>,
     /// Message size in bytes.
     pub size: u64,
     /// Measured iterations (round trips or windows).
@@ -93,6 +96,7 @@ impl BenchResult {
             bench,
             transport: transport.to_string(),
             wait: wait.to_string(),
+            reliability: None,
             size: size as u64,
             iters,
             warmup,

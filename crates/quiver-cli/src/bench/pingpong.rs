@@ -43,6 +43,7 @@ pub fn run(ctx: &Ctx<'_>, size: usize) -> anyhow::Result<Option<BenchResult>> {
         iters,
         warmup,
     );
+    r.reliability = ctx.reliability.clone();
     r.latency_us_median = Some(round(s.median / 1e3, 4));
     r.latency_us_avg80 = Some(round(s.avg80 / 1e3, 4));
     r.latency_us_p99 = Some(round(s.p99 / 1e3, 4));

@@ -37,6 +37,8 @@ pub struct Ctx<'a> {
     pub transport: Transport,
     /// Wait mode, as reported (`spin`, `block`, `hybrid:US`).
     pub wait: String,
+    /// Reliability of the network channel (`none`, `host`); None over shared memory.
+    pub reliability: Option<String>,
     /// Bytes of receive pool per sender (shm) or per endpoint (udp).
     pub pool_size: usize,
     /// The options of the run.
@@ -121,6 +123,9 @@ pub fn job_config(opts: &BenchOpts, max_size: usize) -> anyhow::Result<Config> {
     let wait = super::effective_wait(opts);
     let mode = WaitMode::parse(&wait).with_context(|| format!("bad wait mode {wait:?}"))?;
     cfg = cfg.with_wait(mode);
+    if let Some(r) = opts.reliability {
+        cfg = cfg.with_reliability(r.mode());
+    }
     if max_size > cfg.max_message {
         if set("QUIVER_MAX_MESSAGE") {
             bail!(
@@ -218,6 +223,7 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let cfg = job_config(opts, max_size).with_context(|| format!("{label}: configuration"))?;
     let wait = fmt_wait(cfg.wait);
     let pool_size = cfg.pool_size;
+    let reliability = cfg.reliability.to_string();
     let job = Job::from_env_with(cfg).with_context(|| format!("{label}: joining the job"))?;
     let rank = job.rank();
     let size = job.size();
@@ -256,6 +262,7 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         rank,
         transport,
         wait,
+        reliability: (transport == Transport::Udp).then_some(reliability),
         pool_size,
         opts,
     };

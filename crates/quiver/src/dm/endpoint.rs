@@ -438,6 +438,20 @@ impl Endpoint {
         released
     }
 
+    /// One round of protocol work without taking a message out: receive what arrived
+    /// (it waits in the pool for `read`), acknowledge, retransmit, fire due timers.
+    /// Until the offload engine exists, network channels progress only inside quiver
+    /// calls; call this while waiting for something else (see also
+    /// [`crate::Job::barrier_progressing`]).
+    pub fn progress(&self) -> Result<()> {
+        let mut guard = self.inner.borrow_mut();
+        let inner = &mut *guard;
+        if let Some(udp) = inner.udp.as_mut() {
+            self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+        }
+        Ok(())
+    }
+
     /// Waits until everything this endpoint sent over the network is acknowledged (or
     /// its receiver closed), sending pending acknowledgements at once. Call it before
     /// blocking outside quiver (a barrier of another library, a long computation): in
@@ -465,19 +479,24 @@ impl Endpoint {
             }
             udp.update_deadline();
         }
+        // Done when everything sent is acknowledged and nothing has arrived for QUIET:
+        // like TCP's TIME_WAIT, the quiet period answers a peer whose last
+        // acknowledgement from us was lost and that retransmits (else it would wait for
+        // us in vain once we block elsewhere).
+        let mut last_rx = (u64::MAX, Instant::now());
         backoff_until(self.waiter.mode, Some(timeout), || {
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
             let udp = inner.udp.as_mut().expect("checked above");
             self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+            if inner.stats.frames_received != last_rx.0 {
+                last_rx = (inner.stats.frames_received, Instant::now());
+            }
             let pending = udp
                 .peers
                 .iter()
-                .find(|p| !p.closed && !p.duplex.is_idle() && !p.duplex.sender().is_failed());
-            match pending {
-                None => Ok(Some(())),
-                Some(_) => Ok(None),
-            }
+                .any(|p| !p.closed && !p.duplex.is_idle() && !p.duplex.sender().is_failed());
+            Ok((!pending && last_rx.1.elapsed() >= QUIET).then_some(()))
         })?;
         // A channel that failed while flushing says so.
         let inner = self.inner.borrow();
@@ -636,7 +655,7 @@ impl Endpoint {
     /// the peer to register (when targeting it) or not (when a frame claims to come from
     /// it: a peer registers before it sends, and a forged source must not stall us).
     fn udp_peer(&self, udp: &mut UdpSide, peer: Source, wait: bool) -> Result<usize> {
-        if let Some(&i) = udp.peer_index.get(&peer) {
+        if let Some(i) = udp.find_peer(peer) {
             return Ok(i);
         }
         let timeout = self.job.config.connect_timeout;
@@ -745,7 +764,7 @@ impl Endpoint {
                             rank: h.src_rank,
                             dpid: h.src_dpid,
                         };
-                        if let Some(&i) = udp.peer_index.get(&src) {
+                        if let Some(i) = udp.find_peer(src) {
                             udp.peers[i].duplex.handle_invalid(now);
                             touched = true;
                         }
@@ -862,6 +881,17 @@ fn channel_error(peer: Source, e: &ChannelError) -> Error {
 }
 
 impl UdpSide {
+    /// Index of a known peer: a scan while there are few (cheaper than hashing, on the
+    /// path of every received frame), the map beyond.
+    #[inline]
+    fn find_peer(&self, src: Source) -> Option<usize> {
+        if self.peers.len() <= 8 {
+            self.peers.iter().position(|p| p.source == src)
+        } else {
+            self.peer_index.get(&src).copied()
+        }
+    }
+
     /// The protocol clock.
     fn now(&self) -> Time {
         Time::from_duration(self.epoch.elapsed())
@@ -961,6 +991,11 @@ impl AsRawFd for Endpoint {
         self.poller.as_raw_fd()
     }
 }
+
+/// How long [`Endpoint::flush`] keeps answering after the last frame arrived: several
+/// minimum retransmission timeouts, so a peer that lost our last acknowledgement can
+/// still retransmit and be answered.
+const QUIET: Duration = Duration::from_millis(20);
 
 /// How long a closing endpoint waits for its last network frames to be acknowledged.
 const LINGER: Duration = Duration::from_secs(2);

@@ -170,6 +170,34 @@ impl Job {
         Endpoint::open(self.shared.clone(), dpid).inspect_err(|_| self.shared.close_dpid(dpid))
     }
 
+    /// Like [`Job::barrier`], while keeping `endpoints` making progress: their network
+    /// channels go on acknowledging and retransmitting during the wait, so that a rank
+    /// that reached the barrier does not leave a peer waiting for its answers. Use it
+    /// instead of `barrier` once endpoints carry network traffic (until the offload
+    /// engine does this in the background).
+    pub fn barrier_progressing(&self, endpoints: &[&Endpoint]) -> Result<()> {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let r = self.barrier();
+                done.store(true, Ordering::Release);
+                r
+            });
+            let mut pause = std::time::Duration::from_micros(10);
+            while !done.load(Ordering::Acquire) {
+                for ep in endpoints {
+                    // Errors surface again on the endpoint's next read or write.
+                    let _ = ep.progress();
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_micros(500));
+            }
+            waiter
+                .join()
+                .unwrap_or_else(|_| Err(Error::Config("barrier thread panicked".into())))
+        })
+    }
+
     /// Waits until every rank of the job has called `barrier` the same number of times
     /// (through the rendezvous store: for setup and tests, not for speed).
     pub fn barrier(&self) -> Result<()> {

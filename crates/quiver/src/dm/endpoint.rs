@@ -678,19 +678,7 @@ impl Endpoint {
             url: self.job.kv.url().to_string(),
             reason: format!("bad UDP address {addr:?} for {key}"),
         })?;
-        let template = Header {
-            kind: FrameKind::Data,
-            flags: Flags::EMPTY,
-            src_dpid: self.dpid,
-            dst_dpid: peer.dpid,
-            credits: 0,
-            src_rank: self.job.rank,
-            job_id: self.job.job_id,
-            token: self.job.token as u32,
-            seq: 0,
-            ack: 0,
-            checksum: 0,
-        };
+        let template = self.header_to(FrameKind::Data, peer.dpid);
         let duplex = Duplex::new(&self.job.config.reliable(), template)
             .map_err(|e| Error::Config(format!("reliable channels: {e}")))?;
         let i = udp.peers.len();
@@ -1015,6 +1003,24 @@ impl Drop for Endpoint {
 }
 
 impl Endpoint {
+    /// The header of a frame from this endpoint to endpoint `dst_dpid` (sequence,
+    /// acknowledgement and checksum fields left for the channel to fill).
+    fn header_to(&self, kind: FrameKind, dst_dpid: u16) -> Header {
+        Header {
+            kind,
+            flags: Flags::EMPTY,
+            src_dpid: self.dpid,
+            dst_dpid,
+            credits: 0,
+            src_rank: self.job.rank,
+            job_id: self.job.job_id,
+            token: self.job.token as u32,
+            seq: 0,
+            ack: 0,
+            checksum: 0,
+        }
+    }
+
     /// Tells every network peer that this endpoint is closing, so that none waits for it.
     fn say_goodbye(&self) {
         let inner = self.inner.borrow();
@@ -1022,19 +1028,7 @@ impl Endpoint {
             return;
         };
         for p in udp.peers.iter().filter(|p| !p.closed) {
-            let h = Header {
-                kind: FrameKind::Goodbye,
-                flags: Flags::EMPTY,
-                src_dpid: self.dpid,
-                dst_dpid: p.source.dpid,
-                credits: 0,
-                src_rank: self.job.rank,
-                job_id: self.job.job_id,
-                token: self.job.token as u32,
-                seq: 0,
-                ack: 0,
-                checksum: 0,
-            };
+            let h = self.header_to(FrameKind::Goodbye, p.source.dpid);
             let mut bytes = [0u8; wire::HEADER_LEN];
             h.emit_sealed(&mut bytes, &[]);
             let _ = udp.link.send_datagram(&p.dest, &bytes);

@@ -438,6 +438,19 @@ impl Endpoint {
         released
     }
 
+    /// How long a caller that waits on this endpoint's descriptor itself (in its own
+    /// `poll`/`epoll` loop) may sleep before calling [`Endpoint::progress`] or
+    /// [`Endpoint::try_read`] again: network channels have timers (retransmission,
+    /// acknowledgement, probes) that a sleeping process must not miss. `None`: no timer
+    /// is running. [`Endpoint::read`] handles this by itself.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        self.inner
+            .borrow()
+            .udp
+            .as_ref()
+            .and_then(|u| u.time_to_deadline())
+    }
+
     /// One round of protocol work without taking a message out: receive what arrived
     /// (it waits in the pool for `read`), acknowledge, retransmit, fire due timers.
     /// Until the offload engine exists, network channels progress only inside quiver

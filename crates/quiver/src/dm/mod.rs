@@ -11,10 +11,10 @@
 //!
 //! Guarantees: messages keep their boundaries, may be empty, and arrive in FIFO order per
 //! channel (sender endpoint to receiver endpoint). A message longer than the maximum is
-//! [`Error::MessageTooLarge`], never truncated. Frames that are malformed, of another job,
+//! [`Error::MessageTooLarge`](crate::Error::MessageTooLarge), never truncated. Frames that are malformed, of another job,
 //! with a wrong token or for another endpoint are dropped and counted in
 //! [`Endpoint::stats`]. Lost UDP frames are detected by sequence numbers and reported
-//! as [`Error::Lost`] by the next read.
+//! as [`Error::Lost`](crate::Error::Lost) by the next read.
 //!
 //! An endpoint is used from one thread at a time (it is `Send`, not `Sync`).
 

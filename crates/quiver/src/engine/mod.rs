@@ -4,7 +4,7 @@
 //! and its UDP socket; an epoll descriptor is itself pollable, so a program can put it
 //! into its own `poll`/`epoll` set. Waiting follows [`WaitMode`]: busy polling, sleeping
 //! on the descriptor, or bounded polling then sleeping (GAMMA's `gamma_wait`). The
-//! policy lives in [`Waiter`], separate from what is polled, so that progress can later
+//! policy lives in `Waiter`, separate from what is polled, so that progress can later
 //! be driven by a dedicated thread instead of the caller.
 
 use crate::{Error, Result, WaitMode};

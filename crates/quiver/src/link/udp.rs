@@ -1,6 +1,6 @@
 //! UDP transport: one socket per endpoint.
 //!
-//! Receiving: `recvmmsg` fills up to [`RECV_BATCH`] datagrams per system call straight
+//! Receiving: `recvmmsg` fills up to `RECV_BATCH` datagrams per system call straight
 //! into free slots of the endpoint's receive pool (fixed-size slots, one datagram each);
 //! a single-fragment message is then read in place from its slot. Sending: a message is
 //! cut into Directed Messages of at most the configured datagram size; one fragment goes

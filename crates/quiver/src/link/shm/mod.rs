@@ -1,10 +1,10 @@
 //! Shared-memory transport between processes of one node.
 //!
-//! Each receiving endpoint owns a [`segment`]: one SPSC [`ring`] per sender, written
+//! Each receiving endpoint owns a `segment`: one SPSC `ring` per sender, written
 //! directly by that sender (one copy) and read in place by the receiver (zero copy).
 //! A channel is FIFO because it is one ring. The fast path (push, pop, release) takes no
-//! lock, allocates nothing and makes no system call; the [`wake`] protocol rings a
-//! [`doorbell`] socket only when the receiver sleeps.
+//! lock, allocates nothing and makes no system call; the `wake` protocol rings a
+//! `doorbell` socket only when the receiver sleeps.
 //!
 //! Segments are private to the job's user (mode 0600), checked on attach (magic,
 //! version, layout, job id, size), unlinked when the endpoint closes, and removed after a

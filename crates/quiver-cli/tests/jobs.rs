@@ -577,3 +577,77 @@ fn next_job_removes_segments_of_dead_processes() {
         done.describe()
     );
 }
+
+/// A peer on the same node that dies (SIGKILL) is reported as failed, naming its rank,
+/// within a bounded time, instead of leaving the survivor waiting for its traffic.
+#[test]
+fn a_killed_peer_is_reported_as_failed() {
+    let _one = serial();
+    let mut id = [0u8; 4];
+    getrandom::fill(&mut id).expect("random job id");
+    let job_id = u32::from_le_bytes(id) | 1;
+    let store = std::env::temp_dir().join(format!(
+        "quiver-peer-failure-test-{}-{job_id}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&store).expect("create the store directory");
+    // No launcher: `quiver run` would end the survivor as soon as a rank dies.
+    let spawn = |rank: u32, stderr: Stdio| {
+        command(QUIVER)
+            .args(["check", "--count", "1000000", "--sizes", "64,4K"])
+            .env("QUIVER_RANK", rank.to_string())
+            .env("QUIVER_SIZE", "2")
+            .env("QUIVER_JOB_ID", job_id.to_string())
+            .env("QUIVER_JOB_TOKEN", "0123456789abcdef")
+            .env("QUIVER_RENDEZVOUS", format!("file://{}", store.display()))
+            .env("QUIVER_WAIT", "hybrid:50")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .process_group(0)
+            .spawn()
+            .expect("start a rank")
+    };
+    let mut survivor = spawn(0, Stdio::piped());
+    let mut victim = spawn(1, Stdio::null());
+    let err = reader(survivor.stderr.take().expect("piped stderr"));
+    // Let traffic flow, then kill rank 1.
+    let start = Instant::now();
+    while quiver::link::shm::job_segments(job_id).len() < 2 && start.elapsed() < LIMIT {
+        thread::sleep(Duration::from_millis(20));
+    }
+    thread::sleep(Duration::from_millis(300));
+    kill_group(&victim);
+    let _ = victim.wait();
+    let killed_at = Instant::now();
+    let mut status = None;
+    while killed_at.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(s)) = survivor.try_wait() {
+            status = Some(s);
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let took = killed_at.elapsed();
+    if status.is_none() {
+        kill_group(&survivor);
+    }
+    let _ = survivor.wait();
+    let stderr = err.join().unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&store);
+    quiver::link::shm::cleanup_job(job_id);
+    let status =
+        status.unwrap_or_else(|| panic!("rank 0 still waits 30 s after rank 1 died:\n{stderr}"));
+    assert!(
+        !status.success(),
+        "rank 0 ended well although its peer died:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("rank 1") && stderr.contains("failed") && stderr.contains("is gone"),
+        "rank 0 did not report rank 1 as failed:\n{stderr}"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "detection took {took:?}:\n{stderr}"
+    );
+}

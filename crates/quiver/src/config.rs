@@ -76,6 +76,12 @@ pub struct Config {
     /// Faults injected into the datagrams this process sends (`QUIVER_FAULTS`, e.g.
     /// `loss=0.01,dup=0.001,reorder=0.01,corrupt=0.001,seed=7`), for testing.
     pub faults: Option<FaultConfig>,
+    /// How long a network peer may leave our frames unacknowledged before it is declared
+    /// failed (`QUIVER_PEER_TIMEOUT`, seconds). Until the offload engine exists a peer
+    /// answers only from inside quiver calls, so this must exceed its longest stretch of
+    /// computation without them. Peers on the same node are watched through their
+    /// process instead, which needs no timeout.
+    pub peer_timeout: Duration,
 }
 
 impl Default for Config {
@@ -92,6 +98,7 @@ impl Default for Config {
             recovery: Recovery::Selective,
             window: 64,
             faults: None,
+            peer_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -210,6 +217,14 @@ impl Config {
                     )
                 })?;
         }
+        if let Some(v) = get("QUIVER_PEER_TIMEOUT") {
+            let secs: f64 = v
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| invalid("QUIVER_PEER_TIMEOUT", &v, "expected seconds > 0"))?;
+            c.peer_timeout = Duration::from_secs_f64(secs);
+        }
         if let Some(v) = get("QUIVER_FAULTS") {
             if !v.trim().is_empty() {
                 c.faults = Some(
@@ -224,12 +239,22 @@ impl Config {
 
     /// The parameters of the reliable channels of this configuration.
     pub(crate) fn reliable(&self) -> crate::channel::reliable::Config {
+        let base = crate::channel::reliable::Config::default();
+        // The sender gives up after `max_timeouts` consecutive timeouts that double from
+        // the initial timeout up to the maximum: count how many cover the peer timeout.
+        let (mut waited, mut rto, mut timeouts) = (Duration::ZERO, base.rto_initial, 0u32);
+        while waited < self.peer_timeout && timeouts < 10_000 {
+            waited += rto;
+            rto = (rto * 2).min(base.rto_max);
+            timeouts += 1;
+        }
         crate::channel::reliable::Config {
             mode: self.reliability,
             recovery: self.recovery,
             window: self.window,
             max_datagram: self.udp_datagram,
-            ..Default::default()
+            max_timeouts: timeouts.max(1),
+            ..base
         }
     }
 
@@ -387,6 +412,19 @@ mod tests {
             let e = cfg(&[(var, val)]).unwrap_err().to_string();
             assert!(e.contains(var), "{e}");
         }
+    }
+
+    #[test]
+    fn peer_timeout_sets_how_long_retransmissions_go_on() {
+        let short = cfg(&[("QUIVER_PEER_TIMEOUT", "0.01")]).unwrap().reliable();
+        let long = cfg(&[("QUIVER_PEER_TIMEOUT", "60")]).unwrap().reliable();
+        assert!(short.max_timeouts >= 1 && short.max_timeouts < long.max_timeouts);
+        // 1 ms doubling to 1 s: 10 timeouts make 1.023 s, then one per second.
+        assert_eq!(long.max_timeouts, 10 + 59);
+        let e = cfg(&[("QUIVER_PEER_TIMEOUT", "-1")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("QUIVER_PEER_TIMEOUT"), "{e}");
     }
 
     #[test]

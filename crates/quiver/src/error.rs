@@ -93,13 +93,17 @@ pub enum Error {
         /// DPID of the peer endpoint.
         dpid: u16,
     },
-    /// The peer process is gone (exited or crashed).
-    #[error("rank {rank} (pid {pid}) is gone: its process no longer exists")]
-    PeerGone {
+    /// A peer failed: its process is gone (same node), or it left our frames
+    /// unacknowledged for longer than `QUIVER_PEER_TIMEOUT` (network). Every later
+    /// operation towards it fails the same way; other peers are not affected.
+    #[error("rank {rank} (DPID {dpid}) failed: {reason}")]
+    PeerFailed {
         /// Rank of the peer.
         rank: u32,
-        /// Its process id.
-        pid: u32,
+        /// DPID of the peer endpoint.
+        dpid: u16,
+        /// What was observed.
+        reason: String,
     },
     /// The receiving endpoint's shared-memory area has no free sender slot.
     #[error("endpoint (rank {rank}, DPID {dpid}) has no free sender slot ({slots} in use); raise QUIVER_SHM_SLOTS")]

@@ -376,6 +376,10 @@ fn udp_none_on_a_lossy_link_reports_an_error() {
             // Keep answering (acknowledgements, probes) until the receiver has judged.
             let _ = ep.read_timeout(Duration::from_secs(10));
         } else {
+            // The error handler runs on every error the endpoint delivers.
+            let handled = std::rc::Rc::new(std::cell::Cell::new(0u32));
+            let h = handled.clone();
+            ep.set_error_handler(move |_| h.set(h.get() + 1));
             let start = std::time::Instant::now();
             let mut failed = None;
             for _ in 0..200 {
@@ -400,6 +404,7 @@ fn udp_none_on_a_lossy_link_reports_an_error() {
                 "loss detected only after {:?}",
                 start.elapsed()
             );
+            assert_eq!(handled.get(), 1, "the error handler did not run once");
             ep.write(b"done").ok();
         }
     });

@@ -14,11 +14,14 @@ use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
 use crate::{Error, Result, Transport, TransportChoice};
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How often a waiting endpoint checks that the processes of its same-node peers live.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
 
 /// Idle network polls between two reads of the protocol clock (for timers).
 const CLOCK_EVERY: u32 = 32;
@@ -34,7 +37,12 @@ pub struct Endpoint {
     poller: Poller,
     waiter: Waiter,
     fd_exported: Cell<bool>,
+    /// Runs on every error as it is delivered (see [`Endpoint::set_error_handler`]).
+    error_handler: RefCell<Option<ErrorHandler>>,
 }
+
+/// A callback for the errors an endpoint reports.
+type ErrorHandler = Box<dyn FnMut(&Error)>;
 
 // SAFETY: the endpoint owns its mappings, sockets and pool; the raw pointers inside
 // (rings, pool slots) refer to memory that moves with it. It is not Sync: one thread at a
@@ -125,6 +133,13 @@ struct Inner {
     errors: VecDeque<Error>,
     stats: EndpointStats,
     polls: u32,
+    /// Ranks found failed: every operation towards them fails.
+    failed: HashSet<u32>,
+    /// Liveness of same-node peers: empty polls since the last look at the clock, when
+    /// the processes were last checked, and a request to check at the next poll.
+    empty_polls: u32,
+    liveness_at: Instant,
+    liveness_due: bool,
 }
 
 impl Endpoint {
@@ -192,9 +207,14 @@ impl Endpoint {
                 errors: VecDeque::new(),
                 stats: EndpointStats::default(),
                 polls: 0,
+                failed: HashSet::new(),
+                empty_polls: 0,
+                liveness_at: Instant::now(),
+                liveness_due: false,
             }),
             poller,
             fd_exported: Cell::new(false),
+            error_handler: RefCell::new(None),
         })
     }
 
@@ -306,6 +326,16 @@ impl Endpoint {
         let Some(idx) = inner.target else {
             return Err(Error::NoTarget);
         };
+        if !inner.failed.is_empty() {
+            let peer = inner.conns[idx].0;
+            if inner.failed.contains(&peer.rank) {
+                return Err(Error::PeerFailed {
+                    rank: peer.rank,
+                    dpid: peer.dpid,
+                    reason: "found failed earlier".into(),
+                });
+            }
+        }
         let (_, conn) = &mut inner.conns[idx];
         match conn {
             Conn::Shm(tx) => {
@@ -369,9 +399,16 @@ impl Endpoint {
                             &mut inner.errors,
                         )?;
                         let p = &udp.peers[peer];
+                        if p.duplex.is_blocked() && p.closed {
+                            // It said goodbye: the credits it owes will never come.
+                            return Err(Error::PeerClosed {
+                                rank: p.source.rank,
+                                dpid: p.source.dpid,
+                            });
+                        }
                         if p.duplex.is_blocked() {
                             let failed = inner.errors.iter().position(|e| {
-                                matches!(e, Error::ChannelFailed { rank, dpid, .. }
+                                matches!(e, Error::ChannelFailed { rank, dpid, .. } | Error::PeerFailed { rank, dpid, .. }
                                     if *rank == p.source.rank && *dpid == p.source.dpid)
                             });
                             if let Some(e) = failed.and_then(|i| inner.errors.remove(i)) {
@@ -560,6 +597,57 @@ impl Endpoint {
     /// Closes the endpoint: its receive area is removed and later writes to it fail.
     pub fn close(self) {}
 
+    /// Registers a callback that runs on every error this endpoint delivers (from
+    /// `read`, `try_read`, `progress`...), before the call returns it: channel failures,
+    /// lost frames, failed peers. It runs on the caller's thread and must not use this
+    /// endpoint.
+    pub fn set_error_handler(&self, handler: impl FnMut(&Error) + 'static) {
+        *self.error_handler.borrow_mut() = Some(Box::new(handler));
+    }
+
+    fn report(&self, e: Error) -> Error {
+        if let Ok(mut h) = self.error_handler.try_borrow_mut() {
+            if let Some(h) = h.as_mut() {
+                h(&e);
+            }
+        }
+        e
+    }
+
+    /// Checks, at most every [`LIVENESS_PERIOD`], that the processes of same-node peers
+    /// (senders to this endpoint, endpoints it targets) live; a dead one is reported once
+    /// as [`Error::PeerFailed`] and every later operation towards it fails.
+    fn check_liveness(&self, inner: &mut Inner) {
+        let now = Instant::now();
+        if now.duration_since(inner.liveness_at) < LIVENESS_PERIOD {
+            return;
+        }
+        inner.liveness_at = now;
+        inner.liveness_due = false;
+        let mut dead: Vec<(Source, String)> = Vec::new();
+        if let Some(shm) = inner.shm.as_mut() {
+            for (src, pid) in shm.dead_senders() {
+                dead.push((src, format!("its process {pid} is gone")));
+            }
+        }
+        for (peer, conn) in &inner.conns {
+            if let Conn::Shm(tx) = conn {
+                if let Err(Error::PeerFailed { reason, .. }) = tx.check_peer() {
+                    dead.push((*peer, reason));
+                }
+            }
+        }
+        for (src, reason) in dead {
+            if inner.failed.insert(src.rank) {
+                inner.errors.push_back(Error::PeerFailed {
+                    rank: src.rank,
+                    dpid: src.dpid,
+                    reason,
+                });
+            }
+        }
+    }
+
     pub(crate) fn hold_token(&self, t: Token) {
         self.inner.borrow_mut().held.push_back(t);
     }
@@ -594,7 +682,8 @@ impl Endpoint {
         // than the check on this path.
         if !inner.errors.is_empty() {
             if let Some(e) = inner.errors.pop_front() {
-                return Err(e);
+                drop(guard);
+                return Err(self.report(e));
             }
         }
         if let Some(shm) = inner.shm.as_mut() {
@@ -615,19 +704,26 @@ impl Endpoint {
             inner.stats.corrupt_rings = shm.corrupt;
         }
         if inner.ready.is_empty() {
-            let Some(udp) = inner.udp.as_mut() else {
-                return Ok(None);
-            };
             inner.polls = inner.polls.wrapping_add(1);
-            if inner.shm.is_some() && !inner.polls.is_multiple_of(UDP_POLL_EVERY) {
-                return Ok(None);
-            }
-            self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
-            if let Some(e) = inner.errors.pop_front() {
-                return Err(e);
+            // A shared-memory reader polls its socket only now and then (a system call).
+            let poll_udp = inner.shm.is_none() || inner.polls.is_multiple_of(UDP_POLL_EVERY);
+            if let Some(udp) = inner.udp.as_mut().filter(|_| poll_udp) {
+                self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+                if let Some(e) = inner.errors.pop_front() {
+                    drop(guard);
+                    return Err(self.report(e));
+                }
             }
         }
         let Some(r) = inner.ready.pop_front() else {
+            inner.empty_polls = inner.empty_polls.wrapping_add(1);
+            if inner.liveness_due || inner.empty_polls.is_multiple_of(1024) {
+                self.check_liveness(inner);
+                if let Some(e) = inner.errors.pop_front() {
+                    drop(guard);
+                    return Err(self.report(e));
+                }
+            }
             return Ok(None);
         };
         inner.stats.msgs_received += 1;
@@ -874,10 +970,17 @@ impl Endpoint {
 }
 
 fn channel_error(peer: Source, e: &ChannelError) -> Error {
-    Error::ChannelFailed {
-        rank: peer.rank,
-        dpid: peer.dpid,
-        reason: e.to_string(),
+    match e {
+        ChannelError::Unreachable { .. } => Error::PeerFailed {
+            rank: peer.rank,
+            dpid: peer.dpid,
+            reason: format!("{e} (QUIVER_PEER_TIMEOUT)"),
+        },
+        _ => Error::ChannelFailed {
+            rank: peer.rank,
+            dpid: peer.dpid,
+            reason: e.to_string(),
+        },
     }
 }
 
@@ -1087,18 +1190,21 @@ impl<'a> Waitable for ReadWait<'a> {
         if has_ready {
             return Ok(());
         }
-        // Wake for the protocol's timers (retransmission, acknowledgements, probes).
-        let protocol = self
-            .0
-            .inner
-            .borrow()
-            .udp
-            .as_ref()
-            .and_then(|u| u.time_to_deadline());
-        let timeout = match (timeout, protocol) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        // Wake for the protocol's timers (retransmission, acknowledgements, probes), and
+        // to check that same-node peers live.
+        let (protocol, watching) = {
+            let inner = self.0.inner.borrow();
+            let watching = inner.shm.as_ref().is_some_and(|s| s.has_senders())
+                || inner.conns.iter().any(|(_, c)| matches!(c, Conn::Shm(_)));
+            (
+                inner.udp.as_ref().and_then(|u| u.time_to_deadline()),
+                watching,
+            )
         };
-        self.0.poller.wait(timeout)
+        let liveness = watching.then_some(LIVENESS_PERIOD);
+        let timeout = [timeout, protocol, liveness].into_iter().flatten().min();
+        let r = self.0.poller.wait(timeout);
+        self.0.inner.borrow_mut().liveness_due = watching;
+        r
     }
 }

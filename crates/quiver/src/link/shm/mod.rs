@@ -47,7 +47,10 @@ mod imp_crate {
     struct RxChan {
         consumer: Consumer,
         source: Source,
+        pid: u32,
         broken: bool,
+        /// Its sender's process was found gone (reported once).
+        dead: bool,
     }
 
     /// A message handed out by [`ShmRx::poll`].
@@ -101,13 +104,16 @@ mod imp_crate {
         fn discover(&mut self) {
             let claimed = self.seg.claimed_slots();
             while self.known_slots < claimed {
-                let Some((rank, dpid, mem, tail)) = self.seg.ready_slot(self.known_slots) else {
+                let Some((rank, dpid, pid, mem, tail)) = self.seg.ready_slot(self.known_slots)
+                else {
                     return; // claimed but identity not yet written: next poll
                 };
                 self.chans.push(RxChan {
                     consumer: Consumer::new(mem, tail, self.max_message),
                     source: Source { rank, dpid },
+                    pid,
                     broken: false,
+                    dead: false,
                 });
                 self.known_slots += 1;
             }
@@ -154,6 +160,24 @@ mod imp_crate {
                 }
             }
             None
+        }
+
+        /// Senders whose process is gone, each reported once (with its pid). What they
+        /// wrote before dying stays readable.
+        pub(crate) fn dead_senders(&mut self) -> Vec<(Source, u32)> {
+            let mut out = Vec::new();
+            for c in self.chans.iter_mut().filter(|c| !c.dead) {
+                if !super::segment::pid_alive(c.pid) {
+                    c.dead = true;
+                    out.push((c.source, c.pid));
+                }
+            }
+            out
+        }
+
+        /// Whether any sender is being watched (so a sleeper should wake to check).
+        pub(crate) fn has_senders(&self) -> bool {
+            !self.chans.is_empty()
         }
 
         /// Whether any ring has a published record (no state change).
@@ -257,14 +281,11 @@ mod imp_crate {
                     dpid: self.peer.dpid,
                 });
             }
-            let pid = self.seg.owner_pid();
-            // SAFETY: kill with signal 0 only checks for existence.
-            if unsafe { libc::kill(pid as i32, 0) } != 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-            {
-                return Err(Error::PeerGone {
+            if !self.seg.owner_alive() {
+                return Err(Error::PeerFailed {
                     rank: self.peer.rank,
-                    pid,
+                    dpid: self.peer.dpid,
+                    reason: format!("its process {} is gone", self.seg.owner_pid()),
                 });
             }
             Ok(())

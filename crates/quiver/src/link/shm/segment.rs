@@ -349,6 +349,16 @@ impl Segment {
         self.header().owner_pid
     }
 
+    /// Whether the process that created this segment still runs (a recycled pid or a
+    /// zombie counts as gone).
+    pub(crate) fn owner_alive(&self) -> bool {
+        let h = self.header();
+        match process_start_time(h.owner_pid) {
+            None => false,
+            Some(t) => h.owner_start_time == 0 || t == h.owner_start_time,
+        }
+    }
+
     pub(crate) fn max_message(&self) -> usize {
         self.header().max_message as usize
     }
@@ -419,8 +429,9 @@ impl Segment {
             .min(self.geometry.slots)
     }
 
-    /// Receiver side: the identity and ring of slot `i`, once its sender made it ready.
-    pub(crate) fn ready_slot(&self, i: u32) -> Option<(u32, u16, RingMem, TailRef)> {
+    /// Receiver side: the identity (rank, DPID, pid) and ring of slot `i`, once its
+    /// sender made it ready.
+    pub(crate) fn ready_slot(&self, i: u32) -> Option<(u32, u16, u32, RingMem, TailRef)> {
         let slot = self.slot(i);
         // Acquire pairs with the sender's Release in claim_slot.
         if slot.state.load(Ordering::Acquire) != SLOT_READY {
@@ -429,6 +440,7 @@ impl Segment {
         Some((
             slot.src_rank,
             slot.src_dpid,
+            slot.src_pid,
             self.ring_mem(i),
             self.tail_ref(i),
         ))
@@ -474,6 +486,11 @@ fn map(fd: i32, len: usize, name: &str) -> Result<*mut u8> {
         return Err(Error::io(format!("mmap {name} ({len} bytes)"), err));
     }
     Ok(p as *mut u8)
+}
+
+/// Whether process `pid` runs (not gone, not a zombie).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    process_start_time(pid).is_some()
 }
 
 /// Start time of a live process in clock ticks since boot (field 22 of /proc/PID/stat),
@@ -598,7 +615,9 @@ mod tests {
         let (i, _, _) = peer.claim_slot(3, 9).unwrap();
         assert_eq!(i, 0);
         assert_eq!(seg.claimed_slots(), 1);
-        let (rank, dpid, _, _) = seg.ready_slot(0).unwrap();
+        let (rank, dpid, pid, _, _) = seg.ready_slot(0).unwrap();
+        assert_eq!(pid, std::process::id());
+        assert!(seg.owner_alive() && pid_alive(pid));
         assert_eq!((rank, dpid), (3, 9));
         assert_eq!(job_segments(j).len(), 1);
         drop(seg);

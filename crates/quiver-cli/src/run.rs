@@ -316,10 +316,10 @@ fn set_pre_exec(cmd: &mut Command, cpu: Option<usize>) {
     // SAFETY: getpid is always safe to call.
     let parent = unsafe { libc::getpid() };
     let hook = move || -> io::Result<()> {
-        // SAFETY: this runs in the child between fork and exec, where only async-signal-safe
-        // functions may be called. It only makes raw system calls (prctl, getppid,
-        // sched_setaffinity) on values prepared before the fork; it neither allocates nor
-        // takes locks (io::Error::from_raw_os_error allocates nothing).
+        // This runs in the child between fork and exec, where only async-signal-safe
+        // functions may be called; io::Error::from_raw_os_error allocates nothing.
+        // SAFETY: only raw system calls (prctl, getppid, sched_setaffinity) on values
+        // prepared before the fork; no allocation, no locks.
         unsafe {
             libc::prctl(
                 libc::PR_SET_PDEATHSIG,

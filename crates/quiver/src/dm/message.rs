@@ -47,10 +47,9 @@ impl std::ops::Deref for Message<'_> {
         if self.len == 0 {
             return &[];
         }
-        // SAFETY: ptr/len describe pool memory of this message's token, which is neither
-        // released nor reused while the token is held (it is released only in Drop or
-        // handed to the endpoint by `hold`, which consumes the view); the pool lives as
-        // long as the endpoint, which this view borrows.
+        // The token is released only in Drop or by `hold` (which consumes the view), and
+        // the pool lives as long as the endpoint, which this view borrows.
+        // SAFETY: ptr/len describe pool memory of this message's unreleased token.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }

@@ -150,6 +150,44 @@ fn reliability_is_selectable_and_reported() {
     assert!(json_lines(&out)[0].get("reliability").is_none());
 }
 
+fn check_logp(transport: &str) {
+    let out = quiver_bench(&[
+        "logp",
+        "--transport",
+        transport,
+        "--sizes",
+        "8",
+        "--iters",
+        "300",
+    ]);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let v = &lines[0];
+    assert_eq!(v["bench"], "logp");
+    assert_eq!(v["transport"], transport);
+    assert_eq!(v["size"], 8);
+    assert_eq!(v["iters"], 300);
+    for key in ["o_s_us", "o_r_us", "g_us", "latency_us"] {
+        positive(v, key);
+    }
+    // L = latency - o_s - o_r may be negative on one host, but it is a number.
+    let l = v["L_us"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("L_us missing in {v}"));
+    assert!(l.is_finite(), "{v}");
+    assert!(v.get("latency_us_median").is_none(), "{v}");
+}
+
+#[test]
+fn logp_over_shm() {
+    check_logp("shm");
+}
+
+#[test]
+fn logp_over_udp() {
+    check_logp("udp");
+}
+
 #[test]
 fn bad_sizes_are_rejected_before_launching() {
     let out = Command::new(env!("CARGO_BIN_EXE_quiver"))

@@ -28,6 +28,7 @@ pub fn child_args(
         Some(BenchCmd::Pingpong) => a.push("pingpong".into()),
         Some(BenchCmd::Bw) => a.push("bw".into()),
         Some(BenchCmd::Bibw) => a.push("bibw".into()),
+        Some(BenchCmd::Logp) => a.push("logp".into()),
         None => {}
     }
     let mut opt = |k: &str, v: String| {

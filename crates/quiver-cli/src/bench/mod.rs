@@ -10,7 +10,7 @@
 //!   `SLURM_PROCID`), `quiver bench` re-launches itself as a two-rank job ([`launch`]); the
 //!   default suite launches one job per transport and summarizes ([`suite`]);
 //! - inside a job, rank 0 and rank 1 run the benchmarks ([`runner`], [`pingpong`],
-//!   [`bw`]); rank 0 reports.
+//!   [`bw`], [`logp`]); rank 0 reports.
 //!
 //! Submodules: [`sizes`] (size lists), [`stats`] (avg80, percentiles), [`output`] (every
 //! table, CSV and JSON format), [`progress`] (progress bar), [`plot`] (PNG charts).
@@ -22,6 +22,7 @@ use std::time::Duration;
 
 pub mod bw;
 pub mod launch;
+pub mod logp;
 pub mod output;
 pub mod pingpong;
 pub mod plot;
@@ -42,7 +43,7 @@ pub const JOB_RANK_VARS: [&str; 4] = [
 /// Arguments of `quiver bench`.
 #[derive(Args, Debug, Clone)]
 #[command(after_long_help = "\
-Default sizes: pingpong 0..4M; bw and bibw 1K..4M. The suite (no subcommand) runs pingpong \
+Default sizes: pingpong 0..4M; bw and bibw 1K..4M; logp 8. The suite (no subcommand) runs pingpong \
 (0,8,64,1K,4K,64K,1M) and bw (4K,64K,1M) over shm, then over udp, and summarizes.
 
 Outside a job, quiver bench starts itself as a job of two ranks (like `quiver run -n 2`); \
@@ -67,6 +68,8 @@ pub enum BenchCmd {
     Bw,
     /// Bi-directional bandwidth: both ranks send a window at the same time.
     Bibw,
+    /// LogP parameters: send and receive overhead, gap, latency and L (default size 8).
+    Logp,
 }
 
 /// Options of every benchmark.
@@ -195,6 +198,8 @@ pub enum Bench {
     Bw,
     /// Bi-directional bandwidth.
     Bibw,
+    /// LogP parameters (o_s, o_r, g, L, latency).
+    Logp,
 }
 
 impl Bench {
@@ -204,11 +209,12 @@ impl Bench {
             Bench::Pingpong => "pingpong",
             Bench::Bw => "bw",
             Bench::Bibw => "bibw",
+            Bench::Logp => "logp",
         }
     }
     /// True for the bandwidth benchmarks.
     pub fn is_bandwidth(self) -> bool {
-        !matches!(self, Bench::Pingpong)
+        matches!(self, Bench::Bw | Bench::Bibw)
     }
 }
 
@@ -224,6 +230,7 @@ impl From<BenchCmd> for Bench {
             BenchCmd::Pingpong => Bench::Pingpong,
             BenchCmd::Bw => Bench::Bw,
             BenchCmd::Bibw => Bench::Bibw,
+            BenchCmd::Logp => Bench::Logp,
         }
     }
 }
@@ -233,6 +240,7 @@ pub fn default_sizes(bench: Bench) -> Vec<usize> {
     let (lo, hi) = match bench {
         Bench::Pingpong => (0, 4 << 20),
         Bench::Bw | Bench::Bibw => (1 << 10, 4 << 20),
+        Bench::Logp => return vec![8],
     };
     let mut v = if lo == 0 { vec![0] } else { Vec::new() };
     let mut s = lo.max(1);
@@ -248,6 +256,7 @@ pub fn suite_sizes(bench: Bench) -> Vec<usize> {
     match bench {
         Bench::Pingpong => vec![0, 8, 64, 1 << 10, 4 << 10, 64 << 10, 1 << 20],
         Bench::Bw | Bench::Bibw => vec![4 << 10, 64 << 10, 1 << 20],
+        Bench::Logp => vec![8],
     }
 }
 
@@ -287,6 +296,16 @@ pub fn pingpong_iters(size: usize) -> u64 {
         1025..=16_384 => 10_000,
         16_385..=131_072 => 2_000,
         131_073..=1_048_576 => 500,
+        _ => 200,
+    }
+}
+
+/// Default messages per phase of `logp` at `size` bytes: 10000 up to 1 KiB, fewer for
+/// larger messages.
+pub fn logp_iters(size: usize) -> u64 {
+    match size {
+        0..=1024 => 10_000,
+        1025..=65_536 => 2_000,
         _ => 200,
     }
 }
@@ -400,5 +419,15 @@ mod tests {
         assert!(pingpong_iters(4 << 20) >= 100);
         assert_eq!(bw_iters(4 << 20, 64), 20);
         assert_eq!(bw_iters(1024, 64), 2000);
+        assert_eq!(default_sizes(Bench::Logp), [8]);
+        assert_eq!(logp_iters(8), 10_000);
+        assert_eq!(logp_iters(1024), 10_000);
+        assert!(logp_iters(1 << 20) < 10_000);
+        assert!(!Bench::Logp.is_bandwidth());
+        let l = parse(&["logp", "--sizes", "8,64"]).unwrap();
+        assert_eq!(l.command, Some(BenchCmd::Logp));
+        assert_eq!(plans(l.command, &l.opts)[0].bench, Bench::Logp);
+        // The suite does not include logp.
+        assert!(plans(None, &l.opts).iter().all(|p| p.bench != Bench::Logp));
     }
 }

@@ -80,6 +80,21 @@ pub struct BenchResult {
         skip_serializing_if = "Option::is_none"
     )]
     pub bandwidth_mbps_median: Option<f64>,
+    /// Send overhead per message, mean of the middle 80 %, us (logp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub o_s_us: Option<f64>,
+    /// Receive overhead per message, mean of the middle 80 %, us (logp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub o_r_us: Option<f64>,
+    /// Gap per message (time of a back-to-back burst / messages), us (logp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub g_us: Option<f64>,
+    /// L = latency - o_s - o_r, us; may be small or negative (logp).
+    #[serde(rename = "L_us", default, skip_serializing_if = "Option::is_none")]
+    pub l_us: Option<f64>,
+    /// End-to-end one-way latency, median of round trip / 2, us (logp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
 }
 
 impl BenchResult {
@@ -108,12 +123,20 @@ impl BenchResult {
             latency_us_max: None,
             bandwidth_mbps: None,
             bandwidth_mbps_median: None,
+            o_s_us: None,
+            o_r_us: None,
+            g_us: None,
+            l_us: None,
+            latency_us: None,
         }
     }
 
-    /// The value a chart shows: median latency (us) or bandwidth (MB/s).
+    /// The value a chart shows: median latency (us) or bandwidth (MB/s); none for logp,
+    /// which charts leave out.
     pub fn headline(&self) -> Option<f64> {
-        if self.bench.is_bandwidth() {
+        if self.bench == Bench::Logp {
+            None
+        } else if self.bench.is_bandwidth() {
             self.bandwidth_mbps
         } else {
             self.latency_us_median
@@ -142,7 +165,7 @@ pub fn round(v: f64, decimals: i32) -> f64 {
 }
 
 /// CSV columns, in order.
-pub const CSV_COLUMNS: [&str; 14] = [
+pub const CSV_COLUMNS: [&str; 19] = [
     "bench",
     "transport",
     "wait",
@@ -157,6 +180,11 @@ pub const CSV_COLUMNS: [&str; 14] = [
     "latency_us_max",
     "bandwidth_MBps",
     "bandwidth_MBps_median",
+    "o_s_us",
+    "o_r_us",
+    "g_us",
+    "L_us",
+    "latency_us",
 ];
 
 /// Turns results into text for stdout, one result at a time, adding headers where
@@ -219,6 +247,11 @@ impl Reporter {
                     csv_num(r.latency_us_max),
                     csv_num(r.bandwidth_mbps),
                     csv_num(r.bandwidth_mbps_median),
+                    csv_num(r.o_s_us),
+                    csv_num(r.o_r_us),
+                    csv_num(r.g_us),
+                    csv_num(r.l_us),
+                    csv_num(r.latency_us),
                 ];
                 out.push_str(&cells.join(","));
                 out.push('\n');
@@ -233,7 +266,19 @@ impl Reporter {
                     out.push_str(&table_header(r.bench));
                     self.last = Some(key);
                 }
-                if r.bench.is_bandwidth() {
+                if r.bench == Bench::Logp {
+                    let _ = writeln!(
+                        out,
+                        "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}",
+                        r.size,
+                        num(r.o_s_us, 3),
+                        num(r.o_r_us, 3),
+                        num(r.g_us, 3),
+                        num(r.l_us, 3),
+                        num(r.latency_us, 3),
+                        r.iters
+                    );
+                } else if r.bench.is_bandwidth() {
                     let _ = writeln!(
                         out,
                         "{:>10} {:>12} {:>12} {:>8} {:>8}",
@@ -267,6 +312,7 @@ fn table_title(r: &BenchResult) -> String {
         Bench::Pingpong => "one-way latency (round trip / 2)",
         Bench::Bw => "uni-directional bandwidth, MB/s = 10^6 B/s",
         Bench::Bibw => "bi-directional bandwidth (both directions), MB/s = 10^6 B/s",
+        Bench::Logp => "LogP parameters per message, us (L = latency - o_s - o_r)",
     };
     format!(
         "# {} over {}, wait {}: {}\n",
@@ -275,7 +321,12 @@ fn table_title(r: &BenchResult) -> String {
 }
 
 fn table_header(bench: Bench) -> String {
-    if bench.is_bandwidth() {
+    if bench == Bench::Logp {
+        format!(
+            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n",
+            "size(B)", "o_s(us)", "o_r(us)", "g(us)", "L(us)", "latency(us)", "iters"
+        )
+    } else if bench.is_bandwidth() {
         format!(
             "{:>10} {:>12} {:>12} {:>8} {:>8}\n",
             "size(B)", "avg80 MB/s", "median MB/s", "window", "iters"
@@ -484,6 +535,69 @@ mod tests {
         let widths: Vec<usize> = text.lines().skip(1).take(4).map(str::len).collect();
         assert!(widths.windows(2).all(|w| w[0] == w[1]), "{text}");
         assert!(text.contains("   1048576 "), "{text}");
+    }
+
+    fn logp(size: usize) -> BenchResult {
+        let mut r = BenchResult::new(Bench::Logp, "udp", "spin", size, 300, 30);
+        r.reliability = Some("none".into());
+        r.o_s_us = Some(1.5);
+        r.o_r_us = Some(0.5);
+        r.g_us = Some(1.25);
+        r.l_us = Some(-0.25);
+        r.latency_us = Some(1.75);
+        r
+    }
+
+    #[test]
+    fn logp_in_every_format() {
+        let mut rep = Reporter::new(Format::Json);
+        let line = rep.render(&logp(8));
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(v["bench"], "logp");
+        for key in [
+            "o_s_us",
+            "o_r_us",
+            "g_us",
+            "L_us",
+            "latency_us",
+            "reliability",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key} in {line}");
+        }
+        assert_eq!(v["L_us"], -0.25);
+        assert!(v.get("latency_us_median").is_none());
+        let back: BenchResult = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(back, logp(8));
+        // Other benchmarks carry no logp keys.
+        let line = rep.render(&pingpong(8, 0.5));
+        assert!(!line.contains("o_s_us") && !line.contains("L_us"), "{line}");
+
+        let mut rep = Reporter::new(Format::Csv);
+        let text = rep.render(&logp(8));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[1].split(',').count(), CSV_COLUMNS.len());
+        assert!(
+            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500"),
+            "{}",
+            lines[1]
+        );
+
+        let mut rep = Reporter::new(Format::Table);
+        let text = rep.render(&logp(8)) + &rep.render(&logp(64));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].starts_with("# logp over udp"), "{text}");
+        assert!(
+            lines[1].contains("o_s(us)") && lines[1].contains("L(us)"),
+            "{text}"
+        );
+        assert!(lines[2].contains("-0.250"), "{text}");
+        assert!(
+            lines[1..].windows(2).all(|w| w[0].len() == w[1].len()),
+            "{text}"
+        );
+        // Charts leave logp out.
+        assert_eq!(logp(8).headline(), None);
     }
 
     #[test]

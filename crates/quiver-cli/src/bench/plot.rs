@@ -45,6 +45,7 @@ pub fn series(results: &[BenchResult]) -> (Vec<Series>, Vec<Series>) {
     let mut lat: Vec<Series> = Vec::new();
     let mut bw: Vec<Series> = Vec::new();
     for r in results {
+        // logp results have no headline value: charts leave them out.
         let Some(v) = r.headline() else { continue };
         if r.size == 0 || !v.is_finite() || v <= 0.0 {
             continue;

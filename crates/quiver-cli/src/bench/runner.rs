@@ -7,7 +7,7 @@
 use super::output::{self, BenchResult, Reporter};
 use super::progress::Progress;
 use super::sizes::fmt_size;
-use super::{bw, pingpong, plot, Bench, BenchArgs, BenchOpts, Plan, TransportArg};
+use super::{bw, logp, pingpong, plot, Bench, BenchArgs, BenchOpts, Plan, TransportArg};
 use anyhow::{bail, Context as _};
 use quiver::{Config, Endpoint, Job, Message, Transport, TransportChoice, WaitMode};
 use std::fs::File;
@@ -85,6 +85,7 @@ impl<'a> Ctx<'a> {
         let iters = self.opts.iters.unwrap_or_else(|| match bench {
             Bench::Pingpong => super::pingpong_iters(size),
             Bench::Bw | Bench::Bibw => super::bw_iters(size, window),
+            Bench::Logp => super::logp_iters(size),
         });
         (iters, super::warmup_for(self.opts, iters))
     }
@@ -303,6 +304,7 @@ fn run_plan(ctx: &Ctx<'_>, plan: &Plan, mut sink: Option<&mut Sink>) -> anyhow::
         let result = match plan.bench {
             Bench::Pingpong => pingpong::run(ctx, size),
             Bench::Bw | Bench::Bibw => bw::run(ctx, plan.bench, size),
+            Bench::Logp => logp::run(ctx, size),
         }
         .with_context(|| {
             format!(

@@ -80,6 +80,10 @@ pub struct RunArgs {
     /// Terminate the job after SECS seconds (exit status 124).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
+    /// When a rank fails, let the others run on (for programs that survive the failure
+    /// of a peer); the exit status is still that of the first rank that failed.
+    #[arg(long)]
+    pub keep_going: bool,
     /// The program to start and its arguments.
     #[arg(
         value_name = "PROGRAM",
@@ -107,6 +111,8 @@ pub struct LaunchSpec {
     pub pin_cpus: bool,
     /// Variables added to every rank's environment (after the `QUIVER_*` ones).
     pub extra_env: Vec<(String, String)>,
+    /// Do not terminate the other ranks when one fails.
+    pub keep_going: bool,
 }
 
 /// Entry point of `quiver run`; returns the exit status.
@@ -134,6 +140,7 @@ pub fn main(args: RunArgs) -> i32 {
         timeout,
         pin_cpus: false,
         extra_env: Vec::new(),
+        keep_going: args.keep_going,
     };
     match launch(&spec) {
         Ok(code) => code,
@@ -226,7 +233,7 @@ pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
     }
     drop(done_tx);
 
-    supervise(&mut ranks, spec.timeout, &mut outcome);
+    supervise(&mut ranks, spec.timeout, spec.keep_going, &mut outcome);
     drain_output(&ranks, streams, &done_rx);
     for rank in &mut ranks {
         // Every rank has exited (it is a zombie kept for its process-group id); reap it.
@@ -360,10 +367,17 @@ fn allowed_cpus() -> Vec<usize> {
     }
 }
 
-/// Waits until every rank has exited, terminating the job when a rank fails, a signal
-/// arrives or the timeout expires. Ranks are left unreaped.
-fn supervise(ranks: &mut [Rank], timeout: Option<Duration>, outcome: &mut Option<Outcome>) {
+/// Waits until every rank has exited, terminating the job when a rank fails (unless
+/// `keep_going`), a signal arrives or the timeout expires. Ranks are left unreaped.
+fn supervise(
+    ranks: &mut [Rank],
+    timeout: Option<Duration>,
+    keep_going: bool,
+    outcome: &mut Option<Outcome>,
+) {
     let start = Instant::now();
+    // With keep_going, the first failure is the job's status but ends nothing.
+    let mut first_failure: Option<i32> = None;
     // When SIGTERM was sent, and the signal count then; whether SIGKILL was sent.
     let mut terminating: Option<(Instant, u32)> = None;
     let mut killed = false;
@@ -379,7 +393,11 @@ fn supervise(ranks: &mut [Rank], timeout: Option<Duration>, outcome: &mut Option
                     r.exit = Some(exit);
                     if outcome.is_none() {
                         if let Some(code) = report_exit(rank, exit) {
-                            *outcome = Some(Outcome::Code(code));
+                            if keep_going {
+                                first_failure.get_or_insert(code);
+                            } else {
+                                *outcome = Some(Outcome::Code(code));
+                            }
                         }
                     }
                 }
@@ -394,6 +412,9 @@ fn supervise(ranks: &mut [Rank], timeout: Option<Duration>, outcome: &mut Option
             }
         }
         if running == 0 {
+            if outcome.is_none() {
+                *outcome = first_failure.map(Outcome::Code);
+            }
             return;
         }
         if outcome.is_none() {
@@ -877,6 +898,7 @@ mod tests {
             timeout: Some(Duration::from_secs(60)),
             pin_cpus: true,
             extra_env: vec![("QUIVER_TEST_EXTRA".into(), "1".into())],
+            keep_going: false,
         };
         if allowed_cpus().is_empty() {
             return;

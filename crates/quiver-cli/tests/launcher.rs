@@ -152,6 +152,34 @@ fn failing_rank_terminates_the_job() {
 }
 
 #[test]
+fn keep_going_lets_the_other_ranks_finish() {
+    let (out, elapsed) = quiver(&[
+        "run",
+        "-n",
+        "3",
+        "--keep-going",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$QUIVER_RANK\" = 1 ]; then kill -9 $$; fi; sleep 1; echo survived",
+    ]);
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    // The job's status is still the failure's, but nobody was terminated for it.
+    assert_eq!(out.status.code(), Some(137), "stderr: {stderr}");
+    assert!(
+        stdout.contains("[0] survived") && stdout.contains("[2] survived"),
+        "stdout: {stdout}"
+    );
+    assert!(!stdout.contains("[1] survived"), "stdout: {stdout}");
+    assert!(
+        stderr.contains("quiver run: rank 1 was killed by signal SIGKILL"),
+        "stderr: {stderr}"
+    );
+    assert!(elapsed < QUICK, "took {elapsed:?}");
+}
+
+#[test]
 fn rank_killed_by_signal() {
     let (out, elapsed) = quiver(&["run", "-n", "1", "--", "sh", "-c", "kill -9 $$"]);
     let stderr = text(&out.stderr);

@@ -91,6 +91,7 @@ pub fn launch_job(
         timeout: opts.timeout,
         pin_cpus: !opts.no_pin,
         extra_env,
+        keep_going: false,
     })
 }
 

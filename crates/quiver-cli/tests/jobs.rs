@@ -497,33 +497,61 @@ exec "$0" check --count 1000000
     );
 }
 
+/// A job started without the launcher (which would clean up after it and end every rank
+/// when one dies): a random job id and a file store of its own, removed on drop.
+struct DirectJob {
+    job_id: u32,
+    store: PathBuf,
+}
+
+impl DirectJob {
+    fn new(tag: &str) -> DirectJob {
+        let mut id = [0u8; 4];
+        getrandom::fill(&mut id).expect("random job id");
+        let job_id = u32::from_le_bytes(id) | 1;
+        let store =
+            std::env::temp_dir().join(format!("quiver-{tag}-test-{}-{job_id}", std::process::id()));
+        std::fs::create_dir_all(&store).expect("create the store directory");
+        DirectJob { job_id, store }
+    }
+
+    /// Starts rank `rank` of 2 running `quiver ARGS`, in a process group of its own.
+    fn spawn(&self, rank: u32, args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Child {
+        command(QUIVER)
+            .args(args)
+            .env("QUIVER_RANK", rank.to_string())
+            .env("QUIVER_SIZE", "2")
+            .env("QUIVER_JOB_ID", self.job_id.to_string())
+            .env("QUIVER_JOB_TOKEN", "0123456789abcdef")
+            .env(
+                "QUIVER_RENDEZVOUS",
+                format!("file://{}", self.store.display()),
+            )
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .process_group(0)
+            .spawn()
+            .expect("start a rank")
+    }
+}
+
+impl Drop for DirectJob {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
 #[test]
 fn next_job_removes_segments_of_dead_processes() {
     let _one = serial();
     // A job started without a launcher that would clean up after it: two ranks meet in a
     // file store; both are killed with SIGKILL once their segments exist.
-    let mut id = [0u8; 4];
-    getrandom::fill(&mut id).expect("random job id");
-    let job_id = u32::from_le_bytes(id) | 1;
-    let store =
-        std::env::temp_dir().join(format!("quiver-jobs-test-{}-{job_id}", std::process::id()));
-    std::fs::create_dir_all(&store).expect("create the store directory");
+    let job = DirectJob::new("jobs");
+    let job_id = job.job_id;
     let mut ranks: Vec<Child> = (0..2)
-        .map(|rank| {
-            command(QUIVER)
-                .args(["check", "--count", "1000000"])
-                .env("QUIVER_RANK", rank.to_string())
-                .env("QUIVER_SIZE", "2")
-                .env("QUIVER_JOB_ID", job_id.to_string())
-                .env("QUIVER_JOB_TOKEN", "0123456789abcdef")
-                .env("QUIVER_RENDEZVOUS", format!("file://{}", store.display()))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .expect("start a rank")
-        })
+        .map(|rank| job.spawn(rank, &["check", "--count", "1000000"], &[], Stdio::null()))
         .collect();
     let start = Instant::now();
     let mut seen = Vec::new();
@@ -542,7 +570,7 @@ fn next_job_removes_segments_of_dead_processes() {
         kill_group(r);
         let _ = r.wait();
     }
-    let _ = std::fs::remove_dir_all(&store);
+    drop(job);
     assert_eq!(
         seen.len(),
         2,
@@ -583,31 +611,11 @@ fn next_job_removes_segments_of_dead_processes() {
 #[test]
 fn a_killed_peer_is_reported_as_failed() {
     let _one = serial();
-    let mut id = [0u8; 4];
-    getrandom::fill(&mut id).expect("random job id");
-    let job_id = u32::from_le_bytes(id) | 1;
-    let store = std::env::temp_dir().join(format!(
-        "quiver-peer-failure-test-{}-{job_id}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&store).expect("create the store directory");
-    // No launcher: `quiver run` would end the survivor as soon as a rank dies.
-    let spawn = |rank: u32, stderr: Stdio| {
-        command(QUIVER)
-            .args(["check", "--count", "1000000", "--sizes", "64,4K"])
-            .env("QUIVER_RANK", rank.to_string())
-            .env("QUIVER_SIZE", "2")
-            .env("QUIVER_JOB_ID", job_id.to_string())
-            .env("QUIVER_JOB_TOKEN", "0123456789abcdef")
-            .env("QUIVER_RENDEZVOUS", format!("file://{}", store.display()))
-            .env("QUIVER_WAIT", "hybrid:50")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .process_group(0)
-            .spawn()
-            .expect("start a rank")
-    };
+    let job = DirectJob::new("peer-failure");
+    let job_id = job.job_id;
+    let args = ["check", "--count", "1000000", "--sizes", "64,4K"];
+    let env = [("QUIVER_WAIT", "hybrid:50")];
+    let spawn = |rank: u32, stderr: Stdio| job.spawn(rank, &args, &env, stderr);
     let mut survivor = spawn(0, Stdio::piped());
     let mut victim = spawn(1, Stdio::null());
     let err = reader(survivor.stderr.take().expect("piped stderr"));
@@ -634,7 +642,6 @@ fn a_killed_peer_is_reported_as_failed() {
     }
     let _ = survivor.wait();
     let stderr = err.join().unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&store);
     quiver::link::shm::cleanup_job(job_id);
     let status =
         status.unwrap_or_else(|| panic!("rank 0 still waits 30 s after rank 1 died:\n{stderr}"));

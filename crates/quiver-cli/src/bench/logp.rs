@@ -143,33 +143,6 @@ fn burst(ctx: &Ctx<'_>, buf: &[u8], n: u64) -> anyhow::Result<Duration> {
     Ok(t0.elapsed())
 }
 
-/// Ping-pong: rank 0's one-way samples (round trip / 2, ns).
-fn ping_pong(ctx: &Ctx<'_>, buf: &[u8], warmup: u64, iters: u64) -> anyhow::Result<Vec<f64>> {
-    let size = buf.len();
-    let total = warmup + iters;
-    if ctx.rank != 0 {
-        for _ in 0..total {
-            ctx.recv_expect(size, "ping")?;
-            ctx.send(buf, "pong")?;
-        }
-        return Ok(Vec::new());
-    }
-    let mut samples = Vec::with_capacity(usize::try_from(iters).unwrap_or(0));
-    for i in 0..total {
-        let t0 = Instant::now();
-        ctx.send(buf, "ping")?;
-        let msg = ctx.recv().context("reading pong")?;
-        let len = msg.len();
-        drop(msg);
-        let rtt = t0.elapsed();
-        check_len(len, size, "pong")?;
-        if i >= warmup {
-            samples.push(rtt.as_nanos() as f64 / 2.0);
-        }
-    }
-    Ok(samples)
-}
-
 /// Runs one size; rank 0 returns the result, rank 1 `None`.
 pub fn run(ctx: &Ctx<'_>, size: usize) -> anyhow::Result<Option<BenchResult>> {
     let (iters, warmup) = ctx.iterations(Bench::Logp, size, 1);
@@ -183,7 +156,8 @@ pub fn run(ctx: &Ctx<'_>, size: usize) -> anyhow::Result<Option<BenchResult>> {
     burst(ctx, &buf, warmup).context("g warm-up")?;
     let g_time = burst(ctx, &buf, iters).context("g phase")?;
     handshake(ctx, "latency")?;
-    let lat = ping_pong(ctx, &buf, warmup, iters).context("latency phase")?;
+    let lat =
+        super::pingpong::one_way_samples(ctx, &buf, warmup, iters).context("latency phase")?;
     handshake(ctx, "the next size")?;
     if ctx.rank != 0 {
         return Ok(None);

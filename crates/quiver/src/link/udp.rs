@@ -246,11 +246,7 @@ impl UdpLink {
     }
 
     /// Sends one datagram built by a channel.
-    pub(crate) fn send_datagram(&self, addr: &SockAddr, datagram: &[u8]) -> Result<()> {
-        self.sendto(addr, datagram)
-    }
-
-    fn sendto(&self, addr: &SockAddr, frame: &[u8]) -> Result<()> {
+    pub(crate) fn send_datagram(&self, addr: &SockAddr, frame: &[u8]) -> Result<()> {
         loop {
             // SAFETY: frame and the address are valid for the duration of the call.
             let n = unsafe {

@@ -2,29 +2,21 @@
 //! side (one connection per destination endpoint) and waiting.
 
 use super::message::{Message, Token};
+use super::net::{channel_error, Net, Ready};
 use super::{EndpointStats, Source};
-use crate::channel::reliable::{ChannelError, Duplex, Event, SendError, Time};
-use crate::channel::{Delivery, RxChannel};
+use crate::channel::reliable::{ChannelError, SendError};
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::job::JobShared;
 use crate::link::shm::{ShmRx, ShmTx};
-use crate::link::sim::FaultInjector;
-use crate::link::udp::{Datagram, SlotPool, SockAddr, UdpLink};
-use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
 use crate::{Error, Result, Transport, TransportChoice};
 use std::cell::{Cell, RefCell};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::net::SocketAddr;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often a waiting endpoint checks that the processes of its same-node peers live.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
-
-/// Idle network polls between two reads of the protocol clock (for timers).
-const CLOCK_EVERY: u32 = 32;
 
 /// How often (in polls) a shared-memory reader also polls its UDP socket.
 const UDP_POLL_EVERY: u32 = 16;
@@ -49,57 +41,6 @@ type ErrorHandler = Box<dyn FnMut(&Error)>;
 // time uses it, which is all that moving it to another thread allows.
 unsafe impl Send for Endpoint {}
 
-/// The network side of an endpoint: its socket, its receive pool and one reliable
-/// channel state machine per peer endpoint.
-struct UdpSide {
-    link: UdpLink,
-    pool: SlotPool,
-    peers: Vec<Peer>,
-    peer_index: HashMap<Source, usize>,
-    scratch: Vec<Datagram>,
-    /// Origin of the protocol clock ([`Time`] is measured from here).
-    epoch: Instant,
-    /// Earliest deadline of any peer's timers or of a delayed datagram.
-    next_deadline: Option<Time>,
-    /// The protocol clock at the last progress round (a clock read costs more than an
-    /// empty poll, so idle polls read it only every [`CLOCK_EVERY`] rounds).
-    last_now: Time,
-    idle_polls: u32,
-    faults: Option<FaultInjector>,
-    /// Datagrams the fault injector delays, earliest first.
-    delayed: BinaryHeap<Reverse<Delayed>>,
-    delayed_seq: u64,
-    /// Datagrams gathered for one sendmmsg call, back to back, and where each ends.
-    gather: Vec<u8>,
-    gather_ends: Vec<usize>,
-}
-
-/// A datagram held back by the fault injector: (when to send, order of injection, peer,
-/// bytes); ordered by time, then by injection.
-type Delayed = (Duration, u64, usize, Vec<u8>);
-
-/// A received frame in the pool: its slot, and what the first decode found, so that
-/// delivery needs no second pass over the bytes.
-#[derive(Debug, Clone, Copy)]
-struct RxFrame {
-    slot: u32,
-    seq: u32,
-    flags: Flags,
-    total_len: Option<u32>,
-    data_off: u32,
-    data_len: u32,
-}
-
-/// One peer endpoint reached over the network.
-struct Peer {
-    source: Source,
-    dest: SockAddr,
-    duplex: Duplex<RxFrame>,
-    rx: RxChannel,
-    /// The peer said goodbye: nothing it has not acknowledged will be.
-    closed: bool,
-}
-
 // Not boxed: the shared-memory connection is on the fast path of every write, and a
 // pointer chase there costs more than the space a UDP connection (an index) wastes.
 #[allow(clippy::large_enum_variant)]
@@ -108,23 +49,9 @@ enum Conn {
     Udp { peer: usize },
 }
 
-enum Ready {
-    Slot {
-        slot: u32,
-        offset: usize,
-        len: usize,
-        source: Source,
-        peer: u32,
-    },
-    Owned {
-        data: Vec<u8>,
-        source: Source,
-    },
-}
-
 struct Inner {
     shm: Option<ShmRx>,
-    udp: Option<UdpSide>,
+    udp: Option<Net>,
     ready: VecDeque<Ready>,
     conns: Vec<(Source, Conn)>,
     conn_index: HashMap<Source, usize>,
@@ -159,25 +86,7 @@ impl Endpoint {
         };
         let needs_udp = cfg.transport == TransportChoice::Udp || job.node_count() > 1;
         let udp = if needs_udp {
-            let link = UdpLink::bind(job.addrs[me as usize])?;
-            job.kv
-                .put(&format!("udp/{me}/{dpid}"), &link.local_addr().to_string())?;
-            Some(UdpSide {
-                link,
-                pool: SlotPool::new(cfg.pool_size, cfg.udp_datagram),
-                peers: Vec::new(),
-                peer_index: HashMap::new(),
-                scratch: Vec::with_capacity(crate::link::udp::RECV_BATCH),
-                epoch: Instant::now(),
-                next_deadline: None,
-                last_now: Time::ZERO,
-                idle_polls: 0,
-                faults: cfg.faults.clone().map(FaultInjector::new),
-                delayed: BinaryHeap::new(),
-                delayed_seq: 0,
-                gather: Vec::new(),
-                gather_ends: Vec::new(),
-            })
+            Some(Net::open(job.clone(), dpid)?)
         } else {
             None
         };
@@ -300,7 +209,7 @@ impl Endpoint {
                     .as_mut()
                     .expect("a UDP transport implies a UDP socket");
                 Conn::Udp {
-                    peer: self.udp_peer(udp, peer, true)?,
+                    peer: udp.peer(peer, true)?,
                 }
             }
         };
@@ -392,12 +301,7 @@ impl Endpoint {
                         let mut guard = self.inner.borrow_mut();
                         let inner = &mut *guard;
                         let udp = inner.udp.as_mut().expect("checked above");
-                        self.udp_progress(
-                            udp,
-                            &mut inner.ready,
-                            &mut inner.stats,
-                            &mut inner.errors,
-                        )?;
+                        udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
                         let p = &udp.peers[peer];
                         if p.duplex.is_blocked() && p.closed {
                             // It said goodbye: the credits it owes will never come.
@@ -497,7 +401,7 @@ impl Endpoint {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
         if let Some(udp) = inner.udp.as_mut() {
-            self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+            udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
         }
         Ok(())
     }
@@ -520,14 +424,7 @@ impl Endpoint {
             let Some(udp) = inner.udp.as_mut() else {
                 return Ok(());
             };
-            for p in &mut udp.peers {
-                p.duplex.flush_ack();
-            }
-            let now = udp.now();
-            for i in 0..udp.peers.len() {
-                udp.transmit(i, now, &mut inner.stats)?;
-            }
-            udp.update_deadline();
+            udp.flush_acks(&mut inner.stats)?;
         }
         // Done when everything sent is acknowledged and nothing has arrived for QUIET:
         // like TCP's TIME_WAIT, the quiet period answers a peer whose last
@@ -538,28 +435,17 @@ impl Endpoint {
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
             let udp = inner.udp.as_mut().expect("checked above");
-            self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+            udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
             if inner.stats.frames_received != last_rx.0 {
                 last_rx = (inner.stats.frames_received, Instant::now());
             }
-            let pending = udp
-                .peers
-                .iter()
-                .any(|p| !p.closed && !p.duplex.is_idle() && !p.duplex.sender().is_failed());
+            let pending = udp.unacknowledged();
             Ok((!pending && last_rx.1.elapsed() >= QUIET).then_some(()))
         })?;
         // A channel that failed while flushing says so.
         let inner = self.inner.borrow();
-        let failed = inner.udp.as_ref().and_then(|u| {
-            u.peers
-                .iter()
-                .find(|p| !p.closed && p.duplex.sender().is_failed())
-        });
-        match failed {
-            Some(p) => Err(channel_error(
-                p.source,
-                &ChannelError::Unreachable { timeouts: 0 },
-            )),
+        match inner.udp.as_ref().and_then(|u| u.failed_channel()) {
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
@@ -574,22 +460,7 @@ impl Endpoint {
         let inner = self.inner.borrow();
         let mut st = inner.stats.clone();
         if let Some(udp) = &inner.udp {
-            for p in &udp.peers {
-                let c = p.duplex.counters();
-                st.retransmissions += c.retransmissions;
-                st.checksum_failures += c.checksum_failures;
-                st.duplicates += c.duplicates;
-                st.out_of_order += c.out_of_order;
-                st.credit_stalls += c.credit_stalls;
-                st.acks_sent += c.acks_explicit;
-            }
-            if let Some(f) = &udp.faults {
-                let c = f.counters();
-                st.faults_lost = c.lost;
-                st.faults_duplicated = c.duplicated;
-                st.faults_reordered = c.reordered;
-                st.faults_corrupted = c.corrupted;
-            }
+            udp.add_counters(&mut st);
         }
         st
     }
@@ -605,7 +476,20 @@ impl Endpoint {
         *self.error_handler.borrow_mut() = Some(Box::new(handler));
     }
 
+    /// Ranks this endpoint has found failed ([`Error::PeerFailed`] was reported for
+    /// them): every operation towards them fails. Ascending.
+    pub fn failed_ranks(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.inner.borrow().failed.iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     fn report(&self, e: Error) -> Error {
+        if let Error::PeerFailed { rank, .. } = &e {
+            if let Ok(mut inner) = self.inner.try_borrow_mut() {
+                inner.failed.insert(*rank);
+            }
+        }
         if let Ok(mut h) = self.error_handler.try_borrow_mut() {
             if let Some(h) = h.as_mut() {
                 h(&e);
@@ -708,7 +592,7 @@ impl Endpoint {
             // A shared-memory reader polls its socket only now and then (a system call).
             let poll_udp = inner.shm.is_none() || inner.polls.is_multiple_of(UDP_POLL_EVERY);
             if let Some(udp) = inner.udp.as_mut().filter(|_| poll_udp) {
-                self.udp_progress(udp, &mut inner.ready, &mut inner.stats, &mut inner.errors)?;
+                udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
                 if let Some(e) = inner.errors.pop_front() {
                     drop(guard);
                     return Err(self.report(e));
@@ -758,327 +642,6 @@ impl Endpoint {
             }
         }))
     }
-
-    /// The peer state for endpoint `peer` on the network, created on first use (the
-    /// peer's address comes from the rendezvous store). `wait` says whether to wait for
-    /// the peer to register (when targeting it) or not (when a frame claims to come from
-    /// it: a peer registers before it sends, and a forged source must not stall us).
-    fn udp_peer(&self, udp: &mut UdpSide, peer: Source, wait: bool) -> Result<usize> {
-        if let Some(i) = udp.find_peer(peer) {
-            return Ok(i);
-        }
-        let timeout = self.job.config.connect_timeout;
-        let key = format!("udp/{}/{}", peer.rank, peer.dpid);
-        let not_found = || Error::PeerNotFound {
-            rank: peer.rank,
-            dpid: peer.dpid,
-            waited: if wait { timeout } else { Duration::ZERO },
-        };
-        let addr = if wait {
-            match self.job.kv.get(&key, timeout) {
-                Ok(a) => a,
-                Err(Error::Timeout(_)) => return Err(not_found()),
-                Err(e) => return Err(e),
-            }
-        } else {
-            self.job.kv.try_get(&key)?.ok_or_else(not_found)?
-        };
-        let dest: SocketAddr = addr.parse().map_err(|_| Error::Rendezvous {
-            url: self.job.kv.url().to_string(),
-            reason: format!("bad UDP address {addr:?} for {key}"),
-        })?;
-        let template = self.header_to(FrameKind::Data, peer.dpid);
-        let duplex = Duplex::new(&self.job.config.reliable(), template)
-            .map_err(|e| Error::Config(format!("reliable channels: {e}")))?;
-        let i = udp.peers.len();
-        udp.peers.push(Peer {
-            source: peer,
-            dest: SockAddr::from(&dest),
-            duplex,
-            rx: RxChannel::new(),
-            closed: false,
-        });
-        udp.peer_index.insert(peer, i);
-        Ok(i)
-    }
-
-    /// One round of network progress: receive a batch of datagrams and hand them to
-    /// their channels, turn in-order frames into ready messages, collect channel events,
-    /// fire due timers and send what the channels want sent.
-    fn udp_progress(
-        &self,
-        udp: &mut UdpSide,
-        ready: &mut VecDeque<Ready>,
-        stats: &mut EndpointStats,
-        errors: &mut VecDeque<Error>,
-    ) -> Result<()> {
-        let mut batch = std::mem::take(&mut udp.scratch);
-        batch.clear();
-        let received = udp.link.recv_batch(&mut udp.pool, &mut batch);
-        if batch.is_empty() && udp.next_deadline.is_none() && udp.delayed.is_empty() {
-            udp.scratch = batch;
-            return received;
-        }
-        if batch.is_empty() {
-            udp.idle_polls += 1;
-            if udp.idle_polls < CLOCK_EVERY {
-                udp.scratch = batch;
-                return received;
-            }
-        }
-        udp.idle_polls = 0;
-        let now = udp.now();
-        udp.last_now = now;
-        let job = &self.job;
-        let mut touched = false;
-        for d in &batch {
-            stats.frames_received += 1;
-            let bytes = &udp.pool.slot(d.slot)[..d.len];
-            let decoded = match wire::decode(bytes) {
-                Ok(frame) => {
-                    let data = frame.data();
-                    let rx = RxFrame {
-                        slot: d.slot,
-                        seq: frame.header.seq,
-                        flags: frame.header.flags,
-                        total_len: frame.total_len(),
-                        data_off: (data.as_ptr() as usize - bytes.as_ptr() as usize) as u32,
-                        data_len: data.len() as u32,
-                    };
-                    Ok((frame.header, rx))
-                }
-                Err(DecodeError::Checksum { .. }) => Err(Header::parse(bytes).ok()),
-                Err(_) => Err(None),
-            };
-            let (h, rxf) = match decoded {
-                Ok(x) => x,
-                Err(parsed) => {
-                    stats.dropped_malformed += 1;
-                    // A corrupted frame of a known peer: its channel decides (mode none
-                    // reports it; host lets retransmission repair it).
-                    if let Some(h) = parsed.filter(|h| h.job_id == job.job_id) {
-                        let src = Source {
-                            rank: h.src_rank,
-                            dpid: h.src_dpid,
-                        };
-                        if let Some(i) = udp.find_peer(src) {
-                            udp.peers[i].duplex.handle_invalid(now);
-                            touched = true;
-                        }
-                    }
-                    udp.pool.free_slot(d.slot);
-                    continue;
-                }
-            };
-            let verdict = if h.job_id != job.job_id {
-                stats.dropped_foreign_job += 1;
-                None
-            } else if h.token != job.token as u32 {
-                stats.dropped_bad_token += 1;
-                None
-            } else if h.dst_dpid != self.dpid || h.src_rank >= job.size {
-                stats.dropped_misaddressed += 1;
-                None
-            } else {
-                let src = Source {
-                    rank: h.src_rank,
-                    dpid: h.src_dpid,
-                };
-                match self.udp_peer(udp, src, false) {
-                    Ok(i) => Some(i),
-                    Err(e) => {
-                        tracing::debug!("frame from rank {} DPID {}: {e}", src.rank, src.dpid);
-                        stats.dropped_misaddressed += 1;
-                        None
-                    }
-                }
-            };
-            match verdict {
-                Some(i) => {
-                    touched = true;
-                    if let Some(back) = udp.peers[i].duplex.handle_frame(now, &h, rxf) {
-                        udp.pool.free_slot(back.slot);
-                    }
-                }
-                None => udp.pool.free_slot(d.slot),
-            }
-        }
-        udp.scratch = batch;
-        received?;
-
-        let due = udp.next_deadline.is_some_and(|t| t <= now);
-        if !touched && !due {
-            return Ok(());
-        }
-        let max_message = job.config.max_message;
-        for (i, p) in udp.peers.iter_mut().enumerate() {
-            if due && p.duplex.poll_timeout().is_some_and(|t| t <= now) {
-                p.duplex.handle_timeout(now);
-            }
-            while let Some(d) = p.duplex.poll_deliver() {
-                let (off, len) = (d.data_off as usize, d.data_len as usize);
-                let data = &udp.pool.slot(d.slot)[off..off + len];
-                let out = p.rx.on_data(d.seq, d.flags, d.total_len, data, max_message);
-                stats.dropped_oversized += out.oversized as u64;
-                stats.dropped_malformed += out.malformed as u64;
-                match out.delivery {
-                    Delivery::InPlace => {
-                        ready.push_back(Ready::Slot {
-                            slot: d.slot,
-                            offset: off,
-                            len,
-                            source: p.source,
-                            peer: i as u32,
-                        });
-                    }
-                    Delivery::Assembled(data) => {
-                        ready.push_back(Ready::Owned {
-                            data,
-                            source: p.source,
-                        });
-                        udp.pool.free_slot(d.slot);
-                        p.duplex.handle_release(now, 1);
-                    }
-                    Delivery::None => {
-                        udp.pool.free_slot(d.slot);
-                        p.duplex.handle_release(now, 1);
-                    }
-                }
-            }
-            while let Some(ev) = p.duplex.poll_event() {
-                match ev {
-                    Event::Error(ChannelError::Lost { count, .. }) => {
-                        stats.lost_frames += count as u64;
-                        errors.push_back(Error::Lost {
-                            rank: p.source.rank,
-                            dpid: p.source.dpid,
-                            frames: count,
-                        });
-                    }
-                    Event::Error(e) => errors.push_back(channel_error(p.source, &e)),
-                    Event::PeerClosed => p.closed = true,
-                }
-            }
-        }
-        for i in 0..udp.peers.len() {
-            udp.transmit(i, now, stats)?;
-        }
-        udp.send_delayed(now)?;
-        udp.update_deadline();
-        Ok(())
-    }
-}
-
-fn channel_error(peer: Source, e: &ChannelError) -> Error {
-    match e {
-        ChannelError::Unreachable { .. } => Error::PeerFailed {
-            rank: peer.rank,
-            dpid: peer.dpid,
-            reason: format!("{e} (QUIVER_PEER_TIMEOUT)"),
-        },
-        _ => Error::ChannelFailed {
-            rank: peer.rank,
-            dpid: peer.dpid,
-            reason: e.to_string(),
-        },
-    }
-}
-
-impl UdpSide {
-    /// Index of a known peer: a scan while there are few (cheaper than hashing, on the
-    /// path of every received frame), the map beyond.
-    #[inline]
-    fn find_peer(&self, src: Source) -> Option<usize> {
-        if self.peers.len() <= 8 {
-            self.peers.iter().position(|p| p.source == src)
-        } else {
-            self.peer_index.get(&src).copied()
-        }
-    }
-
-    /// The protocol clock.
-    fn now(&self) -> Time {
-        Time::from_duration(self.epoch.elapsed())
-    }
-
-    /// Sends everything peer `i`'s channel has to send, through the fault injector when
-    /// one is configured.
-    fn transmit(&mut self, i: usize, now: Time, stats: &mut EndpointStats) -> Result<()> {
-        let p = &mut self.peers[i];
-        // Gather what the channel wants sent, then send it with one sendmmsg call per
-        // batch (the channel hands out one datagram at a time, so each is copied once
-        // into the gather buffer: cheap next to a system call per datagram).
-        self.gather.clear();
-        self.gather_ends.clear();
-        while let Some(dgram) = p.duplex.poll_transmit(now) {
-            stats.frames_sent += 1;
-            match self.faults.as_mut() {
-                None => {
-                    self.gather.extend_from_slice(dgram);
-                    self.gather_ends.push(self.gather.len());
-                }
-                Some(inj) => {
-                    for (at, bytes) in inj.inject(now.as_duration(), dgram.to_vec()) {
-                        self.delayed_seq += 1;
-                        self.delayed.push(Reverse((at, self.delayed_seq, i, bytes)));
-                    }
-                }
-            }
-        }
-        match self.gather_ends.len() {
-            0 => return Ok(()),
-            1 => return self.link.send_datagram(&p.dest, &self.gather),
-            _ => {}
-        }
-        let mut start = 0;
-        let parts: Vec<&[u8]> = self
-            .gather_ends
-            .iter()
-            .map(|&end| {
-                let d = &self.gather[start..end];
-                start = end;
-                d
-            })
-            .collect();
-        self.link.send_batch(&p.dest, &parts)
-    }
-
-    /// Sends the datagrams whose (injected) delay has passed.
-    fn send_delayed(&mut self, now: Time) -> Result<()> {
-        while let Some(Reverse((at, ..))) = self.delayed.peek() {
-            if *at > now.as_duration() {
-                break;
-            }
-            let Some(Reverse((_, _, i, bytes))) = self.delayed.pop() else {
-                break;
-            };
-            self.link.send_datagram(&self.peers[i].dest, &bytes)?;
-        }
-        Ok(())
-    }
-
-    fn update_deadline(&mut self) {
-        let timers = self
-            .peers
-            .iter()
-            .filter_map(|p| p.duplex.poll_timeout())
-            .min();
-        let delayed = self
-            .delayed
-            .peek()
-            .map(|Reverse((at, ..))| Time::from_duration(*at));
-        self.next_deadline = match (timers, delayed) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-    }
-
-    /// How long a sleeper may wait before the protocol needs attention.
-    fn time_to_deadline(&self) -> Option<Duration> {
-        let now = self.now();
-        self.next_deadline
-            .map(|t| t.as_duration().saturating_sub(now.as_duration()))
-    }
 }
 
 impl AsRawFd for Endpoint {
@@ -1112,43 +675,11 @@ impl Drop for Endpoint {
             if let Err(e) = self.flush_within(linger) {
                 tracing::debug!("closing endpoint DPID {}: {e}", self.dpid);
             }
-            self.say_goodbye();
+            if let Some(udp) = self.inner.borrow().udp.as_ref() {
+                udp.say_goodbye();
+            }
         }
         self.job.close_dpid(self.dpid);
-    }
-}
-
-impl Endpoint {
-    /// The header of a frame from this endpoint to endpoint `dst_dpid` (sequence,
-    /// acknowledgement and checksum fields left for the channel to fill).
-    fn header_to(&self, kind: FrameKind, dst_dpid: u16) -> Header {
-        Header {
-            kind,
-            flags: Flags::EMPTY,
-            src_dpid: self.dpid,
-            dst_dpid,
-            credits: 0,
-            src_rank: self.job.rank,
-            job_id: self.job.job_id,
-            token: self.job.token as u32,
-            seq: 0,
-            ack: 0,
-            checksum: 0,
-        }
-    }
-
-    /// Tells every network peer that this endpoint is closing, so that none waits for it.
-    fn say_goodbye(&self) {
-        let inner = self.inner.borrow();
-        let Some(udp) = inner.udp.as_ref() else {
-            return;
-        };
-        for p in udp.peers.iter().filter(|p| !p.closed) {
-            let h = self.header_to(FrameKind::Goodbye, p.source.dpid);
-            let mut bytes = [0u8; wire::HEADER_LEN];
-            h.emit_sealed(&mut bytes, &[]);
-            let _ = udp.link.send_datagram(&p.dest, &bytes);
-        }
     }
 }
 

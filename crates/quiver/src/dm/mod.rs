@@ -20,6 +20,7 @@
 
 mod endpoint;
 mod message;
+mod net;
 
 pub use endpoint::Endpoint;
 pub use message::Message;

@@ -1,0 +1,524 @@
+//! The network side of an endpoint: its UDP socket, its receive pool, the fault
+//! injector, and one reliable channel state machine ([`Duplex`]) per peer endpoint.
+//!
+//! [`Net`] is driven by whoever owns it: the endpoint itself inside every quiver call
+//! (`host` and `none` reliability) or the offload engine's progress thread (`offload`).
+//! A progress round receives a batch of datagrams, checks and hands them to their
+//! channels, turns in-order frames into [`Ready`] messages, fires due timers and sends
+//! what the channels want sent. It never blocks.
+
+use super::{EndpointStats, Source};
+use crate::channel::reliable::{ChannelError, Duplex, Event, Time};
+use crate::channel::{Delivery, RxChannel};
+use crate::job::JobShared;
+use crate::link::sim::FaultInjector;
+use crate::link::udp::{Datagram, SlotPool, SockAddr, UdpLink};
+use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
+use crate::{Error, Result};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Idle network polls between two reads of the protocol clock (for timers).
+const CLOCK_EVERY: u32 = 32;
+
+/// The network side of an endpoint: its socket, its receive pool and one reliable
+/// channel state machine per peer endpoint.
+pub(super) struct Net {
+    pub(super) job: Arc<JobShared>,
+    pub(super) dpid: u16,
+    pub(super) link: UdpLink,
+    pub(super) pool: SlotPool,
+    pub(super) peers: Vec<Peer>,
+    pub(super) peer_index: HashMap<Source, usize>,
+    pub(super) scratch: Vec<Datagram>,
+    /// Origin of the protocol clock ([`Time`] is measured from here).
+    pub(super) epoch: Instant,
+    /// Earliest deadline of any peer's timers or of a delayed datagram.
+    pub(super) next_deadline: Option<Time>,
+    /// The protocol clock at the last progress round (a clock read costs more than an
+    /// empty poll, so idle polls read it only every [`CLOCK_EVERY`] rounds).
+    pub(super) last_now: Time,
+    pub(super) idle_polls: u32,
+    pub(super) faults: Option<FaultInjector>,
+    /// Datagrams the fault injector delays, earliest first.
+    pub(super) delayed: BinaryHeap<Reverse<Delayed>>,
+    pub(super) delayed_seq: u64,
+    /// Datagrams gathered for one sendmmsg call, back to back, and where each ends.
+    pub(super) gather: Vec<u8>,
+    pub(super) gather_ends: Vec<usize>,
+}
+
+/// A datagram held back by the fault injector: (when to send, order of injection, peer,
+/// bytes); ordered by time, then by injection.
+type Delayed = (Duration, u64, usize, Vec<u8>);
+
+/// A received frame in the pool: its slot, and what the first decode found, so that
+/// delivery needs no second pass over the bytes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RxFrame {
+    pub(super) slot: u32,
+    pub(super) seq: u32,
+    pub(super) flags: Flags,
+    pub(super) total_len: Option<u32>,
+    pub(super) data_off: u32,
+    pub(super) data_len: u32,
+}
+
+/// One peer endpoint reached over the network.
+pub(super) struct Peer {
+    pub(super) source: Source,
+    pub(super) dest: SockAddr,
+    pub(super) duplex: Duplex<RxFrame>,
+    pub(super) rx: RxChannel,
+    /// The peer said goodbye: nothing it has not acknowledged will be.
+    pub(super) closed: bool,
+}
+
+pub(super) enum Ready {
+    Slot {
+        slot: u32,
+        offset: usize,
+        len: usize,
+        source: Source,
+        peer: u32,
+    },
+    Owned {
+        data: Vec<u8>,
+        source: Source,
+    },
+}
+
+impl Net {
+    /// Binds the endpoint's socket and publishes its address in the rendezvous.
+    pub(super) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Net> {
+        let me = job.rank;
+        let link = UdpLink::bind(job.addrs[me as usize])?;
+        job.kv
+            .put(&format!("udp/{me}/{dpid}"), &link.local_addr().to_string())?;
+        let cfg = &job.config;
+        Ok(Net {
+            pool: SlotPool::new(cfg.pool_size, cfg.udp_datagram),
+            faults: cfg.faults.clone().map(FaultInjector::new),
+            link,
+            peers: Vec::new(),
+            peer_index: HashMap::new(),
+            scratch: Vec::with_capacity(crate::link::udp::RECV_BATCH),
+            epoch: Instant::now(),
+            next_deadline: None,
+            last_now: Time::ZERO,
+            idle_polls: 0,
+            delayed: BinaryHeap::new(),
+            delayed_seq: 0,
+            gather: Vec::new(),
+            gather_ends: Vec::new(),
+            job,
+            dpid,
+        })
+    }
+
+    /// Index of the channel to endpoint `peer`, created on first use (the peer's address
+    /// comes from the rendezvous store). `wait` says whether to wait for the peer to
+    /// register (when targeting it, up to `QUIVER_CONNECT_TIMEOUT`) or not (when a frame
+    /// claims to come from it: a peer registers before it sends, and a forged source must
+    /// not stall us).
+    pub(super) fn peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
+        if let Some(i) = self.find_peer(peer) {
+            return Ok(i);
+        }
+        let timeout = self.job.config.connect_timeout;
+        let key = format!("udp/{}/{}", peer.rank, peer.dpid);
+        let not_found = || Error::PeerNotFound {
+            rank: peer.rank,
+            dpid: peer.dpid,
+            waited: if wait { timeout } else { Duration::ZERO },
+        };
+        let addr = if wait {
+            match self.job.kv.get(&key, timeout) {
+                Ok(a) => a,
+                Err(Error::Timeout(_)) => return Err(not_found()),
+                Err(e) => return Err(e),
+            }
+        } else {
+            self.job.kv.try_get(&key)?.ok_or_else(not_found)?
+        };
+        let dest: SocketAddr = addr.parse().map_err(|_| Error::Rendezvous {
+            url: self.job.kv.url().to_string(),
+            reason: format!("bad UDP address {addr:?} for {key}"),
+        })?;
+        let template = self.header_to(FrameKind::Data, peer.dpid);
+        let duplex = Duplex::new(&self.job.config.reliable(), template)
+            .map_err(|e| Error::Config(format!("reliable channels: {e}")))?;
+        let i = self.peers.len();
+        self.peers.push(Peer {
+            source: peer,
+            dest: SockAddr::from(&dest),
+            duplex,
+            rx: RxChannel::new(),
+            closed: false,
+        });
+        self.peer_index.insert(peer, i);
+        Ok(i)
+    }
+
+    /// One round of network progress: receive a batch of datagrams and hand them to
+    /// their channels, turn in-order frames into ready messages, collect channel events,
+    /// fire due timers and send what the channels want sent.
+    pub(super) fn progress(
+        &mut self,
+        ready: &mut VecDeque<Ready>,
+        stats: &mut EndpointStats,
+        errors: &mut VecDeque<Error>,
+        deliver: bool,
+    ) -> Result<()> {
+        let mut batch = std::mem::take(&mut self.scratch);
+        batch.clear();
+        let received = self.link.recv_batch(&mut self.pool, &mut batch);
+        if batch.is_empty() && self.next_deadline.is_none() && self.delayed.is_empty() {
+            self.scratch = batch;
+            return received;
+        }
+        if batch.is_empty() {
+            self.idle_polls += 1;
+            if self.idle_polls < CLOCK_EVERY {
+                self.scratch = batch;
+                return received;
+            }
+        }
+        self.idle_polls = 0;
+        let now = self.now();
+        self.last_now = now;
+        let (job_id, token, size) = (self.job.job_id, self.job.token as u32, self.job.size);
+        let mut touched = false;
+        for d in &batch {
+            stats.frames_received += 1;
+            let bytes = &self.pool.slot(d.slot)[..d.len];
+            let decoded = match wire::decode(bytes) {
+                Ok(frame) => {
+                    let data = frame.data();
+                    let rx = RxFrame {
+                        slot: d.slot,
+                        seq: frame.header.seq,
+                        flags: frame.header.flags,
+                        total_len: frame.total_len(),
+                        data_off: (data.as_ptr() as usize - bytes.as_ptr() as usize) as u32,
+                        data_len: data.len() as u32,
+                    };
+                    Ok((frame.header, rx))
+                }
+                Err(DecodeError::Checksum { .. }) => Err(Header::parse(bytes).ok()),
+                Err(_) => Err(None),
+            };
+            let (h, rxf) = match decoded {
+                Ok(x) => x,
+                Err(parsed) => {
+                    stats.dropped_malformed += 1;
+                    // A corrupted frame of a known peer: its channel decides (mode none
+                    // reports it; host lets retransmission repair it).
+                    if let Some(h) = parsed.filter(|h| h.job_id == job_id) {
+                        let src = Source {
+                            rank: h.src_rank,
+                            dpid: h.src_dpid,
+                        };
+                        if let Some(i) = self.find_peer(src) {
+                            self.peers[i].duplex.handle_invalid(now);
+                            touched = true;
+                        }
+                    }
+                    self.pool.free_slot(d.slot);
+                    continue;
+                }
+            };
+            let verdict = if h.job_id != job_id {
+                stats.dropped_foreign_job += 1;
+                None
+            } else if h.token != token {
+                stats.dropped_bad_token += 1;
+                None
+            } else if h.dst_dpid != self.dpid || h.src_rank >= size {
+                stats.dropped_misaddressed += 1;
+                None
+            } else {
+                let src = Source {
+                    rank: h.src_rank,
+                    dpid: h.src_dpid,
+                };
+                match self.peer(src, false) {
+                    Ok(i) => Some(i),
+                    Err(e) => {
+                        tracing::debug!("frame from rank {} DPID {}: {e}", src.rank, src.dpid);
+                        stats.dropped_misaddressed += 1;
+                        None
+                    }
+                }
+            };
+            match verdict {
+                Some(i) => {
+                    touched = true;
+                    if let Some(back) = self.peers[i].duplex.handle_frame(now, &h, rxf) {
+                        self.pool.free_slot(back.slot);
+                    }
+                }
+                None => self.pool.free_slot(d.slot),
+            }
+        }
+        self.scratch = batch;
+        received?;
+
+        let due = self.next_deadline.is_some_and(|t| t <= now);
+        if !touched && !due {
+            return Ok(());
+        }
+        let max_message = self.job.config.max_message;
+        for (i, p) in self.peers.iter_mut().enumerate() {
+            if due && p.duplex.poll_timeout().is_some_and(|t| t <= now) {
+                p.duplex.handle_timeout(now);
+            }
+            while let Some(d) = deliver.then(|| p.duplex.poll_deliver()).flatten() {
+                let (off, len) = (d.data_off as usize, d.data_len as usize);
+                let data = &self.pool.slot(d.slot)[off..off + len];
+                let out = p.rx.on_data(d.seq, d.flags, d.total_len, data, max_message);
+                stats.dropped_oversized += out.oversized as u64;
+                stats.dropped_malformed += out.malformed as u64;
+                match out.delivery {
+                    Delivery::InPlace => {
+                        ready.push_back(Ready::Slot {
+                            slot: d.slot,
+                            offset: off,
+                            len,
+                            source: p.source,
+                            peer: i as u32,
+                        });
+                    }
+                    Delivery::Assembled(data) => {
+                        ready.push_back(Ready::Owned {
+                            data,
+                            source: p.source,
+                        });
+                        self.pool.free_slot(d.slot);
+                        p.duplex.handle_release(now, 1);
+                    }
+                    Delivery::None => {
+                        self.pool.free_slot(d.slot);
+                        p.duplex.handle_release(now, 1);
+                    }
+                }
+            }
+            while let Some(ev) = p.duplex.poll_event() {
+                match ev {
+                    Event::Error(ChannelError::Lost { count, .. }) => {
+                        stats.lost_frames += count as u64;
+                        errors.push_back(Error::Lost {
+                            rank: p.source.rank,
+                            dpid: p.source.dpid,
+                            frames: count,
+                        });
+                    }
+                    Event::Error(e) => errors.push_back(channel_error(p.source, &e)),
+                    Event::PeerClosed => p.closed = true,
+                }
+            }
+        }
+        for i in 0..self.peers.len() {
+            self.transmit(i, now, stats)?;
+        }
+        self.send_delayed(now)?;
+        self.update_deadline();
+        Ok(())
+    }
+
+    /// The header of a frame from this endpoint to endpoint `dst_dpid` (sequence,
+    /// acknowledgement and checksum fields left for the channel to fill).
+    fn header_to(&self, kind: FrameKind, dst_dpid: u16) -> Header {
+        Header {
+            kind,
+            flags: Flags::EMPTY,
+            src_dpid: self.dpid,
+            dst_dpid,
+            credits: 0,
+            src_rank: self.job.rank,
+            job_id: self.job.job_id,
+            token: self.job.token as u32,
+            seq: 0,
+            ack: 0,
+            checksum: 0,
+        }
+    }
+
+    /// Tells every network peer that this endpoint is closing, so that none waits for it.
+    pub(super) fn say_goodbye(&self) {
+        for p in self.peers.iter().filter(|p| !p.closed) {
+            let h = self.header_to(FrameKind::Goodbye, p.source.dpid);
+            let mut bytes = [0u8; wire::HEADER_LEN];
+            h.emit_sealed(&mut bytes, &[]);
+            let _ = self.link.send_datagram(&p.dest, &bytes);
+        }
+    }
+
+    /// Sends every pending acknowledgement now (the start of a flush).
+    pub(super) fn flush_acks(&mut self, stats: &mut EndpointStats) -> Result<()> {
+        for p in &mut self.peers {
+            p.duplex.flush_ack();
+        }
+        let now = self.now();
+        for i in 0..self.peers.len() {
+            self.transmit(i, now, stats)?;
+        }
+        self.update_deadline();
+        Ok(())
+    }
+
+    /// Whether some channel still has unacknowledged frames towards a live peer.
+    pub(super) fn unacknowledged(&self) -> bool {
+        self.peers
+            .iter()
+            .any(|p| !p.closed && !p.duplex.is_idle() && !p.duplex.sender().is_failed())
+    }
+
+    /// The error of a channel whose peer stopped answering, if any.
+    pub(super) fn failed_channel(&self) -> Option<Error> {
+        self.peers
+            .iter()
+            .find(|p| !p.closed && p.duplex.sender().is_failed())
+            .map(|p| channel_error(p.source, &ChannelError::Unreachable { timeouts: 0 }))
+    }
+
+    /// Adds the channels' and the fault injector's counters to `st`.
+    pub(super) fn add_counters(&self, st: &mut EndpointStats) {
+        for p in &self.peers {
+            let c = p.duplex.counters();
+            st.retransmissions += c.retransmissions;
+            st.checksum_failures += c.checksum_failures;
+            st.duplicates += c.duplicates;
+            st.out_of_order += c.out_of_order;
+            st.credit_stalls += c.credit_stalls;
+            st.acks_sent += c.acks_explicit;
+        }
+        if let Some(f) = &self.faults {
+            let c = f.counters();
+            st.faults_lost = c.lost;
+            st.faults_duplicated = c.duplicated;
+            st.faults_reordered = c.reordered;
+            st.faults_corrupted = c.corrupted;
+        }
+    }
+}
+
+pub(super) fn channel_error(peer: Source, e: &ChannelError) -> Error {
+    match e {
+        ChannelError::Unreachable { .. } => Error::PeerFailed {
+            rank: peer.rank,
+            dpid: peer.dpid,
+            reason: format!("{e} (QUIVER_PEER_TIMEOUT)"),
+        },
+        _ => Error::ChannelFailed {
+            rank: peer.rank,
+            dpid: peer.dpid,
+            reason: e.to_string(),
+        },
+    }
+}
+
+impl Net {
+    /// Index of a known peer: a scan while there are few (cheaper than hashing, on the
+    /// path of every received frame), the map beyond.
+    #[inline]
+    pub(super) fn find_peer(&self, src: Source) -> Option<usize> {
+        if self.peers.len() <= 8 {
+            self.peers.iter().position(|p| p.source == src)
+        } else {
+            self.peer_index.get(&src).copied()
+        }
+    }
+
+    /// The protocol clock.
+    pub(super) fn now(&self) -> Time {
+        Time::from_duration(self.epoch.elapsed())
+    }
+
+    /// Sends everything peer `i`'s channel has to send, through the fault injector when
+    /// one is configured.
+    pub(super) fn transmit(
+        &mut self,
+        i: usize,
+        now: Time,
+        stats: &mut EndpointStats,
+    ) -> Result<()> {
+        let p = &mut self.peers[i];
+        // Gather what the channel wants sent, then send it with one sendmmsg call per
+        // batch (the channel hands out one datagram at a time, so each is copied once
+        // into the gather buffer: cheap next to a system call per datagram).
+        self.gather.clear();
+        self.gather_ends.clear();
+        while let Some(dgram) = p.duplex.poll_transmit(now) {
+            stats.frames_sent += 1;
+            match self.faults.as_mut() {
+                None => {
+                    self.gather.extend_from_slice(dgram);
+                    self.gather_ends.push(self.gather.len());
+                }
+                Some(inj) => {
+                    for (at, bytes) in inj.inject(now.as_duration(), dgram.to_vec()) {
+                        self.delayed_seq += 1;
+                        self.delayed.push(Reverse((at, self.delayed_seq, i, bytes)));
+                    }
+                }
+            }
+        }
+        match self.gather_ends.len() {
+            0 => return Ok(()),
+            1 => return self.link.send_datagram(&p.dest, &self.gather),
+            _ => {}
+        }
+        let mut start = 0;
+        let parts: Vec<&[u8]> = self
+            .gather_ends
+            .iter()
+            .map(|&end| {
+                let d = &self.gather[start..end];
+                start = end;
+                d
+            })
+            .collect();
+        self.link.send_batch(&p.dest, &parts)
+    }
+
+    /// Sends the datagrams whose (injected) delay has passed.
+    fn send_delayed(&mut self, now: Time) -> Result<()> {
+        while let Some(Reverse((at, ..))) = self.delayed.peek() {
+            if *at > now.as_duration() {
+                break;
+            }
+            let Some(Reverse((_, _, i, bytes))) = self.delayed.pop() else {
+                break;
+            };
+            self.link.send_datagram(&self.peers[i].dest, &bytes)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn update_deadline(&mut self) {
+        let timers = self
+            .peers
+            .iter()
+            .filter_map(|p| p.duplex.poll_timeout())
+            .min();
+        let delayed = self
+            .delayed
+            .peek()
+            .map(|Reverse((at, ..))| Time::from_duration(*at));
+        self.next_deadline = match (timers, delayed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// How long a sleeper may wait before the protocol needs attention.
+    pub(super) fn time_to_deadline(&self) -> Option<Duration> {
+        let now = self.now();
+        self.next_deadline
+            .map(|t| t.as_duration().saturating_sub(now.as_duration()))
+    }
+}

@@ -64,9 +64,11 @@ pub struct Config {
     /// How long `target` and `write` wait for a peer endpoint to appear
     /// (`QUIVER_CONNECT_TIMEOUT`, seconds).
     pub connect_timeout: Duration,
-    /// Reliability scheme of network channels (`QUIVER_RELIABILITY=none|host`): `host`
-    /// retransmits lost frames (LCI's RX_h); `none` only flow-controls and reports loss
-    /// (RX_no). Shared memory needs neither: its rings are reliable and flow-controlled.
+    /// Reliability scheme of network channels (`QUIVER_RELIABILITY=none|host|offload`):
+    /// `host` retransmits lost frames from inside quiver calls (LCI's RX_h); `offload` runs
+    /// the same protocol on a progress thread of its own (RX_ni); `none` only
+    /// flow-controls and reports loss (RX_no). Shared memory needs none of them: its rings
+    /// are reliable and flow-controlled.
     pub reliability: Mode,
     /// How `host` repairs a loss (`QUIVER_RECOVERY=selective|gobackn`).
     pub recovery: Recovery,
@@ -77,11 +79,14 @@ pub struct Config {
     /// `loss=0.01,dup=0.001,reorder=0.01,corrupt=0.001,seed=7`), for testing.
     pub faults: Option<FaultConfig>,
     /// How long a network peer may leave our frames unacknowledged before it is declared
-    /// failed (`QUIVER_PEER_TIMEOUT`, seconds). Until the offload engine exists a peer
+    /// failed (`QUIVER_PEER_TIMEOUT`, seconds). In `host` and `none` reliability a peer
     /// answers only from inside quiver calls, so this must exceed its longest stretch of
-    /// computation without them. Peers on the same node are watched through their
-    /// process instead, which needs no timeout.
+    /// computation without them (`offload` answers from its own thread). Peers on the
+    /// same node are watched through their process instead, which needs no timeout.
     pub peer_timeout: Duration,
+    /// CPU the offload engine's thread is pinned to (`QUIVER_OFFLOAD_CPU`); unpinned if
+    /// unset.
+    pub offload_cpu: Option<usize>,
 }
 
 impl Default for Config {
@@ -99,6 +104,7 @@ impl Default for Config {
             window: 64,
             faults: None,
             peer_timeout: Duration::from_secs(10),
+            offload_cpu: None,
         }
     }
 }
@@ -176,17 +182,23 @@ impl Config {
             c.connect_timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = get("QUIVER_RELIABILITY") {
-            c.reliability = match Mode::parse(&v) {
-                Ok(Mode::Offload) => {
-                    return Err(invalid(
-                        "QUIVER_RELIABILITY",
-                        &v,
-                        "the offload engine is not available yet; use none or host",
-                    ))
-                }
-                Ok(m) => m,
-                Err(_) => return Err(invalid("QUIVER_RELIABILITY", &v, "expected none or host")),
-            };
+            c.reliability = Mode::parse(&v)
+                .map_err(|_| invalid("QUIVER_RELIABILITY", &v, "expected none, host or offload"))?;
+        }
+        if let Some(v) = get("QUIVER_OFFLOAD_CPU") {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            c.offload_cpu = Some(
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|&n| n < libc::CPU_SETSIZE as usize)
+                    .ok_or_else(|| {
+                        invalid(
+                            "QUIVER_OFFLOAD_CPU",
+                            &v,
+                            &format!("expected a CPU number (this machine has {cpus})"),
+                        )
+                    })?,
+            );
         }
         if let Some(v) = get("QUIVER_RECOVERY") {
             c.recovery = match v.as_str() {
@@ -399,13 +411,15 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.reliability, Mode::None);
+        let off = cfg(&[("QUIVER_RELIABILITY", "offload"), ("QUIVER_OFFLOAD_CPU", "1")]).unwrap();
+        assert_eq!((off.reliability, off.offload_cpu), (Mode::Offload, Some(1)));
         assert_eq!(c.recovery, Recovery::GoBackN);
         assert_eq!(c.window, 16);
         assert_eq!(c.faults.unwrap().loss, 0.05);
         for (var, val) in [
             ("QUIVER_RELIABILITY", "sometimes"),
-            ("QUIVER_RELIABILITY", "offload"),
             ("QUIVER_RECOVERY", "pray"),
+            ("QUIVER_OFFLOAD_CPU", "first"),
             ("QUIVER_WINDOW", "1"),
             ("QUIVER_FAULTS", "loss=lots"),
         ] {

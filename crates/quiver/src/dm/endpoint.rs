@@ -3,7 +3,9 @@
 
 use super::message::{Message, Token};
 use super::net::{channel_error, Net, Ready};
+use super::offload::Offload;
 use super::{EndpointStats, Source};
+use crate::channel::reliable::Mode;
 use crate::channel::reliable::{ChannelError, SendError};
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::job::JobShared;
@@ -46,12 +48,18 @@ unsafe impl Send for Endpoint {}
 #[allow(clippy::large_enum_variant)]
 enum Conn {
     Shm(ShmTx),
-    Udp { peer: usize },
+    Udp {
+        peer: usize,
+    },
+    /// Through the offload engine, which owns the channel.
+    Offload,
 }
 
 struct Inner {
     shm: Option<ShmRx>,
     udp: Option<Net>,
+    /// The network side run by the offload engine's thread (instead of `udp`).
+    offload: Option<Offload>,
     ready: VecDeque<Ready>,
     conns: Vec<(Source, Conn)>,
     conn_index: HashMap<Source, usize>,
@@ -85,8 +93,14 @@ impl Endpoint {
             TransportChoice::Udp => None,
         };
         let needs_udp = cfg.transport == TransportChoice::Udp || job.node_count() > 1;
-        let udp = if needs_udp {
+        let offloaded = cfg.reliability == Mode::Offload;
+        let udp = if needs_udp && !offloaded {
             Some(Net::open(job.clone(), dpid)?)
+        } else {
+            None
+        };
+        let offload = if needs_udp && offloaded {
+            Some(Offload::start(job.clone(), dpid)?)
         } else {
             None
         };
@@ -96,6 +110,9 @@ impl Endpoint {
         }
         if let Some(u) = &udp {
             poller.add(u.link.as_raw_fd())?;
+        }
+        if let Some(o) = &offload {
+            poller.add(o.bell_fd())?;
         }
         // Make (NID, DPID) resolvable; the first rank of a node to open a DPID owns the name.
         let nid = job.nids[me as usize];
@@ -108,6 +125,7 @@ impl Endpoint {
             inner: RefCell::new(Inner {
                 shm,
                 udp,
+                offload,
                 ready: VecDeque::new(),
                 conns: Vec::new(),
                 conn_index: HashMap::new(),
@@ -202,6 +220,13 @@ impl Endpoint {
         let timeout = self.job.config.connect_timeout;
         let conn = match self.transport_to(peer.rank)? {
             Transport::Shm => Conn::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
+            Transport::Udp if self.inner.borrow().offload.is_some() => {
+                self.await_udp_peer(peer)?;
+                let mut inner = self.inner.borrow_mut();
+                let off = inner.offload.as_mut().expect("checked above");
+                off.connect(peer, self.waiter.mode)?;
+                Conn::Offload
+            }
             Transport::Udp => {
                 let mut guard = self.inner.borrow_mut();
                 let udp = guard
@@ -218,6 +243,21 @@ impl Endpoint {
         inner.conns.push((peer, conn));
         inner.conn_index.insert(peer, i);
         Ok(i)
+    }
+
+    /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to register its UDP address.
+    fn await_udp_peer(&self, peer: Source) -> Result<()> {
+        let timeout = self.job.config.connect_timeout;
+        let key = format!("udp/{}/{}", peer.rank, peer.dpid);
+        match self.job.kv.get(&key, timeout) {
+            Ok(_) => Ok(()),
+            Err(Error::Timeout(_)) => Err(Error::PeerNotFound {
+                rank: peer.rank,
+                dpid: peer.dpid,
+                waited: timeout,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends one message to the target. Returns when `data` may be reused; waits (per
@@ -245,8 +285,14 @@ impl Endpoint {
                 });
             }
         }
-        let (_, conn) = &mut inner.conns[idx];
+        let (dest, conn) = &mut inner.conns[idx];
         match conn {
+            Conn::Offload => {
+                let off = inner.offload.as_mut().expect("an offload connection");
+                if off.send(*dest, data, self.waiter.mode)? {
+                    inner.stats.send_stalls += 1;
+                }
+            }
             Conn::Shm(tx) => {
                 if data.len() > tx.max_message() {
                     return Err(Error::MessageTooLarge {
@@ -343,9 +389,7 @@ impl Endpoint {
         if self.fd_exported.get() {
             // The descriptor was handed out: re-enable the doorbell for the next message,
             // then look once more (a sender may have published before the reset).
-            if let Some(shm) = &self.inner.borrow().shm {
-                shm.reset_doorbell();
-            }
+            self.inner.borrow().reset_doorbells();
             return self.poll_once();
         }
         Ok(None)
@@ -418,6 +462,10 @@ impl Endpoint {
 
     /// Like [`Endpoint::flush`] with an explicit time limit.
     pub fn flush_within(&self, timeout: Duration) -> Result<()> {
+        if let Some(off) = self.inner.borrow_mut().offload.as_mut() {
+            // The engine keeps answering peers after this returns: no quiet period.
+            return off.flush(timeout, self.waiter.mode);
+        }
         {
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
@@ -461,6 +509,9 @@ impl Endpoint {
         let mut st = inner.stats.clone();
         if let Some(udp) = &inner.udp {
             udp.add_counters(&mut st);
+        }
+        if let Some(off) = &inner.offload {
+            st = off.stats(&st);
         }
         st
     }
@@ -555,6 +606,11 @@ impl Endpoint {
                     }
                 }
             }
+            Token::Offload { token } => {
+                if let Some(off) = inner.offload.as_mut() {
+                    off.release(token);
+                }
+            }
             Token::Owned(_) => {}
         }
     }
@@ -586,6 +642,24 @@ impl Endpoint {
                 }));
             }
             inner.stats.corrupt_rings = shm.corrupt;
+        }
+        if let Some(off) = inner.offload.as_mut() {
+            off.take_errors(&mut inner.errors);
+            if let Some(e) = inner.errors.pop_front() {
+                drop(guard);
+                return Err(self.report(e));
+            }
+            if let Some((source, ptr, len, token)) = off.try_pop() {
+                inner.stats.msgs_received += 1;
+                inner.stats.bytes_received += len as u64;
+                return Ok(Some(Message {
+                    ep: self,
+                    ptr,
+                    len,
+                    source,
+                    token: Some(Token::Offload { token }),
+                }));
+            }
         }
         if inner.ready.is_empty() {
             inner.polls = inner.polls.wrapping_add(1);
@@ -650,10 +724,9 @@ impl AsRawFd for Endpoint {
     /// makes senders on shared memory ring the doorbell for every batch of messages.
     fn as_raw_fd(&self) -> RawFd {
         if !self.fd_exported.replace(true) {
-            if let Some(shm) = &self.inner.borrow().shm {
-                shm.arm();
-                shm.reset_doorbell();
-            }
+            let inner = self.inner.borrow();
+            inner.arm_wakeups();
+            inner.reset_doorbells();
         }
         self.poller.as_raw_fd()
     }
@@ -679,7 +752,50 @@ impl Drop for Endpoint {
                 udp.say_goodbye();
             }
         }
+        if let Some(off) = self.inner.borrow_mut().offload.as_mut() {
+            off.close(LINGER.min(self.job.config.connect_timeout));
+        }
         self.job.close_dpid(self.dpid);
+    }
+}
+
+impl Inner {
+    /// From now on, senders (shared-memory peers, the offload engine) ring the doorbell.
+    fn arm_wakeups(&self) {
+        if let Some(shm) = &self.shm {
+            shm.arm();
+        }
+        if let Some(off) = &self.offload {
+            off.arm();
+        }
+    }
+
+    /// Back to polling: senders stop ringing.
+    fn disarm_wakeups(&self) {
+        if let Some(shm) = &self.shm {
+            shm.disarm();
+        }
+        if let Some(off) = &self.offload {
+            off.disarm();
+        }
+    }
+
+    /// Drains the doorbells and re-enables them (a re-check of the queues must follow).
+    fn reset_doorbells(&self) {
+        if let Some(shm) = &self.shm {
+            shm.reset_doorbell();
+        }
+        if let Some(off) = &self.offload {
+            off.reset_doorbell();
+        }
+    }
+
+    /// Whether something waits to be read without a network round.
+    fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+            || !self.errors.is_empty()
+            || self.shm.as_ref().is_some_and(|s| s.has_data())
+            || self.offload.as_ref().is_some_and(|o| o.has_news())
     }
 }
 
@@ -694,9 +810,10 @@ impl<'a> Waitable for ReadWait<'a> {
     }
 
     fn arm(&self) {
-        if let Some(shm) = &self.0.inner.borrow().shm {
-            shm.arm();
-            shm.reset_doorbell();
+        {
+            let inner = self.0.inner.borrow();
+            inner.arm_wakeups();
+            inner.reset_doorbells();
         }
         // Sleeping is about to happen: poll the UDP socket on the next attempt.
         let mut inner = self.0.inner.borrow_mut();
@@ -705,20 +822,12 @@ impl<'a> Waitable for ReadWait<'a> {
 
     fn disarm(&self) {
         if !self.0.fd_exported.get() {
-            if let Some(shm) = &self.0.inner.borrow().shm {
-                shm.disarm();
-            }
+            self.0.inner.borrow().disarm_wakeups();
         }
     }
 
     fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
-        let has_ready = {
-            let inner = self.0.inner.borrow();
-            !inner.ready.is_empty()
-                || !inner.errors.is_empty()
-                || inner.shm.as_ref().is_some_and(|s| s.has_data())
-        };
-        if has_ready {
+        if self.0.inner.borrow().has_ready() {
             return Ok(());
         }
         // Wake for the protocol's timers (retransmission, acknowledgements, probes), and

@@ -9,6 +9,8 @@ pub(crate) enum Token {
     Shm { chan: u32, token: u64 },
     /// A slot of the UDP receive pool.
     Udp { slot: u32, peer: u32 },
+    /// A record in the offload engine's delivery ring.
+    Offload { token: u64 },
     /// A reassembled multi-fragment message.
     /// The view points into this vector, which the token keeps alive.
     Owned(#[allow(dead_code)] Vec<u8>),

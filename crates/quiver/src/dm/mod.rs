@@ -21,6 +21,7 @@
 mod endpoint;
 mod message;
 mod net;
+mod offload;
 
 pub use endpoint::Endpoint;
 pub use message::Message;

@@ -68,6 +68,46 @@ impl AsRawFd for Poller {
     }
 }
 
+/// A wake-up descriptor between two threads of one process (an eventfd): one side
+/// notifies, the other sleeps on it in a [`Poller`] and drains it on waking.
+pub(crate) struct Notifier {
+    fd: OwnedFd,
+}
+
+impl Notifier {
+    pub(crate) fn new() -> Result<Notifier> {
+        // SAFETY: eventfd has no memory preconditions; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::io("eventfd", io::Error::last_os_error()));
+        }
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Notifier { fd })
+    }
+
+    /// Makes the descriptor readable (wakes the sleeper).
+    pub(crate) fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd. A full counter (EAGAIN)
+        // still leaves the descriptor readable, which is all a wake-up needs.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Makes the descriptor unreadable again (after waking).
+    pub(crate) fn drain(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our non-blocking eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for Notifier {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 /// What the waiter polls and how it sleeps.
 pub(crate) trait Waitable {
     type Output;

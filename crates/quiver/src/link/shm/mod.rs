@@ -15,7 +15,7 @@ mod doorbell;
 pub(crate) mod ring;
 #[cfg(not(loom))]
 mod segment;
-mod wake;
+pub(crate) mod wake;
 
 #[cfg(not(loom))]
 pub use self::imp::*;

@@ -207,9 +207,27 @@ impl Producer {
     /// `data.len()` must not exceed [`Producer::max_payload`].
     #[inline]
     pub(crate) fn try_push(&mut self, data: &[u8]) -> bool {
-        debug_assert!(data.len() <= self.max_payload());
+        self.push_with(data.len(), |mem, at| mem.write_payload(at, data))
+    }
+
+    /// Appends one record made of `head` followed by `body` (a small header of the
+    /// caller's and a message, copied once each); like [`Producer::try_push`].
+    #[inline]
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn try_push2(&mut self, head: &[u8], body: &[u8]) -> bool {
+        self.push_with(head.len() + body.len(), |mem, at| {
+            mem.write_payload(at, head);
+            mem.write_payload(at + head.len(), body);
+        })
+    }
+
+    /// Reserves a record of `len` payload bytes, lets `write(mem, offset)` fill it, and
+    /// publishes it.
+    #[inline(always)]
+    fn push_with(&mut self, len: usize, write: impl FnOnce(&RingMem, usize)) -> bool {
+        debug_assert!(len <= self.max_payload());
         let cap = self.mem.capacity as u64;
-        let rec = stride(data.len()) as u64;
+        let rec = stride(len) as u64;
         let idx = self.head & (cap - 1);
         let contiguous = cap - idx;
         let wrap = rec > contiguous;
@@ -234,14 +252,13 @@ impl Producer {
             self.head += contiguous;
             at = 0;
         }
-        self.mem.write_payload(at + HDR, data);
+        write(&self.mem, at + HDR);
         let next = (at + rec as usize) & (cap as usize - 1);
         self.mem.header(next).store(0, Ordering::Relaxed);
         // Release: payload and next zero header are visible before this header.
-        self.mem.header(at).store(
-            (KIND_MSG << KIND_SHIFT) | data.len() as u64,
-            Ordering::Release,
-        );
+        self.mem
+            .header(at)
+            .store((KIND_MSG << KIND_SHIFT) | len as u64, Ordering::Release);
         self.head += rec;
         true
     }
@@ -425,6 +442,97 @@ impl Consumer {
     pub(crate) fn has_data(&self) -> bool {
         let idx = (self.read_pos & (self.mem.capacity as u64 - 1)) as usize;
         self.mem.header(idx).load(Ordering::Acquire) != 0
+    }
+}
+
+/// A ring in ordinary memory, shared by two threads of one process (the offload
+/// engine's queues): the same records and protocol as a shared-memory ring.
+#[cfg(not(loom))]
+pub(crate) struct HeapRing {
+    base: *mut u8,
+    layout: std::alloc::Layout,
+    capacity: usize,
+}
+
+// SAFETY: the memory is owned by the HeapRing and freed only when the last Arc to it
+// goes; the producer and consumer access it under the ring protocol (atomics).
+#[cfg(not(loom))]
+unsafe impl Send for HeapRing {}
+// SAFETY: as above: shared access goes through the ring protocol only.
+#[cfg(not(loom))]
+unsafe impl Sync for HeapRing {}
+
+/// A producer or consumer of a [`HeapRing`], keeping the ring's memory alive.
+#[cfg(not(loom))]
+pub(crate) struct HeapEnd<T> {
+    end: T,
+    _ring: std::sync::Arc<HeapRing>,
+}
+
+#[cfg(not(loom))]
+impl<T> std::ops::Deref for HeapEnd<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.end
+    }
+}
+
+#[cfg(not(loom))]
+impl<T> std::ops::DerefMut for HeapEnd<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.end
+    }
+}
+
+#[cfg(not(loom))]
+impl HeapRing {
+    /// A fresh ring able to carry records of up to `max_len` payload bytes (its capacity
+    /// is the next power of two of twice that, at least 4 KiB), as its two ends.
+    pub(crate) fn split(max_len: usize) -> (HeapEnd<Producer>, HeapEnd<Consumer>) {
+        let capacity = (2 * stride(max_len) + 4 * HDR)
+            .next_power_of_two()
+            .max(4096);
+        // The consumer's tail lives on its own cache line after the records.
+        let layout = std::alloc::Layout::from_size_align(capacity + 64, 64)
+            .expect("ring size fits the address space");
+        // SAFETY: the layout has a nonzero size.
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        if base.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        let ring = std::sync::Arc::new(HeapRing {
+            base,
+            layout,
+            capacity,
+        });
+        // SAFETY: base is 64-aligned, zeroed and valid for capacity + 64 bytes until the
+        // HeapRing is dropped, which happens after both ends (each holds an Arc).
+        let (mem_p, mem_c) =
+            unsafe { (RingMem::new(base, capacity), RingMem::new(base, capacity)) };
+        // SAFETY: the tail word lies inside the allocation (at offset capacity, 8-aligned)
+        // and lives as long as the ends.
+        let tail =
+            |r: &HeapRing| unsafe { TailRef::new(r.base.add(r.capacity) as *const AtomicU64) };
+        let producer = Producer::new(mem_p, tail(&ring));
+        let consumer = Consumer::new(mem_c, tail(&ring), max_len);
+        (
+            HeapEnd {
+                end: producer,
+                _ring: ring.clone(),
+            },
+            HeapEnd {
+                end: consumer,
+                _ring: ring,
+            },
+        )
+    }
+}
+
+#[cfg(not(loom))]
+impl Drop for HeapRing {
+    fn drop(&mut self) {
+        // SAFETY: base was allocated with this layout in `split` and is freed once.
+        unsafe { std::alloc::dealloc(self.base, self.layout) };
     }
 }
 

@@ -23,7 +23,6 @@ pub(crate) struct WakeLine {
 impl WakeLine {
     /// Fresh flags (unarmed, nothing pending); shared memory starts zeroed, which is the
     /// same state.
-    #[cfg(loom)]
     pub(crate) fn new() -> WakeLine {
         WakeLine {
             armed: AtomicU32::new(0),

@@ -1,0 +1,611 @@
+//! The offload engine (`QUIVER_RELIABILITY=offload`, LCI's RX_ni): a progress thread
+//! that owns an endpoint's network side — socket, receive pool, reliable channels,
+//! retransmissions, timers and acknowledgements — so that the protocol keeps running
+//! while the application computes or blocks elsewhere.
+//!
+//! The application thread and the engine share only two lock-free SPSC rings (the same
+//! token rings, and the same wake-up protocol, as shared memory, in process memory):
+//!
+//! - **commands** (application → engine): `Send` (a message for a peer, copied once
+//!   into the ring by `write`, which then returns), `Connect`, `Flush`, `Close`;
+//! - **deliveries** (engine → application): received messages with their source, read
+//!   in place by `read` and released when the view drops.
+//!
+//! Errors, counters and the flush state go through a mutex the application looks at
+//! only when an atomic flag says there is news. Flow control carries across the rings:
+//! a closed window stops the engine taking commands, so a full command ring makes
+//! `write` wait; a full delivery ring stops the engine delivering, so receive buffers
+//! stay taken and the sender runs out of credits. Nothing is dropped.
+//!
+//! `QUIVER_OFFLOAD_CPU` pins the engine thread to one CPU.
+
+use super::net::{channel_error, Net, Ready};
+use super::{EndpointStats, Source};
+use crate::channel::reliable::{ChannelError, SendError};
+use crate::engine::{backoff_until, Notifier, Poller};
+use crate::job::JobShared;
+use crate::link::shm::ring::{Consumer, HeapEnd, HeapRing, Producer};
+use crate::link::shm::wake::WakeLine;
+use crate::{Error, Result, WaitMode};
+use std::collections::{HashSet, VecDeque};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Bytes of the record header the engine and the application put before a message:
+/// kind (1), reserved (1), DPID (2), rank (4).
+const REC_HDR: usize = 8;
+
+const CMD_SEND: u8 = 1;
+const CMD_CONNECT: u8 = 2;
+const CMD_FLUSH: u8 = 3;
+const CMD_CLOSE: u8 = 4;
+const DELIVERY: u8 = 5;
+
+fn rec_header(kind: u8, peer: Source) -> [u8; REC_HDR] {
+    let mut h = [0u8; REC_HDR];
+    h[0] = kind;
+    h[2..4].copy_from_slice(&peer.dpid.to_le_bytes());
+    h[4..8].copy_from_slice(&peer.rank.to_le_bytes());
+    h
+}
+
+fn parse_header(b: &[u8]) -> (u8, Source) {
+    let dpid = u16::from_le_bytes([b[2], b[3]]);
+    let rank = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    (b[0], Source { rank, dpid })
+}
+
+/// How long the engine polls after its last piece of work before it sleeps, and how
+/// long it sleeps at most while deliveries wait for room (the application frees room
+/// without waking it).
+const ENGINE_SPIN: Duration = Duration::from_micros(50);
+const FULL_RECHECK: Duration = Duration::from_millis(1);
+
+/// What the engine tells the application besides messages.
+#[derive(Default)]
+struct News {
+    errors: VecDeque<Error>,
+    /// The engine's network counters as of its last round of work.
+    stats: EndpointStats,
+    /// The last flush request completed, and how (`Some(e)`: a channel failed).
+    flushed: u64,
+    flush_error: Option<Error>,
+    /// The engine thread has ended (after `Close`, or on a fatal error).
+    stopped: bool,
+}
+
+/// State shared by the application and the engine thread.
+struct Shared {
+    /// The engine sleeps on `engine_bell` after arming `engine_wake`.
+    engine_wake: WakeLine,
+    engine_bell: Notifier,
+    /// The application sleeps on `app_bell` (through its endpoint's poller).
+    app_wake: WakeLine,
+    app_bell: Notifier,
+    /// Set when `news` holds errors the application has not taken.
+    has_errors: AtomicBool,
+    news: Mutex<News>,
+}
+
+impl Shared {
+    fn news(&self) -> MutexGuard<'_, News> {
+        // A poisoned lock means the engine panicked while holding it; the data (counters,
+        // errors) is still meaningful.
+        self.news.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake_app(&self) {
+        if self.app_wake.must_ring() {
+            self.app_bell.notify();
+        }
+    }
+}
+
+/// The application's side of the offload engine, owned by the endpoint.
+pub(super) struct Offload {
+    commands: HeapEnd<Producer>,
+    deliveries: HeapEnd<Consumer>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    flush_seq: u64,
+    max_message: usize,
+}
+
+impl Offload {
+    /// Opens the endpoint's network side and starts its engine thread.
+    pub(super) fn start(job: Arc<JobShared>, dpid: u16) -> Result<Offload> {
+        let net = Net::open(job.clone(), dpid)?;
+        let max_message = job.config.max_message;
+        let (commands, cmd_rx) = HeapRing::split(REC_HDR + max_message);
+        let (delivery_tx, deliveries) = HeapRing::split(REC_HDR + max_message);
+        let shared = Arc::new(Shared {
+            engine_wake: WakeLine::new(),
+            engine_bell: Notifier::new()?,
+            app_wake: WakeLine::new(),
+            app_bell: Notifier::new()?,
+            has_errors: AtomicBool::new(false),
+            news: Mutex::new(News::default()),
+        });
+        let poller = Poller::new()?;
+        poller.add(net.link.as_raw_fd())?;
+        poller.add(shared.engine_bell.as_raw_fd())?;
+        let engine = Engine {
+            net,
+            commands: cmd_rx,
+            deliveries: delivery_tx,
+            shared: shared.clone(),
+            poller,
+            ready: VecDeque::new(),
+            errors: VecDeque::new(),
+            stats: EndpointStats::default(),
+            blocked_on: None,
+            flush_pending: None,
+            closing: None,
+            reported: HashSet::new(),
+            wait: job.config.wait,
+        };
+        let cpu = job.config.offload_cpu;
+        let thread = std::thread::Builder::new()
+            .name(format!("quiver-offload-{dpid}"))
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin_to(cpu);
+                }
+                engine.run();
+            })
+            .map_err(|e| Error::io("spawning the offload engine thread", e))?;
+        Ok(Offload {
+            commands,
+            deliveries,
+            shared,
+            thread: Some(thread),
+            flush_seq: 0,
+            max_message,
+        })
+    }
+
+    /// The descriptor the application's poller watches for deliveries and errors.
+    pub(super) fn bell_fd(&self) -> i32 {
+        self.shared.app_bell.as_raw_fd()
+    }
+
+    fn push(&mut self, kind: u8, peer: Source, body: &[u8], mode: WaitMode) -> Result<bool> {
+        let head = rec_header(kind, peer);
+        let mut stalled = false;
+        if !self.commands.try_push2(&head, body) {
+            stalled = true;
+            let (commands, shared) = (&mut self.commands, &self.shared);
+            backoff_until(mode, None, || {
+                if commands.try_push2(&head, body) {
+                    return Ok(Some(()));
+                }
+                // A failed channel may be why the engine stopped taking commands.
+                if shared.has_errors.load(Ordering::Acquire) {
+                    if let Some(e) = take_error_for(shared, peer) {
+                        return Err(e);
+                    }
+                }
+                if shared.news().stopped {
+                    return Err(stopped());
+                }
+                Ok(None)
+            })?;
+        }
+        if self.shared.engine_wake.must_ring() {
+            self.shared.engine_bell.notify();
+        }
+        Ok(stalled)
+    }
+
+    /// Hands a message for `peer` to the engine; returns once it is copied (true if the
+    /// command ring was full and the call waited).
+    pub(super) fn send(&mut self, peer: Source, data: &[u8], mode: WaitMode) -> Result<bool> {
+        if data.len() > self.max_message {
+            return Err(Error::MessageTooLarge {
+                len: data.len(),
+                max: self.max_message,
+            });
+        }
+        self.push(CMD_SEND, peer, data, mode)
+    }
+
+    /// Asks the engine to set up the channel to `peer` (registered in the rendezvous).
+    pub(super) fn connect(&mut self, peer: Source, mode: WaitMode) -> Result<()> {
+        self.push(CMD_CONNECT, peer, &[], mode).map(|_| ())
+    }
+
+    /// Waits until everything sent so far is acknowledged.
+    pub(super) fn flush(&mut self, timeout: Duration, mode: WaitMode) -> Result<()> {
+        self.flush_seq += 1;
+        let seq = self.flush_seq;
+        let me = Source { rank: 0, dpid: 0 };
+        self.push(CMD_FLUSH, me, &seq.to_le_bytes(), mode)?;
+        let shared = &self.shared;
+        backoff_until(mode, Some(timeout), || {
+            let mut news = shared.news();
+            if news.flushed >= seq {
+                return match news.flush_error.take() {
+                    Some(e) => Err(e),
+                    None => Ok(Some(())),
+                };
+            }
+            if news.stopped {
+                return Err(stopped());
+            }
+            Ok(None)
+        })
+    }
+
+    /// Errors the engine reported since the last call, oldest first.
+    #[inline]
+    pub(super) fn take_errors(&self, into: &mut VecDeque<Error>) {
+        if self.shared.has_errors.load(Ordering::Acquire) {
+            let mut news = self.shared.news();
+            into.extend(news.errors.drain(..));
+            self.shared.has_errors.store(false, Ordering::Release);
+        }
+    }
+
+    /// The next delivered message: (source, payload pointer, length, token).
+    #[inline]
+    pub(super) fn try_pop(&mut self) -> Option<(Source, *const u8, usize, u64)> {
+        let rec = self.deliveries.try_pop().ok()??;
+        let ptr = self.deliveries.mem().payload_ptr(rec.idx);
+        // SAFETY: the record's REC_HDR + len bytes lie inside the ring and stay unchanged
+        // until its token is released; the engine writes every delivery with a header.
+        let head = unsafe { std::slice::from_raw_parts(ptr, REC_HDR) };
+        let (_, source) = parse_header(head);
+        // SAFETY: as above, the payload follows the header inside the record.
+        let payload = unsafe { ptr.add(REC_HDR) };
+        Some((source, payload, rec.len - REC_HDR, rec.token))
+    }
+
+    pub(super) fn release(&mut self, token: u64) {
+        self.deliveries.release(token);
+    }
+
+    /// True when a message or an error waits.
+    pub(super) fn has_news(&self) -> bool {
+        self.deliveries.has_data() || self.shared.has_errors.load(Ordering::Acquire)
+    }
+
+    /// About to sleep: from now on the engine rings the application's bell.
+    pub(super) fn arm(&self) {
+        self.shared.app_wake.arm();
+    }
+
+    /// Drains the bell and lets the engine ring it again.
+    pub(super) fn reset_doorbell(&self) {
+        self.shared.app_bell.drain();
+        self.shared.app_wake.reset_after_drain();
+    }
+
+    pub(super) fn disarm(&self) {
+        self.shared.app_wake.disarm();
+    }
+
+    /// The engine's counters, with the application's own (messages and bytes) laid over.
+    pub(super) fn stats(&self, app: &EndpointStats) -> EndpointStats {
+        let mut st = self.shared.news().stats.clone();
+        st.msgs_sent = app.msgs_sent;
+        st.bytes_sent = app.bytes_sent;
+        st.msgs_received = app.msgs_received;
+        st.bytes_received = app.bytes_received;
+        st.send_stalls = app.send_stalls;
+        st.corrupt_rings = app.corrupt_rings;
+        st
+    }
+
+    /// Tells the engine to finish (linger up to `linger` for acknowledgements, say
+    /// goodbye) and waits for its thread.
+    pub(super) fn close(&mut self, linger: Duration) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let me = Source { rank: 0, dpid: 0 };
+        let ms = linger.as_millis().min(u64::MAX as u128) as u64;
+        // The engine takes commands as long as it runs; if it has stopped, join at once.
+        let _ = backoff_until(
+            WaitMode::Block,
+            Some(linger + Duration::from_secs(1)),
+            || {
+                if self
+                    .commands
+                    .try_push2(&rec_header(CMD_CLOSE, me), &ms.to_le_bytes())
+                {
+                    return Ok(Some(()));
+                }
+                Ok(self.shared.news().stopped.then_some(()))
+            },
+        );
+        self.shared.engine_bell.notify();
+        let _ = thread.join();
+    }
+}
+
+impl Drop for Offload {
+    fn drop(&mut self) {
+        self.close(Duration::ZERO);
+    }
+}
+
+fn stopped() -> Error {
+    Error::io(
+        "offload engine",
+        std::io::Error::other("the progress thread has stopped"),
+    )
+}
+
+/// Takes the first reported failure of the channel to `peer`, if any.
+fn take_error_for(shared: &Shared, peer: Source) -> Option<Error> {
+    let mut news = shared.news();
+    let i = news.errors.iter().position(|e| {
+        matches!(e, Error::PeerFailed { rank, dpid, .. }
+            | Error::ChannelFailed { rank, dpid, .. }
+            | Error::PeerClosed { rank, dpid }
+            if *rank == peer.rank && *dpid == peer.dpid)
+    })?;
+    let e = news.errors.remove(i);
+    if news.errors.is_empty() {
+        shared.has_errors.store(false, Ordering::Release);
+    }
+    e
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write inside it; the call affects
+    // only the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(
+                "QUIVER_OFFLOAD_CPU={cpu}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// The engine thread's state.
+struct Engine {
+    net: Net,
+    commands: HeapEnd<Consumer>,
+    deliveries: HeapEnd<Producer>,
+    shared: Arc<Shared>,
+    poller: Poller,
+    /// Messages received and not yet in the delivery ring (it was full).
+    ready: VecDeque<Ready>,
+    errors: VecDeque<Error>,
+    stats: EndpointStats,
+    /// A peer whose window closed: no command is taken until it opens (the application's
+    /// writes then wait on the full command ring: the sender stalls on credits).
+    blocked_on: Option<usize>,
+    flush_pending: Option<u64>,
+    /// A close was asked for: linger until everything is acknowledged or this instant.
+    closing: Option<Instant>,
+    /// Peers whose failure was already reported.
+    reported: HashSet<Source>,
+    wait: WaitMode,
+}
+
+impl Engine {
+    fn run(mut self) {
+        let mut last_work = Instant::now();
+        let mut published = (u64::MAX, u64::MAX);
+        loop {
+            let mut work = false;
+            match self.round() {
+                Ok(w) => work = w,
+                Err(e) => self.errors.push_back(e),
+            }
+            // Counters and errors to the application, when they changed.
+            let marks = (self.stats.frames_received, self.stats.frames_sent);
+            if !self.errors.is_empty() || marks != published || self.flush_pending.is_some() {
+                published = marks;
+                self.publish();
+            }
+            if let Some(until) = self.closing {
+                if !self.net.unacknowledged() || Instant::now() >= until {
+                    self.net.say_goodbye();
+                    break;
+                }
+            }
+            if work {
+                last_work = Instant::now();
+                continue;
+            }
+            let spin = match self.wait {
+                WaitMode::Spin => continue,
+                WaitMode::Block => Duration::ZERO,
+                WaitMode::Hybrid(_) => ENGINE_SPIN,
+            };
+            if last_work.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep();
+            last_work = Instant::now();
+        }
+        let mut news = self.shared.news();
+        news.stopped = true;
+        drop(news);
+        self.shared.wake_app();
+    }
+
+    /// Sleeps until a datagram or a command arrives, or the protocol's next deadline.
+    fn sleep(&mut self) {
+        self.shared.engine_wake.arm();
+        self.shared.engine_bell.drain();
+        self.shared.engine_wake.reset_after_drain();
+        if !self.commands.has_data() {
+            let mut timeout = self.net.time_to_deadline();
+            if !self.ready.is_empty() || self.closing.is_some() {
+                timeout = Some(timeout.map_or(FULL_RECHECK, |t| t.min(FULL_RECHECK)));
+            }
+            if let Err(e) = self.poller.wait(timeout) {
+                self.errors.push_back(e);
+            }
+        }
+        self.shared.engine_wake.disarm();
+    }
+
+    /// One round: take commands, run the network, deliver. Returns whether anything
+    /// happened.
+    fn round(&mut self) -> Result<bool> {
+        let mut work = self.take_commands()?;
+        let frames = self.stats.frames_received;
+        let deliver = self.ready.is_empty();
+        self.net
+            .progress(&mut self.ready, &mut self.stats, &mut self.errors, deliver)?;
+        work |= self.stats.frames_received != frames;
+        work |= self.deliver();
+        self.check_channels();
+        if let Some(seq) = self.flush_pending {
+            if !self.net.unacknowledged() {
+                self.flush_pending = None;
+                let mut news = self.shared.news();
+                news.flushed = seq;
+                news.flush_error = self.net.failed_channel();
+            }
+        }
+        Ok(work)
+    }
+
+    fn take_commands(&mut self) -> Result<bool> {
+        let mut work = false;
+        loop {
+            if let Some(i) = self.blocked_on {
+                if self.net.peers[i].duplex.is_blocked() && !self.net.peers[i].closed {
+                    return Ok(work);
+                }
+                self.blocked_on = None;
+            }
+            let rec = match self.commands.try_pop() {
+                Ok(Some(r)) => r,
+                Ok(None) => return Ok(work),
+                Err(c) => {
+                    // Only this process writes the ring: a bad record is a bug, not input.
+                    unreachable!("offload command ring corrupt: {c:?}")
+                }
+            };
+            work = true;
+            let ptr = self.commands.mem().payload_ptr(rec.idx);
+            // SAFETY: the record's bytes lie inside the ring and are not overwritten until
+            // its token is released (below, after use).
+            let bytes = unsafe { std::slice::from_raw_parts(ptr, rec.len) };
+            let (kind, peer) = parse_header(bytes);
+            let body = &bytes[REC_HDR..];
+            let r = match kind {
+                CMD_SEND => self.send(peer, body),
+                CMD_CONNECT => self.net.peer(peer, false).map(|_| ()),
+                CMD_FLUSH => {
+                    let seq = u64::from_le_bytes(body.try_into().unwrap_or_default());
+                    self.flush_pending = Some(seq);
+                    self.net.flush_acks(&mut self.stats)
+                }
+                CMD_CLOSE => {
+                    let ms = u64::from_le_bytes(body.try_into().unwrap_or_default());
+                    self.closing = Some(Instant::now() + Duration::from_millis(ms));
+                    self.net.flush_acks(&mut self.stats)
+                }
+                _ => unreachable!("offload command kind {kind}"),
+            };
+            self.commands.release(rec.token);
+            r?;
+        }
+    }
+
+    fn send(&mut self, peer: Source, data: &[u8]) -> Result<()> {
+        let i = self.net.peer(peer, false)?;
+        let now = self.net.now();
+        let p = &mut self.net.peers[i];
+        match p.duplex.send(now, data) {
+            Ok(_) => {}
+            Err(SendError::Failed) => {
+                if self.reported.insert(peer) {
+                    self.errors.push_back(channel_error(
+                        peer,
+                        &ChannelError::Unreachable { timeouts: 0 },
+                    ));
+                }
+                return Ok(());
+            }
+            Err(SendError::TooLarge { len, max }) => {
+                return Err(Error::MessageTooLarge { len, max });
+            }
+        }
+        self.net.transmit(i, now, &mut self.stats)?;
+        self.net.update_deadline();
+        if self.net.peers[i].duplex.is_blocked() {
+            self.blocked_on = Some(i);
+        }
+        Ok(())
+    }
+
+    /// Moves received messages into the delivery ring while it has room. A message read
+    /// in place from a pool slot is copied and its slot (a credit) freed at once.
+    fn deliver(&mut self) -> bool {
+        let mut moved = false;
+        while let Some(r) = self.ready.front() {
+            let (source, data): (Source, &[u8]) = match r {
+                Ready::Slot {
+                    slot,
+                    offset,
+                    len,
+                    source,
+                    ..
+                } => (*source, &self.net.pool.slot(*slot)[*offset..*offset + *len]),
+                Ready::Owned { data, source } => (*source, data),
+            };
+            if !self
+                .deliveries
+                .try_push2(&rec_header(DELIVERY, source), data)
+            {
+                break;
+            }
+            moved = true;
+            if let Some(Ready::Slot { slot, peer, .. }) = self.ready.pop_front() {
+                self.net.pool.free_slot(slot);
+                let now = self.net.last_now;
+                if let Some(p) = self.net.peers.get_mut(peer as usize) {
+                    p.duplex.handle_release(now, 1);
+                }
+            }
+        }
+        if moved {
+            self.shared.wake_app();
+        }
+        moved
+    }
+
+    /// Failed channels are reported once each.
+    fn check_channels(&mut self) {
+        for e in self.errors.iter() {
+            if let Error::PeerFailed { rank, dpid, .. } = e {
+                self.reported.insert(Source {
+                    rank: *rank,
+                    dpid: *dpid,
+                });
+            }
+        }
+    }
+
+    /// Hands errors and counters to the application.
+    fn publish(&mut self) {
+        let mut st = self.stats.clone();
+        self.net.add_counters(&mut st);
+        let mut news = self.shared.news();
+        news.stats = st;
+        if !self.errors.is_empty() {
+            news.errors.extend(self.errors.drain(..));
+            self.shared.has_errors.store(true, Ordering::Release);
+        }
+        drop(news);
+        self.shared.wake_app();
+    }
+}

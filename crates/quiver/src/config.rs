@@ -260,6 +260,7 @@ impl Config {
             rto = (rto * 2).min(base.rto_max);
             timeouts += 1;
         }
+        // Idle channels heartbeat; a peer silent for the peer timeout has failed.
         crate::channel::reliable::Config {
             mode: self.reliability,
             recovery: self.recovery,
@@ -268,6 +269,7 @@ impl Config {
             max_timeouts: timeouts.max(1),
             ..base
         }
+        .with_peer_timeout(self.peer_timeout)
     }
 
     /// Checks that the settings fit together.

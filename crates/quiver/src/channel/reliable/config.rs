@@ -111,7 +111,32 @@ pub struct Config {
     /// Consecutive timeouts (retransmission timeouts without progress, or probes without
     /// any reply) after which the peer is reported unreachable.
     pub max_timeouts: u32,
+    /// Heartbeat interval: when this side has sent nothing at all to the peer for this
+    /// long, it sends a heartbeat (an explicit `Ack` frame with the current
+    /// acknowledgement and credits, so the peer needs no new handling), so that an idle
+    /// peer can tell it is alive. `None`: no heartbeats. Default
+    /// [`DEFAULT_PEER_TIMEOUT`] / [`HEARTBEATS_PER_PEER_TIMEOUT`] (1 s). It must be well
+    /// below the peer's `peer_timeout`: the peer fails the channel only after
+    /// `peer_timeout / heartbeat` heartbeats in a row are lost.
+    pub heartbeat: Option<Duration>,
+    /// Silence detection: when nothing at all (no valid frame of any kind) was heard from
+    /// the peer for this long, the channel fails with
+    /// [`ChannelError::Silent`](super::ChannelError::Silent), whatever the mode and
+    /// whether or not frames are unacknowledged. The clock starts with the first time a
+    /// [`Duplex`](super::Duplex) is given. `None`: only retransmission timeouts
+    /// ([`max_timeouts`](Self::max_timeouts)) fail a channel. Default
+    /// [`DEFAULT_PEER_TIMEOUT`] (10 s). Needs `heartbeat` (shorter) on both ends, else an
+    /// idle channel fails.
+    pub peer_timeout: Option<Duration>,
 }
+
+/// Default [`Config::peer_timeout`]: 10 s (as `QUIVER_PEER_TIMEOUT`).
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Heartbeats per peer timeout in the defaults: the heartbeat interval is the peer
+/// timeout divided by this, so a channel fails falsely only when this many heartbeats in
+/// a row are lost (at 20 % loss: about 1 in 10 million).
+pub const HEARTBEATS_PER_PEER_TIMEOUT: u32 = 10;
 
 impl Default for Config {
     fn default() -> Self {
@@ -127,6 +152,8 @@ impl Default for Config {
             rto_max: Duration::from_secs(1),
             probe_interval: Duration::from_millis(1),
             max_timeouts: 12,
+            heartbeat: Some(DEFAULT_PEER_TIMEOUT / HEARTBEATS_PER_PEER_TIMEOUT),
+            peer_timeout: Some(DEFAULT_PEER_TIMEOUT),
         }
     }
 }
@@ -141,6 +168,28 @@ impl Config {
         Config {
             mode,
             ..Config::default()
+        }
+    }
+
+    /// These settings with silence detection after `peer_timeout` and heartbeats at
+    /// `peer_timeout` / [`HEARTBEATS_PER_PEER_TIMEOUT`] (at least 1 ns).
+    pub fn with_peer_timeout(self, peer_timeout: Duration) -> Config {
+        Config {
+            heartbeat: Some(
+                (peer_timeout / HEARTBEATS_PER_PEER_TIMEOUT).max(Duration::from_nanos(1)),
+            ),
+            peer_timeout: Some(peer_timeout),
+            ..self
+        }
+    }
+
+    /// These settings without heartbeats or silence detection: a channel fails only by
+    /// retransmission timeouts, and an idle one has no timer at all.
+    pub fn without_liveness(self) -> Config {
+        Config {
+            heartbeat: None,
+            peer_timeout: None,
+            ..self
         }
     }
 
@@ -164,6 +213,22 @@ impl Config {
         }
         if self.max_timeouts == 0 {
             return bad("max_timeouts", "must be at least 1");
+        }
+        if self.heartbeat.is_some_and(|h| h.is_zero()) {
+            return bad("heartbeat", "must be positive");
+        }
+        match (self.heartbeat, self.peer_timeout) {
+            (_, Some(t)) if t.is_zero() => return bad("peer_timeout", "must be positive"),
+            (None, Some(_)) => {
+                return bad(
+                    "peer_timeout",
+                    "needs heartbeats (an idle peer would be declared failed)",
+                )
+            }
+            (Some(h), Some(t)) if h >= t => {
+                return bad("heartbeat", "must be shorter than peer_timeout")
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -1,12 +1,14 @@
 //! One endpoint's reliable state for one peer: the outgoing channel's [`Sender`], the
-//! incoming channel's [`Receiver`], and the piggybacking between them.
+//! incoming channel's [`Receiver`], the piggybacking between them, and the liveness of
+//! the peer (heartbeats and silence detection).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use super::time::earliest;
 use super::{
-    AckSent, AckStamp, Config, ConfigError, Counters, Event, Mode, Receiver, SendError, SendStatus,
-    Sender, Time,
+    AckSent, AckStamp, ChannelError, Config, ConfigError, Counters, Event, Mode, Receiver,
+    SendError, SendStatus, Sender, Time,
 };
 use crate::wire::{Flags, FrameKind, Header};
 
@@ -32,12 +34,37 @@ use crate::wire::{Flags, FrameKind, Header};
 /// 3. Arm the timer at [`poll_timeout`](Self::poll_timeout).
 ///
 /// [`is_blocked`](Self::is_blocked) tells whether sends wait for credits.
+///
+/// Liveness ([`Config::heartbeat`], [`Config::peer_timeout`]), in every mode: when
+/// nothing went to the peer for the heartbeat interval, `poll_transmit` hands out a
+/// heartbeat (an `Ack` frame with the current acknowledgement and credits and an empty
+/// bitmap; the peer takes it like any acknowledgement); when no valid frame came from the
+/// peer for the peer timeout, the channel fails with [`ChannelError::Silent`] (once; the
+/// sender then refuses sends, like after [`ChannelError::Unreachable`]). Both clocks start
+/// at the first time given to any method. Both timers are part of
+/// [`poll_timeout`](Self::poll_timeout), so the caller needs nothing beyond the call
+/// order above. A failed channel, or one whose peer said goodbye, has neither timer.
+/// Heartbeats leave sequence numbers, credits, the acknowledgement policy and
+/// [`is_idle`](Self::is_idle) as they are.
 pub struct Duplex<B> {
     mode: Mode,
     checksum: bool,
     sender: Sender,
     receiver: Receiver<B>,
     events: VecDeque<Event>,
+    heartbeat: Option<Duration>,
+    peer_timeout: Option<Duration>,
+    /// When the last valid frame came from the peer (the first time seen, before any).
+    last_heard: Option<Time>,
+    /// When the last frame left for the peer (the first time seen, before any).
+    last_sent: Option<Time>,
+    /// The heartbeat timer fired: the next `poll_transmit` sends one.
+    heartbeat_due: bool,
+    /// The peer said goodbye.
+    peer_closed: bool,
+    /// What ended the channel, once it failed.
+    failure: Option<ChannelError>,
+    heartbeats: u64,
 }
 
 impl<B> Duplex<B> {
@@ -50,6 +77,14 @@ impl<B> Duplex<B> {
             sender: Sender::new(cfg, template)?,
             receiver: Receiver::new(cfg)?,
             events: VecDeque::new(),
+            heartbeat: cfg.heartbeat,
+            peer_timeout: cfg.peer_timeout,
+            last_heard: None,
+            last_sent: None,
+            heartbeat_due: false,
+            peer_closed: false,
+            failure: None,
+            heartbeats: 0,
         })
     }
 
@@ -67,6 +102,7 @@ impl<B> Duplex<B> {
 
     /// Builds and queues the frames of a message; see [`Sender::send`].
     pub fn send(&mut self, now: Time, msg: &[u8]) -> Result<SendStatus, SendError> {
+        self.start_clocks(now);
         self.sender.send(now, msg)
     }
 
@@ -75,9 +111,11 @@ impl<B> Duplex<B> {
     /// [`DirectSend::first_seq`], carrying [`DirectSend::stamp`], sealed if
     /// [`DirectSend::checksum`].
     pub fn send_direct(&mut self, now: Time, frames: u32) -> Option<DirectSend> {
+        self.start_clocks(now);
         let stamp = self.receiver.ack_stamp();
         let first_seq = self.sender.send_direct(now, frames)?;
         self.receiver.on_ack_sent(now, AckSent::Piggybacked);
+        self.sent_at(now);
         Some(DirectSend {
             first_seq,
             stamp,
@@ -90,10 +128,15 @@ impl<B> Duplex<B> {
     /// `None` when it will come out of [`poll_deliver`](Self::poll_deliver).
     ///
     /// When checksums are on, a frame without the CHECKSUM flag is treated as corrupt.
+    /// Any other frame shows that the peer is alive (see [`Config::peer_timeout`]).
     pub fn handle_frame(&mut self, now: Time, header: &Header, buf: B) -> Option<B> {
         if self.checksum && !header.flags.contains(Flags::CHECKSUM) {
             self.handle_invalid(now);
             return Some(buf);
+        }
+        self.start_clocks(now);
+        if self.last_heard.is_some_and(|t| t < now) {
+            self.last_heard = Some(now);
         }
         let stamp = AckStamp {
             ack: header.ack,
@@ -117,6 +160,8 @@ impl<B> Duplex<B> {
                 Some(buf)
             }
             FrameKind::Goodbye => {
+                self.peer_closed = true;
+                self.heartbeat_due = false;
                 self.events.push_back(Event::PeerClosed);
                 Some(buf)
             }
@@ -126,6 +171,7 @@ impl<B> Duplex<B> {
     /// A datagram from the peer that failed decoding or its checksum; see
     /// [`Receiver::handle_corrupt`].
     pub fn handle_invalid(&mut self, now: Time) {
+        self.start_clocks(now);
         self.receiver.handle_corrupt(now);
         self.collect_errors();
     }
@@ -133,29 +179,66 @@ impl<B> Duplex<B> {
     /// The application released `n` buffers of delivered frames; see
     /// [`Receiver::handle_release`].
     pub fn handle_release(&mut self, now: Time, n: u32) -> u32 {
+        self.start_clocks(now);
         self.receiver.handle_release(now, n)
     }
 
-    /// Fires whichever timers are due: retransmission, probe, delayed acknowledgement.
+    /// Fires whichever timers are due: retransmission, probe, delayed acknowledgement,
+    /// heartbeat, and silence ([`ChannelError::Silent`], unless the sender failed first).
     pub fn handle_timeout(&mut self, now: Time) {
+        self.start_clocks(now);
         self.sender.handle_timeout(now);
         self.receiver.handle_timeout(now);
         self.collect_errors();
+        if !self.is_live() {
+            return;
+        }
+        if let (Some(heard), Some(limit)) = (self.last_heard, self.peer_timeout) {
+            if heard + limit <= now {
+                self.sender.abort();
+                self.heartbeat_due = false;
+                let e = ChannelError::Silent {
+                    silence: now.saturating_since(heard),
+                };
+                self.failure = Some(e);
+                self.events.push_back(Event::Error(e));
+                return;
+            }
+        }
+        if self.heartbeat_deadline().is_some_and(|d| d <= now) {
+            self.heartbeat_due = true;
+        }
     }
 
     /// The next datagram to send to the peer: a retransmission, a new data frame or a
     /// probe, each carrying the current acknowledgement; else an explicit `Ack` if one is
-    /// due. Send it before the next call.
+    /// due; else a heartbeat if its timer fired. Send it before the next call.
     pub fn poll_transmit(&mut self, now: Time) -> Option<&[u8]> {
+        self.start_clocks(now);
         let stamp = self.receiver.ack_stamp();
         if self.sender.has_transmit() {
             self.receiver.on_ack_sent(now, AckSent::Piggybacked);
-            return self.sender.poll_transmit(now, stamp);
+            let frame = self.sender.poll_transmit(now, stamp);
+            if frame.is_some() {
+                self.last_sent = Some(now);
+                self.heartbeat_due = false;
+            }
+            return frame;
         }
-        self.receiver.ack_due()?;
-        let sack = self.receiver.sack_bitmap();
-        self.receiver.on_ack_sent(now, AckSent::Explicit);
-        Some(self.sender.build_ack(stamp, sack))
+        if self.receiver.ack_due().is_some() {
+            let sack = self.receiver.sack_bitmap();
+            self.receiver.on_ack_sent(now, AckSent::Explicit);
+            self.sent_at(now);
+            return Some(self.sender.build_ack(stamp, sack));
+        }
+        if self.heartbeat_due && self.is_live() {
+            // Not an acknowledgement as far as the receiver's policy goes (no
+            // `on_ack_sent`): it only repeats the current stamp, with no bitmap.
+            self.sent_at(now);
+            self.heartbeats += 1;
+            return Some(self.sender.build_ack(stamp, 0));
+        }
+        None
     }
 
     /// The next received frame in order.
@@ -169,9 +252,18 @@ impl<B> Duplex<B> {
         self.events.pop_front()
     }
 
-    /// The earliest deadline at which [`handle_timeout`](Self::handle_timeout) has work.
+    /// The earliest deadline at which [`handle_timeout`](Self::handle_timeout) has work
+    /// (the liveness timers included).
     pub fn poll_timeout(&self) -> Option<Time> {
-        earliest(self.sender.poll_timeout(), self.receiver.poll_timeout())
+        let protocol = earliest(self.sender.poll_timeout(), self.receiver.poll_timeout());
+        if !self.is_live() {
+            return protocol;
+        }
+        let silence = self.last_heard.zip(self.peer_timeout).map(|(t, d)| t + d);
+        let heartbeat = (!self.heartbeat_due)
+            .then(|| self.heartbeat_deadline())
+            .flatten();
+        earliest(protocol, earliest(silence, heartbeat))
     }
 
     /// Sends a pending acknowledgement with the next [`poll_transmit`](Self::poll_transmit)
@@ -185,9 +277,34 @@ impl<B> Duplex<B> {
         self.sender.is_blocked()
     }
 
-    /// Whether everything sent is acknowledged and nothing waits to be sent.
+    /// Whether everything sent is acknowledged and nothing waits to be sent (heartbeats
+    /// do not count: an idle channel that heartbeats is idle).
     pub fn is_idle(&self) -> bool {
         self.sender.is_idle()
+    }
+
+    /// Whether the channel failed: [`ChannelError::Unreachable`] or
+    /// [`ChannelError::Silent`] was reported (or is about to be, by
+    /// [`poll_event`](Self::poll_event)). Sends are refused from then on.
+    pub fn is_failed(&self) -> bool {
+        self.failure.is_some() || self.sender.is_failed()
+    }
+
+    /// What ended the channel, once it failed (see [`is_failed`](Self::is_failed)).
+    pub fn failure(&self) -> Option<ChannelError> {
+        self.failure
+    }
+
+    /// Whether the peer said goodbye (`Goodbye` arrived; [`Event::PeerClosed`]).
+    pub fn is_peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// When the last valid frame came from the peer; before any, the first time this
+    /// state was given (where the silence clock starts). `None` before any time was
+    /// given.
+    pub fn last_heard(&self) -> Option<Time> {
+        self.last_heard
     }
 
     /// The outgoing channel's state.
@@ -204,6 +321,7 @@ impl<B> Duplex<B> {
     pub fn counters(&self) -> Counters {
         let mut c = self.sender.counters().clone();
         c.add(self.receiver.counters());
+        c.heartbeats += self.heartbeats;
         c
     }
 
@@ -212,8 +330,39 @@ impl<B> Duplex<B> {
             self.events.push_back(Event::Error(e));
         }
         while let Some(e) = self.sender.poll_error() {
+            if matches!(e, ChannelError::Unreachable { .. }) && self.failure.is_none() {
+                self.failure = Some(e);
+            }
             self.events.push_back(Event::Error(e));
         }
+    }
+
+    /// Starts the liveness clocks at the first time given: a peer never heard from has
+    /// been silent since then.
+    fn start_clocks(&mut self, now: Time) {
+        if self.last_heard.is_none() {
+            self.last_heard = Some(now);
+        }
+        if self.last_sent.is_none() {
+            self.last_sent = Some(now);
+        }
+    }
+
+    /// A frame left for the peer at `now`: no heartbeat is needed before `now + heartbeat`.
+    fn sent_at(&mut self, now: Time) {
+        self.last_sent = Some(now);
+        self.heartbeat_due = false;
+    }
+
+    /// When the next heartbeat is due if nothing else goes to the peer first.
+    fn heartbeat_deadline(&self) -> Option<Time> {
+        self.last_sent.zip(self.heartbeat).map(|(t, d)| t + d)
+    }
+
+    /// Whether the liveness timers run: the channel has not failed and the peer has not
+    /// said goodbye.
+    fn is_live(&self) -> bool {
+        !self.peer_closed && !self.is_failed()
     }
 }
 

@@ -219,6 +219,74 @@ impl SimNode for Multi {
     }
 }
 
+/// A [`Peer`] whose process stops at `at` (`Duration::MAX`: never): from then on it sends nothing, hears nothing
+/// and has no timer, as if it crashed. With `goodbye` it first sends a `Goodbye` frame,
+/// as an endpoint that closes does.
+pub(super) struct Stopping {
+    pub peer: Peer,
+    me: usize,
+    pub at: Duration,
+    pub goodbye: bool,
+    stopped: bool,
+}
+
+impl Stopping {
+    /// `peer` is node `me`'s.
+    pub fn new(peer: Peer, me: usize, at: Duration, goodbye: bool) -> Stopping {
+        Stopping {
+            peer,
+            me,
+            at,
+            goodbye,
+            stopped: false,
+        }
+    }
+
+    fn goodbye_frame(&self) -> Vec<u8> {
+        let mut h = [0u8; crate::wire::HEADER_LEN];
+        Header {
+            kind: FrameKind::Goodbye,
+            ..template(self.me, self.peer.peer)
+        }
+        .emit_sealed(&mut h, &[]);
+        h.to_vec()
+    }
+}
+
+impl SimNode for Stopping {
+    fn handle_datagram(&mut self, now: Duration, from: usize, datagram: Vec<u8>) {
+        if now < self.at {
+            self.peer.handle_datagram(now, from, datagram);
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Duration) {
+        if now < self.at {
+            self.peer.handle_timeout(now);
+        }
+    }
+
+    fn poll_transmit(&mut self, now: Duration) -> Option<(usize, Vec<u8>)> {
+        if now < self.at {
+            return self.peer.poll_transmit(now);
+        }
+        if self.stopped {
+            return None;
+        }
+        self.stopped = true;
+        self.goodbye.then(|| (self.peer.peer, self.goodbye_frame()))
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        if self.stopped {
+            return None;
+        }
+        // Wake at `at` to stop (and say goodbye); `Duration::MAX`: never.
+        let stop = (self.at < Duration::MAX).then_some(self.at);
+        [self.peer.poll_timeout(), stop].into_iter().flatten().min()
+    }
+}
+
 /// Messages of the given sizes, filled from `seed`, each starting with its index (when
 /// it has room) so that no two are equal.
 pub(super) fn messages(sizes: &[usize], seed: u64) -> Vec<Vec<u8>> {

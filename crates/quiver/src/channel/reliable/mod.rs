@@ -39,6 +39,14 @@
 //! - `Heartbeat` (probe): `seq` is the sender's next sequence number, so a receiver
 //!   learns of frames lost at the tail of a burst; the receiver answers with an `Ack`.
 //!
+//! Liveness uses no frame kind of its own: a side that has sent nothing to its peer for
+//! [`Config::heartbeat`] sends an `Ack` with its current acknowledgement and credits and
+//! an empty bitmap (a liveness heartbeat: it repeats what the peer already knows, asks
+//! for no reply and never triggers a repair). Any valid frame from the peer shows it is
+//! alive; after [`Config::peer_timeout`] without one the channel fails with
+//! [`ChannelError::Silent`]. (The `Heartbeat` kind is the sender's probe above, which
+//! asks for a reply; the liveness heartbeat is not a probe.)
+//!
 //! The credit limit `ack + credits` equals the receiver's released frames plus W: it
 //! never moves backwards, so the sender takes the largest limit it has seen and stale or
 //! duplicated acknowledgements are harmless.
@@ -52,6 +60,10 @@
 //!   reordering) is reported as [`ChannelError::Lost`], a checksum failure as
 //!   [`ChannelError::Corrupt`], within a bounded time (the sender's probe detects a lost
 //!   tail). Nothing is retransmitted.
+//! - All modes, with [`Config::peer_timeout`] set: a peer from which no valid frame
+//!   arrived for that long is reported once as [`ChannelError::Silent`] and the channel
+//!   fails, idle or not; a channel whose peer said goodbye ([`Event::PeerClosed`]) never
+//!   does, nor sends heartbeats.
 //! - All modes: a sender whose window is closed queues, never drops; no input from the
 //!   peer makes a state machine panic; sequence numbers wrap.
 
@@ -61,6 +73,8 @@ mod receiver;
 mod sender;
 mod time;
 
+use std::time::Duration;
+
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
@@ -68,7 +82,10 @@ mod sim_tests;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Config, ConfigError, Mode, ModeParseError, Recovery, MAX_WINDOW};
+pub use config::{
+    Config, ConfigError, Mode, ModeParseError, Recovery, DEFAULT_PEER_TIMEOUT,
+    HEARTBEATS_PER_PEER_TIMEOUT, MAX_WINDOW,
+};
 pub use duplex::{DirectSend, Duplex};
 pub use receiver::Receiver;
 pub use sender::Sender;
@@ -113,7 +130,8 @@ pub enum AckSent {
 /// An error on a channel. [`Lost`](Self::Lost), [`Corrupt`](Self::Corrupt) and
 /// [`Overrun`](Self::Overrun) are reported by the receiving side and the channel goes on
 /// with the next frame; [`Unreachable`](Self::Unreachable) is reported by the sending
-/// side and ends it.
+/// side and [`Silent`](Self::Silent) by the [`Duplex`]; either ends it (the peer failed),
+/// and a channel reports at most one of them, once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChannelError {
@@ -139,6 +157,13 @@ pub enum ChannelError {
     Unreachable {
         /// Consecutive timeouts counted.
         timeouts: u32,
+    },
+    /// Nothing at all was heard from the peer for [`Config::peer_timeout`]: no frame, not
+    /// even a heartbeat.
+    #[error("peer silent: nothing heard from it for {silence:?}")]
+    Silent {
+        /// How long it had been silent when this was noticed (at least the peer timeout).
+        silence: Duration,
     },
 }
 
@@ -175,7 +200,8 @@ pub enum SendError {
         /// The maximum.
         max: usize,
     },
-    /// The channel failed ([`ChannelError::Unreachable`] was reported).
+    /// The channel failed ([`ChannelError::Unreachable`] or [`ChannelError::Silent`] was
+    /// reported).
     #[error("the channel failed: the peer is unreachable")]
     Failed,
 }
@@ -218,6 +244,9 @@ pub struct Counters {
     pub acks_delayed: u64,
     /// Explicit acknowledgements sent because half a window arrived or was released.
     pub acks_half_window: u64,
+    /// Liveness heartbeats sent (`Ack` frames sent because nothing else went to the peer
+    /// for [`Config::heartbeat`]; not counted in `acks_explicit`).
+    pub heartbeats: u64,
 }
 
 impl Counters {
@@ -241,6 +270,7 @@ impl Counters {
             acks_explicit,
             acks_delayed,
             acks_half_window,
+            heartbeats,
         } = other;
         self.data_sent += data_sent;
         self.retransmissions += retransmissions;
@@ -259,6 +289,7 @@ impl Counters {
         self.acks_explicit += acks_explicit;
         self.acks_delayed += acks_delayed;
         self.acks_half_window += acks_half_window;
+        self.heartbeats += heartbeats;
     }
 }
 

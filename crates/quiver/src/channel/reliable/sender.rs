@@ -422,7 +422,8 @@ impl Sender {
         self.pending.is_empty() && self.snd_una == self.next_tx
     }
 
-    /// Whether the sender gave up ([`ChannelError::Unreachable`] was reported).
+    /// Whether the sender gave up ([`ChannelError::Unreachable`] was reported, or the
+    /// [`Duplex`](super::Duplex) found the peer silent).
     pub fn is_failed(&self) -> bool {
         self.failed
     }
@@ -568,9 +569,16 @@ impl Sender {
     }
 
     fn fail(&mut self, timeouts: u32) {
-        self.failed = true;
+        self.abort();
         self.errors
             .push_back(ChannelError::Unreachable { timeouts });
+    }
+
+    /// Gives up on the peer without reporting anything (whoever calls this reports why):
+    /// the sender fails as after [`ChannelError::Unreachable`], refusing sends and
+    /// sending nothing more.
+    pub(super) fn abort(&mut self) {
+        self.failed = true;
         self.rto_deadline = None;
         self.probe_deadline = None;
         self.probe_due = false;

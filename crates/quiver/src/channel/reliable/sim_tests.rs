@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::harness::{is_subsequence, messages, Multi, PairSetup, Peer};
-use super::{ChannelError, Config, Mode, Recovery};
+use super::harness::{is_subsequence, messages, Multi, PairSetup, Peer, Stopping};
+use super::{ChannelError, Config, Mode, Recovery, Time};
 use crate::link::sim::{FaultConfig, Limits, LinkConfig, Network};
 
 /// Cases per property: 64, or `PROPTEST_CASES` for a longer soak.
@@ -80,7 +80,8 @@ fn host_config(window: u16, selective: bool, offload: bool) -> Config {
         window,
         // High enough that a run of bad luck at 30 % loss never gives up.
         max_timeouts: 40,
-        ..Config::default()
+        // Runs settle only when no timer is left: no heartbeats (see the liveness tests).
+        ..Config::default().without_liveness()
     }
 }
 
@@ -167,7 +168,7 @@ proptest! {
         release_us in prop_oneof![Just(0u64), 1u64..500],
         checksum in any::<bool>(),
     ) {
-        let cfg = Config { window, checksum, ..Config::with_mode(Mode::None) };
+        let cfg = Config { window, checksum, ..Config::with_mode(Mode::None).without_liveness() };
         let mut s = PairSetup::new(cfg, link);
         s.a_to_b = messages(&a_sizes, seed);
         s.b_to_a = messages(&b_sizes, seed ^ 1);
@@ -200,7 +201,7 @@ proptest! {
         seed in any::<u64>(),
         release_us in prop_oneof![Just(0u64), 1u64..300],
     ) {
-        let cfg = Config { window, ..Config::with_mode(Mode::None) };
+        let cfg = Config { window, ..Config::with_mode(Mode::None).without_liveness() };
         let mut s = PairSetup::new(cfg, link);
         s.a_to_b = messages(&a_sizes, seed);
         s.release_delay = Duration::from_micros(release_us);
@@ -223,7 +224,7 @@ proptest! {
 /// timeouts, and the run settles instead of retransmitting forever.
 #[test]
 fn host_mode_reports_an_unreachable_peer() {
-    let cfg = Config::with_mode(Mode::Host);
+    let cfg = Config::with_mode(Mode::Host).without_liveness();
     let dead = LinkConfig {
         faults: FaultConfig::parse("loss=1,seed=3").unwrap(),
         ..LinkConfig::default()
@@ -277,7 +278,7 @@ fn incast(cfg: &Config, senders: usize, per_sender: usize) -> (Vec<Multi>, Netwo
 /// one that does not, reports the loss.
 #[test]
 fn incast_through_small_queues() {
-    let (nodes, net) = incast(&Config::with_mode(Mode::Host), 4, 200);
+    let (nodes, net) = incast(&Config::with_mode(Mode::Host).without_liveness(), 4, 200);
     let drops: u64 = (1..=4).map(|i| net.stats(i, 0).unwrap().queue_drops).sum();
     assert!(drops > 0, "the queues overflow with W = 64");
     for (i, p) in nodes[0].peers.iter().enumerate() {
@@ -287,7 +288,7 @@ fn incast_through_small_queues() {
 
     let fits = Config {
         window: 8,
-        ..Config::with_mode(Mode::None)
+        ..Config::with_mode(Mode::None).without_liveness()
     };
     let (nodes, net) = incast(&fits, 4, 200);
     let drops: u64 = (1..=4).map(|i| net.stats(i, 0).unwrap().queue_drops).sum();
@@ -298,7 +299,7 @@ fn incast_through_small_queues() {
         assert!(nodes[i + 1].peers[0].blocked_sends > 0);
     }
 
-    let (nodes, _) = incast(&Config::with_mode(Mode::None), 4, 200);
+    let (nodes, _) = incast(&Config::with_mode(Mode::None).without_liveness(), 4, 200);
     for p in &nodes[0].peers {
         assert!(p.received.len() < 200);
         assert!(matches!(
@@ -314,7 +315,7 @@ fn goodput(recovery: Recovery, loss: f64, seed: u64) -> (f64, u64) {
     let cfg = Config {
         recovery,
         max_timeouts: 50,
-        ..Config::with_mode(Mode::Host)
+        ..Config::with_mode(Mode::Host).without_liveness()
     };
     let link = LinkConfig {
         latency: Duration::from_micros(20),
@@ -356,5 +357,267 @@ fn goodput_comparison() {
             row += &format!("   {mbps:>10.1} ({retx:>6})     ");
         }
         println!("{row}");
+    }
+}
+
+// ---- Liveness: heartbeats and silence detection in the simulator ----
+
+/// Settings with heartbeats every `heartbeat` and silence detection after `timeout`.
+fn live(mode: Mode, heartbeat: Duration, timeout: Duration) -> Config {
+    Config {
+        heartbeat: Some(heartbeat),
+        peer_timeout: Some(timeout),
+        // Retransmissions must not give up first: silence is under test.
+        max_timeouts: 1000,
+        ..Config::with_mode(mode)
+    }
+}
+
+fn lossy(loss: f64, seed: u64) -> LinkConfig {
+    LinkConfig {
+        latency: Duration::from_micros(50),
+        faults: FaultConfig {
+            loss,
+            jitter: Duration::from_micros(20),
+            seed,
+            ..FaultConfig::none()
+        },
+        ..LinkConfig::default()
+    }
+}
+
+/// Node 0 and node 1 over `link`, each sending its messages every `gap` from `start`;
+/// node 1 stops at `stop` (with a goodbye if `goodbye`). Runs until `until` (or until no
+/// timer is left). Returns the nodes and whether the run settled before `until`.
+#[allow(clippy::too_many_arguments)]
+fn liveness_run(
+    cfg: &Config,
+    link: LinkConfig,
+    msgs: [Vec<Vec<u8>>; 2],
+    start: Duration,
+    gap: Duration,
+    stop: Option<Duration>,
+    goodbye: bool,
+    until: Duration,
+) -> (Vec<Stopping>, bool) {
+    let mut net = Network::new(2, link);
+    let mut nodes: Vec<Stopping> = msgs
+        .into_iter()
+        .enumerate()
+        .map(|(me, m)| {
+            let mut p = Peer::new(cfg, me, 1 - me);
+            p.script(m, start, gap);
+            let at = if me == 1 { stop } else { None };
+            Stopping::new(p, me, at.unwrap_or(Duration::MAX), goodbye)
+        })
+        .collect();
+    let limits = Limits {
+        max_time: until,
+        max_steps: 50_000_000,
+    };
+    let settled = match net.run(&mut nodes, limits) {
+        Ok(_) => true,
+        Err(crate::link::sim::SimError::TimeLimit { .. }) => false,
+        Err(e) => panic!("{e}"),
+    };
+    (nodes, settled)
+}
+
+/// Two idle peers with only heartbeats between them stay alive for 1000 s of virtual
+/// time, in every mode, on a perfect link and at 20 % loss (heartbeat interval a tenth of
+/// the timeout: a false failure needs 10 losses in a row).
+#[test]
+fn idle_peers_stay_alive_on_heartbeats() {
+    let (hb, timeout) = (Duration::from_millis(100), Duration::from_secs(1));
+    for mode in [Mode::None, Mode::Host, Mode::Offload] {
+        for (loss, seed) in [(0.0, 1), (0.2, 2), (0.2, 3)] {
+            let cfg = live(mode, hb, timeout);
+            let (nodes, settled) = liveness_run(
+                &cfg,
+                lossy(loss, seed),
+                [vec![], vec![]],
+                Duration::ZERO,
+                Duration::ZERO,
+                None,
+                false,
+                Duration::from_secs(1000),
+            );
+            assert!(!settled, "heartbeats keep the timers running");
+            for n in &nodes {
+                let d = &n.peer.duplex;
+                assert!(
+                    n.peer.errors.is_empty(),
+                    "{mode} loss {loss}: {:?}",
+                    n.peer.errors
+                );
+                assert!(!d.is_failed() && d.is_idle());
+                // One heartbeat per interval (the peer's heartbeats do not reset it).
+                let beats = d.counters().heartbeats;
+                assert!((9_990..=10_000).contains(&beats), "{mode}: {beats}");
+                let c = d.counters();
+                assert_eq!(c.data_sent + c.acks_explicit + c.probes, 0, "{mode}");
+            }
+        }
+    }
+}
+
+/// The control of the test above: heartbeats only twice per timeout at 50 % loss do
+/// miss the timeout sometimes, and the (false) failure is reported.
+#[test]
+fn heartbeats_too_sparse_for_the_loss_miss_the_timeout() {
+    let cfg = live(
+        Mode::Host,
+        Duration::from_millis(500),
+        Duration::from_secs(1),
+    );
+    let (nodes, _) = liveness_run(
+        &cfg,
+        lossy(0.5, 4),
+        [vec![], vec![]],
+        Duration::ZERO,
+        Duration::ZERO,
+        None,
+        false,
+        Duration::from_secs(1000),
+    );
+    let failures = nodes.iter().filter(|n| n.peer.duplex.is_failed()).count();
+    assert!(failures > 0, "two losses in a row in 1000 s at 50 % loss");
+}
+
+/// Data and heartbeats share a lossy channel: heartbeats go in the pauses, every
+/// message arrives exactly once and in order, and nothing fails.
+#[test]
+fn data_flows_between_heartbeats() {
+    let (hb, timeout) = (Duration::from_millis(5), Duration::from_millis(100));
+    let sizes: Vec<usize> = (0..60).map(|i| [10, 1400, 4000][i % 3]).collect();
+    for (recovery, seed) in [(Recovery::GoBackN, 5), (Recovery::Selective, 6)] {
+        let cfg = Config {
+            recovery,
+            ..live(Mode::Host, hb, timeout)
+        };
+        let msgs = [messages(&sizes, seed), messages(&sizes, seed ^ 1)];
+        let (nodes, _) = liveness_run(
+            &cfg,
+            lossy(0.1, seed),
+            msgs,
+            Duration::ZERO,
+            Duration::from_millis(12),
+            None,
+            false,
+            Duration::from_secs(5),
+        );
+        for (from, to) in [
+            (&nodes[0].peer, &nodes[1].peer),
+            (&nodes[1].peer, &nodes[0].peer),
+        ] {
+            assert!(to.errors.is_empty(), "{:?}", to.errors);
+            assert_eq!(to.rx_anomalies, 0);
+            assert!(to.received == from.sent, "messages differ");
+            assert!(from.duplex.is_idle());
+            assert!(from.duplex.counters().heartbeats > 0);
+        }
+    }
+    // Mode none on a perfect link (no jitter: it would reorder): a heartbeat is never
+    // taken for a probe or a gap.
+    let cfg = live(Mode::None, hb, timeout);
+    let msgs = [messages(&sizes, 7), messages(&sizes, 8)];
+    let (nodes, _) = liveness_run(
+        &cfg,
+        LinkConfig::default(),
+        msgs,
+        Duration::ZERO,
+        Duration::from_millis(12),
+        None,
+        false,
+        Duration::from_secs(5),
+    );
+    for (from, to) in [
+        (&nodes[0].peer, &nodes[1].peer),
+        (&nodes[1].peer, &nodes[0].peer),
+    ] {
+        assert!(to.errors.is_empty(), "{:?}", to.errors);
+        assert!(to.received == from.sent, "messages differ");
+        assert_eq!(to.duplex.counters().lost, 0);
+        assert!(from.duplex.counters().heartbeats > 0);
+    }
+}
+
+/// A peer that crashes (stops without a word) is reported exactly once, within the
+/// timeout of its last frame: no later than `stop + timeout`, no earlier than
+/// `stop + timeout - heartbeat - latency`. Then the survivor goes quiet (the run
+/// settles) and refuses sends. In every mode, with data flowing before the crash and
+/// sends after it (the retransmitting modes may not give up first).
+#[test]
+fn a_crashed_peer_is_reported_once_within_the_timeout() {
+    let (hb, timeout) = (Duration::from_millis(100), Duration::from_secs(2));
+    let stop = Duration::from_millis(3_050);
+    for mode in [Mode::None, Mode::Host, Mode::Offload] {
+        for seed in [11, 12] {
+            let cfg = live(mode, hb, timeout);
+            // Node 0 sends every 500 ms, on after the crash; node 1 every 500 ms too.
+            let msgs = [messages(&[100; 12], seed), messages(&[100; 12], seed ^ 1)];
+            let loss = if mode == Mode::None { 0.0 } else { 0.05 };
+            let (nodes, settled) = liveness_run(
+                &cfg,
+                lossy(loss, seed),
+                msgs,
+                Duration::from_millis(10),
+                Duration::from_millis(500),
+                Some(stop),
+                false,
+                Duration::from_secs(600),
+            );
+            assert!(
+                settled,
+                "{mode}: the survivor stops its timers after the failure"
+            );
+            let a = &nodes[0].peer;
+            assert_eq!(a.errors.len(), 1, "{mode}: {:?}", a.errors);
+            let (at, e) = a.errors[0];
+            let ChannelError::Silent { silence } = e else {
+                panic!("{mode}: {e:?}");
+            };
+            let earliest = Time::from_duration(stop + timeout - hb - Duration::from_millis(1));
+            let latest = Time::from_duration(stop + timeout);
+            assert!(
+                earliest <= at && at <= latest,
+                "{mode}: reported at {at:?}, crash at {stop:?}"
+            );
+            assert!(silence >= timeout);
+            assert!(a.duplex.is_failed() && a.duplex.poll_timeout().is_none());
+            assert!(
+                a.refused_sends > 0,
+                "{mode}: sends after the failure are refused"
+            );
+            assert!(nodes[1].peer.errors.is_empty());
+        }
+    }
+}
+
+/// A peer that says goodbye and goes away is not reported: no error, no heartbeat, and
+/// the survivor's timers stop.
+#[test]
+fn a_peer_that_closed_is_not_reported() {
+    let (hb, timeout) = (Duration::from_millis(100), Duration::from_secs(1));
+    for mode in [Mode::None, Mode::Host, Mode::Offload] {
+        let cfg = live(mode, hb, timeout);
+        let msgs = [messages(&[100; 4], 1), messages(&[100; 4], 2)];
+        let (nodes, settled) = liveness_run(
+            &cfg,
+            lossy(0.0, 1),
+            msgs,
+            Duration::from_millis(10),
+            Duration::from_millis(300),
+            Some(Duration::from_millis(2_000)),
+            true,
+            Duration::from_secs(600),
+        );
+        let a = &nodes[0].peer;
+        assert!(settled, "{mode}: no timer left once the peer closed");
+        assert!(a.errors.is_empty(), "{mode}: {:?}", a.errors);
+        assert!(a.duplex.is_peer_closed() && !a.duplex.is_failed());
+        assert_eq!(a.received, nodes[1].peer.sent);
+        // About 20 heartbeats in the 2 s before the goodbye, none after.
+        assert!(a.duplex.counters().heartbeats <= 20, "{mode}");
     }
 }

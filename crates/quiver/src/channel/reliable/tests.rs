@@ -11,10 +11,12 @@ fn t(us: u64) -> Time {
     Time::from_micros(us)
 }
 
+/// A configuration without liveness timers, so that the deadlines these tests expect are
+/// the protocol's only (the liveness tests turn them on).
 fn config(mode: Mode, window: u16) -> Config {
     Config {
         window,
-        ..Config::with_mode(mode)
+        ..Config::with_mode(mode).without_liveness()
     }
 }
 
@@ -607,4 +609,300 @@ fn mode_none_direct_sends_skip_the_copy() {
     // Retransmitting modes must keep what they send: no direct path.
     let (mut h, _) = pair(&config(Mode::Host, 4));
     assert_eq!(h.send_direct(t(0), 1), None);
+}
+
+// ---- Liveness: heartbeats and silence detection ----
+
+fn ms(n: u64) -> Time {
+    Time::from_micros(n * 1000)
+}
+
+/// Heartbeats every 100 ms, silence detection after 1 s.
+fn live(mode: Mode, window: u16) -> Config {
+    Config {
+        window,
+        heartbeat: Some(Duration::from_millis(100)),
+        peer_timeout: Some(Duration::from_secs(1)),
+        ..Config::with_mode(mode)
+    }
+}
+
+/// Drives `a` and `b` over a perfect, instant link from `now` to `until`: A sends each of
+/// `msgs` at its time, every timer of either side fires at its deadline. Returns the
+/// payloads B received.
+fn drive(
+    a: &mut Duplex<Vec<u8>>,
+    b: &mut Duplex<Vec<u8>>,
+    mut now: Time,
+    until: Time,
+    msgs: &[(Time, Vec<u8>)],
+) -> Vec<Vec<u8>> {
+    let mut msgs = msgs.iter().peekable();
+    let mut got = Vec::new();
+    for _ in 0..1_000_000 {
+        while let Some((_, m)) = msgs.next_if(|(at, _)| *at <= now) {
+            a.send(now, m).unwrap();
+        }
+        got.extend(exchange(a, b, now));
+        let next = [
+            a.poll_timeout(),
+            b.poll_timeout(),
+            msgs.peek().map(|(at, _)| *at),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        match next {
+            Some(next) if next <= until => {
+                now = now.max(next);
+                a.handle_timeout(now);
+                b.handle_timeout(now);
+            }
+            _ => return got,
+        }
+    }
+    panic!("the timers never settle");
+}
+
+/// Drives `d` alone (whatever it sends is lost) until `until`; returns its events with
+/// their times.
+fn drive_alone(d: &mut Duplex<Vec<u8>>, mut now: Time, until: Time) -> Vec<(Time, Event)> {
+    let mut evs = Vec::new();
+    for _ in 0..1_000_000 {
+        out(d, now);
+        evs.extend(events(d).into_iter().map(|e| (now, e)));
+        match d.poll_timeout() {
+            Some(next) if next <= until => {
+                now = now.max(next);
+                d.handle_timeout(now);
+            }
+            _ => return evs,
+        }
+    }
+    panic!("the timers never settle");
+}
+
+#[test]
+fn liveness_settings_are_validated() {
+    let d = Config::default();
+    assert_eq!(d.peer_timeout, Some(DEFAULT_PEER_TIMEOUT));
+    assert_eq!(d.heartbeat, Some(Duration::from_secs(1)));
+    let c = Config::default().with_peer_timeout(Duration::from_secs(3));
+    assert_eq!(
+        (c.heartbeat, c.peer_timeout),
+        (
+            Some(Duration::from_millis(300)),
+            Some(Duration::from_secs(3))
+        )
+    );
+    assert!(c.validate().is_ok());
+    assert!(Config::default().without_liveness().validate().is_ok());
+    let keepalive_only = Config {
+        peer_timeout: None,
+        ..Config::default()
+    };
+    assert!(keepalive_only.validate().is_ok());
+    for (heartbeat, peer_timeout, field) in [
+        (Some(0), Some(1000), "heartbeat"),
+        (Some(0), None, "heartbeat"),
+        (Some(10), Some(0), "peer_timeout"),
+        (Some(1000), Some(1000), "heartbeat"),
+        (Some(2000), Some(1000), "heartbeat"),
+        (None, Some(1000), "peer_timeout"),
+    ] {
+        let cfg = Config {
+            heartbeat: heartbeat.map(Duration::from_millis),
+            peer_timeout: peer_timeout.map(Duration::from_millis),
+            ..Config::default()
+        };
+        let e = cfg.validate().unwrap_err();
+        assert_eq!(e.field, field, "{heartbeat:?} {peer_timeout:?}: {e}");
+    }
+}
+
+#[test]
+fn heartbeats_go_on_an_idle_channel_and_not_while_data_flows() {
+    for mode in [Mode::None, Mode::Host, Mode::Offload] {
+        let (mut a, mut b) = pair(&live(mode, 8));
+        assert_eq!(a.poll_timeout(), None, "no clock before the first time");
+        assert!(out(&mut a, ms(0)).is_empty());
+        assert!(out(&mut b, ms(0)).is_empty());
+        assert_eq!(a.poll_timeout(), Some(ms(100)), "{mode}");
+        a.handle_timeout(ms(99));
+        assert!(
+            out(&mut a, ms(99)).is_empty(),
+            "{mode}: not before the interval"
+        );
+        a.handle_timeout(ms(100));
+        let hb = out(&mut a, ms(100));
+        assert_eq!(hb.len(), 1, "{mode}: one heartbeat");
+        let h = header(&hb[0]);
+        // An acknowledgement of nothing new, with the credits the peer already has.
+        assert_eq!(
+            (h.kind, h.seq, h.ack, h.credits),
+            (FrameKind::Ack, 0, 0, 8),
+            "{mode}"
+        );
+        assert!(h.flags.contains(Flags::CHECKSUM));
+        let c = a.counters();
+        assert_eq!((c.heartbeats, c.acks_explicit), (1, 0), "{mode}");
+        assert_eq!(a.poll_timeout(), Some(ms(200)), "{mode}");
+        // The peer takes it without a reply and without any protocol change.
+        let before = b.counters();
+        assert!(feed(&mut b, ms(100), hb).is_empty());
+        assert_eq!(b.counters(), before, "{mode}");
+        assert!(events(&mut b).is_empty());
+        assert!(out(&mut b, ms(100)).is_empty(), "{mode}: no reply");
+        assert_eq!(b.last_heard(), Some(ms(100)));
+
+        // A sends every 50 ms for a second: it never needs a heartbeat; B acknowledges
+        // (in the retransmitting modes), so neither does it.
+        let msgs: Vec<(Time, Vec<u8>)> = (0..20u64)
+            .map(|i| (ms(150 + 50 * i), vec![i as u8; 10]))
+            .collect();
+        let got = drive(&mut a, &mut b, ms(100), ms(150), &msgs);
+        let (a0, b0) = (a.counters().heartbeats, b.counters().heartbeats);
+        let got = [got, drive(&mut a, &mut b, ms(150), ms(1100), &msgs[1..])].concat();
+        assert_eq!(got, msgs.iter().map(|m| m.1.clone()).collect::<Vec<_>>());
+        assert_eq!(a.counters().heartbeats, a0, "{mode}: A sent data all along");
+        if mode.retransmits() {
+            assert_eq!(
+                b.counters().heartbeats,
+                b0,
+                "{mode}: B acknowledged all along"
+            );
+        }
+        // Heartbeats disturbed nothing: sequence numbers went on from 0, all is
+        // acknowledged, nothing lost or retransmitted.
+        assert_eq!(b.receiver().expected(), 20);
+        let c = a.counters();
+        assert_eq!((c.data_sent, c.retransmissions, c.bad_acks), (20, 0, 0));
+        assert_eq!(b.counters().lost + b.counters().duplicates, 0);
+        // Idle again: A heartbeats every 100 ms, and stays idle.
+        let a1 = a.counters().heartbeats;
+        drive(&mut a, &mut b, ms(1100), ms(3100), &[]);
+        let beats = a.counters().heartbeats - a1;
+        assert!(
+            (19..=21).contains(&beats),
+            "{mode}: {beats} heartbeats in 2 s"
+        );
+        assert!(a.is_idle() && b.is_idle(), "{mode}");
+        assert!(
+            events(&mut a).is_empty() && events(&mut b).is_empty(),
+            "{mode}"
+        );
+        assert!(!a.is_failed() && !b.is_failed());
+    }
+}
+
+#[test]
+fn a_silent_peer_is_reported_once_at_the_timeout() {
+    for mode in [Mode::None, Mode::Host, Mode::Offload] {
+        let (mut a, _) = pair(&live(mode, 8));
+        let evs = drive_alone(&mut a, ms(0), ms(60_000));
+        assert_eq!(
+            evs,
+            vec![(
+                ms(1000),
+                Event::Error(ChannelError::Silent {
+                    silence: Duration::from_secs(1)
+                })
+            )],
+            "{mode}"
+        );
+        // Heartbeats at 100, 200, ..., 900 ms; then none.
+        assert_eq!(a.counters().heartbeats, 9, "{mode}");
+        assert_eq!(a.poll_timeout(), None, "{mode}");
+        assert!(a.is_failed() && a.sender().is_failed());
+        assert!(matches!(a.failure(), Some(ChannelError::Silent { .. })));
+        assert_eq!(a.send(ms(61_000), b"late"), Err(SendError::Failed));
+        assert!(out(&mut a, ms(61_000)).is_empty());
+    }
+}
+
+#[test]
+fn silence_and_retransmission_timeouts_report_one_failure() {
+    // Data unacknowledged: the retransmissions keep the heartbeat quiet, and whichever
+    // detector fires first is the only one reported.
+    for (max_timeouts, silent) in [(40, true), (3, false)] {
+        let cfg = Config {
+            max_timeouts,
+            ..live(Mode::Host, 8)
+        };
+        let (mut a, _) = pair(&cfg);
+        a.send(ms(0), b"into the void").unwrap();
+        let evs = drive_alone(&mut a, ms(0), ms(120_000));
+        assert_eq!(evs.len(), 1, "{evs:?}");
+        match evs[0] {
+            (at, Event::Error(ChannelError::Silent { .. })) => {
+                assert!(silent);
+                assert_eq!(at, ms(1000));
+            }
+            (at, Event::Error(ChannelError::Unreachable { timeouts })) => {
+                assert!(!silent);
+                assert_eq!(timeouts, 4);
+                assert!(at < ms(1000));
+            }
+            ref other => panic!("{other:?}"),
+        }
+        // Heartbeats fill only the gaps of the retransmission backoff longer than the
+        // interval (at most 9 before the 1 s timeout), and none after the failure.
+        let beats = a.counters().heartbeats;
+        assert!(if silent { beats <= 9 } else { beats == 0 }, "{beats}");
+        assert_eq!(a.poll_timeout(), None);
+        assert!(a.is_failed());
+    }
+}
+
+#[test]
+fn the_silence_clock_starts_at_the_first_time_and_any_frame_resets_it() {
+    let (mut a, mut b) = pair(&live(Mode::Host, 8));
+    // Created long ago, first used at 5 s: silent since 5 s, not since the epoch.
+    assert!(out(&mut a, ms(5000)).is_empty());
+    assert_eq!(a.last_heard(), Some(ms(5000)));
+    assert_eq!(a.poll_timeout(), Some(ms(5100)));
+    // A frame from B counts as hearing from it.
+    b.send(ms(5500), b"x").unwrap();
+    let f = out(&mut b, ms(5500));
+    assert_eq!(f.len(), 1);
+    feed(&mut a, ms(5500), f);
+    assert_eq!(a.last_heard(), Some(ms(5500)));
+    // An invalid one does not.
+    feed(&mut a, ms(5600), vec![vec![0xff; 40]]);
+    assert_eq!(a.last_heard(), Some(ms(5500)));
+    let evs = drive_alone(&mut a, ms(5600), ms(10_000));
+    assert_eq!(
+        evs,
+        vec![(
+            ms(6500),
+            Event::Error(ChannelError::Silent {
+                silence: Duration::from_secs(1)
+            })
+        )]
+    );
+}
+
+#[test]
+fn a_peer_that_said_goodbye_is_never_reported_silent() {
+    for mode in [Mode::None, Mode::Host, Mode::Offload] {
+        let (_, mut b) = pair(&live(mode, 4));
+        assert!(out(&mut b, ms(0)).is_empty());
+        let mut h = [0u8; crate::wire::HEADER_LEN];
+        Header {
+            kind: FrameKind::Goodbye,
+            ..template(0, 1)
+        }
+        .emit_sealed(&mut h, &[]);
+        feed(&mut b, ms(10), vec![h.to_vec()]);
+        assert!(b.is_peer_closed());
+        let evs = drive_alone(&mut b, ms(10), ms(600_000));
+        assert_eq!(evs, vec![(ms(10), Event::PeerClosed)], "{mode}");
+        assert_eq!(
+            b.counters().heartbeats,
+            0,
+            "{mode}: no heartbeats to a closed peer"
+        );
+        assert_eq!(b.poll_timeout(), None);
+        assert!(!b.is_failed());
+    }
 }

@@ -102,8 +102,9 @@ pub struct BenchOpts {
     /// QUIVER_WAIT; default spin).
     #[arg(long, value_parser = parse_wait_arg, global = true)]
     pub wait: Option<String>,
-    /// Reliability of network channels: none (flow control only) or host
-    /// (retransmission); sets QUIVER_RELIABILITY. Default: the library's (host).
+    /// Reliability of network channels: none (flow control only), host (retransmission
+    /// by the process) or offload (by a progress thread; QUIVER_OFFLOAD_CPU pins it);
+    /// sets QUIVER_RELIABILITY. Default: the library's (host).
     #[arg(long, value_enum, global = true)]
     pub reliability: Option<ReliabilityArg>,
     /// Do not pin rank i to CPU i.
@@ -121,6 +122,8 @@ pub enum ReliabilityArg {
     None,
     /// Retransmission by the process itself (LCI's RX_h).
     Host,
+    /// Retransmission by the offload engine's progress thread (LCI's RX_ni).
+    Offload,
 }
 
 impl ReliabilityArg {
@@ -129,6 +132,7 @@ impl ReliabilityArg {
         match self {
             ReliabilityArg::None => "none",
             ReliabilityArg::Host => "host",
+            ReliabilityArg::Offload => "offload",
         }
     }
 
@@ -137,6 +141,7 @@ impl ReliabilityArg {
         match self {
             ReliabilityArg::None => quiver::channel::reliable::Mode::None,
             ReliabilityArg::Host => quiver::channel::reliable::Mode::Host,
+            ReliabilityArg::Offload => quiver::channel::reliable::Mode::Offload,
         }
     }
 }

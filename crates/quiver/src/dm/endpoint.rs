@@ -2,11 +2,11 @@
 //! side (one connection per destination endpoint) and waiting.
 
 use super::message::{Message, Token};
-use super::net::{channel_error, Net, Ready};
+use super::net::{Net, Ready};
 use super::offload::Offload;
 use super::{EndpointStats, Source};
 use crate::channel::reliable::Mode;
-use crate::channel::reliable::{ChannelError, SendError};
+use crate::channel::reliable::SendError;
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::job::JobShared;
 use crate::link::shm::{ShmRx, ShmTx};
@@ -325,12 +325,7 @@ impl Endpoint {
                 let p = &mut udp.peers[peer];
                 match p.duplex.send(now, data) {
                     Ok(_) => {}
-                    Err(SendError::Failed) => {
-                        return Err(channel_error(
-                            p.source,
-                            &ChannelError::Unreachable { timeouts: 0 },
-                        ))
-                    }
+                    Err(SendError::Failed) => return Err(p.failure()),
                     Err(SendError::TooLarge { len, max }) => {
                         return Err(Error::MessageTooLarge { len, max })
                     }
@@ -484,8 +479,8 @@ impl Endpoint {
             let inner = &mut *guard;
             let udp = inner.udp.as_mut().expect("checked above");
             udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
-            if inner.stats.frames_received != last_rx.0 {
-                last_rx = (inner.stats.frames_received, Instant::now());
+            if udp.data_frames != last_rx.0 {
+                last_rx = (udp.data_frames, Instant::now());
             }
             let pending = udp.unacknowledged();
             Ok((!pending && last_rx.1.elapsed() >= QUIET).then_some(()))

@@ -49,6 +49,9 @@ pub(super) struct Net {
     /// Datagrams gathered for one sendmmsg call, back to back, and where each ends.
     pub(super) gather: Vec<u8>,
     pub(super) gather_ends: Vec<usize>,
+    /// Data frames received (not acknowledgements or heartbeats): a flush waits for
+    /// these to stop.
+    pub(super) data_frames: u64,
 }
 
 /// A datagram held back by the fault injector: (when to send, order of injection, peer,
@@ -65,6 +68,17 @@ pub(super) struct RxFrame {
     pub(super) total_len: Option<u32>,
     pub(super) data_off: u32,
     pub(super) data_len: u32,
+}
+
+impl Peer {
+    /// Why this channel failed, as the endpoint reports it.
+    pub(super) fn failure(&self) -> Error {
+        let why = self
+            .duplex
+            .failure()
+            .unwrap_or(ChannelError::Unreachable { timeouts: 0 });
+        channel_error(self.source, &why)
+    }
 }
 
 /// One peer endpoint reached over the network.
@@ -114,6 +128,7 @@ impl Net {
             delayed_seq: 0,
             gather: Vec::new(),
             gather_ends: Vec::new(),
+            data_frames: 0,
             job,
             dpid,
         })
@@ -257,6 +272,7 @@ impl Net {
             match verdict {
                 Some(i) => {
                     touched = true;
+                    self.data_frames += u64::from(h.kind == FrameKind::Data);
                     if let Some(back) = self.peers[i].duplex.handle_frame(now, &h, rxf) {
                         self.pool.free_slot(back.slot);
                     }
@@ -381,8 +397,8 @@ impl Net {
     pub(super) fn failed_channel(&self) -> Option<Error> {
         self.peers
             .iter()
-            .find(|p| !p.closed && p.duplex.sender().is_failed())
-            .map(|p| channel_error(p.source, &ChannelError::Unreachable { timeouts: 0 }))
+            .find(|p| !p.closed && p.duplex.is_failed())
+            .map(Peer::failure)
     }
 
     /// Adds the channels' and the fault injector's counters to `st`.
@@ -408,7 +424,7 @@ impl Net {
 
 pub(super) fn channel_error(peer: Source, e: &ChannelError) -> Error {
     match e {
-        ChannelError::Unreachable { .. } => Error::PeerFailed {
+        ChannelError::Unreachable { .. } | ChannelError::Silent { .. } => Error::PeerFailed {
             rank: peer.rank,
             dpid: peer.dpid,
             reason: format!("{e} (QUIVER_PEER_TIMEOUT)"),

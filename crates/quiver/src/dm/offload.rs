@@ -19,9 +19,9 @@
 //!
 //! `QUIVER_OFFLOAD_CPU` pins the engine thread to one CPU.
 
-use super::net::{channel_error, Net, Ready};
+use super::net::{Net, Ready};
 use super::{EndpointStats, Source};
-use crate::channel::reliable::{ChannelError, SendError};
+use crate::channel::reliable::SendError;
 use crate::engine::{backoff_until, Notifier, Poller};
 use crate::job::JobShared;
 use crate::link::shm::ring::{Consumer, HeapEnd, HeapRing, Producer};
@@ -112,6 +112,9 @@ pub(super) struct Offload {
     thread: Option<JoinHandle<()>>,
     flush_seq: u64,
     max_message: usize,
+    /// The engine thread may run only on the application's CPU: an empty poll yields
+    /// the CPU to it instead of spinning through its time slice.
+    shares_cpu: bool,
 }
 
 impl Offload {
@@ -132,6 +135,12 @@ impl Offload {
         let poller = Poller::new()?;
         poller.add(net.link.as_raw_fd())?;
         poller.add(shared.engine_bell.as_raw_fd())?;
+        let cpu = job.config.offload_cpu;
+        let shares_cpu = match (cpu, single_cpu()) {
+            (_, None) => false,
+            (None, Some(_)) => true, // the engine inherits the application's one CPU
+            (Some(c), Some(mine)) => c == mine,
+        };
         let engine = Engine {
             net,
             commands: cmd_rx,
@@ -146,8 +155,8 @@ impl Offload {
             closing: None,
             reported: HashSet::new(),
             wait: job.config.wait,
+            shares_cpu,
         };
-        let cpu = job.config.offload_cpu;
         let thread = std::thread::Builder::new()
             .name(format!("quiver-offload-{dpid}"))
             .spawn(move || {
@@ -164,6 +173,7 @@ impl Offload {
             thread: Some(thread),
             flush_seq: 0,
             max_message,
+            shares_cpu,
         })
     }
 
@@ -252,7 +262,12 @@ impl Offload {
     /// The next delivered message: (source, payload pointer, length, token).
     #[inline]
     pub(super) fn try_pop(&mut self) -> Option<(Source, *const u8, usize, u64)> {
-        let rec = self.deliveries.try_pop().ok()??;
+        let Some(rec) = self.deliveries.try_pop().ok().flatten() else {
+            if self.shares_cpu {
+                std::thread::yield_now();
+            }
+            return None;
+        };
         let ptr = self.deliveries.mem().payload_ptr(rec.idx);
         // SAFETY: the record's REC_HDR + len bytes lie inside the ring and stay unchanged
         // until its token is released; the engine writes every delivery with a header.
@@ -355,6 +370,22 @@ fn take_error_for(shared: &Shared, peer: Source) -> Option<Error> {
     e
 }
 
+/// The CPU the calling thread is confined to, if exactly one.
+fn single_cpu() -> Option<usize> {
+    // SAFETY: cpu_set_t is plain data that sched_getaffinity fills; CPU_ISSET reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set));
+        match (cpus.next(), cpus.next()) {
+            (Some(c), None) => Some(c),
+            _ => None,
+        }
+    }
+}
+
 fn pin_to(cpu: usize) {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write inside it; the call affects
     // only the calling thread (pid 0).
@@ -391,6 +422,8 @@ struct Engine {
     /// Peers whose failure was already reported.
     reported: HashSet<Source>,
     wait: WaitMode,
+    /// Runs on the application's CPU: idle polls yield it.
+    shares_cpu: bool,
 }
 
 impl Engine {
@@ -420,12 +453,16 @@ impl Engine {
                 continue;
             }
             let spin = match self.wait {
-                WaitMode::Spin => continue,
+                WaitMode::Spin => Duration::MAX,
                 WaitMode::Block => Duration::ZERO,
                 WaitMode::Hybrid(_) => ENGINE_SPIN,
             };
             if last_work.elapsed() < spin {
-                std::hint::spin_loop();
+                if self.shares_cpu {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             self.sleep();
@@ -528,10 +565,7 @@ impl Engine {
             Ok(_) => {}
             Err(SendError::Failed) => {
                 if self.reported.insert(peer) {
-                    self.errors.push_back(channel_error(
-                        peer,
-                        &ChannelError::Unreachable { timeouts: 0 },
-                    ));
+                    self.errors.push_back(p.failure());
                 }
                 return Ok(());
             }

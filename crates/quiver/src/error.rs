@@ -93,8 +93,9 @@ pub enum Error {
         /// DPID of the peer endpoint.
         dpid: u16,
     },
-    /// A peer failed: its process is gone (same node), or it left our frames
-    /// unacknowledged for longer than `QUIVER_PEER_TIMEOUT` (network). Every later
+    /// A peer failed: its process is gone (same node), or it was silent (no heartbeat)
+    /// or left our frames unacknowledged for longer than `QUIVER_PEER_TIMEOUT`
+    /// (network). Every later
     /// operation towards it fails the same way; other peers are not affected.
     #[error("rank {rank} (DPID {dpid}) failed: {reason}")]
     PeerFailed {

@@ -433,9 +433,10 @@ impl Endpoint {
 
     /// One round of protocol work without taking a message out: receive what arrived
     /// (it waits in the pool for `read`), acknowledge, retransmit, fire due timers.
-    /// Until the offload engine exists, network channels progress only inside quiver
+    /// In `host` and `none` reliability network channels progress only inside quiver
     /// calls; call this while waiting for something else (see also
-    /// [`crate::Job::barrier_progressing`]).
+    /// [`crate::Job::barrier_progressing`]). With the offload engine it does nothing:
+    /// the engine's thread makes progress.
     pub fn progress(&self) -> Result<()> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;

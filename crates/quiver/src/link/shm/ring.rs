@@ -637,6 +637,52 @@ mod tests {
         assert!(c.try_pop().is_err());
     }
 
+    /// A heap ring between two threads: records of two parts arrive whole, in order,
+    /// across many wraps, with the consumer releasing out of order now and then.
+    #[test]
+    fn heap_ring_carries_two_part_records_between_threads() {
+        const N: u32 = 100_000;
+        let (mut tx, mut rx) = HeapRing::split(300);
+        let producer = std::thread::spawn(move || {
+            for i in 0..N {
+                let body = vec![(i % 251) as u8; (i % 293) as usize];
+                while !tx.try_push2(&i.to_le_bytes(), &body) {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut held = None;
+        let mut i = 0;
+        while i < N {
+            let Some(r) = rx.try_pop().unwrap() else {
+                std::thread::yield_now();
+                continue;
+            };
+            // SAFETY: the record is unreleased, so its bytes stay in place.
+            let bytes = unsafe { std::slice::from_raw_parts(rx.mem().payload_ptr(r.idx), r.len) };
+            assert_eq!(&bytes[..4], &i.to_le_bytes(), "record {i}");
+            assert_eq!(bytes.len(), 4 + (i % 293) as usize, "record {i}");
+            assert!(
+                bytes[4..].iter().all(|&b| b == (i % 251) as u8),
+                "record {i}"
+            );
+            // Hold every 7th record until the next one is read: out-of-order release.
+            if i % 7 == 0 {
+                if let Some(t) = held.replace(r.token) {
+                    rx.release(t);
+                }
+            } else {
+                rx.release(r.token);
+                if let Some(t) = held.take() {
+                    rx.release(t);
+                }
+            }
+            i += 1;
+        }
+        producer.join().unwrap();
+        assert!(rx.try_pop().unwrap().is_none());
+    }
+
     proptest! {
         /// Any interleaving of pushes, pops and (possibly out-of-order) releases delivers
         /// every message once, in order, byte-identical.

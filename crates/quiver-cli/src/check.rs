@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! quiver run -n N -- quiver check [--pattern pairs|all-to-all] [--sizes LIST] [--count N]
-//!                                 [--transport shm|udp]
+//!                                 [--transport shm|udp] [--tolerate-failures]
 //! mpirun -n N -x QUIVER_RENDEZVOUS=tcp://HOST:PORT quiver check ...
 //! ```
 //!
@@ -39,8 +39,33 @@
 //! `quiver check: 4 ranks, pattern all-to-all, transport shm, 120 messages (3.2 MB) verified`.
 //! A rank that finds an error prints `quiver check: rank R: WHAT` to stderr and exits
 //! with status 1 (the launcher then terminates the job).
+//!
+//! # Surviving failed peers (`--tolerate-failures`)
+//!
+//! Without the option, a peer reported failed ([`quiver::Error::PeerFailed`]) is an error
+//! like any other. With it (start the job with `quiver run --keep-going`, so that the
+//! launcher lets the survivors finish), a rank that learns that a peer failed
+//!
+//! - prints `quiver check: rank R: rank F failed (N of M messages received from it, the
+//!   last S s ago): WHY` to stdout (WHY: the endpoint's error, or `declared failed in the
+//!   job` when it learned it from [`quiver::Job::failed_ranks`]) and declares F failed to
+//!   the job ([`quiver::Job::declare_failed`]);
+//! - writes nothing more to F and stops waiting for it; what F sent before it failed is
+//!   still verified as it arrives (content, order, no duplicates);
+//! - goes on with the rounds among the other ranks, verified as usual.
+//!
+//! A rank learns of a failure from its endpoint (`PeerFailed` from a read or a write), or,
+//! when no message at all has arrived for longer than `QUIVER_PEER_TIMEOUT`, from another
+//! rank's declaration (a rank that waits for a dead network peer with nothing of its own
+//! in flight to it may have no other way to know). The barriers are then
+//! [`quiver::Job::barrier_live`], among the live ranks, whose failed ranks every survivor
+//! adopts (a rank that never talked to the failed one learns of it there). After them
+//! every survivor prints `quiver check: rank R: done; failed ranks: F,...`, the lowest
+//! live rank prints the summary (counting the messages among the live ranks, e.g. `...,
+//! transport shm, rank 1 failed, 240 messages (1.2 MB) among the 3 live ranks
+//! verified`), and the survivors exit with status 0.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use quiver::{Config, Endpoint, Error, Job, TransportChoice};
@@ -52,6 +77,13 @@ use crate::bench::TransportArg;
 const DPID: u16 = 1;
 /// How long a rank waits for the next message before it gives up.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// With `--tolerate-failures`: how long a waiting rank reads before it looks again for
+/// failures that other ranks declared.
+const DECLARED_POLL: Duration = Duration::from_millis(100);
+/// With `--tolerate-failures`: how much longer than `QUIVER_PEER_TIMEOUT` a rank waits
+/// without any message before it believes other ranks' declarations (its own endpoint
+/// has spoken by then if it can).
+const DECLARED_GRACE: Duration = Duration::from_millis(500);
 /// Sizes checked by default: around zero, the 64-byte boundary, the UDP datagram payload
 /// (1472), and multi-fragment messages up to 1 MiB.
 const DEFAULT_SIZES: [usize; 10] = [0, 1, 63, 64, 65, 1471, 1472, 1473, 65536, 1 << 20];
@@ -78,6 +110,11 @@ pub struct CheckArgs {
     /// Transport: shm (shared memory where possible) or udp (overrides QUIVER_TRANSPORT).
     #[arg(long, value_enum)]
     pub transport: Option<TransportArg>,
+    /// Survive failed peers: a peer reported failed (PeerFailed) is dropped, what it sent
+    /// is still verified, the traffic among the others completes and the survivors exit
+    /// with status 0 after printing which ranks failed (use `quiver run --keep-going`).
+    #[arg(long)]
+    pub tolerate_failures: bool,
 }
 
 /// A parsed `--sizes` list (sorted, without duplicates).
@@ -202,6 +239,10 @@ struct Tally<'a> {
     count: u64,
     /// Messages received per source rank (`u64::MAX` marks a rank that is not a peer).
     received: Vec<u64>,
+    /// When the last message of each rank arrived (the start for none yet).
+    last: Vec<Instant>,
+    /// Ranks found failed: no more messages are expected from them.
+    failed: Vec<bool>,
     /// Scratch buffer for the expected bytes.
     expected: Vec<u8>,
 }
@@ -210,6 +251,7 @@ impl<'a> Tally<'a> {
     /// Bookkeeping for `rank` of a job of `size` ranks, expecting `count` messages of each
     /// of `sizes` from each of `peers`.
     fn new(rank: u32, size: u32, peers: &[u32], sizes: &'a [usize], count: u64) -> Self {
+        let now = Instant::now();
         Tally {
             rank,
             size,
@@ -218,6 +260,8 @@ impl<'a> Tally<'a> {
             received: (0..size)
                 .map(|r| if peers.contains(&r) { 0 } else { u64::MAX })
                 .collect(),
+            last: vec![now; size as usize],
+            failed: vec![false; size as usize],
             expected: Vec::new(),
         }
     }
@@ -287,44 +331,13 @@ impl<'a> Tally<'a> {
             ));
         }
         self.received[src as usize] = k + 1;
+        self.last[src as usize] = Instant::now();
         Ok(())
     }
 
-    /// Verifies every message that is waiting, without blocking.
-    fn drain(&mut self, ep: &Endpoint) -> Result<(), String> {
-        loop {
-            match ep.try_read() {
-                Ok(Some(msg)) => {
-                    let src = msg.source().rank;
-                    self.accept(src, &msg)?;
-                }
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(read_error(e)),
-            }
-        }
-    }
-
-    /// Waits until `n` messages have arrived from each of `peers`.
-    fn wait_for(&mut self, ep: &Endpoint, peers: &[u32], n: u64) -> Result<(), String> {
-        while let Some(&slow) = peers.iter().find(|&&p| self.received[p as usize] < n) {
-            match ep.read_timeout(READ_TIMEOUT) {
-                Ok(msg) => {
-                    let src = msg.source().rank;
-                    self.accept(src, &msg)?;
-                }
-                Err(Error::Timeout(t)) => {
-                    return Err(format!(
-                        "timed out after {t:?} waiting for message #{} from rank {slow} \
-                         ({} of {} received)",
-                        self.received[slow as usize],
-                        self.received[slow as usize],
-                        self.total()
-                    ))
-                }
-                Err(e) => return Err(read_error(e)),
-            }
-        }
-        Ok(())
+    /// Whether more messages are expected from peer `p` before round `n` is complete.
+    fn owes(&self, p: u32, n: u64) -> bool {
+        !self.failed[p as usize] && self.received[p as usize] < n
     }
 }
 
@@ -337,6 +350,193 @@ fn read_error(e: Error) -> String {
     }
 }
 
+/// One rank's run of the check: its endpoint, its bookkeeping, and what it does when a
+/// peer fails.
+struct Checker<'a> {
+    job: &'a Job,
+    ep: &'a Endpoint,
+    rx: Tally<'a>,
+    /// `--tolerate-failures`: a failed peer is dropped instead of ending the check.
+    tolerate: bool,
+}
+
+impl Checker<'_> {
+    /// An error of the endpoint: under `--tolerate-failures`, a failed peer is dropped and
+    /// the check goes on; anything else ends it, described by `describe`.
+    fn on_error(&mut self, e: Error, describe: impl FnOnce(Error) -> String) -> Result<(), String> {
+        match e {
+            Error::PeerFailed { rank, .. } if self.tolerate && rank != self.rx.rank => {
+                self.drop_rank(rank, &e.to_string())
+            }
+            e => Err(describe(e)),
+        }
+    }
+
+    /// Stops expecting anything from `rank` and writing to it (once), says so, and
+    /// declares it failed to the other ranks.
+    fn drop_rank(&mut self, rank: u32, why: &str) -> Result<(), String> {
+        let r = rank as usize;
+        if r >= self.rx.failed.len() || self.rx.failed[r] {
+            return Ok(());
+        }
+        self.rx.failed[r] = true;
+        let since = self.rx.last[r].elapsed().as_secs_f64();
+        let got = match self.rx.received[r] {
+            u64::MAX => format!("not a peer of rank {}", self.rx.rank),
+            0 => format!(
+                "0 of {} messages received from it, {since:.2} s after the start",
+                self.rx.total()
+            ),
+            n => format!(
+                "{n} of {} messages received from it, the last {since:.2} s ago",
+                self.rx.total()
+            ),
+        };
+        println!(
+            "quiver check: rank {}: rank {rank} failed ({got}): {why}",
+            self.rx.rank
+        );
+        self.job
+            .declare_failed(rank)
+            .map_err(|e| format!("cannot declare rank {rank} failed: {e}"))
+    }
+
+    /// Drops the ranks that other ranks declared failed.
+    fn adopt_declared(&mut self) -> Result<(), String> {
+        let declared = self
+            .job
+            .failed_ranks()
+            .map_err(|e| format!("cannot read the failed ranks: {e}"))?;
+        self.adopt(&declared)
+    }
+
+    fn adopt(&mut self, failed: &[u32]) -> Result<(), String> {
+        for &rank in failed {
+            if rank != self.rx.rank && !self.rx.failed[rank as usize] {
+                self.drop_rank(rank, "declared failed in the job")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the endpoint's target to `p`; `false` if `p` turned out to have failed.
+    fn target(&mut self, p: u32) -> Result<bool, String> {
+        match self.ep.target_rank(p) {
+            Ok(()) => Ok(true),
+            Err(e) if self.tolerate => {
+                // A peer whose endpoint another rank removed after it died (shared
+                // memory) is not found: believe the declaration, if there is one.
+                let declared = self.job.failed_ranks().unwrap_or_default();
+                if declared.contains(&p) {
+                    self.adopt(&declared)?;
+                    return Ok(false);
+                }
+                self.on_error(e, |e| format!("cannot reach rank {p}: {e}"))?;
+                Ok(!self.rx.failed[p as usize])
+            }
+            Err(e) => Err(format!("cannot reach rank {p}: {e}")),
+        }
+    }
+
+    /// Verifies every message that is waiting, without blocking.
+    fn drain(&mut self) -> Result<(), String> {
+        let ep = self.ep;
+        loop {
+            match ep.try_read() {
+                Ok(Some(msg)) => {
+                    let src = msg.source().rank;
+                    self.rx.accept(src, &msg)?;
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => self.on_error(e, read_error)?,
+            }
+        }
+    }
+
+    /// Waits until `n` messages have arrived from each of `peers` that has not failed.
+    ///
+    /// Under `--tolerate-failures` the endpoint's own verdict comes first: a rank believes
+    /// the failures other ranks declared only once it has waited longer than
+    /// `QUIVER_PEER_TIMEOUT` for any message, which happens when it waits for a dead
+    /// network peer that it has nothing in flight to and its channel cannot tell (before
+    /// heartbeats on idle channels).
+    fn wait_for(&mut self, peers: &[u32], n: u64) -> Result<(), String> {
+        let ep = self.ep;
+        let slice = if self.tolerate {
+            DECLARED_POLL
+        } else {
+            READ_TIMEOUT
+        };
+        let believe_after = self.job.config().peer_timeout + DECLARED_GRACE;
+        let mut since = Instant::now();
+        while let Some(&slow) = peers.iter().find(|&&p| self.rx.owes(p, n)) {
+            match ep.read_timeout(slice) {
+                Ok(msg) => {
+                    let src = msg.source().rank;
+                    self.rx.accept(src, &msg)?;
+                    since = Instant::now();
+                }
+                Err(Error::Timeout(_)) if self.tolerate && since.elapsed() < READ_TIMEOUT => {
+                    if since.elapsed() >= believe_after {
+                        self.adopt_declared()?;
+                    }
+                }
+                Err(Error::Timeout(_)) => {
+                    let got = self.rx.received[slow as usize];
+                    return Err(format!(
+                        "timed out after {READ_TIMEOUT:?} waiting for message #{got} from rank \
+                         {slow} ({got} of {} received)",
+                        self.rx.total()
+                    ));
+                }
+                Err(e) => self.on_error(e, read_error)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Every round: a message to each live peer, then wait for one from each.
+    fn rounds(&mut self, peers: &[u32]) -> Result<(), String> {
+        let rank = self.rx.rank;
+        let mut buf = Vec::new();
+        for k in 0..self.rx.total() {
+            let len = self.rx.len_of(k);
+            buf.resize(len, 0);
+            fill(&mut buf, rank, k);
+            for &p in peers {
+                if self.rx.failed[p as usize] || !self.target(p)? {
+                    continue;
+                }
+                if let Err(e) = self.ep.write(&buf) {
+                    self.on_error(e, |e| {
+                        format!("write of message #{k} ({len} bytes) to rank {p}: {e}")
+                    })?;
+                }
+                self.drain()?;
+            }
+            self.wait_for(peers, k + 1)?;
+        }
+        Ok(())
+    }
+
+    /// The barrier after the traffic: of every rank, or, under `--tolerate-failures`, of
+    /// the live ranks (whose failed set is adopted). Returns the failed ranks.
+    fn barrier(&mut self) -> Result<Vec<u32>, String> {
+        if !self.tolerate {
+            self.job
+                .barrier_progressing(&[self.ep])
+                .map_err(|e| format!("barrier failed: {e}"))?;
+            return Ok(Vec::new());
+        }
+        let failed = self
+            .job
+            .barrier_live(&[self.ep])
+            .map_err(|e| format!("barrier failed: {e}"))?;
+        self.adopt(&failed)?;
+        Ok(failed)
+    }
+}
+
 /// Runs the check on this rank; `Err` says what went wrong.
 fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
     let (rank, size) = (job.rank(), job.size());
@@ -344,51 +544,80 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
         .open(DPID)
         .map_err(|e| format!("cannot open DPID {DPID}: {e}"))?;
     let peers = args.pattern.peers(rank, size);
-    let mut rx = Tally::new(rank, size, &peers, sizes, args.count);
-    let mut buf = Vec::new();
-    for k in 0..rx.total() {
-        let len = rx.len_of(k);
-        buf.resize(len, 0);
-        fill(&mut buf, rank, k);
-        for &p in &peers {
-            ep.target_rank(p)
-                .map_err(|e| format!("cannot reach rank {p}: {e}"))?;
-            ep.write(&buf)
-                .map_err(|e| format!("write of message #{k} ({len} bytes) to rank {p}: {e}"))?;
-            rx.drain(&ep)?;
-        }
-        rx.wait_for(&ep, &peers, k + 1)?;
-    }
+    let mut check = Checker {
+        job,
+        ep: &ep,
+        rx: Tally::new(rank, size, &peers, sizes, args.count),
+        tolerate: args.tolerate_failures,
+    };
+    check.rounds(&peers)?;
     // Every rank reaches the barrier only after its last write: whatever is still waiting
     // now is a duplicate or a stray message. The barriers keep the endpoint making
     // progress, so that peers still waiting for an acknowledgement or a retransmission
     // from this rank get it.
-    job.barrier_progressing(&[&ep])
-        .map_err(|e| format!("barrier failed: {e}"))?;
+    check.barrier()?;
     for _ in 0..64 {
-        rx.drain(&ep)?;
+        check.drain()?;
     }
-    job.barrier_progressing(&[&ep])
-        .map_err(|e| format!("barrier failed: {e}"))?;
+    // Under --tolerate-failures, every survivor leaves the second barrier with the same
+    // failed ranks (unless yet another rank fails meanwhile).
+    let failed = check.barrier()?;
+    if !failed.is_empty() {
+        println!(
+            "quiver check: rank {rank}: done; failed ranks: {}",
+            join_ranks(&failed)
+        );
+    }
 
-    if rank == 0 {
-        let per_peer_msgs = rx.total();
+    // The lowest live rank prints the summary.
+    if (0..size).find(|r| !failed.contains(r)) == Some(rank) {
+        let live = |r: u32| !failed.contains(&r);
+        let per_peer_msgs = check.rx.total();
         let per_peer_bytes = args.count * sizes.iter().map(|&s| s as u64).sum::<u64>();
         let channels: u64 = (0..size)
-            .map(|r| args.pattern.peers(r, size).len() as u64)
+            .filter(|&r| live(r))
+            .map(|r| {
+                let peers = args.pattern.peers(r, size);
+                peers.into_iter().filter(|&p| live(p)).count() as u64
+            })
             .sum();
         let transport = match job.config().transport {
             TransportChoice::Auto => "shm",
             TransportChoice::Udp => "udp",
         };
-        println!(
-            "quiver check: {size} ranks, pattern {}, transport {transport}, {} messages ({}) verified",
-            args.pattern.name(),
+        let traffic = format!(
+            "{} messages ({})",
             channels * per_peer_msgs,
             fmt_bytes(channels * per_peer_bytes)
         );
+        if failed.is_empty() {
+            println!(
+                "quiver check: {size} ranks, pattern {}, transport {transport}, {traffic} verified",
+                args.pattern.name(),
+            );
+        } else {
+            let which = match failed.len() {
+                1 => format!("rank {} failed", failed[0]),
+                _ => format!("ranks {} failed", join_ranks(&failed)),
+            };
+            println!(
+                "quiver check: {size} ranks, pattern {}, transport {transport}, {which}, \
+                 {traffic} among the {} live ranks verified",
+                args.pattern.name(),
+                size as usize - failed.len(),
+            );
+        }
     }
     Ok(())
+}
+
+/// `1,3,4`.
+fn join_ranks(ranks: &[u32]) -> String {
+    ranks
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Fills `buf` with the bytes of message `seq` of rank `src` (of length `buf.len()`): a
@@ -496,6 +725,28 @@ mod tests {
         t.accept(1, &msg(1, 3, 100)).unwrap();
         let e = t.accept(1, &msg(1, 3, 100)).unwrap_err();
         assert!(e.contains("extra message"), "{e}");
+    }
+
+    #[test]
+    fn a_failed_peer_is_not_waited_for_but_what_it_sent_is_verified() {
+        let sizes = [16];
+        let msg = |src, seq| {
+            let mut b = vec![0u8; 16];
+            fill(&mut b, src, seq);
+            b
+        };
+        // Rank 0 of 3 expects four messages from ranks 1 and 2; rank 2 fails after one.
+        let mut t = Tally::new(0, 3, &[1, 2], &sizes, 4);
+        t.accept(2, &msg(2, 0)).unwrap();
+        assert!(t.owes(1, 1) && !t.owes(2, 1) && t.owes(2, 2));
+        t.failed[2] = true;
+        assert!(t.owes(1, 1) && !t.owes(2, 2) && !t.owes(2, 4));
+        // A message it sent before it failed arrives late: still checked.
+        let e = t.accept(2, &msg(2, 2)).unwrap_err();
+        assert!(e.contains("out of order"), "{e}");
+        t.accept(2, &msg(2, 1)).unwrap();
+        assert_eq!(t.received[2], 2);
+        assert_eq!(join_ranks(&[1, 3, 4]), "1,3,4");
     }
 
     #[test]

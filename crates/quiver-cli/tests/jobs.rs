@@ -1,7 +1,8 @@
 //! Multi-process tests of whole jobs: `quiver check` started by `quiver run` over shared
 //! memory and UDP, `quiver bench` and `quiver check` started by Open MPI's `mpirun` (skipped
 //! when it is not installed), and the removal of the shared-memory segments of crashed
-//! jobs (by the launcher, and by the next job for segments no launcher cleaned up).
+//! jobs (by the launcher, and by the next job for segments no launcher cleaned up), and
+//! ranks that survive a rank killed with SIGKILL (`quiver check --tolerate-failures`).
 //!
 //! Every command runs under a deadline after which its whole process group is killed, so
 //! that a hung job fails the test instead of hanging CI. Jobs run one at a time.
@@ -264,9 +265,9 @@ fn check_all_to_all_over_udp_from_the_environment() {
 
 /// The reliability issue's test: 4 ranks move more than 256 MiB of all-to-all traffic
 /// over udp with 5 % loss plus duplication, reordering and corruption injected, with
-/// every byte verified (host reliability: retransmission with selective repeat).
-#[test]
-fn check_all_to_all_over_a_lossy_udp_link() {
+/// every byte verified, with retransmission by the process (`host`) and by the offload
+/// engine's thread (`offload`).
+fn all_to_all_over_a_lossy_udp_link(reliability: &str) {
     let line = check_job(
         4,
         &[
@@ -282,15 +283,25 @@ fn check_all_to_all_over_a_lossy_udp_link() {
                 "QUIVER_FAULTS",
                 "loss=0.05,dup=0.01,reorder=0.02,corrupt=0.01,seed=3",
             ),
-            ("QUIVER_RELIABILITY", "host"),
+            ("QUIVER_RELIABILITY", reliability),
         ],
     );
     assert!(
         line.contains(
             "4 ranks, pattern all-to-all, transport udp, 2400 messages (268.5 MB) verified"
         ),
-        "{line}"
+        "{reliability}: {line}"
     );
+}
+
+#[test]
+fn check_all_to_all_over_a_lossy_udp_link() {
+    all_to_all_over_a_lossy_udp_link("host");
+}
+
+#[test]
+fn check_all_to_all_over_a_lossy_udp_link_with_the_offload_engine() {
+    all_to_all_over_a_lossy_udp_link("offload");
 }
 
 #[test]
@@ -299,6 +310,28 @@ fn check_with_an_odd_rank_out() {
     let line = check_job(3, &["--sizes", "0,7,8,1K", "--count", "5"], &[]);
     assert!(
         line.contains("3 ranks, pattern pairs, transport shm, 40 messages"),
+        "{line}"
+    );
+}
+
+#[test]
+fn check_tolerating_failures_when_none_happen() {
+    // The same traffic, checks and summary as without the option.
+    let line = check_job(
+        4,
+        &[
+            "--pattern",
+            "all-to-all",
+            "--tolerate-failures",
+            "--sizes",
+            "0,7,8,1K",
+            "--count",
+            "5",
+        ],
+        &[],
+    );
+    assert!(
+        line.contains("4 ranks, pattern all-to-all, transport shm, 240 messages"),
         "{line}"
     );
 }
@@ -501,26 +534,49 @@ exec "$0" check --count 1000000
 /// when one dies): a random job id and a file store of its own, removed on drop.
 struct DirectJob {
     job_id: u32,
+    size: u32,
     store: PathBuf,
 }
 
 impl DirectJob {
+    /// A job of two ranks.
     fn new(tag: &str) -> DirectJob {
+        DirectJob::with_size(tag, 2)
+    }
+
+    fn with_size(tag: &str, size: u32) -> DirectJob {
         let mut id = [0u8; 4];
         getrandom::fill(&mut id).expect("random job id");
         let job_id = u32::from_le_bytes(id) | 1;
         let store =
             std::env::temp_dir().join(format!("quiver-{tag}-test-{}-{job_id}", std::process::id()));
         std::fs::create_dir_all(&store).expect("create the store directory");
-        DirectJob { job_id, store }
+        DirectJob {
+            job_id,
+            size,
+            store,
+        }
     }
 
-    /// Starts rank `rank` of 2 running `quiver ARGS`, in a process group of its own.
+    /// Starts rank `rank` running `quiver ARGS`, in a process group of its own, its
+    /// stdout discarded.
     fn spawn(&self, rank: u32, args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Child {
+        self.spawn_with(rank, args, env, Stdio::null(), stderr)
+    }
+
+    /// Like [`DirectJob::spawn`] with the rank's stdout as given.
+    fn spawn_with(
+        &self,
+        rank: u32,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stdout: Stdio,
+        stderr: Stdio,
+    ) -> Child {
         command(QUIVER)
             .args(args)
             .env("QUIVER_RANK", rank.to_string())
-            .env("QUIVER_SIZE", "2")
+            .env("QUIVER_SIZE", self.size.to_string())
             .env("QUIVER_JOB_ID", self.job_id.to_string())
             .env("QUIVER_JOB_TOKEN", "0123456789abcdef")
             .env(
@@ -529,11 +585,25 @@ impl DirectJob {
             )
             .envs(env.iter().copied())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(stderr)
             .process_group(0)
             .spawn()
             .expect("start a rank")
+    }
+
+    /// Whether rank `rank` has opened endpoint `dpid`: its shared-memory segment exists,
+    /// or it has published its UDP address in the store (`udp/RANK/DPID`).
+    fn opened(&self, rank: u32, dpid: u16) -> bool {
+        let segment = format!("-{rank}-{dpid}");
+        quiver::link::shm::job_segments(self.job_id)
+            .iter()
+            .any(|s| s.ends_with(&segment))
+            || self
+                .store
+                .join(format!("quiver-{}", self.job_id))
+                .join(format!("k.udp%2F{rank}%2F{dpid}"))
+                .exists()
     }
 }
 
@@ -656,5 +726,381 @@ fn a_killed_peer_is_reported_as_failed() {
     assert!(
         took < Duration::from_secs(20),
         "detection took {took:?}:\n{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Surviving a killed rank
+// ---------------------------------------------------------------------------------------
+
+/// `QUIVER_PEER_TIMEOUT` of the survival tests, in seconds.
+const PEER_TIMEOUT_S: f64 = 2.0;
+/// How much later than the peer timeout a survivor may learn of the failure (a loaded
+/// machine; same-node peers are found within about 0.1 s).
+const DETECTION_SLACK_S: f64 = 1.5;
+/// The rank the survival tests kill.
+const VICTIM: u32 = 1;
+/// How long the survivors may take to end after the kill.
+const SURVIVORS_LIMIT: Duration = Duration::from_secs(120);
+
+/// Processes whose process groups are killed when dropped (a failing test leaves no rank
+/// running).
+struct Ranks(Vec<Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for r in &mut self.0 {
+            kill_group(r);
+            let _ = r.wait();
+        }
+    }
+}
+
+/// What a survivor of [`survive_a_killed_rank`] left.
+struct Survivor {
+    rank: u32,
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    /// When it ended, after the victim was killed.
+    ended_after_kill: Duration,
+}
+
+impl Survivor {
+    fn describe(&self) -> String {
+        format!(
+            "rank {}: {}, {:?} after the kill\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.rank, self.status, self.ended_after_kill, self.stdout, self.stderr
+        )
+    }
+}
+
+/// `"... TAG{NUMBER}{end}..."` → NUMBER.
+fn number_after(text: &str, tag: &str, end: &str) -> Option<f64> {
+    let rest = &text[text.find(tag)? + tag.len()..];
+    rest[..rest.find(end)?].trim().parse().ok()
+}
+
+/// The issue's scenario: four ranks run `quiver check --pattern all-to-all
+/// --tolerate-failures` without a launcher (`QUIVER_PEER_TIMEOUT=2`), and rank 1 is killed
+/// with SIGKILL 0.2 s after every rank opened its endpoint, while the traffic flows.
+/// Checks that each of ranks 0, 2 and 3
+///
+/// - got `PeerFailed` for rank 1 from its own endpoint, and printed it, with at most
+///   `PEER_TIMEOUT_S + DETECTION_SLACK_S` since the last message from rank 1;
+/// - finished the traffic among the three of them (rank 0's summary counts all of it)
+///   and exited with status 0;
+///
+/// and that no shared-memory segment of the job remains (the survivors remove the dead
+/// rank's, their own go with their endpoints). Returns the survivors for more checks.
+fn survive_a_killed_rank(tag: &str, transport: &str, env: &[(&str, &str)]) -> Vec<Survivor> {
+    let _one = serial();
+    let job = DirectJob::with_size(tag, 4);
+    let job_id = job.job_id;
+    let args = [
+        "check",
+        "--pattern",
+        "all-to-all",
+        "--tolerate-failures",
+        "--transport",
+        transport,
+        "--sizes",
+        "64,4K",
+        "--count",
+        "10000",
+    ];
+    let peer_timeout = PEER_TIMEOUT_S.to_string();
+    let mut env_all = vec![
+        ("QUIVER_PEER_TIMEOUT", peer_timeout.as_str()),
+        ("QUIVER_WAIT", "hybrid:50"),
+    ];
+    env_all.extend_from_slice(env);
+    let mut ranks = Ranks(Vec::new());
+    let mut outputs = Vec::new();
+    for rank in 0..4 {
+        let mut child = job.spawn_with(rank, &args, &env_all, Stdio::piped(), Stdio::piped());
+        let out = reader(child.stdout.take().expect("piped stdout"));
+        let err = reader(child.stderr.take().expect("piped stderr"));
+        ranks.0.push(child);
+        outputs.push((out, err));
+    }
+    let start = Instant::now();
+    while !(0..4).all(|r| job.opened(r, 1)) {
+        let early = ranks
+            .0
+            .iter_mut()
+            .position(|c| matches!(c.try_wait(), Ok(Some(_))));
+        assert!(
+            early.is_none() && start.elapsed() < LIMIT,
+            "the ranks did not all open their endpoint (rank {early:?} ended)"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    thread::sleep(Duration::from_millis(200));
+    let victim = &mut ranks.0[VICTIM as usize];
+    kill_group(victim);
+    let _ = victim.wait();
+    let killed_at = Instant::now();
+
+    let mut ended: Vec<Option<(ExitStatus, Duration)>> = vec![None; 4];
+    while killed_at.elapsed() < SURVIVORS_LIMIT {
+        for (r, child) in ranks.0.iter_mut().enumerate() {
+            if r as u32 != VICTIM && ended[r].is_none() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    ended[r] = Some((status, killed_at.elapsed()));
+                }
+            }
+        }
+        if (0..4).all(|r| r == VICTIM as usize || ended[r].is_some()) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    // Whatever still runs is killed, so that the output readers finish.
+    drop(ranks);
+    let mut survivors = Vec::new();
+    for (r, (out, err)) in outputs.into_iter().enumerate() {
+        let (stdout, stderr) = (
+            out.join().unwrap_or_default(),
+            err.join().unwrap_or_default(),
+        );
+        if r as u32 == VICTIM {
+            continue;
+        }
+        let Some((status, ended_after_kill)) = ended[r] else {
+            panic!(
+                "rank {r} still ran {SURVIVORS_LIMIT:?} after rank {VICTIM} was killed\n\
+                 --- stdout:\n{stdout}\n--- stderr:\n{stderr}"
+            );
+        };
+        survivors.push(Survivor {
+            rank: r as u32,
+            status,
+            stdout,
+            stderr,
+            ended_after_kill,
+        });
+    }
+    let left = quiver::link::shm::job_segments(job_id);
+    quiver::link::shm::cleanup_job(job_id);
+
+    let all = survivors
+        .iter()
+        .map(Survivor::describe)
+        .collect::<Vec<_>>()
+        .join("\n");
+    for s in &survivors {
+        println!(
+            "rank {}: {:?} after the kill: {}",
+            s.rank,
+            s.ended_after_kill,
+            s.stdout.lines().next().unwrap_or("")
+        );
+        assert!(s.status.success(), "{}", s.describe());
+        let tag = format!("quiver check: rank {}: rank {VICTIM} failed (", s.rank);
+        let lines: Vec<&str> = s.stdout.lines().filter(|l| l.contains(&tag)).collect();
+        assert_eq!(lines.len(), 1, "{}", s.describe());
+        let line = lines[0];
+        assert!(
+            line.contains(&format!("): rank {VICTIM} (DPID 1) failed: ")),
+            "rank {} did not get PeerFailed for rank {VICTIM} from its endpoint\n{}",
+            s.rank,
+            s.describe()
+        );
+        let got = number_after(line, "(", " of ").expect("messages received");
+        let of = number_after(line, " of ", " messages").expect("messages expected");
+        assert!(
+            got < of,
+            "rank {VICTIM} was killed only after its traffic (raise --count)\n{}",
+            s.describe()
+        );
+        let silence = number_after(line, "the last ", " s ago").expect("seconds since the last");
+        assert!(
+            silence <= PEER_TIMEOUT_S + DETECTION_SLACK_S,
+            "rank {} learned of the failure {silence} s after its last message from rank \
+             {VICTIM}\n{}",
+            s.rank,
+            s.describe()
+        );
+        assert!(
+            s.stdout.contains(&format!(
+                "quiver check: rank {}: done; failed ranks: {VICTIM}\n",
+                s.rank
+            )),
+            "{}",
+            s.describe()
+        );
+    }
+    // 3 live ranks, 6 channels among them, 20000 messages (2 sizes x 10000) on each.
+    let summary = format!(
+        "quiver check: 4 ranks, pattern all-to-all, transport {transport}, rank {VICTIM} \
+         failed, 120000 messages (249.6 MB) among the 3 live ranks verified"
+    );
+    assert!(survivors[0].stdout.contains(&summary), "{all}");
+    assert!(
+        survivors[1..]
+            .iter()
+            .all(|s| !s.stdout.contains("verified")),
+        "only rank 0 prints the summary\n{all}"
+    );
+    assert!(
+        left.is_empty(),
+        "segments of job {job_id} left after the job: {left:?}\n{all}"
+    );
+    survivors
+}
+
+/// Over shared memory the survivors find the victim's process gone (within about 0.1 s)
+/// and remove its segment themselves: no launcher cleans up here.
+#[test]
+fn survivors_of_a_killed_rank_finish_over_shm() {
+    let survivors = survive_a_killed_rank("survive-shm", "shm", &[]);
+    for s in &survivors {
+        assert!(s.stdout.contains("is gone"), "{}", s.describe());
+    }
+}
+
+/// Over UDP the survivors find the victim silent for `QUIVER_PEER_TIMEOUT`.
+#[test]
+fn survivors_of_a_killed_rank_finish_over_udp() {
+    survive_a_killed_rank("survive-udp", "udp", &[]);
+}
+
+/// The same with the offload engine: its thread heartbeats and detects the silence.
+#[test]
+fn survivors_of_a_killed_rank_finish_over_udp_with_the_offload_engine() {
+    survive_a_killed_rank(
+        "survive-offload",
+        "udp",
+        &[("QUIVER_RELIABILITY", "offload")],
+    );
+}
+
+/// Runs `quiver run -n 4 --keep-going -- quiver check --pattern PATTERN
+/// --tolerate-failures --count COUNT`, rank 1 killing itself with SIGKILL 0.3 s after every rank's
+/// segment exists; checks that the launcher reports rank 1's death as the job's status,
+/// that ranks 0, 2 and 3 say rank 1 failed and that they are done (and nothing more
+/// happened to them), that no segment of the job is left, and returns the output.
+fn launcher_survival(pattern: &str, count: u32) -> Finished {
+    let _one = serial();
+    // The shell's pid is the check's after exec.
+    let script = r#"
+echo "job=$QUIVER_JOB_ID"
+if [ "$QUIVER_RANK" = 1 ]; then
+    (
+        prefix="quiver-$(id -u)-$(printf %08x "$QUIVER_JOB_ID")-"
+        i=0
+        while [ "$(ls /dev/shm | grep -c "^$prefix")" -lt 4 ] && [ $i -lt 1200 ]; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        sleep 0.3
+        kill -9 $$
+    ) &
+fi
+exec "$0" check --pattern "$1" --tolerate-failures --sizes 64,4K --count "$2"
+"#;
+    let mut cmd = command(QUIVER);
+    cmd.args([
+        "run",
+        "-n",
+        "4",
+        "--keep-going",
+        "--timeout",
+        "240",
+        "--",
+        "sh",
+        "-c",
+        script,
+        QUIVER,
+        pattern,
+        &count.to_string(),
+    ])
+    .env("QUIVER_PEER_TIMEOUT", "2");
+    let done = run_limited(cmd, LIMIT);
+    assert_eq!(done.status.code(), Some(137), "{}", done.describe());
+    assert!(
+        done.stderr
+            .contains("quiver run: rank 1 was killed by signal SIGKILL"),
+        "{}",
+        done.describe()
+    );
+    for r in [0, 2, 3] {
+        assert!(
+            !done.stderr.contains(&format!("quiver run: rank {r} ")),
+            "rank {r} failed\n{}",
+            done.describe()
+        );
+        assert!(
+            done.stdout
+                .contains(&format!("[{r}] quiver check: rank {r}: rank 1 failed ("))
+                && done.stdout.contains(&format!(
+                    "[{r}] quiver check: rank {r}: done; failed ranks: 1\n"
+                )),
+            "rank {r} did not report rank 1 failed\n{}",
+            done.describe()
+        );
+    }
+    let job_id: u32 = value_of(&done.stdout, "job")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no job id in the output\n{}", done.describe()));
+    let left = quiver::link::shm::job_segments(job_id);
+    assert!(
+        left.is_empty(),
+        "segments of job {job_id} left: {left:?}\n{}",
+        done.describe()
+    );
+    done
+}
+
+/// The survival test with the launcher: `quiver run --keep-going` lets the survivors of
+/// a killed rank finish their all-to-all traffic.
+#[test]
+fn launcher_keeps_the_survivors_of_a_killed_rank_going() {
+    let done = launcher_survival("all-to-all", 10_000);
+    assert!(
+        done.stdout.contains(
+            "[0] quiver check: 4 ranks, pattern all-to-all, transport shm, rank 1 failed, \
+             120000 messages (249.6 MB) among the 3 live ranks verified"
+        ),
+        "{}",
+        done.describe()
+    );
+}
+
+/// Pairs: only rank 0 talks to rank 1 and finds it failed; ranks 2 and 3 learn of it from
+/// rank 0's declaration (or their own look at its process) in the barrier after their
+/// traffic ([`quiver::Job::barrier_live`]), which would otherwise wait for rank 1 forever.
+#[test]
+fn ranks_that_never_talked_to_a_killed_rank_learn_of_it_in_the_barrier() {
+    // Pairs run fast: ten times the rounds keep rank 0 talking to rank 1 when it dies.
+    let done = launcher_survival("pairs", 100_000);
+    assert!(
+        done.stdout
+            .contains("[0] quiver check: rank 0: rank 1 failed (")
+            && done
+                .stdout
+                .contains("): rank 1 (DPID 1) failed: its process "),
+        "{}",
+        done.describe()
+    );
+    for r in [2, 3] {
+        assert!(
+            done.stdout.contains(&format!(
+                "[{r}] quiver check: rank {r}: rank 1 failed (not a peer of rank {r}): \
+                 declared failed in the job"
+            )),
+            "{}",
+            done.describe()
+        );
+    }
+    // Ranks 2 and 3 exchange 200000 messages each way.
+    assert!(
+        done.stdout.contains(
+            "[0] quiver check: 4 ranks, pattern pairs, transport shm, rank 1 failed, \
+             400000 messages (832.0 MB) among the 3 live ranks verified"
+        ),
+        "{}",
+        done.describe()
     );
 }

@@ -413,7 +413,11 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.reliability, Mode::None);
-        let off = cfg(&[("QUIVER_RELIABILITY", "offload"), ("QUIVER_OFFLOAD_CPU", "1")]).unwrap();
+        let off = cfg(&[
+            ("QUIVER_RELIABILITY", "offload"),
+            ("QUIVER_OFFLOAD_CPU", "1"),
+        ])
+        .unwrap();
         assert_eq!((off.reliability, off.offload_cpu), (Mode::Offload, Some(1)));
         assert_eq!(c.recovery, Recovery::GoBackN);
         assert_eq!(c.window, 16);

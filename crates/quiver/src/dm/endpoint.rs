@@ -263,6 +263,10 @@ impl Endpoint {
     /// Sends one message to the target. Returns when `data` may be reused; waits (per
     /// `QUIVER_WAIT`) while the receiver's pool is full.
     pub fn write(&self, data: &[u8]) -> Result<()> {
+        self.write_to_target(data).map_err(|e| self.report(e))
+    }
+
+    fn write_to_target(&self, data: &[u8]) -> Result<()> {
         let max = self.job.config.max_message;
         if data.len() > max {
             return Err(Error::MessageTooLarge {
@@ -442,6 +446,15 @@ impl Endpoint {
         let inner = &mut *guard;
         if let Some(udp) = inner.udp.as_mut() {
             udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
+        }
+        if let Some(off) = inner.offload.as_ref() {
+            off.take_errors(&mut inner.errors);
+        }
+        // The errors wait for the next read; the failed ranks are known at once.
+        for e in &inner.errors {
+            if let Error::PeerFailed { rank, .. } = e {
+                inner.failed.insert(*rank);
+            }
         }
         Ok(())
     }

@@ -1,8 +1,11 @@
 //! Jobs: a process joins a job, learns its rank, the job size, the job id and token and
 //! the node of every rank ([`bootstrap`]), and opens endpoints whose addresses are
-//! exchanged through the job's [`rendezvous`] store.
+//! exchanged through the job's [`rendezvous`] store. Ranks that outlive the failure of
+//! others learn of it and synchronise without them through the same store
+//! ([`Job::declare_failed`], [`Job::failed_ranks`], [`Job::barrier_live`]).
 
 pub mod bootstrap;
+mod failure;
 pub mod rendezvous;
 
 use self::bootstrap::{JobInfo, Launcher};
@@ -31,6 +34,8 @@ pub(crate) struct JobShared {
     pub launcher: Launcher,
     open_dpids: Mutex<HashSet<u16>>,
     barriers: AtomicU64,
+    /// Calls of [`Job::barrier_live`] so far (named apart from [`Job::barrier`]'s).
+    live_barriers: AtomicU64,
     _server: Option<KvServerHandle>,
 }
 
@@ -78,7 +83,7 @@ impl Job {
             }
         });
         let info = bootstrap::bootstrap_from_env(config.connect_timeout)?;
-        Ok(Self::from_info(info, config))
+        Self::from_info(info, config)
     }
 
     /// Joins a job whose variables are read through `get` instead of the process
@@ -86,11 +91,14 @@ impl Job {
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, config: Config) -> Result<Job> {
         config.validate()?;
         let info = bootstrap::bootstrap(get, config.connect_timeout)?;
-        Ok(Self::from_info(info, config))
+        Self::from_info(info, config)
     }
 
-    fn from_info(info: JobInfo, config: Config) -> Job {
-        Job {
+    fn from_info(info: JobInfo, config: Config) -> Result<Job> {
+        // Ranks of this node watch this process when they wait for it (Job::barrier_live).
+        info.rendezvous
+            .put(&format!("proc/{}", info.rank), &failure::process_tag())?;
+        Ok(Job {
             shared: Arc::new(JobShared {
                 rank: info.rank,
                 size: info.size,
@@ -103,9 +111,10 @@ impl Job {
                 launcher: info.launcher,
                 open_dpids: Mutex::new(HashSet::new()),
                 barriers: AtomicU64::new(0),
+                live_barriers: AtomicU64::new(0),
                 _server: info.server,
             }),
-        }
+        })
     }
 
     /// This process's rank.
@@ -199,7 +208,8 @@ impl Job {
     }
 
     /// Waits until every rank of the job has called `barrier` the same number of times
-    /// (through the rendezvous store: for setup and tests, not for speed).
+    /// (through the rendezvous store: for setup and tests, not for speed). A rank that
+    /// failed never arrives: ranks that outlive a failure use [`Job::barrier_live`].
     pub fn barrier(&self) -> Result<()> {
         let n = self.shared.barriers.fetch_add(1, Ordering::Relaxed);
         self.shared.kv.barrier(

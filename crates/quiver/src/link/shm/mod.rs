@@ -24,13 +24,14 @@ pub(crate) use self::imp_crate::*;
 
 #[cfg(not(loom))]
 mod imp {
-    pub use super::segment::{cleanup_job, cleanup_stale, job_segments};
+    pub use super::segment::{cleanup_dead_rank, cleanup_job, cleanup_stale, job_segments};
 }
 
 #[cfg(not(loom))]
 mod imp_crate {
     use super::doorbell::{Bell, Doorbell};
     use super::ring::{self, Consumer, Producer, Record};
+    pub(crate) use super::segment::{own_start_time, process_alive};
     use super::segment::{Geometry, Segment};
     use crate::dm::Source;
     use crate::{Error, Result};

@@ -493,6 +493,22 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     process_start_time(pid).is_some()
 }
 
+/// This process's start time as [`process_alive`] compares it (0 where it cannot be
+/// read, which makes the comparison fall back to the pid alone).
+pub(crate) fn own_start_time() -> u64 {
+    process_start_time(std::process::id()).unwrap_or(0)
+}
+
+/// Whether the process `pid` that started at `start_time` (from [`own_start_time`] in
+/// that process; 0 if unknown) still runs on this node: not gone, not a zombie, and not a
+/// later process that got the same pid.
+pub(crate) fn process_alive(pid: u32, start_time: u64) -> bool {
+    match process_start_time(pid) {
+        None => false,
+        Some(t) => start_time == 0 || t == start_time,
+    }
+}
+
 /// Start time of a live process in clock ticks since boot (field 22 of /proc/PID/stat),
 /// used to tell a live owner from a recycled pid. None for a process that does not exist
 /// or has died and awaits reaping (state Z or X).
@@ -520,10 +536,7 @@ fn owner_alive(name: &str) -> Option<bool> {
     }
     let pid = word(offset_of!(SegHeader, owner_pid), 4) as u32;
     let start = word(offset_of!(SegHeader, owner_start_time), 8);
-    Some(match process_start_time(pid) {
-        None => false,
-        Some(t) => start == 0 || t == start,
-    })
+    Some(process_alive(pid, start))
 }
 
 fn read_prefix(path: &str, n: usize) -> Option<Vec<u8>> {
@@ -549,6 +562,19 @@ pub fn cleanup_job(job_id: u32) -> usize {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     remove_matching(&format!("quiver-{uid}-{job_id:08x}-"), |_| true)
+}
+
+/// Removes the segments of rank `rank` of job `job_id` (owned by this user) whose owner
+/// process is dead: what a rank killed without a launcher to clean up after it left
+/// behind. Segments of a live owner are kept, so a wrong guess about `rank` is harmless.
+/// Returns how many were removed.
+pub fn cleanup_dead_rank(job_id: u32, rank: u32) -> usize {
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    // The trailing '-' keeps rank 1 from matching rank 10's segments.
+    remove_matching(&format!("quiver-{uid}-{job_id:08x}-{rank}-"), |name| {
+        owner_alive(name) == Some(false)
+    })
 }
 
 /// Names of this user's segments of job `job_id` that exist now (for tests and tools).
@@ -702,5 +728,34 @@ mod tests {
         assert!(cleanup_stale() >= 1);
         assert!(job_segments(j2).is_empty());
         assert_eq!(job_segments(j).len(), 1);
+    }
+
+    #[test]
+    fn the_dead_ranks_segments_go_and_the_live_ones_stay() {
+        let j = job();
+        // Rank 1 died (its segments' owner pid does not exist); ranks 10 and 2 live.
+        for dpid in [1, 2] {
+            let dead = Segment::create(j, 1, dpid, G, 1024).unwrap();
+            // SAFETY: test-only edit of our own segment's plain header fields.
+            unsafe { (*dead.header_mut_raw()).owner_pid = 0x7fff_fff0 };
+            std::mem::forget(dead);
+        }
+        let _ten = Segment::create(j, 10, 1, G, 1024).unwrap();
+        let _two = Segment::create(j, 2, 1, G, 1024).unwrap();
+        assert_eq!(job_segments(j).len(), 4);
+        assert_eq!(cleanup_dead_rank(j, 2), 0, "a live owner's segment is kept");
+        assert_eq!(cleanup_dead_rank(j, 1), 2);
+        let mut left = job_segments(j);
+        left.sort();
+        assert_eq!(left.len(), 2, "{left:?}");
+        assert!(
+            left.iter()
+                .all(|n| n.ends_with("-10-1") || n.ends_with("-2-1")),
+            "{left:?}"
+        );
+        assert!(process_alive(std::process::id(), own_start_time()));
+        assert!(process_alive(std::process::id(), 0));
+        assert!(!process_alive(std::process::id(), own_start_time() + 1));
+        assert!(!process_alive(0x7fff_fff0, 0));
     }
 }

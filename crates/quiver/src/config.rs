@@ -29,6 +29,12 @@ pub enum WaitMode {
 /// Default polling time of [`WaitMode::Hybrid`].
 pub const DEFAULT_HYBRID_SPIN: Duration = Duration::from_micros(100);
 
+/// Default BTP(1) of tagged messages: bytes pushed with the message header (`QUIVER_BTP1`).
+pub const DEFAULT_BTP1: usize = 1024;
+/// Default BTP(2) of tagged messages: bytes pushed while the acknowledgement travels
+/// (`QUIVER_BTP2`).
+pub const DEFAULT_BTP2: usize = 7 * 1024;
+
 impl WaitMode {
     /// Parses `spin`, `block`, `hybrid` or `hybrid:MICROSECONDS`.
     pub fn parse(s: &str) -> Option<WaitMode> {
@@ -87,6 +93,17 @@ pub struct Config {
     /// CPU the offload engine's thread is pinned to (`QUIVER_OFFLOAD_CPU`); unpinned if
     /// unset.
     pub offload_cpu: Option<usize>,
+    /// How much of a tagged message is pushed before the rest is pulled
+    /// (`QUIVER_PUSH=zero|all|pull`).
+    pub push: crate::tagged::PushMode,
+    /// Bytes of the first push of a tagged message in Push-Pull mode (`QUIVER_BTP1`).
+    pub btp1: usize,
+    /// Bytes of the second push, sent while the acknowledgement travels (`QUIVER_BTP2`).
+    pub btp2: usize,
+    /// Whether tagged messages inside a node are pulled with one copy across address
+    /// spaces (cross-memory attach, `QUIVER_CMA=on|off`); off, or where the kernel
+    /// refuses it, they take the two-copy path through shared memory.
+    pub cma: bool,
 }
 
 impl Default for Config {
@@ -105,6 +122,10 @@ impl Default for Config {
             faults: None,
             peer_timeout: Duration::from_secs(10),
             offload_cpu: None,
+            push: crate::tagged::PushMode::Pull,
+            btp1: DEFAULT_BTP1,
+            btp2: DEFAULT_BTP2,
+            cma: true,
         }
     }
 }
@@ -184,6 +205,23 @@ impl Config {
         if let Some(v) = get("QUIVER_RELIABILITY") {
             c.reliability = Mode::parse(&v)
                 .map_err(|_| invalid("QUIVER_RELIABILITY", &v, "expected none, host or offload"))?;
+        }
+        if let Some(v) = get("QUIVER_PUSH") {
+            c.push = crate::tagged::PushMode::parse(&v)
+                .ok_or_else(|| invalid("QUIVER_PUSH", &v, "expected zero, all or pull"))?;
+        }
+        for (var, field) in [("QUIVER_BTP1", &mut c.btp1), ("QUIVER_BTP2", &mut c.btp2)] {
+            if let Some(v) = get(var) {
+                *field =
+                    parse_size(&v).ok_or_else(|| invalid(var, &v, "expected a size in bytes"))?;
+            }
+        }
+        if let Some(v) = get("QUIVER_CMA") {
+            c.cma = match v.as_str() {
+                "on" | "1" | "yes" => true,
+                "off" | "0" | "no" => false,
+                _ => return Err(invalid("QUIVER_CMA", &v, "expected on or off")),
+            };
         }
         if let Some(v) = get("QUIVER_OFFLOAD_CPU") {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -303,6 +341,22 @@ impl Config {
         Ok(())
     }
 
+    /// Sets the push mode of tagged messages.
+    pub fn with_push(mut self, mode: crate::tagged::PushMode) -> Self {
+        self.push = mode;
+        self
+    }
+    /// Sets BTP(1) and BTP(2) of tagged messages.
+    pub fn with_btp(mut self, btp1: usize, btp2: usize) -> Self {
+        self.btp1 = btp1;
+        self.btp2 = btp2;
+        self
+    }
+    /// Turns single-copy pulls across address spaces (cross-memory attach) on or off.
+    pub fn with_cma(mut self, on: bool) -> Self {
+        self.cma = on;
+        self
+    }
     /// Sets the reliability scheme of network channels.
     pub fn with_reliability(mut self, mode: Mode) -> Self {
         self.reliability = mode;

@@ -149,6 +149,31 @@ pub enum Error {
     /// A blocking call hit its deadline.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// A tagged message is longer than the receive buffer: the buffer holds its first
+    /// `capacity` bytes and the rest is discarded.
+    #[error("message of {len} bytes from rank {rank} (tag {tag}) truncated to the receive buffer of {capacity} bytes")]
+    Truncated {
+        /// Length of the message sent.
+        len: u64,
+        /// Length of the receive buffer.
+        capacity: usize,
+        /// Rank of the sender.
+        rank: u32,
+        /// Tag of the message.
+        tag: u32,
+    },
+    /// A posted receive was cancelled before a message matched it.
+    #[error("the receive was cancelled")]
+    Cancelled,
+    /// A tagged transfer failed in a way the protocol cannot repair (a same-node pull
+    /// from a buffer that is not mapped, for instance).
+    #[error("tagged-protocol failure with rank {rank}: {reason}")]
+    Protocol {
+        /// Rank of the peer.
+        rank: u32,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The endpoint is closed.
     #[error("the endpoint is closed")]
     Closed,

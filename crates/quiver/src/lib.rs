@@ -14,6 +14,8 @@
 //!   descriptor, and bounded polling followed by blocking.
 //! - [`dm`]: Directed Point endpoints and their token buffer pool: the user-facing
 //!   message API.
+//! - [`tagged`]: tagged send/receive with the Push-Pull protocol (pushed buffer,
+//!   single-copy pulls across address spaces inside a node).
 //! - [`job`]: bootstrap (rank, size, job id, token, node of every rank) from the
 //!   environment of `quiver run`, Open MPI, MPICH/Hydra or Slurm, and the rendezvous
 //!   store that exchanges endpoint addresses.
@@ -50,6 +52,8 @@ mod error;
 pub mod job;
 pub mod link;
 pub(crate) mod sync;
+#[cfg(not(loom))]
+pub mod tagged;
 #[cfg(not(loom))]
 pub mod wire;
 

@@ -263,14 +263,21 @@ impl Endpoint {
     /// Sends one message to the target. Returns when `data` may be reused; waits (per
     /// `QUIVER_WAIT`) while the receiver's pool is full.
     pub fn write(&self, data: &[u8]) -> Result<()> {
-        self.write_to_target(data).map_err(|e| self.report(e))
+        self.write_to_target(&[], data).map_err(|e| self.report(e))
     }
 
-    fn write_to_target(&self, data: &[u8]) -> Result<()> {
+    /// Sends one message made of `head` followed by `body` (a gather write: over shared
+    /// memory both are copied straight into the receiver's ring). For protocols that put
+    /// a header of their own before a payload.
+    pub fn write_parts(&self, head: &[u8], body: &[u8]) -> Result<()> {
+        self.write_to_target(head, body).map_err(|e| self.report(e))
+    }
+
+    fn write_to_target(&self, head: &[u8], data: &[u8]) -> Result<()> {
         let max = self.job.config.max_message;
-        if data.len() > max {
+        if head.len() + data.len() > max {
             return Err(Error::MessageTooLarge {
-                len: data.len(),
+                len: head.len() + data.len(),
                 max,
             });
         }
@@ -292,23 +299,37 @@ impl Endpoint {
         let (dest, conn) = &mut inner.conns[idx];
         match conn {
             Conn::Offload => {
+                let joined;
+                let data = if head.is_empty() {
+                    data
+                } else {
+                    joined = [head, data].concat();
+                    &joined[..]
+                };
                 let off = inner.offload.as_mut().expect("an offload connection");
                 if off.send(*dest, data, self.waiter.mode)? {
                     inner.stats.send_stalls += 1;
                 }
             }
             Conn::Shm(tx) => {
-                if data.len() > tx.max_message() {
+                if head.len() + data.len() > tx.max_message() {
                     return Err(Error::MessageTooLarge {
-                        len: data.len(),
+                        len: head.len() + data.len(),
                         max: tx.max_message(),
                     });
                 }
-                if !tx.try_send(data)? {
+                let send = |tx: &mut ShmTx| {
+                    if head.is_empty() {
+                        tx.try_send(data)
+                    } else {
+                        tx.try_send2(head, data)
+                    }
+                };
+                if !send(tx)? {
                     inner.stats.send_stalls += 1;
                     let mut last_check = Instant::now();
                     backoff_until(self.waiter.mode, None, || {
-                        if tx.try_send(data)? {
+                        if send(tx)? {
                             return Ok(Some(()));
                         }
                         if last_check.elapsed() > Duration::from_millis(10) {
@@ -320,6 +341,13 @@ impl Endpoint {
                 }
             }
             Conn::Udp { peer } => {
+                let joined;
+                let data = if head.is_empty() {
+                    data
+                } else {
+                    joined = [head, data].concat();
+                    &joined[..]
+                };
                 let peer = *peer;
                 let udp = inner
                     .udp
@@ -375,7 +403,7 @@ impl Endpoint {
             }
         }
         inner.stats.msgs_sent += 1;
-        inner.stats.bytes_sent += data.len() as u64;
+        inner.stats.bytes_sent += (head.len() + data.len()) as u64;
         Ok(())
     }
 

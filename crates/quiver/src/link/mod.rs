@@ -1,4 +1,6 @@
 //! Link layer: transports that move frames between endpoints.
+#[cfg(not(loom))]
+pub mod cma;
 pub mod shm;
 #[cfg(not(loom))]
 pub mod sim;

@@ -274,6 +274,23 @@ mod imp_crate {
             Ok(true)
         }
 
+        /// Like [`ShmTx::try_send`] for a message made of `head` then `body`.
+        pub(crate) fn try_send2(&mut self, head: &[u8], body: &[u8]) -> Result<bool> {
+            if self.seg.is_closed() {
+                return Err(Error::PeerClosed {
+                    rank: self.peer.rank,
+                    dpid: self.peer.dpid,
+                });
+            }
+            if !self.producer.try_push2(head, body) {
+                return Ok(false);
+            }
+            if self.seg.header().wake.must_ring() {
+                self.bell.ring();
+            }
+            Ok(true)
+        }
+
         /// Errors if the receiver closed its endpoint or its process is gone.
         pub(crate) fn check_peer(&self) -> Result<()> {
             if self.seg.is_closed() {

@@ -1,0 +1,1569 @@
+//! Cross-memory attach (CMA): single-copy transfers between processes of one node.
+//!
+//! This is the "cross-space zero buffer" of Push-Pull Messaging (section 4.2 of the
+//! paper): a buffer is described by (address, length) [`Piece`]s, and the kernel copies
+//! between the address spaces of two processes in one pass, with no intermediate shared
+//! buffer. Where the paper walks page tables to get physical pieces, Linux's
+//! `process_vm_readv(2)`/`process_vm_writev(2)` take *virtual* addresses and do the page
+//! walk themselves, so a contiguous virtual buffer is one piece; a list of pieces is a
+//! scatter/gather list (several user buffers, or a message spread over pool slots).
+//!
+//! What this module owns:
+//!
+//! - [`read_from`] and [`write_to`]: one transfer between a local contiguous buffer and
+//!   a list of pieces in another process, split into system calls of at most
+//!   [`IOV_MAX`] remote iovecs and [`MAX_BYTES_PER_CALL`] bytes, repeated after partial
+//!   transfers until every byte has moved.
+//! - [`CmaError`]: why a transfer failed, typed (not permitted, no such process, bad
+//!   address, unsupported, malformed piece list, ...), and [`CmaError::unavailable`],
+//!   which tells "CMA cannot work with this peer" from "this one transfer failed".
+//! - The probe word ([`probe_target`], [`probe`]): a random nonce in a static of every
+//!   process, whose address and value a process publishes so that a peer can check, with
+//!   one 8-byte read, that CMA works *and* that the pid it holds names that very peer.
+//! - [`CmaState`]: remembers per peer (or per process) that CMA is unavailable after
+//!   the first refusal, logs that once (`tracing::warn!`), and refuses later transfers
+//!   cheaply, so that the caller falls back to its two-copy path.
+//! - [`allow_peers`]: the `PR_SET_PTRACER_ANY` exception that lets same-user peers read
+//!   this process under Yama `ptrace_scope = 1`.
+//!
+//! What it guarantees:
+//!
+//! - `Ok(n)` means all bytes moved: `n` equals the local buffer's length and the sum of
+//!   the remote pieces' lengths. On an error, a prefix of the transfer may have moved
+//!   ([`CmaError::BadAddress`] says how long); nothing else is promised about the
+//!   destination.
+//! - No input panics: a piece list that came over the network may be garbage. Lengths
+//!   must add up to the local length ([`CmaError::LengthMismatch`] otherwise), every
+//!   piece must fit the address space ([`CmaError::BadPiece`]), the pid must be a
+//!   possible pid; an unmapped remote address is the kernel's `EFAULT`, reported as
+//!   [`CmaError::BadAddress`].
+//! - No system call gets more than [`IOV_MAX`] iovecs or more than
+//!   [`MAX_BYTES_PER_CALL`] bytes (the kernel would fail the first and silently shorten
+//!   the second).
+//!
+//! What it does not do: it does not know whether the peer has lent the remote buffer,
+//! nor keep the peer alive. The protocol above must only transfer while the peer waits
+//! for the transfer's completion (so the pieces stay valid and the pid cannot have been
+//! reused by an unrelated process), and must stop using CMA towards a peer it knows has
+//! exited.
+//!
+//! # Permissions
+//!
+//! The kernel checks `ptrace` access mode `PTRACE_MODE_ATTACH_REALCREDS` on the target
+//! for every call. It fails with `EPERM` ([`CmaError::NotPermitted`]) when:
+//!
+//! - the target runs as another user, or changed credentials (set-uid) or made itself
+//!   non-dumpable, and the caller lacks `CAP_SYS_PTRACE`;
+//! - Yama's `kernel.yama.ptrace_scope` is 1 and the target is not a descendant of the
+//!   caller (as with ranks started side by side by a launcher) and has not named a
+//!   ptracer: the target can call [`allow_peers`]; 2 (admin only) needs
+//!   `CAP_SYS_PTRACE`; 3 forbids it for everyone;
+//! - a container runtime's seccomp profile blocks the system calls (older Docker
+//!   defaults), or the container lacks `CAP_SYS_PTRACE` where that is required:
+//!   `--cap-add=SYS_PTRACE` or a profile that allows `process_vm_readv`/`writev`.
+//!
+//! A kernel built without `CONFIG_CROSS_MEMORY_ATTACH`, or a sandbox (gVisor, seccomp)
+//! answering `ENOSYS`, gives [`CmaError::Unsupported`]. The pid is interpreted in the
+//! caller's pid namespace; a pid that a peer reported about itself from another
+//! namespace names another process or none, which [`probe`] detects.
+//!
+//! # Use
+//!
+//! ```ignore
+//! // Each process, at start-up: let same-user peers read it, publish its probe word.
+//! let _ = cma::allow_peers();
+//! publish(std::process::id(), cma::probe_target());
+//! // Towards each same-node peer, once: detect (and log) whether CMA works.
+//! let state = cma::CmaState::new();
+//! state.probe(peer_pid, peer_target);
+//! // Per large message:
+//! if state.is_usable() && state.read_from(peer_pid, &pieces, &mut buf).is_ok() {
+//!     // one copy done
+//! } else {
+//!     // two-copy path
+//! }
+//! ```
+
+use std::fmt;
+use std::io;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+/// Remote iovecs per system call at most: the kernel's `UIO_MAXIOV` (`IOV_MAX`); more
+/// make the call fail with `EINVAL`.
+pub const IOV_MAX: usize = 1024;
+
+/// Bytes per system call at most. The kernel moves at most `MAX_RW_COUNT`
+/// (`INT_MAX` rounded down to a page, about 2 GiB) per call and silently shortens
+/// larger requests; 1 GiB is below that for every page size and still makes the cost
+/// of the extra calls negligible.
+pub const MAX_BYTES_PER_CALL: usize = 1 << 30;
+
+/// An (address, length) piece of a buffer in some process's address space.
+///
+/// The address is a plain number: it is only dereferenced by the kernel, in the
+/// address space of the process named with it, so a piece may be garbage without any
+/// risk to this process (the transfer then fails with a typed error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Piece {
+    /// Virtual address of the first byte, in the owning process.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+impl Piece {
+    /// The piece covering `buf` (in this process's address space).
+    pub fn of(buf: &[u8]) -> Piece {
+        Piece {
+            addr: buf.as_ptr() as usize as u64,
+            len: buf.len(),
+        }
+    }
+}
+
+/// The pieces describing the local buffer `buf`, to publish to a peer: one piece, as
+/// the buffer is contiguous in virtual memory; none when it is empty. A scatter list
+/// of several buffers is the concatenation of their pieces.
+pub fn pieces_of(buf: &[u8]) -> Vec<Piece> {
+    if buf.is_empty() {
+        Vec::new()
+    } else {
+        vec![Piece::of(buf)]
+    }
+}
+
+/// The total length of `pieces`, after checking each one: a piece must fit the address
+/// space (its end must not pass the top of a pointer), and the total must fit in an
+/// `isize` (the most a buffer, or one transfer, can hold).
+///
+/// Errors: [`CmaError::BadPiece`] naming the first piece that breaks a rule.
+pub fn total_len(pieces: &[Piece]) -> Result<usize, CmaError> {
+    let mut total: usize = 0;
+    for (index, p) in pieces.iter().enumerate() {
+        let fits = usize::try_from(p.addr)
+            .ok()
+            .and_then(|a| a.checked_add(p.len))
+            .is_some();
+        let sum = total
+            .checked_add(p.len)
+            .filter(|&s| s <= isize::MAX as usize);
+        match (fits, sum) {
+            (true, Some(s)) => total = s,
+            _ => {
+                return Err(CmaError::BadPiece {
+                    index,
+                    addr: p.addr,
+                    len: p.len,
+                })
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Why CMA cannot be used with a peer (as opposed to one transfer failing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The kernel refused access (`EPERM`): ptrace rules, Yama, container, seccomp.
+    NotPermitted,
+    /// The system calls do not exist here (`ENOSYS`).
+    Unsupported,
+    /// The pid does not name the peer that published the probe word (it exited, lives in
+    /// another pid namespace, or the pid was reused).
+    NotThePeer,
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Unavailable::NotPermitted => "not permitted",
+            Unavailable::Unsupported => "not supported",
+            Unavailable::NotThePeer => "the pid does not name the peer",
+        })
+    }
+}
+
+/// Whether CMA towards a peer (or from this process) is known to work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability {
+    /// Not tried yet (or only transient errors so far).
+    Unknown,
+    /// A probe or a transfer has succeeded.
+    Available,
+    /// Found unusable; transfers are refused with [`CmaError::Disabled`].
+    Unavailable(Unavailable),
+}
+
+/// Why a cross-memory transfer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CmaError {
+    /// The kernel refused access to the peer's memory (`EPERM`; `EACCES` is read the
+    /// same).
+    #[error(
+        "cross-memory attach to process {pid} not permitted ({source}): the kernel's ptrace \
+         access check failed (peer of another user or non-dumpable, Yama \
+         kernel.yama.ptrace_scope >= 1 with a peer that did not call allow_peers(), or a \
+         container without CAP_SYS_PTRACE or with a seccomp profile blocking \
+         process_vm_readv/process_vm_writev); have every process call \
+         quiver::link::cma::allow_peers() (prctl PR_SET_PTRACER_ANY), or set \
+         kernel.yama.ptrace_scope=0, or run the container with --cap-add=SYS_PTRACE; \
+         until then large messages take the two-copy path"
+    )]
+    NotPermitted {
+        /// The peer.
+        pid: u32,
+        /// The system call's error.
+        source: io::Error,
+    },
+    /// No such process (`ESRCH`), or a pid that cannot exist (0, above `i32::MAX`).
+    #[error(
+        "cross-memory attach: no process {pid} (it exited, or lives in another pid namespace)"
+    )]
+    NoSuchProcess {
+        /// The pid asked for.
+        pid: u32,
+    },
+    /// A remote address is not mapped, or not writable for [`write_to`] (`EFAULT`).
+    #[error(
+        "cross-memory attach: bad address {addr:#x} in process {pid} (not mapped, or not \
+         writable for a write) after {done} bytes"
+    )]
+    BadAddress {
+        /// The peer.
+        pid: u32,
+        /// The first remote address not transferred.
+        addr: u64,
+        /// Bytes transferred before it (the local buffer's prefix of this length moved).
+        done: usize,
+    },
+    /// The system calls do not exist (`ENOSYS`): a kernel without
+    /// `CONFIG_CROSS_MEMORY_ATTACH`, or a sandbox.
+    #[error(
+        "cross-memory attach not supported here ({source}): a kernel without \
+         CONFIG_CROSS_MEMORY_ATTACH, or a sandbox or seccomp filter answering ENOSYS; large \
+         messages take the two-copy path"
+    )]
+    Unsupported {
+        /// The system call's error.
+        source: io::Error,
+    },
+    /// The remote pieces and the local buffer differ in length.
+    #[error(
+        "cross-memory attach: the remote pieces hold {remote} bytes, the local buffer {local}"
+    )]
+    LengthMismatch {
+        /// Sum of the remote pieces' lengths.
+        remote: usize,
+        /// Length of the local buffer.
+        local: usize,
+    },
+    /// A piece does not fit the address space, or the pieces' total overflows `isize`.
+    #[error(
+        "cross-memory attach: piece {index} ({addr:#x}, {len} bytes) does not fit the address \
+         space"
+    )]
+    BadPiece {
+        /// Index of the piece in its list.
+        index: usize,
+        /// Its address.
+        addr: u64,
+        /// Its length.
+        len: usize,
+    },
+    /// [`probe`] found that the process does not hold the probe word published by the
+    /// peer: the pid names another process or none.
+    #[error(
+        "cross-memory attach: process {pid} is not the peer that published the probe word (it \
+         exited, lives in another pid namespace, or the pid was reused)"
+    )]
+    NotThePeer {
+        /// The pid probed.
+        pid: u32,
+    },
+    /// Refused by a [`CmaState`] that found CMA unavailable earlier (and said so in the
+    /// log then).
+    #[error("cross-memory attach disabled earlier ({reason}); use the copy path")]
+    Disabled {
+        /// What was found then.
+        reason: Unavailable,
+    },
+    /// Any other failure of the system call (`ENOMEM`, `EINVAL`, no progress).
+    #[error("cross-memory attach with process {pid}: {source}")]
+    Io {
+        /// The peer.
+        pid: u32,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+impl CmaError {
+    /// `Some` when the error means CMA cannot work with this peer (so later transfers
+    /// would fail the same way and the caller should switch to its copy path for good);
+    /// `None` when only this transfer failed (a bad piece list, a dead peer, a transient
+    /// kernel error).
+    pub fn unavailable(&self) -> Option<Unavailable> {
+        match self {
+            CmaError::NotPermitted { .. } => Some(Unavailable::NotPermitted),
+            CmaError::Unsupported { .. } => Some(Unavailable::Unsupported),
+            CmaError::NotThePeer { .. } => Some(Unavailable::NotThePeer),
+            CmaError::Disabled { reason } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// Whether CMA is refused or missing here, so that the caller should take its copy
+    /// path from now on: `self.unavailable().is_some()` (not permitted, not supported,
+    /// not the peer, or disabled earlier). False for errors about one transfer.
+    pub fn is_permission(&self) -> bool {
+        self.unavailable().is_some()
+    }
+}
+
+/// Copies the remote pieces of process `pid`, in order, into `local`
+/// (`process_vm_readv`). Returns the number of bytes copied: `local.len()`.
+///
+/// `local.len()` must equal the sum of the pieces' lengths. With `pid` this process,
+/// the pieces are read from this process's own memory.
+pub fn read_from(pid: u32, remote: &[Piece], local: &mut [u8]) -> Result<usize, CmaError> {
+    transfer(pid, remote, Local::Into(local), LIMITS)
+}
+
+/// Copies `local` into the remote pieces of process `pid`, in order
+/// (`process_vm_writev`). Returns the number of bytes copied: `local.len()`.
+///
+/// `local.len()` must equal the sum of the pieces' lengths. The peer must have lent
+/// the pieces for writing. With `pid` this process, this writes this process's own
+/// memory behind the compiler's back, like writing `/proc/self/mem`: the pieces must
+/// then not overlap memory that Rust code holds references to.
+pub fn write_to(pid: u32, remote: &[Piece], local: &[u8]) -> Result<usize, CmaError> {
+    transfer(pid, remote, Local::From(local), LIMITS)
+}
+
+/// Splitting limits of a transfer (smaller ones in tests exercise the splitting).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Remote iovecs per call, at least 1.
+    iovs: usize,
+    /// Bytes per call, at least 1.
+    bytes: usize,
+}
+
+const LIMITS: Limits = Limits {
+    iovs: IOV_MAX,
+    bytes: MAX_BYTES_PER_CALL,
+};
+
+/// The local side of a transfer: the destination of a read or the source of a write.
+enum Local<'a> {
+    Into(&'a mut [u8]),
+    From(&'a [u8]),
+}
+
+impl Local<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Local::Into(b) => b.len(),
+            Local::From(b) => b.len(),
+        }
+    }
+
+    /// The iovec over `len` bytes at `at` (bounds-checked).
+    fn iov(&mut self, at: usize, len: usize) -> libc::iovec {
+        let base = match self {
+            Local::Into(b) => b[at..at + len].as_mut_ptr(),
+            // The kernel only reads through a write's local iovec.
+            Local::From(b) => b[at..at + len].as_ptr().cast_mut(),
+        };
+        libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        }
+    }
+}
+
+/// Where a transfer stands in its remote piece list.
+#[derive(Debug, Clone, Copy)]
+struct Cursor {
+    piece: usize,
+    off: usize,
+}
+
+impl Cursor {
+    /// Moves `n` bytes forward (`n` at most what is left).
+    fn advance(&mut self, remote: &[Piece], mut n: usize) {
+        while n > 0 {
+            let room = remote[self.piece].len - self.off;
+            if n < room {
+                self.off += n;
+                return;
+            }
+            n -= room;
+            self.piece += 1;
+            self.off = 0;
+        }
+    }
+
+    /// The remote address of the next byte to transfer (skipping empty pieces).
+    fn addr(&self, remote: &[Piece]) -> u64 {
+        let mut c = *self;
+        while c.piece < remote.len() && remote[c.piece].len == c.off {
+            c.piece += 1;
+            c.off = 0;
+        }
+        remote
+            .get(c.piece)
+            .map_or(0, |p| p.addr.wrapping_add(c.off as u64))
+    }
+}
+
+/// The pid as the system calls take it; 0 and values above `i32::MAX` name no process
+/// (0 would mean "the caller" to some calls, negatives process groups).
+fn to_pid(pid: u32) -> Result<libc::pid_t, CmaError> {
+    match libc::pid_t::try_from(pid) {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(CmaError::NoSuchProcess { pid }),
+    }
+}
+
+/// Maps a failed call's error to a [`CmaError`]; `addr` and `done` locate the failure.
+fn classify(err: io::Error, pid: u32, addr: u64, done: usize) -> CmaError {
+    match err.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => CmaError::NotPermitted { pid, source: err },
+        Some(libc::ESRCH) => CmaError::NoSuchProcess { pid },
+        Some(libc::EFAULT) => CmaError::BadAddress { pid, addr, done },
+        Some(libc::ENOSYS) => CmaError::Unsupported { source: err },
+        _ => CmaError::Io { pid, source: err },
+    }
+}
+
+/// One transfer, split into calls within `limits` and repeated after partial ones.
+fn transfer(
+    pid: u32,
+    remote: &[Piece],
+    mut local: Local<'_>,
+    limits: Limits,
+) -> Result<usize, CmaError> {
+    debug_assert!(limits.iovs >= 1 && limits.bytes >= 1);
+    let total = total_len(remote)?;
+    let len = local.len();
+    if total != len {
+        return Err(CmaError::LengthMismatch {
+            remote: total,
+            local: len,
+        });
+    }
+    let sys_pid = to_pid(pid)?;
+    if len == 0 {
+        return Ok(0);
+    }
+    let mut at = Cursor { piece: 0, off: 0 };
+    let mut done = 0usize;
+    let mut riov: Vec<libc::iovec> = Vec::with_capacity(remote.len().min(limits.iovs));
+    while done < len {
+        // The next batch: up to `limits.iovs` non-empty iovecs and `limits.bytes` bytes.
+        riov.clear();
+        let mut batch = 0usize;
+        let mut c = at;
+        while riov.len() < limits.iovs && batch < limits.bytes && c.piece < remote.len() {
+            let p = remote[c.piece];
+            let take = (p.len - c.off).min(limits.bytes - batch);
+            if take > 0 {
+                // total_len checked that addr + len fits a usize, so this cannot wrap.
+                let addr = p.addr as usize + c.off;
+                riov.push(libc::iovec {
+                    iov_base: std::ptr::without_provenance_mut(addr),
+                    iov_len: take,
+                });
+                batch += take;
+                c.off += take;
+            }
+            if c.off == p.len {
+                c.piece += 1;
+                c.off = 0;
+            }
+        }
+        // Bytes are left (done < len == total), so the batch holds some.
+        debug_assert!(batch > 0 && done + batch <= len);
+        let liov = local.iov(done, batch);
+        let n = loop {
+            let r = match local {
+                // SAFETY: `liov` covers `batch` bytes of the exclusively borrowed
+                // destination slice, alive for the call; `riov` holds `riov.len()`
+                // (at most IOV_MAX) initialised iovecs. The remote addresses are only
+                // dereferenced by the kernel in process `pid` (a bad one is EFAULT),
+                // and with pid == ours they alias no Rust reference the caller holds
+                // unless the caller broke read_from's contract.
+                Local::Into(_) => unsafe {
+                    libc::process_vm_readv(
+                        sys_pid,
+                        &liov,
+                        1,
+                        riov.as_ptr(),
+                        riov.len() as libc::c_ulong,
+                        0,
+                    )
+                },
+                // SAFETY: `liov` covers `batch` bytes of the borrowed source slice,
+                // alive for the call, which the kernel only reads; `riov` holds
+                // `riov.len()` (at most IOV_MAX) initialised iovecs whose addresses the
+                // kernel dereferences in process `pid` only.
+                Local::From(_) => unsafe {
+                    libc::process_vm_writev(
+                        sys_pid,
+                        &liov,
+                        1,
+                        riov.as_ptr(),
+                        riov.len() as libc::c_ulong,
+                        0,
+                    )
+                },
+            };
+            if r >= 0 {
+                break r as usize;
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                return Err(classify(err, pid, at.addr(remote), done));
+            }
+        };
+        if n == 0 {
+            return Err(CmaError::Io {
+                pid,
+                source: io::Error::other(format!(
+                    "the kernel transferred nothing of {batch} bytes at {:#x} after {done}",
+                    at.addr(remote)
+                )),
+            });
+        }
+        // A partial transfer (fewer bytes than asked) resumes where it stopped.
+        let n = n.min(batch);
+        at.advance(remote, n);
+        done += n;
+    }
+    Ok(done)
+}
+
+/// What a process publishes so that peers can [`probe`] it: the address of its probe
+/// word and the word's value, a random nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProbeTarget {
+    /// Address of the probe word in the publishing process.
+    pub addr: u64,
+    /// Its value (never 0).
+    pub value: u64,
+}
+
+/// This process's probe word: 0 until [`probe_target`] sets it to a random nonce.
+static PROBE_WORD: AtomicU64 = AtomicU64::new(0);
+
+/// This process's probe target (the same for every call), to publish to its peers.
+pub fn probe_target() -> ProbeTarget {
+    let mut value = PROBE_WORD.load(Ordering::Acquire);
+    if value == 0 {
+        let fresh = getrandom::u64().unwrap_or_else(|_| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ (u64::from(std::process::id()) << 32) ^ 0x5155_4956_4552_434d
+        });
+        let fresh = fresh.max(1);
+        value = match PROBE_WORD.compare_exchange(0, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => fresh,
+            Err(set) => set,
+        };
+    }
+    ProbeTarget {
+        addr: PROBE_WORD.as_ptr() as usize as u64,
+        value,
+    }
+}
+
+/// Checks that CMA to process `pid` works and that `pid` is the peer that published
+/// `target`: reads the 8-byte probe word there and compares it with the published
+/// value. Probing this process (`std::process::id()` and [`probe_target`]) checks only
+/// that the system call exists and is allowed by any seccomp filter.
+///
+/// Errors: [`CmaError::NotPermitted`], [`CmaError::Unsupported`],
+/// [`CmaError::NotThePeer`] (no such process, no word at that address, or another
+/// value), and [`CmaError::Io`] for anything else.
+pub fn probe(pid: u32, target: ProbeTarget) -> Result<(), CmaError> {
+    let mut word = [0u8; 8];
+    let piece = Piece {
+        addr: target.addr,
+        len: word.len(),
+    };
+    match read_from(pid, &[piece], &mut word) {
+        Ok(_) if u64::from_ne_bytes(word) == target.value => Ok(()),
+        Ok(_)
+        | Err(
+            CmaError::NoSuchProcess { .. }
+            | CmaError::BadAddress { .. }
+            | CmaError::BadPiece { .. },
+        ) => Err(CmaError::NotThePeer { pid }),
+        Err(e) => Err(e),
+    }
+}
+
+/// Lets any process of this user read and write this process's memory with CMA (and
+/// `ptrace` it) under Yama `ptrace_scope = 1`, where only ancestors could otherwise:
+/// `prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`, as Open MPI's vader transport does.
+///
+/// Security trade-off: any process running as the same user may then attach to this one
+/// and read or change all its memory, as on a system without Yama. It does not help
+/// under `ptrace_scope` 2 or 3, across users, or against seccomp.
+///
+/// Returns `Ok(true)` when the exception was set, `Ok(false)` when the kernel has no
+/// Yama (`EINVAL`: nothing restricts same-user access then).
+pub fn allow_peers() -> io::Result<bool> {
+    let zero: libc::c_ulong = 0;
+    // SAFETY: PR_SET_PTRACER takes an integer argument (a pid or PR_SET_PTRACER_ANY);
+    // no memory is passed, the trailing arguments are unused zeros.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_PTRACER,
+            libc::PR_SET_PTRACER_ANY,
+            zero,
+            zero,
+            zero,
+        )
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EINVAL) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
+const UNKNOWN: u8 = 0;
+const AVAILABLE: u8 = 1;
+const NOT_PERMITTED: u8 = 2;
+const UNSUPPORTED: u8 = 3;
+const NOT_THE_PEER: u8 = 4;
+
+/// Remembers whether CMA works, for one peer or for this whole process: the first error
+/// that shows it cannot ([`CmaError::unavailable`]) disables it for good and is logged
+/// once (`tracing::warn!`); later transfers through this state fail at once with
+/// [`CmaError::Disabled`], without a system call.
+///
+/// Hold one per peer when peers may differ (another user, another pid namespace); one
+/// per process is enough when they cannot, and then the first refusal turns CMA off
+/// towards every peer. Shared by `&`; all methods are thread-safe.
+#[derive(Debug, Default)]
+pub struct CmaState {
+    state: AtomicU8,
+}
+
+impl CmaState {
+    /// A state that has not tried CMA yet ([`Availability::Unknown`]).
+    pub const fn new() -> CmaState {
+        CmaState {
+            state: AtomicU8::new(UNKNOWN),
+        }
+    }
+
+    /// What is known so far.
+    pub fn availability(&self) -> Availability {
+        match self.state.load(Ordering::Relaxed) {
+            AVAILABLE => Availability::Available,
+            NOT_PERMITTED => Availability::Unavailable(Unavailable::NotPermitted),
+            UNSUPPORTED => Availability::Unavailable(Unavailable::Unsupported),
+            NOT_THE_PEER => Availability::Unavailable(Unavailable::NotThePeer),
+            _ => Availability::Unknown,
+        }
+    }
+
+    /// Whether a transfer is worth trying: not found unavailable.
+    pub fn is_usable(&self) -> bool {
+        !matches!(self.availability(), Availability::Unavailable(_))
+    }
+
+    /// [`probe`]s process `pid` and records the outcome; returns what is known then.
+    pub fn probe(&self, pid: u32, target: ProbeTarget) -> Availability {
+        if let Availability::Unavailable(_) = self.availability() {
+            return self.availability();
+        }
+        match probe(pid, target) {
+            Ok(()) => self.mark_available(),
+            Err(e) => {
+                self.record(pid, &e);
+            }
+        }
+        self.availability()
+    }
+
+    /// [`read_from`] unless disabled, recording the outcome.
+    pub fn read_from(
+        &self,
+        pid: u32,
+        remote: &[Piece],
+        local: &mut [u8],
+    ) -> Result<usize, CmaError> {
+        self.check()?;
+        self.note(pid, read_from(pid, remote, local))
+    }
+
+    /// [`write_to`] unless disabled, recording the outcome.
+    pub fn write_to(&self, pid: u32, remote: &[Piece], local: &[u8]) -> Result<usize, CmaError> {
+        self.check()?;
+        self.note(pid, write_to(pid, remote, local))
+    }
+
+    /// Records a failure of a transfer made without this state: when `err` shows that CMA
+    /// cannot work, disables it. Returns true when this call disabled it (and logged the
+    /// warning); false when it was disabled already or `err` concerns one transfer only.
+    pub fn record(&self, pid: u32, err: &CmaError) -> bool {
+        let code = match err.unavailable() {
+            Some(Unavailable::NotPermitted) => NOT_PERMITTED,
+            Some(Unavailable::Unsupported) => UNSUPPORTED,
+            Some(Unavailable::NotThePeer) => NOT_THE_PEER,
+            None => return false,
+        };
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            if cur != UNKNOWN && cur != AVAILABLE {
+                return false;
+            }
+            match self
+                .state
+                .compare_exchange_weak(cur, code, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        tracing::warn!(
+            pid,
+            "cross-memory attach unavailable, falling back to the two-copy path: {err}"
+        );
+        true
+    }
+
+    fn check(&self) -> Result<(), CmaError> {
+        match self.availability() {
+            Availability::Unavailable(reason) => Err(CmaError::Disabled { reason }),
+            _ => Ok(()),
+        }
+    }
+
+    fn mark_available(&self) {
+        let _ =
+            self.state
+                .compare_exchange(UNKNOWN, AVAILABLE, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn note(&self, pid: u32, r: Result<usize, CmaError>) -> Result<usize, CmaError> {
+        match &r {
+            Ok(_) => self.mark_available(),
+            Err(e) => {
+                self.record(pid, e);
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn me() -> u32 {
+        std::process::id()
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn read_and_write_own_process_across_sizes() {
+        for len in [0usize, 1, 4095, 4096, 4097, 1 << 20] {
+            let src = pattern(len, 7);
+            let mut dst = vec![0u8; len];
+            assert_eq!(read_from(me(), &pieces_of(&src), &mut dst).unwrap(), len);
+            assert_eq!(dst, src, "read of {len} bytes");
+
+            let mut target = vec![0u8; len];
+            let pieces = pieces_of(&target);
+            let data = pattern(len, 99);
+            assert_eq!(write_to(me(), &pieces, &data).unwrap(), len);
+            // The kernel wrote behind the compiler's back: read through a fresh borrow
+            // made after the call.
+            assert_eq!(
+                std::hint::black_box(&mut target)[..],
+                data[..],
+                "write of {len} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn pieces_of_a_buffer() {
+        let buf = [1u8, 2, 3];
+        assert_eq!(
+            pieces_of(&buf),
+            vec![Piece {
+                addr: buf.as_ptr() as u64,
+                len: 3
+            }]
+        );
+        assert!(pieces_of(&[]).is_empty());
+        assert_eq!(total_len(&[Piece::of(&buf), Piece::of(&buf)]).unwrap(), 6);
+    }
+
+    #[test]
+    fn scatter_list() {
+        let bufs: Vec<Vec<u8>> = [5usize, 0, 4096, 1, 70_000, 3]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(n, i as u8))
+            .collect();
+        let pieces: Vec<Piece> = bufs.iter().map(|b| Piece::of(b)).collect();
+        let whole: Vec<u8> = bufs.concat();
+        let mut dst = vec![0u8; whole.len()];
+        assert_eq!(read_from(me(), &pieces, &mut dst).unwrap(), whole.len());
+        assert_eq!(dst, whole);
+
+        let mut targets: Vec<Vec<u8>> = bufs.iter().map(|b| vec![0u8; b.len()]).collect();
+        let pieces: Vec<Piece> = targets.iter().map(|b| Piece::of(b)).collect();
+        let data = pattern(whole.len(), 200);
+        assert_eq!(write_to(me(), &pieces, &data).unwrap(), data.len());
+        assert_eq!(std::hint::black_box(&mut targets).concat(), data);
+    }
+
+    #[test]
+    fn more_pieces_than_iov_max() {
+        // 3000 pieces of 7 bytes, every other 7-byte chunk of the source.
+        let src = pattern(3000 * 14, 3);
+        let pieces: Vec<Piece> = src.chunks(14).map(|c| Piece::of(&c[..7])).collect();
+        assert!(pieces.len() > 2 * IOV_MAX);
+        let want: Vec<u8> = src.chunks(14).flat_map(|c| c[..7].to_vec()).collect();
+        let mut dst = vec![0u8; want.len()];
+        assert_eq!(read_from(me(), &pieces, &mut dst).unwrap(), want.len());
+        assert_eq!(dst, want);
+
+        let mut target = vec![0u8; src.len()];
+        let pieces: Vec<Piece> = target.chunks(14).map(|c| Piece::of(&c[..7])).collect();
+        let data = pattern(pieces.len() * 7, 11);
+        assert_eq!(write_to(me(), &pieces, &data).unwrap(), data.len());
+        let target = std::hint::black_box(&mut target);
+        for (i, c) in target.chunks(14).enumerate() {
+            assert_eq!(c[..7], data[i * 7..i * 7 + 7]);
+            assert_eq!(c[7..], [0u8; 7]);
+        }
+    }
+
+    #[test]
+    fn large_transfer_64_mib() {
+        let len = 64 << 20;
+        let src = pattern(len, 1);
+        let mut dst = vec![0u8; len];
+        assert_eq!(read_from(me(), &pieces_of(&src), &mut dst).unwrap(), len);
+        assert!(dst == src);
+    }
+
+    /// A `reps * chunk`-byte virtual range whose every `chunk` bytes map the same memfd:
+    /// gigabytes of address space over `chunk` bytes of memory.
+    struct Aliased {
+        base: *mut u8,
+        len: usize,
+    }
+
+    impl Aliased {
+        fn new(chunk: usize, reps: usize) -> Aliased {
+            let len = chunk * reps;
+            // SAFETY: a fresh, CLOEXEC memfd; the name is a NUL-terminated literal.
+            let fd = unsafe { libc::memfd_create(c"quiver-cma-test".as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+            // SAFETY: fd is our memfd.
+            assert_eq!(unsafe { libc::ftruncate(fd, chunk as libc::off_t) }, 0);
+            // SAFETY: reserving fresh address space; nothing is mapped over existing memory.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(base, libc::MAP_FAILED);
+            for i in 0..reps {
+                // SAFETY: MAP_FIXED inside the reservation made above, which we own.
+                let at = unsafe {
+                    libc::mmap(
+                        base.cast::<u8>().add(i * chunk).cast(),
+                        chunk,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED | libc::MAP_FIXED,
+                        fd,
+                        0,
+                    )
+                };
+                assert_ne!(at, libc::MAP_FAILED);
+            }
+            // SAFETY: fd is ours; the mappings keep the memory.
+            unsafe { libc::close(fd) };
+            Aliased {
+                base: base.cast(),
+                len,
+            }
+        }
+    }
+
+    impl Drop for Aliased {
+        fn drop(&mut self) {
+            // SAFETY: the whole range was mapped by Aliased::new and is unmapped once.
+            unsafe { libc::munmap(self.base.cast(), self.len) };
+        }
+    }
+
+    #[test]
+    fn transfer_above_2_gib() {
+        // 3 GiB in one piece, over 64 MiB of memory on each side.
+        let chunk = 64usize << 20;
+        let reps = 48;
+        let src = Aliased::new(chunk, reps);
+        let dst = Aliased::new(chunk, reps);
+        let want = pattern(chunk, 5);
+        // SAFETY: the first chunk of src is mapped read-write and not otherwise borrowed.
+        unsafe { std::slice::from_raw_parts_mut(src.base, chunk) }.copy_from_slice(&want);
+        let piece = Piece {
+            addr: src.base as u64,
+            len: src.len,
+        };
+        {
+            // SAFETY: dst's range is mapped read-write; only the kernel writes through it
+            // while this borrow lives.
+            let local = unsafe { std::slice::from_raw_parts_mut(dst.base, dst.len) };
+            assert_eq!(read_from(me(), &[piece], local).unwrap(), 3 << 30);
+        }
+        // SAFETY: mapped, no other borrow of dst lives now.
+        let got = unsafe { std::slice::from_raw_parts(dst.base.add(dst.len - chunk), chunk) };
+        assert!(got == &want[..]);
+    }
+
+    /// `pages` pages reserved read-write, with the page at `hole` made inaccessible
+    /// (`PROT_NONE`) and the page at `ro` (if any) read-only.
+    struct Pages {
+        base: *mut u8,
+        len: usize,
+    }
+
+    fn page() -> usize {
+        // SAFETY: sysconf has no memory effects.
+        unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+    }
+
+    impl Pages {
+        fn new(pages: usize, hole: usize, ro: Option<usize>) -> Pages {
+            let len = pages * page();
+            // SAFETY: a fresh anonymous mapping.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            assert_ne!(base, libc::MAP_FAILED);
+            let base: *mut u8 = base.cast();
+            // SAFETY: the pages lie inside the mapping made above.
+            unsafe {
+                std::ptr::write_bytes(base, 0x11, len);
+                assert_eq!(
+                    libc::mprotect(base.add(hole * page()).cast(), page(), libc::PROT_NONE),
+                    0
+                );
+                if let Some(ro) = ro {
+                    assert_eq!(
+                        libc::mprotect(base.add(ro * page()).cast(), page(), libc::PROT_READ),
+                        0
+                    );
+                }
+            }
+            Pages { base, len }
+        }
+
+        fn addr(&self, page_no: usize) -> u64 {
+            self.base as u64 + (page_no * page()) as u64
+        }
+    }
+
+    impl Drop for Pages {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made by Pages::new, unmapped once.
+            unsafe { libc::munmap(self.base.cast(), self.len) };
+        }
+    }
+
+    #[test]
+    fn bad_address() {
+        let p = page();
+        let pages = Pages::new(3, 1, Some(2));
+        // An inaccessible page alone.
+        let mut dst = vec![0u8; 10];
+        match read_from(
+            me(),
+            &[Piece {
+                addr: pages.addr(1),
+                len: 10,
+            }],
+            &mut dst,
+        ) {
+            Err(CmaError::BadAddress { pid, addr, done }) => {
+                assert_eq!((pid, addr, done), (me(), pages.addr(1), 0));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A piece running from a good page into the hole: a partial transfer, then the
+        // fault is reported where it stopped.
+        let mut dst = vec![0u8; p + 100];
+        match read_from(
+            me(),
+            &[Piece {
+                addr: pages.addr(0),
+                len: p + 100,
+            }],
+            &mut dst,
+        ) {
+            Err(CmaError::BadAddress { addr, done, .. }) => {
+                assert_eq!((addr, done), (pages.addr(1), p));
+                assert!(dst[..p].iter().all(|&b| b == 0x11));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same over two pieces.
+        let pieces = [
+            Piece {
+                addr: pages.addr(0),
+                len: p,
+            },
+            Piece {
+                addr: pages.addr(1),
+                len: 1,
+            },
+        ];
+        let mut dst = vec![0u8; p + 1];
+        assert!(matches!(
+            read_from(me(), &pieces, &mut dst),
+            Err(CmaError::BadAddress { done, addr, .. }) if done == p && addr == pages.addr(1)
+        ));
+        // Writing to a read-only page.
+        let r = write_to(
+            me(),
+            &[Piece {
+                addr: pages.addr(2),
+                len: 8,
+            }],
+            &[0u8; 8],
+        );
+        assert!(
+            matches!(r, Err(CmaError::BadAddress { done: 0, .. })),
+            "{r:?}"
+        );
+        // Address 0 and the top of the address space.
+        for addr in [0u64, 8, u64::MAX - 4096 - 16] {
+            let r = read_from(me(), &[Piece { addr, len: 16 }], &mut [0u8; 16]);
+            assert!(
+                matches!(r, Err(CmaError::BadAddress { .. })),
+                "{addr:#x}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_such_process() {
+        let mut dst = [0u8; 4];
+        let src = [1u8; 4];
+        // Above PID_MAX_LIMIT (4M), so never a live pid; and pids no process can have.
+        for pid in [i32::MAX as u32, 0, u32::MAX, 1 << 31] {
+            let r = read_from(pid, &pieces_of(&src), &mut dst);
+            assert!(
+                matches!(r, Err(CmaError::NoSuchProcess { pid: p }) if p == pid),
+                "{pid}: {r:?}"
+            );
+            let r = write_to(pid, &pieces_of(&dst), &src);
+            assert!(
+                matches!(r, Err(CmaError::NoSuchProcess { .. })),
+                "{pid}: {r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_piece_lists_are_rejected() {
+        let src = [1u8; 10];
+        let mut dst = [0u8; 9];
+        let r = read_from(me(), &pieces_of(&src), &mut dst);
+        assert!(
+            matches!(
+                r,
+                Err(CmaError::LengthMismatch {
+                    remote: 10,
+                    local: 9
+                })
+            ),
+            "{r:?}"
+        );
+        let r = write_to(me(), &pieces_of(&dst), &src);
+        assert!(
+            matches!(
+                r,
+                Err(CmaError::LengthMismatch {
+                    remote: 9,
+                    local: 10
+                })
+            ),
+            "{r:?}"
+        );
+        // An empty list against a non-empty buffer, and the reverse.
+        assert!(matches!(
+            read_from(me(), &[], &mut dst),
+            Err(CmaError::LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            read_from(me(), &pieces_of(&src), &mut []),
+            Err(CmaError::LengthMismatch { .. })
+        ));
+        // A piece wrapping around the address space.
+        let wrap = [Piece {
+            addr: u64::MAX - 1,
+            len: 10,
+        }];
+        let r = read_from(me(), &wrap, &mut [0u8; 10]);
+        assert!(
+            matches!(r, Err(CmaError::BadPiece { index: 0, .. })),
+            "{r:?}"
+        );
+        // Lengths whose sum overflows.
+        let huge = [
+            Piece { addr: 0, len: 10 },
+            Piece {
+                addr: 0,
+                len: isize::MAX as usize,
+            },
+            Piece {
+                addr: 0,
+                len: usize::MAX,
+            },
+        ];
+        let r = read_from(me(), &huge, &mut [0u8; 10]);
+        assert!(
+            matches!(r, Err(CmaError::BadPiece { index: 1, .. })),
+            "{r:?}"
+        );
+        // A mismatch is found before the pid is looked at.
+        let r = read_from(0, &pieces_of(&src), &mut dst);
+        assert!(matches!(r, Err(CmaError::LengthMismatch { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn probe_own_process_and_probe_word() {
+        let t = probe_target();
+        assert_eq!(t, probe_target());
+        assert_ne!(t.value, 0);
+        probe(me(), t).unwrap();
+        let wrong = ProbeTarget {
+            value: t.value ^ 1,
+            ..t
+        };
+        assert!(matches!(
+            probe(me(), wrong),
+            Err(CmaError::NotThePeer { .. })
+        ));
+        let unmapped = ProbeTarget { addr: 8, ..t };
+        assert!(matches!(
+            probe(me(), unmapped),
+            Err(CmaError::NotThePeer { .. })
+        ));
+        assert!(matches!(
+            probe(i32::MAX as u32, t),
+            Err(CmaError::NotThePeer { .. })
+        ));
+    }
+
+    #[test]
+    fn state_remembers_and_logs_once() {
+        let s = CmaState::new();
+        assert_eq!(s.availability(), Availability::Unknown);
+        assert_eq!(s.probe(me(), probe_target()), Availability::Available);
+        assert!(s.is_usable());
+
+        // Errors about one transfer do not disable.
+        let src = [3u8; 5];
+        let mut dst = [0u8; 5];
+        assert!(s.read_from(me(), &pieces_of(&src), &mut dst[..4]).is_err());
+        assert!(s
+            .read_from(i32::MAX as u32, &pieces_of(&src), &mut dst)
+            .is_err());
+        assert!(!s.record(1, &CmaError::NoSuchProcess { pid: 1 }));
+        assert_eq!(s.read_from(me(), &pieces_of(&src), &mut dst).unwrap(), 5);
+        assert_eq!(s.availability(), Availability::Available);
+
+        // The first refusal disables (true: this call logged), later ones change nothing.
+        let eperm = || CmaError::NotPermitted {
+            pid: 1,
+            source: io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert!(s.record(1, &eperm()));
+        assert!(!s.record(1, &eperm()));
+        assert!(!s.record(
+            1,
+            &CmaError::Unsupported {
+                source: io::Error::from_raw_os_error(libc::ENOSYS)
+            }
+        ));
+        assert_eq!(
+            s.availability(),
+            Availability::Unavailable(Unavailable::NotPermitted)
+        );
+        assert!(!s.is_usable());
+        let r = s.read_from(me(), &pieces_of(&src), &mut dst);
+        assert!(
+            matches!(
+                r,
+                Err(CmaError::Disabled {
+                    reason: Unavailable::NotPermitted
+                })
+            ),
+            "{r:?}"
+        );
+        let r = s.write_to(me(), &pieces_of(&dst), &src);
+        assert!(matches!(r, Err(CmaError::Disabled { .. })), "{r:?}");
+        assert_eq!(
+            s.probe(me(), probe_target()),
+            Availability::Unavailable(Unavailable::NotPermitted)
+        );
+
+        // A probe of the wrong process disables a fresh state.
+        let s = CmaState::new();
+        let t = probe_target();
+        assert_eq!(
+            s.probe(
+                me(),
+                ProbeTarget {
+                    value: !t.value,
+                    ..t
+                }
+            ),
+            Availability::Unavailable(Unavailable::NotThePeer)
+        );
+    }
+
+    #[test]
+    fn classify_maps_errnos() {
+        let c = |e| classify(io::Error::from_raw_os_error(e), 9, 0x1000, 3);
+        assert!(matches!(
+            c(libc::EPERM),
+            CmaError::NotPermitted { pid: 9, .. }
+        ));
+        assert!(matches!(c(libc::EACCES), CmaError::NotPermitted { .. }));
+        assert!(matches!(c(libc::ESRCH), CmaError::NoSuchProcess { pid: 9 }));
+        assert!(matches!(
+            c(libc::EFAULT),
+            CmaError::BadAddress {
+                pid: 9,
+                addr: 0x1000,
+                done: 3
+            }
+        ));
+        assert!(matches!(c(libc::ENOSYS), CmaError::Unsupported { .. }));
+        assert!(matches!(c(libc::ENOMEM), CmaError::Io { .. }));
+        let msg = c(libc::EPERM).to_string();
+        assert!(
+            msg.contains("allow_peers") && msg.contains("ptrace_scope"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn allow_peers_succeeds() {
+        // Ok(false) without Yama, Ok(true) with it.
+        allow_peers().unwrap();
+    }
+
+    /// Reaps a forked child: closes its quit pipe (so it exits), kills it if needed.
+    struct Child {
+        pid: libc::pid_t,
+        quit: libc::c_int,
+    }
+
+    impl Child {
+        /// Lets the child exit and returns its wait status.
+        fn finish(mut self) -> libc::c_int {
+            let status = self.reap();
+            std::mem::forget(self);
+            status
+        }
+
+        fn reap(&mut self) -> libc::c_int {
+            if self.quit >= 0 {
+                // SAFETY: our end of the pipe, closed once.
+                unsafe { libc::close(self.quit) };
+                self.quit = -1;
+            }
+            let mut status = 0;
+            // SAFETY: our child, waited for once.
+            while unsafe { libc::waitpid(self.pid, &mut status, 0) } < 0 {
+                if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                    break;
+                }
+            }
+            status
+        }
+    }
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            // SAFETY: our child (not yet reaped, so the pid is still its).
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            self.reap();
+        }
+    }
+
+    fn pipe() -> [libc::c_int; 2] {
+        let mut fds = [-1; 2];
+        // SAFETY: fds has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        fds
+    }
+
+    fn read_byte(fd: libc::c_int) -> isize {
+        let mut b = 0u8;
+        loop {
+            // SAFETY: one byte into a local.
+            let n = unsafe { libc::read(fd, (&mut b as *mut u8).cast(), 1) };
+            if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return n;
+            }
+        }
+    }
+
+    #[test]
+    fn cross_process_read_and_write() {
+        const LEN: usize = 3 * 4096 + 17;
+        let mut buf = vec![0xa5u8; LEN];
+        let addr = buf.as_mut_ptr();
+        // Set the probe word before forking, so that the child inherits it.
+        let target = probe_target();
+        let ready = pipe();
+        let quit = pipe();
+        // SAFETY: the child runs only async-signal-safe code (memory stores, read,
+        // write, close, _exit) and never returns into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: in the child: `addr` points to the child's copy of `buf` (same
+            // virtual address after fork), LEN bytes; the descriptors are the child's
+            // copies of the pipes.
+            unsafe {
+                libc::close(ready[0]);
+                libc::close(quit[1]);
+                for i in 0..LEN {
+                    *addr.add(i) = (i % 251) as u8;
+                }
+                let b = 1u8;
+                libc::write(ready[1], (&b as *const u8).cast(), 1);
+                // Wait until the parent closes its end (or dies).
+                while read_byte(quit[0]) > 0 {}
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the parent's ends not used by it.
+        unsafe {
+            libc::close(ready[1]);
+            libc::close(quit[0]);
+        }
+        let child = Child { pid, quit: quit[1] };
+        assert_eq!(read_byte(ready[0]), 1, "the child did not start");
+        // SAFETY: our end of the pipe.
+        unsafe { libc::close(ready[0]) };
+        let cpid = pid as u32;
+        let remote = [Piece {
+            addr: addr as u64,
+            len: LEN,
+        }];
+
+        let mut got = vec![0u8; LEN];
+        assert_eq!(read_from(cpid, &remote, &mut got).unwrap(), LEN);
+        assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        assert!(
+            buf.iter().all(|&b| b == 0xa5),
+            "the parent's copy is untouched"
+        );
+
+        // Write in two pieces, read back in one.
+        let data = pattern(LEN, 42);
+        let halves = [
+            Piece {
+                addr: addr as u64,
+                len: 100,
+            },
+            Piece {
+                addr: addr as u64 + 100,
+                len: LEN - 100,
+            },
+        ];
+        assert_eq!(write_to(cpid, &halves, &data).unwrap(), LEN);
+        assert_eq!(read_from(cpid, &remote, &mut got).unwrap(), LEN);
+        assert_eq!(got, data);
+        assert!(buf.iter().all(|&b| b == 0xa5));
+
+        // The child inherited the probe word: it passes the probe.
+        let s = CmaState::new();
+        assert_eq!(s.probe(cpid, target), Availability::Available);
+
+        let status = child.finish();
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status:#x}"
+        );
+        // Reaped: no such process any more.
+        let r = read_from(cpid, &remote, &mut got);
+        assert!(matches!(r, Err(CmaError::NoSuchProcess { .. })), "{r:?}");
+    }
+
+    static TARGET_BYTE: AtomicU8 = AtomicU8::new(7);
+
+    #[test]
+    fn another_user_is_not_permitted() {
+        // SAFETY: geteuid has no memory effects.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to switch a child to another user");
+            return;
+        }
+        let remote = libc::iovec {
+            iov_base: TARGET_BYTE.as_ptr().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: the child runs only async-signal-safe code (raw system calls, a store
+        // to a local, _exit).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: in the child, single-threaded: raw setresuid changes this thread's
+            // (the process's) credentials; the iovecs point to a local byte and to the
+            // parent's static (same address after fork).
+            unsafe {
+                if libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534) != 0 {
+                    libc::_exit(200);
+                }
+                let mut b = 0u8;
+                let local = libc::iovec {
+                    iov_base: (&mut b as *mut u8).cast(),
+                    iov_len: 1,
+                };
+                let n = libc::process_vm_readv(libc::getppid(), &local, 1, &remote, 1, 0);
+                libc::_exit(if n == 1 {
+                    0
+                } else {
+                    (*libc::__errno_location()).clamp(1, 199)
+                });
+            }
+        }
+        let child = Child { pid, quit: -1 };
+        let status = child.finish();
+        assert!(libc::WIFEXITED(status), "{status:#x}");
+        let code = libc::WEXITSTATUS(status);
+        assert_ne!(code, 200, "setresuid failed in the child");
+        assert_ne!(code, 0, "an unprivileged child read root's memory");
+        let err = classify(io::Error::from_raw_os_error(code), 1, 0, 0);
+        assert!(
+            matches!(err, CmaError::NotPermitted { .. }),
+            "errno {code}: {err}"
+        );
+        assert_eq!(err.unavailable(), Some(Unavailable::NotPermitted));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Any split of a buffer into pieces, under any call limits, reads and writes
+        /// exactly the pieces' bytes.
+        #[test]
+        fn split_transfers(
+            cuts in proptest::collection::vec((0usize..64, 0usize..5000), 0..40),
+            iovs in 1usize..6,
+            bytes in 1usize..9000,
+        ) {
+            let total: usize = cuts.iter().map(|&(g, n)| g + n).sum();
+            let src = pattern(total, 13);
+            let mut pieces = Vec::new();
+            let mut want = Vec::new();
+            let mut at = 0;
+            for &(gap, n) in &cuts {
+                at += gap;
+                pieces.push(Piece::of(&src[at..at + n]));
+                want.extend_from_slice(&src[at..at + n]);
+                at += n;
+            }
+            let limits = Limits { iovs, bytes };
+            let mut dst = vec![0u8; want.len()];
+            let n = transfer(me(), &pieces, Local::Into(&mut dst), limits).unwrap();
+            prop_assert_eq!(n, want.len());
+            prop_assert_eq!(&dst, &want);
+
+            let mut target = vec![0u8; total];
+            let mut tpieces = Vec::new();
+            let mut at = 0;
+            for &(gap, n) in &cuts {
+                at += gap;
+                tpieces.push(Piece::of(&target[at..at + n]));
+                at += n;
+            }
+            let data = pattern(want.len(), 77);
+            let n = transfer(me(), &tpieces, Local::From(&data), limits).unwrap();
+            prop_assert_eq!(n, data.len());
+            let target = std::hint::black_box(&mut target);
+            let mut at = 0;
+            let mut from = 0;
+            for &(gap, n) in &cuts {
+                prop_assert!(target[at..at + gap].iter().all(|&b| b == 0));
+                at += gap;
+                prop_assert_eq!(&target[at..at + n], &data[from..from + n]);
+                at += n;
+                from += n;
+            }
+        }
+
+        /// Garbage piece lists never panic; they read (harmlessly, from this process)
+        /// or fail with a typed error.
+        #[test]
+        fn garbage_pieces_never_panic(
+            raw in proptest::collection::vec((any::<u64>(), 0usize..4096, any::<bool>()), 0..20),
+            other_len in 0usize..8192,
+            exact in any::<bool>(),
+        ) {
+            let sum: usize = raw.iter().map(|&(_, len, _)| len).sum();
+            let local_len = if exact { sum } else { other_len };
+            let near = pattern(8192, 0);
+            let pieces: Vec<Piece> = raw
+                .iter()
+                .map(|&(a, len, close)| Piece {
+                    addr: if close { near.as_ptr() as u64 + a % 4096 } else { a },
+                    len,
+                })
+                .collect();
+            let mut dst = vec![0u8; local_len];
+            match read_from(me(), &pieces, &mut dst) {
+                Ok(n) => prop_assert_eq!(n, local_len),
+                Err(CmaError::LengthMismatch { local, .. }) => prop_assert_eq!(local, local_len),
+                Err(CmaError::BadAddress { done, .. }) => prop_assert!(done < local_len),
+                Err(CmaError::BadPiece { index, .. }) => prop_assert!(index < pieces.len()),
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+        }
+    }
+}

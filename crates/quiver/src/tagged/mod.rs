@@ -1,0 +1,923 @@
+//! Tagged send/receive with the Push-Pull protocol (the Push-Pull Messaging seed).
+//!
+//! A [`Tagged`] endpoint sends messages of any size to a rank with a tag, and receives
+//! them into buffers the application posts, matched on (source, tag) with wildcards
+//! ([`Src::Any`], [`Tag::Any`]). MPI's ordering rule holds: two messages from one sender
+//! that both match a receive are received in the order they were sent (they travel one
+//! FIFO Directed Point channel, and both the posted and the unexpected queue are searched
+//! in order).
+//!
+//! The protocol, per message (`docs/DESIGN-NOTES.md` has the reasoning):
+//!
+//! 1. The sender **pushes** the first BTP(1) bytes with the message's header, then the
+//!    next BTP(2) bytes, and returns to the application (Push-and-Acknowledge
+//!    overlapping: the second push travels while the acknowledgement does).
+//! 2. At the receiver, a push that matches a posted receive is copied straight into its
+//!    buffer; otherwise it waits in the **pushed buffer** (the unexpected queue) until a
+//!    receive is posted.
+//! 3. Once matched, the receiver **pulls** the rest: on one node by a single copy across
+//!    address spaces (cross-memory attach, `process_vm_readv` from the sender's buffer),
+//!    then a `Done` that completes the send; otherwise (network, or cross-memory attach
+//!    not permitted) with a `Pull` acknowledgement, to which the sender answers with the
+//!    requested bytes, written into the receive buffer as they arrive.
+//! 4. Buffer preparation (touching the pages still to be transferred) is done after the
+//!    first push is on its way, so it overlaps the transfer (address-translation
+//!    masking).
+//!
+//! [`PushMode`] selects Push-Pull (BTP(1), BTP(2) from `QUIVER_BTP1` / `QUIVER_BTP2`),
+//! Push-Zero (nothing pushed, everything pulled) or Push-All (everything pushed), at run
+//! time (`QUIVER_PUSH`, [`Tagged::set_push`]).
+//!
+//! Non-blocking operations live in a [`Tagged::scope`], which guarantees that every
+//! buffer handed to [`Scope::isend`] or [`Scope::irecv`] outlives the operation: when
+//! the scope ends, pending receives that nothing matched are cancelled and every other
+//! operation is waited for.
+
+mod wire;
+
+use crate::dm::Endpoint;
+use crate::link::cma;
+use crate::{Error, Job, Result, Transport};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::marker::PhantomData;
+use wire::Msg;
+
+/// Which sender a receive accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Src {
+    /// Any rank.
+    Any,
+    /// This rank only.
+    Rank(u32),
+}
+
+impl From<u32> for Src {
+    fn from(rank: u32) -> Src {
+        Src::Rank(rank)
+    }
+}
+
+/// Which tag a receive accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    /// Any tag.
+    Any,
+    /// This tag only.
+    Is(u32),
+}
+
+impl From<u32> for Tag {
+    fn from(tag: u32) -> Tag {
+        Tag::Is(tag)
+    }
+}
+
+/// How much of a message the sender pushes before the receiver pulls the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushMode {
+    /// Push nothing; the receiver pulls the whole message (BTP = 0).
+    Zero,
+    /// Push the whole message (BTP = its length); it waits in the pushed buffer if no
+    /// receive is posted.
+    All,
+    /// Push BTP(1) + BTP(2) bytes, pull the rest (the default).
+    Pull,
+}
+
+impl PushMode {
+    /// Parses `zero`, `all` or `pull` (`QUIVER_PUSH`).
+    pub fn parse(s: &str) -> Option<PushMode> {
+        match s {
+            "zero" => Some(PushMode::Zero),
+            "all" => Some(PushMode::All),
+            "pull" => Some(PushMode::Pull),
+            _ => None,
+        }
+    }
+
+    /// The name `parse` accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            PushMode::Zero => "zero",
+            PushMode::All => "all",
+            PushMode::Pull => "pull",
+        }
+    }
+}
+
+/// What a completed operation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    /// The sender (of a receive) or the destination (of a send).
+    pub peer: u32,
+    /// The message's tag.
+    pub tag: u32,
+    /// The message's length in bytes.
+    pub len: u64,
+}
+
+/// Counters of a tagged endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaggedStats {
+    /// Messages whose first push found no posted receive (they waited in the pushed
+    /// buffer).
+    pub unexpected: u64,
+    /// Most bytes the pushed buffer held at once.
+    pub pushed_buffer_peak: u64,
+    /// Bytes pulled with one copy across address spaces (cross-memory attach).
+    pub pulled_direct: u64,
+    /// Bytes pulled through `Pull` requests and `Data` messages.
+    pub pulled_by_request: u64,
+    /// Protocol messages dropped because they were malformed or named no known message.
+    pub dropped: u64,
+}
+
+/// A tagged endpoint: a Directed Point endpoint that carries the Push-Pull protocol.
+/// Every rank of the job opens one with the same DPID.
+pub struct Tagged {
+    ep: Endpoint,
+    rank: u32,
+    st: RefCell<State>,
+    /// Whether same-node pulls may use cross-memory attach (`QUIVER_CMA`).
+    cma_on: bool,
+    /// What is known of cross-memory attach (off for good after the first refusal,
+    /// which is logged once).
+    cma: cma::CmaState,
+}
+
+struct State {
+    mode: PushMode,
+    btp1: usize,
+    btp2: usize,
+    /// Largest payload of one protocol message.
+    chunk: usize,
+    next_op: u64,
+    next_msg: u64,
+    ops: HashMap<u64, Op>,
+    /// Receives posted and not matched yet, in posting order.
+    posted: VecDeque<u64>,
+    /// First pushes that found no posted receive, in arrival order: the pushed buffer.
+    unexpected: VecDeque<Unexpected>,
+    pushed_bytes: u64,
+    /// Matched receives still expecting bytes: (source, message) → operation.
+    incoming: HashMap<(u32, u64), u64>,
+    /// Sends waiting for their receiver's `Pull` or `Done`: (destination, message) →
+    /// operation.
+    outgoing: HashMap<(u32, u64), u64>,
+    stats: TaggedStats,
+}
+
+enum Op {
+    Send(SendOp),
+    Recv(RecvOp),
+}
+
+struct SendOp {
+    dest: u32,
+    tag: u32,
+    ptr: *const u8,
+    len: usize,
+    done: bool,
+}
+
+struct RecvOp {
+    ptr: *mut u8,
+    cap: usize,
+    src: Src,
+    tag: Tag,
+    state: RecvState,
+}
+
+enum RecvState {
+    Posted,
+    Receiving {
+        source: u32,
+        tag: u32,
+        total: u64,
+        /// Bytes that will land in the buffer: min(total, capacity).
+        expected: u64,
+        landed: u64,
+    },
+    Done(Option<Result<Status>>),
+}
+
+/// A first push that found no posted receive, with the pushed bytes that followed it.
+struct Unexpected {
+    source: u32,
+    tag: u32,
+    msg: u64,
+    total: u64,
+    pushed: u64,
+    pid: u32,
+    addr: u64,
+    data: Vec<u8>,
+}
+
+fn matches(src: Src, tag: Tag, source: u32, t: u32) -> bool {
+    (src == Src::Any || src == Src::Rank(source)) && (tag == Tag::Any || tag == Tag::Is(t))
+}
+
+impl Tagged {
+    /// Opens the tagged endpoint `dpid` of this rank (every rank uses the same DPID).
+    pub fn open(job: &Job, dpid: u16) -> Result<Tagged> {
+        let ep = job.open(dpid)?;
+        let cfg = job.config();
+        let chunk = cfg.max_message - wire::MAX_HEADER;
+        Ok(Tagged {
+            rank: job.rank(),
+            ep,
+            st: RefCell::new(State {
+                mode: cfg.push,
+                btp1: cfg.btp1.min(chunk),
+                btp2: cfg.btp2,
+                chunk,
+                next_op: 0,
+                next_msg: 0,
+                ops: HashMap::new(),
+                posted: VecDeque::new(),
+                unexpected: VecDeque::new(),
+                pushed_bytes: 0,
+                incoming: HashMap::new(),
+                outgoing: HashMap::new(),
+                stats: TaggedStats::default(),
+            }),
+            cma_on: cfg.cma,
+            cma: cma::CmaState::new(),
+        })
+    }
+
+    /// The Directed Point endpoint underneath (its statistics, descriptor...).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Selects the push mode for later sends.
+    pub fn set_push(&self, mode: PushMode) {
+        self.st.borrow_mut().mode = mode;
+    }
+
+    /// Sets BTP(1) and BTP(2) for later sends in [`PushMode::Pull`]; the pushed buffer
+    /// holds at most BTP(1) + BTP(2) bytes per unexpected message.
+    pub fn set_btp(&self, btp1: usize, btp2: usize) {
+        let mut st = self.st.borrow_mut();
+        st.btp1 = btp1.min(st.chunk);
+        st.btp2 = btp2;
+    }
+
+    /// The push mode and BTP(1), BTP(2) in force.
+    pub fn push(&self) -> (PushMode, usize, usize) {
+        let st = self.st.borrow();
+        (st.mode, st.btp1, st.btp2)
+    }
+
+    /// The endpoint's counters.
+    pub fn stats(&self) -> TaggedStats {
+        self.st.borrow().stats.clone()
+    }
+
+    /// Sends `data` to `dest` with `tag`; returns when the buffer may be reused (the
+    /// receiver has pulled what was not pushed).
+    pub fn send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<()> {
+        let id = self.start_send(dest, tag, data)?;
+        self.wait_op(id).map(|_| ())
+    }
+
+    /// Receives the first message that matches (`src`, `tag`) into `buf`.
+    /// [`Error::Truncated`] if it is longer than `buf` (which then holds its start).
+    pub fn recv(&self, buf: &mut [u8], src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Status> {
+        let id = self.start_recv(buf.as_mut_ptr(), buf.len(), src.into(), tag.into())?;
+        self.wait_op(id)
+    }
+
+    /// The status of the first message that matches, without receiving it, if one has
+    /// arrived.
+    pub fn iprobe(&self, src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Option<Status>> {
+        let (src, tag) = (src.into(), tag.into());
+        while self.poll()? {}
+        let st = self.st.borrow();
+        Ok(st
+            .unexpected
+            .iter()
+            .find(|u| matches(src, tag, u.source, u.tag))
+            .map(|u| Status {
+                peer: u.source,
+                tag: u.tag,
+                len: u.total,
+            }))
+    }
+
+    /// Waits for a message that matches and returns its status without receiving it.
+    pub fn probe(&self, src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Status> {
+        let (src, tag) = (src.into(), tag.into());
+        loop {
+            if let Some(s) = self.iprobe(src, tag)? {
+                return Ok(s);
+            }
+            self.wait_message()?;
+        }
+    }
+
+    /// Handles every protocol message that has arrived; returns without waiting.
+    pub fn progress(&self) -> Result<()> {
+        while self.poll()? {}
+        Ok(())
+    }
+
+    /// Runs `f` with a [`Scope`] for non-blocking operations on buffers that outlive the
+    /// scope. When `f` returns (or panics), receives that nothing matched are cancelled
+    /// and every other operation started in the scope is waited for.
+    pub fn scope<'env, T>(
+        &'env self,
+        f: impl for<'scope> FnOnce(&'scope Scope<'scope, 'env>) -> Result<T>,
+    ) -> Result<T> {
+        let scope = Scope {
+            t: self,
+            started: RefCell::new(Vec::new()),
+            _scope: PhantomData,
+            _env: PhantomData,
+        };
+        let guard = FinishOnDrop(&scope);
+        let out = f(&scope);
+        std::mem::forget(guard);
+        let finished = scope.finish();
+        let v = out?;
+        finished?;
+        Ok(v)
+    }
+
+    fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<u64> {
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let msg = st.next_msg;
+        st.next_msg += 1;
+        let len = data.len();
+        let (first, pushed) = match st.mode {
+            PushMode::Zero => (0, 0),
+            PushMode::All => (len.min(st.chunk), len),
+            PushMode::Pull => (len.min(st.btp1), len.min(st.btp1.saturating_add(st.btp2))),
+        };
+        let push = Msg::Push {
+            tag,
+            msg,
+            total: len as u64,
+            pushed: pushed as u64,
+            pid: std::process::id(),
+            addr: data.as_ptr() as u64,
+            data: &data[..first],
+        };
+        self.ep.target_rank(dest)?;
+        self.ep.write_parts(push.header().as_bytes(), push.data())?;
+        let mut off = first;
+        while off < pushed {
+            let end = pushed.min(off + st.chunk);
+            let more = Msg::More {
+                msg,
+                offset: off as u64,
+                data: &data[off..end],
+            };
+            self.ep.write_parts(more.header().as_bytes(), more.data())?;
+            off = end;
+        }
+        // Address-translation masking: the pushes are on their way; prepare the part the
+        // receiver will pull now, off the critical path.
+        touch_pages(&data[pushed..]);
+        let id = st.next_op;
+        st.next_op += 1;
+        let done = pushed == len;
+        st.ops.insert(
+            id,
+            Op::Send(SendOp {
+                dest,
+                tag,
+                ptr: data.as_ptr(),
+                len,
+                done,
+            }),
+        );
+        if !done {
+            st.outgoing.insert((dest, msg), id);
+        }
+        Ok(id)
+    }
+
+    fn start_recv(&self, ptr: *mut u8, cap: usize, src: Src, tag: Tag) -> Result<u64> {
+        // Take in what has arrived first: a message already waiting must match before
+        // this receive is queued behind it.
+        self.progress()?;
+        let id = {
+            let mut st = self.st.borrow_mut();
+            let id = st.next_op;
+            st.next_op += 1;
+            st.ops.insert(
+                id,
+                Op::Recv(RecvOp {
+                    ptr,
+                    cap,
+                    src,
+                    tag,
+                    state: RecvState::Posted,
+                }),
+            );
+            id
+        };
+        let found = {
+            let mut st = self.st.borrow_mut();
+            let i = st
+                .unexpected
+                .iter()
+                .position(|u| matches(src, tag, u.source, u.tag));
+            i.and_then(|i| st.unexpected.remove(i))
+        };
+        match found {
+            Some(u) => {
+                {
+                    let mut st = self.st.borrow_mut();
+                    st.pushed_bytes -= u.data.len() as u64;
+                }
+                self.begin_receive(id, &u, &u.data)?;
+            }
+            None => self.st.borrow_mut().posted.push_back(id),
+        }
+        Ok(id)
+    }
+
+    /// A message matched receive `id`: copy what was pushed, pull the rest.
+    fn begin_receive(&self, id: u64, u: &Unexpected, have: &[u8]) -> Result<()> {
+        let (ptr, cap) = {
+            let st = self.st.borrow();
+            let Some(Op::Recv(r)) = st.ops.get(&id) else {
+                return Ok(());
+            };
+            (r.ptr, r.cap)
+        };
+        let expected = u.total.min(cap as u64);
+        let n = have.len().min(cap);
+        // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
+        // completes (its scope or blocking call outlives it); n <= cap.
+        unsafe { std::ptr::copy_nonoverlapping(have.as_ptr(), ptr, n) };
+        let mut landed = n as u64;
+        // Bytes of the message past what was pushed, and inside the buffer.
+        let pull_from = u.pushed;
+        let pull_len = expected.saturating_sub(pull_from);
+        let mut tell_done = u.total > u.pushed && pull_len == 0; // truncated: nothing to pull
+        if pull_len > 0 {
+            let direct = self.cma_on
+                && self.cma.is_usable()
+                && u.source != self.rank
+                && self.ep.transport_to(u.source)? == Transport::Shm;
+            let pulled = if direct {
+                // SAFETY: [pull_from, pull_from + pull_len) lies inside the buffer
+                // (pull_from + pull_len = expected <= cap) and nothing else writes it.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
+                };
+                let remote = [cma::Piece {
+                    addr: u.addr + pull_from,
+                    len: pull_len as usize,
+                }];
+                match self.cma.read_from(u.pid, &remote, dst) {
+                    Ok(_) => true,
+                    // Refused for good (logged once by the state): the two-copy path.
+                    Err(e) if e.unavailable().is_some() => false,
+                    Err(e) => {
+                        return Err(Error::Protocol {
+                            rank: u.source,
+                            reason: format!("pulling message {}: {e}", u.msg),
+                        })
+                    }
+                }
+            } else {
+                false
+            };
+            let mut st = self.st.borrow_mut();
+            if pulled {
+                landed += pull_len;
+                st.stats.pulled_direct += pull_len;
+                tell_done = true;
+            } else {
+                drop(st);
+                let pull = Msg::Pull {
+                    msg: u.msg,
+                    offset: pull_from,
+                    len: pull_len,
+                };
+                self.ep.target_rank(u.source)?;
+                self.ep.write_parts(pull.header().as_bytes(), &[])?;
+                // SAFETY: as above; the pull request is on its way, so preparing the
+                // destination overlaps its round trip.
+                touch_pages(unsafe {
+                    std::slice::from_raw_parts(ptr.add(pull_from as usize), pull_len as usize)
+                });
+            }
+        }
+        if tell_done {
+            let done = Msg::Done { msg: u.msg };
+            self.ep.target_rank(u.source)?;
+            self.ep.write_parts(done.header().as_bytes(), &[])?;
+        }
+        let mut st = self.st.borrow_mut();
+        let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
+            return Ok(());
+        };
+        r.state = RecvState::Receiving {
+            source: u.source,
+            tag: u.tag,
+            total: u.total,
+            expected,
+            landed,
+        };
+        if !finish_if_complete(r) {
+            st.incoming.insert((u.source, u.msg), id);
+        }
+        Ok(())
+    }
+
+    /// Handles one protocol message if one has arrived.
+    fn poll(&self) -> Result<bool> {
+        let Some(m) = self.ep.try_read()? else {
+            return Ok(false);
+        };
+        let source = m.source().rank;
+        self.handle(source, &m)?;
+        Ok(true)
+    }
+
+    /// Waits for the next protocol message and handles it.
+    fn wait_message(&self) -> Result<()> {
+        let m = self.ep.read()?;
+        let source = m.source().rank;
+        self.handle(source, &m)
+    }
+
+    fn handle(&self, source: u32, bytes: &[u8]) -> Result<()> {
+        let msg = match Msg::decode(bytes) {
+            Ok(m) => m,
+            Err(why) => {
+                tracing::debug!("tagged message from rank {source} dropped: {why}");
+                self.st.borrow_mut().stats.dropped += 1;
+                return Ok(());
+            }
+        };
+        match msg {
+            Msg::Push {
+                tag,
+                msg,
+                total,
+                pushed,
+                pid,
+                addr,
+                data,
+            } => {
+                let u = Unexpected {
+                    source,
+                    tag,
+                    msg,
+                    total,
+                    pushed,
+                    pid,
+                    addr,
+                    data: Vec::new(),
+                };
+                let matched = {
+                    let mut st = self.st.borrow_mut();
+                    let st = &mut *st;
+                    let i = st.posted.iter().position(|id| match st.ops.get(id) {
+                        Some(Op::Recv(r)) => matches(r.src, r.tag, source, tag),
+                        _ => false,
+                    });
+                    i.and_then(|i| st.posted.remove(i))
+                };
+                match matched {
+                    Some(id) => self.begin_receive(id, &u, data)?,
+                    None => {
+                        let mut st = self.st.borrow_mut();
+                        st.stats.unexpected += 1;
+                        st.pushed_bytes += data.len() as u64;
+                        st.stats.pushed_buffer_peak =
+                            st.stats.pushed_buffer_peak.max(st.pushed_bytes);
+                        st.unexpected.push_back(Unexpected {
+                            data: data.to_vec(),
+                            ..u
+                        });
+                    }
+                }
+            }
+            Msg::More { msg, offset, data } | Msg::Data { msg, offset, data } => {
+                let pulled = matches!(msg_kind(bytes), Some(4));
+                let mut st = self.st.borrow_mut();
+                let st = &mut *st;
+                if let Some(&id) = st.incoming.get(&(source, msg)) {
+                    let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
+                        return Ok(());
+                    };
+                    let n = (r.cap as u64).saturating_sub(offset).min(data.len() as u64);
+                    if n > 0 {
+                        // SAFETY: offset + n <= cap; the buffer is valid until the
+                        // receive completes.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                data.as_ptr(),
+                                r.ptr.add(offset as usize),
+                                n as usize,
+                            )
+                        };
+                    }
+                    if let RecvState::Receiving { landed, .. } = &mut r.state {
+                        *landed += n;
+                    }
+                    if pulled {
+                        st.stats.pulled_by_request += n;
+                    }
+                    if finish_if_complete(r) {
+                        st.incoming.remove(&(source, msg));
+                    }
+                } else if let Some(u) = st
+                    .unexpected
+                    .iter_mut()
+                    .find(|u| u.source == source && u.msg == msg && !pulled)
+                {
+                    // More pushed bytes of a message still waiting for its receive.
+                    if offset == u.data.len() as u64 {
+                        u.data.extend_from_slice(data);
+                        st.pushed_bytes += data.len() as u64;
+                        st.stats.pushed_buffer_peak =
+                            st.stats.pushed_buffer_peak.max(st.pushed_bytes);
+                    } else {
+                        st.stats.dropped += 1;
+                    }
+                } else {
+                    st.stats.dropped += 1;
+                }
+            }
+            Msg::Pull { msg, offset, len } => {
+                let (ptr, total, id) = {
+                    let st = self.st.borrow();
+                    match st
+                        .outgoing
+                        .get(&(source, msg))
+                        .and_then(|id| st.ops.get(id).map(|op| (id, op)))
+                    {
+                        Some((&id, Op::Send(s))) => (s.ptr, s.len as u64, id),
+                        _ => {
+                            drop(st);
+                            self.st.borrow_mut().stats.dropped += 1;
+                            return Ok(());
+                        }
+                    }
+                };
+                let end = offset.checked_add(len).filter(|&e| e <= total);
+                let Some(end) = end else {
+                    self.st.borrow_mut().stats.dropped += 1;
+                    return Ok(());
+                };
+                let chunk = self.st.borrow().chunk as u64;
+                self.ep.target_rank(source)?;
+                let mut off = offset;
+                while off < end {
+                    let stop = end.min(off + chunk);
+                    // SAFETY: [off, stop) lies inside the send buffer (end <= total), which
+                    // stays valid until this send completes (below).
+                    let part = unsafe {
+                        std::slice::from_raw_parts(ptr.add(off as usize), (stop - off) as usize)
+                    };
+                    let data = Msg::Data {
+                        msg,
+                        offset: off,
+                        data: part,
+                    };
+                    self.ep.write_parts(data.header().as_bytes(), part)?;
+                    off = stop;
+                }
+                self.complete_send(source, msg, id);
+            }
+            Msg::Done { msg } => {
+                let id = self.st.borrow().outgoing.get(&(source, msg)).copied();
+                match id {
+                    Some(id) => self.complete_send(source, msg, id),
+                    None => self.st.borrow_mut().stats.dropped += 1,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn complete_send(&self, dest: u32, msg: u64, id: u64) {
+        let mut st = self.st.borrow_mut();
+        st.outgoing.remove(&(dest, msg));
+        if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
+            s.done = true;
+        }
+    }
+
+    /// The result of operation `id` if it is complete (it is then forgotten).
+    fn take_if_done(&self, id: u64) -> Option<Result<Status>> {
+        let mut st = self.st.borrow_mut();
+        let done = match st.ops.get_mut(&id)? {
+            Op::Send(s) if s.done => Some(Ok(Status {
+                peer: s.dest,
+                tag: s.tag,
+                len: s.len as u64,
+            })),
+            Op::Recv(RecvOp {
+                state: RecvState::Done(r),
+                ..
+            }) => Some(r.take().unwrap_or(Err(Error::Cancelled))),
+            _ => None,
+        };
+        if done.is_some() {
+            st.ops.remove(&id);
+        }
+        done
+    }
+
+    /// Whether operation `id` is complete (its result stays for `wait`).
+    fn test_op(&self, id: u64) -> Result<bool> {
+        self.progress()?;
+        let st = self.st.borrow();
+        Ok(match st.ops.get(&id) {
+            Some(Op::Send(s)) => s.done,
+            Some(Op::Recv(r)) => matches!(r.state, RecvState::Done(_)),
+            None => true,
+        })
+    }
+
+    fn wait_op(&self, id: u64) -> Result<Status> {
+        if !self.st.borrow().ops.contains_key(&id) {
+            return Err(Error::Config(format!(
+                "operation {id} was already waited for"
+            )));
+        }
+        loop {
+            while self.poll()? {}
+            if let Some(r) = self.take_if_done(id) {
+                return r;
+            }
+            self.wait_message()?;
+        }
+    }
+
+    /// Cancels receive `id` if nothing has matched it yet.
+    fn cancel_op(&self, id: u64) -> bool {
+        let mut st = self.st.borrow_mut();
+        let Some(i) = st.posted.iter().position(|&p| p == id) else {
+            return false;
+        };
+        st.posted.remove(i);
+        if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
+            r.state = RecvState::Done(Some(Err(Error::Cancelled)));
+        }
+        true
+    }
+}
+
+/// Marks a receive complete once every expected byte has landed; returns whether it is.
+fn finish_if_complete(r: &mut RecvOp) -> bool {
+    if let RecvState::Receiving {
+        source,
+        tag,
+        total,
+        expected,
+        landed,
+    } = r.state
+    {
+        if landed >= expected {
+            r.state = RecvState::Done(Some(if total > r.cap as u64 {
+                Err(Error::Truncated {
+                    len: total,
+                    capacity: r.cap,
+                    rank: source,
+                    tag,
+                })
+            } else {
+                Ok(Status {
+                    peer: source,
+                    tag,
+                    len: total,
+                })
+            }));
+            return true;
+        }
+    }
+    false
+}
+
+fn msg_kind(bytes: &[u8]) -> Option<u8> {
+    bytes.first().copied()
+}
+
+/// Reads one byte per page of `data`, so that its pages are mapped before the transfer
+/// needs them.
+fn touch_pages(data: &[u8]) {
+    for i in (0..data.len()).step_by(4096) {
+        // SAFETY: i < data.len(): an in-bounds read of initialized memory.
+        unsafe { std::ptr::read_volatile(data.as_ptr().add(i)) };
+    }
+}
+
+/// Non-blocking operations whose buffers outlive them; see [`Tagged::scope`].
+pub struct Scope<'scope, 'env: 'scope> {
+    t: &'env Tagged,
+    started: RefCell<Vec<u64>>,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+    _env: PhantomData<&'env mut &'env ()>,
+}
+
+/// A pending operation of a [`Scope`].
+#[must_use = "an operation completes when waited for (or when its scope ends)"]
+pub struct Request<'scope> {
+    t: &'scope Tagged,
+    id: u64,
+}
+
+impl<'scope, 'env> Scope<'scope, 'env> {
+    /// Starts sending `data` to `dest` with `tag`.
+    pub fn isend(&'scope self, dest: u32, tag: u32, data: &'scope [u8]) -> Result<Request<'scope>> {
+        let id = self.t.start_send(dest, tag, data)?;
+        self.started.borrow_mut().push(id);
+        Ok(Request { t: self.t, id })
+    }
+
+    /// Posts a receive of the first message matching (`src`, `tag`) into `buf`.
+    pub fn irecv(
+        &'scope self,
+        buf: &'scope mut [u8],
+        src: impl Into<Src>,
+        tag: impl Into<Tag>,
+    ) -> Result<Request<'scope>> {
+        let id = self
+            .t
+            .start_recv(buf.as_mut_ptr(), buf.len(), src.into(), tag.into())?;
+        self.started.borrow_mut().push(id);
+        Ok(Request { t: self.t, id })
+    }
+
+    /// Waits for one of `reqs` to complete, removes it and returns its index (in `reqs`
+    /// before removal) and result.
+    pub fn wait_any(&self, reqs: &mut Vec<Request<'scope>>) -> Result<(usize, Result<Status>)> {
+        if reqs.is_empty() {
+            return Err(Error::Config("wait_any on no requests".into()));
+        }
+        loop {
+            while self.t.poll()? {}
+            for i in 0..reqs.len() {
+                if let Some(r) = self.t.take_if_done(reqs[i].id) {
+                    drop(reqs.remove(i));
+                    return Ok((i, r));
+                }
+            }
+            self.t.wait_message()?;
+        }
+    }
+
+    /// Waits for every request; the results in order.
+    pub fn wait_all(&self, reqs: Vec<Request<'scope>>) -> Vec<Result<Status>> {
+        reqs.into_iter().map(Request::wait).collect()
+    }
+
+    /// Cancels what nothing matched and waits for the rest.
+    fn finish(&self) -> Result<()> {
+        let ids = std::mem::take(&mut *self.started.borrow_mut());
+        let mut first_err = None;
+        for id in ids {
+            self.t.cancel_op(id);
+            if !self.t.st.borrow().ops.contains_key(&id) {
+                continue;
+            }
+            if let Err(e) = self.t.wait_op(id) {
+                if !matches!(e, Error::Cancelled | Error::Truncated { .. }) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// Finishes a scope whose closure panicked, so that no buffer is left referenced.
+struct FinishOnDrop<'a, 'scope, 'env>(&'a Scope<'scope, 'env>);
+
+impl Drop for FinishOnDrop<'_, '_, '_> {
+    fn drop(&mut self) {
+        let _ = self.0.finish();
+    }
+}
+
+impl Request<'_> {
+    /// Makes progress and says whether the operation is complete ([`Request::wait`]
+    /// then returns its result at once).
+    pub fn test(&self) -> Result<bool> {
+        self.t.test_op(self.id)
+    }
+
+    /// Waits for the operation to complete.
+    pub fn wait(self) -> Result<Status> {
+        self.t.wait_op(self.id)
+    }
+
+    /// Cancels a receive that no message has matched yet; returns whether it did
+    /// (waiting for it then gives [`Error::Cancelled`]).
+    pub fn cancel(&self) -> bool {
+        self.t.cancel_op(self.id)
+    }
+}

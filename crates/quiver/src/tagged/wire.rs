@@ -1,0 +1,253 @@
+//! The Push-Pull protocol's messages, carried as Directed Point messages between the
+//! tagged endpoints of two ranks. Each starts with a fixed little-endian header; pushed
+//! and pulled bytes follow it in the same message.
+//!
+//! ```text
+//! Push  (1): kind, tag, msg, total, pushed, pid, addr | first BTP(1) bytes
+//! More  (2): kind, msg, offset                        | more pushed bytes (BTP(2), Push-All)
+//! Pull  (3): kind, msg, offset, len                   (the acknowledgement: send me these)
+//! Data  (4): kind, msg, offset                        | pulled bytes
+//! Done  (5): kind, msg                                (your buffer is no longer needed)
+//! ```
+//!
+//! Decoding never panics: a short or unknown message is an error the endpoint counts
+//! and drops.
+
+/// Bytes of the largest header (`Push`).
+pub(crate) const MAX_HEADER: usize = 48;
+
+const PUSH: u8 = 1;
+const MORE: u8 = 2;
+const PULL: u8 = 3;
+const DATA: u8 = 4;
+const DONE: u8 = 5;
+
+/// One protocol message; `data` borrows the payload that follows the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Msg<'a> {
+    /// The first push of message `msg`: its tag and length, how many bytes the sender
+    /// pushes in all (this part and the `More` that follow), and where the rest can be
+    /// read directly (the sender's pid and buffer address, for a same-node pull).
+    Push {
+        tag: u32,
+        msg: u64,
+        total: u64,
+        pushed: u64,
+        pid: u32,
+        addr: u64,
+        data: &'a [u8],
+    },
+    /// Pushed bytes of `msg` from `offset`.
+    More {
+        msg: u64,
+        offset: u64,
+        data: &'a [u8],
+    },
+    /// The receiver's acknowledgement and pull request: bytes `offset..offset + len`.
+    Pull { msg: u64, offset: u64, len: u64 },
+    /// Pulled bytes of `msg` from `offset`.
+    Data {
+        msg: u64,
+        offset: u64,
+        data: &'a [u8],
+    },
+    /// The receiver needs nothing more of `msg` (it pulled the rest itself, or the
+    /// message was truncated): the send is complete.
+    Done { msg: u64 },
+}
+
+/// A header, built on the stack.
+pub(crate) struct Header {
+    bytes: [u8; MAX_HEADER],
+    len: usize,
+}
+
+impl Header {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+fn put(h: &mut Header, v: &[u8]) {
+    h.bytes[h.len..h.len + v.len()].copy_from_slice(v);
+    h.len += v.len();
+}
+
+impl Msg<'_> {
+    /// The header of this message (its payload is sent after it, unchanged).
+    pub(crate) fn header(&self) -> Header {
+        let mut h = Header {
+            bytes: [0; MAX_HEADER],
+            len: 0,
+        };
+        match *self {
+            Msg::Push {
+                tag,
+                msg,
+                total,
+                pushed,
+                pid,
+                addr,
+                ..
+            } => {
+                put(&mut h, &[PUSH, 0, 0, 0]);
+                put(&mut h, &tag.to_le_bytes());
+                put(&mut h, &msg.to_le_bytes());
+                put(&mut h, &total.to_le_bytes());
+                put(&mut h, &pushed.to_le_bytes());
+                put(&mut h, &pid.to_le_bytes());
+                put(&mut h, &[0; 4]);
+                put(&mut h, &addr.to_le_bytes());
+            }
+            Msg::More { msg, offset, .. } | Msg::Data { msg, offset, .. } => {
+                let kind = if matches!(self, Msg::More { .. }) {
+                    MORE
+                } else {
+                    DATA
+                };
+                put(&mut h, &[kind, 0, 0, 0, 0, 0, 0, 0]);
+                put(&mut h, &msg.to_le_bytes());
+                put(&mut h, &offset.to_le_bytes());
+            }
+            Msg::Pull { msg, offset, len } => {
+                put(&mut h, &[PULL, 0, 0, 0, 0, 0, 0, 0]);
+                put(&mut h, &msg.to_le_bytes());
+                put(&mut h, &offset.to_le_bytes());
+                put(&mut h, &len.to_le_bytes());
+            }
+            Msg::Done { msg } => {
+                put(&mut h, &[DONE, 0, 0, 0, 0, 0, 0, 0]);
+                put(&mut h, &msg.to_le_bytes());
+            }
+        }
+        h
+    }
+
+    /// The payload that follows the header.
+    pub(crate) fn data(&self) -> &[u8] {
+        match self {
+            Msg::Push { data, .. } | Msg::More { data, .. } | Msg::Data { data, .. } => data,
+            _ => &[],
+        }
+    }
+
+    /// Decodes one message.
+    pub(crate) fn decode(b: &[u8]) -> Result<Msg<'_>, &'static str> {
+        let u32_at = |o: usize| {
+            b.get(o..o + 4)
+                .map(|s| u32::from_le_bytes(s.try_into().unwrap_or_default()))
+        };
+        let u64_at = |o: usize| {
+            b.get(o..o + 8)
+                .map(|s| u64::from_le_bytes(s.try_into().unwrap_or_default()))
+        };
+        let short = "message shorter than its header";
+        let kind = *b.first().ok_or("empty message")?;
+        Ok(match kind {
+            PUSH => {
+                let (tag, msg, total, pushed, pid, addr) = (
+                    u32_at(4).ok_or(short)?,
+                    u64_at(8).ok_or(short)?,
+                    u64_at(16).ok_or(short)?,
+                    u64_at(24).ok_or(short)?,
+                    u32_at(32).ok_or(short)?,
+                    u64_at(40).ok_or(short)?,
+                );
+                let data = &b[48..];
+                if pushed > total || (data.len() as u64) > pushed {
+                    return Err("push longer than its message");
+                }
+                Msg::Push {
+                    tag,
+                    msg,
+                    total,
+                    pushed,
+                    pid,
+                    addr,
+                    data,
+                }
+            }
+            MORE | DATA => {
+                let (msg, offset) = (u64_at(8).ok_or(short)?, u64_at(16).ok_or(short)?);
+                let data = &b[24..];
+                if offset.checked_add(data.len() as u64).is_none() {
+                    return Err("offset overflows");
+                }
+                if kind == MORE {
+                    Msg::More { msg, offset, data }
+                } else {
+                    Msg::Data { msg, offset, data }
+                }
+            }
+            PULL => Msg::Pull {
+                msg: u64_at(8).ok_or(short)?,
+                offset: u64_at(16).ok_or(short)?,
+                len: u64_at(24).ok_or(short)?,
+            },
+            DONE => Msg::Done {
+                msg: u64_at(8).ok_or(short)?,
+            },
+            _ => return Err("unknown message kind"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(m: Msg<'_>) {
+        let mut bytes = m.header().as_bytes().to_vec();
+        bytes.extend_from_slice(m.data());
+        assert_eq!(Msg::decode(&bytes).unwrap(), m);
+        // Every truncation of the header is an error, never a panic.
+        for cut in 0..m.header().as_bytes().len() {
+            assert!(Msg::decode(&bytes[..cut]).is_err(), "{m:?} cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips_and_truncations_are_errors() {
+        round_trip(Msg::Push {
+            tag: 7,
+            msg: 1 << 40,
+            total: 5000,
+            pushed: 100,
+            pid: 4242,
+            addr: 0xdead_beef_0000,
+            data: &[9; 80],
+        });
+        round_trip(Msg::More {
+            msg: 3,
+            offset: 80,
+            data: &[1, 2, 3],
+        });
+        round_trip(Msg::Pull {
+            msg: 3,
+            offset: 100,
+            len: 4900,
+        });
+        round_trip(Msg::Data {
+            msg: 3,
+            offset: 100,
+            data: &[],
+        });
+        round_trip(Msg::Done { msg: u64::MAX });
+    }
+
+    #[test]
+    fn inconsistent_pushes_and_unknown_kinds_are_rejected() {
+        let m = Msg::Push {
+            tag: 1,
+            msg: 1,
+            total: 10,
+            pushed: 20,
+            pid: 1,
+            addr: 0,
+            data: &[],
+        };
+        assert!(Msg::decode(m.header().as_bytes()).is_err());
+        assert!(Msg::decode(&[0; 64]).is_err());
+        assert!(Msg::decode(&[]).is_err());
+    }
+}

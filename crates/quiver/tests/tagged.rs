@@ -1,0 +1,386 @@
+//! Tagged send/receive (Push-Pull): every size class in every push mode, with the
+//! receive posted before and after the send, over shared memory with and without
+//! cross-memory attach and over UDP; wildcards and ordering; truncation; cancellation;
+//! probing; a slow late receiver. Ranks are threads of the test process.
+
+mod common;
+
+use common::{config, pattern, run_ranks};
+use quiver::tagged::{PushMode, Src, Tag, Tagged};
+use quiver::{Config, Error, TransportChoice};
+
+const BTP1: usize = 100;
+const BTP2: usize = 300;
+
+fn sizes() -> Vec<usize> {
+    let btp = BTP1 + BTP2;
+    vec![
+        0,
+        1,
+        BTP1 - 1,
+        BTP1,
+        BTP1 + 1,
+        btp - 1,
+        btp,
+        btp + 1,
+        64 << 10,
+        1 << 20,
+        64 << 20,
+    ]
+}
+
+fn transports() -> Vec<(&'static str, Config)> {
+    let shm = config(TransportChoice::Auto).with_btp(BTP1, BTP2);
+    vec![
+        ("shm", shm.clone()),
+        ("shm without cma", shm.with_cma(false)),
+        ("udp", config(TransportChoice::Udp).with_btp(BTP1, BTP2)),
+    ]
+}
+
+/// Rank 0 sends every size to rank 1, which receives either with its receives posted
+/// first (early receiver) or only after every message has arrived (late receiver).
+fn every_size(c: Config, early: bool, what: &'static str) {
+    run_ranks(2, c, move |job| {
+        let t = Tagged::open(&job, 40).unwrap();
+        let sizes = sizes();
+        if job.rank() == 0 {
+            let msgs: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| pattern(0, i as u32, n))
+                .collect();
+            if early {
+                // Let rank 1 post everything before the first message leaves.
+                let mut go = [0u8; 1];
+                t.recv(&mut go, 1, 99).unwrap();
+            }
+            t.scope(|s| {
+                let reqs = msgs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| s.isend(1, i as u32, m))
+                    .collect::<quiver::Result<Vec<_>>>()?;
+                for r in s.wait_all(reqs) {
+                    r?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        } else {
+            let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0xee; n]).collect();
+            if !early {
+                // Every push arrives before a receive is posted: the pushed buffer.
+                let last = sizes.len() as u32 - 1;
+                t.probe(0, last).unwrap();
+            }
+            t.scope(|s| {
+                let mut reqs = Vec::new();
+                for (i, b) in bufs.iter_mut().enumerate() {
+                    reqs.push(s.irecv(b, 0, i as u32)?);
+                }
+                if early {
+                    t.send(0, 99, &[1]).unwrap();
+                }
+                for (i, r) in s.wait_all(reqs).into_iter().enumerate() {
+                    let st = r?;
+                    assert_eq!((st.peer, st.tag, st.len), (0, i as u32, sizes[i] as u64));
+                }
+                Ok(())
+            })
+            .unwrap();
+            for (i, b) in bufs.iter().enumerate() {
+                assert!(
+                    *b == pattern(0, i as u32, sizes[i]),
+                    "{what}: bytes of message {i} ({} B)",
+                    sizes[i]
+                );
+            }
+            if !early {
+                assert!(
+                    t.stats().unexpected >= sizes.len() as u64 - 1,
+                    "{what}: {:?}",
+                    t.stats()
+                );
+            }
+        }
+    });
+}
+
+fn all_modes(early: bool) {
+    for (name, c) in transports() {
+        for mode in [PushMode::Zero, PushMode::All, PushMode::Pull] {
+            let what: &'static str = Box::leak(
+                format!(
+                    "{name}, push {}, {}",
+                    mode.name(),
+                    if early { "early" } else { "late" }
+                )
+                .into_boxed_str(),
+            );
+            every_size(c.clone().with_push(mode), early, what);
+        }
+    }
+}
+
+#[test]
+fn every_size_every_mode_receiver_first() {
+    all_modes(true);
+}
+
+#[test]
+fn every_size_every_mode_sender_first() {
+    all_modes(false);
+}
+
+#[test]
+fn single_copy_pulls_are_used_inside_a_node_unless_turned_off() {
+    for cma in [true, false] {
+        let c = config(TransportChoice::Auto)
+            .with_btp(BTP1, BTP2)
+            .with_cma(cma);
+        run_ranks(2, c, move |job| {
+            let t = Tagged::open(&job, 41).unwrap();
+            let n = 1 << 20;
+            if job.rank() == 0 {
+                t.send(1, 5, &pattern(0, 5, n)).unwrap();
+            } else {
+                let mut buf = vec![0; n];
+                t.recv(&mut buf, Src::Any, Tag::Any).unwrap();
+                assert!(buf == pattern(0, 5, n));
+                let st = t.stats();
+                let pulled = (n - BTP1 - BTP2) as u64;
+                if cma {
+                    assert_eq!(
+                        (st.pulled_direct, st.pulled_by_request),
+                        (pulled, 0),
+                        "{st:?}"
+                    );
+                } else {
+                    assert_eq!(
+                        (st.pulled_direct, st.pulled_by_request),
+                        (0, pulled),
+                        "{st:?}"
+                    );
+                }
+            }
+        });
+    }
+}
+
+/// Messages from one sender that match are received in the order sent, whatever their
+/// sizes and however the receives name them; wildcards match anything.
+#[test]
+fn wildcards_keep_each_senders_order() {
+    for (name, c) in transports() {
+        run_ranks(3, c, move |job| {
+            let t = Tagged::open(&job, 42).unwrap();
+            let sizes = [10usize, 5000, 0, 70_000, 1];
+            if job.rank() > 0 {
+                for (i, &n) in sizes.iter().enumerate() {
+                    t.send(0, (i % 2) as u32, &pattern(job.rank(), i as u32, n))
+                        .unwrap();
+                }
+            } else {
+                let mut next = [0usize; 3];
+                for _ in 0..2 * sizes.len() {
+                    let mut buf = vec![0; 70_000];
+                    let st = t.recv(&mut buf, Src::Any, Tag::Any).unwrap();
+                    let src = st.peer as usize;
+                    let i = next[src];
+                    next[src] += 1;
+                    assert_eq!(st.len as usize, sizes[i], "{name}: from {src}");
+                    assert_eq!(st.tag, (i % 2) as u32, "{name}");
+                    assert!(
+                        buf[..sizes[i]] == pattern(src as u32, i as u32, sizes[i]),
+                        "{name}"
+                    );
+                }
+                assert_eq!(next, [0, sizes.len(), sizes.len()], "{name}");
+            }
+        });
+    }
+}
+
+/// A receive for a specific tag skips earlier messages with other tags, which stay for
+/// later receives, in order.
+#[test]
+fn tags_select_and_skipped_messages_wait() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let t = Tagged::open(&job, 43).unwrap();
+        if job.rank() == 0 {
+            for (tag, body) in [(1u32, &b"one"[..]), (2, b"two"), (1, b"uno")] {
+                t.send(1, tag, body).unwrap();
+            }
+        } else {
+            let mut b = [0u8; 8];
+            let st = t.recv(&mut b, 0, 2).unwrap();
+            assert_eq!(&b[..st.len as usize], b"two");
+            let st = t.recv(&mut b, Src::Any, 1).unwrap();
+            assert_eq!(&b[..st.len as usize], b"one");
+            let st = t.recv(&mut b, 0, Tag::Any).unwrap();
+            assert_eq!(&b[..st.len as usize], b"uno");
+        }
+    });
+}
+
+#[test]
+fn truncation_is_an_error_with_the_sizes() {
+    for (name, c) in transports() {
+        run_ranks(2, c, move |job| {
+            let t = Tagged::open(&job, 44).unwrap();
+            let n = 100_000;
+            if job.rank() == 0 {
+                t.send(1, 3, &pattern(0, 3, n)).unwrap();
+                t.send(1, 4, b"after").unwrap();
+            } else {
+                let mut small = vec![0u8; 1000];
+                match t.recv(&mut small, 0, 3) {
+                    Err(Error::Truncated {
+                        len,
+                        capacity,
+                        rank,
+                        tag,
+                    }) => {
+                        assert_eq!((len, capacity, rank, tag), (n as u64, 1000, 0, 3), "{name}");
+                    }
+                    other => panic!("{name}: expected truncation, got {other:?}"),
+                }
+                assert!(
+                    small[..] == pattern(0, 3, n)[..1000],
+                    "{name}: the buffer holds the start"
+                );
+                let mut b = [0u8; 5];
+                t.recv(&mut b, 0, 4).unwrap();
+                assert_eq!(&b, b"after", "{name}");
+            }
+        });
+    }
+}
+
+#[test]
+fn a_posted_receive_can_be_cancelled() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let t = Tagged::open(&job, 45).unwrap();
+        if job.rank() == 0 {
+            let mut b = [0u8; 4];
+            t.recv(&mut b, 1, 0).unwrap(); // rank 1 has cancelled
+            t.send(1, 7, b"late").unwrap();
+        } else {
+            let mut never = [0u8; 4];
+            let mut b = [0u8; 4];
+            t.scope(|s| {
+                let r = s.irecv(&mut never, 0, 7)?;
+                assert!(!r.test()?);
+                assert!(r.cancel());
+                assert!(matches!(r.wait(), Err(Error::Cancelled)));
+                Ok(())
+            })
+            .unwrap();
+            t.send(0, 0, b"go").unwrap();
+            // The message the cancelled receive would have taken goes to the next one.
+            t.recv(&mut b, 0, 7).unwrap();
+            assert_eq!(&b, b"late");
+        }
+    });
+}
+
+#[test]
+fn probe_reports_without_receiving() {
+    run_ranks(2, config(TransportChoice::Udp), |job| {
+        let t = Tagged::open(&job, 46).unwrap();
+        if job.rank() == 0 {
+            t.send(1, 9, &pattern(0, 9, 3000)).unwrap();
+        } else {
+            let st = t.probe(Src::Any, Tag::Any).unwrap();
+            assert_eq!((st.peer, st.tag, st.len), (0, 9, 3000));
+            assert_eq!(t.iprobe(0, 8).unwrap(), None);
+            let mut b = vec![0; 3000];
+            t.recv(&mut b, 0, 9).unwrap();
+            assert!(b == pattern(0, 9, 3000));
+            assert_eq!(t.iprobe(Src::Any, Tag::Any).unwrap(), None);
+        }
+    });
+}
+
+/// A receiver that starts late and reads slowly loses nothing: pushes wait in the pushed
+/// buffer, and a sender whose channel is full waits.
+#[test]
+fn a_slow_late_receiver_loses_nothing() {
+    for (name, c) in transports() {
+        run_ranks(2, c.with_push(PushMode::All), move |job| {
+            let t = Tagged::open(&job, 47).unwrap();
+            const N: u32 = 300;
+            if job.rank() == 0 {
+                for i in 0..N {
+                    t.send(1, i, &pattern(0, i, 2000 + i as usize)).unwrap();
+                }
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let mut b = vec![0; 4000];
+                for i in 0..N {
+                    if i % 100 == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    let st = t.recv(&mut b, 0, i).unwrap();
+                    assert!(
+                        b[..st.len as usize] == pattern(0, i, 2000 + i as usize),
+                        "{name}: {i}"
+                    );
+                }
+            }
+        });
+    }
+}
+
+/// Bytes of memory the kernel says are available (0 if unknown).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// One message of 2 GiB + 1 byte, inside the node, with and without cross-memory attach
+/// (the largest single transfer `process_vm_readv` makes is under 2 GiB, and the
+/// two-copy path cuts it into some two thousand Directed Point messages). Skipped, with
+/// a note, when the machine has less than 6 GiB available (sender and receiver buffers
+/// are 2 GiB each).
+#[test]
+fn two_gib_plus_one_inside_a_node() {
+    const N: usize = (2 << 30) + 1;
+    if mem_available() < 6 << 30 {
+        eprintln!("two_gib_plus_one_inside_a_node: skipped, less than 6 GiB available");
+        return;
+    }
+    for cma in [true, false] {
+        let c = config(TransportChoice::Auto).with_cma(cma);
+        run_ranks(2, c, move |job| {
+            let t = Tagged::open(&job, 48).unwrap();
+            // Word i holds i: cheap to fill and to check, and any misplaced word shows.
+            let word = |i: usize| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            if job.rank() == 0 {
+                let mut data = vec![0u8; N];
+                for (i, w) in data.chunks_mut(8).enumerate() {
+                    w.copy_from_slice(&word(i).to_le_bytes()[..w.len()]);
+                }
+                t.send(1, 1, &data).unwrap();
+            } else {
+                let mut buf = vec![0u8; N];
+                let st = t.recv(&mut buf, 0, 1).unwrap();
+                assert_eq!(st.len, N as u64);
+                for (i, w) in buf.chunks(8).enumerate() {
+                    assert_eq!(w, &word(i).to_le_bytes()[..w.len()], "cma {cma}: word {i}");
+                }
+                let s = t.stats();
+                let rest = (N - quiver::config::DEFAULT_BTP1 - quiver::config::DEFAULT_BTP2) as u64;
+                assert_eq!(if cma { s.pulled_direct } else { s.pulled_by_request }, rest, "{s:?}");
+            }
+        });
+    }
+}

@@ -60,7 +60,7 @@ impl JobShared {
 /// ```
 #[derive(Clone)]
 pub struct Job {
-    shared: Arc<JobShared>,
+    pub(crate) shared: Arc<JobShared>,
 }
 
 static CLEANUP: Once = Once::new();

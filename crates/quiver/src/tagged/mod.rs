@@ -144,6 +144,11 @@ pub struct Tagged {
     /// What is known of cross-memory attach (off for good after the first refusal,
     /// which is logged once).
     cma: cma::CmaState,
+    /// Same-node peers whose memory was verified readable (a probe of the nonce each
+    /// rank publishes: the pid in a push names the peer only if both share a pid
+    /// namespace), or found not to be.
+    cma_peers: RefCell<HashMap<u32, bool>>,
+    job: std::sync::Arc<crate::job::JobShared>,
 }
 
 struct State {
@@ -222,6 +227,12 @@ impl Tagged {
     /// Opens the tagged endpoint `dpid` of this rank (every rank uses the same DPID).
     pub fn open(job: &Job, dpid: u16) -> Result<Tagged> {
         let ep = job.open(dpid)?;
+        // What a peer pulling from us checks first (see `cma_peers`).
+        let nonce = cma::probe_target();
+        job.shared.kv.put(
+            &format!("cma/{}/{dpid}", job.rank()),
+            &format!("{}:{}:{}", std::process::id(), nonce.addr, nonce.value),
+        )?;
         let cfg = job.config();
         let chunk = cfg.max_message - wire::MAX_HEADER;
         Ok(Tagged {
@@ -244,6 +255,8 @@ impl Tagged {
             }),
             cma_on: cfg.cma,
             cma: cma::CmaState::new(),
+            cma_peers: RefCell::new(HashMap::new()),
+            job: job.shared.clone(),
         })
     }
 
@@ -465,7 +478,8 @@ impl Tagged {
             let direct = self.cma_on
                 && self.cma.is_usable()
                 && u.source != self.rank
-                && self.ep.transport_to(u.source)? == Transport::Shm;
+                && self.ep.transport_to(u.source)? == Transport::Shm
+                && self.cma_reaches(u.source, u.pid);
             let pulled = if direct {
                 // SAFETY: [pull_from, pull_from + pull_len) lies inside the buffer
                 // (pull_from + pull_len = expected <= cap) and nothing else writes it.
@@ -531,6 +545,46 @@ impl Tagged {
             st.incoming.insert((u.source, u.msg), id);
         }
         Ok(())
+    }
+
+    /// Whether cross-memory attach reads the memory of `source` at `pid`: checked once
+    /// per peer by reading the nonce it published.
+    fn cma_reaches(&self, source: u32, pid: u32) -> bool {
+        if let Some(&ok) = self.cma_peers.borrow().get(&source) {
+            return ok;
+        }
+        let key = format!("cma/{source}/{}", self.ep.dpid());
+        let published = self.job.kv.try_get(&key).ok().flatten();
+        let target = published.as_deref().and_then(|v| {
+            let mut f = v.split(':').map(|x| x.parse::<u64>().ok());
+            let (p, addr, value) = (f.next()??, f.next()??, f.next()??);
+            (p == u64::from(pid)).then_some(cma::ProbeTarget { addr, value })
+        });
+        let ok = match target {
+            Some(t) => match cma::probe(pid, t) {
+                Ok(()) => true,
+                Err(e) => {
+                    // Refusals by the kernel hold for every peer; a wrong process only
+                    // for this one.
+                    if matches!(
+                        e.unavailable(),
+                        Some(cma::Unavailable::NotPermitted | cma::Unavailable::Unsupported)
+                    ) {
+                        self.cma.record(pid, &e);
+                    }
+                    false
+                }
+            },
+            None => false,
+        };
+        if !ok {
+            tracing::info!(
+                "rank {source}: its memory cannot be read directly (cross-memory attach); \
+                 tagged messages from it take the two-copy path"
+            );
+        }
+        self.cma_peers.borrow_mut().insert(source, ok);
+        ok
     }
 
     /// Handles one protocol message if one has arrived.

@@ -384,3 +384,39 @@ fn two_gib_plus_one_inside_a_node() {
         });
     }
 }
+
+/// With the offload engine running, large same-node pulls are made by the pull thread:
+/// the receive was matched (its pull handed over) before the application went off to
+/// compute, and the bytes are all there when it comes back.
+#[test]
+fn large_pulls_run_on_the_pull_thread_with_the_offload_engine() {
+    let c = config(TransportChoice::Auto)
+        .with_reliability(quiver::channel::reliable::Mode::Offload)
+        .with_btp(BTP1, BTP2);
+    run_ranks(2, c, |job| {
+        let t = Tagged::open(&job, 49).unwrap();
+        let n = 8 << 20;
+        if job.rank() == 0 {
+            t.send(1, 1, &pattern(0, 1, n)).unwrap();
+            t.send(1, 2, &pattern(0, 2, 100_000)).unwrap();
+        } else {
+            let mut big = vec![0u8; n];
+            let mut small = vec![0u8; 100_000];
+            t.scope(|s| {
+                let r = s.irecv(&mut big, 0, 1)?;
+                // Message 2 follows message 1's push on the same channel: once it is
+                // here, message 1 has matched and its pull is on the thread.
+                t.recv(&mut small, 0, 2)?;
+                std::thread::sleep(std::time::Duration::from_millis(50)); // "compute"
+                r.wait()?;
+                Ok(())
+            })
+            .unwrap();
+            assert!(big == pattern(0, 1, n));
+            assert!(small == pattern(0, 2, 100_000));
+            let st = t.stats();
+            let pulled = (n + 100_000 - 2 * (BTP1 + BTP2)) as u64;
+            assert_eq!((st.pulled_direct, st.pulled_on_thread), (pulled, pulled), "{st:?}");
+        }
+    });
+}

@@ -159,7 +159,7 @@ impl Offload {
             .name(format!("quiver-offload-{dpid}"))
             .spawn(move || {
                 if let Some(cpu) = cpu {
-                    pin_to(cpu);
+                    crate::engine::pin_current_thread(cpu);
                 }
                 engine.run();
             })
@@ -364,22 +364,6 @@ fn take_error_for(shared: &Shared, peer: Source) -> Option<Error> {
         shared.has_errors.store(false, Ordering::Release);
     }
     e
-}
-
-fn pin_to(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write inside it; the call affects
-    // only the calling thread (pid 0).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(
-                "QUIVER_OFFLOAD_CPU={cpu}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
 }
 
 /// The engine thread's state.

@@ -108,6 +108,24 @@ impl AsRawFd for Notifier {
     }
 }
 
+/// Pins the calling thread to `cpu` (`QUIVER_OFFLOAD_CPU`); a refusal is logged, not
+/// fatal.
+pub(crate) fn pin_current_thread(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write inside it; the call affects
+    // only the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(
+                "QUIVER_OFFLOAD_CPU={cpu}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 /// What the waiter polls and how it sleeps.
 pub(crate) trait Waitable {
     type Output;

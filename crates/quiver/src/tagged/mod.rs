@@ -33,6 +33,7 @@
 //! the scope ends, pending receives that nothing matched are cancelled and every other
 //! operation is waited for.
 
+mod puller;
 mod wire;
 
 use crate::dm::Endpoint;
@@ -127,6 +128,8 @@ pub struct TaggedStats {
     pub pushed_buffer_peak: u64,
     /// Bytes pulled with one copy across address spaces (cross-memory attach).
     pub pulled_direct: u64,
+    /// Of `pulled_direct`, bytes pulled by the pull thread (offload engine running).
+    pub pulled_on_thread: u64,
     /// Bytes pulled through `Pull` requests and `Data` messages.
     pub pulled_by_request: u64,
     /// Protocol messages dropped because they were malformed or named no known message.
@@ -149,6 +152,8 @@ pub struct Tagged {
     /// namespace), or found not to be.
     cma_peers: RefCell<HashMap<u32, bool>>,
     job: std::sync::Arc<crate::job::JobShared>,
+    /// The pull thread, when the offload engine runs.
+    puller: RefCell<Option<puller::Puller>>,
 }
 
 struct State {
@@ -170,6 +175,9 @@ struct State {
     /// Sends waiting for their receiver's `Pull` or `Done`: (destination, message) →
     /// operation.
     outgoing: HashMap<(u32, u64), u64>,
+    /// Receives whose pull the pull thread makes: operation → (source, message, offset,
+    /// length).
+    pulls: HashMap<u64, (u32, u64, u64, u64)>,
     stats: TaggedStats,
 }
 
@@ -251,12 +259,20 @@ impl Tagged {
                 pushed_bytes: 0,
                 incoming: HashMap::new(),
                 outgoing: HashMap::new(),
+                pulls: HashMap::new(),
                 stats: TaggedStats::default(),
             }),
             cma_on: cfg.cma,
             cma: cma::CmaState::new(),
             cma_peers: RefCell::new(HashMap::new()),
             job: job.shared.clone(),
+            puller: RefCell::new(
+                if cfg.reliability == crate::channel::reliable::Mode::Offload {
+                    Some(puller::Puller::start(cfg.offload_cpu)?)
+                } else {
+                    None
+                },
+            ),
         })
     }
 
@@ -480,7 +496,31 @@ impl Tagged {
                 && u.source != self.rank
                 && self.ep.transport_to(u.source)? == Transport::Shm
                 && self.cma_reaches(u.source, u.pid);
-            let pulled = if direct {
+            let handed_over = direct
+                && pull_len >= puller::MIN_OFFLOADED
+                && match self.puller.borrow_mut().as_mut() {
+                    Some(p) => {
+                        p.submit(puller::Job {
+                            op: id,
+                            pid: u.pid,
+                            remote: cma::Piece {
+                                addr: u.addr + pull_from,
+                                len: pull_len as usize,
+                            },
+                            // In bounds: pull_from + pull_len = expected <= cap.
+                            dst: ptr as usize + pull_from as usize,
+                        })?;
+                        true
+                    }
+                    None => false,
+                };
+            if handed_over {
+                self.st
+                    .borrow_mut()
+                    .pulls
+                    .insert(id, (u.source, u.msg, pull_from, pull_len));
+            }
+            let pulled = if direct && !handed_over {
                 // SAFETY: [pull_from, pull_from + pull_len) lies inside the buffer
                 // (pull_from + pull_len = expected <= cap) and nothing else writes it.
                 let dst = unsafe {
@@ -505,7 +545,9 @@ impl Tagged {
                 false
             };
             let mut st = self.st.borrow_mut();
-            if pulled {
+            if handed_over {
+                // The pull thread reports; `collect_pulls` finishes the receive.
+            } else if pulled {
                 landed += pull_len;
                 st.stats.pulled_direct += pull_len;
                 tell_done = true;
@@ -589,6 +631,9 @@ impl Tagged {
 
     /// Handles one protocol message if one has arrived.
     fn poll(&self) -> Result<bool> {
+        if self.collect_pulls()? {
+            return Ok(true);
+        }
         let Some(m) = self.ep.try_read()? else {
             return Ok(false);
         };
@@ -597,8 +642,66 @@ impl Tagged {
         Ok(true)
     }
 
+    /// Finishes the receives whose pull the pull thread has made; returns whether there
+    /// was one.
+    fn collect_pulls(&self) -> Result<bool> {
+        let finished = match self.puller.borrow_mut().as_mut() {
+            Some(p) if p.pending > 0 => p.try_finished(),
+            _ => return Ok(false),
+        };
+        let Some(f) = finished else {
+            return Ok(false);
+        };
+        let Some((source, msg, offset, len)) = self.st.borrow_mut().pulls.remove(&f.op) else {
+            return Ok(true);
+        };
+        let reply = match f.result {
+            Ok(()) => {
+                let mut st = self.st.borrow_mut();
+                let st = &mut *st;
+                st.stats.pulled_direct += len;
+                st.stats.pulled_on_thread += len;
+                if let Some(Op::Recv(r)) = st.ops.get_mut(&f.op) {
+                    if let RecvState::Receiving { landed, .. } = &mut r.state {
+                        *landed += len;
+                    }
+                    if finish_if_complete(r) {
+                        st.incoming.remove(&(source, msg));
+                    }
+                }
+                Msg::Done { msg }
+            }
+            // Refused: the two-copy path for this and later pulls.
+            Err(e) if e.unavailable().is_some() => {
+                self.cma.record(0, &e);
+                Msg::Pull { msg, offset, len }
+            }
+            Err(e) => {
+                let mut st = self.st.borrow_mut();
+                st.incoming.remove(&(source, msg));
+                if let Some(Op::Recv(r)) = st.ops.get_mut(&f.op) {
+                    r.state = RecvState::Done(Some(Err(Error::Protocol {
+                        rank: source,
+                        reason: format!("pulling message {msg}: {e}"),
+                    })));
+                }
+                Msg::Done { msg }
+            }
+        };
+        self.ep.target_rank(source)?;
+        self.ep.write_parts(reply.header().as_bytes(), &[])?;
+        Ok(true)
+    }
+
     /// Waits for the next protocol message and handles it.
     fn wait_message(&self) -> Result<()> {
+        if self.puller.borrow().as_ref().is_some_and(|p| p.pending > 0) {
+            // A pull is under way: its completion comes from a thread, not the endpoint.
+            if !self.poll()? {
+                std::thread::yield_now();
+            }
+            return Ok(());
+        }
         let m = self.ep.read()?;
         let source = m.source().rank;
         self.handle(source, &m)

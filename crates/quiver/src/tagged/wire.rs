@@ -250,4 +250,15 @@ mod tests {
         assert!(Msg::decode(&[0; 64]).is_err());
         assert!(Msg::decode(&[]).is_err());
     }
+
+    proptest::proptest! {
+        /// Arbitrary bytes decode to a message or an error, never a panic, and a
+        /// decoded message's payload lies inside the input.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..128)) {
+            if let Ok(m) = Msg::decode(&bytes) {
+                proptest::prop_assert!(m.data().len() <= bytes.len());
+            }
+        }
+    }
 }

@@ -420,3 +420,39 @@ fn large_pulls_run_on_the_pull_thread_with_the_offload_engine() {
         }
     });
 }
+
+/// A send from a shared buffer is read in place by a same-node receiver, also without
+/// cross-memory attach; over UDP the same buffer is pulled by request.
+#[test]
+fn shared_buffers_are_read_in_place_inside_a_node() {
+    for (name, c) in transports() {
+        let c = c.with_cma(false);
+        run_ranks(2, c, move |job| {
+            let t = Tagged::open(&job, 50).unwrap();
+            let n = 3 << 20;
+            if job.rank() == 0 {
+                let mut buf = t.alloc_shared(n + 100).unwrap();
+                buf[..].fill(0);
+                buf[100..].copy_from_slice(&pattern(0, 1, n));
+                t.send(1, 1, &buf[100..]).unwrap(); // from an offset inside the buffer
+                t.send(1, 2, &buf[100..100 + 5000]).unwrap();
+                let mut go = [0u8; 1];
+                t.recv(&mut go, 1, 3).unwrap();
+            } else {
+                let mut b = vec![0u8; n];
+                t.recv(&mut b, 0, 1).unwrap();
+                assert!(b == pattern(0, 1, n), "{name}");
+                t.recv(&mut b[..5000], 0, 2).unwrap();
+                assert!(b[..5000] == pattern(0, 1, n)[..5000], "{name}");
+                let st = t.stats();
+                let rest = (n + 5000 - 2 * (BTP1 + BTP2)) as u64;
+                if name == "udp" {
+                    assert_eq!((st.pulled_shared, st.pulled_by_request), (0, rest), "{name}: {st:?}");
+                } else {
+                    assert_eq!((st.pulled_shared, st.pulled_direct), (rest, 0), "{name}: {st:?}");
+                }
+                t.send(0, 3, &[1]).unwrap();
+            }
+        });
+    }
+}

@@ -34,6 +34,7 @@
 //! operation is waited for.
 
 mod puller;
+mod shared;
 mod wire;
 
 use crate::dm::Endpoint;
@@ -128,6 +129,8 @@ pub struct TaggedStats {
     pub pushed_buffer_peak: u64,
     /// Bytes pulled with one copy across address spaces (cross-memory attach).
     pub pulled_direct: u64,
+    /// Bytes read in place from senders' shared buffers ([`Tagged::alloc_shared`]).
+    pub pulled_shared: u64,
     /// Of `pulled_direct`, bytes pulled by the pull thread (offload engine running).
     pub pulled_on_thread: u64,
     /// Bytes pulled through `Pull` requests and `Data` messages.
@@ -154,6 +157,45 @@ pub struct Tagged {
     job: std::sync::Arc<crate::job::JobShared>,
     /// The pull thread, when the offload engine runs.
     puller: RefCell<Option<puller::Puller>>,
+    /// This endpoint's live shared buffers: (address, length, number).
+    shared_bufs: RefCell<Vec<(usize, usize, u32)>>,
+    next_shared: std::cell::Cell<u32>,
+    /// Peers' shared buffers mapped here, most recent last: ((rank, number), mapping).
+    peer_bufs: RefCell<VecDeque<((u32, u32), shared::Mapping)>>,
+}
+
+/// Peers' shared buffers a receiver keeps mapped.
+const PEER_BUFS_CACHED: usize = 16;
+
+/// Memory from the job's shared pool ([`Tagged::alloc_shared`]): a send from it is
+/// read in place by a same-node receiver. Dereferences to its bytes; freed when dropped.
+pub struct SharedBuf<'t> {
+    t: &'t Tagged,
+    map: shared::Mapping,
+    id: u32,
+    name: String,
+}
+
+impl std::ops::Deref for SharedBuf<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the mapping is ours, readable and writable, for the life of self.
+        unsafe { std::slice::from_raw_parts(self.map.ptr, self.map.len) }
+    }
+}
+
+impl std::ops::DerefMut for SharedBuf<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; &mut self makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr, self.map.len) }
+    }
+}
+
+impl Drop for SharedBuf<'_> {
+    fn drop(&mut self) {
+        self.t.shared_bufs.borrow_mut().retain(|b| b.2 != self.id);
+        shared::unlink(&self.name);
+    }
 }
 
 struct State {
@@ -223,6 +265,7 @@ struct Unexpected {
     total: u64,
     pushed: u64,
     pid: u32,
+    seg: u32,
     addr: u64,
     data: Vec<u8>,
 }
@@ -265,6 +308,9 @@ impl Tagged {
             cma_on: cfg.cma,
             cma: cma::CmaState::new(),
             cma_peers: RefCell::new(HashMap::new()),
+            shared_bufs: RefCell::new(Vec::new()),
+            next_shared: std::cell::Cell::new(1),
+            peer_bufs: RefCell::new(VecDeque::new()),
             job: job.shared.clone(),
             puller: RefCell::new(
                 if cfg.reliability == crate::channel::reliable::Mode::Offload {
@@ -273,6 +319,28 @@ impl Tagged {
                     None
                 },
             ),
+        })
+    }
+
+    /// Allocates `len` bytes from the job's shared pool (a shared-memory object of this
+    /// endpoint, private to the job's user). A message sent from it to a rank of the
+    /// same node is read in place by the receiver: one copy, no cross-memory attach
+    /// needed. Zero-filled.
+    pub fn alloc_shared(&self, len: usize) -> Result<SharedBuf<'_>> {
+        let id = self.next_shared.get();
+        self.next_shared.set(id.checked_add(1).ok_or_else(|| {
+            Error::Config("this endpoint has allocated 2^32 shared buffers".into())
+        })?);
+        let name = shared::name(self.job.job_id, self.rank, id);
+        let map = shared::Mapping::open(&name, Some(len))?;
+        self.shared_bufs
+            .borrow_mut()
+            .push((map.ptr as usize, len, id));
+        Ok(SharedBuf {
+            t: self,
+            map,
+            id,
+            name,
         })
     }
 
@@ -386,13 +454,22 @@ impl Tagged {
             PushMode::All => (len.min(st.chunk), len),
             PushMode::Pull => (len.min(st.btp1), len.min(st.btp1.saturating_add(st.btp2))),
         };
+        // A buffer from the shared pool is named by its number and the offset in it.
+        let at = data.as_ptr() as usize;
+        let (seg, addr) = self
+            .shared_bufs
+            .borrow()
+            .iter()
+            .find(|&&(start, blen, _)| at >= start && at + len <= start + blen)
+            .map_or((0, at as u64), |&(start, _, id)| (id, (at - start) as u64));
         let push = Msg::Push {
             tag,
             msg,
             total: len as u64,
             pushed: pushed as u64,
             pid: std::process::id(),
-            addr: data.as_ptr() as u64,
+            seg,
+            addr,
             data: &data[..first],
         };
         self.ep.target_rank(dest)?;
@@ -491,7 +568,22 @@ impl Tagged {
         let pull_len = expected.saturating_sub(pull_from);
         let mut tell_done = u.total > u.pushed && pull_len == 0; // truncated: nothing to pull
         if pull_len > 0 {
-            let direct = self.cma_on
+            let same_node =
+                u.source == self.rank || self.ep.transport_to(u.source)? == Transport::Shm;
+            if u.seg != 0 && same_node {
+                // SAFETY: [pull_from, pull_from + pull_len) lies inside the receive buffer.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
+                };
+                if self.read_shared(u.source, u.seg, u.addr + pull_from, dst) {
+                    landed += pull_len;
+                    self.st.borrow_mut().stats.pulled_shared += pull_len;
+                    tell_done = true;
+                    return self.receiving(id, u, expected, landed, tell_done);
+                }
+            }
+            let direct = u.seg == 0
+                && self.cma_on
                 && self.cma.is_usable()
                 && u.source != self.rank
                 && self.ep.transport_to(u.source)? == Transport::Shm
@@ -567,6 +659,19 @@ impl Tagged {
                 });
             }
         }
+        self.receiving(id, u, expected, landed, tell_done)
+    }
+
+    /// Receive `id` now takes message `u`: `landed` of its `expected` bytes are in the
+    /// buffer; `tell_done` sends `Done` (the sender's buffer is no longer needed).
+    fn receiving(
+        &self,
+        id: u64,
+        u: &Unexpected,
+        expected: u64,
+        landed: u64,
+        tell_done: bool,
+    ) -> Result<()> {
         if tell_done {
             let done = Msg::Done { msg: u.msg };
             self.ep.target_rank(u.source)?;
@@ -587,6 +692,38 @@ impl Tagged {
             st.incoming.insert((u.source, u.msg), id);
         }
         Ok(())
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of shared buffer `seg` of `source` into
+    /// `dst`; false (nothing copied) if the buffer cannot be mapped or is too short.
+    fn read_shared(&self, source: u32, seg: u32, offset: u64, dst: &mut [u8]) -> bool {
+        let mut bufs = self.peer_bufs.borrow_mut();
+        let i = match bufs.iter().position(|(k, _)| *k == (source, seg)) {
+            Some(i) => i,
+            None => {
+                let name = shared::name(self.job.job_id, source, seg);
+                match shared::Mapping::open(&name, None) {
+                    Ok(m) => {
+                        if bufs.len() == PEER_BUFS_CACHED {
+                            bufs.pop_front();
+                        }
+                        bufs.push_back(((source, seg), m));
+                        bufs.len() - 1
+                    }
+                    Err(e) => {
+                        tracing::debug!("shared buffer {name}: {e}; pulling by request");
+                        return false;
+                    }
+                }
+            }
+        };
+        match bufs[i].1.get(offset, dst.len()) {
+            Some(src) => {
+                dst.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether cross-memory attach reads the memory of `source` at `pid`: checked once
@@ -723,6 +860,7 @@ impl Tagged {
                 total,
                 pushed,
                 pid,
+                seg,
                 addr,
                 data,
             } => {
@@ -733,6 +871,7 @@ impl Tagged {
                     total,
                     pushed,
                     pid,
+                    seg,
                     addr,
                     data: Vec::new(),
                 };

@@ -3,7 +3,7 @@
 //! and pulled bytes follow it in the same message.
 //!
 //! ```text
-//! Push  (1): kind, tag, msg, total, pushed, pid, addr | first BTP(1) bytes
+//! Push  (1): kind, tag, msg, total, pushed, pid, seg, addr | first BTP(1) bytes
 //! More  (2): kind, msg, offset                        | more pushed bytes (BTP(2), Push-All)
 //! Pull  (3): kind, msg, offset, len                   (the acknowledgement: send me these)
 //! Data  (4): kind, msg, offset                        | pulled bytes
@@ -27,13 +27,15 @@ const DONE: u8 = 5;
 pub(crate) enum Msg<'a> {
     /// The first push of message `msg`: its tag and length, how many bytes the sender
     /// pushes in all (this part and the `More` that follow), and where the rest can be
-    /// read directly (the sender's pid and buffer address, for a same-node pull).
+    /// read directly (the sender's pid and buffer address, for a same-node pull; or,
+    /// when `seg` is not 0, the sender's shared buffer `seg` and the offset in it).
     Push {
         tag: u32,
         msg: u64,
         total: u64,
         pushed: u64,
         pid: u32,
+        seg: u32,
         addr: u64,
         data: &'a [u8],
     },
@@ -87,6 +89,7 @@ impl Msg<'_> {
                 total,
                 pushed,
                 pid,
+                seg,
                 addr,
                 ..
             } => {
@@ -96,7 +99,7 @@ impl Msg<'_> {
                 put(&mut h, &total.to_le_bytes());
                 put(&mut h, &pushed.to_le_bytes());
                 put(&mut h, &pid.to_le_bytes());
-                put(&mut h, &[0; 4]);
+                put(&mut h, &seg.to_le_bytes());
                 put(&mut h, &addr.to_le_bytes());
             }
             Msg::More { msg, offset, .. } | Msg::Data { msg, offset, .. } => {
@@ -145,12 +148,13 @@ impl Msg<'_> {
         let kind = *b.first().ok_or("empty message")?;
         Ok(match kind {
             PUSH => {
-                let (tag, msg, total, pushed, pid, addr) = (
+                let (tag, msg, total, pushed, pid, seg, addr) = (
                     u32_at(4).ok_or(short)?,
                     u64_at(8).ok_or(short)?,
                     u64_at(16).ok_or(short)?,
                     u64_at(24).ok_or(short)?,
                     u32_at(32).ok_or(short)?,
+                    u32_at(36).ok_or(short)?,
                     u64_at(40).ok_or(short)?,
                 );
                 let data = &b[48..];
@@ -163,6 +167,7 @@ impl Msg<'_> {
                     total,
                     pushed,
                     pid,
+                    seg,
                     addr,
                     data,
                 }
@@ -214,6 +219,7 @@ mod tests {
             total: 5000,
             pushed: 100,
             pid: 4242,
+            seg: 3,
             addr: 0xdead_beef_0000,
             data: &[9; 80],
         });
@@ -243,6 +249,7 @@ mod tests {
             total: 10,
             pushed: 20,
             pid: 1,
+            seg: 0,
             addr: 0,
             data: &[],
         };

@@ -1,0 +1,135 @@
+//! Shared buffers: memory a sender allocates from the job's shared pool
+//! ([`Tagged::alloc_shared`](super::Tagged::alloc_shared)) so that a same-node receiver
+//! reads the pulled part in place, with one copy and without the permission that
+//! cross-memory attach needs.
+//!
+//! A shared buffer is a POSIX shared-memory object named
+//! `/quiver-UID-JOB-RANK-bN` (mode 0600, like the job's segments, and removed with them
+//! when the job ends), mapped by its owner and, on first use, by each receiver. Buffer
+//! numbers are never reused within an endpoint, so a receiver's cached mapping always
+//! names the buffer the sender meant. A receiver checks every read against the size of
+//! the object it mapped: a bad offset from a peer is an error, not an out-of-bounds read.
+
+use crate::{Error, Result};
+use std::ffi::CString;
+use std::io;
+
+/// A mapping of a shared-memory object.
+pub(super) struct Mapping {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+impl Mapping {
+    /// Creates (`create`) or opens the object `name` and maps `len` bytes of it (all of
+    /// it when opening: `len` is then ignored).
+    pub(super) fn open(name: &str, create: Option<usize>) -> Result<Mapping> {
+        let c = CString::new(name).map_err(|_| Error::Config(format!("bad name {name:?}")))?;
+        let flags = match create {
+            Some(_) => libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            None => libc::O_RDONLY,
+        };
+        // SAFETY: c is a valid NUL-terminated string; the result is checked.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
+        if fd < 0 {
+            return Err(Error::io(
+                format!("shm_open {name}"),
+                io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let len = match create {
+            Some(len) => {
+                // SAFETY: ftruncate on our descriptor.
+                if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+                    let e = io::Error::last_os_error();
+                    // SAFETY: c names the object we just created.
+                    unsafe { libc::shm_unlink(c.as_ptr()) };
+                    return Err(Error::io(format!("sizing {name}"), e));
+                }
+                len
+            }
+            None => {
+                // SAFETY: fstat fills a plain-data struct for our descriptor.
+                let mut st: libc::stat = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+                    return Err(Error::io(
+                        format!("fstat {name}"),
+                        io::Error::last_os_error(),
+                    ));
+                }
+                st.st_size as usize
+            }
+        };
+        if len == 0 {
+            return Ok(Mapping {
+                ptr: std::ptr::NonNull::dangling().as_ptr(),
+                len: 0,
+            });
+        }
+        let prot = match create {
+            Some(_) => libc::PROT_READ | libc::PROT_WRITE,
+            None => libc::PROT_READ,
+        };
+        // SAFETY: maps `len` bytes of our descriptor; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            if create.is_some() {
+                // SAFETY: c names the object we just created.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+            return Err(Error::io(format!("mmap {name}"), e));
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The bytes `offset..offset + len`, if they lie inside the mapping.
+    pub(super) fn get(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let end = usize::try_from(offset).ok()?.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: offset + len <= self.len: inside the live mapping.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(offset as usize), len) })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: ptr/len is a mapping made by `open` and unmapped only here.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        }
+    }
+}
+
+/// The name of shared buffer `id` of `rank` in job `job_id`.
+pub(super) fn name(job_id: u32, rank: u32, id: u32) -> String {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    format!("/quiver-{uid}-{job_id:08x}-{rank}-b{id}")
+}
+
+/// Removes the object `name` (its mappings stay valid until unmapped).
+pub(super) fn unlink(name: &str) {
+    if let Ok(c) = CString::new(name) {
+        // SAFETY: c is a valid NUL-terminated string.
+        unsafe { libc::shm_unlink(c.as_ptr()) };
+    }
+}

@@ -1,9 +1,11 @@
 //! The `quiver` command: `run` (launcher), `bench` (benchmarks), `check` (a job that
-//! verifies its traffic byte for byte).
+//! verifies its traffic byte for byte), `info` (the configuration in force and the path
+//! of tagged messages).
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod check;
+mod info;
 mod run;
 
 #[derive(Parser)]
@@ -25,6 +27,11 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Verify an installation: run inside a job, every rank exchanges verified messages.
     Check(check::CheckArgs),
+    /// Show the configuration in force, whether cross-memory attach works, tagged paths.
+    ///
+    /// The configuration comes from the QUIVER_* variables (defaults where unset); the
+    /// path of a tagged message is given by size range for the push mode in force.
+    Info(info::InfoArgs),
 }
 
 fn main() {
@@ -40,6 +47,7 @@ fn main() {
         Command::Run(args) => run::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Check(args) => check::main(args),
+        Command::Info(args) => info::main(args),
     };
     std::process::exit(code);
 }

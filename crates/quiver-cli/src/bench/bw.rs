@@ -8,22 +8,53 @@
 //!   other does the same), then read the rest and exchange 1-byte acknowledgements. Both
 //!   directions count.
 //!
+//! With the tagged API (`--api tagged`), the same exchanges in a [`Tagged::scope`]:
+//! `bw`: rank 0 starts W `isend`s of the same buffer and waits for all of them, then
+//! receives the 1-byte acknowledgement; rank 1 posts W `irecv`s (one buffer each), waits
+//! for all, and sends the acknowledgement. `bibw`: each rank posts its W receives, starts
+//! its W sends, waits for all, then they exchange acknowledgements (rank 0 sends first,
+//! rank 1 receives first: a blocking send may wait for its receiver). Tags: data
+//! [`DATA_TAG`], acknowledgements [`CONTROL_TAG`].
+//!
 //! One sample per window: bytes / window time, in MB/s (10^6 bytes/s); the result is the
 //! mean of the middle 80 % of the samples.
 //!
-//! Windows are capped where the transport cannot hold them: over UDP, which has no flow
-//! control yet, to [`UDP_WINDOW_BYTES`]; for `bibw`, to half the receive pool, so that
-//! both windows in flight always fit.
+//! Windows are capped where the transport cannot hold them: over UDP, to
+//! [`UDP_WINDOW_BYTES`]; for `bibw`, to half the receive pool, so that both windows in
+//! flight always fit (neither rank then waits in a send for a peer that waits in one
+//! too); with the tagged API, to [`TAGGED_WINDOW_BYTES`] of receive buffers and, over
+//! UDP, to a quarter of the network channel's window ([`tagged_window`]).
 
 use super::output::{round, BenchResult};
-use super::runner::{check_len, Ctx, RECORD_SLACK};
+use super::runner::{check_len, Ctx, CONTROL_TAG, DATA_TAG, RECORD_SLACK};
 use super::stats::{self, avg80};
 use super::Bench;
 use anyhow::Context as _;
+use quiver::tagged::Tagged;
 use std::time::Instant;
 
 /// Largest window over UDP, in bytes.
 pub const UDP_WINDOW_BYTES: usize = 2 << 20;
+
+/// Largest window of the tagged API, in bytes: a receive buffer per message of the
+/// window is allocated.
+pub const TAGGED_WINDOW_BYTES: usize = 64 << 20;
+
+/// [`effective_window`] further capped for the tagged API: at most
+/// [`TAGGED_WINDOW_BYTES`] per window, and over UDP at most a quarter of the frames a
+/// network channel has in flight (`net_window`, `QUIVER_WINDOW`). The tagged layer writes
+/// its protocol messages (pull requests, pulled data) from inside its receives; with more
+/// messages in flight both ranks can end up in a write that waits for credits which the
+/// other returns only when it reads (seen with bibw, 64 messages of 8 B to 4 KiB, push
+/// zero).
+pub fn tagged_window(window: u32, size: usize, udp: bool, net_window: u16) -> u32 {
+    let fit = TAGGED_WINDOW_BYTES / size.max(1);
+    let mut w = window.min(u32::try_from(fit).unwrap_or(u32::MAX));
+    if udp {
+        w = w.min(u32::from(net_window / 4));
+    }
+    w.max(1)
+}
 
 /// Messages per window for `bench` at `size` bytes on this transport.
 pub fn effective_window(
@@ -49,16 +80,27 @@ pub fn effective_window(
 
 /// Runs one size of `bw` or `bibw`; rank 0 returns the result, rank 1 `None`.
 pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<BenchResult>> {
-    let window = effective_window(bench, size, ctx.opts.window, ctx.udp(), ctx.pool_size);
+    let mut window = effective_window(bench, size, ctx.opts.window, ctx.udp(), ctx.pool_size);
+    if ctx.tagged.is_some() {
+        window = tagged_window(window, size, ctx.udp(), ctx.net_window);
+    }
     let (iters, warmup) = ctx.iterations(bench, size, window);
     let buf = vec![0xa5u8; size];
+    // Receive buffers of the tagged API: one per message of a window.
+    let mut rbufs = match ctx.tagged {
+        Some(_) if bench == Bench::Bibw || ctx.rank == 1 => vec![0u8; size * window as usize],
+        _ => Vec::new(),
+    };
     let mut samples = Vec::with_capacity(usize::try_from(iters).unwrap_or(0));
     let bytes = size as f64 * f64::from(window) * if bench == Bench::Bibw { 2.0 } else { 1.0 };
     for i in 0..warmup + iters {
         let t0 = Instant::now();
-        match (bench, ctx.rank) {
-            (Bench::Bibw, _) => bibw_window(ctx, &buf, window)?,
-            (_, 0) => {
+        match (bench, ctx.rank, ctx.tagged) {
+            (_, _, Some(t)) => {
+                tagged_window_exchange(t, ctx.rank, bench, &buf, &mut rbufs, window)?
+            }
+            (Bench::Bibw, _, None) => bibw_window(ctx, &buf, window)?,
+            (_, 0, None) => {
                 for _ in 0..window {
                     ctx.send(&buf, "data")?;
                 }
@@ -80,8 +122,7 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
         return Ok(None);
     }
     stats::sort(&mut samples);
-    let mut r = BenchResult::new(bench, &ctx.transport_name(), &ctx.wait, size, iters, warmup);
-    r.reliability = ctx.reliability.clone();
+    let mut r = ctx.result(bench, size, iters, warmup);
     r.window = Some(window);
     r.bandwidth_mbps = Some(round(
         avg80(&samples).context("no samples to summarize")?,
@@ -118,6 +159,71 @@ fn bibw_window(ctx: &Ctx<'_>, buf: &[u8], window: u32) -> anyhow::Result<()> {
     ctx.recv_expect(1, "acknowledgement")
 }
 
+/// One window of `bw` or `bibw` with the tagged API (see the module's documentation);
+/// `rbufs` holds `window` receive buffers of `buf.len()` bytes where this rank receives.
+fn tagged_window_exchange(
+    t: &Tagged,
+    rank: u32,
+    bench: Bench,
+    buf: &[u8],
+    rbufs: &mut [u8],
+    window: u32,
+) -> anyhow::Result<()> {
+    let size = buf.len();
+    let peer = 1 - rank;
+    let sends = bench == Bench::Bibw || rank == 0;
+    let receives = bench == Bench::Bibw || rank == 1;
+    let statuses = t
+        .scope(|s| {
+            let mut reqs = Vec::with_capacity(2 * window as usize);
+            if receives {
+                // `chunks_mut` of an empty buffer yields nothing: size 0 needs empty slices.
+                if size == 0 {
+                    for _ in 0..window {
+                        reqs.push(s.irecv(&mut [], peer, DATA_TAG)?);
+                    }
+                } else {
+                    for chunk in rbufs.chunks_mut(size).take(window as usize) {
+                        reqs.push(s.irecv(chunk, peer, DATA_TAG)?);
+                    }
+                }
+            }
+            if sends {
+                for _ in 0..window {
+                    reqs.push(s.isend(peer, DATA_TAG, buf)?);
+                }
+            }
+            Ok(s.wait_all(reqs))
+        })
+        .context("window of tagged messages")?;
+    for st in statuses {
+        let st = st.context("tagged message of the window")?;
+        check_len(st.len as usize, size, "data")?;
+    }
+    // A blocking send may wait for the receiver to pull (push mode zero): rank 0 sends
+    // first and rank 1 receives first, never both sending at once.
+    let mut ack = [0u8; 1];
+    let mut receive_ack = || -> anyhow::Result<()> {
+        let st = t
+            .recv(&mut ack, peer, CONTROL_TAG)
+            .context("receiving acknowledgement")?;
+        check_len(st.len as usize, 1, "acknowledgement")
+    };
+    if rank == 0 {
+        if bench == Bench::Bibw {
+            t.send(peer, CONTROL_TAG, &[0])
+                .context("sending acknowledgement")?;
+        }
+        receive_ack()
+    } else {
+        if bench == Bench::Bibw {
+            receive_ack()?;
+        }
+        t.send(peer, CONTROL_TAG, &[0])
+            .context("sending acknowledgement")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,5 +245,15 @@ mod tests {
             effective_window(Bench::Bibw, 1 << 20, 64, false, 8 << 20),
             3
         );
+        // tagged: at most 64 MiB of receive buffers per window.
+        assert_eq!(tagged_window(64, 64 << 10, false, 64), 64);
+        assert_eq!(tagged_window(64, 4 << 20, false, 64), 16);
+        assert_eq!(tagged_window(64, 64 << 20, false, 64), 1);
+        assert_eq!(tagged_window(64, 256 << 20, false, 64), 1);
+        assert_eq!(tagged_window(64, 0, false, 64), 64);
+        // Over UDP: a quarter of the channel's frames.
+        assert_eq!(tagged_window(64, 8, true, 64), 16);
+        assert_eq!(tagged_window(8, 8, true, 64), 8);
+        assert_eq!(tagged_window(64, 8, true, 2), 1);
     }
 }

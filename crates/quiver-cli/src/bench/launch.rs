@@ -29,6 +29,8 @@ pub fn child_args(
         Some(BenchCmd::Bw) => a.push("bw".into()),
         Some(BenchCmd::Bibw) => a.push("bibw".into()),
         Some(BenchCmd::Logp) => a.push("logp".into()),
+        Some(BenchCmd::EarlyLate) => a.push("early-late".into()),
+        Some(BenchCmd::TuneBtp) => a.push("tune-btp".into()),
         None => {}
     }
     let mut opt = |k: &str, v: String| {
@@ -47,6 +49,12 @@ pub fn child_args(
     }
     if let Some(n) = opts.warmup {
         opt("--warmup", n.to_string());
+    }
+    if let Some(api) = opts.api {
+        opt("--api", api.name().into());
+    }
+    if let Some(p) = opts.push {
+        opt("--push", p.name().into());
     }
     if plot {
         if let Some(p) = &opts.plot {
@@ -131,6 +139,8 @@ mod tests {
             plot: Some("x.png".into()),
             wait: Some("hybrid:20".into()),
             reliability: None,
+            api: None,
+            push: None,
             no_pin: true,
             timeout: Some(Duration::from_secs(5)),
         };
@@ -147,6 +157,18 @@ mod tests {
             with_plot.last().map(|s| s.to_string_lossy().into_owned()),
             Some("x.png".into())
         );
+        let tagged = BenchOpts {
+            api: Some(super::super::ApiArg::Tagged),
+            push: Some(super::super::PushArg::All),
+            ..opts.clone()
+        };
+        let a: Vec<String> =
+            child_args(&tagged, Some(BenchCmd::EarlyLate), TransportArg::Shm, false)
+                .into_iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect();
+        assert_eq!(a[1], "early-late");
+        assert!(a.join(" ").ends_with("--api tagged --push all"), "{a:?}");
         let env = child_env(&opts, TransportArg::Udp);
         assert!(env.contains(&("QUIVER_TRANSPORT".into(), "udp".into())));
         assert!(env.contains(&("QUIVER_WAIT".into(), "hybrid:20".into())));

@@ -10,17 +10,24 @@
 //!   `SLURM_PROCID`), `quiver bench` re-launches itself as a two-rank job ([`launch`]); the
 //!   default suite launches one job per transport and summarizes ([`suite`]);
 //! - inside a job, rank 0 and rank 1 run the benchmarks ([`runner`], [`pingpong`],
-//!   [`bw`], [`logp`]); rank 0 reports.
+//!   [`bw`], [`logp`], [`early_late`], [`tune_btp`]); rank 0 reports.
+//!
+//! Two message APIs are measured (`--api`): Directed Point endpoints (`dm`, the default:
+//! `write` / `read`) and tagged send/receive with the Push-Pull protocol (`tagged`:
+//! [`quiver::tagged::Tagged`], with `--push zero|all|pull`). `early-late` and `tune-btp`
+//! always use the tagged API.
 //!
 //! Submodules: [`sizes`] (size lists), [`stats`] (avg80, percentiles), [`output`] (every
 //! table, CSV and JSON format), [`progress`] (progress bar), [`plot`] (PNG charts).
 
 use clap::{Args, Subcommand, ValueEnum};
+use quiver::tagged::PushMode;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub mod bw;
+pub mod early_late;
 pub mod launch;
 pub mod logp;
 pub mod output;
@@ -31,6 +38,7 @@ pub mod runner;
 pub mod sizes;
 pub mod stats;
 pub mod suite;
+pub mod tune_btp;
 
 /// Environment variables that say a process is a rank of a job.
 pub const JOB_RANK_VARS: [&str; 4] = [
@@ -43,7 +51,8 @@ pub const JOB_RANK_VARS: [&str; 4] = [
 /// Arguments of `quiver bench`.
 #[derive(Args, Debug, Clone)]
 #[command(after_long_help = "\
-Default sizes: pingpong 0..4M; bw and bibw 1K..4M; logp 8. The suite (no subcommand) runs pingpong \
+Default sizes: pingpong 0..4M; bw and bibw 1K..4M; logp 8; early-late 0..64K (tune-btp has its \
+own). The suite (no subcommand) runs pingpong \
 (0,8,64,1K,4K,64K,1M) and bw (4K,64K,1M) over shm, then over udp, and summarizes.
 
 Outside a job, quiver bench starts itself as a job of two ranks (like `quiver run -n 2`); \
@@ -70,6 +79,18 @@ pub enum BenchCmd {
     Bibw,
     /// LogP parameters: send and receive overhead, gap, latency and L (default size 8).
     Logp,
+    /// Early and late receiver tests of Push-Pull (tagged; default sizes 0..64K).
+    ///
+    /// A compute-then-communicate ping-pong for every push mode (zero, all, pull; or
+    /// --push), with the receive posted before the send arrives (early) or after (late);
+    /// reports the time of an iteration less its compute on the critical path.
+    EarlyLate,
+    /// Choose BTP(1) and BTP(2) of Push-Pull for --transport (tagged).
+    ///
+    /// BTP(2) first, with BTP(1) = 0, on messages beyond the pushed bytes; then BTP(1) with
+    /// that BTP(2) on small and medium messages; prints the values to set in QUIVER_BTP1
+    /// and QUIVER_BTP2. --iters sets the round trips per candidate and size.
+    TuneBtp,
 }
 
 /// Options of every benchmark.
@@ -107,6 +128,15 @@ pub struct BenchOpts {
     /// sets QUIVER_RELIABILITY. Default: the library's (host).
     #[arg(long, value_enum, global = true)]
     pub reliability: Option<ReliabilityArg>,
+    /// Message API: dm (Directed Point endpoints, write/read) or tagged (Push-Pull tagged
+    /// send/receive). Default dm; early-late and tune-btp always use tagged.
+    #[arg(long, value_enum, global = true)]
+    pub api: Option<ApiArg>,
+    /// Push mode of tagged messages: zero (all pulled), all (all pushed) or pull (the
+    /// first BTP(1) and BTP(2) bytes pushed, the rest pulled). Default: the library's
+    /// (QUIVER_PUSH, else pull). With early-late, only this mode is run.
+    #[arg(long, value_enum, global = true)]
+    pub push: Option<PushArg>,
     /// Do not pin rank i to CPU i.
     #[arg(long, global = true)]
     pub no_pin: bool,
@@ -143,6 +173,52 @@ impl ReliabilityArg {
             ReliabilityArg::Host => quiver::channel::reliable::Mode::Host,
             ReliabilityArg::Offload => quiver::channel::reliable::Mode::Offload,
         }
+    }
+}
+
+/// `--api` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiArg {
+    /// Directed Point endpoints: `write` and `read` (zero-copy views).
+    Dm,
+    /// Tagged send/receive with the Push-Pull protocol.
+    Tagged,
+}
+
+impl ApiArg {
+    /// Name on the command line and in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            ApiArg::Dm => "dm",
+            ApiArg::Tagged => "tagged",
+        }
+    }
+}
+
+/// `--push` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushArg {
+    /// Push-Zero: nothing pushed, the receiver pulls the whole message.
+    Zero,
+    /// Push-All: the whole message pushed.
+    All,
+    /// Push-Pull: BTP(1) + BTP(2) bytes pushed, the rest pulled.
+    Pull,
+}
+
+impl PushArg {
+    /// The library's mode.
+    pub fn mode(self) -> PushMode {
+        match self {
+            PushArg::Zero => PushMode::Zero,
+            PushArg::All => PushMode::All,
+            PushArg::Pull => PushMode::Pull,
+        }
+    }
+
+    /// Name on the command line (and of `QUIVER_PUSH`).
+    pub fn name(self) -> &'static str {
+        self.mode().name()
     }
 }
 
@@ -193,7 +269,8 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// A benchmark kind as it appears in results (`"pingpong"`, `"bw"`, `"bibw"`).
+/// A benchmark kind as it appears in results (`"pingpong"`, `"bw"`, `"bibw"`, `"logp"`,
+/// `"early-late"`, `"tune-btp"`).
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum Bench {
@@ -205,6 +282,12 @@ pub enum Bench {
     Bibw,
     /// LogP parameters (o_s, o_r, g, L, latency).
     Logp,
+    /// Early and late receiver tests (Push-Pull paper, section 5.3).
+    #[serde(rename = "early-late")]
+    EarlyLate,
+    /// BTP(1) / BTP(2) tuning (Push-Pull paper, section 5.2).
+    #[serde(rename = "tune-btp")]
+    TuneBtp,
 }
 
 impl Bench {
@@ -215,11 +298,21 @@ impl Bench {
             Bench::Bw => "bw",
             Bench::Bibw => "bibw",
             Bench::Logp => "logp",
+            Bench::EarlyLate => "early-late",
+            Bench::TuneBtp => "tune-btp",
         }
     }
     /// True for the bandwidth benchmarks.
     pub fn is_bandwidth(self) -> bool {
         matches!(self, Bench::Bw | Bench::Bibw)
+    }
+    /// True for the benchmarks whose headline is a latency (`latency_us_median`).
+    pub fn is_latency(self) -> bool {
+        matches!(self, Bench::Pingpong | Bench::EarlyLate | Bench::TuneBtp)
+    }
+    /// True for the benchmarks that only exist on the tagged API.
+    pub fn tagged_only(self) -> bool {
+        matches!(self, Bench::EarlyLate | Bench::TuneBtp)
     }
 }
 
@@ -236,16 +329,22 @@ impl From<BenchCmd> for Bench {
             BenchCmd::Bw => Bench::Bw,
             BenchCmd::Bibw => Bench::Bibw,
             BenchCmd::Logp => Bench::Logp,
+            BenchCmd::EarlyLate => Bench::EarlyLate,
+            BenchCmd::TuneBtp => Bench::TuneBtp,
         }
     }
 }
 
-/// Default sizes of `pingpong`: 0 and the powers of two up to 4 MiB.
+/// Default sizes of each benchmark: `pingpong` 0 and the powers of two up to 4 MiB,
+/// `bw` and `bibw` 1 KiB to 4 MiB, `logp` 8 B, `early-late` 0 to 64 KiB; `tune-btp`
+/// measures the sizes of its two steps ([`tune_btp::sizes`]).
 pub fn default_sizes(bench: Bench) -> Vec<usize> {
     let (lo, hi) = match bench {
         Bench::Pingpong => (0, 4 << 20),
         Bench::Bw | Bench::Bibw => (1 << 10, 4 << 20),
         Bench::Logp => return vec![8],
+        Bench::EarlyLate => (0, 64 << 10),
+        Bench::TuneBtp => return tune_btp::sizes(),
     };
     let mut v = if lo == 0 { vec![0] } else { Vec::new() };
     let mut s = lo.max(1);
@@ -262,6 +361,7 @@ pub fn suite_sizes(bench: Bench) -> Vec<usize> {
         Bench::Pingpong => vec![0, 8, 64, 1 << 10, 4 << 10, 64 << 10, 1 << 20],
         Bench::Bw | Bench::Bibw => vec![4 << 10, 64 << 10, 1 << 20],
         Bench::Logp => vec![8],
+        Bench::EarlyLate | Bench::TuneBtp => default_sizes(bench),
     }
 }
 
@@ -285,6 +385,11 @@ pub fn plans(command: Option<BenchCmd>, opts: &BenchOpts) -> Vec<Plan> {
             .unwrap_or_else(|| default(bench)),
     };
     match command {
+        // tune-btp chooses its own sizes.
+        Some(BenchCmd::TuneBtp) => vec![Plan {
+            bench: Bench::TuneBtp,
+            sizes: tune_btp::sizes(),
+        }],
         Some(c) => vec![sized(c.into(), default_sizes)],
         None => vec![
             sized(Bench::Pingpong, suite_sizes),
@@ -315,6 +420,27 @@ pub fn logp_iters(size: usize) -> u64 {
     }
 }
 
+/// Default measured iterations of `early-late` at `size` bytes, per push mode and
+/// receiver: 1000 up to 64 KiB, fewer beyond (an iteration computes 60 us or more).
+pub fn early_late_iters(size: usize) -> u64 {
+    match size {
+        0..=65_536 => 1000,
+        65_537..=1_048_576 => 200,
+        _ => 30,
+    }
+}
+
+/// Default measured round trips of `tune-btp` per candidate value and size: 2000 up to
+/// 16 KiB, 1000 up to 64 KiB, 300 beyond (about 1 s per transport over shared memory,
+/// 15 s over UDP on one host).
+pub fn tune_btp_iters(size: usize) -> u64 {
+    match size {
+        0..=16_384 => 2000,
+        16_385..=65_536 => 1000,
+        _ => 300,
+    }
+}
+
 /// Default measured windows of a bandwidth run: about 128 MiB per size, from 20 to 2000
 /// windows.
 pub fn bw_iters(size: usize, window: u32) -> u64 {
@@ -335,6 +461,42 @@ pub fn effective_wait(opts: &BenchOpts) -> String {
         .unwrap_or_else(|| "spin".to_string())
 }
 
+/// The message API `command` uses: tagged for `early-late` and `tune-btp`, else `--api`
+/// (default dm).
+pub fn effective_api(command: Option<BenchCmd>, opts: &BenchOpts) -> ApiArg {
+    match command {
+        Some(BenchCmd::EarlyLate | BenchCmd::TuneBtp) => ApiArg::Tagged,
+        _ => opts.api.unwrap_or(ApiArg::Dm),
+    }
+}
+
+/// Checks the combination of subcommand, `--api` and `--push`.
+pub fn check_api(command: Option<BenchCmd>, opts: &BenchOpts) -> Result<(), String> {
+    let bench = command.map(Bench::from);
+    if bench.is_some_and(Bench::tagged_only) && opts.api == Some(ApiArg::Dm) {
+        return Err(format!(
+            "{} measures tagged messages; drop --api dm",
+            bench.map_or("", Bench::name)
+        ));
+    }
+    let api = effective_api(command, opts);
+    if api == ApiArg::Tagged && command == Some(BenchCmd::Logp) {
+        return Err("logp measures Directed Point endpoints only; drop --api tagged".into());
+    }
+    if opts.push.is_some() && api == ApiArg::Dm {
+        return Err("--push selects the push mode of tagged messages; add --api tagged".into());
+    }
+    if command == Some(BenchCmd::TuneBtp) && opts.sizes.is_some() {
+        return Err("tune-btp measures sizes of its own; drop --sizes".into());
+    }
+    if command == Some(BenchCmd::TuneBtp) && opts.push.is_some_and(|p| p != PushArg::Pull) {
+        return Err(
+            "tune-btp tunes Push-Pull (--push pull); BTP does not apply to zero or all".into(),
+        );
+    }
+    Ok(())
+}
+
 /// True when this process is a rank of a job started by some launcher.
 pub fn in_job() -> bool {
     JOB_RANK_VARS.iter().any(|v| std::env::var_os(v).is_some())
@@ -342,6 +504,10 @@ pub fn in_job() -> bool {
 
 /// Entry point of `quiver bench`; returns the exit code.
 pub fn main(args: BenchArgs) -> i32 {
+    if let Err(e) = check_api(args.command, &args.opts) {
+        eprintln!("quiver bench: {e}");
+        return 2;
+    }
     if in_job() {
         return runner::main(&args);
     }
@@ -410,6 +576,47 @@ mod tests {
         assert!(parse(&["bw", "--timeout", "-1"]).is_err());
         assert!(parse(&["--transport", "eth"]).is_err());
         assert!(parse(&["pingpong", "--wait", "hybrid:50"]).is_ok());
+    }
+
+    #[test]
+    fn api_and_push() {
+        let a = parse(&["pingpong", "--api", "tagged", "--push", "zero"]).unwrap();
+        assert_eq!(a.opts.api, Some(ApiArg::Tagged));
+        assert_eq!(a.opts.push, Some(PushArg::Zero));
+        assert_eq!(a.opts.push.unwrap().mode(), PushMode::Zero);
+        assert!(check_api(a.command, &a.opts).is_ok());
+        assert_eq!(effective_api(a.command, &a.opts), ApiArg::Tagged);
+        let e = parse(&["early-late", "--sizes", "0..64K"]).unwrap();
+        assert_eq!(e.command, Some(BenchCmd::EarlyLate));
+        assert_eq!(effective_api(e.command, &e.opts), ApiArg::Tagged);
+        assert!(check_api(e.command, &e.opts).is_ok());
+        assert_eq!(plans(e.command, &e.opts)[0].bench, Bench::EarlyLate);
+        let t = parse(&["tune-btp", "--transport", "udp"]).unwrap();
+        assert_eq!(t.command, Some(BenchCmd::TuneBtp));
+        assert_eq!(plans(t.command, &t.opts)[0].sizes, tune_btp::sizes());
+        assert!(parse(&["pingpong", "--push", "some"]).is_err());
+        assert!(parse(&["pingpong", "--api", "mpi"]).is_err());
+        let bad = |args: &[&str]| {
+            let a = parse(args).unwrap();
+            check_api(a.command, &a.opts).is_err()
+        };
+        assert!(bad(&["logp", "--api", "tagged"]));
+        assert!(bad(&["bw", "--push", "all"]));
+        assert!(bad(&["early-late", "--api", "dm"]));
+        assert!(bad(&["tune-btp", "--push", "zero"]));
+        assert!(bad(&["tune-btp", "--sizes", "8"]));
+        assert!(!bad(&["tune-btp", "--push", "pull"]));
+        assert!(!bad(&["--api", "tagged"])); // the suite
+                                             // Names in results.
+        assert_eq!(
+            serde_json::to_string(&Bench::EarlyLate).unwrap(),
+            "\"early-late\""
+        );
+        assert_eq!(
+            serde_json::from_str::<Bench>("\"tune-btp\"").unwrap(),
+            Bench::TuneBtp
+        );
+        assert_eq!(default_sizes(Bench::EarlyLate).last(), Some(&(64 << 10)));
     }
 
     #[test]

@@ -42,6 +42,28 @@ pub struct BenchResult {
     /// Reliability of the network channel (`none`, `host`); absent over shared memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reliability: Option<String>,
+    /// Message API (`tagged`); absent for Directed Point endpoints (`dm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
+    /// Push mode of tagged messages (`zero`, `all`, `pull`); absent for `dm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<String>,
+    /// Push mode under test (early-late; the same as `push`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Which side is posted first (early-late): `early` (the receive is posted before
+    /// the message arrives) or `late` (after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<String>,
+    /// Step of tune-btp: 1 (BTP(2) varied, BTP(1) = 0) or 2 (BTP(1) varied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u8>,
+    /// BTP(1) in force (tagged, push mode pull).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub btp1: Option<u64>,
+    /// BTP(2) in force (tagged, push mode pull).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub btp2: Option<u64>,
     /// Message size in bytes.
     pub size: u64,
     /// Measured iterations (round trips or windows).
@@ -95,6 +117,27 @@ pub struct BenchResult {
     /// End-to-end one-way latency, median of round trip / 2, us (logp).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_us: Option<f64>,
+    /// Compute x of the iteration, us (early-late).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_x_us: Option<f64>,
+    /// Compute y of the iteration, us (early-late).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_y_us: Option<f64>,
+    /// Compute on the critical path, subtracted from the measured time, us (early-late:
+    /// 2x early, x + y late).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_us: Option<f64>,
+    /// Fraction of measured iterations in which the pong's receive found the message
+    /// already arrived (early-late: about 0 early, 1 late).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pong_late_fraction: Option<f64>,
+    /// The same for the ping's receive of the reply (early-late: about 0 in both tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ping_late_fraction: Option<f64>,
+    /// Score of the candidate BTP value (tune-btp): the mean over the sizes of its
+    /// median latency divided by the best candidate's at that size (1 = best everywhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
 }
 
 impl BenchResult {
@@ -112,6 +155,13 @@ impl BenchResult {
             transport: transport.to_string(),
             wait: wait.to_string(),
             reliability: None,
+            api: None,
+            push: None,
+            mode: None,
+            receiver: None,
+            step: None,
+            btp1: None,
+            btp2: None,
             size: size as u64,
             iters,
             warmup,
@@ -128,18 +178,24 @@ impl BenchResult {
             g_us: None,
             l_us: None,
             latency_us: None,
+            compute_x_us: None,
+            compute_y_us: None,
+            compute_us: None,
+            pong_late_fraction: None,
+            ping_late_fraction: None,
+            score: None,
         }
     }
 
     /// The value a chart shows: median latency (us) or bandwidth (MB/s); none for logp,
     /// which charts leave out.
     pub fn headline(&self) -> Option<f64> {
-        if self.bench == Bench::Logp {
-            None
-        } else if self.bench.is_bandwidth() {
+        if self.bench.is_bandwidth() {
             self.bandwidth_mbps
-        } else {
+        } else if self.bench.is_latency() {
             self.latency_us_median
+        } else {
+            None
         }
     }
 
@@ -165,7 +221,7 @@ pub fn round(v: f64, decimals: i32) -> f64 {
 }
 
 /// CSV columns, in order.
-pub const CSV_COLUMNS: [&str; 19] = [
+pub const CSV_COLUMNS: [&str; 25] = [
     "bench",
     "transport",
     "wait",
@@ -185,15 +241,33 @@ pub const CSV_COLUMNS: [&str; 19] = [
     "g_us",
     "L_us",
     "latency_us",
+    "api",
+    "push",
+    "receiver",
+    "btp1",
+    "btp2",
+    "compute_us",
 ];
 
+/// What a table groups rows by: benchmark, transport, wait mode, API, push mode,
+/// receiver, BTP values.
+type GroupKey = (
+    Bench,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<(u64, u64)>,
+);
+
 /// Turns results into text for stdout, one result at a time, adding headers where
-/// needed (a CSV header once; a table title and header whenever the benchmark or the
-/// transport changes).
+/// needed (a CSV header once; a table title and header whenever the benchmark, the
+/// transport, the API, the push mode or the receiver changes).
 #[derive(Debug)]
 pub struct Reporter {
     format: Format,
-    last: Option<(Bench, String, String)>,
+    last: Option<GroupKey>,
     csv_header_done: bool,
 }
 
@@ -252,12 +326,26 @@ impl Reporter {
                     csv_num(r.g_us),
                     csv_num(r.l_us),
                     csv_num(r.latency_us),
+                    r.api.clone().unwrap_or_default(),
+                    r.push.clone().unwrap_or_default(),
+                    r.receiver.clone().unwrap_or_default(),
+                    r.btp1.map(|v| v.to_string()).unwrap_or_default(),
+                    r.btp2.map(|v| v.to_string()).unwrap_or_default(),
+                    csv_num(r.compute_us),
                 ];
                 out.push_str(&cells.join(","));
                 out.push('\n');
             }
             Format::Table => {
-                let key = (r.bench, r.transport.clone(), r.wait.clone());
+                let key = (
+                    r.bench,
+                    r.transport.clone(),
+                    r.wait.clone(),
+                    r.api.clone(),
+                    r.push.clone(),
+                    r.receiver.clone(),
+                    r.btp1.zip(r.btp2),
+                );
                 if self.last.as_ref() != Some(&key) {
                     if self.last.is_some() {
                         out.push('\n');
@@ -276,6 +364,20 @@ impl Reporter {
                         num(r.g_us, 3),
                         num(r.l_us, 3),
                         num(r.latency_us, 3),
+                        r.iters
+                    );
+                } else if r.bench == Bench::EarlyLate {
+                    let _ = writeln!(
+                        out,
+                        "{:>10} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9} {:>9} {:>7}",
+                        r.size,
+                        num(r.latency_us_median, 2),
+                        num(r.latency_us_avg80, 2),
+                        num(r.latency_us_p99, 2),
+                        num(r.compute_x_us, 1),
+                        num(r.compute_y_us, 1),
+                        num(r.pong_late_fraction, 2),
+                        num(r.ping_late_fraction, 2),
                         r.iters
                     );
                 } else if r.bench.is_bandwidth() {
@@ -313,15 +415,46 @@ fn table_title(r: &BenchResult) -> String {
         Bench::Bw => "uni-directional bandwidth, MB/s = 10^6 B/s",
         Bench::Bibw => "bi-directional bandwidth (both directions), MB/s = 10^6 B/s",
         Bench::Logp => "LogP parameters per message, us (L = latency - o_s - o_r)",
+        Bench::EarlyLate => {
+            "time of an iteration less its compute on the critical path (2x early, x+y late), \
+             us; late = fraction of receives that found the message arrived"
+        }
+        Bench::TuneBtp => "one-way latency (round trip / 2)",
     };
+    let mut api = String::new();
+    if let Some(a) = &r.api {
+        let _ = write!(api, ", {a} api");
+    }
+    if let Some(p) = &r.push {
+        let _ = write!(api, ", push {p}");
+        if let (Some(b1), Some(b2)) = (r.btp1, r.btp2) {
+            let _ = write!(api, " (BTP1 {b1}, BTP2 {b2})");
+        }
+    }
+    if let Some(rcv) = &r.receiver {
+        let _ = write!(api, ", {rcv} receiver");
+    }
     format!(
-        "# {} over {}, wait {}: {}\n",
-        r.bench, r.transport, r.wait, what
+        "# {} over {}, wait {}{}: {}\n",
+        r.bench, r.transport, r.wait, api, what
     )
 }
 
 fn table_header(bench: Bench) -> String {
-    if bench == Bench::Logp {
+    if bench == Bench::EarlyLate {
+        format!(
+            "{:>10} {:>12} {:>12} {:>12} {:>9} {:>9} {:>9} {:>9} {:>7}\n",
+            "size(B)",
+            "median(us)",
+            "avg80(us)",
+            "p99(us)",
+            "x(us)",
+            "y(us)",
+            "late@pong",
+            "late@ping",
+            "iters"
+        )
+    } else if bench == Bench::Logp {
         format!(
             "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n",
             "size(B)", "o_s(us)", "o_r(us)", "g(us)", "L(us)", "latency(us)", "iters"
@@ -576,8 +709,9 @@ mod tests {
         let text = rep.render(&logp(8));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[1].split(',').count(), CSV_COLUMNS.len());
+        // The logp columns, then the empty columns of the tagged API.
         assert!(
-            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500"),
+            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500,,,,,,"),
             "{}",
             lines[1]
         );
@@ -598,6 +732,68 @@ mod tests {
         );
         // Charts leave logp out.
         assert_eq!(logp(8).headline(), None);
+    }
+
+    fn early_late(mode: &str, receiver: &str, size: usize) -> BenchResult {
+        let mut r = BenchResult::new(Bench::EarlyLate, "shm", "spin", size, 1000, 100);
+        r.api = Some("tagged".into());
+        r.push = Some(mode.into());
+        r.mode = Some(mode.into());
+        r.receiver = Some(receiver.into());
+        r.latency_us_median = Some(2.5);
+        r.latency_us_avg80 = Some(2.6);
+        r.latency_us_p99 = Some(9.0);
+        r.compute_x_us = Some(50.0);
+        r.compute_y_us = Some(10.0);
+        r.compute_us = Some(100.0);
+        r.pong_late_fraction = Some(0.0);
+        r.ping_late_fraction = Some(0.01);
+        r
+    }
+
+    #[test]
+    fn tagged_and_early_late_fields() {
+        let mut rep = Reporter::new(Format::Json);
+        let line = rep.render(&early_late("zero", "early", 8));
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(v["bench"], "early-late");
+        assert_eq!(v["mode"], "zero");
+        assert_eq!(v["push"], "zero");
+        assert_eq!(v["api"], "tagged");
+        assert_eq!(v["receiver"], "early");
+        assert_eq!(v["compute_us"], 100.0);
+        assert!(v.get("btp1").is_none() && v.get("step").is_none());
+        let back: BenchResult = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(back, early_late("zero", "early", 8));
+        // A chart shows early-late as latency.
+        assert_eq!(back.headline(), Some(2.5));
+
+        // Tables: a title per mode and receiver, aligned rows.
+        let mut rep = Reporter::new(Format::Table);
+        let mut text = String::new();
+        for (m, rcv) in [("zero", "early"), ("zero", "late"), ("pull", "early")] {
+            for size in [0, 65536] {
+                text += &rep.render(&early_late(m, rcv, size));
+            }
+        }
+        let titles: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
+        assert_eq!(titles.len(), 3, "{text}");
+        assert!(titles[1].contains("push zero") && titles[1].contains("late receiver"));
+        let block: Vec<&str> = text.lines().skip(1).take(3).collect();
+        assert!(block[0].contains("late@pong"), "{text}");
+        assert!(block.windows(2).all(|w| w[0].len() == w[1].len()), "{text}");
+
+        // CSV: the same columns for every row.
+        let mut rep = Reporter::new(Format::Csv);
+        let text = rep.render(&early_late("all", "late", 8)) + &rep.render(&pingpong(8, 1.0));
+        for l in text.lines() {
+            assert_eq!(l.split(',').count(), CSV_COLUMNS.len(), "{l}");
+        }
+        assert!(text
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains(",tagged,all,late,,,100.0000"));
     }
 
     #[test]

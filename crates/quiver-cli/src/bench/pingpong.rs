@@ -1,32 +1,34 @@
-//! Ping-pong latency: rank 0 writes a message and waits for rank 1's echo of the same
-//! size; each round trip is timed on rank 0 with `Instant` (write, then read and release
-//! the echo), and one-way latency is half of it. Warm-up round trips are not timed.
+//! Ping-pong latency: rank 0 sends a message and waits for rank 1's echo of the same
+//! size; each round trip is timed on rank 0 with `Instant` (send, then receive the
+//! echo), and one-way latency is half of it. Warm-up round trips are not timed.
+//!
+//! With the Directed Point API (`--api dm`) a send is `write` and a receive is `read`
+//! and the release of the message. With the tagged API (`--api tagged`) they are the
+//! blocking [`Tagged::send`] and [`Tagged::recv`] with tag [`DATA_TAG`] into a buffer of
+//! the message's size, in the push mode in force (`--push`, `QUIVER_PUSH`); a send
+//! returns when the receiver has what was not pushed.
 
 use super::output::{round, BenchResult};
-use super::runner::{check_len, Ctx};
+use super::runner::{check_len, Ctx, DATA_TAG};
 use super::stats::Summary;
 use super::Bench;
 use anyhow::Context as _;
+use quiver::tagged::Tagged;
 use std::time::Instant;
 
 /// Runs one size; rank 0 returns the result, rank 1 `None`.
 pub fn run(ctx: &Ctx<'_>, size: usize) -> anyhow::Result<Option<BenchResult>> {
     let (iters, warmup) = ctx.iterations(Bench::Pingpong, size, 1);
     let buf = vec![0x5au8; size];
-    let samples = one_way_samples(ctx, &buf, warmup, iters)?;
+    let samples = match ctx.tagged {
+        Some(t) => tagged_one_way_samples(t, ctx.rank, &buf, warmup, iters)?,
+        None => one_way_samples(ctx, &buf, warmup, iters)?,
+    };
     if ctx.rank != 0 {
         return Ok(None);
     }
     let s = Summary::of_nanos(samples).context("no samples to summarize")?;
-    let mut r = BenchResult::new(
-        Bench::Pingpong,
-        &ctx.transport_name(),
-        &ctx.wait,
-        size,
-        iters,
-        warmup,
-    );
-    r.reliability = ctx.reliability.clone();
+    let mut r = ctx.result(Bench::Pingpong, size, iters, warmup);
     r.latency_us_median = Some(round(s.median / 1e3, 4));
     r.latency_us_avg80 = Some(round(s.avg80 / 1e3, 4));
     r.latency_us_p99 = Some(round(s.p99 / 1e3, 4));
@@ -62,6 +64,46 @@ pub fn one_way_samples(
         drop(msg);
         let rtt = t0.elapsed();
         check_len(len, size, "pong")?;
+        if i >= warmup {
+            samples.push(rtt.as_nanos() as f64 / 2.0);
+        }
+    }
+    Ok(samples)
+}
+
+/// The tagged ping-pong between `rank` 0 and 1 (blocking send and receive with
+/// [`DATA_TAG`]): rank 0's one-way samples in ns, none on rank 1. Shared with
+/// `tune-btp` and the calibration of `early-late`.
+pub fn tagged_one_way_samples(
+    t: &Tagged,
+    rank: u32,
+    buf: &[u8],
+    warmup: u64,
+    iters: u64,
+) -> anyhow::Result<Vec<f64>> {
+    let size = buf.len();
+    let total = warmup + iters;
+    let peer = 1 - rank;
+    let mut rbuf = vec![0u8; size];
+    if rank != 0 {
+        for _ in 0..total {
+            let st = t
+                .recv(&mut rbuf, peer, DATA_TAG)
+                .context("receiving ping")?;
+            check_len(st.len as usize, size, "ping")?;
+            t.send(peer, DATA_TAG, buf).context("sending pong")?;
+        }
+        return Ok(Vec::new());
+    }
+    let mut samples = Vec::with_capacity(usize::try_from(iters).unwrap_or(0));
+    for i in 0..total {
+        let t0 = Instant::now();
+        t.send(peer, DATA_TAG, buf).context("sending ping")?;
+        let st = t
+            .recv(&mut rbuf, peer, DATA_TAG)
+            .context("receiving pong")?;
+        let rtt = t0.elapsed();
+        check_len(st.len as usize, size, "pong")?;
         if i >= warmup {
             samples.push(rtt.as_nanos() as f64 / 2.0);
         }

@@ -1,6 +1,7 @@
 //! PNG charts of benchmark results (`--plot FILE.png`): message size on a log2 x axis,
 //! one-way latency (us, log scale) in one panel and bandwidth (MB/s) in another, one line
-//! per (benchmark, transport). Size 0 cannot sit on a log axis and is left out.
+//! per (benchmark, transport), and with the tagged API per push mode (and early-late
+//! receiver, tune-btp candidate) too. Size 0 cannot sit on a log axis and is left out.
 //!
 //! Text needs a TrueType font: `QUIVER_PLOT_FONT` names one, otherwise the usual places
 //! under `/usr/share/fonts` are searched. Without a font the chart is drawn without text
@@ -8,7 +9,6 @@
 
 use super::output::BenchResult;
 use super::sizes::fmt_size;
-use super::Bench;
 use anyhow::{anyhow, Context as _};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -50,8 +50,17 @@ pub fn series(results: &[BenchResult]) -> (Vec<Series>, Vec<Series>) {
         if r.size == 0 || !v.is_finite() || v <= 0.0 {
             continue;
         }
-        let label = format!("{} {}", r.bench, r.transport);
-        let list = if r.bench == Bench::Pingpong {
+        let mut label = format!("{} {}", r.bench, r.transport);
+        if let Some(push) = &r.push {
+            label = format!("{label} {} {push}", r.api.as_deref().unwrap_or("tagged"));
+        }
+        if let Some(rcv) = &r.receiver {
+            label = format!("{label} {rcv}");
+        }
+        if let (Some(step), Some(b1), Some(b2)) = (r.step, r.btp1, r.btp2) {
+            label = format!("{label} step {step} btp {b1}/{b2}");
+        }
+        let list = if r.bench.is_latency() {
             &mut lat
         } else {
             &mut bw
@@ -314,6 +323,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::Bench;
     use super::*;
 
     fn results() -> Vec<BenchResult> {

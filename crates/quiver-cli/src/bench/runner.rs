@@ -1,14 +1,19 @@
 //! The benchmark run inside a job: joins the job with a configuration fitted to the
-//! benchmark (transport, wait mode, message and pool sizes), opens the endpoint shared by
-//! rank 0 and rank 1, runs each planned benchmark size by size, and has rank 0 report
-//! ([`Sink`]): to stdout, or as JSON lines to the file a suite names in
-//! [`RESULTS_ENV`]. Ranks above 1 take part in the opening barrier only.
+//! benchmark (transport, wait mode, message and pool sizes, push mode), opens the endpoint
+//! shared by rank 0 and rank 1 (a Directed Point endpoint, or a tagged endpoint with
+//! `--api tagged`, `early-late` and `tune-btp`), runs each planned benchmark size by
+//! size, and has rank 0 report ([`Sink`]): to stdout, or as JSON lines to the file a
+//! suite names in [`RESULTS_ENV`]. Ranks above 1 take part in the opening barrier only.
 
 use super::output::{self, BenchResult, Reporter};
 use super::progress::Progress;
 use super::sizes::fmt_size;
-use super::{bw, logp, pingpong, plot, Bench, BenchArgs, BenchOpts, Plan, TransportArg};
+use super::{
+    bw, early_late, logp, pingpong, plot, tune_btp, ApiArg, Bench, BenchArgs, BenchCmd, BenchOpts,
+    Plan, TransportArg,
+};
 use anyhow::{bail, Context as _};
+use quiver::tagged::{PushMode, Tagged};
 use quiver::{Config, Endpoint, Job, Message, Transport, TransportChoice, WaitMode};
 use std::fs::File;
 use std::io::Write as _;
@@ -27,10 +32,20 @@ pub const UDP_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Margin per message added to pool-size estimates (record header and alignment).
 pub const RECORD_SLACK: usize = 64;
 
+/// Tag of the measured messages of the tagged benchmarks.
+pub const DATA_TAG: u32 = 1;
+/// Tag of acknowledgements (bw, bibw) and of the values the ranks hand each other
+/// (early-late: compute times and counts; tune-btp: the chosen BTP(2)).
+pub const CONTROL_TAG: u32 = 2;
+/// Tag of the barrier messages of early-late.
+pub const BARRIER_TAG: u32 = 3;
+
 /// What a benchmark needs to know about its side of the pair.
 pub struct Ctx<'a> {
-    /// The endpoint, targeted at the peer.
+    /// The endpoint, targeted at the peer (the tagged endpoint's, with the tagged API).
     pub ep: &'a Endpoint,
+    /// The tagged endpoint, with the tagged API.
+    pub tagged: Option<&'a Tagged>,
     /// 0 (measures and reports) or 1 (echoes).
     pub rank: u32,
     /// Transport to the peer.
@@ -41,6 +56,8 @@ pub struct Ctx<'a> {
     pub reliability: Option<String>,
     /// Bytes of receive pool per sender (shm) or per endpoint (udp).
     pub pool_size: usize,
+    /// Frames in flight per network channel (`QUIVER_WINDOW`).
+    pub net_window: u16,
     /// The options of the run.
     pub opts: &'a BenchOpts,
 }
@@ -86,8 +103,47 @@ impl<'a> Ctx<'a> {
             Bench::Pingpong => super::pingpong_iters(size),
             Bench::Bw | Bench::Bibw => super::bw_iters(size, window),
             Bench::Logp => super::logp_iters(size),
+            Bench::EarlyLate => super::early_late_iters(size),
+            Bench::TuneBtp => super::tune_btp_iters(size),
         });
         (iters, super::warmup_for(self.opts, iters))
+    }
+
+    /// The peer's rank.
+    pub fn peer(&self) -> u32 {
+        1 - self.rank
+    }
+
+    /// The tagged endpoint; an error with the DM API (a bug: the runner opens one for
+    /// every benchmark that needs it).
+    pub fn tagged(&self) -> anyhow::Result<&'a Tagged> {
+        self.tagged
+            .context("this benchmark needs the tagged endpoint (--api tagged)")
+    }
+
+    /// A result record for `bench` at `size` with the fields that describe the run: the
+    /// transport, wait mode and reliability, and with the tagged API the API, the push
+    /// mode and (in Push-Pull) BTP(1) and BTP(2).
+    pub fn result(&self, bench: Bench, size: usize, iters: u64, warmup: u64) -> BenchResult {
+        let mut r = BenchResult::new(
+            bench,
+            &self.transport_name(),
+            &self.wait,
+            size,
+            iters,
+            warmup,
+        );
+        r.reliability = self.reliability.clone();
+        if let Some(t) = self.tagged {
+            let (mode, btp1, btp2) = t.push();
+            r.api = Some(ApiArg::Tagged.name().into());
+            r.push = Some(mode.name().into());
+            if mode == PushMode::Pull {
+                r.btp1 = Some(btp1 as u64);
+                r.btp2 = Some(btp2 as u64);
+            }
+        }
+        r
     }
 }
 
@@ -109,10 +165,12 @@ pub fn fmt_wait(w: WaitMode) -> String {
 }
 
 /// The job configuration for a run whose largest message is `max_size`: `QUIVER_*`
-/// variables, then `--transport` and `--wait` (default spin); the maximum message and
-/// the pool are raised to fit `max_size` unless `QUIVER_MAX_MESSAGE` / `QUIVER_POOL_SIZE`
-/// say otherwise.
-pub fn job_config(opts: &BenchOpts, max_size: usize) -> anyhow::Result<Config> {
+/// variables, then `--transport`, `--wait` (default spin), `--reliability` and `--push`;
+/// for Directed Point messages (`tagged` false) the maximum message is raised to fit
+/// `max_size` unless `QUIVER_MAX_MESSAGE` says otherwise (tagged messages of any size
+/// travel in chunks of the maximum message); the pool is raised to hold two maximum
+/// messages unless `QUIVER_POOL_SIZE` is set.
+pub fn job_config(opts: &BenchOpts, max_size: usize, tagged: bool) -> anyhow::Result<Config> {
     let set = |v: &str| std::env::var_os(v).is_some_and(|x| !x.is_empty());
     let mut cfg = Config::from_env().context("reading QUIVER_* configuration")?;
     if let Some(t) = opts.transport {
@@ -127,7 +185,10 @@ pub fn job_config(opts: &BenchOpts, max_size: usize) -> anyhow::Result<Config> {
     if let Some(r) = opts.reliability {
         cfg = cfg.with_reliability(r.mode());
     }
-    if max_size > cfg.max_message {
+    if let Some(p) = opts.push {
+        cfg = cfg.with_push(p.mode());
+    }
+    if max_size > cfg.max_message && !tagged {
         if set("QUIVER_MAX_MESSAGE") {
             bail!(
                 "message size {} exceeds QUIVER_MAX_MESSAGE={}; raise it or drop the size",
@@ -149,9 +210,12 @@ pub fn job_config(opts: &BenchOpts, max_size: usize) -> anyhow::Result<Config> {
 pub struct Sink {
     reporter: Reporter,
     file: Option<File>,
-    progress: Progress,
+    /// The progress bar (on stderr).
+    pub progress: Progress,
     /// Every result so far.
     pub results: Vec<BenchResult>,
+    /// The output format.
+    pub format: output::Format,
 }
 
 impl Sink {
@@ -172,12 +236,24 @@ impl Sink {
             file,
             progress: Progress::new(steps, true),
             results: Vec::new(),
+            format: opts.format,
         })
     }
 
     /// True when results go to a suite's file.
     pub fn to_file(&self) -> bool {
         self.file.is_some()
+    }
+
+    /// Prints `text` on stdout, above the progress bar.
+    pub fn print(&self, text: &str) -> anyhow::Result<()> {
+        self.progress.print(text).context("writing to stdout")
+    }
+
+    /// Records one result without printing it (a benchmark that presents its results
+    /// itself).
+    pub fn keep(&mut self, r: BenchResult) {
+        self.results.push(r);
     }
 
     /// Reports one result.
@@ -221,9 +297,12 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .map(|p| p.bench.name())
         .collect::<Vec<_>>()
         .join(" and ");
-    let cfg = job_config(opts, max_size).with_context(|| format!("{label}: configuration"))?;
+    let api = super::effective_api(args.command, opts);
+    let cfg = job_config(opts, max_size, api == ApiArg::Tagged)
+        .with_context(|| format!("{label}: configuration"))?;
     let wait = fmt_wait(cfg.wait);
     let pool_size = cfg.pool_size;
+    let net_window = cfg.window;
     let reliability = cfg.reliability.to_string();
     let job = Job::from_env_with(cfg).with_context(|| format!("{label}: joining the job"))?;
     let rank = job.rank();
@@ -237,9 +316,21 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ))
         );
     }
-    let ep = job
-        .open(BENCH_DPID)
-        .with_context(|| setup(&format!("opening endpoint {BENCH_DPID}")))?;
+    let (tagged, dm) = if api == ApiArg::Tagged {
+        let t = Tagged::open(&job, BENCH_DPID)
+            .with_context(|| setup(&format!("opening tagged endpoint {BENCH_DPID}")))?;
+        (Some(t), None)
+    } else {
+        let ep = job
+            .open(BENCH_DPID)
+            .with_context(|| setup(&format!("opening endpoint {BENCH_DPID}")))?;
+        (None, Some(ep))
+    };
+    let ep: &Endpoint = match (&tagged, &dm) {
+        (Some(t), _) => t.endpoint(),
+        (None, Some(ep)) => ep,
+        (None, None) => bail!("{}", setup("no endpoint opened")),
+    };
     job.barrier().with_context(|| setup("opening barrier"))?;
     if rank >= 2 {
         return Ok(());
@@ -259,22 +350,34 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     let ctx = Ctx {
-        ep: &ep,
+        ep,
+        tagged: tagged.as_ref(),
         rank,
         transport,
         wait,
         reliability: (transport == Transport::Udp).then_some(reliability),
         pool_size,
+        net_window,
         opts,
     };
-    let steps: u64 = plans.iter().map(|p| p.sizes.len() as u64).sum();
+    let steps: u64 = match args.command {
+        Some(BenchCmd::EarlyLate) => early_late::steps(opts, &plans[0].sizes),
+        Some(BenchCmd::TuneBtp) => tune_btp::steps(),
+        _ => plans.iter().map(|p| p.sizes.len() as u64).sum(),
+    };
     let mut sink = if rank == 0 {
         Some(Sink::new(opts, steps)?)
     } else {
         None
     };
-    for plan in &plans {
-        run_plan(&ctx, plan, sink.as_mut())?;
+    match args.command {
+        Some(BenchCmd::EarlyLate) => early_late::run(&ctx, &plans[0].sizes, sink.as_mut())?,
+        Some(BenchCmd::TuneBtp) => tune_btp::run(&ctx, sink.as_mut())?,
+        _ => {
+            for plan in &plans {
+                run_plan(&ctx, plan, sink.as_mut())?;
+            }
+        }
     }
     let Some(mut sink) = sink else { return Ok(()) };
     sink.progress.finish();
@@ -305,6 +408,9 @@ fn run_plan(ctx: &Ctx<'_>, plan: &Plan, mut sink: Option<&mut Sink>) -> anyhow::
             Bench::Pingpong => pingpong::run(ctx, size),
             Bench::Bw | Bench::Bibw => bw::run(ctx, plan.bench, size),
             Bench::Logp => logp::run(ctx, size),
+            Bench::EarlyLate | Bench::TuneBtp => {
+                bail!("{} runs through its own module", plan.bench)
+            }
         }
         .with_context(|| {
             format!(

@@ -1,0 +1,589 @@
+//! `quiver info`: the configuration a process started here would get, read from the
+//! `QUIVER_*` variables like [`quiver::Config::from_env`], whether cross-memory attach
+//! works on this machine, and which path a tagged message of each size takes.
+//!
+//! Cross-memory attach is tried between two processes the way ranks use it: this
+//! process starts itself again (`quiver info --cma-probe PID:ADDR:VALUE`, hidden), and
+//! the child reads this process's probe word ([`quiver::link::cma::probe`]). A child
+//! reading its parent is not an ancestor reading a descendant, so, like two ranks
+//! started side by side, it needs what Yama (`kernel.yama.ptrace_scope`) and container
+//! profiles allow between unrelated processes of one user. A read of this process's own
+//! memory tells first whether the system calls exist at all.
+//!
+//! The path of a tagged message follows `quiver::tagged`'s sender and receiver:
+//!
+//! - push mode `all`: everything is pushed (in chunks of the largest message less the
+//!   tagged header), nothing pulled;
+//! - `zero`: only the header is pushed, the receiver pulls the whole message;
+//! - `pull`: a message of at most BTP(1) bytes goes whole with its header (eager); one
+//!   of at most BTP(1) + BTP(2) bytes in two pushes; a longer one has BTP(1) + BTP(2)
+//!   bytes pushed and the rest pulled.
+//!
+//! A pull is one copy by the receiver from the sender's buffer (cross-memory attach)
+//! when the sender is on the same node (transport `auto`), `QUIVER_CMA` is on and the
+//! kernel permits it; otherwise a `Pull` request that the sender answers with the bytes
+//! (two copies, and the sender must be inside a quiver call to answer).
+
+use clap::{Args, ValueEnum};
+use quiver::channel::reliable::Mode;
+use quiver::link::cma;
+use quiver::tagged::PushMode;
+use quiver::{Config, TransportChoice, WaitMode};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::process::Command;
+
+/// Bytes of the tagged header at most, taken off the largest message for a chunk
+/// (`quiver::tagged`'s `wire::MAX_HEADER`, which is not public).
+pub const TAGGED_HEADER: usize = 48;
+
+/// Same-node pulls of at least this many bytes go to the pull thread when the offload
+/// engine runs (`quiver::tagged`'s `puller::MIN_OFFLOADED`, which is not public).
+pub const PULL_THREAD_MIN: usize = 64 << 10;
+
+/// Arguments of `quiver info`.
+#[derive(Args, Debug, Clone)]
+pub struct InfoArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = InfoFormat::Table)]
+    pub format: InfoFormat,
+    /// Internal: probe the memory of process PID at ADDR for VALUE and exit.
+    #[arg(long, hide = true, value_name = "PID:ADDR:VALUE")]
+    pub cma_probe: Option<String>,
+}
+
+/// `quiver info --format` values.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InfoFormat {
+    /// Aligned text.
+    Table,
+    /// One JSON object.
+    Json,
+}
+
+/// Exit codes of the probing child.
+const PROBE_OK: i32 = 0;
+const PROBE_NOT_PERMITTED: i32 = 3;
+const PROBE_UNSUPPORTED: i32 = 4;
+const PROBE_NOT_THE_PEER: i32 = 5;
+const PROBE_OTHER: i32 = 6;
+
+/// What was found about cross-memory attach.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct CmaCheck {
+    /// Whether a process could read another's memory (the probe word of its parent).
+    pub works: bool,
+    /// `works`, `not-permitted`, `unsupported`, `not-the-peer` or `error`.
+    pub result: String,
+    /// What happened, in words.
+    pub detail: String,
+    /// `kernel.yama.ptrace_scope`, where the kernel has Yama.
+    pub yama_ptrace_scope: Option<u8>,
+}
+
+/// One size range of tagged messages and its path.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct PathRange {
+    /// Smallest size of the range, bytes.
+    pub from: u64,
+    /// Largest size, bytes; none for no limit.
+    pub to: Option<u64>,
+    /// `eager` (whole message with the header), `pushed` (in two or more pushes, no
+    /// pull), `pushed+pulled` or `pulled` (only the header pushed).
+    pub kind: &'static str,
+    /// How the pulled part travels to a rank of the same node: `none`, `cma` (one copy
+    /// across address spaces) or `request` (a `Pull` answered with the data).
+    pub pull_same_node: &'static str,
+    /// The same towards a rank of another node (or any rank over UDP): `none` or
+    /// `request`.
+    pub pull_other_node: &'static str,
+    /// The path in words.
+    pub description: String,
+}
+
+/// Everything `quiver info` reports.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+pub struct Info {
+    /// `auto` or `udp` (`QUIVER_TRANSPORT`).
+    pub transport: String,
+    /// Wait mode (`QUIVER_WAIT`).
+    pub wait: String,
+    /// Reliability of network channels (`QUIVER_RELIABILITY`).
+    pub reliability: String,
+    /// Largest Directed Point message, bytes (`QUIVER_MAX_MESSAGE`).
+    pub max_message: u64,
+    /// Token buffer pool, bytes (`QUIVER_POOL_SIZE`).
+    pub pool_size: u64,
+    /// Push mode of tagged messages (`QUIVER_PUSH`).
+    pub push: String,
+    /// BTP(1) as configured, bytes (`QUIVER_BTP1`).
+    pub btp1: u64,
+    /// BTP(1) in force: at most the largest message less the tagged header.
+    pub btp1_effective: u64,
+    /// BTP(2), bytes (`QUIVER_BTP2`).
+    pub btp2: u64,
+    /// Payload of one tagged protocol message at most (larger pushes and pulled data
+    /// travel in chunks of it), bytes.
+    pub tagged_chunk: u64,
+    /// Whether same-node pulls may use cross-memory attach (`QUIVER_CMA`).
+    pub cma: bool,
+    /// Whether cross-memory attach works on this machine.
+    pub cma_check: CmaCheck,
+    /// The path of tagged messages by size, in the push mode in force.
+    pub tagged_paths: Vec<PathRange>,
+}
+
+/// Entry point of `quiver info`; returns the exit code.
+pub fn main(args: InfoArgs) -> i32 {
+    if let Some(spec) = &args.cma_probe {
+        return probe_child(spec);
+    }
+    let cfg = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("quiver info: {e}");
+            return 1;
+        }
+    };
+    let info = gather(&cfg, check_cma());
+    match args.format {
+        InfoFormat::Json => match serde_json::to_string(&info) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("quiver info: {e}");
+                return 1;
+            }
+        },
+        InfoFormat::Table => print!("{}", render(&info)),
+    }
+    0
+}
+
+fn wait_name(w: WaitMode) -> String {
+    match w {
+        WaitMode::Spin => "spin".into(),
+        WaitMode::Block => "block".into(),
+        WaitMode::Hybrid(d) => format!("hybrid:{}", d.as_micros()),
+    }
+}
+
+/// The report for `cfg` and a CMA check.
+pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
+    let chunk = cfg.max_message.saturating_sub(TAGGED_HEADER);
+    let btp1 = cfg.btp1.min(chunk);
+    let cma_used = cfg.cma && cma_check.works && cfg.transport == TransportChoice::Auto;
+    Info {
+        transport: match cfg.transport {
+            TransportChoice::Auto => "auto".into(),
+            TransportChoice::Udp => "udp".into(),
+        },
+        wait: wait_name(cfg.wait),
+        reliability: cfg.reliability.to_string(),
+        max_message: cfg.max_message as u64,
+        pool_size: cfg.pool_size as u64,
+        push: cfg.push.name().into(),
+        btp1: cfg.btp1 as u64,
+        btp1_effective: btp1 as u64,
+        btp2: cfg.btp2 as u64,
+        tagged_chunk: chunk as u64,
+        cma: cfg.cma,
+        cma_check,
+        tagged_paths: paths(cfg.push, btp1, cfg.btp2, cma_used),
+    }
+}
+
+/// The size ranges of tagged messages and their paths in push mode `mode` with
+/// (effective) BTP(1) and BTP(2); `cma` tells whether same-node pulls are single copies.
+pub fn paths(mode: PushMode, btp1: usize, btp2: usize, cma: bool) -> Vec<PathRange> {
+    let same = if cma { "cma" } else { "request" };
+    let range =
+        |from: usize, to: Option<usize>, kind, pulled: bool, description: String| PathRange {
+            from: from as u64,
+            to: to.map(|t| t as u64),
+            kind,
+            pull_same_node: if pulled { same } else { "none" },
+            pull_other_node: if pulled { "request" } else { "none" },
+            description,
+        };
+    match mode {
+        PushMode::All => vec![range(
+            0,
+            None,
+            "pushed",
+            false,
+            "pushed whole (in chunks), nothing pulled; with no receive posted the whole \
+             message waits in the pushed buffer"
+                .into(),
+        )],
+        PushMode::Zero => vec![
+            range(0, Some(0), "eager", false, "the header alone".into()),
+            range(
+                1,
+                None,
+                "pulled",
+                true,
+                "the header pushed, the whole message pulled when a receive matches".into(),
+            ),
+        ],
+        PushMode::Pull => {
+            let pushed = btp1.saturating_add(btp2);
+            let mut v = vec![range(
+                0,
+                Some(btp1),
+                "eager",
+                false,
+                "eager: the whole message pushed with its header".into(),
+            )];
+            if btp2 > 0 {
+                v.push(range(
+                    btp1 + 1,
+                    Some(pushed),
+                    "pushed",
+                    false,
+                    "pushed in two parts, BTP(1) bytes with the header and then the rest; \
+                     nothing pulled"
+                        .into(),
+                ));
+            }
+            if pushed < usize::MAX {
+                v.push(range(
+                    pushed + 1,
+                    None,
+                    "pushed+pulled",
+                    true,
+                    format!(
+                        "{pushed} bytes pushed (BTP(1) + BTP(2)), the rest pulled when a \
+                         receive matches"
+                    ),
+                ));
+            }
+            v
+        }
+    }
+}
+
+/// The text report.
+pub fn render(info: &Info) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "quiver configuration (QUIVER_* variables, defaults where unset)"
+    );
+    let row = |out: &mut String, k: &str, v: String, var: &str| {
+        let _ = writeln!(out, "  {k:<20} {var:<20} {v}");
+    };
+    let transport = match info.transport.as_str() {
+        "auto" => "auto (shared memory within a node, UDP between nodes)".to_string(),
+        t => format!("{t} (UDP between every pair of ranks)"),
+    };
+    row(&mut out, "transport", transport, "QUIVER_TRANSPORT");
+    row(&mut out, "wait", info.wait.clone(), "QUIVER_WAIT");
+    row(
+        &mut out,
+        "reliability",
+        info.reliability.clone(),
+        "QUIVER_RELIABILITY",
+    );
+    row(
+        &mut out,
+        "max message",
+        format!("{} B", info.max_message),
+        "QUIVER_MAX_MESSAGE",
+    );
+    row(
+        &mut out,
+        "pool size",
+        format!("{} B", info.pool_size),
+        "QUIVER_POOL_SIZE",
+    );
+    row(
+        &mut out,
+        "push mode (tagged)",
+        info.push.clone(),
+        "QUIVER_PUSH",
+    );
+    let btp1 = if info.btp1_effective == info.btp1 {
+        format!("{} B", info.btp1)
+    } else {
+        format!(
+            "{} B (in force: {} B, the largest message less the header)",
+            info.btp1, info.btp1_effective
+        )
+    };
+    row(&mut out, "BTP(1)", btp1, "QUIVER_BTP1");
+    row(
+        &mut out,
+        "BTP(2)",
+        format!("{} B", info.btp2),
+        "QUIVER_BTP2",
+    );
+    row(
+        &mut out,
+        "cross-memory attach",
+        if info.cma { "on" } else { "off" }.into(),
+        "QUIVER_CMA",
+    );
+    let c = &info.cma_check;
+    row(
+        &mut out,
+        "  works here",
+        format!("{}: {}", if c.works { "yes" } else { "no" }, c.detail),
+        "",
+    );
+    if let Some(y) = c.yama_ptrace_scope {
+        row(&mut out, "", format!("kernel.yama.ptrace_scope = {y}"), "");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "tagged messages, push mode {}{}: path by size (chunks of {} B)",
+        info.push,
+        if info.push == "pull" {
+            format!(
+                " (BTP(1) = {}, BTP(2) = {})",
+                info.btp1_effective, info.btp2
+            )
+        } else {
+            String::new()
+        },
+        info.tagged_chunk
+    );
+    for r in &info.tagged_paths {
+        let span = match r.to {
+            Some(to) if to == r.from => format!("{} B", r.from),
+            Some(to) => format!("{} .. {} B", r.from, to),
+            None => format!("{} B and more", r.from),
+        };
+        let _ = writeln!(out, "  {span:<20} {}", r.description);
+        if r.kind == "pulled" || r.kind == "pushed+pulled" {
+            let same = if r.pull_same_node == "cma" {
+                "one copy by the receiver from the sender's buffer (cross-memory attach), \
+                 then a Done to the sender"
+                    .to_string()
+            } else {
+                format!("by request, as between nodes ({})", info.no_cma_reason())
+            };
+            let _ = writeln!(out, "  {:<20}   same node: {same}", "");
+            let _ = writeln!(
+                out,
+                "  {:<20}   between nodes: by request (a Pull the sender answers with the \
+                 data, from inside a quiver call: two copies)",
+                ""
+            );
+        }
+    }
+    if info.reliability == Mode::Offload.to_string()
+        && info.tagged_paths.iter().any(|r| r.pull_same_node == "cma")
+    {
+        let _ = writeln!(
+            out,
+            "  (QUIVER_RELIABILITY=offload: same-node pulls of {} KiB or more are made by a \
+             pull thread)",
+            PULL_THREAD_MIN >> 10
+        );
+    }
+    out
+}
+
+impl Info {
+    /// Why same-node pulls do not use cross-memory attach.
+    pub fn no_cma_reason(&self) -> &'static str {
+        if self.transport == "udp" {
+            "QUIVER_TRANSPORT=udp"
+        } else if !self.cma {
+            "QUIVER_CMA=off"
+        } else if !self.cma_check.works {
+            "cross-memory attach does not work here"
+        } else {
+            "cross-memory attach in use"
+        }
+    }
+}
+
+/// Yama's `ptrace_scope`, where the kernel has Yama.
+fn yama() -> Option<u8> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+fn classify(e: &cma::CmaError) -> (&'static str, i32) {
+    match e.unavailable() {
+        Some(cma::Unavailable::NotPermitted) => ("not-permitted", PROBE_NOT_PERMITTED),
+        Some(cma::Unavailable::Unsupported) => ("unsupported", PROBE_UNSUPPORTED),
+        Some(cma::Unavailable::NotThePeer) => ("not-the-peer", PROBE_NOT_THE_PEER),
+        None => ("error", PROBE_OTHER),
+    }
+}
+
+/// Checks cross-memory attach: this process's own memory, then a child reading it.
+pub fn check_cma() -> CmaCheck {
+    let yama_ptrace_scope = yama();
+    let check = |works: bool, result: &str, detail: String| CmaCheck {
+        works,
+        result: result.into(),
+        detail,
+        yama_ptrace_scope,
+    };
+    let target = cma::probe_target();
+    if let Err(e) = cma::probe(std::process::id(), target) {
+        let (result, _) = classify(&e);
+        return check(
+            false,
+            result,
+            format!("reading this process's own memory: {e}"),
+        );
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            return check(
+                false,
+                "error",
+                format!("cannot find the quiver executable to start a probe: {e}"),
+            )
+        }
+    };
+    let spec = format!("{}:{}:{}", std::process::id(), target.addr, target.value);
+    let out = match Command::new(exe)
+        .args(["info", "--cma-probe", &spec])
+        .env_remove("QUIVER_LOG")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return check(false, "error", format!("cannot start a probe: {e}")),
+    };
+    let said = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    match out.status.code() {
+        Some(PROBE_OK) => check(
+            true,
+            "works",
+            "another process (a child) read this one's memory".into(),
+        ),
+        Some(code) => {
+            let result = match code {
+                PROBE_NOT_PERMITTED => "not-permitted",
+                PROBE_UNSUPPORTED => "unsupported",
+                PROBE_NOT_THE_PEER => "not-the-peer",
+                _ => "error",
+            };
+            let mut detail = format!("a child reading this process: {said}");
+            if result == "not-permitted" && yama_ptrace_scope == Some(1) {
+                detail.push_str(
+                    " (Yama ptrace_scope 1: ranks would need quiver::link::cma::allow_peers())",
+                );
+            }
+            check(false, result, detail)
+        }
+        None => check(false, "error", format!("the probe was killed: {said}")),
+    }
+}
+
+/// The hidden child: probes `PID:ADDR:VALUE` and exits with a code [`check_cma`] reads.
+fn probe_child(spec: &str) -> i32 {
+    let mut f = spec.split(':').map(|x| x.parse::<u64>().ok());
+    let (Some(Some(pid)), Some(Some(addr)), Some(Some(value)), None) =
+        (f.next(), f.next(), f.next(), f.next())
+    else {
+        eprintln!("bad --cma-probe {spec:?}: expected PID:ADDR:VALUE");
+        return PROBE_OTHER;
+    };
+    let Ok(pid) = u32::try_from(pid) else {
+        eprintln!("bad pid {pid}");
+        return PROBE_OTHER;
+    };
+    match cma::probe(pid, cma::ProbeTarget { addr, value }) {
+        Ok(()) => PROBE_OK,
+        Err(e) => {
+            eprintln!("{e}");
+            classify(&e).1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(v: &[PathRange]) -> Vec<(u64, Option<u64>, &str, &str, &str)> {
+        v.iter()
+            .map(|r| (r.from, r.to, r.kind, r.pull_same_node, r.pull_other_node))
+            .collect()
+    }
+
+    #[test]
+    fn paths_follow_the_push_mode() {
+        assert_eq!(
+            kinds(&paths(PushMode::Pull, 1024, 7168, true)),
+            vec![
+                (0, Some(1024), "eager", "none", "none"),
+                (1025, Some(8192), "pushed", "none", "none"),
+                (8193, None, "pushed+pulled", "cma", "request"),
+            ]
+        );
+        // No second push: eager, then pulled.
+        assert_eq!(
+            kinds(&paths(PushMode::Pull, 80, 0, false)),
+            vec![
+                (0, Some(80), "eager", "none", "none"),
+                (81, None, "pushed+pulled", "request", "request"),
+            ]
+        );
+        // BTP(1) = 0: only the empty message is eager.
+        assert_eq!(paths(PushMode::Pull, 0, 680, true)[1].from, 1);
+        assert_eq!(
+            kinds(&paths(PushMode::Zero, 1024, 7168, true)),
+            vec![
+                (0, Some(0), "eager", "none", "none"),
+                (1, None, "pulled", "cma", "request"),
+            ]
+        );
+        assert_eq!(
+            kinds(&paths(PushMode::All, 1024, 7168, true)),
+            vec![(0, None, "pushed", "none", "none")]
+        );
+    }
+
+    #[test]
+    fn report_from_a_config() {
+        let cfg = Config::default()
+            .with_push(PushMode::Pull)
+            .with_btp(2 << 20, 4096)
+            .with_cma(false);
+        let ok = CmaCheck {
+            works: true,
+            result: "works".into(),
+            detail: "fine".into(),
+            yama_ptrace_scope: None,
+        };
+        let info = gather(&cfg, ok);
+        // BTP(1) is clamped to a chunk: the largest message less the header.
+        assert_eq!(info.btp1, 2 << 20);
+        assert_eq!(info.btp1_effective, (1 << 20) - TAGGED_HEADER as u64);
+        // CMA off: same-node pulls by request.
+        assert_eq!(info.tagged_paths.last().unwrap().pull_same_node, "request");
+        let text = render(&info);
+        assert!(
+            text.contains("QUIVER_BTP1") && text.contains("in force"),
+            "{text}"
+        );
+        let v: serde_json::Value = serde_json::to_value(&info).unwrap();
+        assert_eq!(v["push"], "pull");
+        assert_eq!(v["cma"], false);
+        assert_eq!(v["cma_check"]["works"], true);
+    }
+
+    #[test]
+    fn the_probe_child_rejects_garbage() {
+        assert_eq!(probe_child("1:2"), PROBE_OTHER);
+        assert_eq!(probe_child("x:1:2"), PROBE_OTHER);
+        // Our own probe word, read by ourselves.
+        let t = cma::probe_target();
+        let spec = format!("{}:{}:{}", std::process::id(), t.addr, t.value);
+        let code = probe_child(&spec);
+        assert!(
+            code == PROBE_OK || code == PROBE_UNSUPPORTED || code == PROBE_NOT_PERMITTED,
+            "{code}"
+        );
+    }
+}

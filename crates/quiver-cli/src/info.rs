@@ -33,13 +33,11 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::process::Command;
 
-/// Bytes of the tagged header at most, taken off the largest message for a chunk
-/// (`quiver::tagged`'s `wire::MAX_HEADER`, which is not public).
-pub const TAGGED_HEADER: usize = 48;
+/// Bytes of the tagged protocol header (the library's constant).
+pub const TAGGED_HEADER: usize = quiver::tagged::HEADER_LEN;
 
-/// Same-node pulls of at least this many bytes go to the pull thread when the offload
-/// engine runs (`quiver::tagged`'s `puller::MIN_OFFLOADED`, which is not public).
-pub const PULL_THREAD_MIN: usize = 64 << 10;
+/// Same-node pulls at least this long go to the pull thread (the library's constant).
+pub const PULL_THREAD_MIN: usize = quiver::tagged::PULL_THREAD_MIN as usize;
 
 /// Arguments of `quiver info`.
 #[derive(Args, Debug, Clone)]

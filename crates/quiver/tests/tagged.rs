@@ -379,7 +379,15 @@ fn two_gib_plus_one_inside_a_node() {
                 }
                 let s = t.stats();
                 let rest = (N - quiver::config::DEFAULT_BTP1 - quiver::config::DEFAULT_BTP2) as u64;
-                assert_eq!(if cma { s.pulled_direct } else { s.pulled_by_request }, rest, "{s:?}");
+                assert_eq!(
+                    if cma {
+                        s.pulled_direct
+                    } else {
+                        s.pulled_by_request
+                    },
+                    rest,
+                    "{s:?}"
+                );
             }
         });
     }
@@ -416,7 +424,11 @@ fn large_pulls_run_on_the_pull_thread_with_the_offload_engine() {
             assert!(small == pattern(0, 2, 100_000));
             let st = t.stats();
             let pulled = (n + 100_000 - 2 * (BTP1 + BTP2)) as u64;
-            assert_eq!((st.pulled_direct, st.pulled_on_thread), (pulled, pulled), "{st:?}");
+            assert_eq!(
+                (st.pulled_direct, st.pulled_on_thread),
+                (pulled, pulled),
+                "{st:?}"
+            );
         }
     });
 }
@@ -447,12 +459,55 @@ fn shared_buffers_are_read_in_place_inside_a_node() {
                 let st = t.stats();
                 let rest = (n + 5000 - 2 * (BTP1 + BTP2)) as u64;
                 if name == "udp" {
-                    assert_eq!((st.pulled_shared, st.pulled_by_request), (0, rest), "{name}: {st:?}");
+                    assert_eq!(
+                        (st.pulled_shared, st.pulled_by_request),
+                        (0, rest),
+                        "{name}: {st:?}"
+                    );
                 } else {
-                    assert_eq!((st.pulled_shared, st.pulled_direct), (rest, 0), "{name}: {st:?}");
+                    assert_eq!(
+                        (st.pulled_shared, st.pulled_direct),
+                        (rest, 0),
+                        "{name}: {st:?}"
+                    );
                 }
                 t.send(0, 3, &[1]).unwrap();
             }
         });
+    }
+}
+
+/// Both ranks send many messages to each other at once, every one of them pulled: the
+/// protocol messages a handler writes (pull requests, data, done) never wait for a peer
+/// that is itself waiting to write (they go through the outbox).
+#[test]
+fn both_directions_at_once_do_not_deadlock() {
+    for (name, c) in transports() {
+        for mode in [PushMode::Zero, PushMode::Pull] {
+            run_ranks(2, c.clone().with_push(mode), move |job| {
+                let t = Tagged::open(&job, 51).unwrap();
+                let peer = 1 - job.rank();
+                const N: usize = 200;
+                let out: Vec<Vec<u8>> = (0..N).map(|i| pattern(job.rank(), i as u32, 4096 + i)).collect();
+                let mut inb: Vec<Vec<u8>> = (0..N).map(|i| vec![0; 4096 + i]).collect();
+                t.scope(|s| {
+                    let mut reqs = Vec::new();
+                    for (i, b) in inb.iter_mut().enumerate() {
+                        reqs.push(s.irecv(b, peer, i as u32)?);
+                    }
+                    for (i, m) in out.iter().enumerate() {
+                        reqs.push(s.isend(peer, i as u32, m)?);
+                    }
+                    for r in s.wait_all(reqs) {
+                        r?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+                for (i, b) in inb.iter().enumerate() {
+                    assert!(*b == pattern(peer, i as u32, 4096 + i), "{name} {mode:?}: message {i}");
+                }
+            });
+        }
     }
 }

@@ -263,17 +263,33 @@ impl Endpoint {
     /// Sends one message to the target. Returns when `data` may be reused; waits (per
     /// `QUIVER_WAIT`) while the receiver's pool is full.
     pub fn write(&self, data: &[u8]) -> Result<()> {
-        self.write_to_target(&[], data).map_err(|e| self.report(e))
+        self.write_to_target(&[], data, true)
+            .map(|_| ())
+            .map_err(|e| self.report(e))
     }
 
     /// Sends one message made of `head` followed by `body` (a gather write: over shared
     /// memory both are copied straight into the receiver's ring). For protocols that put
     /// a header of their own before a payload.
     pub fn write_parts(&self, head: &[u8], body: &[u8]) -> Result<()> {
-        self.write_to_target(head, body).map_err(|e| self.report(e))
+        self.write_to_target(head, body, true)
+            .map(|_| ())
+            .map_err(|e| self.report(e))
     }
 
-    fn write_to_target(&self, head: &[u8], data: &[u8]) -> Result<()> {
+    /// Like [`Endpoint::write_parts`], but never waits: returns false, sending nothing,
+    /// when the receiver's shared-memory ring (or the offload engine's command ring) is
+    /// full. Over the network the message is accepted even when the channel's window is
+    /// closed (it waits in the channel for credits). For protocols that must keep
+    /// reading while they cannot write.
+    pub fn try_write_parts(&self, head: &[u8], body: &[u8]) -> Result<bool> {
+        self.write_to_target(head, body, false)
+            .map_err(|e| self.report(e))
+    }
+
+    /// Sends one message to the target; with `wait` false, returns false instead of
+    /// waiting for room.
+    fn write_to_target(&self, head: &[u8], data: &[u8], wait: bool) -> Result<bool> {
         let max = self.job.config.max_message;
         if head.len() + data.len() > max {
             return Err(Error::MessageTooLarge {
@@ -307,7 +323,11 @@ impl Endpoint {
                     &joined[..]
                 };
                 let off = inner.offload.as_mut().expect("an offload connection");
-                if off.send(*dest, data, self.waiter.mode)? {
+                if !wait {
+                    if !off.try_send(*dest, data)? {
+                        return Ok(false);
+                    }
+                } else if off.send(*dest, data, self.waiter.mode)? {
                     inner.stats.send_stalls += 1;
                 }
             }
@@ -326,6 +346,9 @@ impl Endpoint {
                     }
                 };
                 if !send(tx)? {
+                    if !wait {
+                        return Ok(false);
+                    }
                     inner.stats.send_stalls += 1;
                     let mut last_check = Instant::now();
                     backoff_until(self.waiter.mode, None, || {
@@ -364,7 +387,7 @@ impl Endpoint {
                 }
                 udp.transmit(peer, now, &mut inner.stats)?;
                 udp.update_deadline();
-                if udp.peers[peer].duplex.is_blocked() {
+                if wait && udp.peers[peer].duplex.is_blocked() {
                     // The window is closed: make progress (acknowledgements bring
                     // credits) until the queued frames may go, so that a fast writer
                     // waits for a slow reader instead of queueing without bound.
@@ -398,13 +421,13 @@ impl Endpoint {
                     let mut inner = self.inner.borrow_mut();
                     inner.stats.msgs_sent += 1;
                     inner.stats.bytes_sent += data.len() as u64;
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         }
         inner.stats.msgs_sent += 1;
         inner.stats.bytes_sent += (head.len() + data.len()) as u64;
-        Ok(())
+        Ok(true)
     }
 
     /// The next message, if one is waiting. Never blocks.

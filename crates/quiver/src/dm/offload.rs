@@ -219,6 +219,23 @@ impl Offload {
         self.push(CMD_SEND, peer, data, mode)
     }
 
+    /// Like [`Offload::send`] without waiting: false if the command ring is full.
+    pub(super) fn try_send(&mut self, peer: Source, data: &[u8]) -> Result<bool> {
+        if data.len() > self.max_message {
+            return Err(Error::MessageTooLarge {
+                len: data.len(),
+                max: self.max_message,
+            });
+        }
+        if !self.commands.try_push2(&rec_header(CMD_SEND, peer), data) {
+            return Ok(false);
+        }
+        if self.shared.engine_wake.must_ring() {
+            self.shared.engine_bell.notify();
+        }
+        Ok(true)
+    }
+
     /// Asks the engine to set up the channel to `peer` (registered in the rendezvous).
     pub(super) fn connect(&mut self, peer: Source, mode: WaitMode) -> Result<()> {
         self.push(CMD_CONNECT, peer, &[], mode).map(|_| ())

@@ -37,6 +37,13 @@ mod puller;
 mod shared;
 mod wire;
 
+/// Bytes of the largest protocol header: a protocol message carries at most
+/// `QUIVER_MAX_MESSAGE` minus this of payload.
+pub const HEADER_LEN: usize = wire::MAX_HEADER;
+/// Same-node pulls at least this long go to the pull thread when the offload engine
+/// runs.
+pub const PULL_THREAD_MIN: u64 = puller::MIN_OFFLOADED;
+
 use crate::dm::Endpoint;
 use crate::link::cma;
 use crate::{Error, Job, Result, Transport};
@@ -217,6 +224,9 @@ struct State {
     /// Sends waiting for their receiver's `Pull` or `Done`: (destination, message) →
     /// operation.
     outgoing: HashMap<(u32, u64), u64>,
+    /// Protocol messages the handlers could not write at once (the peer's channel was
+    /// full), per destination, in order: sent before anything else to that peer.
+    outbox: HashMap<u32, VecDeque<OutItem>>,
     /// Receives whose pull the pull thread makes: operation → (source, message, offset,
     /// length).
     pulls: HashMap<u64, (u32, u64, u64, u64)>,
@@ -226,6 +236,21 @@ struct State {
 enum Op {
     Send(SendOp),
     Recv(RecvOp),
+}
+
+/// A protocol message waiting in the outbox.
+enum OutItem {
+    /// A whole message (header and payload).
+    Whole(Vec<u8>),
+    /// The `Data` answer to a `Pull`: bytes `off..end` of send `op` (message `msg`),
+    /// written in chunks straight from the send buffer; the send completes after the last.
+    Range {
+        msg: u64,
+        op: u64,
+        ptr: *const u8,
+        off: u64,
+        end: u64,
+    },
 }
 
 struct SendOp {
@@ -278,6 +303,16 @@ impl Tagged {
     /// Opens the tagged endpoint `dpid` of this rank (every rank uses the same DPID).
     pub fn open(job: &Job, dpid: u16) -> Result<Tagged> {
         let ep = job.open(dpid)?;
+        if job.config().cma {
+            // Where Yama restricts ptrace to descendants, let the job's sibling ranks read
+            // our buffers (as Open MPI's shared-memory transport does): any process of
+            // this user may then attach to this one.
+            match cma::allow_peers() {
+                Ok(true) => tracing::debug!("cross-memory attach: peers allowed (Yama)"),
+                Ok(false) => {}
+                Err(e) => tracing::debug!("cross-memory attach: PR_SET_PTRACER: {e}"),
+            }
+        }
         // What a peer pulling from us checks first (see `cma_peers`).
         let nonce = cma::probe_target();
         job.shared.kv.put(
@@ -303,6 +338,7 @@ impl Tagged {
                 incoming: HashMap::new(),
                 outgoing: HashMap::new(),
                 pulls: HashMap::new(),
+                outbox: HashMap::new(),
                 stats: TaggedStats::default(),
             }),
             cma_on: cfg.cma,
@@ -391,7 +427,7 @@ impl Tagged {
     /// arrived.
     pub fn iprobe(&self, src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Option<Status>> {
         let (src, tag) = (src.into(), tag.into());
-        while self.poll()? {}
+        self.progress()?;
         let st = self.st.borrow();
         Ok(st
             .unexpected
@@ -417,6 +453,9 @@ impl Tagged {
 
     /// Handles every protocol message that has arrived; returns without waiting.
     pub fn progress(&self) -> Result<()> {
+        // One full round of the endpoint first (it polls a UDP socket only now and then
+        // while it also serves shared memory).
+        self.ep.progress()?;
         while self.poll()? {}
         Ok(())
     }
@@ -444,15 +483,36 @@ impl Tagged {
     }
 
     fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<u64> {
-        let mut st = self.st.borrow_mut();
-        let st = &mut *st;
-        let msg = st.next_msg;
-        st.next_msg += 1;
         let len = data.len();
-        let (first, pushed) = match st.mode {
-            PushMode::Zero => (0, 0),
-            PushMode::All => (len.min(st.chunk), len),
-            PushMode::Pull => (len.min(st.btp1), len.min(st.btp1.saturating_add(st.btp2))),
+        // Registered before the first write: while a write waits for room, incoming
+        // messages are handled, and the receiver's `Pull` or `Done` may be among them.
+        let (msg, id, first, pushed, chunk) = {
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            let msg = st.next_msg;
+            st.next_msg += 1;
+            let (first, pushed) = match st.mode {
+                PushMode::Zero => (0, 0),
+                PushMode::All => (len.min(st.chunk), len),
+                PushMode::Pull => (len.min(st.btp1), len.min(st.btp1.saturating_add(st.btp2))),
+            };
+            let id = st.next_op;
+            st.next_op += 1;
+            let done = pushed == len;
+            st.ops.insert(
+                id,
+                Op::Send(SendOp {
+                    dest,
+                    tag,
+                    ptr: data.as_ptr(),
+                    len,
+                    done,
+                }),
+            );
+            if !done {
+                st.outgoing.insert((dest, msg), id);
+            }
+            (msg, id, first, pushed, st.chunk)
         };
         // A buffer from the shared pool is named by its number and the offset in it.
         let at = data.as_ptr() as usize;
@@ -472,38 +532,21 @@ impl Tagged {
             addr,
             data: &data[..first],
         };
-        self.ep.target_rank(dest)?;
-        self.ep.write_parts(push.header().as_bytes(), push.data())?;
+        self.write_progressing(dest, push.header().as_bytes(), push.data())?;
         let mut off = first;
         while off < pushed {
-            let end = pushed.min(off + st.chunk);
+            let end = pushed.min(off + chunk);
             let more = Msg::More {
                 msg,
                 offset: off as u64,
                 data: &data[off..end],
             };
-            self.ep.write_parts(more.header().as_bytes(), more.data())?;
+            self.write_progressing(dest, more.header().as_bytes(), more.data())?;
             off = end;
         }
         // Address-translation masking: the pushes are on their way; prepare the part the
         // receiver will pull now, off the critical path.
         touch_pages(&data[pushed..]);
-        let id = st.next_op;
-        st.next_op += 1;
-        let done = pushed == len;
-        st.ops.insert(
-            id,
-            Op::Send(SendOp {
-                dest,
-                tag,
-                ptr: data.as_ptr(),
-                len,
-                done,
-            }),
-        );
-        if !done {
-            st.outgoing.insert((dest, msg), id);
-        }
         Ok(id)
     }
 
@@ -650,8 +693,7 @@ impl Tagged {
                     offset: pull_from,
                     len: pull_len,
                 };
-                self.ep.target_rank(u.source)?;
-                self.ep.write_parts(pull.header().as_bytes(), &[])?;
+                self.send_ctrl(u.source, &pull)?;
                 // SAFETY: as above; the pull request is on its way, so preparing the
                 // destination overlaps its round trip.
                 touch_pages(unsafe {
@@ -674,8 +716,7 @@ impl Tagged {
     ) -> Result<()> {
         if tell_done {
             let done = Msg::Done { msg: u.msg };
-            self.ep.target_rank(u.source)?;
-            self.ep.write_parts(done.header().as_bytes(), &[])?;
+            self.send_ctrl(u.source, &done)?;
         }
         let mut st = self.st.borrow_mut();
         let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
@@ -768,11 +809,12 @@ impl Tagged {
 
     /// Handles one protocol message if one has arrived.
     fn poll(&self) -> Result<bool> {
+        let flushed = self.flush_outbox()?;
         if self.collect_pulls()? {
             return Ok(true);
         }
         let Some(m) = self.ep.try_read()? else {
-            return Ok(false);
+            return Ok(flushed);
         };
         let source = m.source().rank;
         self.handle(source, &m)?;
@@ -825,15 +867,17 @@ impl Tagged {
                 Msg::Done { msg }
             }
         };
-        self.ep.target_rank(source)?;
-        self.ep.write_parts(reply.header().as_bytes(), &[])?;
+        self.send_ctrl(source, &reply)?;
         Ok(true)
     }
 
     /// Waits for the next protocol message and handles it.
     fn wait_message(&self) -> Result<()> {
-        if self.puller.borrow().as_ref().is_some_and(|p| p.pending > 0) {
-            // A pull is under way: its completion comes from a thread, not the endpoint.
+        let busy = self.puller.borrow().as_ref().is_some_and(|p| p.pending > 0)
+            || !self.st.borrow().outbox.is_empty();
+        if busy {
+            // A pull is under way (its completion comes from a thread, not the
+            // endpoint), or the outbox waits for room: poll, do not block.
             if !self.poll()? {
                 std::thread::yield_now();
             }
@@ -967,25 +1011,21 @@ impl Tagged {
                     self.st.borrow_mut().stats.dropped += 1;
                     return Ok(());
                 };
-                let chunk = self.st.borrow().chunk as u64;
-                self.ep.target_rank(source)?;
-                let mut off = offset;
-                while off < end {
-                    let stop = end.min(off + chunk);
-                    // SAFETY: [off, stop) lies inside the send buffer (end <= total), which
-                    // stays valid until this send completes (below).
-                    let part = unsafe {
-                        std::slice::from_raw_parts(ptr.add(off as usize), (stop - off) as usize)
-                    };
-                    let data = Msg::Data {
+                // Answered through the outbox, which writes as much as the channel takes
+                // now and the rest later; the send completes after its last byte.
+                self.st
+                    .borrow_mut()
+                    .outbox
+                    .entry(source)
+                    .or_default()
+                    .push_back(OutItem::Range {
                         msg,
-                        offset: off,
-                        data: part,
-                    };
-                    self.ep.write_parts(data.header().as_bytes(), part)?;
-                    off = stop;
-                }
-                self.complete_send(source, msg, id);
+                        op: id,
+                        ptr,
+                        off: offset,
+                        end,
+                    });
+                self.flush_outbox()?;
             }
             Msg::Done { msg } => {
                 let id = self.st.borrow().outgoing.get(&(source, msg)).copied();
@@ -996,6 +1036,129 @@ impl Tagged {
             }
         }
         Ok(())
+    }
+
+    /// Writes a protocol message from a handler: at once if the peer's channel has room
+    /// and nothing is queued for it, else into the outbox (a handler never waits for a
+    /// peer that may itself be waiting for us).
+    fn send_ctrl(&self, dest: u32, msg: &Msg<'_>) -> Result<()> {
+        let queued = self
+            .st
+            .borrow()
+            .outbox
+            .get(&dest)
+            .is_some_and(|q| !q.is_empty());
+        if !queued {
+            self.ep.target_rank(dest)?;
+            if self
+                .ep
+                .try_write_parts(msg.header().as_bytes(), msg.data())?
+            {
+                return Ok(());
+            }
+        }
+        let mut whole = msg.header().as_bytes().to_vec();
+        whole.extend_from_slice(msg.data());
+        self.st
+            .borrow_mut()
+            .outbox
+            .entry(dest)
+            .or_default()
+            .push_back(OutItem::Whole(whole));
+        Ok(())
+    }
+
+    /// Writes what the outbox holds, in order per destination, as far as the channels
+    /// take it; returns whether anything was written.
+    fn flush_outbox(&self) -> Result<bool> {
+        let dests: Vec<u32> = {
+            let st = self.st.borrow();
+            if st.outbox.is_empty() {
+                return Ok(false);
+            }
+            st.outbox.keys().copied().collect()
+        };
+        let mut wrote = false;
+        for dest in dests {
+            self.ep.target_rank(dest)?;
+            loop {
+                let mut st = self.st.borrow_mut();
+                let chunk = st.chunk as u64;
+                let Some(q) = st.outbox.get_mut(&dest) else {
+                    break;
+                };
+                let Some(item) = q.front_mut() else {
+                    st.outbox.remove(&dest);
+                    break;
+                };
+                match item {
+                    OutItem::Whole(bytes) => {
+                        if !self.ep.try_write_parts(&[], bytes)? {
+                            break;
+                        }
+                        q.pop_front();
+                    }
+                    OutItem::Range {
+                        msg,
+                        op,
+                        ptr,
+                        off,
+                        end,
+                    } => {
+                        let stop = (*end).min(*off + chunk);
+                        // SAFETY: [off, stop) lies inside the send buffer (checked against
+                        // its length when the `Pull` arrived), which stays valid until the
+                        // send completes, after the last chunk.
+                        let part = unsafe {
+                            std::slice::from_raw_parts(
+                                ptr.add(*off as usize),
+                                (stop - *off) as usize,
+                            )
+                        };
+                        let data = Msg::Data {
+                            msg: *msg,
+                            offset: *off,
+                            data: part,
+                        };
+                        if !self.ep.try_write_parts(data.header().as_bytes(), part)? {
+                            break;
+                        }
+                        *off = stop;
+                        if *off == *end {
+                            let (msg, op) = (*msg, *op);
+                            q.pop_front();
+                            drop(st);
+                            self.complete_send(dest, msg, op);
+                        }
+                    }
+                }
+                wrote = true;
+            }
+        }
+        Ok(wrote)
+    }
+
+    /// Writes an application-initiated message (a push), waiting for room if needed but
+    /// handling incoming messages and the outbox meanwhile, so that two ranks that both
+    /// write never wait for each other.
+    fn write_progressing(&self, dest: u32, head: &[u8], body: &[u8]) -> Result<()> {
+        loop {
+            let queued = self
+                .st
+                .borrow()
+                .outbox
+                .get(&dest)
+                .is_some_and(|q| !q.is_empty());
+            if !queued {
+                self.ep.target_rank(dest)?;
+                if self.ep.try_write_parts(head, body)? {
+                    return Ok(());
+                }
+            }
+            if !self.poll()? {
+                std::thread::yield_now();
+            }
+        }
     }
 
     fn complete_send(&self, dest: u32, msg: u64, id: u64) {

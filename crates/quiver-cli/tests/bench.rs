@@ -264,7 +264,7 @@ fn tagged_pingpong_every_push_mode() {
         assert_eq!(v["bench"], "pingpong");
         assert_eq!(v["transport"], "shm");
         check_tagged_fields(v, "pull");
-        assert_eq!(v["btp1"], 1024, "{v}");
+        assert_eq!(v["btp1"], quiver::config::DEFAULT_BTP1, "{v}");
         positive(v, "latency_us_median");
     }
     for push in ["zero", "all"] {
@@ -477,8 +477,8 @@ fn info_reports_configuration_and_paths() {
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON object");
     assert_eq!(v["transport"], "auto");
     assert_eq!(v["push"], "pull");
-    assert_eq!(v["btp1"], 1024);
-    assert_eq!(v["btp2"], 7168);
+    assert_eq!(v["btp1"], quiver::config::DEFAULT_BTP1);
+    assert_eq!(v["btp2"], quiver::config::DEFAULT_BTP2);
     assert_eq!(v["cma"], true);
     assert!(v["cma_check"]["works"].is_boolean(), "{v}");
     assert!(v["cma_check"]["detail"].is_string(), "{v}");
@@ -494,8 +494,9 @@ fn info_reports_configuration_and_paths() {
     let paths = v["tagged_paths"].as_array().expect("tagged_paths");
     let kinds: Vec<&str> = paths.iter().map(|p| p["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["eager", "pushed", "pushed+pulled"], "{v}");
-    assert_eq!(paths[0]["to"], 1024);
-    assert_eq!(paths[2]["from"], 8193);
+    let (b1, b2) = (quiver::config::DEFAULT_BTP1, quiver::config::DEFAULT_BTP2);
+    assert_eq!(paths[0]["to"], b1);
+    assert_eq!(paths[2]["from"], b1 + b2 + 1);
     assert!(paths[2]["to"].is_null());
     assert_eq!(paths[2]["pull_other_node"], "request");
     let cma_works = v["cma_check"]["works"] == true;

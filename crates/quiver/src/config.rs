@@ -29,11 +29,13 @@ pub enum WaitMode {
 /// Default polling time of [`WaitMode::Hybrid`].
 pub const DEFAULT_HYBRID_SPIN: Duration = Duration::from_micros(100);
 
-/// Default BTP(1) of tagged messages: bytes pushed with the message header (`QUIVER_BTP1`).
-pub const DEFAULT_BTP1: usize = 1024;
+/// Default BTP(1) of tagged messages: bytes pushed with the message header
+/// (`QUIVER_BTP1`). Chosen by `quiver bench tune-btp` on this machine (shm and udp agreed;
+/// `docs/PERFORMANCE.md`).
+pub const DEFAULT_BTP1: usize = 4096;
 /// Default BTP(2) of tagged messages: bytes pushed while the acknowledgement travels
-/// (`QUIVER_BTP2`).
-pub const DEFAULT_BTP2: usize = 7 * 1024;
+/// (`QUIVER_BTP2`). Chosen by `quiver bench tune-btp`, like BTP(1).
+pub const DEFAULT_BTP2: usize = 12 * 1024;
 
 impl WaitMode {
     /// Parses `spin`, `block`, `hybrid` or `hybrid:MICROSECONDS`.

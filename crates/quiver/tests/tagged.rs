@@ -488,7 +488,9 @@ fn both_directions_at_once_do_not_deadlock() {
                 let t = Tagged::open(&job, 51).unwrap();
                 let peer = 1 - job.rank();
                 const N: usize = 200;
-                let out: Vec<Vec<u8>> = (0..N).map(|i| pattern(job.rank(), i as u32, 4096 + i)).collect();
+                let out: Vec<Vec<u8>> = (0..N)
+                    .map(|i| pattern(job.rank(), i as u32, 4096 + i))
+                    .collect();
                 let mut inb: Vec<Vec<u8>> = (0..N).map(|i| vec![0; 4096 + i]).collect();
                 t.scope(|s| {
                     let mut reqs = Vec::new();
@@ -505,7 +507,10 @@ fn both_directions_at_once_do_not_deadlock() {
                 })
                 .unwrap();
                 for (i, b) in inb.iter().enumerate() {
-                    assert!(*b == pattern(peer, i as u32, 4096 + i), "{name} {mode:?}: message {i}");
+                    assert!(
+                        *b == pattern(peer, i as u32, 4096 + i),
+                        "{name} {mode:?}: message {i}"
+                    );
                 }
             });
         }

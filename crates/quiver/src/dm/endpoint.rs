@@ -315,13 +315,8 @@ impl Endpoint {
         let (dest, conn) = &mut inner.conns[idx];
         match conn {
             Conn::Offload => {
-                let joined;
-                let data = if head.is_empty() {
-                    data
-                } else {
-                    joined = [head, data].concat();
-                    &joined[..]
-                };
+                let mut joined = Vec::new();
+                let data = contiguous(head, data, &mut joined);
                 let off = inner.offload.as_mut().expect("an offload connection");
                 if !wait {
                     if !off.try_send(*dest, data)? {
@@ -364,13 +359,8 @@ impl Endpoint {
                 }
             }
             Conn::Udp { peer } => {
-                let joined;
-                let data = if head.is_empty() {
-                    data
-                } else {
-                    joined = [head, data].concat();
-                    &joined[..]
-                };
+                let mut joined = Vec::new();
+                let data = contiguous(head, data, &mut joined);
                 let peer = *peer;
                 let udp = inner
                     .udp
@@ -776,6 +766,17 @@ impl Endpoint {
             }
         }))
     }
+}
+
+/// `head` then `data` as one slice: `data` itself when there is no head, else both
+/// copied into `buf` (the network paths take one contiguous message).
+fn contiguous<'a>(head: &[u8], data: &'a [u8], buf: &'a mut Vec<u8>) -> &'a [u8] {
+    if head.is_empty() {
+        return data;
+    }
+    buf.extend_from_slice(head);
+    buf.extend_from_slice(data);
+    buf
 }
 
 impl AsRawFd for Endpoint {

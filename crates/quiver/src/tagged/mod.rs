@@ -1042,20 +1042,8 @@ impl Tagged {
     /// and nothing is queued for it, else into the outbox (a handler never waits for a
     /// peer that may itself be waiting for us).
     fn send_ctrl(&self, dest: u32, msg: &Msg<'_>) -> Result<()> {
-        let queued = self
-            .st
-            .borrow()
-            .outbox
-            .get(&dest)
-            .is_some_and(|q| !q.is_empty());
-        if !queued {
-            self.ep.target_rank(dest)?;
-            if self
-                .ep
-                .try_write_parts(msg.header().as_bytes(), msg.data())?
-            {
-                return Ok(());
-            }
+        if self.try_write_now(dest, msg.header().as_bytes(), msg.data())? {
+            return Ok(());
         }
         let mut whole = msg.header().as_bytes().to_vec();
         whole.extend_from_slice(msg.data());
@@ -1066,6 +1054,22 @@ impl Tagged {
             .or_default()
             .push_back(OutItem::Whole(whole));
         Ok(())
+    }
+
+    /// Writes a message to `dest` if nothing waits in its outbox (order) and its channel
+    /// has room; returns whether it did.
+    fn try_write_now(&self, dest: u32, head: &[u8], body: &[u8]) -> Result<bool> {
+        let queued = self
+            .st
+            .borrow()
+            .outbox
+            .get(&dest)
+            .is_some_and(|q| !q.is_empty());
+        if queued {
+            return Ok(false);
+        }
+        self.ep.target_rank(dest)?;
+        self.ep.try_write_parts(head, body)
     }
 
     /// Writes what the outbox holds, in order per destination, as far as the channels
@@ -1143,17 +1147,8 @@ impl Tagged {
     /// write never wait for each other.
     fn write_progressing(&self, dest: u32, head: &[u8], body: &[u8]) -> Result<()> {
         loop {
-            let queued = self
-                .st
-                .borrow()
-                .outbox
-                .get(&dest)
-                .is_some_and(|q| !q.is_empty());
-            if !queued {
-                self.ep.target_rank(dest)?;
-                if self.ep.try_write_parts(head, body)? {
-                    return Ok(());
-                }
+            if self.try_write_now(dest, head, body)? {
+                return Ok(());
             }
             if !self.poll()? {
                 std::thread::yield_now();

@@ -251,7 +251,8 @@ pub fn paths(mode: PushMode, btp1: usize, btp2: usize, cma: bool) -> Vec<PathRan
                     true,
                     format!(
                         "{pushed} bytes pushed (BTP(1) + BTP(2)), the rest pulled when a \
-                         receive matches"
+                         receive matches; beyond {} KiB only BTP(1) is pushed",
+                        quiver::tagged::SECOND_PUSH_MAX >> 10
                     ),
                 ));
             }

@@ -12,6 +12,16 @@ use quiver::{Config, Error, TransportChoice};
 const BTP1: usize = 100;
 const BTP2: usize = 300;
 
+/// Bytes of an `n`-byte message that are pulled rather than pushed, for BTP(1), BTP(2).
+fn pulled_of(n: usize, btp1: usize, btp2: usize) -> u64 {
+    let pushed = if n > quiver::tagged::SECOND_PUSH_MAX {
+        btp1
+    } else {
+        btp1 + btp2
+    };
+    n.saturating_sub(pushed) as u64
+}
+
 fn sizes() -> Vec<usize> {
     let btp = BTP1 + BTP2;
     vec![
@@ -149,7 +159,7 @@ fn single_copy_pulls_are_used_inside_a_node_unless_turned_off() {
                 t.recv(&mut buf, Src::Any, Tag::Any).unwrap();
                 assert!(buf == pattern(0, 5, n));
                 let st = t.stats();
-                let pulled = (n - BTP1 - BTP2) as u64;
+                let pulled = pulled_of(n, BTP1, BTP2);
                 if cma {
                     assert_eq!(
                         (st.pulled_direct, st.pulled_by_request),
@@ -378,7 +388,11 @@ fn two_gib_plus_one_inside_a_node() {
                     assert_eq!(w, &word(i).to_le_bytes()[..w.len()], "cma {cma}: word {i}");
                 }
                 let s = t.stats();
-                let rest = (N - quiver::config::DEFAULT_BTP1 - quiver::config::DEFAULT_BTP2) as u64;
+                let rest = pulled_of(
+                    N,
+                    quiver::config::DEFAULT_BTP1,
+                    quiver::config::DEFAULT_BTP2,
+                );
                 assert_eq!(
                     if cma {
                         s.pulled_direct
@@ -423,7 +437,7 @@ fn large_pulls_run_on_the_pull_thread_with_the_offload_engine() {
             assert!(big == pattern(0, 1, n));
             assert!(small == pattern(0, 2, 100_000));
             let st = t.stats();
-            let pulled = (n + 100_000 - 2 * (BTP1 + BTP2)) as u64;
+            let pulled = pulled_of(n, BTP1, BTP2) + pulled_of(100_000, BTP1, BTP2);
             assert_eq!(
                 (st.pulled_direct, st.pulled_on_thread),
                 (pulled, pulled),
@@ -457,7 +471,7 @@ fn shared_buffers_are_read_in_place_inside_a_node() {
                 t.recv(&mut b[..5000], 0, 2).unwrap();
                 assert!(b[..5000] == pattern(0, 1, n)[..5000], "{name}");
                 let st = t.stats();
-                let rest = (n + 5000 - 2 * (BTP1 + BTP2)) as u64;
+                let rest = pulled_of(n, BTP1, BTP2) + pulled_of(5000, BTP1, BTP2);
                 if name == "udp" {
                     assert_eq!(
                         (st.pulled_shared, st.pulled_by_request),

@@ -43,6 +43,12 @@ pub const HEADER_LEN: usize = wire::MAX_HEADER;
 /// Same-node pulls at least this long go to the pull thread when the offload engine
 /// runs.
 pub const PULL_THREAD_MIN: u64 = puller::MIN_OFFLOADED;
+/// Messages longer than this push BTP(1) bytes only, not BTP(2): the second push hides
+/// an acknowledgement's round trip, which matters next to a short pull but not next to
+/// a long one, and its bytes cross the shared-memory ring (two copies that evict the
+/// caches): at 1 MiB, pushing BTP(2) cost 12 % of the bandwidth on this machine
+/// (`docs/PERFORMANCE.md`).
+pub const SECOND_PUSH_MAX: usize = 256 << 10;
 
 use crate::dm::Endpoint;
 use crate::link::cma;
@@ -494,6 +500,7 @@ impl Tagged {
             let (first, pushed) = match st.mode {
                 PushMode::Zero => (0, 0),
                 PushMode::All => (len.min(st.chunk), len),
+                PushMode::Pull if len > SECOND_PUSH_MAX => (len.min(st.btp1), len.min(st.btp1)),
                 PushMode::Pull => (len.min(st.btp1), len.min(st.btp1.saturating_add(st.btp2))),
             };
             let id = st.next_op;

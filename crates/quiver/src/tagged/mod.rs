@@ -416,7 +416,10 @@ impl Tagged {
     }
 
     /// Sends `data` to `dest` with `tag`; returns when the buffer may be reused (the
-    /// receiver has pulled what was not pushed).
+    /// receiver has pulled what was not pushed). Like MPI's rendezvous send, a message
+    /// longer than what is pushed (BTP(1) + BTP(2); everything in Push-Zero) waits for
+    /// the receiver to post a matching receive: two ranks that both `send` such a message
+    /// to each other before receiving wait for ever. Use [`Scope::isend`] there.
     pub fn send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<()> {
         let id = self.start_send(dest, tag, data)?;
         self.wait_op(id).map(|_| ())

@@ -530,3 +530,44 @@ fn both_directions_at_once_do_not_deadlock() {
         }
     }
 }
+
+/// Bad input at a tagged endpoint: garbage is dropped and counted; a forged push whose
+/// pull cannot be made (its buffer address is not mapped) fails that receive with a typed
+/// error; the endpoint keeps working.
+#[test]
+fn malformed_and_forged_messages_are_dropped_or_fail_cleanly() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let t = Tagged::open(&job, 52).unwrap();
+        if job.rank() == 0 {
+            let ep = t.endpoint();
+            ep.target_rank(1).unwrap();
+            ep.write(&[]).unwrap(); // empty
+            ep.write(&[9, 9, 9]).unwrap(); // unknown kind
+            ep.write(&[1, 0, 0]).unwrap(); // a push cut short
+                                           // A push of 1 MiB (nothing pushed) from "our" pid at address 8: unreadable.
+            let mut forged = vec![1u8, 0, 0, 0];
+            forged.extend_from_slice(&5u32.to_le_bytes()); // tag
+            forged.extend_from_slice(&777u64.to_le_bytes()); // msg
+            forged.extend_from_slice(&(1u64 << 20).to_le_bytes()); // total
+            forged.extend_from_slice(&0u64.to_le_bytes()); // pushed
+            forged.extend_from_slice(&std::process::id().to_le_bytes()); // pid
+            forged.extend_from_slice(&0u32.to_le_bytes()); // not a shared buffer
+            forged.extend_from_slice(&8u64.to_le_bytes()); // addr
+            ep.write(&forged).unwrap();
+            t.send(1, 6, b"still fine").unwrap();
+            let mut b = [0u8; 1];
+            t.recv(&mut b, 1, 7).unwrap();
+        } else {
+            let mut b = [0u8; 10];
+            t.recv(&mut b, 0, 6).unwrap();
+            assert_eq!(&b, b"still fine");
+            assert_eq!(t.stats().dropped, 3, "{:?}", t.stats());
+            let mut big = vec![0u8; 1 << 20];
+            match t.recv(&mut big, 0, 5) {
+                Err(Error::Protocol { rank: 0, .. }) => {}
+                other => panic!("expected a protocol error, got {other:?}"),
+            }
+            t.send(0, 7, &[1]).unwrap();
+        }
+    });
+}

@@ -594,11 +594,23 @@ impl Tagged {
                     let mut st = self.st.borrow_mut();
                     st.pushed_bytes -= u.data.len() as u64;
                 }
-                self.begin_receive(id, &u, &u.data)?;
+                self.begin_or_fail(id, &u, &u.data);
             }
             None => self.st.borrow_mut().posted.push_back(id),
         }
         Ok(id)
+    }
+
+    /// [`Tagged::begin_receive`]; a failure (a pull that cannot be made, a peer gone)
+    /// completes receive `id` with the error instead of leaving it pending.
+    fn begin_or_fail(&self, id: u64, u: &Unexpected, have: &[u8]) {
+        if let Err(e) = self.begin_receive(id, u, have) {
+            let mut st = self.st.borrow_mut();
+            st.incoming.remove(&(u.source, u.msg));
+            if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
+                r.state = RecvState::Done(Some(Err(e)));
+            }
+        }
     }
 
     /// A message matched receive `id`: copy what was pushed, pull the rest.
@@ -628,7 +640,7 @@ impl Tagged {
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
                 };
-                if self.read_shared(u.source, u.seg, u.addr + pull_from, dst) {
+                if self.read_shared(u.source, u.seg, u.addr.saturating_add(pull_from), dst) {
                     landed += pull_len;
                     self.st.borrow_mut().stats.pulled_shared += pull_len;
                     tell_done = true;
@@ -649,7 +661,7 @@ impl Tagged {
                             op: id,
                             pid: u.pid,
                             remote: cma::Piece {
-                                addr: u.addr + pull_from,
+                                addr: u.addr.saturating_add(pull_from),
                                 len: pull_len as usize,
                             },
                             // In bounds: pull_from + pull_len = expected <= cap.
@@ -672,7 +684,7 @@ impl Tagged {
                     std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
                 };
                 let remote = [cma::Piece {
-                    addr: u.addr + pull_from,
+                    addr: u.addr.saturating_add(pull_from),
                     len: pull_len as usize,
                 }];
                 match self.cma.read_from(u.pid, &remote, dst) {
@@ -939,7 +951,7 @@ impl Tagged {
                     i.and_then(|i| st.posted.remove(i))
                 };
                 match matched {
-                    Some(id) => self.begin_receive(id, &u, data)?,
+                    Some(id) => self.begin_or_fail(id, &u, data),
                     None => {
                         let mut st = self.st.borrow_mut();
                         st.stats.unexpected += 1;

@@ -488,12 +488,11 @@ fn transfer(
         let liov = local.iov(done, batch);
         let n = loop {
             let r = match local {
-                // SAFETY: `liov` covers `batch` bytes of the exclusively borrowed
-                // destination slice, alive for the call; `riov` holds `riov.len()`
-                // (at most IOV_MAX) initialised iovecs. The remote addresses are only
-                // dereferenced by the kernel in process `pid` (a bad one is EFAULT),
-                // and with pid == ours they alias no Rust reference the caller holds
-                // unless the caller broke read_from's contract.
+                // With pid == ours the remote pieces alias no Rust reference the caller
+                // holds unless the caller broke read_from's contract.
+                // SAFETY: liov covers `batch` bytes of the borrowed destination, alive
+                // for the call; riov holds riov.len() <= IOV_MAX initialised iovecs whose
+                // addresses only the kernel dereferences, in `pid` (bad ones: EFAULT).
                 Local::Into(_) => unsafe {
                     libc::process_vm_readv(
                         sys_pid,
@@ -504,10 +503,9 @@ fn transfer(
                         0,
                     )
                 },
-                // SAFETY: `liov` covers `batch` bytes of the borrowed source slice,
-                // alive for the call, which the kernel only reads; `riov` holds
-                // `riov.len()` (at most IOV_MAX) initialised iovecs whose addresses the
-                // kernel dereferences in process `pid` only.
+                // SAFETY: liov covers `batch` bytes of the borrowed source (only read),
+                // alive for the call; riov holds riov.len() <= IOV_MAX initialised
+                // iovecs whose addresses only the kernel dereferences, in `pid`.
                 Local::From(_) => unsafe {
                     libc::process_vm_writev(
                         sys_pid,

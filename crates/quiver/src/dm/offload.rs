@@ -104,6 +104,13 @@ impl Shared {
         self.news.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// After a command: rings the engine's bell if it sleeps.
+    fn wake_engine(&self) {
+        if self.engine_wake.must_ring() {
+            self.engine_bell.notify();
+        }
+    }
+
     fn wake_app(&self) {
         if self.app_wake.must_ring() {
             self.app_bell.notify();
@@ -201,9 +208,7 @@ impl Offload {
                 Ok(None)
             })?;
         }
-        if self.shared.engine_wake.must_ring() {
-            self.shared.engine_bell.notify();
-        }
+        self.shared.wake_engine();
         Ok(stalled)
     }
 
@@ -230,9 +235,7 @@ impl Offload {
         if !self.commands.try_push2(&rec_header(CMD_SEND, peer), data) {
             return Ok(false);
         }
-        if self.shared.engine_wake.must_ring() {
-            self.shared.engine_bell.notify();
-        }
+        self.shared.wake_engine();
         Ok(true)
     }
 

@@ -56,7 +56,7 @@ use crate::{Error, Job, Result, Transport};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
-use wire::Msg;
+use wire::{Announce, Msg};
 
 /// Which sender a receive accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,13 +291,7 @@ enum RecvState {
 /// A first push that found no posted receive, with the pushed bytes that followed it.
 struct Unexpected {
     source: u32,
-    tag: u32,
-    msg: u64,
-    total: u64,
-    pushed: u64,
-    pid: u32,
-    seg: u32,
-    addr: u64,
+    head: Announce,
     data: Vec<u8>,
 }
 
@@ -441,11 +435,11 @@ impl Tagged {
         Ok(st
             .unexpected
             .iter()
-            .find(|u| matches(src, tag, u.source, u.tag))
+            .find(|u| matches(src, tag, u.source, u.head.tag))
             .map(|u| Status {
                 peer: u.source,
-                tag: u.tag,
-                len: u.total,
+                tag: u.head.tag,
+                len: u.head.total,
             }))
     }
 
@@ -533,13 +527,15 @@ impl Tagged {
             .find(|&&(start, blen, _)| at >= start && at + len <= start + blen)
             .map_or((0, at as u64), |&(start, _, id)| (id, (at - start) as u64));
         let push = Msg::Push {
-            tag,
-            msg,
-            total: len as u64,
-            pushed: pushed as u64,
-            pid: std::process::id(),
-            seg,
-            addr,
+            head: Announce {
+                tag,
+                msg,
+                total: len as u64,
+                pushed: pushed as u64,
+                pid: std::process::id(),
+                seg,
+                addr,
+            },
             data: &data[..first],
         };
         self.write_progressing(dest, push.header().as_bytes(), push.data())?;
@@ -585,7 +581,7 @@ impl Tagged {
             let i = st
                 .unexpected
                 .iter()
-                .position(|u| matches(src, tag, u.source, u.tag));
+                .position(|u| matches(src, tag, u.source, u.head.tag));
             i.and_then(|i| st.unexpected.remove(i))
         };
         match found {
@@ -606,7 +602,7 @@ impl Tagged {
     fn begin_or_fail(&self, id: u64, u: &Unexpected, have: &[u8]) {
         if let Err(e) = self.begin_receive(id, u, have) {
             let mut st = self.st.borrow_mut();
-            st.incoming.remove(&(u.source, u.msg));
+            st.incoming.remove(&(u.source, u.head.msg));
             if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
                 r.state = RecvState::Done(Some(Err(e)));
             }
@@ -622,46 +618,51 @@ impl Tagged {
             };
             (r.ptr, r.cap)
         };
-        let expected = u.total.min(cap as u64);
+        let expected = u.head.total.min(cap as u64);
         let n = have.len().min(cap);
         // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
         // completes (its scope or blocking call outlives it); n <= cap.
         unsafe { std::ptr::copy_nonoverlapping(have.as_ptr(), ptr, n) };
         let mut landed = n as u64;
         // Bytes of the message past what was pushed, and inside the buffer.
-        let pull_from = u.pushed;
+        let pull_from = u.head.pushed;
         let pull_len = expected.saturating_sub(pull_from);
-        let mut tell_done = u.total > u.pushed && pull_len == 0; // truncated: nothing to pull
+        let mut tell_done = u.head.total > u.head.pushed && pull_len == 0; // truncated: nothing to pull
         if pull_len > 0 {
             let same_node =
                 u.source == self.rank || self.ep.transport_to(u.source)? == Transport::Shm;
-            if u.seg != 0 && same_node {
+            if u.head.seg != 0 && same_node {
                 // SAFETY: [pull_from, pull_from + pull_len) lies inside the receive buffer.
                 let dst = unsafe {
                     std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
                 };
-                if self.read_shared(u.source, u.seg, u.addr.saturating_add(pull_from), dst) {
+                if self.read_shared(
+                    u.source,
+                    u.head.seg,
+                    u.head.addr.saturating_add(pull_from),
+                    dst,
+                ) {
                     landed += pull_len;
                     self.st.borrow_mut().stats.pulled_shared += pull_len;
                     tell_done = true;
                     return self.receiving(id, u, expected, landed, tell_done);
                 }
             }
-            let direct = u.seg == 0
+            let direct = u.head.seg == 0
                 && self.cma_on
                 && self.cma.is_usable()
                 && u.source != self.rank
                 && self.ep.transport_to(u.source)? == Transport::Shm
-                && self.cma_reaches(u.source, u.pid);
+                && self.cma_reaches(u.source, u.head.pid);
             let handed_over = direct
                 && pull_len >= puller::MIN_OFFLOADED
                 && match self.puller.borrow_mut().as_mut() {
                     Some(p) => {
                         p.submit(puller::Job {
                             op: id,
-                            pid: u.pid,
+                            pid: u.head.pid,
                             remote: cma::Piece {
-                                addr: u.addr.saturating_add(pull_from),
+                                addr: u.head.addr.saturating_add(pull_from),
                                 len: pull_len as usize,
                             },
                             // In bounds: pull_from + pull_len = expected <= cap.
@@ -675,7 +676,7 @@ impl Tagged {
                 self.st
                     .borrow_mut()
                     .pulls
-                    .insert(id, (u.source, u.msg, pull_from, pull_len));
+                    .insert(id, (u.source, u.head.msg, pull_from, pull_len));
             }
             let pulled = if direct && !handed_over {
                 // SAFETY: [pull_from, pull_from + pull_len) lies inside the buffer
@@ -684,17 +685,17 @@ impl Tagged {
                     std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
                 };
                 let remote = [cma::Piece {
-                    addr: u.addr.saturating_add(pull_from),
+                    addr: u.head.addr.saturating_add(pull_from),
                     len: pull_len as usize,
                 }];
-                match self.cma.read_from(u.pid, &remote, dst) {
+                match self.cma.read_from(u.head.pid, &remote, dst) {
                     Ok(_) => true,
                     // Refused for good (logged once by the state): the two-copy path.
                     Err(e) if e.unavailable().is_some() => false,
                     Err(e) => {
                         return Err(Error::Protocol {
                             rank: u.source,
-                            reason: format!("pulling message {}: {e}", u.msg),
+                            reason: format!("pulling message {}: {e}", u.head.msg),
                         })
                     }
                 }
@@ -711,7 +712,7 @@ impl Tagged {
             } else {
                 drop(st);
                 let pull = Msg::Pull {
-                    msg: u.msg,
+                    msg: u.head.msg,
                     offset: pull_from,
                     len: pull_len,
                 };
@@ -737,7 +738,7 @@ impl Tagged {
         tell_done: bool,
     ) -> Result<()> {
         if tell_done {
-            let done = Msg::Done { msg: u.msg };
+            let done = Msg::Done { msg: u.head.msg };
             self.send_ctrl(u.source, &done)?;
         }
         let mut st = self.st.borrow_mut();
@@ -746,13 +747,13 @@ impl Tagged {
         };
         r.state = RecvState::Receiving {
             source: u.source,
-            tag: u.tag,
-            total: u.total,
+            tag: u.head.tag,
+            total: u.head.total,
             expected,
             landed,
         };
         if !finish_if_complete(r) {
-            st.incoming.insert((u.source, u.msg), id);
+            st.incoming.insert((u.source, u.head.msg), id);
         }
         Ok(())
     }
@@ -911,7 +912,7 @@ impl Tagged {
     }
 
     fn handle(&self, source: u32, bytes: &[u8]) -> Result<()> {
-        let msg = match Msg::decode(bytes) {
+        let msg_in = match Msg::decode(bytes) {
             Ok(m) => m,
             Err(why) => {
                 tracing::debug!("tagged message from rank {source} dropped: {why}");
@@ -919,26 +920,12 @@ impl Tagged {
                 return Ok(());
             }
         };
-        match msg {
-            Msg::Push {
-                tag,
-                msg,
-                total,
-                pushed,
-                pid,
-                seg,
-                addr,
-                data,
-            } => {
+        match msg_in {
+            Msg::Push { head, data } => {
+                let tag = head.tag;
                 let u = Unexpected {
                     source,
-                    tag,
-                    msg,
-                    total,
-                    pushed,
-                    pid,
-                    seg,
-                    addr,
+                    head,
                     data: Vec::new(),
                 };
                 let matched = {
@@ -966,7 +953,7 @@ impl Tagged {
                 }
             }
             Msg::More { msg, offset, data } | Msg::Data { msg, offset, data } => {
-                let pulled = matches!(msg_kind(bytes), Some(4));
+                let pulled = matches!(msg_in, Msg::Data { .. });
                 let mut st = self.st.borrow_mut();
                 let st = &mut *st;
                 if let Some(&id) = st.incoming.get(&(source, msg)) {
@@ -997,7 +984,7 @@ impl Tagged {
                 } else if let Some(u) = st
                     .unexpected
                     .iter_mut()
-                    .find(|u| u.source == source && u.msg == msg && !pulled)
+                    .find(|u| u.source == source && u.head.msg == msg && !pulled)
                 {
                     // More pushed bytes of a message still waiting for its receive.
                     if offset == u.data.len() as u64 {
@@ -1276,10 +1263,6 @@ fn finish_if_complete(r: &mut RecvOp) -> bool {
         }
     }
     false
-}
-
-fn msg_kind(bytes: &[u8]) -> Option<u8> {
-    bytes.first().copied()
 }
 
 /// Reads one byte per page of `data`, so that its pages are mapped before the transfer

@@ -22,23 +22,26 @@ const PULL: u8 = 3;
 const DATA: u8 = 4;
 const DONE: u8 = 5;
 
+/// What the first push of a message announces: its tag and length, how many bytes the
+/// sender pushes in all (the first push and the `More` that follow), and where the rest
+/// can be read directly (the sender's pid and buffer address, for a same-node pull; or,
+/// when `seg` is not 0, the sender's shared buffer `seg` and the offset in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Announce {
+    pub tag: u32,
+    pub msg: u64,
+    pub total: u64,
+    pub pushed: u64,
+    pub pid: u32,
+    pub seg: u32,
+    pub addr: u64,
+}
+
 /// One protocol message; `data` borrows the payload that follows the header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Msg<'a> {
-    /// The first push of message `msg`: its tag and length, how many bytes the sender
-    /// pushes in all (this part and the `More` that follow), and where the rest can be
-    /// read directly (the sender's pid and buffer address, for a same-node pull; or,
-    /// when `seg` is not 0, the sender's shared buffer `seg` and the offset in it).
-    Push {
-        tag: u32,
-        msg: u64,
-        total: u64,
-        pushed: u64,
-        pid: u32,
-        seg: u32,
-        addr: u64,
-        data: &'a [u8],
-    },
+    /// The first push of a message: what it announces, and its first BTP(1) bytes.
+    Push { head: Announce, data: &'a [u8] },
     /// Pushed bytes of `msg` from `offset`.
     More {
         msg: u64,
@@ -83,24 +86,15 @@ impl Msg<'_> {
             len: 0,
         };
         match *self {
-            Msg::Push {
-                tag,
-                msg,
-                total,
-                pushed,
-                pid,
-                seg,
-                addr,
-                ..
-            } => {
+            Msg::Push { head: a, .. } => {
                 put(&mut h, &[PUSH, 0, 0, 0]);
-                put(&mut h, &tag.to_le_bytes());
-                put(&mut h, &msg.to_le_bytes());
-                put(&mut h, &total.to_le_bytes());
-                put(&mut h, &pushed.to_le_bytes());
-                put(&mut h, &pid.to_le_bytes());
-                put(&mut h, &seg.to_le_bytes());
-                put(&mut h, &addr.to_le_bytes());
+                put(&mut h, &a.tag.to_le_bytes());
+                put(&mut h, &a.msg.to_le_bytes());
+                put(&mut h, &a.total.to_le_bytes());
+                put(&mut h, &a.pushed.to_le_bytes());
+                put(&mut h, &a.pid.to_le_bytes());
+                put(&mut h, &a.seg.to_le_bytes());
+                put(&mut h, &a.addr.to_le_bytes());
             }
             Msg::More { msg, offset, .. } | Msg::Data { msg, offset, .. } => {
                 let kind = if matches!(self, Msg::More { .. }) {
@@ -148,29 +142,20 @@ impl Msg<'_> {
         let kind = *b.first().ok_or("empty message")?;
         Ok(match kind {
             PUSH => {
-                let (tag, msg, total, pushed, pid, seg, addr) = (
-                    u32_at(4).ok_or(short)?,
-                    u64_at(8).ok_or(short)?,
-                    u64_at(16).ok_or(short)?,
-                    u64_at(24).ok_or(short)?,
-                    u32_at(32).ok_or(short)?,
-                    u32_at(36).ok_or(short)?,
-                    u64_at(40).ok_or(short)?,
-                );
+                let head = Announce {
+                    tag: u32_at(4).ok_or(short)?,
+                    msg: u64_at(8).ok_or(short)?,
+                    total: u64_at(16).ok_or(short)?,
+                    pushed: u64_at(24).ok_or(short)?,
+                    pid: u32_at(32).ok_or(short)?,
+                    seg: u32_at(36).ok_or(short)?,
+                    addr: u64_at(40).ok_or(short)?,
+                };
                 let data = &b[48..];
-                if pushed > total || (data.len() as u64) > pushed {
+                if head.pushed > head.total || (data.len() as u64) > head.pushed {
                     return Err("push longer than its message");
                 }
-                Msg::Push {
-                    tag,
-                    msg,
-                    total,
-                    pushed,
-                    pid,
-                    seg,
-                    addr,
-                    data,
-                }
+                Msg::Push { head, data }
             }
             MORE | DATA => {
                 let (msg, offset) = (u64_at(8).ok_or(short)?, u64_at(16).ok_or(short)?);
@@ -214,13 +199,15 @@ mod tests {
     #[test]
     fn every_kind_round_trips_and_truncations_are_errors() {
         round_trip(Msg::Push {
-            tag: 7,
-            msg: 1 << 40,
-            total: 5000,
-            pushed: 100,
-            pid: 4242,
-            seg: 3,
-            addr: 0xdead_beef_0000,
+            head: Announce {
+                tag: 7,
+                msg: 1 << 40,
+                total: 5000,
+                pushed: 100,
+                pid: 4242,
+                seg: 3,
+                addr: 0xdead_beef_0000,
+            },
             data: &[9; 80],
         });
         round_trip(Msg::More {
@@ -244,13 +231,15 @@ mod tests {
     #[test]
     fn inconsistent_pushes_and_unknown_kinds_are_rejected() {
         let m = Msg::Push {
-            tag: 1,
-            msg: 1,
-            total: 10,
-            pushed: 20,
-            pid: 1,
-            seg: 0,
-            addr: 0,
+            head: Announce {
+                tag: 1,
+                msg: 1,
+                total: 10,
+                pushed: 20,
+                pid: 1,
+                seg: 0,
+                addr: 0,
+            },
             data: &[],
         };
         assert!(Msg::decode(m.header().as_bytes()).is_err());

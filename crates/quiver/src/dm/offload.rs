@@ -68,7 +68,7 @@ const ENGINE_SPIN: Duration = Duration::from_micros(50);
 // (two ranks and two engines on two cores, or unpinned threads), spinning would hold the
 // CPU for a whole time slice while the other side has the message: measured over UDP on
 // this machine, 8 B ping-pong went from 6-10 ms to 9-16 us. Alone on its CPU, a yield
-// returns at once (a system call, ~0.2 us).
+// returns at once (one system call).
 const FULL_RECHECK: Duration = Duration::from_millis(1);
 
 /// What the engine tells the application besides messages.

@@ -210,6 +210,7 @@ fn job_config(args: &CheckArgs, sizes: &[usize]) -> Result<Config, String> {
         cfg.transport = match t {
             TransportArg::Shm => TransportChoice::Auto,
             TransportArg::Udp => TransportChoice::Udp,
+            TransportArg::Eth => TransportChoice::Eth,
         };
     }
     let largest = sizes.iter().copied().max().unwrap_or(0);
@@ -581,9 +582,18 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
                 peers.into_iter().filter(|&p| live(p)).count() as u64
             })
             .sum();
-        let transport = match job.config().transport {
-            TransportChoice::Auto => "shm",
-            TransportChoice::Udp => "udp",
+        // The transports this rank used, e.g. "shm+eth" on a cluster of several nodes.
+        let mut used: Vec<String> = Vec::new();
+        for p in (0..size).filter(|&p| p != rank) {
+            let t = ep.transport_to(p).map_err(|e| e.to_string())?.to_string();
+            if !used.contains(&t) {
+                used.push(t);
+            }
+        }
+        let transport = if used.is_empty() {
+            "shm".to_string()
+        } else {
+            used.join("+")
         };
         let traffic = format!(
             "{} messages ({})",

@@ -169,11 +169,12 @@ fn wait_name(w: WaitMode) -> String {
 pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
     let chunk = cfg.max_message.saturating_sub(TAGGED_HEADER);
     let btp1 = cfg.btp1.min(chunk);
-    let cma_used = cfg.cma && cma_check.works && cfg.transport == TransportChoice::Auto;
+    let cma_used = cfg.cma && cma_check.works && cfg.transport != TransportChoice::Udp;
     Info {
         transport: match cfg.transport {
             TransportChoice::Auto => "auto".into(),
             TransportChoice::Udp => "udp".into(),
+            TransportChoice::Eth => "eth".into(),
         },
         wait: wait_name(cfg.wait),
         reliability: cfg.reliability.to_string(),

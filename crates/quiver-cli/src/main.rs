@@ -1,10 +1,12 @@
 //! The `quiver` command: `run` (launcher), `bench` (benchmarks), `check` (a job that
 //! verifies its traffic byte for byte), `info` (the configuration in force and the path
-//! of tagged messages).
+//! of tagged messages), `cluster` (an emulated cluster of network namespaces, on which
+//! `run --cluster` places ranks).
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod check;
+mod cluster;
 mod info;
 mod run;
 
@@ -32,6 +34,9 @@ enum Command {
     /// The configuration comes from the QUIVER_* variables (defaults where unset); the
     /// path of a tagged message is given by size range for the push mode in force.
     Info(info::InfoArgs),
+    /// Emulated clusters on this machine: network namespaces joined by a switch, with
+    /// shaped links and loss (needs root).
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() {
@@ -48,6 +53,7 @@ fn main() {
         Command::Bench(args) => bench::main(args),
         Command::Check(args) => check::main(args),
         Command::Info(args) => info::main(args),
+        Command::Cluster(args) => cluster::main(args),
     };
     std::process::exit(code);
 }

@@ -1,14 +1,19 @@
 //! `quiver run`: starts the N ranks of one job on this host and supervises them.
 //!
 //! ```text
-//! quiver run -n N [--no-prefix] [--timeout SECS] [--] PROGRAM ARGS...
+//! quiver run -n N [--no-prefix] [--timeout SECS] [--keep-going]
+//!            [--cluster NAME [--ppn M]] [--] PROGRAM ARGS...
 //! ```
+//!
+//! With `--cluster NAME` the ranks run on the nodes of the emulated cluster NAME
+//! (`quiver cluster up`), M per node (see "Ranks on an emulated cluster" below).
 //!
 //! # What the launcher does
 //!
 //! 1. Draws a job id (random, nonzero `u32`) and a secret token (random `u64`), and serves a
 //!    rendezvous store ([`quiver::job::rendezvous::KvServer`]) on `127.0.0.1` on a port
-//!    chosen by the kernel. The store lives until every rank has ended.
+//!    chosen by the kernel. The store lives until every rank has ended. (On a cluster the
+//!    store is a private directory instead; see below.)
 //! 2. Starts `PROGRAM ARGS...` N times. Each rank runs in a process group of its own, with
 //!    stdin from `/dev/null` and its stdout and stderr piped back to the launcher. Should the
 //!    launcher die, every rank receives `SIGTERM` (`PR_SET_PDEATHSIG`).
@@ -23,8 +28,8 @@
 //!    at once), when `--timeout` expires, and when a rank cannot be started.
 //! 5. Once every rank has ended, waits for its output to drain. Processes that a rank left
 //!    behind in its process group and that still hold its output open are killed. Then the
-//!    rendezvous store is shut down and the shared-memory segments left by the job are
-//!    removed ([`quiver::link::shm::cleanup_job`]).
+//!    rendezvous store is shut down (a directory store is deleted) and the shared-memory
+//!    segments left by the job are removed ([`quiver::link::shm::cleanup_job`]).
 //!
 //! # Exit status
 //!
@@ -33,7 +38,9 @@
 //! - `124` when `--timeout` expired;
 //! - `130`, `143`, `129` when the launcher was interrupted by `SIGINT`, `SIGTERM`, `SIGHUP`;
 //! - `127` when the program cannot be found or executed;
-//! - `1` for any other failure of the launcher itself, `2` for invalid arguments.
+//! - `1` for any other failure of the launcher itself (a cluster that does not exist or
+//!   cannot be entered included), `2` for invalid arguments (ranks that do not fit on the
+//!   cluster included).
 //!
 //! # Environment of a rank
 //!
@@ -52,10 +59,37 @@
 //! The first four and the job id and token are identical for every rank of the job, except
 //! the two rank numbers. [`LaunchSpec::extra_env`] adds further variables (used by the
 //! benchmarks, which re-launch the `quiver` binary itself).
+//!
+//! # Ranks on an emulated cluster (`--cluster NAME [--ppn M]`)
+//!
+//! The placement is [`crate::cluster::Placement`]: rank r runs on node r / M (M defaults to
+//! ceil(N / K) for a cluster of K nodes; more ranks than K * M is an error, status 2).
+//! Each rank enters its node's network namespace between fork and exec (`setns(2)` on
+//! `/run/netns/qv-NAME-nI`, opened by the launcher beforehand; this needs root), and its
+//! environment differs from the above in:
+//!
+//! | variable            | value                                                   |
+//! |---------------------|---------------------------------------------------------|
+//! | `QUIVER_LOCAL_RANK` | r mod M, the rank among those of its node               |
+//! | `QUIVER_LOCAL_SIZE` | the number of ranks on its node                          |
+//! | `QUIVER_NODE`       | its node's name, `NAME-nI`                               |
+//! | `QUIVER_ADDR`       | its node's IPv4 address                                  |
+//! | `QUIVER_CLUSTER`    | `NAME`                                                   |
+//! | `QUIVER_RENDEZVOUS` | `file:///TMP/quiver-run-...`, a private directory store  |
+//!
+//! The rendezvous store is a directory rather than the tcp store: the ranks live in
+//! network namespaces that cannot reach the launcher's `127.0.0.1`, while the file system
+//! (and `/dev/shm`) is the same for all of them. A directory needs no network path at
+//! all, so the store keeps working whatever loss the cluster injects (a tcp store on a
+//! node's address would pay retransmission timeouts of 200 ms and more for every lost
+//! segment of a bootstrap). The directory is created with mode 0700 in `$TMPDIR` (else
+//! `/tmp`) and deleted when the job ends.
 use std::ffi::{OsStr, OsString};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
@@ -66,6 +100,8 @@ use anyhow::Context as _;
 use clap::Args;
 
 use quiver::job::rendezvous::KvServer;
+
+use crate::cluster::{self, BadPlacement, Placement};
 
 /// Arguments of `quiver run`.
 #[derive(Args, Debug)]
@@ -84,6 +120,14 @@ pub struct RunArgs {
     /// of a peer); the exit status is still that of the first rank that failed.
     #[arg(long)]
     pub keep_going: bool,
+    /// Run the ranks on the nodes of emulated cluster NAME (`quiver cluster up`), each in
+    /// its node's network namespace; needs root.
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+    /// Ranks per node with --cluster: rank r runs on node r / M (default: ceil(N / nodes)).
+    #[arg(long, value_name = "M", requires = "cluster",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub ppn: Option<u32>,
     /// The program to start and its arguments.
     #[arg(
         value_name = "PROGRAM",
@@ -113,6 +157,8 @@ pub struct LaunchSpec {
     pub extra_env: Vec<(String, String)>,
     /// Do not terminate the other ranks when one fails.
     pub keep_going: bool,
+    /// Run the ranks on the nodes of an emulated cluster instead of this host's network.
+    pub placement: Option<Placement>,
 }
 
 /// Entry point of `quiver run`; returns the exit status.
@@ -132,6 +178,20 @@ pub fn main(args: RunArgs) -> i32 {
         eprintln!("quiver run: no program given");
         return 2;
     };
+    let placement = match &args.cluster {
+        None => None,
+        Some(name) => match Placement::resolve(name, args.np, args.ppn) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("quiver run: {e:#}");
+                return if e.downcast_ref::<BadPlacement>().is_some() {
+                    2
+                } else {
+                    1
+                };
+            }
+        },
+    };
     let spec = LaunchSpec {
         n: args.np,
         program,
@@ -141,6 +201,7 @@ pub fn main(args: RunArgs) -> i32 {
         pin_cpus: false,
         extra_env: Vec::new(),
         keep_going: args.keep_going,
+        placement,
     };
     match launch(&spec) {
         Ok(code) => code,
@@ -172,10 +233,36 @@ const MAX_LINE: usize = 64 * 1024;
 pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
     anyhow::ensure!(spec.n >= 1, "the number of ranks must be at least 1");
     let (job_id, token) = job_identity()?;
-    let mut server = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .context("cannot start the rendezvous store")?
-        .spawn();
-    let rendezvous = format!("tcp://{}", server.local_addr());
+    // On a cluster: the nodes' namespaces, opened before any fork, and a directory store.
+    let mut netns = Vec::new();
+    if let Some(p) = &spec.placement {
+        anyhow::ensure!(
+            p.n == spec.n,
+            "the placement is for {} ranks, the job has {}",
+            p.n,
+            spec.n
+        );
+        for node in &p.nodes[..p.used_nodes()] {
+            let file = cluster::tools::open_netns(&node.namespace).with_context(|| {
+                format!(
+                    "cannot open the network namespace {} of cluster {}",
+                    node.namespace, p.cluster
+                )
+            })?;
+            netns.push(file);
+        }
+    }
+    let (mut server, store_dir, rendezvous) = if spec.placement.is_some() {
+        let dir = StoreDir::create(job_id)?;
+        let url = format!("file://{}", dir.0.display());
+        (None, Some(dir), url)
+    } else {
+        let server = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .context("cannot start the rendezvous store")?
+            .spawn();
+        let url = format!("tcp://{}", server.local_addr());
+        (Some(server), None, url)
+    };
     let _signals = SignalGuard::install();
 
     let pin = if spec.pin_cpus {
@@ -193,11 +280,23 @@ pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
 
     for rank in 0..spec.n {
         let mut cmd = Command::new(&spec.program);
+        let (local_rank, local_size) = match &spec.placement {
+            None => (rank, spec.n),
+            Some(p) => {
+                let slot = p.slot(rank);
+                let node = &p.nodes[slot.node];
+                cmd.env("QUIVER_NODE", &node.name)
+                    .env("QUIVER_ADDR", node.ip.to_string())
+                    .env("QUIVER_CLUSTER", &p.cluster);
+                cluster::tools::enter_netns_before_exec(&mut cmd, &netns[slot.node]);
+                (slot.local_rank, slot.local_size)
+            }
+        };
         cmd.args(&spec.args)
             .env("QUIVER_RANK", rank.to_string())
             .env("QUIVER_SIZE", spec.n.to_string())
-            .env("QUIVER_LOCAL_RANK", rank.to_string())
-            .env("QUIVER_LOCAL_SIZE", spec.n.to_string())
+            .env("QUIVER_LOCAL_RANK", local_rank.to_string())
+            .env("QUIVER_LOCAL_SIZE", local_size.to_string())
             .env("QUIVER_JOB_ID", job_id.to_string())
             .env("QUIVER_JOB_TOKEN", format!("{token:016x}"))
             .env("QUIVER_RENDEZVOUS", &rendezvous)
@@ -240,7 +339,11 @@ pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
         let _ = rank.child.wait();
     }
     let _ = io::stdout().flush();
-    server.shutdown();
+    if let Some(server) = &mut server {
+        server.shutdown();
+    }
+    drop(store_dir);
+    drop(netns);
     quiver::link::shm::cleanup_job(job_id);
 
     match outcome {
@@ -277,6 +380,34 @@ enum Exit {
     },
     /// `waitid` failed: somebody else reaped it.
     Unknown,
+}
+
+/// The private directory of a `file://` rendezvous store; deleted when dropped.
+struct StoreDir(PathBuf);
+
+impl StoreDir {
+    /// Creates `$TMPDIR/quiver-run-JOBID-SALT` with mode 0700 (failing if it exists).
+    fn create(job_id: u32) -> anyhow::Result<StoreDir> {
+        let mut salt = [0u8; 8];
+        getrandom::fill(&mut salt).map_err(|e| anyhow::anyhow!("cannot draw a name: {e}"))?;
+        let path = std::env::temp_dir().join(format!(
+            "quiver-run-{job_id}-{:016x}",
+            u64::from_le_bytes(salt)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| {
+                format!("cannot create the rendezvous directory {}", path.display())
+            })?;
+        Ok(StoreDir(path))
+    }
+}
+
+impl Drop for StoreDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Draws the job id (nonzero) and token.
@@ -899,6 +1030,7 @@ mod tests {
             pin_cpus: true,
             extra_env: vec![("QUIVER_TEST_EXTRA".into(), "1".into())],
             keep_going: false,
+            placement: None,
         };
         if allowed_cpus().is_empty() {
             return;

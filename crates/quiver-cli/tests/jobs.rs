@@ -602,7 +602,7 @@ impl DirectJob {
             || self
                 .store
                 .join(format!("quiver-{}", self.job_id))
-                .join(format!("k.udp%2F{rank}%2F{dpid}"))
+                .join(format!("k.net%2F{rank}%2F{dpid}"))
                 .exists()
     }
 }

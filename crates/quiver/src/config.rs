@@ -13,6 +13,9 @@ pub enum TransportChoice {
     Auto,
     /// UDP between every pair of ranks, even on one node (for testing).
     Udp,
+    /// Raw Ethernet between nodes (needs `CAP_NET_RAW`; UDP where it is missing), shared
+    /// memory inside a node.
+    Eth,
 }
 
 /// How a blocking call waits for a message.
@@ -55,7 +58,7 @@ impl WaitMode {
 /// Settings of a job's endpoints.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Transport selection (`QUIVER_TRANSPORT=auto|udp`).
+    /// Transport selection (`QUIVER_TRANSPORT=auto|udp|eth`).
     pub transport: TransportChoice,
     /// Waiting strategy of blocking calls (`QUIVER_WAIT=spin|block|hybrid[:US]`).
     pub wait: WaitMode,
@@ -66,9 +69,14 @@ pub struct Config {
     pub pool_size: usize,
     /// Sender slots in an endpoint's shared-memory receive area (`QUIVER_SHM_SLOTS`).
     pub shm_slots: u32,
-    /// Largest UDP datagram quiver sends, header included (`QUIVER_UDP_DATAGRAM`); longer
-    /// messages are split into Directed Messages of this size.
-    pub udp_datagram: usize,
+    /// Largest datagram quiver sends over the network, header included
+    /// (`QUIVER_DATAGRAM`, formerly `QUIVER_UDP_DATAGRAM`); longer messages are split into
+    /// Directed Messages of this size. `None` (the default): as large as the MTU of the
+    /// interface allows.
+    pub datagram: Option<usize>,
+    /// The emulated cluster this rank runs on (`QUIVER_CLUSTER`, set by
+    /// `quiver run --cluster`): with `auto` transport, nodes talk raw Ethernet.
+    pub cluster: Option<String>,
     /// How long `target` and `write` wait for a peer endpoint to appear
     /// (`QUIVER_CONNECT_TIMEOUT`, seconds).
     pub connect_timeout: Duration,
@@ -116,7 +124,8 @@ impl Default for Config {
             max_message: 1 << 20,
             pool_size: 4 << 20,
             shm_slots: 64,
-            udp_datagram: 1472,
+            datagram: None,
+            cluster: None,
             connect_timeout: Duration::from_secs(30),
             reliability: Mode::Host,
             recovery: Recovery::Selective,
@@ -148,7 +157,8 @@ impl Config {
             c.transport = match v.as_str() {
                 "auto" | "" => TransportChoice::Auto,
                 "udp" => TransportChoice::Udp,
-                _ => return Err(invalid("QUIVER_TRANSPORT", &v, "expected auto or udp")),
+                "eth" => TransportChoice::Eth,
+                _ => return Err(invalid("QUIVER_TRANSPORT", &v, "expected auto, udp or eth")),
             };
         }
         if let Some(v) = get("QUIVER_WAIT") {
@@ -187,15 +197,16 @@ impl Config {
                     invalid("QUIVER_SHM_SLOTS", &v, "expected a number from 1 to 4096")
                 })?;
         }
-        if let Some(v) = get("QUIVER_UDP_DATAGRAM") {
-            c.udp_datagram = v.parse().ok().ok_or_else(|| {
-                invalid(
-                    "QUIVER_UDP_DATAGRAM",
-                    &v,
-                    "expected a datagram size in bytes",
-                )
-            })?;
+        for var in ["QUIVER_UDP_DATAGRAM", "QUIVER_DATAGRAM"] {
+            if let Some(v) = get(var) {
+                c.datagram = Some(
+                    v.parse()
+                        .ok()
+                        .ok_or_else(|| invalid(var, &v, "expected a datagram size in bytes"))?,
+                );
+            }
         }
+        c.cluster = get("QUIVER_CLUSTER").filter(|v| !v.is_empty());
         if let Some(v) = get("QUIVER_CONNECT_TIMEOUT") {
             let secs: f64 = v
                 .parse()
@@ -305,7 +316,7 @@ impl Config {
             mode: self.reliability,
             recovery: self.recovery,
             window: self.window,
-            max_datagram: self.udp_datagram,
+            max_datagram: self.datagram.unwrap_or(1472),
             max_timeouts: timeouts.max(1),
             ..base
         }
@@ -333,10 +344,9 @@ impl Config {
         if let Err(e) = self.reliable().validate() {
             return Err(Error::Config(format!("reliable channels: {e}")));
         }
-        if self.udp_datagram < HEADER_LEN + 8 || self.udp_datagram > 65507 {
+        if let Some(d) = self.datagram.filter(|d| !(HEADER_LEN + 8..=65507).contains(d)) {
             return Err(Error::Config(format!(
-                "UDP datagram size {} must lie between {} and 65507 bytes",
-                self.udp_datagram,
+                "datagram size {d} must lie between {} and 65507 bytes",
                 HEADER_LEN + 8
             )));
         }

@@ -46,11 +46,9 @@ fn hostile_datagrams_are_counted_and_dropped() {
     let start = std::time::Instant::now();
 
     let kv = Rendezvous::connect(&tj.url(), Duration::from_secs(5)).unwrap();
-    let addr: SocketAddr = kv
-        .get("udp/1/1", Duration::from_secs(5))
-        .unwrap()
-        .parse()
-        .unwrap();
+    // The endpoint's link as published: `udp,ADDR:PORT,MAXDGRAM`.
+    let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
+    let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();
     let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
     let good = Header {
         kind: FrameKind::Data,

@@ -1,5 +1,5 @@
 //! Transport conformance suite: the same tests run over every transport (shared memory,
-//! UDP), with ranks as threads of the test process.
+//! UDP, raw Ethernet), with ranks as threads of the test process.
 
 mod common;
 
@@ -365,6 +365,33 @@ conformance!(
         .with_reliability(Mode::Offload)
         .with_faults(Some(lossy()))
 );
+
+// Raw Ethernet between nodes of a test cluster (one rank per node, in network
+// namespaces; needs root).
+conformance!(eth, config(TransportChoice::Eth));
+conformance!(
+    eth_lossy,
+    config(TransportChoice::Eth).with_faults(Some(lossy()))
+);
+conformance!(
+    eth_offload,
+    config(TransportChoice::Eth).with_reliability(Mode::Offload)
+);
+
+/// The eth suites above really run over raw Ethernet (an endpoint that cannot open an
+/// `AF_PACKET` socket falls back to UDP, which would pass them too).
+#[test]
+fn eth_suite_runs_over_raw_ethernet() {
+    run_ranks(2, config(TransportChoice::Eth), |job| {
+        let ep = job.open(1).unwrap();
+        let peer = 1 - job.rank();
+        assert_eq!(ep.transport_to(peer).unwrap(), quiver::Transport::Eth);
+        ep.target_rank(peer).unwrap();
+        ep.write(b"over ethernet").unwrap();
+        assert_eq!(&*ep.read_timeout(T).unwrap(), b"over ethernet");
+        settle(&job, &ep);
+    });
+}
 
 fn lossy() -> FaultConfig {
     FaultConfig::parse("loss=0.05,dup=0.01,reorder=0.02,corrupt=0.01,seed=11").unwrap()

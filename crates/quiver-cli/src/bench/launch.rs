@@ -2,9 +2,12 @@
 //! child command line (rebuilt from the parsed options, so that defaults resolved here,
 //! like the wait mode, are the same on both ranks), its environment (`QUIVER_TRANSPORT`,
 //! `QUIVER_WAIT`, a marker against launch loops) and the call to [`crate::run::launch`].
+//! With `--cluster NAME` the job runs on that emulated cluster, one rank per node unless
+//! `--ppn` says otherwise ([`crate::cluster::Placement`]).
 
 use super::sizes::fmt_list;
 use super::{BenchCmd, BenchOpts, TransportArg};
+use crate::cluster::Placement;
 use crate::run::{launch, LaunchSpec};
 use std::ffi::OsString;
 
@@ -81,8 +84,9 @@ pub fn child_env(opts: &BenchOpts, transport: TransportArg) -> Vec<(String, Stri
     env
 }
 
-/// Launches a two-rank job of this executable with `args` and `extra_env`; returns its
-/// exit code, or an error if it could not be started.
+/// Launches a two-rank job of this executable with `args` and `extra_env` (on the
+/// cluster of `--cluster`, if given); returns its exit code, or an error if it could not
+/// be started.
 pub fn launch_job(
     opts: &BenchOpts,
     args: Vec<OsString>,
@@ -91,6 +95,12 @@ pub fn launch_job(
     let program = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot find the quiver executable to re-launch: {e}"))?
         .into_os_string();
+    // On a cluster, one rank per node unless --ppn says otherwise.
+    let ppn = Some(opts.ppn.unwrap_or(1));
+    let placement = match &opts.cluster {
+        None => None,
+        Some(name) => Some(Placement::resolve(name, RANKS, ppn)?),
+    };
     launch(&LaunchSpec {
         n: RANKS,
         program,
@@ -100,6 +110,7 @@ pub fn launch_job(
         pin_cpus: !opts.no_pin,
         extra_env,
         keep_going: false,
+        placement,
     })
 }
 
@@ -143,6 +154,8 @@ mod tests {
             push: None,
             no_pin: true,
             timeout: Some(Duration::from_secs(5)),
+            cluster: None,
+            ppn: None,
         };
         let a: Vec<String> = child_args(&opts, Some(BenchCmd::Bw), TransportArg::Udp, false)
             .into_iter()

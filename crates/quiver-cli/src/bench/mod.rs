@@ -143,6 +143,14 @@ pub struct BenchOpts {
     /// Limit for each launched job, in seconds.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, global = true)]
     pub timeout: Option<Duration>,
+    /// Run the two ranks on emulated cluster NAME (`quiver cluster up`), on different
+    /// nodes unless --ppn 2; needs root.
+    #[arg(long, value_name = "NAME", global = true)]
+    pub cluster: Option<String>,
+    /// Ranks per node with --cluster (default 1: the ranks talk through the switch).
+    #[arg(long, value_name = "M", requires = "cluster", global = true,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub ppn: Option<u32>,
 }
 
 /// `--reliability` values.
@@ -229,6 +237,9 @@ pub enum TransportArg {
     Shm,
     /// UDP even between ranks of one host (QUIVER_TRANSPORT=udp).
     Udp,
+    /// Raw Ethernet between nodes of an emulated cluster (QUIVER_TRANSPORT=eth; needs
+    /// --cluster and CAP_NET_RAW).
+    Eth,
 }
 
 impl TransportArg {
@@ -237,6 +248,7 @@ impl TransportArg {
         match self {
             TransportArg::Shm => "shm",
             TransportArg::Udp => "udp",
+            TransportArg::Eth => "eth",
         }
     }
     /// Value of `QUIVER_TRANSPORT` that selects it.
@@ -244,6 +256,7 @@ impl TransportArg {
         match self {
             TransportArg::Shm => "auto",
             TransportArg::Udp => "udp",
+            TransportArg::Eth => "eth",
         }
     }
 }

@@ -177,6 +177,7 @@ pub fn job_config(opts: &BenchOpts, max_size: usize, tagged: bool) -> anyhow::Re
         cfg = cfg.with_transport(match t {
             TransportArg::Shm => TransportChoice::Auto,
             TransportArg::Udp => TransportChoice::Udp,
+            TransportArg::Eth => TransportChoice::Eth,
         });
     }
     let wait = super::effective_wait(opts);
@@ -341,11 +342,16 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let transport = ep
         .transport_to(peer)
         .with_context(|| setup(&format!("transport to rank {peer}")))?;
-    if opts.transport == Some(TransportArg::Udp) && transport != Transport::Udp {
+    let asked = match opts.transport {
+        Some(TransportArg::Udp) => Some(Transport::Udp),
+        Some(TransportArg::Eth) => Some(Transport::Eth),
+        _ => None,
+    };
+    if let Some(want) = asked.filter(|&w| w != transport) {
         bail!(
             "{}",
             setup(&format!(
-                "--transport udp asked for, but the endpoint uses {transport}"
+                "--transport {want} asked for, but the endpoint uses {transport}"
             ))
         );
     }

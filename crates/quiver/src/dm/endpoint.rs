@@ -31,6 +31,8 @@ pub struct Endpoint {
     poller: Poller,
     waiter: Waiter,
     fd_exported: Cell<bool>,
+    /// The transport of this endpoint's network link (UDP where it has none).
+    net_transport: Transport,
     /// Runs on every error as it is delivered (see [`Endpoint::set_error_handler`]).
     error_handler: RefCell<Option<ErrorHandler>>,
 }
@@ -82,7 +84,7 @@ impl Endpoint {
         let cfg = &job.config;
         let me = job.rank;
         let shm = match cfg.transport {
-            TransportChoice::Auto => Some(ShmRx::create(
+            TransportChoice::Auto | TransportChoice::Eth => Some(ShmRx::create(
                 job.job_id,
                 me,
                 dpid,
@@ -104,12 +106,17 @@ impl Endpoint {
         } else {
             None
         };
+        let net_transport = match (&udp, &offload) {
+            (Some(u), _) => u.link.transport(),
+            (None, Some(o)) => o.transport(),
+            (None, None) => Transport::Udp,
+        };
         let poller = Poller::new()?;
         if let Some(s) = &shm {
             poller.add(s.doorbell_fd())?;
         }
         if let Some(u) = &udp {
-            poller.add(u.link.as_raw_fd())?;
+            poller.add_with(u.link.as_raw_fd(), u.link.edge_triggered())?;
         }
         if let Some(o) = &offload {
             poller.add(o.bell_fd())?;
@@ -141,6 +148,7 @@ impl Endpoint {
             }),
             poller,
             fd_exported: Cell::new(false),
+            net_transport,
             error_handler: RefCell::new(None),
         })
     }
@@ -202,7 +210,7 @@ impl Endpoint {
             if self.job.config.transport == TransportChoice::Udp
                 || self.job.nids[rank as usize] != self.job.nids[self.job.rank as usize]
             {
-                Transport::Udp
+                self.net_transport
             } else {
                 Transport::Shm
             },
@@ -220,14 +228,14 @@ impl Endpoint {
         let timeout = self.job.config.connect_timeout;
         let conn = match self.transport_to(peer.rank)? {
             Transport::Shm => Conn::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
-            Transport::Udp if self.inner.borrow().offload.is_some() => {
+            Transport::Udp | Transport::Eth if self.inner.borrow().offload.is_some() => {
                 self.await_udp_peer(peer)?;
                 let mut inner = self.inner.borrow_mut();
                 let off = inner.offload.as_mut().expect("checked above");
                 off.connect(peer, self.waiter.mode)?;
                 Conn::Offload
             }
-            Transport::Udp => {
+            Transport::Udp | Transport::Eth => {
                 let mut guard = self.inner.borrow_mut();
                 let udp = guard
                     .udp
@@ -248,7 +256,7 @@ impl Endpoint {
     /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to register its UDP address.
     fn await_udp_peer(&self, peer: Source) -> Result<()> {
         let timeout = self.job.config.connect_timeout;
-        let key = format!("udp/{}/{}", peer.rank, peer.dpid);
+        let key = super::net::net_key(peer.rank, peer.dpid);
         match self.job.kv.get(&key, timeout) {
             Ok(_) => Ok(()),
             Err(Error::Timeout(_)) => Err(Error::PeerNotFound {
@@ -648,7 +656,7 @@ impl Endpoint {
             }
             Token::Udp { slot, peer } => {
                 if let Some(udp) = inner.udp.as_mut() {
-                    udp.pool.free_slot(slot);
+                    udp.link.free_slot(slot);
                     // A receive buffer is free again: credit for the sender.
                     let now = udp.last_now;
                     if let Some(p) = udp.peers.get_mut(peer as usize) {
@@ -745,7 +753,7 @@ impl Endpoint {
             } => {
                 inner.stats.bytes_received += len as u64;
                 let udp = inner.udp.as_ref().expect("slot messages come from UDP");
-                let ptr = udp.pool.slot(slot)[offset..].as_ptr();
+                let ptr = udp.link.slot(slot)[offset..].as_ptr();
                 Message {
                     ep: self,
                     ptr,

@@ -46,10 +46,13 @@ pub struct EndpointStats {
     pub msgs_received: u64,
     /// Payload bytes read.
     pub bytes_received: u64,
-    /// UDP datagrams sent.
+    /// Network frames (UDP datagrams or Ethernet frames) sent.
     pub frames_sent: u64,
-    /// UDP datagrams received.
+    /// Network frames received.
     pub frames_received: u64,
+    /// Ethernet frames the kernel dropped because the endpoint's receive ring was full
+    /// (repaired by retransmission in `host` and `offload` mode).
+    pub ring_drops: u64,
     /// Writes that found the receiver's pool full and had to wait.
     pub send_stalls: u64,
     /// Frames dropped because they did not decode (truncated, bad version, bad kind...).

@@ -1,5 +1,6 @@
-//! The network side of an endpoint: its UDP socket, its receive pool, the fault
-//! injector, and one reliable channel state machine ([`Duplex`]) per peer endpoint.
+//! The network side of an endpoint: its network link (UDP or raw Ethernet, with its
+//! receive memory), the fault injector, and one reliable channel state machine
+//! ([`Duplex`]) per peer endpoint.
 //!
 //! [`Net`] is driven by whoever owns it: the endpoint itself inside every quiver call
 //! (`host` and `none` reliability) or the offload engine's progress thread (`offload`).
@@ -11,26 +12,25 @@ use super::{EndpointStats, Source};
 use crate::channel::reliable::{ChannelError, Duplex, Event, Time};
 use crate::channel::{Delivery, RxChannel};
 use crate::job::JobShared;
+use crate::link::network::{NetDest, NetLink};
 use crate::link::sim::FaultInjector;
-use crate::link::udp::{Datagram, SlotPool, SockAddr, UdpLink};
+use crate::link::udp::Datagram;
 use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
 use crate::{Error, Result};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Idle network polls between two reads of the protocol clock (for timers).
 const CLOCK_EVERY: u32 = 32;
 
-/// The network side of an endpoint: its socket, its receive pool and one reliable
-/// channel state machine per peer endpoint.
+/// The network side of an endpoint: its link (and the receive memory the link owns) and
+/// one reliable channel state machine per peer endpoint.
 pub(super) struct Net {
     pub(super) job: Arc<JobShared>,
     pub(super) dpid: u16,
-    pub(super) link: UdpLink,
-    pub(super) pool: SlotPool,
+    pub(super) link: NetLink,
     pub(super) peers: Vec<Peer>,
     pub(super) peer_index: HashMap<Source, usize>,
     pub(super) scratch: Vec<Datagram>,
@@ -84,7 +84,7 @@ impl Peer {
 /// One peer endpoint reached over the network.
 pub(super) struct Peer {
     pub(super) source: Source,
-    pub(super) dest: SockAddr,
+    pub(super) dest: NetDest,
     pub(super) duplex: Duplex<RxFrame>,
     pub(super) rx: RxChannel,
     /// The peer said goodbye: nothing it has not acknowledged will be.
@@ -106,15 +106,13 @@ pub(super) enum Ready {
 }
 
 impl Net {
-    /// Binds the endpoint's socket and publishes its address in the rendezvous.
+    /// Opens the endpoint's link and publishes its address in the rendezvous.
     pub(super) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Net> {
         let me = job.rank;
-        let link = UdpLink::bind(job.addrs[me as usize])?;
-        job.kv
-            .put(&format!("udp/{me}/{dpid}"), &link.local_addr().to_string())?;
+        let link = NetLink::open(&job.config, job.addrs[me as usize], job.node_port(me), dpid)?;
+        job.kv.put(&net_key(me, dpid), &link.advertise())?;
         let cfg = &job.config;
         Ok(Net {
-            pool: SlotPool::new(cfg.pool_size, cfg.udp_datagram),
             faults: cfg.faults.clone().map(FaultInjector::new),
             link,
             peers: Vec::new(),
@@ -144,7 +142,7 @@ impl Net {
             return Ok(i);
         }
         let timeout = self.job.config.connect_timeout;
-        let key = format!("udp/{}/{}", peer.rank, peer.dpid);
+        let key = net_key(peer.rank, peer.dpid);
         let not_found = || Error::PeerNotFound {
             rank: peer.rank,
             dpid: peer.dpid,
@@ -159,17 +157,24 @@ impl Net {
         } else {
             self.job.kv.try_get(&key)?.ok_or_else(not_found)?
         };
-        let dest: SocketAddr = addr.parse().map_err(|_| Error::Rendezvous {
-            url: self.job.kv.url().to_string(),
-            reason: format!("bad UDP address {addr:?} for {key}"),
-        })?;
+        let dest = self
+            .link
+            .resolve(&addr)
+            .map_err(|reason| Error::Rendezvous {
+                url: self.job.kv.url().to_string(),
+                reason: format!("{key}: {reason}"),
+            })?;
         let template = self.header_to(FrameKind::Data, peer.dpid);
-        let duplex = Duplex::new(&self.job.config.reliable(), template)
+        let reliable = crate::channel::reliable::Config {
+            max_datagram: dest.max_datagram,
+            ..self.job.config.reliable()
+        };
+        let duplex = Duplex::new(&reliable, template)
             .map_err(|e| Error::Config(format!("reliable channels: {e}")))?;
         let i = self.peers.len();
         self.peers.push(Peer {
             source: peer,
-            dest: SockAddr::from(&dest),
+            dest,
             duplex,
             rx: RxChannel::new(),
             closed: false,
@@ -190,7 +195,7 @@ impl Net {
     ) -> Result<()> {
         let mut batch = std::mem::take(&mut self.scratch);
         batch.clear();
-        let received = self.link.recv_batch(&mut self.pool, &mut batch);
+        let received = self.link.recv_batch(&mut batch);
         if batch.is_empty() && self.next_deadline.is_none() && self.delayed.is_empty() {
             self.scratch = batch;
             return received;
@@ -209,7 +214,7 @@ impl Net {
         let mut touched = false;
         for d in &batch {
             stats.frames_received += 1;
-            let bytes = &self.pool.slot(d.slot)[..d.len];
+            let bytes = &self.link.slot(d.slot)[..d.len];
             let decoded = match wire::decode(bytes) {
                 Ok(frame) => {
                     let data = frame.data();
@@ -242,7 +247,7 @@ impl Net {
                             touched = true;
                         }
                     }
-                    self.pool.free_slot(d.slot);
+                    self.link.free_slot(d.slot);
                     continue;
                 }
             };
@@ -274,10 +279,10 @@ impl Net {
                     touched = true;
                     self.data_frames += u64::from(h.kind == FrameKind::Data);
                     if let Some(back) = self.peers[i].duplex.handle_frame(now, &h, rxf) {
-                        self.pool.free_slot(back.slot);
+                        self.link.free_slot(back.slot);
                     }
                 }
-                None => self.pool.free_slot(d.slot),
+                None => self.link.free_slot(d.slot),
             }
         }
         self.scratch = batch;
@@ -294,7 +299,7 @@ impl Net {
             }
             while let Some(d) = deliver.then(|| p.duplex.poll_deliver()).flatten() {
                 let (off, len) = (d.data_off as usize, d.data_len as usize);
-                let data = &self.pool.slot(d.slot)[off..off + len];
+                let data = &self.link.slot(d.slot)[off..off + len];
                 let out = p.rx.on_data(d.seq, d.flags, d.total_len, data, max_message);
                 stats.dropped_oversized += out.oversized as u64;
                 stats.dropped_malformed += out.malformed as u64;
@@ -313,11 +318,11 @@ impl Net {
                             data,
                             source: p.source,
                         });
-                        self.pool.free_slot(d.slot);
+                        self.link.free_slot(d.slot);
                         p.duplex.handle_release(now, 1);
                     }
                     Delivery::None => {
-                        self.pool.free_slot(d.slot);
+                        self.link.free_slot(d.slot);
                         p.duplex.handle_release(now, 1);
                     }
                 }
@@ -412,6 +417,7 @@ impl Net {
             st.credit_stalls += c.credit_stalls;
             st.acks_sent += c.acks_explicit;
         }
+        st.ring_drops = self.link.ring_drops();
         if let Some(f) = &self.faults {
             let c = f.counters();
             st.faults_lost = c.lost;
@@ -420,6 +426,11 @@ impl Net {
             st.faults_corrupted = c.corrupted;
         }
     }
+}
+
+/// The rendezvous key under which endpoint `dpid` of `rank` publishes its link.
+pub(super) fn net_key(rank: u32, dpid: u16) -> String {
+    format!("net/{rank}/{dpid}")
 }
 
 pub(super) fn channel_error(peer: Source, e: &ChannelError) -> Error {

@@ -126,12 +126,19 @@ pub(super) struct Offload {
     thread: Option<JoinHandle<()>>,
     flush_seq: u64,
     max_message: usize,
+    transport: crate::Transport,
 }
 
 impl Offload {
+    /// The transport of the engine's network link.
+    pub(super) fn transport(&self) -> crate::Transport {
+        self.transport
+    }
+
     /// Opens the endpoint's network side and starts its engine thread.
     pub(super) fn start(job: Arc<JobShared>, dpid: u16) -> Result<Offload> {
         let net = Net::open(job.clone(), dpid)?;
+        let transport = net.link.transport();
         let max_message = job.config.max_message;
         let (commands, cmd_rx) = HeapRing::split(REC_HDR + max_message);
         let (delivery_tx, deliveries) = HeapRing::split(REC_HDR + max_message);
@@ -144,7 +151,7 @@ impl Offload {
             news: Mutex::new(News::default()),
         });
         let poller = Poller::new()?;
-        poller.add(net.link.as_raw_fd())?;
+        poller.add_with(net.link.as_raw_fd(), net.link.edge_triggered())?;
         poller.add(shared.engine_bell.as_raw_fd())?;
         let cpu = job.config.offload_cpu;
         let engine = Engine {
@@ -172,6 +179,7 @@ impl Offload {
             })
             .map_err(|e| Error::io("spawning the offload engine thread", e))?;
         Ok(Offload {
+            transport,
             commands,
             deliveries,
             shared,
@@ -572,7 +580,7 @@ impl Engine {
                     len,
                     source,
                     ..
-                } => (*source, &self.net.pool.slot(*slot)[*offset..*offset + *len]),
+                } => (*source, &self.net.link.slot(*slot)[*offset..*offset + *len]),
                 Ready::Owned { data, source } => (*source, data),
             };
             if !self
@@ -583,7 +591,7 @@ impl Engine {
             }
             moved = true;
             if let Some(Ready::Slot { slot, peer, .. }) = self.ready.pop_front() {
-                self.net.pool.free_slot(slot);
+                self.net.link.free_slot(slot);
                 let now = self.net.last_now;
                 if let Some(p) = self.net.peers.get_mut(peer as usize) {
                     p.duplex.handle_release(now, 1);

@@ -31,8 +31,15 @@ impl Poller {
 
     /// Adds `fd` (level-triggered, readable).
     pub(crate) fn add(&self, fd: RawFd) -> Result<()> {
+        self.add_with(fd, false)
+    }
+
+    /// Adds `fd`, readable, edge-triggered if `edge`: for a descriptor that stays readable
+    /// while its owner holds what arrived (a packet ring whose newest frame is held), so
+    /// that a sleeper wakes once per arrival instead of spinning.
+    pub(crate) fn add_with(&self, fd: RawFd, edge: bool) -> Result<()> {
         let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
+            events: libc::EPOLLIN as u32 | if edge { libc::EPOLLET as u32 } else { 0 },
             u64: fd as u64,
         };
         // SAFETY: both descriptors are valid; ev is a valid epoll_event.

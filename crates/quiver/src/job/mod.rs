@@ -44,6 +44,14 @@ impl JobShared {
         self.nids.iter().max().map_or(1, |m| *m as usize + 1)
     }
 
+    /// The place of `rank` among the ranks of its node (0 for the first): the port that
+    /// tells apart the endpoints of one node on a shared Ethernet interface.
+    pub(crate) fn node_port(&self, rank: u32) -> u16 {
+        let nid = self.nids[rank as usize];
+        let before = self.nids[..rank as usize].iter().filter(|&&n| n == nid);
+        before.count().min(u16::MAX as usize) as u16
+    }
+
     pub(crate) fn close_dpid(&self, dpid: u16) {
         if let Ok(mut open) = self.open_dpids.lock() {
             open.remove(&dpid);

@@ -1,6 +1,10 @@
 //! Link layer: transports that move frames between endpoints.
 #[cfg(not(loom))]
 pub mod cma;
+#[cfg(not(loom))]
+pub(crate) mod eth;
+#[cfg(not(loom))]
+pub(crate) mod network;
 pub mod shm;
 #[cfg(not(loom))]
 pub mod sim;
@@ -14,6 +18,8 @@ pub enum Transport {
     Shm,
     /// UDP datagrams.
     Udp,
+    /// Raw Ethernet frames (`AF_PACKET`).
+    Eth,
 }
 
 impl std::fmt::Display for Transport {
@@ -21,6 +27,7 @@ impl std::fmt::Display for Transport {
         f.write_str(match self {
             Transport::Shm => "shm",
             Transport::Udp => "udp",
+            Transport::Eth => "eth",
         })
     }
 }

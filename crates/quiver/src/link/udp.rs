@@ -40,6 +40,11 @@ impl SlotPool {
         }
     }
 
+    /// Bytes per slot: the largest datagram the pool receives.
+    pub(crate) fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
     /// The bytes of slot `i`.
     pub(crate) fn slot(&self, i: u32) -> &[u8] {
         let at = i as usize * self.slot_size;

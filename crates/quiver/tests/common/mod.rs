@@ -14,6 +14,8 @@ pub struct TestJob {
     pub job_id: u32,
     pub token: u64,
     pub size: u32,
+    /// A store other than the server's (a `file://` store for ranks in namespaces).
+    pub url: Option<String>,
 }
 
 impl TestJob {
@@ -28,11 +30,24 @@ impl TestJob {
             job_id: u32::from_le_bytes(b[..4].try_into().unwrap()) | 1,
             token: u64::from_le_bytes(b[4..].try_into().unwrap()),
             size,
+            url: None,
+        }
+    }
+
+    /// A job whose ranks meet in the store at `url` (the test's own tcp store stays
+    /// unused).
+    pub fn with_url(size: u32, url: String) -> TestJob {
+        TestJob {
+            url: Some(url),
+            ..TestJob::new(size)
         }
     }
 
     pub fn url(&self) -> String {
-        format!("tcp://{}", self.server.local_addr())
+        match &self.url {
+            Some(u) => u.clone(),
+            None => format!("tcp://{}", self.server.local_addr()),
+        }
     }
 
     /// The variables `quiver run` would give `rank` (plus `extra`).
@@ -74,7 +89,9 @@ pub fn config(transport: TransportChoice) -> Config {
         .with_wait(WaitMode::Hybrid(Duration::from_micros(20)))
 }
 
-/// Runs `body(job)` on `size` rank-threads and propagates the first panic.
+/// Runs `body(job)` on `size` rank-threads and propagates the first panic. With
+/// [`TransportChoice::Eth`] every rank runs on a node of its own of a [`TestCluster`]
+/// (skipped with a note where namespaces cannot be made).
 pub fn run_ranks<F>(size: u32, config: Config, body: F)
 where
     F: Fn(Job) + Send + Sync + 'static,
@@ -87,7 +104,21 @@ pub fn run_ranks_env<F>(size: u32, config: Config, extra: &[(&str, &str)], body:
 where
     F: Fn(Job) + Send + Sync + 'static,
 {
-    let tj = Arc::new(TestJob::new(size));
+    let cluster = if config.transport == TransportChoice::Eth {
+        match TestCluster::up(size) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let tj = Arc::new(match &cluster {
+        Some(c) => TestJob::with_url(size, c.store_url()),
+        None => TestJob::new(size),
+    });
     let body = Arc::new(body);
     let extra: Vec<(String, String)> = extra
         .iter()
@@ -95,11 +126,17 @@ where
         .collect();
     let handles: Vec<_> = (0..size)
         .map(|rank| {
-            let (tj, body, config, extra) =
+            let (tj, body, config, mut extra) =
                 (tj.clone(), body.clone(), config.clone(), extra.clone());
+            let cluster = cluster.clone();
             std::thread::Builder::new()
                 .name(format!("rank{rank}"))
                 .spawn(move || {
+                    if let Some(c) = &cluster {
+                        c.enter(rank as usize);
+                        extra.push(("QUIVER_NODE".into(), format!("node{rank}")));
+                        extra.push(("QUIVER_ADDR".into(), c.addr(rank as usize)));
+                    }
                     let extra: Vec<(&str, &str)> = extra
                         .iter()
                         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -132,4 +169,109 @@ pub fn pattern(src: u32, seq: u32, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A small emulated cluster for whole-stack tests over raw Ethernet: one network
+/// namespace per node, each with a veth into a bridge in a switch namespace, addresses
+/// 10.213.0.N. The namespaces are private to the test (their addresses cannot clash with
+/// the host's or another test's) and are removed on drop. Rank threads enter their node's
+/// namespace with `setns`, which moves only the calling thread.
+pub struct TestCluster {
+    prefix: String,
+    nodes: usize,
+    store: std::path::PathBuf,
+}
+
+impl TestCluster {
+    /// Builds a cluster of `nodes` nodes, or says why it cannot (not root, no `ip`).
+    pub fn up(nodes: u32) -> Result<TestCluster, String> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("qvt{}-{id}", std::process::id());
+        let store = std::env::temp_dir().join(format!("{prefix}-store"));
+        let c = TestCluster {
+            prefix,
+            nodes: nodes as usize,
+            store,
+        };
+        let sw = c.ns("sw");
+        ip(&["netns", "add", &sw])?;
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        for n in 0..c.nodes {
+            let ns = c.ns(&format!("n{n}"));
+            let port = format!("p{n}");
+            ip(&["netns", "add", &ns])?;
+            ip(&[
+                "-n", &sw, "link", "add", &port, "type", "veth", "peer", "name", "qv0", "netns",
+                &ns,
+            ])?;
+            ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", c.addr(n)),
+                "dev",
+                "qv0",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "qv0", "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        std::fs::create_dir_all(&c.store).map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+
+    fn ns(&self, what: &str) -> String {
+        format!("{}-{what}", self.prefix)
+    }
+
+    /// The address of node `n`.
+    pub fn addr(&self, n: usize) -> String {
+        format!("10.213.0.{}", n + 1)
+    }
+
+    /// A `file://` rendezvous store every namespace reaches (the file system is shared).
+    pub fn store_url(&self) -> String {
+        format!("file://{}", self.store.display())
+    }
+
+    /// Moves the calling thread into node `n`'s network namespace.
+    pub fn enter(&self, n: usize) {
+        use std::os::fd::AsRawFd;
+        let f = std::fs::File::open(format!("/run/netns/{}", self.ns(&format!("n{n}"))))
+            .expect("open the node's namespace");
+        // SAFETY: setns on a valid namespace descriptor; it changes only this thread's
+        // network namespace.
+        let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.ns("sw")]);
+        for n in 0..self.nodes {
+            let _ = ip(&["netns", "del", &self.ns(&format!("n{n}"))]);
+        }
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }

@@ -1,0 +1,264 @@
+//! An endpoint's network link: UDP datagrams or raw Ethernet frames, behind one
+//! interface so that the channel layer above runs unchanged over either.
+//!
+//! [`NetLink`] owns the receive memory: for UDP the endpoint's slot pool, which
+//! `recvmmsg` fills; for Ethernet the receive ring that the kernel fills and the process
+//! reads in place (Directed Point's token buffer pool). Either way a received frame is a
+//! slot index and a length, read with [`NetLink::slot`] and given back with
+//! [`NetLink::free_slot`].
+//!
+//! Which link an endpoint gets ([`choose`]): Ethernet when `QUIVER_TRANSPORT=eth`, or when
+//! the rank runs on a node of an emulated cluster (`QUIVER_CLUSTER`, set by
+//! `quiver run --cluster`) and the transport is left on `auto`; UDP otherwise. Ethernet
+//! needs `CAP_NET_RAW` and an interface that carries the rank's address; where either is
+//! missing the endpoint takes UDP and logs one line that says why.
+//!
+//! Each endpoint publishes its link in the rendezvous store under `net/RANK/DPID` as
+//! `udp,ADDR:PORT,MAXDGRAM` or `eth,MAC,PORT,MAXDGRAM`; a sender splits messages into
+//! datagrams no longer than the smaller of its own and the receiver's maximum, which
+//! follow the MTU of each side's interface (jumbo frames included).
+
+use super::eth::{self, EthDest, EthLink, Interface, MacAddr};
+use super::udp::{Datagram, SlotPool, SockAddr, UdpLink};
+use crate::config::{Config, TransportChoice};
+use crate::{Error, Result, Transport};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// IPv4 and UDP headers, subtracted from the MTU to get the largest UDP payload.
+const IPV4_UDP_HEADERS: usize = 28;
+/// IPv6 and UDP headers.
+const IPV6_UDP_HEADERS: usize = 48;
+/// The largest UDP payload of all.
+const UDP_MAX: usize = 65507;
+/// Datagram size when the MTU cannot be found.
+const FALLBACK_DATAGRAM: usize = 1472;
+
+/// The network link of one endpoint.
+pub(crate) enum NetLink {
+    /// A UDP socket and the slot pool its datagrams land in.
+    Udp { sock: UdpLink, pool: SlotPool },
+    /// An `AF_PACKET` socket with memory-mapped rings.
+    Eth(EthLink),
+}
+
+/// Where one peer endpoint's frames go, and the largest datagram it accepts.
+pub(crate) struct NetDest {
+    pub(crate) to: DestAddr,
+    pub(crate) max_datagram: usize,
+}
+
+pub(crate) enum DestAddr {
+    Udp(SockAddr),
+    Eth(EthDest),
+}
+
+impl NetLink {
+    /// Opens the link `config` asks for, for endpoint `dpid` of a rank whose address is
+    /// `ip` and that is the `port`-th rank of its node (Ethernet tells the endpoints of
+    /// one node apart by port).
+    pub(crate) fn open(config: &Config, ip: IpAddr, port: u16, dpid: u16) -> Result<NetLink> {
+        if let Some(why_not) = wants_eth(config) {
+            match open_eth(config, ip, port, dpid) {
+                Ok(link) => return Ok(link),
+                Err(why) => fall_back_once(why_not, &why),
+            }
+        }
+        let sock = UdpLink::bind(ip)?;
+        let max = match config.datagram {
+            Some(d) => d,
+            None => udp_datagram_for(ip),
+        };
+        let pool_bytes = config.pool_size.max(max * 4 * config.window as usize);
+        Ok(NetLink::Udp {
+            sock,
+            pool: SlotPool::new(pool_bytes, max),
+        })
+    }
+
+    /// Which transport this link is.
+    pub(crate) fn transport(&self) -> Transport {
+        match self {
+            NetLink::Udp { .. } => Transport::Udp,
+            NetLink::Eth(_) => Transport::Eth,
+        }
+    }
+
+    /// Whether a sleeper should wait for this link's descriptor edge-triggered: a packet
+    /// ring stays readable while its newest frame is held.
+    pub(crate) fn edge_triggered(&self) -> bool {
+        matches!(self, NetLink::Eth(_))
+    }
+
+    /// What peers need to reach this endpoint (the rendezvous value).
+    pub(crate) fn advertise(&self) -> String {
+        match self {
+            NetLink::Udp { sock, pool } => {
+                format!("udp,{},{}", sock.local_addr(), pool.slot_size())
+            }
+            NetLink::Eth(e) => format!("eth,{},{},{}", e.mac(), e.port(), e.max_datagram()),
+        }
+    }
+
+    /// The destination a peer advertised, checked against this link's kind.
+    pub(crate) fn resolve(&self, advertised: &str) -> std::result::Result<NetDest, String> {
+        let fields: Vec<&str> = advertised.split(',').collect();
+        let max_of = |s: &str| -> std::result::Result<usize, String> {
+            s.parse::<usize>()
+                .ok()
+                .filter(|&m| (crate::wire::MIN_DATAGRAM..=u16::MAX as usize).contains(&m))
+                .ok_or_else(|| format!("bad maximum datagram {s:?}"))
+        };
+        let dest = match (self, fields.as_slice()) {
+            (NetLink::Udp { pool, .. }, ["udp", addr, max]) => {
+                let a: SocketAddr = addr
+                    .parse()
+                    .map_err(|_| format!("bad UDP address {addr:?}"))?;
+                NetDest {
+                    to: DestAddr::Udp(SockAddr::from(&a)),
+                    max_datagram: max_of(max)?.min(pool.slot_size()),
+                }
+            }
+            (NetLink::Eth(e), ["eth", mac, port, max]) => {
+                let mac: MacAddr = mac.parse().map_err(|e: eth::MacParseError| e.to_string())?;
+                let port: u16 = port.parse().map_err(|_| format!("bad port {port:?}"))?;
+                NetDest {
+                    to: DestAddr::Eth(EthDest { mac, port }),
+                    max_datagram: max_of(max)?.min(e.max_datagram()),
+                }
+            }
+            (_, [kind, ..]) if *kind == "udp" || *kind == "eth" => {
+                return Err(format!(
+                    "the peer endpoint uses {kind} and this one {}: set QUIVER_TRANSPORT alike \
+                     on every rank (an endpoint without CAP_NET_RAW falls back to udp)",
+                    self.transport()
+                ))
+            }
+            _ => return Err(format!("bad network address {advertised:?}")),
+        };
+        Ok(dest)
+    }
+
+    /// Takes the frames that have arrived, without blocking.
+    #[inline]
+    pub(crate) fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> Result<()> {
+        match self {
+            NetLink::Udp { sock, pool } => sock.recv_batch(pool, out),
+            NetLink::Eth(e) => e.recv_batch(out),
+        }
+    }
+
+    /// The bytes of received slot `slot` (the frame is its first `len` bytes).
+    #[inline]
+    pub(crate) fn slot(&self, slot: u32) -> &[u8] {
+        match self {
+            NetLink::Udp { pool, .. } => pool.slot(slot),
+            NetLink::Eth(e) => e.slot(slot),
+        }
+    }
+
+    /// Gives a received slot back for new frames.
+    #[inline]
+    pub(crate) fn free_slot(&mut self, slot: u32) {
+        match self {
+            NetLink::Udp { pool, .. } => pool.free_slot(slot),
+            NetLink::Eth(e) => e.free_slot(slot),
+        }
+    }
+
+    /// Sends several datagrams to one peer.
+    pub(crate) fn send_batch(&self, dest: &NetDest, datagrams: &[&[u8]]) -> Result<()> {
+        match (self, &dest.to) {
+            (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_batch(a, datagrams),
+            (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_batch(d, datagrams),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Sends one datagram.
+    pub(crate) fn send_datagram(&self, dest: &NetDest, frame: &[u8]) -> Result<()> {
+        match (self, &dest.to) {
+            (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_datagram(a, frame),
+            (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_datagram(d, frame),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Frames the kernel dropped because the receive ring was full (Ethernet only).
+    pub(crate) fn ring_drops(&self) -> u64 {
+        match self {
+            NetLink::Udp { .. } => 0,
+            NetLink::Eth(e) => e.ring_drops(),
+        }
+    }
+}
+
+fn mismatch() -> Error {
+    Error::Config("a destination of the other network transport (internal error)".into())
+}
+
+impl AsRawFd for NetLink {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            NetLink::Udp { sock, .. } => sock.as_raw_fd(),
+            NetLink::Eth(e) => e.as_raw_fd(),
+        }
+    }
+}
+
+/// Whether `config` asks for Ethernet, and if so the reason, for the fallback message.
+fn wants_eth(config: &Config) -> Option<&'static str> {
+    match config.transport {
+        TransportChoice::Eth => Some("QUIVER_TRANSPORT=eth"),
+        TransportChoice::Auto if config.cluster.is_some() => Some("the emulated cluster"),
+        _ => None,
+    }
+}
+
+fn open_eth(config: &Config, ip: IpAddr, port: u16, dpid: u16) -> Result<NetLink> {
+    let iface = Interface::with_addr(ip)?.ok_or_else(|| {
+        Error::Config(format!(
+            "no network interface carries this rank's address {ip}"
+        ))
+    })?;
+    let mut iface = iface;
+    if let Some(d) = config.datagram {
+        // An explicit datagram size caps the frames as it caps UDP datagrams.
+        iface.mtu = iface.mtu.min(d + 2);
+    }
+    let ring = config
+        .pool_size
+        .max(4 * config.window as usize * (iface.mtu + 64));
+    Ok(NetLink::Eth(EthLink::open(&iface, port, dpid, ring)?))
+}
+
+/// Logs, once per process, why an endpoint that wanted Ethernet took UDP.
+fn fall_back_once(wanted_by: &str, why: &Error) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        let hint = if eth::is_permission(why) {
+            " (raw Ethernet needs CAP_NET_RAW)"
+        } else {
+            ""
+        };
+        tracing::warn!(
+            "raw Ethernet asked for by {wanted_by} is not available{hint}: {why}; using udp"
+        );
+    }
+}
+
+/// The largest UDP payload that fits the MTU of the interface carrying `ip`.
+fn udp_datagram_for(ip: IpAddr) -> usize {
+    let headers = if ip.is_ipv4() {
+        IPV4_UDP_HEADERS
+    } else {
+        IPV6_UDP_HEADERS
+    };
+    match Interface::with_addr(ip) {
+        Ok(Some(i)) if i.mtu > headers + crate::wire::MIN_DATAGRAM => {
+            (i.mtu - headers).min(UDP_MAX)
+        }
+        _ => FALLBACK_DATAGRAM,
+    }
+}

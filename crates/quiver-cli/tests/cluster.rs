@@ -619,17 +619,28 @@ fn ranks_are_placed_on_the_nodes() {
     assert!(text(&missing.stderr).contains("no cluster"));
 }
 
-/// Runs `quiver check` (all-to-all, so that ranks talk across nodes too) as 4 ranks on 2
-/// nodes; checks that it passes and that the job's shared-memory segments are gone
-/// afterwards.
-fn check_job(name: &str, transport: Option<&str>) {
+/// Runs `quiver check` (all-to-all, so that ranks talk across nodes too) as 2 ranks per
+/// node on `nodes` nodes, every byte checked, nothing lost or duplicated; checks that it
+/// used the transports `expect` (e.g. "shm+eth") and that the job's shared-memory
+/// segments are gone afterwards. `env` adds variables (QUIVER_TRANSPORT,
+/// QUIVER_RELIABILITY).
+fn check_job(name: &str, nodes: u32, env: &[(&str, &str)], expect: &str) {
+    let ranks = (2 * nodes).to_string();
+    // Fewer and smaller messages as the job grows: every rank talks to every other.
+    let sizes = if nodes > 2 {
+        "0,1,8,1K,4K,64K"
+    } else {
+        "0,1,8,1K,4K,64K,1M"
+    };
+    let script =
+        format!("echo job=$QUIVER_JOB_ID; exec \"$0\" check --pattern all-to-all --sizes {sizes}");
     let mut cmd = command(QUIVER);
     cmd.args([
         "run",
         "--cluster",
         name,
         "-n",
-        "4",
+        &ranks,
         "--ppn",
         "2",
         "--timeout",
@@ -637,20 +648,23 @@ fn check_job(name: &str, transport: Option<&str>) {
         "--",
         "sh",
         "-c",
-        "echo job=$QUIVER_JOB_ID; exec \"$0\" check --pattern all-to-all --sizes 0,1,8,1K,4K,64K,1M",
+        &script,
         QUIVER,
     ]);
-    if let Some(t) = transport {
-        cmd.env("QUIVER_TRANSPORT", t);
-    }
+    cmd.envs(env.iter().copied());
     let out = run(cmd);
     assert!(
         out.status.success(),
-        "check over {transport:?}: {}",
+        "check with {env:?}: {}",
         describe(&out)
     );
     let stdout = text(&out.stdout);
     assert!(stdout.contains("verified"), "{}", describe(&out));
+    assert!(
+        stdout.contains(&format!("transport {expect},")),
+        "expected transport {expect}: {}",
+        describe(&out)
+    );
     let job: u32 = stdout
         .split("job=")
         .nth(1)
@@ -677,8 +691,21 @@ fn check_passes_across_two_nodes() {
     let name = unique("check");
     let _down = Down(name.clone());
     quiver_ok(&["cluster", "up", &name, "--nodes", "2", "--link", "1gbit"]);
-    check_job(&name, None);
-    check_job(&name, Some("udp"));
+    // Between nodes of an emulated cluster, auto picks raw Ethernet.
+    check_job(&name, 2, &[], "shm+eth");
+    check_job(&name, 2, &[("QUIVER_TRANSPORT", "eth")], "shm+eth");
+    check_job(&name, 2, &[("QUIVER_TRANSPORT", "udp")], "udp");
+}
+
+#[test]
+fn check_passes_across_four_nodes() {
+    require_root!();
+    let _one = serial();
+    let name = unique("four");
+    let _down = Down(name.clone());
+    quiver_ok(&["cluster", "up", &name, "--nodes", "4"]);
+    check_job(&name, 4, &[], "shm+eth");
+    check_job(&name, 4, &[("QUIVER_TRANSPORT", "udp")], "udp");
 }
 
 #[test]
@@ -690,7 +717,11 @@ fn check_passes_over_a_lossy_switch() {
     quiver_ok(&[
         "cluster", "up", &name, "--nodes", "2", "--link", "1gbit", "--loss", "1%",
     ]);
-    check_job(&name, Some("udp"));
+    for reliability in ["host", "offload"] {
+        let r = ("QUIVER_RELIABILITY", reliability);
+        check_job(&name, 2, &[r], "shm+eth");
+        check_job(&name, 2, &[r, ("QUIVER_TRANSPORT", "udp")], "udp");
+    }
 }
 
 #[test]

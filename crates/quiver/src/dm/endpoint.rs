@@ -824,6 +824,14 @@ impl Drop for Endpoint {
         if let Some(off) = self.inner.borrow_mut().offload.as_mut() {
             off.close(LINGER.min(self.job.config.connect_timeout));
         }
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!(
+                "closing endpoint rank {} DPID {}: {:?}",
+                self.job.rank,
+                self.dpid,
+                self.stats()
+            );
+        }
         self.job.close_dpid(self.dpid);
     }
 }

@@ -256,9 +256,12 @@ impl Sender {
         }
         if advance > 0 {
             self.snd_una = stamp.ack;
-            // Progress shows the path works again: drop the backoff.
+            // Progress shows the path works again: the peer is not failing. The backed-off
+            // timeout stays until a round-trip sample of a frame sent once replaces it
+            // (Karn): frames acknowledged after a timeout were all resent, and going back
+            // to the old, too short timeout would resend the window again and again while
+            // a slow link drains its queue.
             self.rto_timeouts = 0;
-            self.rto = self.rto_base;
             if self.retransmit {
                 let mut sample = None;
                 for _ in 0..advance {

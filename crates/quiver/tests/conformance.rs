@@ -393,6 +393,51 @@ fn eth_suite_runs_over_raw_ethernet() {
     });
 }
 
+/// Without `CAP_NET_RAW` an endpoint asked for eth takes udp (and logs why): ranks that
+/// both lack it still talk.
+#[test]
+fn eth_without_cap_net_raw_falls_back_to_udp() {
+    run_ranks(2, config(TransportChoice::Eth), |job| {
+        drop_cap_net_raw();
+        let ep = job.open(1).unwrap();
+        let peer = 1 - job.rank();
+        assert_eq!(ep.transport_to(peer).unwrap(), quiver::Transport::Udp);
+        ep.target_rank(peer).unwrap();
+        ep.write(b"over udp").unwrap();
+        assert_eq!(&*ep.read_timeout(T).unwrap(), b"over udp");
+        settle(&job, &ep);
+    });
+}
+
+/// Removes `CAP_NET_RAW` from the calling thread's effective capabilities.
+fn drop_cap_net_raw() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const CAP_NET_RAW: u32 = 13;
+    let mut h = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget fills the header and two data structs (version 3).
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    d[0].effective &= !(1 << CAP_NET_RAW);
+    // SAFETY: capset reads the header and two data structs; pid 0 is this thread.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
 fn lossy() -> FaultConfig {
     FaultConfig::parse("loss=0.05,dup=0.01,reorder=0.02,corrupt=0.01,seed=11").unwrap()
 }

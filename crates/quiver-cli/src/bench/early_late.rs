@@ -154,13 +154,19 @@ pub fn spin(d: Duration) {
     }
 }
 
-/// Runs every push mode, receiver and size; rank 0 reports a row for each.
+/// Runs every push mode, receiver and size; rank 0 reports a row for each. The modes
+/// take turns size by size (rather than one mode's whole curve after another's), so that
+/// drift of a shared machine over the run falls on every mode alike: the figures that
+/// matter are ratios between modes at one size. The rows are reported afterwards, one
+/// mode's curve after another's.
 pub fn run(ctx: &Ctx<'_>, sizes: &[usize], mut sink: Option<&mut Sink>) -> anyhow::Result<()> {
     let t = ctx.tagged()?;
-    for mode in modes(ctx.opts) {
-        t.set_push(mode);
-        for receiver in RECEIVERS {
-            for &size in sizes {
+    let modes = modes(ctx.opts);
+    let mut rows = Vec::new();
+    for (r, receiver) in RECEIVERS.into_iter().enumerate() {
+        for (z, &size) in sizes.iter().enumerate() {
+            for (m, &mode) in modes.iter().enumerate() {
+                t.set_push(mode);
                 let what = format!(
                     "early-late {} {} {}",
                     mode.name(),
@@ -181,11 +187,17 @@ pub fn run(ctx: &Ctx<'_>, sizes: &[usize], mut sink: Option<&mut Sink>) -> anyho
                 })?;
                 if let Some(s) = sink.as_deref_mut() {
                     s.progress.end();
-                    if let Some(r) = row {
-                        s.emit(r)?;
-                    }
+                }
+                if let Some(row) = row {
+                    rows.push(((m, r, z), row));
                 }
             }
+        }
+    }
+    rows.sort_by_key(|(order, _)| *order);
+    if let Some(s) = sink {
+        for (_, row) in rows {
+            s.emit(row)?;
         }
     }
     Ok(())

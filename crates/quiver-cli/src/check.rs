@@ -107,7 +107,7 @@ pub struct CheckArgs {
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub count: u64,
-    /// Transport: shm (shared memory where possible) or udp (overrides QUIVER_TRANSPORT).
+    /// Transport: shm (shared memory where possible, the network between nodes), udp or eth (overrides QUIVER_TRANSPORT).
     #[arg(long, value_enum)]
     pub transport: Option<TransportArg>,
     /// Survive failed peers: a peer reported failed (PeerFailed) is dropped, what it sent

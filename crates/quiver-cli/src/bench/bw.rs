@@ -48,10 +48,10 @@ pub const TAGGED_WINDOW_BYTES: usize = 64 << 20;
 /// messages in flight both ranks can end up in a write that waits for credits which the
 /// other returns only when it reads (seen with bibw, 64 messages of 8 B to 4 KiB, push
 /// zero).
-pub fn tagged_window(window: u32, size: usize, udp: bool, net_window: u16) -> u32 {
+pub fn tagged_window(window: u32, size: usize, network: bool, net_window: u16) -> u32 {
     let fit = TAGGED_WINDOW_BYTES / size.max(1);
     let mut w = window.min(u32::try_from(fit).unwrap_or(u32::MAX));
-    if udp {
+    if network {
         w = w.min(u32::from(net_window / 4));
     }
     w.max(1)
@@ -62,7 +62,7 @@ pub fn effective_window(
     bench: Bench,
     size: usize,
     window: u32,
-    udp: bool,
+    network: bool,
     pool_size: usize,
 ) -> u32 {
     let cap = |w: u32, bytes: usize, per_msg: usize| -> u32 {
@@ -70,7 +70,7 @@ pub fn effective_window(
         w.min(u32::try_from(fit).unwrap_or(u32::MAX)).max(1)
     };
     let mut w = window.max(1);
-    if udp && size > 0 {
+    if network && size > 0 {
         w = cap(w, UDP_WINDOW_BYTES, size);
     }
     if bench == Bench::Bibw {
@@ -81,9 +81,9 @@ pub fn effective_window(
 
 /// Runs one size of `bw` or `bibw`; rank 0 returns the result, rank 1 `None`.
 pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<BenchResult>> {
-    let mut window = effective_window(bench, size, ctx.opts.window, ctx.udp(), ctx.pool_size);
+    let mut window = effective_window(bench, size, ctx.opts.window, ctx.network(), ctx.pool_size);
     if ctx.tagged.is_some() {
-        window = tagged_window(window, size, ctx.udp(), ctx.net_window);
+        window = tagged_window(window, size, ctx.network(), ctx.net_window);
     }
     let (iters, warmup) = ctx.iterations(bench, size, window);
     let buf = vec![0xa5u8; size];

@@ -96,7 +96,7 @@ pub enum BenchCmd {
 /// Options of every benchmark.
 #[derive(Args, Debug, Clone)]
 pub struct BenchOpts {
-    /// Transport between the two ranks: shm (shared memory where possible) or udp.
+    /// Transport between the two ranks: shm (shared memory where possible), udp or eth.
     #[arg(long, value_enum, global = true)]
     pub transport: Option<TransportArg>,
     /// Message sizes: comma list with K/M suffixes and ranges of powers of two, e.g.

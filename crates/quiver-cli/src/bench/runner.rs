@@ -63,9 +63,9 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    /// True over UDP.
-    pub fn udp(&self) -> bool {
-        self.transport == Transport::Udp
+    /// True over a network transport (UDP or raw Ethernet).
+    pub fn network(&self) -> bool {
+        matches!(self.transport, Transport::Udp | Transport::Eth)
     }
 
     /// Transport name.
@@ -73,9 +73,9 @@ impl<'a> Ctx<'a> {
         self.transport.to_string()
     }
 
-    /// Next message: blocking on shared memory, at most [`UDP_READ_TIMEOUT`] over UDP.
+    /// Next message: blocking on shared memory, at most [`UDP_READ_TIMEOUT`] over the network.
     pub fn recv(&self) -> quiver::Result<Message<'a>> {
-        if self.udp() {
+        if self.network() {
             self.ep.read_timeout(UDP_READ_TIMEOUT)
         } else {
             self.ep.read()
@@ -361,7 +361,7 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         rank,
         transport,
         wait,
-        reliability: (transport == Transport::Udp).then_some(reliability),
+        reliability: matches!(transport, Transport::Udp | Transport::Eth).then_some(reliability),
         pool_size,
         net_window,
         opts,

@@ -344,7 +344,10 @@ impl Config {
         if let Err(e) = self.reliable().validate() {
             return Err(Error::Config(format!("reliable channels: {e}")));
         }
-        if let Some(d) = self.datagram.filter(|d| !(HEADER_LEN + 8..=65507).contains(d)) {
+        if let Some(d) = self
+            .datagram
+            .filter(|d| !(HEADER_LEN + 8..=65507).contains(d))
+        {
             return Err(Error::Config(format!(
                 "datagram size {d} must lie between {} and 65507 bytes",
                 HEADER_LEN + 8

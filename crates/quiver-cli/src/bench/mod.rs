@@ -587,7 +587,7 @@ mod tests {
         assert!(parse(&["bw", "--window", "0"]).is_err());
         assert!(parse(&["bw", "--iters", "0"]).is_err());
         assert!(parse(&["bw", "--timeout", "-1"]).is_err());
-        assert!(parse(&["--transport", "eth"]).is_err());
+        assert!(parse(&["--transport", "infiniband"]).is_err());
         assert!(parse(&["pingpong", "--wait", "hybrid:50"]).is_ok());
     }
 

@@ -248,6 +248,48 @@ fn retransmission_timer_backs_off_then_gives_up() {
 }
 
 #[test]
+fn backed_off_timeout_stays_until_a_clean_sample() {
+    // Karn: frames acknowledged after a timeout were resent, so they give no round-trip
+    // sample, and the backed-off timeout stays; going back to the old, shorter one would
+    // resend the rest of the window again while a slow link drains its queue.
+    let cfg = Config {
+        rto_initial: Duration::from_millis(1),
+        rto_min: Duration::from_micros(100),
+        ..config(Mode::Host, 2)
+    };
+    let (mut a, mut b) = pair(&cfg);
+    a.send(t(0), b"one").unwrap();
+    a.send(t(0), b"two").unwrap();
+    assert_eq!(out(&mut a, t(0)).len(), 2);
+    a.handle_timeout(t(1000));
+    let resent = out(&mut a, t(1000));
+    assert_eq!(resent.len(), 2);
+    assert_eq!(a.sender().rto(), Duration::from_millis(2));
+    // Only the first frame gets through; B acknowledges it at once (W = 2).
+    feed(&mut b, t(1500), resent[..1].to_vec());
+    b.handle_release(t(1500), 1);
+    feed(&mut a, t(1600), out(&mut b, t(1500)));
+    assert_eq!(a.sender().srtt(), None, "a resent frame gives no sample");
+    assert_eq!(
+        a.sender().rto(),
+        Duration::from_millis(2),
+        "the backoff stays"
+    );
+    assert_eq!(a.poll_timeout(), Some(t(1600) + Duration::from_millis(2)));
+    // The second frame arrives too; then a frame sent once gives a sample, which sets
+    // the timeout anew.
+    feed(&mut b, t(1700), resent[1..].to_vec());
+    b.handle_release(t(1700), 1);
+    feed(&mut a, t(1800), out(&mut b, t(1700)));
+    a.send(t(2000), b"three").unwrap();
+    feed(&mut b, t(2050), out(&mut a, t(2000)));
+    b.handle_release(t(2050), 1);
+    feed(&mut a, t(2100), out(&mut b, t(2050)));
+    assert_eq!(a.sender().srtt(), Some(Duration::from_micros(100)));
+    assert_eq!(a.sender().rto(), Duration::from_micros(300));
+}
+
+#[test]
 fn round_trip_samples_set_the_timeout() {
     let cfg = Config {
         rto_min: Duration::from_micros(100),

@@ -229,7 +229,7 @@ impl Endpoint {
         let conn = match self.transport_to(peer.rank)? {
             Transport::Shm => Conn::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
             Transport::Udp | Transport::Eth if self.inner.borrow().offload.is_some() => {
-                self.await_udp_peer(peer)?;
+                self.await_net_peer(peer)?;
                 let mut inner = self.inner.borrow_mut();
                 let off = inner.offload.as_mut().expect("checked above");
                 off.connect(peer, self.waiter.mode)?;
@@ -253,8 +253,8 @@ impl Endpoint {
         Ok(i)
     }
 
-    /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to register its UDP address.
-    fn await_udp_peer(&self, peer: Source) -> Result<()> {
+    /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to publish its network link.
+    fn await_net_peer(&self, peer: Source) -> Result<()> {
         let timeout = self.job.config.connect_timeout;
         let key = super::net::net_key(peer.rank, peer.dpid);
         match self.job.kv.get(&key, timeout) {

@@ -1075,6 +1075,23 @@ mod tests {
         }
     }
 
+    /// A sending link (1 MiB ring) and a receiving link (`recv_ring`) on lo, with the
+    /// receiver's port and DPID; `None` without CAP_NET_RAW.
+    struct Ends {
+        s: EthLink,
+        r: EthLink,
+        pr: u16,
+        dr: u16,
+    }
+
+    fn ends(recv_ring: usize) -> Option<Ends> {
+        let (ps, ds) = addr();
+        let (pr, dr) = addr();
+        let s = open(ps, ds, 1 << 20)?;
+        let r = open(pr, dr, recv_ring)?;
+        Some(Ends { s, r, pr, dr })
+    }
+
     fn dest(port: u16) -> EthDest {
         EthDest {
             mac: MacAddr([0; 6]),
@@ -1364,12 +1381,7 @@ mod tests {
 
     #[test]
     fn ring_wraps_many_times_with_frees_out_of_order() {
-        let (ps, ds) = addr();
-        let (pr, dr) = addr();
-        let Some(s) = open(ps, ds, 1 << 20) else {
-            return;
-        };
-        let Some(mut r) = open(pr, dr, 2 << 20) else {
+        let Some(Ends { s, mut r, pr, dr }) = ends(2 << 20) else {
             return;
         };
         let n = r.slots();
@@ -1423,12 +1435,7 @@ mod tests {
 
     #[test]
     fn held_frame_blocks_the_kernel_until_freed() {
-        let (ps, ds) = addr();
-        let (pr, dr) = addr();
-        let Some(s) = open(ps, ds, 1 << 20) else {
-            return;
-        };
-        let Some(mut r) = open(pr, dr, 1 << 20) else {
+        let Some(Ends { s, mut r, pr, dr }) = ends(1 << 20) else {
             return;
         };
         let n = r.slots() as u32;
@@ -1509,12 +1516,7 @@ mod tests {
 
     #[test]
     fn largest_frame_passes_and_a_larger_one_is_refused() {
-        let (ps, ds) = addr();
-        let (pr, dr) = addr();
-        let Some(s) = open(ps, ds, 1 << 20) else {
-            return;
-        };
-        let Some(mut r) = open(pr, dr, 1 << 20) else {
+        let Some(Ends { s, mut r, pr, dr }) = ends(1 << 20) else {
             return;
         };
         assert_eq!(s.max_datagram(), (lo().mtu - LINK_EXTRA).min(65535));
@@ -1536,12 +1538,7 @@ mod tests {
     /// corrupted or reordered.
     #[test]
     fn concurrent_stream_is_intact_and_in_order() {
-        let (ps, ds) = addr();
-        let (pr, dr) = addr();
-        let Some(s) = open(ps, ds, 1 << 20) else {
-            return;
-        };
-        let Some(mut r) = open(pr, dr, 4 << 20) else {
+        let Some(Ends { s, mut r, pr, dr }) = ends(4 << 20) else {
             return;
         };
         let total: u32 = std::env::var("QUIVER_ETH_STRESS")
@@ -1600,12 +1597,7 @@ mod tests {
     /// after recv_batch took it; edge-triggered epoll reports each arrival once.
     #[test]
     fn readiness_follows_the_newest_frame() {
-        let (ps, ds) = addr();
-        let (pr, dr) = addr();
-        let Some(s) = open(ps, ds, 1 << 20) else {
-            return;
-        };
-        let Some(mut r) = open(pr, dr, 1 << 20) else {
+        let Some(Ends { s, mut r, pr, dr }) = ends(1 << 20) else {
             return;
         };
         let readable = |r: &EthLink| {
@@ -1726,12 +1718,7 @@ mod tests {
                 r.ifr_ifru.ifru_flags =
                     (libc::IFF_UP | libc::IFF_LOOPBACK | libc::IFF_RUNNING) as libc::c_short
             });
-            let (ps, ds) = addr();
-            let (pr, dr) = addr();
-            let Some(s) = open(ps, ds, 1 << 20) else {
-                return;
-            };
-            let Some(mut r) = open(pr, dr, 1 << 20) else {
+            let Some(Ends { s, mut r, pr, dr }) = ends(1 << 20) else {
                 return;
             };
             s.send_datagram(&dest(pr), &frame(dr, 1, 3000)).unwrap();

@@ -1,13 +1,15 @@
 //! The `quiver` command: `run` (launcher), `bench` (benchmarks), `check` (a job that
 //! verifies its traffic byte for byte), `info` (the configuration in force and the path
 //! of tagged messages), `cluster` (an emulated cluster of network namespaces, on which
-//! `run --cluster` places ranks).
+//! `run --cluster` places ranks), `plot` (PNG charts of latency and bandwidth from a CSV
+//! file, to compare with other systems).
 use clap::{Parser, Subcommand};
 
 mod bench;
 mod check;
 mod cluster;
 mod info;
+mod plot;
 mod run;
 
 #[derive(Parser)]
@@ -37,6 +39,12 @@ enum Command {
     /// Emulated clusters on this machine: network namespaces joined by a switch, with
     /// shaped links and loss (needs root).
     Cluster(cluster::ClusterArgs),
+    /// Draw PNG charts of latency and bandwidth against message size from a CSV file.
+    ///
+    /// The CSV file has the columns series, kind (latency in us, or bandwidth in MB/s),
+    /// size (bytes) and value; every series is a line on the same chart, as with
+    /// `quiver bench --plot`.
+    Plot(plot::PlotArgs),
 }
 
 fn main() {
@@ -54,6 +62,7 @@ fn main() {
         Command::Check(args) => check::main(args),
         Command::Info(args) => info::main(args),
         Command::Cluster(args) => cluster::main(args),
+        Command::Plot(args) => plot::main(args),
     };
     std::process::exit(code);
 }

@@ -2,6 +2,7 @@
 //! one-way latency (us, log scale) in one panel and bandwidth (MB/s) in another, one line
 //! per (benchmark, transport), and with the tagged API per push mode (and early-late
 //! receiver, tune-btp candidate) too. Size 0 cannot sit on a log axis and is left out.
+//! `quiver plot` draws the same chart from a CSV file ([`write_chart`], [`draw_chart`]).
 //!
 //! Text needs a TrueType font: `QUIVER_PLOT_FONT` names one, otherwise the usual places
 //! under `/usr/share/fonts` are searched. Without a font the chart is drawn without text
@@ -148,31 +149,82 @@ fn collect_ttf(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
 
 /// Writes a PNG chart of `results` to `path`; text is drawn if a font is available.
 pub fn write_png(path: &Path, results: &[BenchResult]) -> anyhow::Result<()> {
+    let text = text_or_warn(path, "quiver bench");
+    draw(path, results, text).with_context(|| format!("writing plot {}", path.display()))
+}
+
+/// Draws the chart of `results`, with or without text.
+pub fn draw(path: &Path, results: &[BenchResult], text: bool) -> anyhow::Result<()> {
+    let (lat, bw) = series(results);
+    if lat.is_empty() && bw.is_empty() {
+        return Err(anyhow!("no results with a size above 0 to plot"));
+    }
+    draw_chart(path, &lat, &bw, None, text)
+}
+
+/// Writes a PNG chart of latency and bandwidth series to `path` ([`draw_chart`]), with an
+/// optional title above both panels; text is drawn if a font is available, otherwise
+/// `command` (`quiver plot`) warns on stderr that it is not.
+pub fn write_chart(
+    path: &Path,
+    latency: &[Series],
+    bandwidth: &[Series],
+    title: Option<&str>,
+    command: &str,
+) -> anyhow::Result<()> {
+    let text = text_or_warn(path, command);
+    draw_chart(path, latency, bandwidth, title, text)
+        .with_context(|| format!("writing plot {}", path.display()))
+}
+
+/// Whether chart text can be drawn ([`font_available`]); when not, `command` warns on
+/// stderr that `path` is drawn without text.
+fn text_or_warn(path: &Path, command: &str) -> bool {
     let text = font_available();
     if !text {
         tracing::warn!(
             "no TrueType font found (set {FONT_ENV} or install fonts-dejavu-core); the chart has no text"
         );
         eprintln!(
-            "quiver bench: warning: no TrueType font found (set {FONT_ENV} or install \
+            "{command}: warning: no TrueType font found (set {FONT_ENV} or install \
              fonts-dejavu-core); {} is drawn without text",
             path.display()
         );
     }
-    draw(path, results, text).with_context(|| format!("writing plot {}", path.display()))
+    text
 }
 
-/// Draws the chart, with or without text.
-pub fn draw(path: &Path, results: &[BenchResult], text: bool) -> anyhow::Result<()> {
-    let (lat, bw) = series(results);
+/// Draws a chart of latency series (left panel, log y) and bandwidth series (right
+/// panel), with or without text. A panel is drawn only for a list with points; points
+/// that do not fit log axes (size or value not finite and above 0) are left out, and so
+/// are series left without points; nothing is written when no point is left (an error).
+/// The title needs text and is dropped without it.
+pub fn draw_chart(
+    path: &Path,
+    latency: &[Series],
+    bandwidth: &[Series],
+    title: Option<&str>,
+    text: bool,
+) -> anyhow::Result<()> {
+    let lat = drawable(latency);
+    let bw = drawable(bandwidth);
     if lat.is_empty() && bw.is_empty() {
-        return Err(anyhow!("no results with a size above 0 to plot"));
+        return Err(anyhow!("nothing to plot: no series has a point"));
     }
+    let title = title.filter(|t| text && !t.trim().is_empty());
     let panels = usize::from(!lat.is_empty()) + usize::from(!bw.is_empty());
     let width = 820 * panels as u32;
-    let root = BitMapBackend::new(path, (width, 560)).into_drawing_area();
+    let height = if title.is_some() { 600 } else { 560 };
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-    let areas = root.split_evenly((1, panels));
+    let body = match title {
+        Some(t) => root
+            .margin(8, 0, 0, 0)
+            .titled(t, (FONT_FAMILY, 26))
+            .map_err(|e| anyhow!("{e}"))?,
+        None => root.clone(),
+    };
+    let areas = body.split_evenly((1, panels));
     let mut next = areas.iter();
     if !lat.is_empty() {
         if let Some(area) = next.next() {
@@ -188,7 +240,46 @@ pub fn draw(path: &Path, results: &[BenchResult], text: bool) -> anyhow::Result<
     Ok(())
 }
 
+/// The series and points that can be drawn on log axes: size and value finite and above
+/// 0.
+fn drawable(series: &[Series]) -> Vec<Series> {
+    series
+        .iter()
+        .map(|s| Series {
+            label: s.label.clone(),
+            points: s
+                .points
+                .iter()
+                .copied()
+                .filter(|&(x, y)| x.is_finite() && x > 0.0 && y.is_finite() && y > 0.0)
+                .collect(),
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect()
+}
+
 type PlotResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// Line colours: Tableau's 10, dark enough on white and told apart at a glance; beyond
+/// them, plotters' 99-colour palette.
+fn series_color(i: usize) -> RGBAColor {
+    const TABLEAU: [(u8, u8, u8); 10] = [
+        (31, 119, 180),
+        (255, 127, 14),
+        (44, 160, 44),
+        (214, 39, 40),
+        (148, 103, 189),
+        (140, 86, 75),
+        (227, 119, 194),
+        (127, 127, 127),
+        (188, 189, 34),
+        (23, 190, 207),
+    ];
+    match TABLEAU.get(i) {
+        Some(&(r, g, b)) => RGBColor(r, g, b).to_rgba(),
+        None => Palette99::pick(i).to_rgba(),
+    }
+}
 
 fn x_range(series: &[Series]) -> (f64, f64) {
     let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
@@ -252,7 +343,7 @@ macro_rules! panel {
             )))?;
         }
         for (i, s) in series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+            let color = series_color(i);
             let line = chart.draw_series(LineSeries::new(
                 s.points.iter().copied(),
                 color.stroke_width(2),

@@ -114,6 +114,12 @@ pub struct Config {
     /// spaces (cross-memory attach, `QUIVER_CMA=on|off`); off, or where the kernel
     /// refuses it, they take the two-copy path through shared memory.
     pub cma: bool,
+    /// Whether the UDP transport hands the kernel a run of equal-size datagrams in one
+    /// `sendmsg` with generic segmentation offload (`UDP_SEGMENT`; `QUIVER_UDP_GSO=on|off`,
+    /// default on): one trip through the network stack for up to 64 KiB instead of one per
+    /// datagram. Where the kernel refuses it, the transport says so once and sends
+    /// datagram by datagram.
+    pub udp_gso: bool,
 }
 
 impl Default for Config {
@@ -137,6 +143,7 @@ impl Default for Config {
             btp1: DEFAULT_BTP1,
             btp2: DEFAULT_BTP2,
             cma: true,
+            udp_gso: true,
         }
     }
 }
@@ -229,12 +236,17 @@ impl Config {
                     parse_size(&v).ok_or_else(|| invalid(var, &v, "expected a size in bytes"))?;
             }
         }
-        if let Some(v) = get("QUIVER_CMA") {
-            c.cma = match v.as_str() {
-                "on" | "1" | "yes" => true,
-                "off" | "0" | "no" => false,
-                _ => return Err(invalid("QUIVER_CMA", &v, "expected on or off")),
-            };
+        for (var, field) in [
+            ("QUIVER_CMA", &mut c.cma),
+            ("QUIVER_UDP_GSO", &mut c.udp_gso),
+        ] {
+            if let Some(v) = get(var) {
+                *field = match v.as_str() {
+                    "on" | "1" | "yes" => true,
+                    "off" | "0" | "no" => false,
+                    _ => return Err(invalid(var, &v, "expected on or off")),
+                };
+            }
         }
         if let Some(v) = get("QUIVER_OFFLOAD_CPU") {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -5,7 +5,11 @@
 //! a single-fragment message is then read in place from its slot. Sending: a message is
 //! cut into Directed Messages of at most the configured datagram size; one fragment goes
 //! out with `sendmsg`, several with `sendmmsg`, each as a gather of the pre-computed
-//! channel header and a slice of the caller's buffer (no copy in user space).
+//! channel header and a slice of the caller's buffer (no copy in user space). A run of
+//! equal-size datagrams (the fragments of a long message) goes out in one `sendmsg` with
+//! generic segmentation offload (`UDP_SEGMENT`): the kernel carries the run through its
+//! stack as one packet and cuts it into datagrams at the end, as TCP's segmentation
+//! offload does. Where the kernel refuses it, the link says so once and stops asking.
 //!
 //! This module moves datagrams only; validation and reassembly are the job of the wire
 //! and channel layers.
@@ -14,11 +18,16 @@ use crate::{Error, Result};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Datagrams received per `recvmmsg` call at most.
 pub(crate) const RECV_BATCH: usize = 32;
 /// Fragments sent per `sendmmsg` call at most.
 const SEND_BATCH: usize = 64;
+/// Datagrams per segmentation-offload send at most (the kernel's `UDP_MAX_SEGMENTS`).
+const GSO_SEGMENTS: usize = 64;
+/// Bytes per segmentation-offload send at most: one IPv4 UDP datagram's payload.
+const GSO_BYTES: usize = 65507;
 /// Socket buffer sizes asked for (the kernel may grant less).
 const RCVBUF: usize = 16 << 20;
 const SNDBUF: usize = 4 << 20;
@@ -74,11 +83,15 @@ pub(crate) struct UdpLink {
     batching: bool,
     /// Consecutive single receives that found a datagram.
     streak: u32,
+    /// Whether runs of equal-size datagrams go out with `UDP_SEGMENT`; cleared for good
+    /// when the kernel refuses it.
+    gso: AtomicBool,
 }
 
 impl UdpLink {
-    /// Binds a socket to `ip`, port chosen by the kernel.
-    pub(crate) fn bind(ip: IpAddr) -> Result<UdpLink> {
+    /// Binds a socket to `ip`, port chosen by the kernel; `gso`: send runs of equal-size
+    /// datagrams with segmentation offload.
+    pub(crate) fn bind(ip: IpAddr, gso: bool) -> Result<UdpLink> {
         let sock = UdpSocket::bind((ip, 0))
             .map_err(|e| Error::io(format!("binding a UDP socket to {ip}"), e))?;
         let local = sock
@@ -91,6 +104,7 @@ impl UdpLink {
             local,
             batching: false,
             streak: 0,
+            gso: AtomicBool::new(gso),
         })
     }
 
@@ -206,8 +220,93 @@ impl UdpLink {
         Ok(())
     }
 
-    /// Sends datagrams to `addr`, as many per `sendmmsg` call as fit in a batch.
+    /// Sends datagrams to `addr`: runs of equal-size datagrams (the last of a run may be
+    /// shorter) with segmentation offload, the rest as many per `sendmmsg` call as fit
+    /// in a batch. Order is kept.
     pub(crate) fn send_batch(&self, addr: &SockAddr, datagrams: &[&[u8]]) -> Result<()> {
+        let mut rest = datagrams;
+        while !rest.is_empty() {
+            let run = if self.gso.load(Ordering::Relaxed) {
+                gso_run(rest)
+            } else {
+                0
+            };
+            if run < 2 {
+                // Up to the next run worth offloading, datagram by datagram.
+                let mut n = 1;
+                while n < rest.len()
+                    && (!self.gso.load(Ordering::Relaxed) || gso_run(&rest[n..]) < 2)
+                {
+                    n += 1;
+                }
+                self.send_each(addr, &rest[..n])?;
+                rest = &rest[n..];
+                continue;
+            }
+            match self.send_segmented(addr, &rest[..run]) {
+                Ok(()) => {}
+                Err(e) if gso_refused(&e) => {
+                    // Nothing of the run was sent: send it datagram by datagram.
+                    self.gso.store(false, Ordering::Relaxed);
+                    tracing::info!(
+                        "UDP segmentation offload refused by the kernel ({e}); \
+                         sending datagram by datagram"
+                    );
+                    self.send_each(addr, &rest[..run])?;
+                }
+                Err(e) => return Err(Error::io(format!("sendmsg to {}", addr.addr), e)),
+            }
+            rest = &rest[run..];
+        }
+        Ok(())
+    }
+
+    /// Sends a run of datagrams of `run[0].len()` bytes each (the last may be shorter) in
+    /// one `sendmsg` that asks the kernel to segment it (`UDP_SEGMENT`).
+    fn send_segmented(&self, addr: &SockAddr, run: &[&[u8]]) -> io::Result<()> {
+        let mut iov: [libc::iovec; GSO_SEGMENTS] = std::array::from_fn(|i| libc::iovec {
+            iov_base: run.get(i).map_or(std::ptr::null(), |d| d.as_ptr()) as *mut libc::c_void,
+            iov_len: run.get(i).map_or(0, |d| d.len()),
+        });
+        // Control buffer for one cmsg carrying a u16, aligned for cmsghdr.
+        let mut control = [0u64; 4];
+        // SAFETY: msghdr is plain data; zero is a valid initial state.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = addr.ptr();
+        msg.msg_namelen = addr.len;
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = run.len();
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        // SAFETY: CMSG_SPACE only computes a size.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+        // SAFETY: msg_control points to `control` (32 bytes, 8-aligned), which holds
+        // CMSG_SPACE(2) bytes, so CMSG_FIRSTHDR returns a header inside it and its data
+        // has room for the u16 written (unaligned-safe) below.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, run[0].len() as u16);
+        }
+        loop {
+            // SAFETY: msg points to `addr`, to iovecs over the caller's datagrams and to
+            // `control`, all alive for the call; the kernel only reads them.
+            let n = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, 0) };
+            if n >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                // An ICMP error of an earlier datagram; this run was not sent.
+                io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Sends datagrams to `addr`, as many per `sendmmsg` call as fit in a batch.
+    fn send_each(&self, addr: &SockAddr, datagrams: &[&[u8]]) -> Result<()> {
         for chunk in datagrams.chunks(SEND_BATCH) {
             let mut iov: Vec<libc::iovec> = chunk
                 .iter()
@@ -274,6 +373,34 @@ impl UdpLink {
             }
         }
     }
+}
+
+/// How many of `datagrams`, from the first, form a run that one segmentation-offload send
+/// can carry: datagrams of the first one's size, the last possibly shorter, at most
+/// GSO_SEGMENTS of them and GSO_BYTES in all.
+fn gso_run(datagrams: &[&[u8]]) -> usize {
+    let seg = datagrams[0].len();
+    if seg == 0 {
+        return 1;
+    }
+    let max = (GSO_BYTES / seg).min(GSO_SEGMENTS).min(datagrams.len());
+    let mut n = 1;
+    while n < max && datagrams[n].len() == seg {
+        n += 1;
+    }
+    if n < max && datagrams[n].len() < seg && !datagrams[n].is_empty() {
+        n += 1;
+    }
+    n
+}
+
+/// Whether a segmentation-offload send failed because the kernel or device cannot do it
+/// (rather than for a reason that would fail a plain send too).
+fn gso_refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
 }
 
 impl AsRawFd for UdpLink {
@@ -388,5 +515,83 @@ fn set_buffer(sock: &UdpSocket, force: i32, plain: i32, bytes: usize) {
             "UDP {which} buffer is {got} bytes, {bytes} asked for (raise net.core.{}mem_max or run with CAP_NET_ADMIN): bursts may lose datagrams",
             if plain == libc::SO_RCVBUF { "r" } else { "w" }
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn sizes(lens: &[usize]) -> Vec<Vec<u8>> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+            .collect()
+    }
+
+    #[test]
+    fn gso_run_takes_equal_sizes_and_one_shorter_tail() {
+        let run = |lens: &[usize]| {
+            let d = sizes(lens);
+            let refs: Vec<&[u8]> = d.iter().map(|v| v.as_slice()).collect();
+            gso_run(&refs)
+        };
+        assert_eq!(run(&[1000, 1000, 1000, 500, 1000]), 4);
+        assert_eq!(run(&[1000, 1000, 1200]), 2);
+        assert_eq!(run(&[1000, 1200]), 1);
+        assert_eq!(run(&[1000]), 1);
+        assert_eq!(run(&[0, 0]), 1);
+        assert_eq!(run(&[1000, 0]), 1, "an empty datagram cannot end a run");
+        // At most GSO_SEGMENTS datagrams and GSO_BYTES bytes.
+        assert_eq!(run(&[100; 100]), GSO_SEGMENTS);
+        assert_eq!(run(&[1472; 100]), 65507 / 1472);
+        assert_eq!(run(&[9000; 10]), 7);
+    }
+
+    /// Receives `n` datagrams on `link` (within 5 s) and returns their bytes in order.
+    fn receive(link: &mut UdpLink, pool: &mut SlotPool, n: usize) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        let mut out = Vec::new();
+        let start = Instant::now();
+        while got.len() < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "only {} of {n} datagrams arrived",
+                got.len()
+            );
+            link.recv_batch(pool, &mut out).unwrap();
+            for d in out.drain(..) {
+                got.push(pool.slot(d.slot)[..d.len].to_vec());
+                pool.free_slot(d.slot);
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn batches_arrive_as_sent_with_and_without_segmentation_offload() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        // Fragments of long messages (equal size, shorter tail), single datagrams and
+        // empty ones, mixed, so that runs and the datagrams between them alternate.
+        let mut lens = vec![1472; 90];
+        lens.push(100);
+        lens.extend([7, 0, 1472, 1472, 300, 0]);
+        lens.extend(vec![1472; 3]);
+        let data = sizes(&lens);
+        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        for gso in [true, false] {
+            let tx = UdpLink::bind(ip, gso).unwrap();
+            let mut rx = UdpLink::bind(ip, false).unwrap();
+            let mut pool = SlotPool::new(1 << 20, 1472);
+            let to = SockAddr::from(&rx.local_addr());
+            tx.send_batch(&to, &refs).unwrap();
+            assert_eq!(receive(&mut rx, &mut pool, data.len()), data, "gso {gso}");
+            assert_eq!(
+                tx.gso.load(Ordering::Relaxed),
+                gso,
+                "the kernel refused UDP_SEGMENT"
+            );
+        }
     }
 }

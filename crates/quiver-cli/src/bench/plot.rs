@@ -294,7 +294,7 @@ fn y_values(series: &[Series]) -> impl Iterator<Item = f64> + Clone + '_ {
 
 /// Draws the lines, the mesh and (with text) the legend of one panel.
 macro_rules! panel {
-    ($area:expr, $series:expr, $text:expr, $title:expr, $ylabel:expr, $yspec:expr, $ydigits:expr) => {{
+    ($area:expr, $series:expr, $text:expr, $title:expr, $ylabel:expr, $yspec:expr, $ydigits:expr, $legend:expr) => {{
         let area = $area;
         let series: &[Series] = $series;
         let text: bool = $text;
@@ -358,8 +358,8 @@ macro_rules! panel {
         if text {
             chart
                 .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.85))
+                .position($legend)
+                .background_style(WHITE.mix(0.7))
                 .border_style(BLACK)
                 .label_font((FONT_FAMILY, 14))
                 .draw()?;
@@ -387,7 +387,9 @@ where
         "one-way latency",
         "latency (us)",
         (lo / 1.5..hi * 1.5).log_scale(),
-        digits
+        digits,
+        // latency grows with size: the lower right corner is the emptiest
+        SeriesLabelPosition::LowerRight
     )
 }
 
@@ -399,17 +401,35 @@ fn bandwidth_panel<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let hi = y_values(series).fold(0.0, f64::max);
-    let digits = |_v: f64| 0;
-    panel!(
-        area,
-        series,
-        text,
-        "bandwidth",
-        "MB/s (10^6 B/s)",
-        0.0..hi * 1.1,
-        digits
-    )
+    let ys = y_values(series);
+    let lo = ys.clone().fold(f64::INFINITY, f64::min);
+    let hi = ys.fold(0.0, f64::max);
+    let digits = |v: f64| if v < 10.0 { 1 } else { 0 };
+    // Systems that differ by orders of magnitude (shared memory beside a 100 Mbit/s link)
+    // need a log scale to be read at all; close values read better on a linear one.
+    if hi > 10.0 * lo {
+        panel!(
+            area,
+            series,
+            text,
+            "bandwidth",
+            "MB/s (10^6 B/s)",
+            (lo / 1.5..hi * 1.5).log_scale(),
+            digits,
+            SeriesLabelPosition::LowerRight
+        )
+    } else {
+        panel!(
+            area,
+            series,
+            text,
+            "bandwidth",
+            "MB/s (10^6 B/s)",
+            0.0..hi * 1.1,
+            digits,
+            SeriesLabelPosition::LowerRight
+        )
+    }
 }
 
 #[cfg(test)]

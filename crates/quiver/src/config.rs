@@ -120,6 +120,10 @@ pub struct Config {
     /// datagram. Where the kernel refuses it, the transport says so once and sends
     /// datagram by datagram.
     pub udp_gso: bool,
+    /// Whether the UDP transport asks the kernel to coalesce received runs of datagrams
+    /// (`UDP_GRO`; `QUIVER_UDP_GRO=on|off`): one receive per run of up to 64 KiB, copied
+    /// from a staging buffer into the pool's slots.
+    pub udp_gro: bool,
 }
 
 impl Default for Config {
@@ -144,6 +148,7 @@ impl Default for Config {
             btp2: DEFAULT_BTP2,
             cma: true,
             udp_gso: true,
+            udp_gro: false,
         }
     }
 }

@@ -353,6 +353,19 @@ conformance!(
     config(TransportChoice::Udp).with_faults(Some(lossy()))
 );
 
+// UDP with coalesced receives (UDP_GRO, copied from a staging buffer into the slots),
+// loss-free and through the fault injector.
+conformance!(udp_gro, {
+    let mut c = config(TransportChoice::Udp);
+    c.udp_gro = true;
+    c
+});
+conformance!(udp_gro_lossy, {
+    let mut c = config(TransportChoice::Udp).with_faults(Some(lossy()));
+    c.udp_gro = true;
+    c
+});
+
 // UDP run by the offload engine's progress thread (LCI's RX_ni).
 conformance!(
     udp_offload,

@@ -65,7 +65,7 @@ impl NetLink {
                 Err(why) => fall_back_once(why_not, &why),
             }
         }
-        let sock = UdpLink::bind(ip, config.udp_gso)?;
+        let sock = UdpLink::bind(ip, config.udp_gso, config.udp_gro)?;
         let max = match config.datagram {
             Some(d) => d,
             None => udp_datagram_for(ip),

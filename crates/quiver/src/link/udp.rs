@@ -10,6 +10,9 @@
 //! generic segmentation offload (`UDP_SEGMENT`): the kernel carries the run through its
 //! stack as one packet and cuts it into datagrams at the end, as TCP's segmentation
 //! offload does. Where the kernel refuses it, the link says so once and stops asking.
+//! With `UDP_GRO` (optional) the kernel hands over such runs coalesced, up to 64 KiB per
+//! receive, into a staging buffer; their datagrams are then copied into free slots, and
+//! what does not fit waits in the staging buffer for slots to be freed (nothing is lost).
 //!
 //! This module moves datagrams only; validation and reassembly are the job of the wire
 //! and channel layers.
@@ -28,6 +31,9 @@ const SEND_BATCH: usize = 64;
 const GSO_SEGMENTS: usize = 64;
 /// Bytes per segmentation-offload send at most: one IPv4 UDP datagram's payload.
 const GSO_BYTES: usize = 65507;
+/// Bytes of the staging buffer of coalesced receives (the kernel coalesces at most
+/// 64 KiB; the rest is margin, so that a truncation means a foreign sender).
+const GRO_BYTES: usize = 128 << 10;
 /// Socket buffer sizes asked for (the kernel may grant less).
 const RCVBUF: usize = 16 << 20;
 const SNDBUF: usize = 4 << 20;
@@ -86,12 +92,23 @@ pub(crate) struct UdpLink {
     /// Whether runs of equal-size datagrams go out with `UDP_SEGMENT`; cleared for good
     /// when the kernel refuses it.
     gso: AtomicBool,
+    /// Coalesced receives (`UDP_GRO`), when asked for and granted.
+    gro: Option<Staged>,
+}
+
+/// A coalesced receive being handed over: `seg`-byte datagrams (the last may be shorter)
+/// in `buf[at..len]`.
+struct Staged {
+    buf: Box<[u8]>,
+    len: usize,
+    seg: usize,
+    at: usize,
 }
 
 impl UdpLink {
     /// Binds a socket to `ip`, port chosen by the kernel; `gso`: send runs of equal-size
-    /// datagrams with segmentation offload.
-    pub(crate) fn bind(ip: IpAddr, gso: bool) -> Result<UdpLink> {
+    /// datagrams with segmentation offload; `gro`: receive them coalesced.
+    pub(crate) fn bind(ip: IpAddr, gso: bool, gro: bool) -> Result<UdpLink> {
         let sock = UdpSocket::bind((ip, 0))
             .map_err(|e| Error::io(format!("binding a UDP socket to {ip}"), e))?;
         let local = sock
@@ -99,12 +116,19 @@ impl UdpLink {
             .map_err(|e| Error::io("UDP socket address", e))?;
         set_buffer(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF);
         set_buffer(&sock, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SNDBUF);
+        let gro = gro && enable_gro(&sock);
         Ok(UdpLink {
             sock,
             local,
             batching: false,
             streak: 0,
             gso: AtomicBool::new(gso),
+            gro: gro.then(|| Staged {
+                buf: vec![0u8; GRO_BYTES].into_boxed_slice(),
+                len: 0,
+                seg: 0,
+                at: 0,
+            }),
         })
     }
 
@@ -118,6 +142,9 @@ impl UdpLink {
         pool: &mut SlotPool,
         out: &mut Vec<Datagram>,
     ) -> Result<()> {
+        if self.gro.is_some() {
+            return self.recv_coalesced(pool, out);
+        }
         if !self.batching || pool.free.len() == 1 {
             return self.recv_one(pool, out);
         }
@@ -178,6 +205,84 @@ impl UdpLink {
             });
         }
         Ok(())
+    }
+
+    /// Receives with `UDP_GRO`: hands over the staged datagrams while free slots last,
+    /// then receives the next (possibly coalesced) one into the staging buffer, up to a
+    /// batch of datagrams per call.
+    fn recv_coalesced(&mut self, pool: &mut SlotPool, out: &mut Vec<Datagram>) -> Result<()> {
+        let fd = self.sock.as_raw_fd();
+        let st = self
+            .gro
+            .as_mut()
+            .expect("coalesced receive without staging");
+        let mut handed = 0;
+        loop {
+            while st.at < st.len {
+                let Some(slot) = pool.free.pop() else {
+                    return Ok(()); // the rest waits for free slots
+                };
+                let n = st.seg.min(st.len - st.at);
+                // A datagram longer than a slot is no quiver frame: length 0, which the
+                // decoder rejects and counts.
+                let len = if n > pool.slot_size { 0 } else { n };
+                let at = slot as usize * pool.slot_size;
+                pool.buf[at..at + len].copy_from_slice(&st.buf[st.at..st.at + len]);
+                out.push(Datagram { slot, len });
+                st.at += n;
+                handed += 1;
+            }
+            if handed >= RECV_BATCH || pool.free.is_empty() {
+                return Ok(());
+            }
+            let mut iov = libc::iovec {
+                iov_base: st.buf.as_mut_ptr() as *mut libc::c_void,
+                iov_len: st.buf.len(),
+            };
+            // Room for one cmsg carrying an int, aligned for cmsghdr.
+            let mut control = [0u64; 8];
+            // SAFETY: msghdr is plain data; zero is a valid initial state.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = std::mem::size_of_val(&control);
+            // SAFETY: msg points to an iovec over the staging buffer and to `control`,
+            // both alive and exclusively borrowed for the call.
+            let got = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
+            if got < 0 {
+                let e = io::Error::last_os_error();
+                return match e.kind() {
+                    io::ErrorKind::WouldBlock
+                    | io::ErrorKind::Interrupted
+                    | io::ErrorKind::ConnectionRefused => Ok(()),
+                    _ => Err(Error::io("recvmsg", e)),
+                };
+            }
+            let got = got as usize;
+            let mut seg = got;
+            // SAFETY: the kernel filled msg_control with msg_controllen bytes of cmsgs;
+            // CMSG_FIRSTHDR/CMSG_NXTHDR stay inside them and UDP_GRO carries an int.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int);
+                        seg = v.max(1) as usize;
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            if got == 0 || msg.msg_flags & libc::MSG_TRUNC != 0 {
+                // Empty or longer than any coalesced run: one rejected datagram.
+                st.len = pool.slot_size + 1;
+                st.seg = st.len;
+            } else {
+                st.len = got;
+                st.seg = seg;
+            }
+            st.at = 0;
+        }
     }
 
     /// Receives one datagram with `recv`, the cheapest receive call: a busy-polling
@@ -394,6 +499,29 @@ fn gso_run(datagrams: &[&[u8]]) -> usize {
     n
 }
 
+/// Asks the kernel to coalesce received runs of datagrams (`UDP_GRO`); false, with one
+/// log line, where it refuses.
+fn enable_gro(sock: &UdpSocket) -> bool {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with a valid fd and a c_int option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            &on as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::info!(
+            "UDP_GRO refused by the kernel ({}); receiving datagram by datagram",
+            io::Error::last_os_error()
+        );
+    }
+    rc == 0
+}
+
 /// Whether a segmentation-offload send failed because the kernel or device cannot do it
 /// (rather than for a reason that would fail a plain send too).
 fn gso_refused(e: &io::Error) -> bool {
@@ -581,8 +709,8 @@ mod tests {
         let data = sizes(&lens);
         let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
         for gso in [true, false] {
-            let tx = UdpLink::bind(ip, gso).unwrap();
-            let mut rx = UdpLink::bind(ip, false).unwrap();
+            let tx = UdpLink::bind(ip, gso, false).unwrap();
+            let mut rx = UdpLink::bind(ip, false, false).unwrap();
             let mut pool = SlotPool::new(1 << 20, 1472);
             let to = SockAddr::from(&rx.local_addr());
             tx.send_batch(&to, &refs).unwrap();
@@ -593,5 +721,55 @@ mod tests {
                 "the kernel refused UDP_SEGMENT"
             );
         }
+    }
+
+    #[test]
+    fn coalesced_receives_hand_over_every_datagram_in_order() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let mut lens = vec![1472; 100];
+        lens.push(9);
+        lens.extend([0, 33, 1472, 1472, 700]);
+        let data = sizes(&lens);
+        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        for gso in [true, false] {
+            let tx = UdpLink::bind(ip, gso, false).unwrap();
+            let mut rx = UdpLink::bind(ip, false, true).unwrap();
+            assert!(rx.gro.is_some(), "the kernel refused UDP_GRO");
+            let mut pool = SlotPool::new(1 << 20, 1472);
+            tx.send_batch(&SockAddr::from(&rx.local_addr()), &refs)
+                .unwrap();
+            assert_eq!(receive(&mut rx, &mut pool, data.len()), data, "gso {gso}");
+        }
+    }
+
+    #[test]
+    fn a_coalesced_run_waits_for_free_slots() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let data = sizes(&[1000; 60]);
+        let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+        let tx = UdpLink::bind(ip, true, false).unwrap();
+        let mut rx = UdpLink::bind(ip, false, true).unwrap();
+        // The smallest pool: RECV_BATCH slots, fewer than one coalesced run of 60.
+        let mut pool = SlotPool::new(0, 1000);
+        assert_eq!(pool.free.len(), RECV_BATCH);
+        tx.send_batch(&SockAddr::from(&rx.local_addr()), &refs)
+            .unwrap();
+        let mut held = Vec::new();
+        let start = Instant::now();
+        while held.len() < RECV_BATCH {
+            assert!(start.elapsed() < Duration::from_secs(5), "nothing arrived");
+            rx.recv_batch(&mut pool, &mut held).unwrap();
+        }
+        // Every slot is taken: nothing more is handed over, and nothing is lost.
+        let mut more = Vec::new();
+        rx.recv_batch(&mut pool, &mut more).unwrap();
+        assert!(more.is_empty());
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        for d in held.drain(..) {
+            got.push(pool.slot(d.slot)[..d.len].to_vec());
+            pool.free_slot(d.slot);
+        }
+        got.extend(receive(&mut rx, &mut pool, data.len() - got.len()));
+        assert_eq!(got, data);
     }
 }

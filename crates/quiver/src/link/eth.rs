@@ -450,10 +450,9 @@ impl Ring {
 
     /// The status word of frame `i`, shared with the kernel.
     fn status(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: tp_status is the first u32 of the frame header; frames are 16-byte
-        // aligned (blocks are page aligned, frame sizes multiples of 16); the mapping
-        // lives as long as the link that owns this ring, and the word is only accessed
-        // atomically by us (the kernel uses READ_ONCE/WRITE_ONCE with barriers).
+        // SAFETY: tp_status, the frame header's first u32, is 16-byte aligned (page-aligned
+        // blocks, frame sizes multiples of 16), lives as long as the link's mapping, and is
+        // only accessed atomically (the kernel uses READ_ONCE/WRITE_ONCE with barriers).
         unsafe { AtomicU32::from_ptr(self.frame(i) as *mut u32) }
     }
 
@@ -484,10 +483,9 @@ pub(crate) struct EthLink {
     ifname: String,
 }
 
-// SAFETY: the raw pointers point into a mapping that the link owns exclusively (no other
-// copy of them exists), and the kernel's side of the rings does not depend on which thread
-// uses the socket; moving the link to another thread moves all of it. The link is not
-// Sync (Cell), so it is used from one thread at a time.
+// SAFETY: the raw pointers point into a mapping the link owns exclusively, and the kernel's
+// side of the rings does not care which thread uses the socket: moving the link moves all of
+// it. It is not Sync (Cell), so one thread at a time uses it.
 unsafe impl Send for EthLink {}
 
 impl EthLink {

@@ -141,3 +141,67 @@ fn compare_rejects_an_unknown_scenario() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("unknown scenario 10gbit"), "{stderr}");
 }
+
+/// The network path of the script: a 2-node emulated cluster built, measured and removed
+/// (needs root; without it the scenario must be skipped with a reason, which is checked
+/// instead).
+#[test]
+fn compare_runs_a_network_scenario() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: python3 is not installed (.ci/run installs it)");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("quiver-compare-net-{}", std::process::id()));
+    let run = Command::new("python3")
+        .arg(repo_root().join("bench/compare"))
+        .args([
+            "--scenarios",
+            "unshaped",
+            "--reps",
+            "1",
+            "--quick",
+            "--no-install",
+        ])
+        .args(["--systems", "quiver eth,quiver udp,kernel udp"])
+        .args(["--quiver", env!("CARGO_BIN_EXE_quiver")])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run bench/compare");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{}\n{stdout}\n{stderr}", run.status);
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        let skipped = results["skipped"].as_array().unwrap();
+        assert_eq!(skipped.len(), 3, "{stdout}");
+        assert!(
+            stdout.contains("- skipped: quiver eth: needs root"),
+            "{stdout}"
+        );
+        return;
+    }
+    let summary = results["summary"].as_array().unwrap();
+    for system in ["quiver eth", "quiver udp"] {
+        for fig in ["lat", "bw"] {
+            assert!(
+                summary.iter().any(|r| r["system"] == system
+                    && r["figure"] == fig
+                    && r["median"].as_f64().unwrap() > 0.0),
+                "{system} has no {fig}:\n{stdout}\n{stderr}"
+            );
+        }
+    }
+    assert!(
+        summary.iter().any(|r| r["system"] == "kernel UDP sockets"),
+        "{stdout}"
+    );
+    assert!(out.join("unshaped.png").exists());
+    // The cluster and its management namespace are gone.
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left = String::from_utf8_lossy(&netns.stdout);
+    assert!(!left.contains("qvc"), "namespaces left behind:\n{left}");
+    let _ = std::fs::remove_dir_all(&out);
+}

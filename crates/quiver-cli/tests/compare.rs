@@ -6,43 +6,53 @@
 //! positive.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-#[test]
-fn compare_runs_one_small_scenario() {
+/// Runs `bench/compare ARGS` with python3; None (and a line saying why) without python3.
+fn compare(args: &[&str]) -> Option<Output> {
     if Command::new("python3").arg("--version").output().is_err() {
         eprintln!("skipped: python3 is not installed (.ci/run installs it)");
-        return;
+        return None;
     }
-    let out = std::env::temp_dir().join(format!("quiver-compare-smoke-{}", std::process::id()));
-    let script = repo_root().join("bench/compare");
-    // quiver's shared-memory rows, the limits, kernel sockets and Open MPI (present in CI):
-    // the systems whose names contain one of these.
-    let systems = "quiver,limit,kernel,open mpi,ucx";
     let run = Command::new("python3")
-        .arg(&script)
-        .args([
-            "--scenarios",
-            "intra",
-            "--reps",
-            "1",
-            "--quick",
-            "--no-install",
-        ])
-        .args([
-            "--systems",
-            systems,
-            "--quiver",
-            env!("CARGO_BIN_EXE_quiver"),
-        ])
-        .arg("--out")
-        .arg(&out)
+        .arg(repo_root().join("bench/compare"))
+        .args(args)
         .output()
         .expect("run bench/compare");
+    Some(run)
+}
+
+/// One quick repetition of `scenario` for the `systems` filter, nothing installed, this
+/// build's quiver, results in `out`.
+fn compare_quick(scenario: &str, systems: &str, out: &Path) -> Option<Output> {
+    compare(&[
+        "--scenarios",
+        scenario,
+        "--reps",
+        "1",
+        "--quick",
+        "--no-install",
+        "--systems",
+        systems,
+        "--quiver",
+        env!("CARGO_BIN_EXE_quiver"),
+        "--out",
+        out.to_str().expect("temporary path is UTF-8"),
+    ])
+}
+
+#[test]
+fn compare_runs_one_small_scenario() {
+    let out = std::env::temp_dir().join(format!("quiver-compare-smoke-{}", std::process::id()));
+    // quiver's shared-memory rows, the limits, kernel sockets and Open MPI (present in CI):
+    // the systems whose names contain one of these.
+    let Some(run) = compare_quick("intra", "quiver,limit,kernel,open mpi,ucx", &out) else {
+        return;
+    };
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
@@ -128,15 +138,9 @@ fn compare_runs_one_small_scenario() {
 
 #[test]
 fn compare_rejects_an_unknown_scenario() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("skipped: python3 is not installed (.ci/run installs it)");
+    let Some(run) = compare(&["--scenarios", "intra,10gbit", "--no-install"]) else {
         return;
-    }
-    let run = Command::new("python3")
-        .arg(repo_root().join("bench/compare"))
-        .args(["--scenarios", "intra,10gbit", "--no-install"])
-        .output()
-        .expect("run bench/compare");
+    };
     assert_eq!(run.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("unknown scenario 10gbit"), "{stderr}");
@@ -147,27 +151,10 @@ fn compare_rejects_an_unknown_scenario() {
 /// instead).
 #[test]
 fn compare_runs_a_network_scenario() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("skipped: python3 is not installed (.ci/run installs it)");
-        return;
-    }
     let out = std::env::temp_dir().join(format!("quiver-compare-net-{}", std::process::id()));
-    let run = Command::new("python3")
-        .arg(repo_root().join("bench/compare"))
-        .args([
-            "--scenarios",
-            "unshaped",
-            "--reps",
-            "1",
-            "--quick",
-            "--no-install",
-        ])
-        .args(["--systems", "quiver eth,quiver udp,kernel udp"])
-        .args(["--quiver", env!("CARGO_BIN_EXE_quiver")])
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run bench/compare");
+    let Some(run) = compare_quick("unshaped", "quiver eth,quiver udp,kernel udp", &out) else {
+        return;
+    };
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{}\n{stdout}\n{stderr}", run.status);

@@ -760,7 +760,11 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(5), "nothing arrived");
             rx.recv_batch(&mut pool, &mut held).unwrap();
         }
-        // Every slot is taken: nothing more is handed over, and nothing is lost.
+        // Every slot is taken: the rest of the coalesced run waits in the staging buffer
+        // (were it not coalesced, the staging buffer would be empty and this test would
+        // not be testing the wait), nothing more is handed over, and nothing is lost.
+        let st = rx.gro.as_ref().unwrap();
+        assert!(st.at < st.len, "the run was not received coalesced");
         let mut more = Vec::new();
         rx.recv_batch(&mut pool, &mut more).unwrap();
         assert!(more.is_empty());

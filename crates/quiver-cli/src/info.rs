@@ -22,7 +22,9 @@
 //! A pull is one copy by the receiver from the sender's buffer (cross-memory attach)
 //! when the sender is on the same node (transport `auto`), `QUIVER_CMA` is on and the
 //! kernel permits it; otherwise a `Pull` request that the sender answers with the bytes
-//! (two copies, and the sender must be inside a quiver call to answer).
+//! (two copies, and the sender must be inside a quiver call to answer). A same-node pull
+//! of `SPLIT_MIN` bytes or more is a split copy when `QUIVER_SPLIT_COPY` is on: a sender
+//! waiting inside quiver writes part of it into the receive buffer meanwhile.
 
 use clap::{Args, ValueEnum};
 use quiver::channel::reliable::Mode;
@@ -38,6 +40,9 @@ pub const TAGGED_HEADER: usize = quiver::tagged::HEADER_LEN;
 
 /// Same-node pulls at least this long go to the pull thread (the library's constant).
 pub const PULL_THREAD_MIN: usize = quiver::tagged::PULL_THREAD_MIN as usize;
+
+/// Same-node pulls at least this long are split copies (the library's constant).
+pub const SPLIT_MIN: usize = quiver::tagged::SPLIT_MIN as usize;
 
 /// Arguments of `quiver info`.
 #[derive(Args, Debug, Clone)]
@@ -127,6 +132,9 @@ pub struct Info {
     pub cma: bool,
     /// Whether cross-memory attach works on this machine.
     pub cma_check: CmaCheck,
+    /// Whether large same-node pulls are split with a waiting sender
+    /// (`QUIVER_SPLIT_COPY`).
+    pub split_copy: bool,
     /// The path of tagged messages by size, in the push mode in force.
     pub tagged_paths: Vec<PathRange>,
 }
@@ -186,6 +194,7 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
         btp2: cfg.btp2 as u64,
         tagged_chunk: chunk as u64,
         cma: cfg.cma,
+        split_copy: cfg.split_copy,
         cma_check,
         tagged_paths: paths(cfg.push, btp1, cfg.btp2, cma_used),
     }
@@ -333,6 +342,16 @@ pub fn render(info: &Info) -> String {
     if let Some(y) = c.yama_ptrace_scope {
         row(&mut out, "", format!("kernel.yama.ptrace_scope = {y}"), "");
     }
+    row(
+        &mut out,
+        "split copy",
+        if info.split_copy && info.cma {
+            format!("on (same-node pulls of {} KiB or more)", SPLIT_MIN >> 10)
+        } else {
+            "off".into()
+        },
+        "QUIVER_SPLIT_COPY",
+    );
     let _ = writeln!(out);
     let _ = writeln!(
         out,

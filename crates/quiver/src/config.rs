@@ -114,6 +114,11 @@ pub struct Config {
     /// spaces (cross-memory attach, `QUIVER_CMA=on|off`); off, or where the kernel
     /// refuses it, they take the two-copy path through shared memory.
     pub cma: bool,
+    /// Whether a sender waiting inside quiver helps a same-node receiver pull a large
+    /// tagged message: the two split the copy while it runs, the receiver reading from
+    /// the front and the sender writing from the back (`QUIVER_SPLIT_COPY=on|off`,
+    /// default on; needs cross-memory attach). See `link::shm::split`.
+    pub split_copy: bool,
     /// Whether the UDP transport hands the kernel a run of equal-size datagrams in one
     /// `sendmsg` with generic segmentation offload (`UDP_SEGMENT`; `QUIVER_UDP_GSO=on|off`,
     /// default on): one trip through the network stack for up to 64 KiB instead of one per
@@ -147,6 +152,7 @@ impl Default for Config {
             btp1: DEFAULT_BTP1,
             btp2: DEFAULT_BTP2,
             cma: true,
+            split_copy: true,
             udp_gso: true,
             udp_gro: false,
         }
@@ -243,6 +249,7 @@ impl Config {
         }
         for (var, field) in [
             ("QUIVER_CMA", &mut c.cma),
+            ("QUIVER_SPLIT_COPY", &mut c.split_copy),
             ("QUIVER_UDP_GSO", &mut c.udp_gso),
         ] {
             if let Some(v) = get(var) {
@@ -387,6 +394,11 @@ impl Config {
     /// Turns single-copy pulls across address spaces (cross-memory attach) on or off.
     pub fn with_cma(mut self, on: bool) -> Self {
         self.cma = on;
+        self
+    }
+    /// Turns the split copy of large same-node tagged messages on or off.
+    pub fn with_split_copy(mut self, on: bool) -> Self {
+        self.split_copy = on;
         self
     }
     /// Sets the reliability scheme of network channels.

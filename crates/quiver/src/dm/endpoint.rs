@@ -452,6 +452,22 @@ impl Endpoint {
         self.waiter.wait(&ReadWait(self), None)
     }
 
+    /// Like [`Endpoint::read`], but runs `idle` on every poll that finds no message
+    /// (work the caller does while it waits, such as helping a peer's copy); returns
+    /// `None` as soon as `idle` returns true (it did something).
+    pub(crate) fn read_or_idle(&self, idle: &dyn Fn() -> bool) -> Result<Option<Message<'_>>> {
+        if let Some(m) = self.poll_once()? {
+            return Ok(Some(m));
+        }
+        self.waiter.wait(
+            &ReadOrIdle {
+                read: ReadWait(self),
+                idle,
+            },
+            None,
+        )
+    }
+
     /// The next message, waiting at most `timeout` ([`Error::Timeout`] then).
     pub fn read_timeout(&self, timeout: Duration) -> Result<Message<'_>> {
         self.waiter.wait(&ReadWait(self), Some(timeout))
@@ -923,5 +939,34 @@ impl<'a> Waitable for ReadWait<'a> {
         let r = self.0.poller.wait(timeout);
         self.0.inner.borrow_mut().liveness_due = watching;
         r
+    }
+}
+
+/// [`ReadWait`] with work of the caller's on every empty poll.
+struct ReadOrIdle<'a, 'f> {
+    read: ReadWait<'a>,
+    idle: &'f dyn Fn() -> bool,
+}
+
+impl<'a> Waitable for ReadOrIdle<'a, '_> {
+    type Output = Option<Message<'a>>;
+
+    fn poll_once(&self) -> Result<Option<Option<Message<'a>>>> {
+        if let Some(m) = self.read.poll_once()? {
+            return Ok(Some(Some(m)));
+        }
+        Ok((self.idle)().then_some(None))
+    }
+
+    fn arm(&self) {
+        self.read.arm();
+    }
+
+    fn disarm(&self) {
+        self.read.disarm();
+    }
+
+    fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
+        self.read.sleep(timeout)
     }
 }

@@ -23,6 +23,11 @@
 //! 4. Buffer preparation (touching the pages still to be transferred) is done after the
 //!    first push is on its way, so it overlaps the transfer (address-translation
 //!    masking).
+//! 5. A large same-node pull is a **split copy** when the sender waits inside quiver
+//!    meanwhile: the receiver reads units from the front, the sender writes units from
+//!    the back (`process_vm_writev`) on its otherwise idle core, coordinated through a
+//!    slot of the sender's shared board (`link::shm::split`, `board`). A sender busy
+//!    elsewhere takes no unit and the receiver pulls alone (`QUIVER_SPLIT_COPY`).
 //!
 //! [`PushMode`] selects Push-Pull (BTP(1), BTP(2) from `QUIVER_BTP1` / `QUIVER_BTP2`),
 //! Push-Zero (nothing pushed, everything pulled) or Push-All (everything pushed), at run
@@ -33,6 +38,7 @@
 //! the scope ends, pending receives that nothing matched are cancelled and every other
 //! operation is waited for.
 
+mod board;
 mod puller;
 mod shared;
 mod wire;
@@ -49,11 +55,16 @@ pub const PULL_THREAD_MIN: u64 = puller::MIN_OFFLOADED;
 /// caches): at 1 MiB, pushing BTP(2) cost 12 % of the bandwidth on this machine
 /// (`docs/PERFORMANCE.md`).
 pub const SECOND_PUSH_MAX: usize = 256 << 10;
+/// Same-node pulls at least this long are offered to the sender for a split copy
+/// (shorter ones are over before a sender could join, and splitting costs a system
+/// call per claim).
+pub const SPLIT_MIN: u64 = 128 << 10;
 
 use crate::dm::Endpoint;
 use crate::link::cma;
+use crate::link::shm::split;
 use crate::{Error, Job, Result, Transport};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
 use wire::{Announce, Msg};
@@ -148,6 +159,11 @@ pub struct TaggedStats {
     pub pulled_on_thread: u64,
     /// Bytes pulled through `Pull` requests and `Data` messages.
     pub pulled_by_request: u64,
+    /// Of `pulled_direct`, bytes the sender wrote into this endpoint's buffers during a
+    /// split copy.
+    pub pulled_split_by_sender: u64,
+    /// Bytes this endpoint wrote into its receivers' buffers during split copies.
+    pub split_helped: u64,
     /// Protocol messages dropped because they were malformed or named no known message.
     pub dropped: u64,
 }
@@ -175,6 +191,28 @@ pub struct Tagged {
     next_shared: std::cell::Cell<u32>,
     /// Peers' shared buffers mapped here, most recent last: ((rank, number), mapping).
     peer_bufs: RefCell<VecDeque<((u32, u32), shared::Mapping)>>,
+    /// Whether large same-node pulls are split copies (`QUIVER_SPLIT_COPY` and
+    /// `QUIVER_CMA`); this endpoint's board (none if it could not be created).
+    split_on: bool,
+    board: RefCell<Option<board::Board>>,
+    /// Peers' boards mapped here (`None`: could not be mapped; not tried again).
+    peer_boards: RefCell<HashMap<u32, Option<board::Board>>>,
+    /// This endpoint's sends with a board slot, until they complete.
+    helping: RefCell<Vec<Helping>>,
+    /// Off for good after a write into a receiver failed (logged once).
+    help_ok: Cell<bool>,
+}
+
+/// A send whose receiver may split the pull with this endpoint.
+struct Helping {
+    slot: u16,
+    dest: u32,
+    msg: u64,
+    /// The part of the send buffer that is pulled, and its length.
+    src: *const u8,
+    avail: u64,
+    /// A write failed or the receiver asked for too much: no more claims in this slot.
+    stopped: bool,
 }
 
 /// Peers' shared buffers a receiver keeps mapped.
@@ -321,6 +359,14 @@ impl Tagged {
         )?;
         let cfg = job.config();
         let chunk = cfg.max_message - wire::MAX_HEADER;
+        let split_on = cfg.split_copy && cfg.cma;
+        let board = if split_on {
+            board::Board::create(job.shared.job_id, job.rank(), dpid)
+                .map_err(|e| tracing::debug!("split-copy board: {e}; pulls are not split"))
+                .ok()
+        } else {
+            None
+        };
         Ok(Tagged {
             rank: job.rank(),
             ep,
@@ -347,6 +393,11 @@ impl Tagged {
             shared_bufs: RefCell::new(Vec::new()),
             next_shared: std::cell::Cell::new(1),
             peer_bufs: RefCell::new(VecDeque::new()),
+            split_on,
+            board: RefCell::new(board),
+            peer_boards: RefCell::new(HashMap::new()),
+            helping: RefCell::new(Vec::new()),
+            help_ok: Cell::new(true),
             job: job.shared.clone(),
             puller: RefCell::new(
                 if cfg.reliability == crate::channel::reliable::Mode::Offload {
@@ -526,8 +577,14 @@ impl Tagged {
             .iter()
             .find(|&&(start, blen, _)| at >= start && at + len <= start + blen)
             .map_or((0, at as u64), |&(start, _, id)| (id, (at - start) as u64));
+        let slot = if seg == 0 && (len - pushed) as u64 >= SPLIT_MIN {
+            self.offer_split(dest, msg, &data[pushed..])?
+        } else {
+            0
+        };
         let push = Msg::Push {
             head: Announce {
+                slot,
                 tag,
                 msg,
                 total: len as u64,
@@ -680,15 +737,21 @@ impl Tagged {
             }
             let pulled = if direct && !handed_over {
                 // SAFETY: [pull_from, pull_from + pull_len) lies inside the buffer
-                // (pull_from + pull_len = expected <= cap) and nothing else writes it.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
+                // (pull_from + pull_len = expected <= cap).
+                let dst = unsafe { ptr.add(pull_from as usize) };
+                let outcome = match self.split_pull(u, pull_from, dst, pull_len) {
+                    Some(r) => r,
+                    None => {
+                        // SAFETY: as above; nothing else writes the buffer (no split).
+                        let dst = unsafe { std::slice::from_raw_parts_mut(dst, pull_len as usize) };
+                        let remote = [cma::Piece {
+                            addr: u.head.addr.saturating_add(pull_from),
+                            len: pull_len as usize,
+                        }];
+                        self.cma.read_from(u.head.pid, &remote, dst)
+                    }
                 };
-                let remote = [cma::Piece {
-                    addr: u.head.addr.saturating_add(pull_from),
-                    len: pull_len as usize,
-                }];
-                match self.cma.read_from(u.head.pid, &remote, dst) {
+                match outcome {
                     Ok(_) => true,
                     // Refused for good (logged once by the state): the two-copy path.
                     Err(e) if e.unavailable().is_some() => false,
@@ -830,9 +893,182 @@ impl Tagged {
         ok
     }
 
+    /// Sender: takes a board slot for message `msg` to `dest` whose pulled part is
+    /// `rest`, so that its receiver may split the pull with us; the slot's number + 1,
+    /// or 0 (no split: off, not same-node, no free slot).
+    fn offer_split(&self, dest: u32, msg: u64, rest: &[u8]) -> Result<u16> {
+        if !self.split_on
+            || !self.help_ok.get()
+            || dest == self.rank
+            || !self.cma.is_usable()
+            || self.ep.transport_to(dest)? != Transport::Shm
+        {
+            return Ok(0);
+        }
+        let Some(i) = self.board.borrow_mut().as_mut().and_then(|b| b.take(msg)) else {
+            return Ok(0);
+        };
+        self.helping.borrow_mut().push(Helping {
+            slot: i,
+            dest,
+            msg,
+            src: rest.as_ptr(),
+            avail: rest.len() as u64,
+            stopped: false,
+        });
+        Ok(i + 1)
+    }
+
+    /// Sender: writes the units its receivers left to it in the split copies they have
+    /// opened. Returns whether it wrote (or tried to write) any.
+    fn help(&self) -> bool {
+        let mut helping = self.helping.borrow_mut();
+        if helping.is_empty() {
+            return false;
+        }
+        let board = self.board.borrow();
+        let Some(board) = board.as_ref() else {
+            return false;
+        };
+        let mut did = false;
+        for h in helping.iter_mut().filter(|h| !h.stopped) {
+            let Some(slot) = board.slot(h.slot) else {
+                continue;
+            };
+            while self.help_ok.get() {
+                let Some((units, d)) = slot.claim_back() else {
+                    break;
+                };
+                did = true;
+                let bytes = split::byte_range(&units, d.len);
+                let n = (bytes.end - bytes.start) as usize;
+                // The receiver names the process to write into: only one that proves to
+                // be that rank (its published nonce) is written.
+                let written = d.len <= h.avail && self.cma_reaches(h.dest, d.pid) && {
+                    let start = bytes.start as usize;
+                    // SAFETY: bytes.end <= d.len <= avail: inside the pulled part of the send
+                    // buffer, valid until the send completes (it is in `helping` until then).
+                    let local = unsafe { std::slice::from_raw_parts(h.src.add(start), n) };
+                    let remote = [cma::Piece {
+                        addr: d.dst.wrapping_add(bytes.start),
+                        len: n,
+                    }];
+                    match cma::write_to(d.pid, &remote, local) {
+                        Ok(w) if w == n => true,
+                        r => {
+                            tracing::info!(
+                                "rank {}: writing into its buffer (split copy) failed ({:?}); \
+                                 this endpoint stops helping its receivers",
+                                h.dest,
+                                r.err()
+                            );
+                            self.help_ok.set(false);
+                            false
+                        }
+                    }
+                };
+                if written {
+                    slot.helped(units);
+                    self.st.borrow_mut().stats.split_helped += n as u64;
+                } else {
+                    // At most one failed range per slot: the receiver reads it itself.
+                    slot.failed(units);
+                    h.stopped = true;
+                    break;
+                }
+            }
+        }
+        did
+    }
+
+    /// Receiver: pulls `len` bytes of `u`'s message from `from` into `dst` as a split copy
+    /// with its sender, if the sender offered one; `None` if not (pull alone). Returns
+    /// after every byte is in place (or the pull failed) and the sender no longer writes.
+    fn split_pull(
+        &self,
+        u: &Unexpected,
+        from: u64,
+        dst: *mut u8,
+        len: u64,
+    ) -> Option<std::result::Result<usize, cma::CmaError>> {
+        if !self.split_on || u.head.slot == 0 || len < SPLIT_MIN {
+            return None;
+        }
+        let units = split::units_for(len)?;
+        let mut boards = self.peer_boards.borrow_mut();
+        let board = boards
+            .entry(u.source)
+            .or_insert_with(|| {
+                board::Board::open_peer(self.job.job_id, u.source, self.ep.dpid())
+                    .map_err(|e| tracing::debug!("rank {}: split-copy board: {e}", u.source))
+                    .ok()
+            })
+            .as_ref()?;
+        let slot = board.slot(u.head.slot - 1)?;
+        let dest = split::Destination {
+            dst: dst as u64,
+            len,
+            pid: std::process::id(),
+        };
+        let mut mine = slot.open(u.head.msg, units, dest)?;
+        let remote_base = u.head.addr.saturating_add(from);
+        let read = |units: &std::ops::Range<u32>| {
+            let bytes = split::byte_range(units, len);
+            let n = (bytes.end - bytes.start) as usize;
+            // SAFETY: bytes lies inside [0, len) of the destination, and these units are
+            // claimed by us alone: nobody else writes them.
+            let local = unsafe { std::slice::from_raw_parts_mut(dst.add(bytes.start as usize), n) };
+            let remote = [cma::Piece {
+                addr: remote_base.saturating_add(bytes.start),
+                len: n,
+            }];
+            self.cma.read_from(u.head.pid, &remote, local)
+        };
+        let mut result = Ok(());
+        loop {
+            // After a failure, go on claiming without reading: the split must end (and
+            // the sender stop writing) before the buffer is handed back.
+            if result.is_ok() {
+                result = read(&mine).map(|_| ());
+            }
+            match slot.claim_front(units) {
+                Some(next) => mine = next,
+                None => break,
+            }
+        }
+        let share = slot.sender_share(units);
+        let mut spins: u32 = 0;
+        let failed = loop {
+            if let Some(f) = slot.sender_finished(share) {
+                break f;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                if !crate::link::shm::process_alive(u.head.pid, 0) {
+                    // Gone in the middle of its units: they are ours now (and reading
+                    // them fails, which fails the receive).
+                    break units - share..units;
+                }
+                // The sender may share this core.
+                std::thread::yield_now();
+            }
+            std::hint::spin_loop();
+        };
+        if result.is_ok() && !failed.is_empty() {
+            result = read(&failed).map(|_| ());
+        }
+        let by_sender = split::byte_range(&(units - share..units), len);
+        let failed = split::byte_range(&failed, len);
+        let mut st = self.st.borrow_mut();
+        st.stats.pulled_split_by_sender +=
+            (by_sender.end - by_sender.start) - (failed.end - failed.start);
+        Some(result.map(|()| len as usize))
+    }
+
     /// Handles one protocol message if one has arrived.
     fn poll(&self) -> Result<bool> {
-        let flushed = self.flush_outbox()?;
+        let helped = self.help();
+        let flushed = self.flush_outbox()? || helped;
         if self.collect_pulls()? {
             return Ok(true);
         }
@@ -906,7 +1142,15 @@ impl Tagged {
             }
             return Ok(());
         }
-        let m = self.ep.read()?;
+        let m = if self.helping.borrow().is_empty() {
+            self.ep.read()?
+        } else {
+            // A receiver may open a split copy while we wait: help on every empty poll.
+            match self.ep.read_or_idle(&|| self.help())? {
+                Some(m) => m,
+                None => return Ok(()),
+            }
+        };
         let source = m.source().rank;
         self.handle(source, &m)
     }
@@ -1166,6 +1410,14 @@ impl Tagged {
     }
 
     fn complete_send(&self, dest: u32, msg: u64, id: u64) {
+        let mut helping = self.helping.borrow_mut();
+        if let Some(i) = helping.iter().position(|h| h.dest == dest && h.msg == msg) {
+            let h = helping.swap_remove(i);
+            if let Some(b) = self.board.borrow_mut().as_mut() {
+                b.give_back(h.slot);
+            }
+        }
+        drop(helping);
         let mut st = self.st.borrow_mut();
         st.outgoing.remove(&(dest, msg));
         if let Some(Op::Send(s)) = st.ops.get_mut(&id) {

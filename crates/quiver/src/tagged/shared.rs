@@ -21,12 +21,23 @@ pub(super) struct Mapping {
 }
 
 impl Mapping {
-    /// Creates (`create`) or opens the object `name` and maps `len` bytes of it (all of
-    /// it when opening: `len` is then ignored).
+    /// Creates (`create`: that many bytes) or opens the object `name` and maps it
+    /// (all of it when opening), read-only when opened with `create` `None`.
     pub(super) fn open(name: &str, create: Option<usize>) -> Result<Mapping> {
+        Mapping::map(name, create, false)
+    }
+
+    /// Opens the existing object `name` and maps all of it readable and writable.
+    pub(super) fn open_writable(name: &str) -> Result<Mapping> {
+        Mapping::map(name, None, true)
+    }
+
+    fn map(name: &str, create: Option<usize>, writable: bool) -> Result<Mapping> {
         let c = CString::new(name).map_err(|_| Error::Config(format!("bad name {name:?}")))?;
+        let writable = writable || create.is_some();
         let flags = match create {
             Some(_) => libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            None if writable => libc::O_RDWR,
             None => libc::O_RDONLY,
         };
         // SAFETY: c is a valid NUL-terminated string; the result is checked.
@@ -70,9 +81,10 @@ impl Mapping {
                 len: 0,
             });
         }
-        let prot = match create {
-            Some(_) => libc::PROT_READ | libc::PROT_WRITE,
-            None => libc::PROT_READ,
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
         };
         // SAFETY: maps `len` bytes of our descriptor; the result is checked.
         let ptr = unsafe {

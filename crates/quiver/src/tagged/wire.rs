@@ -3,7 +3,7 @@
 //! and pulled bytes follow it in the same message.
 //!
 //! ```text
-//! Push  (1): kind, tag, msg, total, pushed, pid, seg, addr | first BTP(1) bytes
+//! Push  (1): kind, slot, tag, msg, total, pushed, pid, seg, addr | first BTP(1) bytes
 //! More  (2): kind, msg, offset                        | more pushed bytes (BTP(2), Push-All)
 //! Pull  (3): kind, msg, offset, len                   (the acknowledgement: send me these)
 //! Data  (4): kind, msg, offset                        | pulled bytes
@@ -25,9 +25,12 @@ const DONE: u8 = 5;
 /// What the first push of a message announces: its tag and length, how many bytes the
 /// sender pushes in all (the first push and the `More` that follow), and where the rest
 /// can be read directly (the sender's pid and buffer address, for a same-node pull; or,
-/// when `seg` is not 0, the sender's shared buffer `seg` and the offset in it).
+/// when `seg` is not 0, the sender's shared buffer `seg` and the offset in it), and the
+/// slot of the sender's split-copy board where the two may share the pull (`slot` - 1;
+/// 0: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Announce {
+    pub slot: u16,
     pub tag: u32,
     pub msg: u64,
     pub total: u64,
@@ -87,7 +90,8 @@ impl Msg<'_> {
         };
         match *self {
             Msg::Push { head: a, .. } => {
-                put(&mut h, &[PUSH, 0, 0, 0]);
+                put(&mut h, &[PUSH, 0]);
+                put(&mut h, &a.slot.to_le_bytes());
                 put(&mut h, &a.tag.to_le_bytes());
                 put(&mut h, &a.msg.to_le_bytes());
                 put(&mut h, &a.total.to_le_bytes());
@@ -143,6 +147,10 @@ impl Msg<'_> {
         Ok(match kind {
             PUSH => {
                 let head = Announce {
+                    slot: b
+                        .get(2..4)
+                        .map(|s| u16::from_le_bytes([s[0], s[1]]))
+                        .ok_or(short)?,
                     tag: u32_at(4).ok_or(short)?,
                     msg: u64_at(8).ok_or(short)?,
                     total: u64_at(16).ok_or(short)?,
@@ -200,6 +208,7 @@ mod tests {
     fn every_kind_round_trips_and_truncations_are_errors() {
         round_trip(Msg::Push {
             head: Announce {
+                slot: 65,
                 tag: 7,
                 msg: 1 << 40,
                 total: 5000,
@@ -232,6 +241,7 @@ mod tests {
     fn inconsistent_pushes_and_unknown_kinds_are_rejected() {
         let m = Msg::Push {
             head: Announce {
+                slot: 0,
                 tag: 1,
                 msg: 1,
                 total: 10,

@@ -4,7 +4,8 @@
 //! directly by that sender (one copy) and read in place by the receiver (zero copy).
 //! A channel is FIFO because it is one ring. The fast path (push, pop, release) takes no
 //! lock, allocates nothing and makes no system call; the `wake` protocol rings a
-//! `doorbell` socket only when the receiver sleeps.
+//! `doorbell` socket only when the receiver sleeps. `split` lets the two processes of a
+//! large cross-memory transfer share the copy.
 //!
 //! Segments are private to the job's user (mode 0600), checked on attach (magic,
 //! version, layout, job id, size), unlinked when the endpoint closes, and removed after a
@@ -15,6 +16,7 @@ mod doorbell;
 pub(crate) mod ring;
 #[cfg(not(loom))]
 mod segment;
+pub(crate) mod split;
 pub(crate) mod wake;
 
 #[cfg(not(loom))]

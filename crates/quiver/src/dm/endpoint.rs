@@ -391,31 +391,10 @@ impl Endpoint {
                     // waits for a slow reader instead of queueing without bound.
                     inner.stats.send_stalls += 1;
                     drop(guard);
-                    backoff_until(self.waiter.mode, None, || {
-                        let mut guard = self.inner.borrow_mut();
-                        let inner = &mut *guard;
-                        let udp = inner.udp.as_mut().expect("checked above");
-                        udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
-                        let p = &udp.peers[peer];
-                        if p.duplex.is_blocked() && p.closed {
-                            // It said goodbye: the credits it owes will never come.
-                            return Err(Error::PeerClosed {
-                                rank: p.source.rank,
-                                dpid: p.source.dpid,
-                            });
-                        }
-                        if p.duplex.is_blocked() {
-                            let failed = inner.errors.iter().position(|e| {
-                                matches!(e, Error::ChannelFailed { rank, dpid, .. } | Error::PeerFailed { rank, dpid, .. }
-                                    if *rank == p.source.rank && *dpid == p.source.dpid)
-                            });
-                            if let Some(e) = failed.and_then(|i| inner.errors.remove(i)) {
-                                return Err(e);
-                            }
-                            return Ok(None);
-                        }
-                        Ok(Some(()))
-                    })?;
+                    // Waits per the wait mode, sleeping on the endpoint's descriptor: the
+                    // acknowledgement that brings credits wakes it (a blind sleep let a
+                    // 1 Gbit/s link idle for most of each millisecond).
+                    self.waiter.wait(&CreditWait { ep: self, peer }, None)?;
                     let mut inner = self.inner.borrow_mut();
                     inner.stats.msgs_sent += 1;
                     inner.stats.bytes_sent += data.len() as u64;
@@ -923,10 +902,71 @@ impl<'a> Waitable for ReadWait<'a> {
         if self.0.inner.borrow().has_ready() {
             return Ok(());
         }
-        // Wake for the protocol's timers (retransmission, acknowledgements, probes), and
-        // to check that same-node peers live.
+        self.0.sleep_on_descriptor(timeout)
+    }
+}
+
+/// Waiting in `write` for the credits of network channel `peer` (its window is closed):
+/// each attempt makes protocol progress; sleeping is on the endpoint's descriptor, where
+/// the acknowledgement that brings credits arrives.
+struct CreditWait<'a> {
+    ep: &'a Endpoint,
+    peer: usize,
+}
+
+impl Waitable for CreditWait<'_> {
+    type Output = ();
+
+    fn poll_once(&self) -> Result<Option<()>> {
+        let mut guard = self.ep.inner.borrow_mut();
+        let inner = &mut *guard;
+        let udp = inner
+            .udp
+            .as_mut()
+            .expect("a network channel implies a link");
+        udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
+        let p = &udp.peers[self.peer];
+        if !p.duplex.is_blocked() {
+            return Ok(Some(()));
+        }
+        if p.closed {
+            // It said goodbye: the credits it owes will never come.
+            return Err(Error::PeerClosed {
+                rank: p.source.rank,
+                dpid: p.source.dpid,
+            });
+        }
+        let failed = inner.errors.iter().position(|e| {
+            matches!(e, Error::ChannelFailed { rank, dpid, .. } | Error::PeerFailed { rank, dpid, .. }
+                if *rank == p.source.rank && *dpid == p.source.dpid)
+        });
+        match failed.and_then(|i| inner.errors.remove(i)) {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    fn arm(&self) {
+        ReadWait(self.ep).arm();
+    }
+
+    fn disarm(&self) {
+        ReadWait(self.ep).disarm();
+    }
+
+    fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
+        // Messages waiting to be read do not end this wait: only credits do.
+        self.ep.sleep_on_descriptor(timeout)
+    }
+}
+
+impl Endpoint {
+    /// Sleeps on the endpoint's descriptor until something arrives, `timeout` passes, a
+    /// protocol timer is due (retransmission, acknowledgement, probe) or it is time to
+    /// check that same-node peers live.
+    fn sleep_on_descriptor(&self, timeout: Option<Duration>) -> Result<()> {
         let (protocol, watching) = {
-            let inner = self.0.inner.borrow();
+            let inner = self.inner.borrow();
             let watching = inner.shm.as_ref().is_some_and(|s| s.has_senders())
                 || inner.conns.iter().any(|(_, c)| matches!(c, Conn::Shm(_)));
             (
@@ -936,8 +976,8 @@ impl<'a> Waitable for ReadWait<'a> {
         };
         let liveness = watching.then_some(LIVENESS_PERIOD);
         let timeout = [timeout, protocol, liveness].into_iter().flatten().min();
-        let r = self.0.poller.wait(timeout);
-        self.0.inner.borrow_mut().liveness_due = watching;
+        let r = self.poller.wait(timeout);
+        self.inner.borrow_mut().liveness_due = watching;
         r
     }
 }

@@ -296,8 +296,33 @@ impl Endpoint {
     }
 
     /// Sends one message to the target; with `wait` false, returns false instead of
-    /// waiting for room.
+    /// waiting for room. The common case, a shared-memory target with room, is done
+    /// here without a call; everything else (and every error) in `write_slow`.
+    #[inline(always)]
     fn write_to_target(&self, head: &[u8], data: &[u8], wait: bool) -> Result<bool> {
+        if let Ok(mut guard) = self.inner.try_borrow_mut() {
+            let inner = &mut *guard;
+            if let (Some(idx), true) = (inner.target, inner.failed.is_empty()) {
+                if let Some((_, Conn::Shm(tx))) = inner.conns.get_mut(idx) {
+                    let len = head.len() + data.len();
+                    if len <= tx.max_message()
+                        && len <= self.job.config.max_message
+                        && matches!(tx.try_send_parts(head, data), Ok(true))
+                    {
+                        inner.stats.msgs_sent += 1;
+                        inner.stats.bytes_sent += len as u64;
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        self.write_slow(head, data, wait)
+    }
+
+    /// [`Endpoint::write_to_target`] in full: every transport, waiting, errors.
+    #[cold]
+    #[inline(never)]
+    fn write_slow(&self, head: &[u8], data: &[u8], wait: bool) -> Result<bool> {
         let max = self.job.config.max_message;
         if head.len() + data.len() > max {
             return Err(Error::MessageTooLarge {
@@ -341,13 +366,7 @@ impl Endpoint {
                         max: tx.max_message(),
                     });
                 }
-                let send = |tx: &mut ShmTx| {
-                    if head.is_empty() {
-                        tx.try_send(data)
-                    } else {
-                        tx.try_send2(head, data)
-                    }
-                };
+                let send = |tx: &mut ShmTx| tx.try_send_parts(head, data);
                 if !send(tx)? {
                     if !wait {
                         return Ok(false);

@@ -125,7 +125,7 @@ mod imp_crate {
         /// The next message of any sender, round-robin across senders.
         #[inline]
         pub(crate) fn poll(&mut self) -> Option<Received> {
-            if self.known_slots < self.seg.geometry().slots {
+            if self.seg.claimed_slots() > self.known_slots {
                 self.discover();
             }
             let n = self.chans.len();
@@ -191,6 +191,7 @@ mod imp_crate {
                 || self.seg.claimed_slots() > self.known_slots
         }
 
+        #[inline]
         pub(crate) fn release(&mut self, chan: u32, token: u64) {
             if let Some(c) = self.chans.get_mut(chan as usize) {
                 c.consumer.release(token);
@@ -256,35 +257,24 @@ mod imp_crate {
             self.max_message
         }
 
-        /// Pushes one message; `Ok(false)` if the ring is full. `data.len()` <=
+        /// Pushes one message made of `head` then `body` (`head` is usually empty);
+        /// `Ok(false)` if the ring is full. Their lengths add up to at most
         /// max_message. A receiver that closed its endpoint is an error (the flag shares
         /// a read-mostly cache line with the segment's geometry, so the check is cheap).
-        #[inline]
-        pub(crate) fn try_send(&mut self, data: &[u8]) -> Result<bool> {
+        #[inline(always)]
+        pub(crate) fn try_send_parts(&mut self, head: &[u8], body: &[u8]) -> Result<bool> {
             if self.seg.is_closed() {
                 return Err(Error::PeerClosed {
                     rank: self.peer.rank,
                     dpid: self.peer.dpid,
                 });
             }
-            if !self.producer.try_push(data) {
-                return Ok(false);
-            }
-            if self.seg.header().wake.must_ring() {
-                self.bell.ring();
-            }
-            Ok(true)
-        }
-
-        /// Like [`ShmTx::try_send`] for a message made of `head` then `body`.
-        pub(crate) fn try_send2(&mut self, head: &[u8], body: &[u8]) -> Result<bool> {
-            if self.seg.is_closed() {
-                return Err(Error::PeerClosed {
-                    rank: self.peer.rank,
-                    dpid: self.peer.dpid,
-                });
-            }
-            if !self.producer.try_push2(head, body) {
+            let pushed = if head.is_empty() {
+                self.producer.try_push(body)
+            } else {
+                self.producer.try_push2(head, body)
+            };
+            if !pushed {
                 return Ok(false);
             }
             if self.seg.header().wake.must_ring() {

@@ -325,7 +325,7 @@ impl Consumer {
     }
 
     /// Takes the next record, if one is published.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn try_pop(&mut self) -> Result<Option<Record>, Corrupt> {
         let cap = self.mem.capacity as u64;
         loop {
@@ -362,6 +362,7 @@ impl Consumer {
         }
     }
 
+    #[inline]
     fn push_outstanding(&mut self, released: bool) -> u64 {
         if self.outstanding.is_empty() && self.solo.is_none() {
             // Nothing else is held: no queue needed.
@@ -387,6 +388,7 @@ impl Consumer {
     }
 
     /// Releases the record with `token`; unknown or repeated tokens are ignored.
+    #[inline]
     pub(crate) fn release(&mut self, token: u64) {
         if token == self.first_token {
             if let Some(end) = self.solo.take() {

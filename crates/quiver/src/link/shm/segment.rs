@@ -341,10 +341,6 @@ impl Segment {
         &self.name
     }
 
-    pub(crate) fn geometry(&self) -> Geometry {
-        self.geometry
-    }
-
     pub(crate) fn owner_pid(&self) -> u32 {
         self.header().owner_pid
     }

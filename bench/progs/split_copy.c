@@ -26,13 +26,13 @@ struct sh { _Atomic long go; char pad[56]; _Atomic long done; uintptr_t src, dst
 int main(int argc, char **argv) {
     size_t sz = strtoull(argv[1], NULL, 0); double frac = atof(argv[2]); /* fraction the sender writes */
     struct sh *s = mmap(0, 4096, PROT_READ|PROT_WRITE, MAP_SHARED|MAP_ANONYMOUS, -1, 0);
-    char *dst; posix_memalign((void **)&dst, 4096, sz); memset(dst, 0, sz);
+    char *dst; if (posix_memalign((void **)&dst, 4096, sz)) return 1; memset(dst, 0, sz);
     s->dst = (uintptr_t)dst; s->ppid = getpid();
     size_t half = (size_t)(sz * (1 - frac)) & ~4095UL;
     pid_t pid = fork();
     if (pid == 0) {
         pin(1);
-        char *buf; posix_memalign((void **)&buf, 4096, sz); memset(buf, 3, sz);
+        char *buf; if (posix_memalign((void **)&buf, 4096, sz)) _exit(1); memset(buf, 3, sz);
         s->src = (uintptr_t)buf;
         long r = 0;
         atomic_store(&s->done, -1);

@@ -37,6 +37,10 @@ const GRO_BYTES: usize = 128 << 10;
 /// Socket buffer sizes asked for (the kernel may grant less).
 const RCVBUF: usize = 16 << 20;
 const SNDBUF: usize = 4 << 20;
+/// Coalesced receives of one datagram each, in a row, after which traffic counts as sparse
+/// and coalescing is turned off (a stream's empty polls do not count: a fast reader makes
+/// many).
+const SPARSE_AFTER: u32 = 8;
 /// Destinations of one link that get a connected socket of their own (see
 /// [`SockAddr`]); the others are sent to with `sendto`, so that a job of thousands of
 /// ranks does not use thousands of descriptors per endpoint.
@@ -96,8 +100,17 @@ pub(crate) struct UdpLink {
     /// Whether runs of equal-size datagrams go out with `UDP_SEGMENT`; cleared for good
     /// when the kernel refuses it.
     gso: AtomicBool,
-    /// Coalesced receives (`UDP_GRO`), when asked for and granted.
+    /// Coalesced receives (`UDP_GRO`), when asked for and granted. The socket option is
+    /// on only while traffic streams (`batching`): with it, every receive is a
+    /// `recvmsg` into the staging buffer, which costs a sparse (ping-pong) reader about
+    /// half a microsecond per message (DESIGN-NOTES).
     gro: Option<Staged>,
+    /// Whether the socket may hold coalesced datagrams: the option is on, or was until
+    /// the socket was last found empty. Receives are coalesced receives meanwhile.
+    gro_on: bool,
+    /// Consecutive coalesced receives that brought exactly one datagram: the signature of
+    /// sparse traffic (a stream brings runs, or several queued datagrams).
+    singles: u32,
     /// Connected sockets made for destinations so far (at most [`CONNECTED_MAX`]).
     connected: std::cell::Cell<usize>,
 }
@@ -122,7 +135,8 @@ impl UdpLink {
             .map_err(|e| Error::io("UDP socket address", e))?;
         set_buffer(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, RCVBUF);
         set_buffer(&sock, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SNDBUF);
-        let gro = gro && enable_gro(&sock);
+        // Granted or not is learned now; the option itself waits for streaming traffic.
+        let gro = gro && set_gro(&sock, true) && set_gro(&sock, false);
         Ok(UdpLink {
             sock,
             local,
@@ -136,6 +150,8 @@ impl UdpLink {
                 at: 0,
             }),
             connected: std::cell::Cell::new(0),
+            gro_on: false,
+            singles: 0,
         })
     }
 
@@ -150,7 +166,31 @@ impl UdpLink {
         out: &mut Vec<Datagram>,
     ) -> Result<()> {
         if self.gro.is_some() {
-            return self.recv_coalesced(pool, out);
+            if self.batching && !self.gro_on {
+                // Streaming: let the kernel coalesce from now on.
+                self.gro_on = set_gro(&self.sock, true);
+            }
+            let staged = self.gro.as_ref().is_some_and(|st| st.at < st.len);
+            if self.gro_on || staged {
+                let before = out.len();
+                let empty = self.recv_coalesced(pool, out)?;
+                match out.len() - before {
+                    0 => {}
+                    1 => self.singles += 1,
+                    _ => self.singles = 0,
+                }
+                if self.batching && self.singles >= SPARSE_AFTER {
+                    // Sparse again: stop coalescing, but keep reading coalesced until
+                    // what was queued meanwhile is drained.
+                    self.batching = false;
+                    self.streak = 0;
+                    self.singles = 0;
+                    set_gro(&self.sock, false);
+                } else if empty && !self.batching {
+                    self.gro_on = false;
+                }
+                return Ok(());
+            }
         }
         if !self.batching || pool.free.len() == 1 {
             return self.recv_one(pool, out);
@@ -217,7 +257,8 @@ impl UdpLink {
     /// Receives with `UDP_GRO`: hands over the staged datagrams while free slots last,
     /// then receives the next (possibly coalesced) one into the staging buffer, up to a
     /// batch of datagrams per call.
-    fn recv_coalesced(&mut self, pool: &mut SlotPool, out: &mut Vec<Datagram>) -> Result<()> {
+    /// Returns whether the socket was found empty (nothing staged is left either).
+    fn recv_coalesced(&mut self, pool: &mut SlotPool, out: &mut Vec<Datagram>) -> Result<bool> {
         let fd = self.sock.as_raw_fd();
         let st = self
             .gro
@@ -227,7 +268,7 @@ impl UdpLink {
         loop {
             while st.at < st.len {
                 let Some(slot) = pool.free.pop() else {
-                    return Ok(()); // the rest waits for free slots
+                    return Ok(false); // the rest waits for free slots
                 };
                 let n = st.seg.min(st.len - st.at);
                 // A datagram longer than a slot is no quiver frame: length 0, which the
@@ -240,7 +281,7 @@ impl UdpLink {
                 handed += 1;
             }
             if handed >= RECV_BATCH || pool.free.is_empty() {
-                return Ok(());
+                return Ok(false);
             }
             let mut iov = libc::iovec {
                 iov_base: st.buf.as_mut_ptr() as *mut libc::c_void,
@@ -260,9 +301,8 @@ impl UdpLink {
             if got < 0 {
                 let e = io::Error::last_os_error();
                 return match e.kind() {
-                    io::ErrorKind::WouldBlock
-                    | io::ErrorKind::Interrupted
-                    | io::ErrorKind::ConnectionRefused => Ok(()),
+                    io::ErrorKind::WouldBlock => Ok(true),
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused => Ok(false),
                     _ => Err(Error::io("recvmsg", e)),
                 };
             }
@@ -555,8 +595,9 @@ fn gso_run(datagrams: &[&[u8]]) -> usize {
 
 /// Asks the kernel to coalesce received runs of datagrams (`UDP_GRO`); false, with one
 /// log line, where it refuses.
-fn enable_gro(sock: &UdpSocket) -> bool {
-    let on: libc::c_int = 1;
+/// Turns coalesced receives (`UDP_GRO`) on or off; false if the kernel refused (logged).
+fn set_gro(sock: &UdpSocket, on: bool) -> bool {
+    let on = libc::c_int::from(on);
     // SAFETY: setsockopt with a valid fd and a c_int option value.
     let rc = unsafe {
         libc::setsockopt(
@@ -842,10 +883,67 @@ mod tests {
             let mut rx = UdpLink::bind(ip, false, true).unwrap();
             assert!(rx.gro.is_some(), "the kernel refused UDP_GRO");
             let mut pool = SlotPool::new(1 << 20, 1472);
-            tx.send_batch(&SockAddr::from(&rx.local_addr()), &refs)
-                .unwrap();
+            let to = SockAddr::from(&rx.local_addr());
+            stream_until_coalescing(&tx, &mut rx, &mut pool, &to);
+            tx.send_batch(&to, &refs).unwrap();
             assert_eq!(receive(&mut rx, &mut pool, data.len()), data, "gso {gso}");
         }
+    }
+
+    /// Sends single datagrams until `rx` sees a stream and turns coalescing on.
+    fn stream_until_coalescing(tx: &UdpLink, rx: &mut UdpLink, pool: &mut SlotPool, to: &SockAddr) {
+        let one = [7u8; 10];
+        for _ in 0..100 {
+            let burst: Vec<&[u8]> = vec![&one; 8];
+            tx.send_each(to, &burst).unwrap();
+            assert_eq!(receive(rx, pool, 8).len(), 8);
+            if rx.gro_on {
+                assert!(gro_option(rx), "the flag says on, the socket says off");
+                return;
+            }
+        }
+        panic!("a stream never turned coalescing on");
+    }
+
+    /// The socket's UDP_GRO option as the kernel has it.
+    fn gro_option(link: &UdpLink) -> bool {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `v`.
+        let rc = unsafe {
+            libc::getsockopt(
+                link.sock.as_raw_fd(),
+                libc::SOL_UDP,
+                libc::UDP_GRO,
+                &mut v as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        v != 0
+    }
+
+    #[test]
+    fn coalescing_follows_the_traffic_on_and_off() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let tx = UdpLink::bind(ip, true, false).unwrap();
+        let mut rx = UdpLink::bind(ip, false, true).unwrap();
+        assert!(rx.gro.is_some(), "the kernel refused UDP_GRO");
+        assert!(!gro_option(&rx), "off until traffic streams");
+        let mut pool = SlotPool::new(1 << 20, 1472);
+        let to = SockAddr::from(&rx.local_addr());
+        stream_until_coalescing(&tx, &mut rx, &mut pool, &to);
+        // A ping-pong's worth of lone datagrams: coalescing goes off again, in order.
+        for i in 0..(2 * SPARSE_AFTER) as u8 {
+            tx.send_datagram(&to, &[i; 5]).unwrap();
+            assert_eq!(receive(&mut rx, &mut pool, 1), vec![vec![i; 5]]);
+            // An empty poll, as a spinning reader makes between messages.
+            let mut none = Vec::new();
+            rx.recv_batch(&mut pool, &mut none).unwrap();
+            assert!(none.is_empty());
+        }
+        assert!(!rx.gro_on && !rx.batching);
+        assert!(!gro_option(&rx));
     }
 
     #[test]
@@ -858,8 +956,9 @@ mod tests {
         // The smallest pool: RECV_BATCH slots, fewer than one coalesced run of 60.
         let mut pool = SlotPool::new(0, 1000);
         assert_eq!(pool.free.len(), RECV_BATCH);
-        tx.send_batch(&SockAddr::from(&rx.local_addr()), &refs)
-            .unwrap();
+        let to = SockAddr::from(&rx.local_addr());
+        stream_until_coalescing(&tx, &mut rx, &mut pool, &to);
+        tx.send_batch(&to, &refs).unwrap();
         let mut held = Vec::new();
         let start = Instant::now();
         while held.len() < RECV_BATCH {

@@ -766,11 +766,7 @@ impl EthLink {
                 return Ok(());
             }
         }
-        let mut head = [0u8; LINK_HEADER];
-        head[..6].copy_from_slice(&dest.mac.0);
-        head[6..12].copy_from_slice(&self.mac.0);
-        head[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-        head[14..16].copy_from_slice(&dest.port.to_be_bytes());
+        let mut head = self.link_header(dest, 0);
         let frames = self.tx.geo.frames();
         for d in datagrams {
             let i = self.tx_cursor.get();
@@ -794,6 +790,18 @@ impl EthLink {
         self.kick()
     }
 
+    /// The link header of a frame to `dest` carrying a quiver frame of `len` bytes:
+    /// destination and source MAC, quiver's EtherType, the destination port, the length.
+    fn link_header(&self, dest: &EthDest, len: usize) -> [u8; LINK_HEADER] {
+        let mut head = [0u8; LINK_HEADER];
+        head[..6].copy_from_slice(&dest.mac.0);
+        head[6..12].copy_from_slice(&self.mac.0);
+        head[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+        head[14..16].copy_from_slice(&dest.port.to_be_bytes());
+        head[16..18].copy_from_slice(&(len as u16).to_be_bytes());
+        head
+    }
+
     /// Sends a lone small frame by copy (`sendto` on the ring-less socket); false if it
     /// was not sent (too long, no such socket, frames still waiting in the transmit ring,
     /// which it must not overtake, or the kernel had no room): the ring sends it then.
@@ -809,11 +817,7 @@ impl EthLink {
             return false;
         }
         let mut frame = [0u8; COPY_SEND_MAX];
-        frame[..6].copy_from_slice(&dest.mac.0);
-        frame[6..12].copy_from_slice(&self.mac.0);
-        frame[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
-        frame[14..16].copy_from_slice(&dest.port.to_be_bytes());
-        frame[16..18].copy_from_slice(&(d.len() as u16).to_be_bytes());
+        frame[..LINK_HEADER].copy_from_slice(&self.link_header(dest, d.len()));
         frame[LINK_HEADER..len].copy_from_slice(d);
         // SAFETY: sockaddr_ll is plain data; zero is valid.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };

@@ -375,7 +375,14 @@ pub fn render(info: &Info) -> String {
         };
         let _ = writeln!(out, "  {span:<20} {}", r.description);
         if r.kind == "pulled" || r.kind == "pushed+pulled" {
-            let same = if r.pull_same_node == "cma" {
+            let same = if r.pull_same_node == "cma" && info.split_copy {
+                format!(
+                    "one copy by the receiver from the sender's buffer (cross-memory attach; \
+                     from {} KiB a sender waiting in quiver copies part of it), then a Done \
+                     to the sender",
+                    SPLIT_MIN >> 10
+                )
+            } else if r.pull_same_node == "cma" {
                 "one copy by the receiver from the sender's buffer (cross-memory attach), \
                  then a Done to the sender"
                     .to_string()
@@ -586,10 +593,32 @@ mod tests {
             text.contains("QUIVER_BTP1") && text.contains("in force"),
             "{text}"
         );
+        assert!(text.contains("QUIVER_SPLIT_COPY    off"), "{text}");
         let v: serde_json::Value = serde_json::to_value(&info).unwrap();
         assert_eq!(v["push"], "pull");
         assert_eq!(v["cma"], false);
         assert_eq!(v["cma_check"]["works"], true);
+        // With cross-memory attach, large pulls are split copies (unless turned off).
+        for split in [true, false] {
+            let cfg = Config::default().with_split_copy(split);
+            let ok = CmaCheck {
+                works: true,
+                result: "works".into(),
+                detail: "fine".into(),
+                yama_ptrace_scope: None,
+            };
+            let text = render(&gather(&cfg, ok));
+            assert_eq!(
+                text.contains("a sender waiting in quiver copies part"),
+                split,
+                "{text}"
+            );
+            assert_eq!(
+                text.contains("same-node pulls of 128 KiB or more"),
+                split,
+                "{text}"
+            );
+        }
     }
 
     #[test]

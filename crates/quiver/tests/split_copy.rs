@@ -1,6 +1,7 @@
 //! Split copies of large same-node tagged messages between two real processes (the
 //! test binary starts itself twice as the ranks of a job): every byte checked, a
-//! truncated receive, and the two sides' accounts of what the sender wrote agree. The
+//! truncated receive, a sender busy elsewhere while its message is pulled (the receiver
+//! then copies alone), and the two sides' accounts of what the sender wrote agree. The
 //! sender waits by spinning, so on two or more cores it helps with at least one message.
 
 mod common;
@@ -22,6 +23,20 @@ fn sender(t: &Tagged) -> TaggedStats {
         t.send(1, i, &pattern(0, i, LEN)).unwrap();
     }
     t.send(1, 100, &pattern(0, 100, TRUNCATED.0)).unwrap();
+    // Busy elsewhere (not inside quiver) while the receiver pulls: it helps with nothing.
+    let before = t.stats().split_helped;
+    let late = pattern(0, 102, LEN);
+    t.scope(|s| {
+        let r = s.isend(1, 102, &late)?;
+        std::thread::sleep(Duration::from_secs(1));
+        r.wait()
+    })
+    .unwrap();
+    assert_eq!(
+        t.stats().split_helped,
+        before,
+        "helped while not inside quiver"
+    );
     let st = t.stats();
     t.send(1, 101, &st.split_helped.to_le_bytes()).unwrap();
     st
@@ -43,6 +58,12 @@ fn receiver(t: &Tagged) -> TaggedStats {
         other => panic!("expected truncation, got {other:?}"),
     }
     assert!(small[..] == pattern(0, 100, TRUNCATED.0)[..TRUNCATED.1]);
+    buf.fill(0xee);
+    t.recv(&mut buf, 0, 102).unwrap();
+    assert!(
+        buf == pattern(0, 102, LEN),
+        "bytes of the message pulled alone"
+    );
     let mut helped = [0u8; 8];
     t.recv(&mut helped, 0, 101).unwrap();
     let st = t.stats();

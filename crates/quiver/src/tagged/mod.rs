@@ -739,17 +739,13 @@ impl Tagged {
                 // SAFETY: [pull_from, pull_from + pull_len) lies inside the buffer
                 // (pull_from + pull_len = expected <= cap).
                 let dst = unsafe { ptr.add(pull_from as usize) };
-                let outcome = match self.split_pull(u, pull_from, dst, pull_len) {
+                // SAFETY: dst is valid for pull_len bytes (above), which only this pull
+                // writes until it returns.
+                let outcome = match unsafe { self.split_pull(u, pull_from, dst, pull_len) } {
                     Some(r) => r,
-                    None => {
-                        // SAFETY: as above; nothing else writes the buffer (no split).
-                        let dst = unsafe { std::slice::from_raw_parts_mut(dst, pull_len as usize) };
-                        let remote = [cma::Piece {
-                            addr: u.head.addr.saturating_add(pull_from),
-                            len: pull_len as usize,
-                        }];
-                        self.cma.read_from(u.head.pid, &remote, dst)
-                    }
+                    // SAFETY: dst is valid for pull_len bytes (above), and without a
+                    // split nothing else writes them.
+                    None => unsafe { self.read_range(u, pull_from, dst, 0..pull_len) },
                 };
                 match outcome {
                     Ok(_) => true,
@@ -981,10 +977,37 @@ impl Tagged {
         did
     }
 
+    /// Reads bytes `range` of the pulled part of `u`'s message (the part from byte `from`
+    /// on) into the same range of `dst`, with cross-memory attach.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `range.end` bytes, and nothing else may write
+    /// `dst[range]` during the call.
+    unsafe fn read_range(
+        &self,
+        u: &Unexpected,
+        from: u64,
+        dst: *mut u8,
+        range: std::ops::Range<u64>,
+    ) -> std::result::Result<usize, cma::CmaError> {
+        let n = (range.end - range.start) as usize;
+        // SAFETY: contract of this function.
+        let local = unsafe { std::slice::from_raw_parts_mut(dst.add(range.start as usize), n) };
+        let remote = [cma::Piece {
+            addr: u.head.addr.saturating_add(from).saturating_add(range.start),
+            len: n,
+        }];
+        self.cma.read_from(u.head.pid, &remote, local)
+    }
+
     /// Receiver: pulls `len` bytes of `u`'s message from `from` into `dst` as a split copy
     /// with its sender, if the sender offered one; `None` if not (pull alone). Returns
     /// after every byte is in place (or the pull failed) and the sender no longer writes.
-    fn split_pull(
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes that nothing else in this process
+    /// writes until the call returns (the sender writes some through the kernel).
+    unsafe fn split_pull(
         &self,
         u: &Unexpected,
         from: u64,
@@ -1011,18 +1034,11 @@ impl Tagged {
             pid: std::process::id(),
         };
         let mut mine = slot.open(u.head.msg, units, dest)?;
-        let remote_base = u.head.addr.saturating_add(from);
         let read = |units: &std::ops::Range<u32>| {
-            let bytes = split::byte_range(units, len);
-            let n = (bytes.end - bytes.start) as usize;
-            // SAFETY: bytes lies inside [0, len) of the destination, and these units are
-            // claimed by us alone: nobody else writes them.
-            let local = unsafe { std::slice::from_raw_parts_mut(dst.add(bytes.start as usize), n) };
-            let remote = [cma::Piece {
-                addr: remote_base.saturating_add(bytes.start),
-                len: n,
-            }];
-            self.cma.read_from(u.head.pid, &remote, local)
+            // SAFETY: the units' bytes lie inside [0, len) of the destination (valid for
+            // len bytes: contract of this function), and they are claimed by us alone:
+            // nobody else writes them.
+            unsafe { self.read_range(u, from, dst, split::byte_range(units, len)) }
         };
         let mut result = Ok(());
         loop {
@@ -1142,14 +1158,9 @@ impl Tagged {
             }
             return Ok(());
         }
-        let m = if self.helping.borrow().is_empty() {
-            self.ep.read()?
-        } else {
-            // A receiver may open a split copy while we wait: help on every empty poll.
-            match self.ep.read_or_idle(&|| self.help())? {
-                Some(m) => m,
-                None => return Ok(()),
-            }
+        // A receiver may open a split copy while we wait: help on every empty poll.
+        let Some(m) = self.ep.read_or_idle(&|| self.help())? else {
+            return Ok(());
         };
         let source = m.source().rank;
         self.handle(source, &m)

@@ -115,7 +115,14 @@ pub fn up(plan: &Plan) -> anyhow::Result<ClusterView> {
         created: Vec::new(),
         done: false,
     };
-    build(plan, &tools, subnet, tbf, &interrupts, &mut rollback)?;
+    if let Err(e) = build(plan, &tools, subnet, tbf, &interrupts, &mut rollback) {
+        // A signal sent to the process group also kills the step's command, whose failure
+        // then comes first: the signal is what to report (exit status 128 + signal).
+        return Err(match interrupts.received() {
+            Some(sig) => anyhow::Error::new(Interrupted(sig)),
+            None => e,
+        });
+    }
 
     let state = State {
         version: STATE_VERSION,

@@ -386,44 +386,86 @@ impl Endpoint {
                 }
             }
             Conn::Udp { peer } => {
-                let mut joined = Vec::new();
-                let data = contiguous(head, data, &mut joined);
                 let peer = *peer;
-                let udp = inner
-                    .udp
-                    .as_mut()
-                    .expect("a UDP connection implies a UDP socket");
-                let now = udp.now();
-                let p = &mut udp.peers[peer];
-                match p.duplex.send(now, data) {
-                    Ok(_) => {}
-                    Err(SendError::Failed) => return Err(p.failure()),
-                    Err(SendError::TooLarge { len, max }) => {
-                        return Err(Error::MessageTooLarge { len, max })
-                    }
-                }
-                udp.transmit(peer, now, &mut inner.stats)?;
-                udp.update_deadline();
-                if wait && udp.peers[peer].duplex.is_blocked() {
-                    // The window is closed: make progress (acknowledgements bring
-                    // credits) until the queued frames may go, so that a fast writer
-                    // waits for a slow reader instead of queueing without bound.
-                    inner.stats.send_stalls += 1;
-                    drop(guard);
-                    // Waits per the wait mode, sleeping on the endpoint's descriptor: the
-                    // acknowledgement that brings credits wakes it (a blind sleep let a
-                    // 1 Gbit/s link idle for most of each millisecond).
-                    self.waiter.wait(&CreditWait { ep: self, peer }, None)?;
-                    let mut inner = self.inner.borrow_mut();
-                    inner.stats.msgs_sent += 1;
-                    inner.stats.bytes_sent += data.len() as u64;
-                    return Ok(true);
-                }
+                drop(guard);
+                let mut joined = Vec::new();
+                self.write_net(peer, contiguous(head, data, &mut joined), wait)?;
+                return Ok(true);
             }
         }
         inner.stats.msgs_sent += 1;
         inner.stats.bytes_sent += (head.len() + data.len()) as u64;
         Ok(true)
+    }
+
+    /// Sends `data` on the network channel to peer `peer`. A writer that may wait hands
+    /// the message to the channel a part at a time, one window ahead of what the window
+    /// takes: each frame is built (the one copy) shortly before it can go, so a message
+    /// many windows long neither waits in memory whole nor keeps the link idle while it
+    /// is copied; once all of it is queued the writer waits until it may go, so that a
+    /// fast writer waits for a slow reader instead of queueing without bound. A writer
+    /// that may not wait queues the whole message; it goes out as credits return.
+    ///
+    /// If waiting fails half-way (the channel failed, the peer left), the frames already
+    /// sent are a message without its end: the receiver drops them, and counts them
+    /// malformed when the next message begins.
+    fn write_net(&self, peer: usize, data: &[u8], wait: bool) -> Result<()> {
+        let ahead = if wait {
+            usize::from(self.job.config.window)
+        } else {
+            usize::MAX
+        };
+        let mut part = {
+            let inner = self.inner.borrow();
+            let p = &inner
+                .udp
+                .as_ref()
+                .expect("a network connection implies a link")
+                .peers[peer];
+            match p.duplex.begin_send(data.len()) {
+                Ok(part) => part,
+                Err(SendError::Failed) => return Err(p.failure()),
+                Err(SendError::TooLarge { len, max }) => {
+                    return Err(Error::MessageTooLarge { len, max })
+                }
+            }
+        };
+        let mut stalled = false;
+        loop {
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let udp = inner
+                .udp
+                .as_mut()
+                .expect("a network connection implies a link");
+            let now = udp.now();
+            let queued = udp.peers[peer]
+                .duplex
+                .send_part(now, data, &mut part, ahead);
+            udp.transmit(peer, now, &mut inner.stats)?;
+            udp.update_deadline();
+            let must_wait = !queued || (wait && udp.peers[peer].duplex.is_blocked());
+            if must_wait && !stalled {
+                stalled = true;
+                inner.stats.send_stalls += 1;
+            }
+            if !must_wait {
+                inner.stats.msgs_sent += 1;
+                inner.stats.bytes_sent += data.len() as u64;
+                return Ok(());
+            }
+            drop(guard);
+            // The window is closed: make progress until it opens. Waits per the wait
+            // mode, sleeping on the endpoint's descriptor, where the acknowledgement that
+            // brings credits wakes it (a blind sleep let a 1 Gbit/s link idle).
+            self.waiter.wait(&CreditWait { ep: self, peer }, None)?;
+            if queued {
+                let mut inner = self.inner.borrow_mut();
+                inner.stats.msgs_sent += 1;
+                inner.stats.bytes_sent += data.len() as u64;
+                return Ok(());
+            }
+        }
     }
 
     /// The next message, if one is waiting. Never blocks.

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::time::earliest;
 use super::{
-    AckSent, AckStamp, ChannelError, Config, ConfigError, Counters, Event, Mode, Receiver,
-    SendError, SendStatus, Sender, Time,
+    AckSent, AckStamp, ChannelError, Config, ConfigError, Counters, Event, Mode, PartialSend,
+    Receiver, SendError, SendStatus, Sender, Time,
 };
 use crate::wire::{Flags, FrameKind, Header};
 
@@ -104,6 +104,24 @@ impl<B> Duplex<B> {
     pub fn send(&mut self, now: Time, msg: &[u8]) -> Result<SendStatus, SendError> {
         self.start_clocks(now);
         self.sender.send(now, msg)
+    }
+
+    /// Starts a message handed over a part at a time; see [`Sender::begin_send`].
+    pub fn begin_send(&self, len: usize) -> Result<PartialSend, SendError> {
+        self.sender.begin_send(len)
+    }
+
+    /// Queues the next frames of a message begun with [`begin_send`](Self::begin_send);
+    /// see [`Sender::send_part`]. True when the message is wholly queued.
+    pub fn send_part(
+        &mut self,
+        now: Time,
+        msg: &[u8],
+        part: &mut PartialSend,
+        ahead: usize,
+    ) -> bool {
+        self.start_clocks(now);
+        self.sender.send_part(now, msg, part, ahead)
     }
 
     /// The zero-copy fast path of [`Mode::None`]; see [`Sender::send_direct`]. On

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::time::earliest;
-use super::{ChannelError, Config, Duplex, Event, SendStatus, Time};
+use super::{ChannelError, Config, Duplex, Event, PartialSend, SendStatus, Time};
 use crate::channel::{Delivery, RxChannel};
 use crate::link::sim::{Limits, LinkConfig, Network, SimError, SimNode, SimRng};
 use crate::wire::{decode, Flags, FrameKind, Header};
@@ -35,6 +35,12 @@ pub(super) struct Peer {
     pub blocked_sends: u32,
     /// Sends refused (the channel failed).
     pub refused_sends: u32,
+    /// `Some(ahead)`: hand each message over a part at a time, `ahead` frames beyond the
+    /// window, as a blocking writer does (the next message waits until it is all
+    /// queued); `None`: whole messages with `send`.
+    pub send_ahead: Option<usize>,
+    /// The message being handed over a part at a time.
+    current: Option<(Vec<u8>, PartialSend)>,
     max_message: usize,
 }
 
@@ -70,6 +76,8 @@ impl Peer {
             errors: Vec::new(),
             blocked_sends: 0,
             refused_sends: 0,
+            send_ahead: None,
+            current: None,
             max_message: 1 << 24,
         }
     }
@@ -86,6 +94,46 @@ impl Peer {
     /// The application frees each frame's buffer this long after it is delivered.
     pub fn release_after(&mut self, d: Duration) {
         self.release_delay = d;
+    }
+
+    /// Hands the application's due messages to the channel: whole, or (with
+    /// `send_ahead`) a part at a time, each message wholly queued before the next begins.
+    fn push_sends(&mut self, now: Time) {
+        loop {
+            if let Some((m, part)) = &mut self.current {
+                let ahead = self.send_ahead.expect("parts only with send_ahead");
+                if !self.duplex.send_part(now, m, part, ahead) {
+                    return;
+                }
+                let (m, part) = self.current.take().expect("checked above");
+                if part.stalled {
+                    self.blocked_sends += 1;
+                }
+                self.sent.push(m);
+            }
+            if self.outbox.front().is_none_or(|(t, _)| *t > now) {
+                return;
+            }
+            let Some((_, m)) = self.outbox.pop_front() else {
+                return;
+            };
+            if self.send_ahead.is_some() {
+                match self.duplex.begin_send(m.len()) {
+                    Ok(part) => self.current = Some((m, part)),
+                    Err(_) => {
+                        self.refused_sends += 1;
+                        self.sent.push(m);
+                    }
+                }
+                continue;
+            }
+            match self.duplex.send(now, &m) {
+                Ok(SendStatus::Blocked) => self.blocked_sends += 1,
+                Ok(SendStatus::Ready) => {}
+                Err(_) => self.refused_sends += 1,
+            }
+            self.sent.push(m);
+        }
     }
 
     fn drain(&mut self, now: Time) {
@@ -132,6 +180,8 @@ impl SimNode for Peer {
     fn handle_datagram(&mut self, now: Duration, _from: usize, datagram: Vec<u8>) {
         let now = Time::from_duration(now);
         self.duplex.handle_datagram(now, datagram);
+        // An acknowledgement may have opened the window for a message sent in parts.
+        self.push_sends(now);
         self.drain(now);
     }
 
@@ -142,17 +192,7 @@ impl SimNode for Peer {
             self.releases.pop_front();
             self.duplex.handle_release(now, 1);
         }
-        while self.outbox.front().is_some_and(|(t, _)| *t <= now) {
-            let Some((_, m)) = self.outbox.pop_front() else {
-                break;
-            };
-            match self.duplex.send(now, &m) {
-                Ok(SendStatus::Blocked) => self.blocked_sends += 1,
-                Ok(SendStatus::Ready) => {}
-                Err(_) => self.refused_sends += 1,
-            }
-            self.sent.push(m);
-        }
+        self.push_sends(now);
         self.drain(now);
     }
 
@@ -166,7 +206,12 @@ impl SimNode for Peer {
         let t = earliest(
             self.duplex.poll_timeout(),
             earliest(
-                self.outbox.front().map(|(t, _)| *t),
+                // A message sent in parts holds the next back until it is queued, which
+                // only an acknowledgement (a datagram) can bring about.
+                self.outbox
+                    .front()
+                    .filter(|_| self.current.is_none())
+                    .map(|(t, _)| *t),
                 self.releases.front().copied(),
             ),
         );
@@ -318,6 +363,9 @@ pub(super) struct PairSetup {
     /// Time between two sends of one node.
     pub gap: Duration,
     pub release_delay: Duration,
+    /// Both nodes send in parts, this many frames ahead of the window (see
+    /// [`Peer::send_ahead`]).
+    pub send_ahead: Option<usize>,
     pub limits: Limits,
 }
 
@@ -330,6 +378,7 @@ impl PairSetup {
             b_to_a: Vec::new(),
             gap: Duration::ZERO,
             release_delay: Duration::ZERO,
+            send_ahead: None,
             limits: Limits {
                 max_time: Duration::from_secs(120),
                 max_steps: 5_000_000,
@@ -345,6 +394,8 @@ impl PairSetup {
         b.script(self.b_to_a, Duration::from_micros(3), self.gap);
         a.release_after(self.release_delay);
         b.release_after(self.release_delay);
+        a.send_ahead = self.send_ahead;
+        b.send_ahead = self.send_ahead;
         let mut peers = vec![a, b];
         let result = net.run(&mut peers, self.limits);
         PairRun { peers, result }

@@ -17,10 +17,22 @@ use super::{
     seq_ahead, seq_lt, AckStamp, ChannelError, Config, ConfigError, Counters, Recovery, SendError,
     SendStatus, Time,
 };
-use crate::wire::{fragments, Flags, FrameKind, FrameView, Header, HEADER_LEN, MAX_MESSAGE};
+use crate::wire::{
+    fragments, Flags, Fragments, FrameKind, FrameView, Header, HEADER_LEN, MAX_MESSAGE,
+};
 
 /// Buffers kept for reuse at most (so that a burst's frames are not reallocated).
 const SPARE_MAX: usize = 64;
+
+/// A message being handed to a [`Sender`] a part at a time ([`Sender::begin_send`]).
+pub struct PartialSend {
+    /// The fragments not built yet.
+    frags: Fragments,
+    /// The message's length (every part must come from the same bytes).
+    len: usize,
+    /// Some of its frames had to wait for the window (counted once as a credit stall).
+    pub stalled: bool,
+}
 
 /// A frame in flight, kept for retransmission.
 struct Outgoing {
@@ -163,17 +175,60 @@ impl Sender {
     /// Returns [`SendStatus::Blocked`] if the window cannot take every frame now (counted
     /// as a credit stall); the frames go out as credits return, in order, never dropped.
     pub fn send(&mut self, now: Time, msg: &[u8]) -> Result<SendStatus, SendError> {
+        let mut part = self.begin_send(msg.len())?;
+        self.send_part(now, msg, &mut part, usize::MAX);
+        Ok(if part.stalled {
+            SendStatus::Blocked
+        } else {
+            SendStatus::Ready
+        })
+    }
+
+    /// Starts a message of `len` bytes that the caller hands over a part at a time with
+    /// [`send_part`](Self::send_part): a writer that can wait builds each frame shortly
+    /// before the window lets it go, instead of copying a message many windows long into
+    /// frames up front (memory and time in proportion to the message, with the link idle
+    /// meanwhile). No other message may be sent on this channel until the last part.
+    pub fn begin_send(&self, len: usize) -> Result<PartialSend, SendError> {
         if self.failed {
             return Err(SendError::Failed);
         }
-        if msg.len() > MAX_MESSAGE {
+        if len > MAX_MESSAGE {
             return Err(SendError::TooLarge {
-                len: msg.len(),
+                len,
                 max: MAX_MESSAGE,
             });
         }
+        Ok(PartialSend {
+            frags: fragments(len, self.max_datagram),
+            len,
+            stalled: false,
+        })
+    }
+
+    /// Builds and queues the next frames of `part` (whose bytes are `msg`, the same slice
+    /// on every call) until `ahead` frames wait beyond what the window takes now; at
+    /// least one frame when fewer than `ahead` wait. Returns true when the message is
+    /// wholly queued. A message that had to wait for the window is counted once as a
+    /// credit stall ([`PartialSend::stalled`]).
+    pub fn send_part(
+        &mut self,
+        now: Time,
+        msg: &[u8],
+        part: &mut PartialSend,
+        ahead: usize,
+    ) -> bool {
+        assert_eq!(
+            msg.len(),
+            part.len,
+            "send_part: not the message begin_send was given"
+        );
         let total = (msg.len() as u32).to_le_bytes();
-        for frag in fragments(msg.len(), self.max_datagram) {
+        let limit = (self.room() as usize).saturating_add(ahead);
+        while self.pending.len() < limit {
+            let Some(frag) = part.frags.next() else {
+                break;
+            };
             let mut buf = self.spare.pop().unwrap_or_default();
             buf.reserve(frag.datagram_len());
             let header = Header {
@@ -196,14 +251,12 @@ impl Sender {
             self.pending.push_back(buf);
             self.next_seq = self.next_seq.wrapping_add(1);
         }
-        let status = if self.pending.len() as u64 > u64::from(self.room()) {
+        if !part.stalled && self.pending.len() as u64 > u64::from(self.room()) {
             self.counters.credit_stalls += 1;
-            SendStatus::Blocked
-        } else {
-            SendStatus::Ready
-        };
+            part.stalled = true;
+        }
         self.update_probe(now);
-        Ok(status)
+        part.frags.len() == 0
     }
 
     /// The zero-copy fast path of [`Mode::None`](super::Mode::None): if nothing is

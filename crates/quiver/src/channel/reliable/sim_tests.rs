@@ -91,14 +91,12 @@ fn check_host(
     a_sizes: &[usize],
     b_sizes: &[usize],
     seed: u64,
-    gap_us: u64,
-    release_us: u64,
+    setup: impl FnOnce(&mut PairSetup),
 ) -> Result<(), TestCaseError> {
     let mut s = PairSetup::new(cfg, link);
     s.a_to_b = messages(a_sizes, seed);
     s.b_to_a = messages(b_sizes, seed ^ 1);
-    s.gap = Duration::from_micros(gap_us);
-    s.release_delay = Duration::from_micros(release_us);
+    setup(&mut s);
     let run = s.run();
     prop_assert!(
         run.result.is_ok(),
@@ -138,7 +136,31 @@ proptest! {
         release_us in prop_oneof![Just(0u64), 1u64..300],
     ) {
         let cfg = host_config(window, selective, offload);
-        check_host(cfg, link, &a_sizes, &b_sizes, seed, gap_us, release_us)?;
+        check_host(cfg, link, &a_sizes, &b_sizes, seed, |s| {
+            s.gap = Duration::from_micros(gap_us);
+            s.release_delay = Duration::from_micros(release_us);
+        })?;
+    }
+
+    /// Messages many windows long handed over a part at a time (as a blocking writer
+    /// does), under the same faults: the same exactly-once, in-order delivery, and the
+    /// next message begins only when the last is queued.
+    #[test]
+    fn host_mode_delivers_messages_sent_in_parts(
+        window in prop_oneof![Just(1u16), Just(2), Just(4), 1u16..16],
+        selective in any::<bool>(),
+        link in arb_link(arb_faults(0.1, 0.05)),
+        a_sizes in prop::collection::vec(prop_oneof![0usize..1500, 1500usize..40_000], 1..8),
+        b_sizes in arb_sizes(5),
+        seed in any::<u64>(),
+        release_us in prop_oneof![Just(0u64), 1u64..300],
+        ahead in 1usize..8,
+    ) {
+        let cfg = host_config(window, selective, false);
+        check_host(cfg, link, &a_sizes, &b_sizes, seed, |s| {
+            s.release_delay = Duration::from_micros(release_us);
+            s.send_ahead = Some(ahead);
+        })?;
     }
 
     /// The same under heavy faults: up to 30 % loss and 20 % duplication, reordering
@@ -153,7 +175,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let cfg = host_config(window, selective, false);
-        check_host(cfg, link, &a_sizes, &b_sizes, seed, 0, 0)?;
+        check_host(cfg, link, &a_sizes, &b_sizes, seed, |_| {})?;
     }
 
     /// Mode none on a perfect link (FIFO, no loss), with slow receivers and small

@@ -55,7 +55,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -77,6 +77,9 @@ const REPLY_SLACK: Duration = Duration::from_secs(30);
 const REDIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between connection attempts while the store is not up yet.
 const DIAL_RETRY: Duration = Duration::from_millis(20);
+/// How long a shutdown waits for requests already read to be answered.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 /// How often the accept loop checks for shutdown.
 const ACCEPT_POLL_MS: i32 = 50;
 /// The longest file name the file store creates.
@@ -276,6 +279,8 @@ struct Shared {
     stop: AtomicBool,
     /// A clone of every open connection, to close them on shutdown.
     conns: Mutex<HashMap<u64, TcpStream>>,
+    /// Requests read and not yet answered; shutdown lets them finish first.
+    answering: AtomicUsize,
 }
 
 /// A TCP key-value store speaking the line protocol of this module, bound but not yet
@@ -319,6 +324,7 @@ impl KvServer {
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
+            answering: AtomicUsize::new(0),
         });
         let listener = self.listener;
         let for_thread = Arc::clone(&shared);
@@ -334,8 +340,9 @@ impl KvServer {
     }
 }
 
-/// A running [`KvServer`]. Shutting it down (or dropping it) stops accepting, closes every
-/// connection and wakes every blocked `GET`.
+/// A running [`KvServer`]. Shutting it down (or dropping it) stops accepting, wakes every
+/// blocked `GET`, waits (at most [`SHUTDOWN_GRACE`]) for the clients to hang up and then
+/// closes every connection still open.
 pub struct KvServerHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -357,8 +364,9 @@ impl KvServerHandle {
         self.addr
     }
 
-    /// Stops the store: the listener is closed when this returns, connections are shut
-    /// down and blocked `GET`s are answered `ERR`. Calling it again does nothing.
+    /// Stops the store: the listener is closed when this returns, blocked `GET`s are
+    /// answered `ERR`, and connections are shut down once their clients hung up or
+    /// [`SHUTDOWN_GRACE`] passed. Calling it again does nothing.
     pub fn shutdown(&mut self) {
         let Some(accept) = self.accept.take() else {
             return;
@@ -371,6 +379,17 @@ impl KvServerHandle {
         }
         // The accept thread sees the flag within ACCEPT_POLL_MS and drops the listener.
         let _ = accept.join();
+        // Let the clients hang up first (for at most SHUTDOWN_GRACE): a `GET` that the
+        // last `PUT` answered (the host's last barrier) must reach its rank, and a request
+        // still unread when its connection closes makes the kernel reset it, losing the
+        // reply. A `GET` still waiting answers `ERR` at once now that the flag is set.
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while (self.shared.answering.load(Ordering::Acquire) > 0
+            || !lock(&self.shared.conns).is_empty())
+            && Instant::now() < deadline
+        {
+            thread::sleep(Duration::from_millis(1));
+        }
         for (_, conn) in lock(&self.shared.conns).drain() {
             let _ = conn.shutdown(Shutdown::Both);
         }
@@ -466,13 +485,19 @@ fn serve_conn(shared: &Shared, stream: TcpStream) {
     let mut writer = stream;
     let mut line = Vec::with_capacity(256);
     loop {
-        let mut reply = match read_line_limited(&mut reader, &mut line, MAX_LINE) {
+        let read = read_line_limited(&mut reader, &mut line, MAX_LINE);
+        if !matches!(read, Ok(LineRead::Line | LineRead::TooLong)) {
+            return;
+        }
+        shared.answering.fetch_add(1, Ordering::AcqRel);
+        let mut reply = match read {
             Ok(LineRead::Line) => handle_request(shared, &line),
-            Ok(LineRead::TooLong) => "ERR line too long".to_string(),
-            Ok(LineRead::Eof) | Err(_) => return,
+            _ => "ERR line too long".to_string(),
         };
         reply.push('\n');
-        if writer.write_all(reply.as_bytes()).is_err() || shared.stop.load(Ordering::Acquire) {
+        let sent = writer.write_all(reply.as_bytes()).is_ok();
+        shared.answering.fetch_sub(1, Ordering::AcqRel);
+        if !sent || shared.stop.load(Ordering::Acquire) {
             return;
         }
     }
@@ -1095,6 +1120,33 @@ mod tests {
     fn client_is_send_sync() {
         assert_send_sync::<Rendezvous>();
         assert_send_sync::<KvServerHandle>();
+    }
+
+    /// The host of the store leaves right after the put that another rank's last `GET`
+    /// needs (the job's last barrier), and that `GET` reaches the store only after the
+    /// shutdown began: it must still be answered, not cut off with the connection.
+    #[test]
+    fn a_get_arriving_during_the_shutdown_is_answered() {
+        let mut srv = server();
+        let url = tcp_url(&srv);
+        let late = Rendezvous::connect(&url, T).unwrap();
+        let host = Rendezvous::connect(&url, T).unwrap();
+        host.put("done", "1").unwrap();
+        drop(host);
+        let waiter = thread::spawn(move || {
+            // Later than the accepting thread takes to stop (ACCEPT_POLL_MS).
+            thread::sleep(Duration::from_millis(300));
+            let got = late.get("done", T);
+            drop(late);
+            got
+        });
+        let started = Instant::now();
+        srv.shutdown();
+        assert_eq!(waiter.join().unwrap().expect("the late GET"), "1");
+        assert!(
+            started.elapsed() < SHUTDOWN_GRACE,
+            "waited for a client that hung up"
+        );
     }
 
     #[test]

@@ -388,8 +388,7 @@ impl Endpoint {
             Conn::Udp { peer } => {
                 let peer = *peer;
                 drop(guard);
-                let mut joined = Vec::new();
-                self.write_net(peer, contiguous(head, data, &mut joined), wait)?;
+                self.write_net(peer, head, data, wait)?;
                 return Ok(true);
             }
         }
@@ -398,7 +397,8 @@ impl Endpoint {
         Ok(true)
     }
 
-    /// Sends `data` on the network channel to peer `peer`. A writer that may wait hands
+    /// Sends `head` followed by `data` on the network channel to peer `peer` (the frames
+    /// are built from both slices, never joined first). A writer that may wait hands
     /// the message to the channel a part at a time, one window ahead of what the window
     /// takes: each frame is built (the one copy) shortly before it can go, so a message
     /// many windows long neither waits in memory whole nor keeps the link idle while it
@@ -409,7 +409,7 @@ impl Endpoint {
     /// If waiting fails half-way (the channel failed, the peer left), the frames already
     /// sent are a message without its end: the receiver drops them, and counts them
     /// malformed when the next message begins.
-    fn write_net(&self, peer: usize, data: &[u8], wait: bool) -> Result<()> {
+    fn write_net(&self, peer: usize, head: &[u8], data: &[u8], wait: bool) -> Result<()> {
         let ahead = if wait {
             usize::from(self.job.config.window)
         } else {
@@ -422,7 +422,7 @@ impl Endpoint {
                 .as_ref()
                 .expect("a network connection implies a link")
                 .peers[peer];
-            match p.duplex.begin_send(data.len()) {
+            match p.duplex.begin_send(head.len() + data.len()) {
                 Ok(part) => part,
                 Err(SendError::Failed) => return Err(p.failure()),
                 Err(SendError::TooLarge { len, max }) => {
@@ -441,7 +441,7 @@ impl Endpoint {
             let now = udp.now();
             let queued = udp.peers[peer]
                 .duplex
-                .send_part(now, data, &mut part, ahead);
+                .send_part(now, head, data, &mut part, ahead);
             udp.transmit(peer, now, &mut inner.stats)?;
             udp.update_deadline();
             let must_wait = !queued || (wait && udp.peers[peer].duplex.is_blocked());
@@ -451,7 +451,7 @@ impl Endpoint {
             }
             if !must_wait {
                 inner.stats.msgs_sent += 1;
-                inner.stats.bytes_sent += data.len() as u64;
+                inner.stats.bytes_sent += (head.len() + data.len()) as u64;
                 return Ok(());
             }
             drop(guard);
@@ -462,7 +462,7 @@ impl Endpoint {
             if queued {
                 let mut inner = self.inner.borrow_mut();
                 inner.stats.msgs_sent += 1;
-                inner.stats.bytes_sent += data.len() as u64;
+                inner.stats.bytes_sent += (head.len() + data.len()) as u64;
                 return Ok(());
             }
         }

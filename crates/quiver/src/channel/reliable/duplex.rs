@@ -116,12 +116,13 @@ impl<B> Duplex<B> {
     pub fn send_part(
         &mut self,
         now: Time,
-        msg: &[u8],
+        head: &[u8],
+        body: &[u8],
         part: &mut PartialSend,
         ahead: usize,
     ) -> bool {
         self.start_clocks(now);
-        self.sender.send_part(now, msg, part, ahead)
+        self.sender.send_part(now, head, body, part, ahead)
     }
 
     /// The zero-copy fast path of [`Mode::None`]; see [`Sender::send_direct`]. On

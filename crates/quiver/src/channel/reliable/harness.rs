@@ -102,7 +102,9 @@ impl Peer {
         loop {
             if let Some((m, part)) = &mut self.current {
                 let ahead = self.send_ahead.expect("parts only with send_ahead");
-                if !self.duplex.send_part(now, m, part, ahead) {
+                // A header and its payload as two slices: split a third of the way in.
+                let (head, body) = m.split_at(m.len() / 3);
+                if !self.duplex.send_part(now, head, body, part, ahead) {
                     return;
                 }
                 let (m, part) = self.current.take().expect("checked above");

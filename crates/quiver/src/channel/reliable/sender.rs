@@ -24,6 +24,17 @@ use crate::wire::{
 /// Buffers kept for reuse at most (so that a burst's frames are not reallocated).
 const SPARE_MAX: usize = 64;
 
+/// Appends bytes `offset..offset + len` of the message `head` ++ `body` to `buf`.
+fn extend_from_parts(buf: &mut Vec<u8>, head: &[u8], body: &[u8], offset: usize, len: usize) {
+    let end = offset + len;
+    if offset < head.len() {
+        buf.extend_from_slice(&head[offset..end.min(head.len())]);
+    }
+    if end > head.len() {
+        buf.extend_from_slice(&body[offset.max(head.len()) - head.len()..end - head.len()]);
+    }
+}
+
 /// A message being handed to a [`Sender`] a part at a time ([`Sender::begin_send`]).
 pub struct PartialSend {
     /// The fragments not built yet.
@@ -176,7 +187,7 @@ impl Sender {
     /// as a credit stall); the frames go out as credits return, in order, never dropped.
     pub fn send(&mut self, now: Time, msg: &[u8]) -> Result<SendStatus, SendError> {
         let mut part = self.begin_send(msg.len())?;
-        self.send_part(now, msg, &mut part, usize::MAX);
+        self.send_part(now, &[], msg, &mut part, usize::MAX);
         Ok(if part.stalled {
             SendStatus::Blocked
         } else {
@@ -206,24 +217,26 @@ impl Sender {
         })
     }
 
-    /// Builds and queues the next frames of `part` (whose bytes are `msg`, the same slice
-    /// on every call) until `ahead` frames wait beyond what the window takes now; at
+    /// Builds and queues the next frames of `part`, whose bytes are `head` followed by
+    /// `body` (the same slices on every call: a protocol header need not be joined to its
+    /// payload first), until `ahead` frames wait beyond what the window takes now; at
     /// least one frame when fewer than `ahead` wait. Returns true when the message is
     /// wholly queued. A message that had to wait for the window is counted once as a
     /// credit stall ([`PartialSend::stalled`]).
     pub fn send_part(
         &mut self,
         now: Time,
-        msg: &[u8],
+        head: &[u8],
+        body: &[u8],
         part: &mut PartialSend,
         ahead: usize,
     ) -> bool {
         assert_eq!(
-            msg.len(),
+            head.len() + body.len(),
             part.len,
             "send_part: not the message begin_send was given"
         );
-        let total = (msg.len() as u32).to_le_bytes();
+        let total = (part.len as u32).to_le_bytes();
         let limit = (self.room() as usize).saturating_add(ahead);
         while self.pending.len() < limit {
             let Some(frag) = part.frags.next() else {
@@ -240,13 +253,13 @@ impl Sender {
                 checksum: 0,
                 ..self.template
             };
-            let mut head = [0; HEADER_LEN];
-            header.emit(&mut head);
-            buf.extend_from_slice(&head);
+            let mut emitted = [0; HEADER_LEN];
+            header.emit(&mut emitted);
+            buf.extend_from_slice(&emitted);
             if frag.length_prefix {
                 buf.extend_from_slice(&total);
             }
-            buf.extend_from_slice(&msg[frag.offset..frag.offset + frag.len]);
+            extend_from_parts(&mut buf, head, body, frag.offset, frag.len);
             self.pending_bytes += buf.len();
             self.pending.push_back(buf);
             self.next_seq = self.next_seq.wrapping_add(1);

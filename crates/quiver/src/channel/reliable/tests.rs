@@ -661,7 +661,7 @@ fn a_message_sent_in_parts_is_built_a_window_ahead() {
     let frames = crate::wire::fragment_count(msg.len(), cfg.max_datagram);
     let mut part = a.begin_send(msg.len()).unwrap();
     // The window takes 4 now; 2 more wait built; the rest is not copied yet.
-    assert!(!a.send_part(t(0), &msg, &mut part, 2));
+    assert!(!a.send_part(t(0), &msg[..5], &msg[5..], &mut part, 2));
     assert_eq!(a.sender().queued_frames(), 6);
     assert!(part.stalled);
     let mut got = Vec::new();
@@ -669,7 +669,7 @@ fn a_message_sent_in_parts_is_built_a_window_ahead() {
     loop {
         got.extend(exchange(&mut a, &mut b, t(now)));
         now += 1;
-        let queued = a.send_part(t(now), &msg, &mut part, 2);
+        let queued = a.send_part(t(now), &msg[..5], &msg[5..], &mut part, 2);
         assert!(
             a.sender().queued_frames() <= 6,
             "never more than room + ahead"

@@ -341,7 +341,7 @@ impl KvServer {
 }
 
 /// A running [`KvServer`]. Shutting it down (or dropping it) stops accepting, wakes every
-/// blocked `GET`, waits (at most [`SHUTDOWN_GRACE`]) for the clients to hang up and then
+/// blocked `GET`, waits (at most 2 s) for the clients to hang up and then
 /// closes every connection still open.
 pub struct KvServerHandle {
     addr: SocketAddr,
@@ -365,8 +365,8 @@ impl KvServerHandle {
     }
 
     /// Stops the store: the listener is closed when this returns, blocked `GET`s are
-    /// answered `ERR`, and connections are shut down once their clients hung up or
-    /// [`SHUTDOWN_GRACE`] passed. Calling it again does nothing.
+    /// answered `ERR`, and connections are shut down once their clients hung up or 2 s
+    /// passed. Calling it again does nothing.
     pub fn shutdown(&mut self) {
         let Some(accept) = self.accept.take() else {
             return;

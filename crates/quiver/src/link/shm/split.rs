@@ -41,11 +41,13 @@ pub(crate) const UNIT: usize = 16 << 10;
 pub(crate) const SENDER_MAX_CLAIM: u32 = 16;
 
 /// Units a transfer of `len` bytes is cut into.
+#[cfg_attr(loom, allow(dead_code))] // the loom build leaves out the tagged layer
 pub(crate) fn units_for(len: u64) -> Option<u32> {
     u32::try_from(len.div_ceil(UNIT as u64)).ok()
 }
 
 /// The byte range of units `r` within a transfer of `len` bytes.
+#[cfg_attr(loom, allow(dead_code))] // the loom build leaves out the tagged layer
 pub(crate) fn byte_range(r: &Range<u32>, len: u64) -> Range<u64> {
     let start = (u64::from(r.start) * UNIT as u64).min(len);
     let end = (u64::from(r.end) * UNIT as u64).min(len);

@@ -262,7 +262,26 @@ fn host_snapshot() -> Vec<(String, Value)> {
         .output()
         .expect("ip netns list");
     snapshot.push(("ip netns list".into(), Value::String(text(&netns.stdout))));
+    snapshot.push((
+        "bridge netfilter".into(),
+        Value::String(bridge_netfilter(None)),
+    ));
     snapshot
+}
+
+/// The bridge's calls into iptables & co. (br_netfilter's settings, when it is loaded)
+/// in the host's namespace or in `netns`, as `name=value` lines.
+fn bridge_netfilter(netns: Option<&str>) -> String {
+    let script = "for f in /proc/sys/net/bridge/bridge-nf-call-*; do [ -e \"$f\" ] && echo \"$f=$(cat $f)\"; done; true";
+    let out = match netns {
+        None => Command::new("sh").args(["-c", script]).output(),
+        Some(ns) => Command::new("ip")
+            .args(["netns", "exec", ns, "sh", "-c", script])
+            .output(),
+    }
+    .expect("sh");
+    assert!(out.status.success(), "{}", describe(&out));
+    text(&out.stdout)
 }
 
 fn assert_same_host(before: &[(String, Value)], after: &[(String, Value)]) {
@@ -331,6 +350,12 @@ fn up_and_down_leave_the_host_as_found() {
             .output()
             .expect("tc");
         assert!(text(&tc.stdout).contains("tbf"), "{}", text(&tc.stdout));
+        // The switch does not run frames through the host's firewall.
+        let nf = bridge_netfilter(Some(&format!("qv-{name}-sw")));
+        assert!(
+            nf.lines().all(|l| l.ends_with("=0")),
+            "bridge netfilter in the switch: {nf}"
+        );
         quiver_ok(&["cluster", "down", &name]);
         assert!(namespaces_of(&name).is_empty());
     }

@@ -223,6 +223,11 @@ impl Sender {
     /// least one frame when fewer than `ahead` wait. Returns true when the message is
     /// wholly queued. A message that had to wait for the window is counted once as a
     /// credit stall ([`PartialSend::stalled`]).
+    ///
+    /// # Panics
+    ///
+    /// If `head` and `body` together are not as long as the message `part` was begun
+    /// for (the caller's error: the bytes must stay the same until the last part).
     pub fn send_part(
         &mut self,
         now: Time,

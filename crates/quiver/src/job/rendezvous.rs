@@ -55,7 +55,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -77,9 +77,8 @@ const REPLY_SLACK: Duration = Duration::from_secs(30);
 const REDIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between connection attempts while the store is not up yet.
 const DIAL_RETRY: Duration = Duration::from_millis(20);
-/// How long a shutdown waits for requests already read to be answered.
+/// How long a shutdown waits for the clients to hang up.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
-
 /// How often the accept loop checks for shutdown.
 const ACCEPT_POLL_MS: i32 = 50;
 /// The longest file name the file store creates.
@@ -279,8 +278,6 @@ struct Shared {
     stop: AtomicBool,
     /// A clone of every open connection, to close them on shutdown.
     conns: Mutex<HashMap<u64, TcpStream>>,
-    /// Requests read and not yet answered; shutdown lets them finish first.
-    answering: AtomicUsize,
 }
 
 /// A TCP key-value store speaking the line protocol of this module, bound but not yet
@@ -324,7 +321,6 @@ impl KvServer {
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
-            answering: AtomicUsize::new(0),
         });
         let listener = self.listener;
         let for_thread = Arc::clone(&shared);
@@ -379,15 +375,13 @@ impl KvServerHandle {
         }
         // The accept thread sees the flag within ACCEPT_POLL_MS and drops the listener.
         let _ = accept.join();
-        // Let the clients hang up first (for at most SHUTDOWN_GRACE): a `GET` that the
-        // last `PUT` answered (the host's last barrier) must reach its rank, and a request
-        // still unread when its connection closes makes the kernel reset it, losing the
-        // reply. A `GET` still waiting answers `ERR` at once now that the flag is set.
+        // Let the clients hang up first (for at most SHUTDOWN_GRACE; a connection leaves
+        // the map when its thread ends): a `GET` that the last `PUT` answered (the host's
+        // last barrier) must reach its rank, and a request still unread when its
+        // connection closes makes the kernel reset it, losing the reply. A `GET` still
+        // waiting answers `ERR` at once now that the flag is set.
         let deadline = Instant::now() + SHUTDOWN_GRACE;
-        while (self.shared.answering.load(Ordering::Acquire) > 0
-            || !lock(&self.shared.conns).is_empty())
-            && Instant::now() < deadline
-        {
+        while !lock(&self.shared.conns).is_empty() && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(1));
         }
         for (_, conn) in lock(&self.shared.conns).drain() {
@@ -485,19 +479,13 @@ fn serve_conn(shared: &Shared, stream: TcpStream) {
     let mut writer = stream;
     let mut line = Vec::with_capacity(256);
     loop {
-        let read = read_line_limited(&mut reader, &mut line, MAX_LINE);
-        if !matches!(read, Ok(LineRead::Line | LineRead::TooLong)) {
-            return;
-        }
-        shared.answering.fetch_add(1, Ordering::AcqRel);
-        let mut reply = match read {
+        let mut reply = match read_line_limited(&mut reader, &mut line, MAX_LINE) {
             Ok(LineRead::Line) => handle_request(shared, &line),
-            _ => "ERR line too long".to_string(),
+            Ok(LineRead::TooLong) => "ERR line too long".to_string(),
+            Ok(LineRead::Eof) | Err(_) => return,
         };
         reply.push('\n');
-        let sent = writer.write_all(reply.as_bytes()).is_ok();
-        shared.answering.fetch_sub(1, Ordering::AcqRel);
-        if !sent || shared.stop.load(Ordering::Acquire) {
+        if writer.write_all(reply.as_bytes()).is_err() || shared.stop.load(Ordering::Acquire) {
             return;
         }
     }

@@ -432,40 +432,40 @@ impl Endpoint {
         };
         let mut stalled = false;
         loop {
-            let mut guard = self.inner.borrow_mut();
-            let inner = &mut *guard;
-            let udp = inner
-                .udp
-                .as_mut()
-                .expect("a network connection implies a link");
-            let now = udp.now();
-            let queued = udp.peers[peer]
-                .duplex
-                .send_part(now, head, data, &mut part, ahead);
-            udp.transmit(peer, now, &mut inner.stats)?;
-            udp.update_deadline();
-            let must_wait = !queued || (wait && udp.peers[peer].duplex.is_blocked());
-            if must_wait && !stalled {
-                stalled = true;
-                inner.stats.send_stalls += 1;
+            let (queued, must_wait) = {
+                let mut guard = self.inner.borrow_mut();
+                let inner = &mut *guard;
+                let udp = inner
+                    .udp
+                    .as_mut()
+                    .expect("a network connection implies a link");
+                let now = udp.now();
+                let queued = udp.peers[peer]
+                    .duplex
+                    .send_part(now, head, data, &mut part, ahead);
+                udp.transmit(peer, now, &mut inner.stats)?;
+                udp.update_deadline();
+                let must_wait = !queued || (wait && udp.peers[peer].duplex.is_blocked());
+                if must_wait && !stalled {
+                    stalled = true;
+                    inner.stats.send_stalls += 1;
+                }
+                (queued, must_wait)
+            };
+            if must_wait {
+                // The window is closed: make progress until it opens. Waits per the wait
+                // mode, sleeping on the endpoint's descriptor, where the acknowledgement
+                // that brings credits wakes it (a blind sleep let a 1 Gbit/s link idle).
+                self.waiter.wait(&CreditWait { ep: self, peer }, None)?;
             }
-            if !must_wait {
-                inner.stats.msgs_sent += 1;
-                inner.stats.bytes_sent += (head.len() + data.len()) as u64;
-                return Ok(());
-            }
-            drop(guard);
-            // The window is closed: make progress until it opens. Waits per the wait
-            // mode, sleeping on the endpoint's descriptor, where the acknowledgement that
-            // brings credits wakes it (a blind sleep let a 1 Gbit/s link idle).
-            self.waiter.wait(&CreditWait { ep: self, peer }, None)?;
             if queued {
-                let mut inner = self.inner.borrow_mut();
-                inner.stats.msgs_sent += 1;
-                inner.stats.bytes_sent += (head.len() + data.len()) as u64;
-                return Ok(());
+                break;
             }
         }
+        let mut inner = self.inner.borrow_mut();
+        inner.stats.msgs_sent += 1;
+        inner.stats.bytes_sent += (head.len() + data.len()) as u64;
+        Ok(())
     }
 
     /// The next message, if one is waiting. Never blocks.

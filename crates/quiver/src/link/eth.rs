@@ -1045,7 +1045,6 @@ fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, value: &T) 
     }
 }
 
-/// Asks for a send buffer of `bytes` (forcing it where permitted); best effort.
 /// The ring-less packet socket of [`EthLink::send_copied`]: protocol 0, so that it
 /// receives nothing.
 fn open_copy_tx() -> Option<OwnedFd> {
@@ -1062,6 +1061,7 @@ fn open_copy_tx() -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
+/// Asks for a send buffer of `bytes` (forcing it where permitted); best effort.
 fn set_sndbuf(fd: &OwnedFd, bytes: usize) {
     let v = bytes.min(i32::MAX as usize) as libc::c_int;
     if setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &v).is_err() {

@@ -593,8 +593,6 @@ fn gso_run(datagrams: &[&[u8]]) -> usize {
     n
 }
 
-/// Asks the kernel to coalesce received runs of datagrams (`UDP_GRO`); false, with one
-/// log line, where it refuses.
 /// Turns coalesced receives (`UDP_GRO`) on or off; false if the kernel refused (logged).
 fn set_gro(sock: &UdpSocket, on: bool) -> bool {
     let on = libc::c_int::from(on);

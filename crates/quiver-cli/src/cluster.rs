@@ -71,11 +71,12 @@
 //!   nodes, one frame gave 88 % of 100 Mbit/s and 48 % of 1 Gbit/s; one frame plus 50 µs
 //!   gives 99.7 % and 97 to 99 % (1514-byte frames counted on the wire). What this
 //!   bucket takes off the time of any message is at most 50 µs plus one frame time.
-//! - **limit** (the queue) = 64 full-size frames per peer node, at least 256 frames
-//!   (387584 B with MTU 1500: 31 ms at 100 Mbit/s, 3.1 ms at 1 Gbit/s): a channel keeps
-//!   at most 64 frames in flight (`QUIVER_WINDOW`), and a switch port queues what all the
-//!   other nodes send to its node, so windows of 64 frames from every peer fit without a
-//!   drop; the floor covers a few channels per pair of nodes.
+//! - **limit** (the queue) = 256 full-size frames per peer node (387584 B with MTU
+//!   1500 and two nodes: 31 ms at 100 Mbit/s, 3.1 ms at 1 Gbit/s): a channel keeps at
+//!   most 128 frames in flight (UDP with segmentation offload; 64 over raw Ethernet;
+//!   `QUIVER_WINDOW`), and a switch port queues what all the other nodes send to its
+//!   node, so two full windows from every peer fit without a drop. The queue bounds
+//!   what may wait; it does not change the rate or what a frame waits behind.
 //!
 //! # Loss (`--loss`)
 //!

@@ -32,6 +32,20 @@ pub enum WaitMode {
 /// Default polling time of [`WaitMode::Hybrid`].
 pub const DEFAULT_HYBRID_SPIN: Duration = Duration::from_micros(100);
 
+/// Default window of a network channel, in frames, over a link that sends frame by
+/// frame (raw Ethernet, UDP without segmentation offload): 94 KB in flight with
+/// MTU 1500, more than such a link's sending core moves during an acknowledgement's
+/// round trip.
+pub const DEFAULT_WINDOW: u16 = 64;
+/// Default window over UDP with segmentation offload (`QUIVER_UDP_GSO`, on by default).
+/// The sender hands the kernel runs of up to 44 datagrams in one call, so a window of
+/// 64 frames holds one and a half runs and the sender stops after each to wait for the
+/// acknowledgement; 128 frames keep about three runs in flight (+30 % at 1 MiB on an
+/// unshaped link). More buys little there and deepens the queue on slow links, where a
+/// channel's first frames can time out before the queue ahead of them drains
+/// (PERFORMANCE, "The channel window of udp").
+pub const DEFAULT_WINDOW_SEGMENTED: u16 = 128;
+
 /// Default BTP(1) of tagged messages: bytes pushed with the message header
 /// (`QUIVER_BTP1`). Chosen by `quiver bench tune-btp` on this machine (shm and udp agreed;
 /// `docs/PERFORMANCE.md`).
@@ -89,8 +103,10 @@ pub struct Config {
     /// How `host` repairs a loss (`QUIVER_RECOVERY=selective|gobackn`).
     pub recovery: Recovery,
     /// Frames a sender may have outstanding per channel: the receive buffers reserved for
-    /// each sender (`QUIVER_WINDOW`).
-    pub window: u16,
+    /// each sender (`QUIVER_WINDOW`). `None`: the network link's own default,
+    /// [`DEFAULT_WINDOW`] frames, or [`DEFAULT_WINDOW_SEGMENTED`] over UDP with
+    /// segmentation offload.
+    pub window: Option<u16>,
     /// Faults injected into the datagrams this process sends (`QUIVER_FAULTS`, e.g.
     /// `loss=0.01,dup=0.001,reorder=0.01,corrupt=0.001,seed=7`), for testing.
     pub faults: Option<FaultConfig>,
@@ -146,7 +162,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(30),
             reliability: Mode::Host,
             recovery: Recovery::Selective,
-            window: 64,
+            window: None,
             faults: None,
             peer_timeout: Duration::from_secs(10),
             offload_cpu: None,
@@ -296,6 +312,7 @@ impl Config {
                 .parse()
                 .ok()
                 .filter(|w| (2..=crate::channel::reliable::MAX_WINDOW).contains(w))
+                .map(Some)
                 .ok_or_else(|| {
                     invalid(
                         "QUIVER_WINDOW",
@@ -327,7 +344,18 @@ impl Config {
         Ok(c)
     }
 
-    /// The parameters of the reliable channels of this configuration.
+    /// The window of network channels: `QUIVER_WINDOW` if set, else the default of a
+    /// link that sends `segmented` runs (UDP with segmentation offload) or frame by frame.
+    pub fn channel_window(&self, segmented: bool) -> u16 {
+        self.window.unwrap_or(if segmented {
+            DEFAULT_WINDOW_SEGMENTED
+        } else {
+            DEFAULT_WINDOW
+        })
+    }
+
+    /// The parameters of the reliable channels of this configuration, with the window
+    /// of a link that sends frame by frame ([`Config::channel_window`]).
     pub(crate) fn reliable(&self) -> crate::channel::reliable::Config {
         let base = crate::channel::reliable::Config::default();
         // The sender gives up after `max_timeouts` consecutive timeouts that double from
@@ -342,7 +370,7 @@ impl Config {
         crate::channel::reliable::Config {
             mode: self.reliability,
             recovery: self.recovery,
-            window: self.window,
+            window: self.channel_window(false),
             max_datagram: self.datagram.unwrap_or(1472),
             max_timeouts: timeouts.max(1),
             ..base
@@ -521,7 +549,13 @@ mod tests {
         .unwrap();
         assert_eq!((off.reliability, off.offload_cpu), (Mode::Offload, Some(1)));
         assert_eq!(c.recovery, Recovery::GoBackN);
-        assert_eq!(c.window, 16);
+        assert_eq!(c.window, Some(16));
+        assert_eq!((c.channel_window(false), c.channel_window(true)), (16, 16));
+        let d = cfg(&[]).unwrap();
+        assert_eq!(
+            (d.window, d.channel_window(false), d.channel_window(true)),
+            (None, DEFAULT_WINDOW, DEFAULT_WINDOW_SEGMENTED)
+        );
         assert_eq!(c.faults.unwrap().loss, 0.05);
         for (var, val) in [
             ("QUIVER_RELIABILITY", "sometimes"),
@@ -566,8 +600,8 @@ mod tests {
         let short = cfg(&[("QUIVER_PEER_TIMEOUT", "0.01")]).unwrap().reliable();
         let long = cfg(&[("QUIVER_PEER_TIMEOUT", "60")]).unwrap().reliable();
         assert!(short.max_timeouts >= 1 && short.max_timeouts < long.max_timeouts);
-        // 1 ms doubling to 1 s: 10 timeouts make 1.023 s, then one per second.
-        assert_eq!(long.max_timeouts, 10 + 59);
+        // 10 ms doubling to 1 s: 7 timeouts make 1.27 s, then one per second.
+        assert_eq!(long.max_timeouts, 7 + 59);
         let e = cfg(&[("QUIVER_PEER_TIMEOUT", "-1")])
             .unwrap_err()
             .to_string();

@@ -303,7 +303,8 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{label}: configuration"))?;
     let wait = fmt_wait(cfg.wait);
     let pool_size = cfg.pool_size;
-    let net_window = cfg.window;
+    // The tagged window is capped by the smaller default (a quarter of it) unless set.
+    let net_window = cfg.channel_window(false);
     let reliability = cfg.reliability.to_string();
     let job = Job::from_env_with(cfg).with_context(|| format!("{label}: joining the job"))?;
     let rank = job.rank();

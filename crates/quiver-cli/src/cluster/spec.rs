@@ -22,10 +22,10 @@ pub const ETH_HEADER: u32 = 14;
 /// bucket holds this much link time beyond one frame (see the module documentation of
 /// [`super`], "Link shaping").
 pub const TIMER_SLACK_NS: u64 = 50_000;
-/// Frames every peer node may have queued at one `tbf` at once.
-pub const WINDOW_FRAMES: u64 = 64;
-/// The smallest queue of a `tbf`, in full-size frames.
-pub const MIN_QUEUE_FRAMES: u64 = 256;
+/// Frames every peer node may have queued at one `tbf` at once: two channel windows of
+/// the largest default (UDP with segmentation offload), so that a full window and the
+/// acknowledgements or another endpoint's frames beside it never overflow the queue.
+pub const WINDOW_FRAMES: u64 = 2 * quiver::config::DEFAULT_WINDOW_SEGMENTED as u64;
 /// Resolution of the loss probability: the nftables rule draws a number below this.
 pub const LOSS_SCALE: u32 = 1_000_000;
 
@@ -319,8 +319,8 @@ pub struct Tbf {
     /// Bucket size in bytes: one full-size frame plus [`TIMER_SLACK_NS`] of link time,
     /// rounded up to a multiple of 64.
     pub burst: u64,
-    /// Queue in bytes: [`WINDOW_FRAMES`] full-size frames per peer node, at least
-    /// [`MIN_QUEUE_FRAMES`] frames.
+    /// Queue in bytes: [`WINDOW_FRAMES`] full-size frames per peer node (a cluster of
+    /// one node: as for two).
     pub limit: u64,
 }
 
@@ -333,7 +333,7 @@ impl Tbf {
         let slack = (u128::from(rate) * u128::from(TIMER_SLACK_NS)).div_ceil(8 * 1_000_000_000);
         let burst = (frame + slack as u64).next_multiple_of(64);
         let peers = u64::from(nodes.saturating_sub(1));
-        let limit = frame * (WINDOW_FRAMES * peers).max(MIN_QUEUE_FRAMES);
+        let limit = frame * WINDOW_FRAMES * peers.max(1);
         Some(Tbf { rate, burst, limit })
     }
 
@@ -520,7 +520,7 @@ mod tests {
         // Jumbo frames: the bucket always holds a whole frame.
         let j = Tbf::new(Link::Rate(100_000_000), 9000, 10).unwrap();
         assert!(j.burst >= 9014);
-        assert_eq!(j.limit, 9014 * 576);
+        assert_eq!(j.limit, 9014 * 256 * 9);
         assert_eq!(
             t.tc_args().join(" "),
             "tbf rate 100000000bit burst 2176 limit 387584"

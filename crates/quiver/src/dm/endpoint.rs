@@ -410,20 +410,20 @@ impl Endpoint {
     /// sent are a message without its end: the receiver drops them, and counts them
     /// malformed when the next message begins.
     fn write_net(&self, peer: usize, head: &[u8], data: &[u8], wait: bool) -> Result<()> {
-        let ahead = if wait {
-            usize::from(self.job.config.window)
-        } else {
-            usize::MAX
-        };
-        let mut part = {
+        let (mut part, ahead) = {
             let inner = self.inner.borrow();
-            let p = &inner
+            let net = inner
                 .udp
                 .as_ref()
-                .expect("a network connection implies a link")
-                .peers[peer];
+                .expect("a network connection implies a link");
+            let p = &net.peers[peer];
+            let ahead = if wait {
+                usize::from(net.window)
+            } else {
+                usize::MAX
+            };
             match p.duplex.begin_send(head.len() + data.len()) {
-                Ok(part) => part,
+                Ok(part) => (part, ahead),
                 Err(SendError::Failed) => return Err(p.failure()),
                 Err(SendError::TooLarge { len, max }) => {
                     return Err(Error::MessageTooLarge { len, max })

@@ -31,6 +31,8 @@ pub(super) struct Net {
     pub(super) job: Arc<JobShared>,
     pub(super) dpid: u16,
     pub(super) link: NetLink,
+    /// Frames each channel may have in flight ([`NetLink::channel_window`]).
+    pub(super) window: u16,
     pub(super) peers: Vec<Peer>,
     pub(super) peer_index: HashMap<Source, usize>,
     pub(super) scratch: Vec<Datagram>,
@@ -114,6 +116,7 @@ impl Net {
         let cfg = &job.config;
         Ok(Net {
             faults: cfg.faults.clone().map(FaultInjector::new),
+            window: link.channel_window(cfg),
             link,
             peers: Vec::new(),
             peer_index: HashMap::new(),
@@ -167,6 +170,7 @@ impl Net {
         let template = self.header_to(FrameKind::Data, peer.dpid);
         let reliable = crate::channel::reliable::Config {
             max_datagram: dest.max_datagram,
+            window: self.window,
             ..self.job.config.reliable()
         };
         let duplex = Duplex::new(&reliable, template)

@@ -70,7 +70,8 @@ impl NetLink {
             Some(d) => d,
             None => udp_datagram_for(ip),
         };
-        let pool_bytes = config.pool_size.max(max * 4 * config.window as usize);
+        let window = usize::from(config.channel_window(config.udp_gso));
+        let pool_bytes = config.pool_size.max(max * 4 * window);
         Ok(NetLink::Udp {
             sock,
             pool: SlotPool::new(pool_bytes, max),
@@ -83,6 +84,18 @@ impl NetLink {
             NetLink::Udp { .. } => Transport::Udp,
             NetLink::Eth(_) => Transport::Eth,
         }
+    }
+
+    /// The window of this link's channels ([`Config::channel_window`]): UDP that sends
+    /// runs with segmentation offload needs more frames in flight than a link that sends
+    /// frame by frame. Fixed when the link opens, even if the kernel later refuses the
+    /// offload.
+    pub(crate) fn channel_window(&self, config: &Config) -> u16 {
+        let segmented = match self {
+            NetLink::Udp { sock, .. } => sock.segments(),
+            NetLink::Eth(_) => false,
+        };
+        config.channel_window(segmented)
     }
 
     /// Whether a sleeper should wait for this link's descriptor edge-triggered: a packet
@@ -228,7 +241,7 @@ fn open_eth(config: &Config, ip: IpAddr, port: u16, dpid: u16) -> Result<NetLink
     }
     let ring = config
         .pool_size
-        .max(4 * config.window as usize * (iface.mtu + 64));
+        .max(4 * usize::from(config.channel_window(false)) * (iface.mtu + 64));
     Ok(NetLink::Eth(EthLink::open(&iface, port, dpid, ring)?))
 }
 
@@ -267,5 +280,34 @@ fn udp_datagram_for(ip: IpAddr) -> usize {
             (i.mtu - headers).min(UDP_MAX)
         }
         _ => FALLBACK_DATAGRAM,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DEFAULT_WINDOW, DEFAULT_WINDOW_SEGMENTED};
+
+    fn udp_link(config: &Config) -> NetLink {
+        NetLink::open(config, IpAddr::from([127, 0, 0, 1]), 0, 0).unwrap()
+    }
+
+    #[test]
+    fn udp_with_segmentation_offload_gets_the_larger_window() {
+        let mut config = Config {
+            transport: TransportChoice::Udp,
+            ..Config::default()
+        };
+        assert_eq!(
+            udp_link(&config).channel_window(&config),
+            DEFAULT_WINDOW_SEGMENTED
+        );
+        config.udp_gso = false;
+        assert_eq!(udp_link(&config).channel_window(&config), DEFAULT_WINDOW);
+        // An explicit window wins over either default.
+        config.window = Some(32);
+        assert_eq!(udp_link(&config).channel_window(&config), 32);
+        config.udp_gso = true;
+        assert_eq!(udp_link(&config).channel_window(&config), 32);
     }
 }

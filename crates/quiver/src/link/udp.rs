@@ -155,6 +155,12 @@ impl UdpLink {
         })
     }
 
+    /// Whether this socket sends runs of datagrams with segmentation offload (it was
+    /// asked to, and the kernel has not refused it yet).
+    pub(crate) fn segments(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.local
     }

@@ -95,10 +95,12 @@ P("- Latency = one-way = round trip / 2, in µs (quiver: median of its round tri
 P("- rank 0 / client / sender on node 0 pinned to core 0, rank 1 / server on node 1 pinned to core 1; "
   "every timing run under `flock -x /tmp/bench.lock`.")
 P("- Clusters (`quiver cluster up NAME --nodes 2 --link LINK --mtu MTU`):\n")
-P("| cluster | link | MTU | tbf rate (bit/s) | tbf burst (B) | tbf limit (B) | subnet |")
-P("|---|---|---|---|---|---|---|")
+P("| cluster | link | MTU | tbf rate (bit/s) | tbf burst (B) | tbf peak rate (bit/s) | tbf peak bucket (B) | tbf limit (B) | subnet |")
+P("|---|---|---|---|---|---|---|---|---|")
 for m in META:
-    P(f"| {m[0]} | {m[1]} | {m[2]} | {m[3] if m[3] != '0' else '-'} | {m[4] or '-'} | {m[5] or '-'} | {m[6]} |")
+    peak, minburst = (m[9], m[10]) if len(m) > 10 else ("0", "")
+    P(f"| {m[0]} | {m[1]} | {m[2]} | {m[3] if m[3] != '0' else '-'} | {m[4] or '-'} | "
+      f"{peak if peak != '0' else '-'} | {minburst or '-'} | {m[5] or '-'} | {m[6]} |")
 P()
 
 

@@ -324,8 +324,16 @@ fn up_and_down_leave_the_host_as_found() {
         assert_eq!(c["link"], "1gbit");
         assert_eq!(c["loss"], 0.02);
         assert_eq!(c["mtu"], 9000);
+        // Frames are paced by a peak bucket of about one frame, the rate by a bucket
+        // that also covers 250 µs of link time.
+        let minburst = c["tbf"]["minburst"].as_u64().expect("tbf minburst");
+        assert!(
+            (9014..=9014 + 6250 + 64).contains(&minburst),
+            "minburst {minburst}"
+        );
         let burst = c["tbf"]["burst"].as_u64().expect("tbf burst");
-        assert!((9014..=9014 + 6250 + 64).contains(&burst), "burst {burst}");
+        assert!((9014..=9014 + 31250 + 64).contains(&burst), "burst {burst}");
+        assert_eq!(c["tbf"]["peakrate_bps"], 1_050_000_000u64);
         assert_eq!(namespaces_of(&name).len(), 4);
         // Both ends of every link are shaped; the loss rule is in the switch.
         let tc = Command::new("tc")

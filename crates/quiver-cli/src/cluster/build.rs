@@ -133,6 +133,8 @@ pub fn up(plan: &Plan) -> anyhow::Result<ClusterView> {
         tbf: tbf.map(|t| TbfState {
             rate_bps: t.rate,
             burst: t.burst,
+            peakrate_bps: t.peakrate,
+            minburst: t.minburst,
             limit: t.limit,
         }),
         loss: plan.loss,

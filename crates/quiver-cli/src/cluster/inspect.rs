@@ -47,8 +47,15 @@ pub struct State {
 pub struct TbfState {
     /// Bits per second.
     pub rate_bps: u64,
-    /// Bucket in bytes.
+    /// Rate bucket in bytes.
     pub burst: u64,
+    /// Peak rate, bits per second (0 in the state files of clusters built before the
+    /// peak bucket).
+    #[serde(default)]
+    pub peakrate_bps: u64,
+    /// Peak bucket in bytes (0: as for `peakrate_bps`).
+    #[serde(default)]
+    pub minburst: u64,
     /// Queue in bytes.
     pub limit: u64,
 }
@@ -335,8 +342,9 @@ pub fn format_text(clusters: &[ClusterView]) -> String {
         ));
         if let Some(t) = c.tbf {
             out.push_str(&format!(
-                "  tbf on both ends of every link: burst {} B, limit {} B\n",
-                t.burst, t.limit
+                "  tbf on both ends of every link: burst {} B, peak rate {} bit/s with {} B, \
+                 limit {} B\n",
+                t.burst, t.peakrate_bps, t.minburst, t.limit
             ));
         }
         let rows: Vec<[String; 5]> = c

@@ -18,10 +18,16 @@ pub const MAX_NAME: usize = 32;
 /// Bytes of an Ethernet header (destination, source, EtherType), added to the MTU to
 /// get the largest frame `tbf` sees.
 pub const ETH_HEADER: u32 = 14;
-/// How late, at most, the kernel is expected to wake `tbf` to send the next frame; the
-/// bucket holds this much link time beyond one frame (see the module documentation of
-/// [`super`], "Link shaping").
+/// How late the kernel usually wakes `tbf` to send the next frame: the peak bucket, which
+/// paces frame by frame, holds this much link time beyond one frame (see the module
+/// documentation of [`super`], "Link shaping").
 pub const TIMER_SLACK_NS: u64 = 50_000;
+/// How late the kernel may wake `tbf` under load without the link losing time: the rate
+/// bucket holds this much link time beyond one frame, and the peak rate's headroom
+/// ([`PEAK_HEADROOM_PERCENT`]) sends it after the late wake-up.
+pub const CATCH_UP_NS: u64 = 250_000;
+/// How much faster than the link rate the peak bucket lets frames go, in percent.
+pub const PEAK_HEADROOM_PERCENT: u64 = 5;
 /// Frames every peer node may have queued at one `tbf` at once: two channel windows of
 /// the largest default (UDP with segmentation offload), so that a full window and the
 /// acknowledgements or another endpoint's frames beside it never overflow the queue.
@@ -311,14 +317,23 @@ impl fmt::Display for Link {
     }
 }
 
-/// The parameters of the `tbf` on each end of each link.
+/// The parameters of the `tbf` on each end of each link: two buckets. Frames leave at
+/// most at the peak rate from a bucket of about one frame (`minburst`), so each frame
+/// waits its serialization time; on average at most at the link rate, from a bucket that
+/// also covers a late timer (`burst`), so the link does not lose the time the kernel
+/// wakes `tbf` late.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tbf {
-    /// Bits per second.
+    /// Link rate, bits per second.
     pub rate: u64,
-    /// Bucket size in bytes: one full-size frame plus [`TIMER_SLACK_NS`] of link time,
+    /// Rate bucket in bytes: one full-size frame plus [`CATCH_UP_NS`] of link time,
     /// rounded up to a multiple of 64.
     pub burst: u64,
+    /// Peak rate, bits per second: the link rate plus [`PEAK_HEADROOM_PERCENT`].
+    pub peakrate: u64,
+    /// Peak bucket in bytes (`tc`'s `mtu`): one full-size frame plus [`TIMER_SLACK_NS`]
+    /// of link time, rounded up to a multiple of 64.
+    pub minburst: u64,
     /// Queue in bytes: [`WINDOW_FRAMES`] full-size frames per peer node (a cluster of
     /// one node: as for two).
     pub limit: u64,
@@ -330,11 +345,18 @@ impl Tbf {
     pub fn new(link: Link, mtu: u32, nodes: u32) -> Option<Tbf> {
         let rate = link.bps()?;
         let frame = u64::from(mtu + ETH_HEADER);
-        let slack = (u128::from(rate) * u128::from(TIMER_SLACK_NS)).div_ceil(8 * 1_000_000_000);
-        let burst = (frame + slack as u64).next_multiple_of(64);
+        let bucket = |ns: u64| {
+            let slack = (u128::from(rate) * u128::from(ns)).div_ceil(8 * 1_000_000_000);
+            (frame + slack as u64).next_multiple_of(64)
+        };
         let peers = u64::from(nodes.saturating_sub(1));
-        let limit = frame * WINDOW_FRAMES * peers.max(1);
-        Some(Tbf { rate, burst, limit })
+        Some(Tbf {
+            rate,
+            burst: bucket(CATCH_UP_NS),
+            peakrate: rate + rate * PEAK_HEADROOM_PERCENT / 100,
+            minburst: bucket(TIMER_SLACK_NS),
+            limit: frame * WINDOW_FRAMES * peers.max(1),
+        })
     }
 
     /// The arguments of `tc qdisc add dev DEV root` that install it.
@@ -345,6 +367,10 @@ impl Tbf {
             format!("{}bit", self.rate),
             "burst".into(),
             self.burst.to_string(),
+            "peakrate".into(),
+            format!("{}bit", self.peakrate),
+            "mtu".into(),
+            self.minburst.to_string(),
             "limit".into(),
             self.limit.to_string(),
         ]
@@ -508,22 +534,22 @@ mod tests {
     #[test]
     fn tbf_parameters() {
         assert_eq!(Tbf::new(Link::Unlimited, 1500, 2), None);
-        // 100 Mbit/s: 1514 + 625 bytes, rounded up to 64.
+        // 100 Mbit/s: one frame (1514 B) plus 250 µs (3125 B) at the rate, plus 50 µs
+        // (625 B) at the peak rate, rounded up to 64.
         let t = Tbf::new(Link::Rate(100_000_000), 1500, 2).unwrap();
-        assert_eq!(t.burst, 2176);
+        assert_eq!((t.burst, t.minburst), (4672, 2176));
+        assert_eq!(t.peakrate, 105_000_000);
         assert_eq!(t.limit, 1514 * 256);
-        // 1 Gbit/s: 1514 + 6250.
-        assert_eq!(
-            Tbf::new(Link::Rate(1_000_000_000), 1500, 2).unwrap().burst,
-            7808
-        );
-        // Jumbo frames: the bucket always holds a whole frame.
+        // 1 Gbit/s: 1514 + 31250 and 1514 + 6250.
+        let g = Tbf::new(Link::Rate(1_000_000_000), 1500, 2).unwrap();
+        assert_eq!((g.burst, g.minburst), (32768, 7808));
+        // Jumbo frames: both buckets always hold a whole frame.
         let j = Tbf::new(Link::Rate(100_000_000), 9000, 10).unwrap();
-        assert!(j.burst >= 9014);
+        assert!(j.minburst >= 9014 && j.burst > j.minburst);
         assert_eq!(j.limit, 9014 * 256 * 9);
         assert_eq!(
             t.tc_args().join(" "),
-            "tbf rate 100000000bit burst 2176 limit 387584"
+            "tbf rate 100000000bit burst 4672 peakrate 105000000bit mtu 2176 limit 387584"
         );
     }
 

@@ -137,7 +137,7 @@ tbf = c["tbf"] or {}
 with open(meta, "a") as f:
     f.write("\t".join(map(str, [name, c["link"], c["mtu"], tbf.get("rate_bps", 0), tbf.get("burst", ""),
                                tbf.get("limit", ""), c["subnet"], n[0]["mac"], n[1]["mac"],
-                               tbf.get("peakrate_bps", 0), tbf.get("minburst", "")])) + "\n")
+                               tbf.get("peakrate_bps") or 0, tbf.get("minburst") or ""])) + "\n")
 print(n[0]["namespace"], n[1]["namespace"], n[1]["ip"], c["subnet"])
 EOF
     ) || die "cannot read cluster $c from quiver cluster list"

@@ -29,7 +29,7 @@ if [ "${SINGLE_BUCKET:-0}" = 1 ]; then
     read -r rate minburst limit < <("$Q" cluster list --format json | python3 -c "
 import json, sys
 t = next(x for x in json.load(sys.stdin) if x['name'] == '$c')['tbf']
-print(t['rate_bps'], t['minburst'], t['limit'])")
+print(t['rate_bps'], t['minburst'] or t['burst'], t['limit'])")
     for dev in "qv-$c-n0 qv0" "qv-$c-n1 qv0" "qv-$c-sw p0" "qv-$c-sw p1"; do
         read -r ns d <<< "$dev"
         ip netns exec "$ns" tc qdisc replace dev "$d" root tbf rate "${rate}bit" burst "$minburst" limit "$limit"

@@ -57,36 +57,34 @@
 //! node, which is where several senders to one node queue, as on a real switch).
 //! `unlimited` adds no qdisc.
 //!
-//! Each `tbf` has two buckets; a frame leaves when both hold its size.
-//!
-//! - **Peak bucket** (`mtu`, here `minburst`) = one full-size frame (MTU + 14 bytes of
-//!   Ethernet header) plus 50 µs of link time ([`spec::TIMER_SLACK_NS`]), rounded up to
-//!   64 bytes: 2176 B at 100 Mbit/s, 7808 B at 1 Gbit/s, 64064 B at 10 Gbit/s with MTU
-//!   1500, refilled at the **peak rate**, the link rate plus 5 %
-//!   ([`spec::PEAK_HEADROOM_PERCENT`]). This bucket makes each frame wait its
-//!   serialization time: it must hold a whole frame (`tbf` drops bigger ones) and
-//!   should hold little more, since whatever it holds crosses the link at no cost
-//!   after an idle period; a large burst (the 64 KiB people often use) lets small and
-//!   medium messages through without their serialization time and makes latency
-//!   curves and half-power points meaningless. The 50 µs are there because a bucket
-//!   of exactly one frame does not deliver the rate: after each frame `tbf` sleeps
-//!   until the next one's tokens are due, the kernel wakes it some 10 to 20 µs late on
-//!   this kind of machine, and tokens beyond the bucket are lost; measured with a UDP
-//!   blast of 1514-byte frames between two nodes, one frame gave 88 % of 100 Mbit/s
-//!   and 48 % of 1 Gbit/s, one frame plus 50 µs 99.7 % and 97 to 99 %. What this bucket
-//!   takes off the time of any message is at most 50 µs plus one frame time; frames
-//!   after the first go at most 5 % faster than the link.
-//! - **Rate bucket** (`burst`) = one full-size frame plus 250 µs of link time
-//!   ([`spec::CATCH_UP_NS`]): 4672 B at 100 Mbit/s, 32768 B at 1 Gbit/s, refilled at
-//!   the link rate, which it enforces on average. Under load the kernel sometimes wakes
-//!   `tbf` much later than 50 µs (both cores busy, or a run of 44 frames handed over at
-//!   once by UDP segmentation offload), and with one bucket of 50 µs the link lost that
-//!   time: a NIC keeps sending from its ring while the CPU is late, so this was an
-//!   artifact of the emulation. This bucket keeps up to 250 µs of such lateness, and the
-//!   peak rate's 5 % sends it afterwards. Measured on a 2-node 1 Gbit/s cluster with
-//!   the single bucket and with both (PERFORMANCE, "The emulated link's two buckets"):
-//!   eth bi-directional 97.5-99.0 % and 100.0 % of its payload limit, a raw AF_PACKET
-//!   stream 99.4 % either way.
+//! - **burst** = one full-size frame (MTU + 14 bytes of Ethernet header) plus 50 µs of
+//!   link time ([`spec::TIMER_SLACK_NS`]), rounded up to 64 bytes: 2176 B at 100 Mbit/s,
+//!   7808 B at 1 Gbit/s, 64064 B at 10 Gbit/s with MTU 1500. The bucket must hold a whole
+//!   frame (`tbf` drops bigger ones) and should hold little more: whatever the bucket
+//!   holds crosses the link at no cost after an idle period, so a large burst (the
+//!   64 KiB people often use) lets small and medium messages through without their
+//!   serialization time and makes latency curves and half-power points meaningless.
+//!   The 50 µs are there because a bucket of exactly one frame does not deliver the
+//!   rate: after each frame `tbf` sleeps until the next one's tokens are due, the
+//!   kernel wakes it some 10 to 20 µs late on this kind of machine, and tokens beyond
+//!   the bucket are lost; measured with a UDP blast of 1514-byte frames between two
+//!   nodes, one frame gave 88 % of 100 Mbit/s and 48 % of 1 Gbit/s; one frame plus 50 µs
+//!   gives 99.7 % and 97 to 99 % (1514-byte frames counted on the wire). What this
+//!   bucket takes off the time of any message is at most 50 µs plus one frame time.
+//! - **From 1 Gbit/s, a second bucket for late timers** ([`spec::CATCH_UP_FROM_BPS`]).
+//!   The bucket above becomes the *peak* bucket (`tc`'s `peakrate` and `mtu`), refilled
+//!   5 % faster than the link ([`spec::PEAK_HEADROOM_PERCENT`]); the link rate is
+//!   enforced on average by a bucket of one frame plus 250 µs of link time
+//!   ([`spec::CATCH_UP_NS`]; 32768 B at 1 Gbit/s). Under load the kernel wakes `tbf`
+//!   much later than 50 µs: a trace of the qdiscs (`bench/tbf-trace.sh`) during
+//!   bi-directional eth runs at 1 Gbit/s, both cores busy, found the link idle 6-7 % of
+//!   the time while `tbf` held a frame it had tokens for, and about 1 % with nothing
+//!   queued. A NIC keeps sending from its ring while the CPU is late; the second bucket
+//!   keeps up to 250 µs of such time and the 5 % send it afterwards. Its price: it also
+//!   forgives a sender up to 250 µs of its own idle time, and after an idle period a
+//!   message goes up to 5 % faster than the link for up to 5 ms (250 µs / 5 %). Below
+//!   1 Gbit/s a frame lasts longer than the usual lateness (121 µs at 100 Mbit/s), one
+//!   bucket delivered the rate (99.9-100 %), and the latency curves keep its fidelity.
 //! - **limit** (the queue) = 256 full-size frames per peer node (387584 B with MTU
 //!   1500 and two nodes: 31 ms at 100 Mbit/s, 3.1 ms at 1 Gbit/s): a channel keeps at
 //!   most 128 frames in flight (UDP with segmentation offload; 64 over raw Ethernet;
@@ -116,7 +114,7 @@
 //! ```text
 //! [{"name": "demo", "subnet": "10.77.0.0/24", "link": "1gbit",
 //!   "tbf": {"rate_bps": 1000000000, "burst": 32768, "peakrate_bps": 1050000000,
-//!           "minburst": 7808, "limit": 387584} | null,
+//!           "minburst": 7808, "limit": 387584} | null,   (peak: null below 1 Gbit/s)
 //!   "loss": 0.01, "mtu": 1500, "switch": "qv-demo-sw", "complete": true,
 //!   "nodes": [{"node": "demo-n0", "index": 0, "namespace": "qv-demo-n0",
 //!              "interface": "qv0", "mac": "02:71:76:00:00:00", "ip": "10.77.0.1",

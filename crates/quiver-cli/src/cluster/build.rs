@@ -133,8 +133,8 @@ pub fn up(plan: &Plan) -> anyhow::Result<ClusterView> {
         tbf: tbf.map(|t| TbfState {
             rate_bps: t.rate,
             burst: t.burst,
-            peakrate_bps: t.peakrate,
-            minburst: t.minburst,
+            peakrate_bps: t.peak.map(|p| p.rate),
+            minburst: t.peak.map(|p| p.bucket),
             limit: t.limit,
         }),
         loss: plan.loss,

@@ -49,13 +49,12 @@ pub struct TbfState {
     pub rate_bps: u64,
     /// Rate bucket in bytes.
     pub burst: u64,
-    /// Peak rate, bits per second (0 in the state files of clusters built before the
-    /// peak bucket).
+    /// Peak rate, bits per second, on links of at least 1 Gbit/s; `null` otherwise.
     #[serde(default)]
-    pub peakrate_bps: u64,
-    /// Peak bucket in bytes (0: as for `peakrate_bps`).
+    pub peakrate_bps: Option<u64>,
+    /// Peak bucket in bytes; `null` where there is no peak rate.
     #[serde(default)]
-    pub minburst: u64,
+    pub minburst: Option<u64>,
     /// Queue in bytes.
     pub limit: u64,
 }
@@ -341,10 +340,13 @@ pub fn format_text(clusters: &[ClusterView]) -> String {
             },
         ));
         if let Some(t) = c.tbf {
+            let peak = match (t.peakrate_bps, t.minburst) {
+                (Some(rate), Some(bucket)) => format!(", peak rate {rate} bit/s with {bucket} B"),
+                _ => String::new(),
+            };
             out.push_str(&format!(
-                "  tbf on both ends of every link: burst {} B, peak rate {} bit/s with {} B, \
-                 limit {} B\n",
-                t.burst, t.peakrate_bps, t.minburst, t.limit
+                "  tbf on both ends of every link: burst {} B{peak}, limit {} B\n",
+                t.burst, t.limit
             ));
         }
         let rows: Vec<[String; 5]> = c

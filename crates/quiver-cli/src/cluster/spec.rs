@@ -22,12 +22,17 @@ pub const ETH_HEADER: u32 = 14;
 /// paces frame by frame, holds this much link time beyond one frame (see the module
 /// documentation of [`super`], "Link shaping").
 pub const TIMER_SLACK_NS: u64 = 50_000;
-/// How late the kernel may wake `tbf` under load without the link losing time: the rate
-/// bucket holds this much link time beyond one frame, and the peak rate's headroom
-/// ([`PEAK_HEADROOM_PERCENT`]) sends it after the late wake-up.
+/// How late the kernel may wake `tbf` under load without a fast link losing time: there
+/// the rate bucket holds this much link time beyond one frame, and the peak rate's
+/// headroom ([`PEAK_HEADROOM_PERCENT`]) sends it after the late wake-up.
 pub const CATCH_UP_NS: u64 = 250_000;
 /// How much faster than the link rate the peak bucket lets frames go, in percent.
 pub const PEAK_HEADROOM_PERCENT: u64 = 5;
+/// The slowest link that gets the catch-up bucket: from 1 Gbit/s a full-size frame
+/// (12 µs) is shorter than the timer's usual lateness, and the link lost time to it;
+/// at 100 Mbit/s (121 µs a frame) one bucket delivered the rate, and the latency curves
+/// there stay those of one bucket.
+pub const CATCH_UP_FROM_BPS: u64 = 1_000_000_000;
 /// Frames every peer node may have queued at one `tbf` at once: two channel windows of
 /// the largest default (UDP with segmentation offload), so that a full window and the
 /// acknowledgements or another endpoint's frames beside it never overflow the queue.
@@ -317,26 +322,35 @@ impl fmt::Display for Link {
     }
 }
 
-/// The parameters of the `tbf` on each end of each link: two buckets. Frames leave at
-/// most at the peak rate from a bucket of about one frame (`minburst`), so each frame
-/// waits its serialization time; on average at most at the link rate, from a bucket that
-/// also covers a late timer (`burst`), so the link does not lose the time the kernel
-/// wakes `tbf` late.
+/// The parameters of the `tbf` on each end of each link. Frames leave from a bucket of
+/// about one frame, so each frame waits its serialization time. On links of at least
+/// [`CATCH_UP_FROM_BPS`] that bucket is the peak bucket, refilled a little faster than
+/// the link ([`PEAK_HEADROOM_PERCENT`]), and a second bucket enforces the link rate on
+/// average and also covers a late timer ([`CATCH_UP_NS`]), so that the link does not
+/// lose the time the kernel wakes `tbf` late.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tbf {
     /// Link rate, bits per second.
     pub rate: u64,
-    /// Rate bucket in bytes: one full-size frame plus [`CATCH_UP_NS`] of link time,
+    /// Bucket refilled at the link rate, in bytes: one full-size frame plus
+    /// [`CATCH_UP_NS`] of link time with a peak bucket, [`TIMER_SLACK_NS`] without,
     /// rounded up to a multiple of 64.
     pub burst: u64,
-    /// Peak rate, bits per second: the link rate plus [`PEAK_HEADROOM_PERCENT`].
-    pub peakrate: u64,
-    /// Peak bucket in bytes (`tc`'s `mtu`): one full-size frame plus [`TIMER_SLACK_NS`]
-    /// of link time, rounded up to a multiple of 64.
-    pub minburst: u64,
+    /// The peak bucket, on links of at least [`CATCH_UP_FROM_BPS`].
+    pub peak: Option<Peak>,
     /// Queue in bytes: [`WINDOW_FRAMES`] full-size frames per peer node (a cluster of
     /// one node: as for two).
     pub limit: u64,
+}
+
+/// The peak bucket of a [`Tbf`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peak {
+    /// Bits per second: the link rate plus [`PEAK_HEADROOM_PERCENT`].
+    pub rate: u64,
+    /// Bytes (`tc`'s `mtu`): one full-size frame plus [`TIMER_SLACK_NS`] of link time,
+    /// rounded up to a multiple of 64.
+    pub bucket: u64,
 }
 
 impl Tbf {
@@ -350,30 +364,46 @@ impl Tbf {
             (frame + slack as u64).next_multiple_of(64)
         };
         let peers = u64::from(nodes.saturating_sub(1));
-        Some(Tbf {
-            rate,
-            burst: bucket(CATCH_UP_NS),
-            peakrate: rate + rate * PEAK_HEADROOM_PERCENT / 100,
-            minburst: bucket(TIMER_SLACK_NS),
-            limit: frame * WINDOW_FRAMES * peers.max(1),
+        let limit = frame * WINDOW_FRAMES * peers.max(1);
+        Some(if rate >= CATCH_UP_FROM_BPS {
+            Tbf {
+                rate,
+                burst: bucket(CATCH_UP_NS),
+                peak: Some(Peak {
+                    rate: rate + rate * PEAK_HEADROOM_PERCENT / 100,
+                    bucket: bucket(TIMER_SLACK_NS),
+                }),
+                limit,
+            }
+        } else {
+            Tbf {
+                rate,
+                burst: bucket(TIMER_SLACK_NS),
+                peak: None,
+                limit,
+            }
         })
     }
 
     /// The arguments of `tc qdisc add dev DEV root` that install it.
     pub fn tc_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             "tbf".into(),
             "rate".into(),
             format!("{}bit", self.rate),
             "burst".into(),
             self.burst.to_string(),
-            "peakrate".into(),
-            format!("{}bit", self.peakrate),
-            "mtu".into(),
-            self.minburst.to_string(),
-            "limit".into(),
-            self.limit.to_string(),
-        ]
+        ];
+        if let Some(p) = self.peak {
+            args.extend([
+                "peakrate".into(),
+                format!("{}bit", p.rate),
+                "mtu".into(),
+                p.bucket.to_string(),
+            ]);
+        }
+        args.extend(["limit".into(), self.limit.to_string()]);
+        args
     }
 }
 
@@ -534,23 +564,35 @@ mod tests {
     #[test]
     fn tbf_parameters() {
         assert_eq!(Tbf::new(Link::Unlimited, 1500, 2), None);
-        // 100 Mbit/s: one frame (1514 B) plus 250 µs (3125 B) at the rate, plus 50 µs
-        // (625 B) at the peak rate, rounded up to 64.
+        // 100 Mbit/s: one bucket, one frame (1514 B) plus 50 µs (625 B), rounded up to 64.
         let t = Tbf::new(Link::Rate(100_000_000), 1500, 2).unwrap();
-        assert_eq!((t.burst, t.minburst), (4672, 2176));
-        assert_eq!(t.peakrate, 105_000_000);
+        assert_eq!((t.burst, t.peak), (2176, None));
         assert_eq!(t.limit, 1514 * 256);
-        // 1 Gbit/s: 1514 + 31250 and 1514 + 6250.
-        let g = Tbf::new(Link::Rate(1_000_000_000), 1500, 2).unwrap();
-        assert_eq!((g.burst, g.minburst), (32768, 7808));
-        // Jumbo frames: both buckets always hold a whole frame.
-        let j = Tbf::new(Link::Rate(100_000_000), 9000, 10).unwrap();
-        assert!(j.minburst >= 9014 && j.burst > j.minburst);
-        assert_eq!(j.limit, 9014 * 256 * 9);
         assert_eq!(
             t.tc_args().join(" "),
-            "tbf rate 100000000bit burst 4672 peakrate 105000000bit mtu 2176 limit 387584"
+            "tbf rate 100000000bit burst 2176 limit 387584"
         );
+        // 1 Gbit/s: the rate bucket holds 1514 + 31250 B, the peak bucket 1514 + 6250 B
+        // at 1.05 Gbit/s.
+        let g = Tbf::new(Link::Rate(1_000_000_000), 1500, 2).unwrap();
+        assert_eq!(g.burst, 32768);
+        assert_eq!(
+            g.peak,
+            Some(Peak {
+                rate: 1_050_000_000,
+                bucket: 7808
+            })
+        );
+        assert_eq!(
+            g.tc_args().join(" "),
+            "tbf rate 1000000000bit burst 32768 peakrate 1050000000bit mtu 7808 limit 387584"
+        );
+        // Jumbo frames: every bucket holds a whole frame.
+        let j = Tbf::new(Link::Rate(100_000_000), 9000, 10).unwrap();
+        assert!(j.burst >= 9014);
+        assert_eq!(j.limit, 9014 * 256 * 9);
+        let jg = Tbf::new(Link::Rate(10_000_000_000), 9000, 2).unwrap();
+        assert!(jg.peak.unwrap().bucket >= 9014 && jg.burst > jg.peak.unwrap().bucket);
     }
 
     #[test]

@@ -77,8 +77,8 @@
 //!   enforced on average by a bucket of one frame plus 250 µs of link time
 //!   ([`spec::CATCH_UP_NS`]; 32768 B at 1 Gbit/s). Under load the kernel wakes `tbf`
 //!   much later than 50 µs: a trace of the qdiscs (`bench/tbf-trace.sh`) during
-//!   bi-directional eth runs at 1 Gbit/s, both cores busy, found the link idle 6-7 % of
-//!   the time while `tbf` held a frame it had tokens for, and about 1 % with nothing
+//!   bi-directional eth runs at 1 Gbit/s, both cores busy, found the link idle 5-9 % of
+//!   the time while `tbf` held a frame it had tokens for, and 1-2 % with nothing
 //!   queued. A NIC keeps sending from its ring while the CPU is late; the second bucket
 //!   keeps up to 250 µs of such time and the 5 % send it afterwards. Its price: it also
 //!   forgives a sender up to 250 µs of its own idle time, and after an idle period a

@@ -88,8 +88,8 @@ impl NetLink {
 
     /// The window of this link's channels ([`Config::channel_window`]): UDP that sends
     /// runs with segmentation offload needs more frames in flight than a link that sends
-    /// frame by frame. Fixed when the link opens, even if the kernel later refuses the
-    /// offload.
+    /// frame by frame. The endpoint asks once, when it opens the link, and keeps the
+    /// answer even if the kernel refuses the offload later.
     pub(crate) fn channel_window(&self, config: &Config) -> u16 {
         let segmented = match self {
             NetLink::Udp { sock, .. } => sock.segments(),

@@ -43,6 +43,8 @@ for line in open(sys.argv[1]):
         s[0] += t - max(te, free)                  # a frame waited, tbf did not send it
     wire[h] = max(free, t) + size / RATE
     s[2] += 1
+if t0 is None:
+    sys.exit(f"{sys.argv[1]}: no qdisc events in the trace")
 span = t1 - t0
 print(f"trace span {span*1e3:.1f} ms")
 for h, s in stat.items():

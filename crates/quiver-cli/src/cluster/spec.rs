@@ -364,24 +364,21 @@ impl Tbf {
             (frame + slack as u64).next_multiple_of(64)
         };
         let peers = u64::from(nodes.saturating_sub(1));
-        let limit = frame * WINDOW_FRAMES * peers.max(1);
-        Some(if rate >= CATCH_UP_FROM_BPS {
-            Tbf {
-                rate,
-                burst: bucket(CATCH_UP_NS),
-                peak: Some(Peak {
-                    rate: rate + rate * PEAK_HEADROOM_PERCENT / 100,
-                    bucket: bucket(TIMER_SLACK_NS),
-                }),
-                limit,
-            }
+        let peak = (rate >= CATCH_UP_FROM_BPS).then(|| Peak {
+            rate: rate + rate * PEAK_HEADROOM_PERCENT / 100,
+            bucket: bucket(TIMER_SLACK_NS),
+        });
+        // With a peak bucket pacing the frames, the rate bucket may also cover a late timer.
+        let slack = if peak.is_some() {
+            CATCH_UP_NS
         } else {
-            Tbf {
-                rate,
-                burst: bucket(TIMER_SLACK_NS),
-                peak: None,
-                limit,
-            }
+            TIMER_SLACK_NS
+        };
+        Some(Tbf {
+            rate,
+            burst: bucket(slack),
+            peak,
+            limit: frame * WINDOW_FRAMES * peers.max(1),
         })
     }
 

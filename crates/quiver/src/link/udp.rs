@@ -424,17 +424,11 @@ impl UdpLink {
     pub(crate) fn send_batch(&self, addr: &SockAddr, datagrams: &[&[u8]]) -> Result<()> {
         let mut rest = datagrams;
         while !rest.is_empty() {
-            let run = if self.gso.load(Ordering::Relaxed) {
-                gso_run(rest)
-            } else {
-                0
-            };
+            let run = if self.segments() { gso_run(rest) } else { 0 };
             if run < 2 {
                 // Up to the next run worth offloading, datagram by datagram.
                 let mut n = 1;
-                while n < rest.len()
-                    && (!self.gso.load(Ordering::Relaxed) || gso_run(&rest[n..]) < 2)
-                {
+                while n < rest.len() && (!self.segments() || gso_run(&rest[n..]) < 2) {
                     n += 1;
                 }
                 self.send_each(addr, &rest[..n])?;

@@ -122,9 +122,13 @@ fn check_body(header: &Header, body: &[u8]) -> Result<(), DecodeError> {
 pub fn checksum(header: &[u8; HEADER_LEN], body_parts: &[&[u8]]) -> u32 {
     let mut h = *header;
     h[field::CHECKSUM..field::CHECKSUM + 4].fill(0);
-    body_parts.iter().fold(crc32c::crc32c(&h), |crc, part| {
-        crc32c::crc32c_append(crc, part)
-    })
+    let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    crc.update(&h);
+    for part in body_parts {
+        crc.update(part);
+    }
+    // A CRC-32 digest's value fits 32 bits.
+    crc.finalize() as u32
 }
 
 /// Seals an emitted header: sets its CHECKSUM flag, then writes the [`checksum`] of the

@@ -21,9 +21,6 @@ use crate::wire::{
     fragments, Flags, Fragments, FrameKind, FrameView, Header, HEADER_LEN, MAX_MESSAGE,
 };
 
-/// Buffers kept for reuse at most (so that a burst's frames are not reallocated).
-const SPARE_MAX: usize = 64;
-
 /// Appends bytes `offset..offset + len` of the message `head` ++ `body` to `buf`.
 fn extend_from_parts(buf: &mut Vec<u8>, head: &[u8], body: &[u8], offset: usize, len: usize) {
     let end = offset + len;
@@ -681,7 +678,9 @@ impl Sender {
     }
 
     fn recycle(&mut self, mut buf: Vec<u8>) {
-        if self.spare.len() < SPARE_MAX && buf.capacity() > 0 {
+        // Up to a window of buffers is kept, so that a window's frames are built in the
+        // buffers the previous window's acknowledgements freed, not reallocated.
+        if self.spare.len() < self.window as usize && buf.capacity() > 0 {
             buf.clear();
             self.spare.push(buf);
         }

@@ -14,7 +14,7 @@ use crate::channel::{Delivery, RxChannel};
 use crate::job::JobShared;
 use crate::link::network::{NetDest, NetLink};
 use crate::link::sim::FaultInjector;
-use crate::link::udp::Datagram;
+use crate::link::udp::{self, Datagram};
 use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
 use crate::{Error, Result};
 use std::cmp::Reverse;
@@ -513,7 +513,9 @@ impl Net {
                 d
             })
             .collect();
-        self.link.send_batch(&p.dest, &parts)
+        // Offloaded runs no longer on the wire than the channel's pace allows.
+        let max_run = udp::run_limit(self.window, p.duplex.sender().srtt());
+        self.link.send_batch(&p.dest, &parts, max_run)
     }
 
     /// Sends the datagrams whose (injected) delay has passed.

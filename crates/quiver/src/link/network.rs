@@ -180,10 +180,16 @@ impl NetLink {
         }
     }
 
-    /// Sends several datagrams to one peer.
-    pub(crate) fn send_batch(&self, dest: &NetDest, datagrams: &[&[u8]]) -> Result<()> {
+    /// Sends several datagrams to one peer; over UDP with segmentation offload, at most
+    /// `max_run` per offloaded send (eth offloads nothing).
+    pub(crate) fn send_batch(
+        &self,
+        dest: &NetDest,
+        datagrams: &[&[u8]],
+        max_run: usize,
+    ) -> Result<()> {
         match (self, &dest.to) {
-            (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_batch(a, datagrams),
+            (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_batch(a, datagrams, max_run),
             (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_batch(d, datagrams),
             _ => Err(mismatch()),
         }

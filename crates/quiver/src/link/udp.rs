@@ -9,7 +9,9 @@
 //! equal-size datagrams (the fragments of a long message) goes out in one `sendmsg` with
 //! generic segmentation offload (`UDP_SEGMENT`): the kernel carries the run through its
 //! stack as one packet and cuts it into datagrams at the end, as TCP's segmentation
-//! offload does. Where the kernel refuses it, the link says so once and stops asking.
+//! offload does; a run is no longer on the wire than `RUN_TIME` at the pace of the
+//! channel that sends it (`run_limit`). Where the kernel refuses it, the link says so
+//! once and stops asking.
 //! With `UDP_GRO` (optional) the kernel hands over such runs coalesced, up to 64 KiB per
 //! receive, into a staging buffer; their datagrams are then copied into free slots, and
 //! what does not fit waits in the staging buffer for slots to be freed (nothing is lost).
@@ -31,6 +33,13 @@ const SEND_BATCH: usize = 64;
 const GSO_SEGMENTS: usize = 64;
 /// Bytes per segmentation-offload send at most: one IPv4 UDP datagram's payload.
 const GSO_BYTES: usize = 65507;
+/// Wire time of one offloaded run at most, at the rate the channel's window and round
+/// trip give ([`run_limit`]). The kernel carries a run through its stack as one packet
+/// and cuts it at the end, with bottom halves off: on a link paced in software (`tbf`)
+/// the pacing timers of the same core wait for that. 50 µs lets the full run through
+/// on an unshaped veth (2-3 GB/s) and on 10 Gbit/s, 4 datagrams on 1 Gbit/s, and none
+/// on 100 Mbit/s (see docs/DESIGN-NOTES.md, "Offloaded runs on a paced link").
+pub(crate) const RUN_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 /// Bytes of the staging buffer of coalesced receives (the kernel coalesces at most
 /// 64 KiB; the rest is margin, so that a truncation means a foreign sender).
 const GRO_BYTES: usize = 128 << 10;
@@ -419,16 +428,22 @@ impl UdpLink {
     }
 
     /// Sends datagrams to `addr`: runs of equal-size datagrams (the last of a run may be
-    /// shorter) with segmentation offload, the rest as many per `sendmmsg` call as fit
-    /// in a batch. Order is kept.
-    pub(crate) fn send_batch(&self, addr: &SockAddr, datagrams: &[&[u8]]) -> Result<()> {
+    /// shorter), at most `max_run` of them, with segmentation offload, the rest as many
+    /// per `sendmmsg` call as fit in a batch. Order is kept.
+    pub(crate) fn send_batch(
+        &self,
+        addr: &SockAddr,
+        datagrams: &[&[u8]],
+        max_run: usize,
+    ) -> Result<()> {
+        let offload = self.segments() && max_run >= 2;
         let mut rest = datagrams;
         while !rest.is_empty() {
-            let run = if self.segments() { gso_run(rest) } else { 0 };
+            let run = if offload { gso_run(rest, max_run) } else { 0 };
             if run < 2 {
                 // Up to the next run worth offloading, datagram by datagram.
                 let mut n = 1;
-                while n < rest.len() && (!self.segments() || gso_run(&rest[n..]) < 2) {
+                while n < rest.len() && (!offload || gso_run(&rest[n..], max_run) < 2) {
                     n += 1;
                 }
                 self.send_each(addr, &rest[..n])?;
@@ -574,15 +589,31 @@ impl UdpLink {
     }
 }
 
+/// Datagrams per offloaded run at most for a channel with `window` frames in flight and
+/// the smoothed round trip `srtt`: the window's share of [`RUN_TIME`] (a window takes a
+/// round trip on the wire when the channel is limited by it, so window / round trip is
+/// its rate); every datagram the kernel allows while the round trip is not known yet.
+/// Below 2 no run is offloaded.
+pub(crate) fn run_limit(window: u16, srtt: Option<std::time::Duration>) -> usize {
+    let Some(rtt) = srtt.filter(|t| !t.is_zero()) else {
+        return GSO_SEGMENTS;
+    };
+    let run = u128::from(window) * RUN_TIME.as_nanos() / rtt.as_nanos();
+    usize::try_from(run).map_or(GSO_SEGMENTS, |r| r.min(GSO_SEGMENTS))
+}
+
 /// How many of `datagrams`, from the first, form a run that one segmentation-offload send
 /// can carry: datagrams of the first one's size, the last possibly shorter, at most
-/// GSO_SEGMENTS of them and GSO_BYTES in all.
-fn gso_run(datagrams: &[&[u8]]) -> usize {
+/// `max_run` (and GSO_SEGMENTS) of them and GSO_BYTES in all.
+fn gso_run(datagrams: &[&[u8]], max_run: usize) -> usize {
     let seg = datagrams[0].len();
     if seg == 0 {
         return 1;
     }
-    let max = (GSO_BYTES / seg).min(GSO_SEGMENTS).min(datagrams.len());
+    let max = (GSO_BYTES / seg)
+        .min(GSO_SEGMENTS)
+        .min(max_run.max(1))
+        .min(datagrams.len());
     let mut n = 1;
     while n < max && datagrams[n].len() == seg {
         n += 1;
@@ -771,11 +802,12 @@ mod tests {
 
     #[test]
     fn gso_run_takes_equal_sizes_and_one_shorter_tail() {
-        let run = |lens: &[usize]| {
+        let run_of = |lens: &[usize], max_run: usize| {
             let d = sizes(lens);
             let refs: Vec<&[u8]> = d.iter().map(|v| v.as_slice()).collect();
-            gso_run(&refs)
+            gso_run(&refs, max_run)
         };
+        let run = |lens: &[usize]| run_of(lens, GSO_SEGMENTS);
         assert_eq!(run(&[1000, 1000, 1000, 500, 1000]), 4);
         assert_eq!(run(&[1000, 1000, 1200]), 2);
         assert_eq!(run(&[1000, 1200]), 1);
@@ -786,6 +818,32 @@ mod tests {
         assert_eq!(run(&[100; 100]), GSO_SEGMENTS);
         assert_eq!(run(&[1472; 100]), 65507 / 1472);
         assert_eq!(run(&[9000; 10]), 7);
+        // And at most the run limit the channel's pace allows.
+        assert_eq!(run_of(&[1472; 100], 4), 4);
+        assert_eq!(run_of(&[1472, 1472, 1000], 2), 2);
+        assert_eq!(run_of(&[1472; 100], 0), 1);
+    }
+
+    #[test]
+    fn run_limit_is_the_windows_share_of_the_run_time() {
+        let us = Duration::from_micros;
+        assert_eq!(
+            run_limit(128, None),
+            GSO_SEGMENTS,
+            "round trip not known yet"
+        );
+        assert_eq!(run_limit(128, Some(Duration::ZERO)), GSO_SEGMENTS);
+        // Unshaped veth: a 128-frame window (188 KB) every ~75 us.
+        assert_eq!(run_limit(128, Some(us(75))), GSO_SEGMENTS);
+        assert_eq!(run_limit(128, Some(us(200))), 32);
+        // 1 Gbit/s: the window queued at the link, ~1.5 ms a round trip.
+        assert_eq!(run_limit(128, Some(us(1500))), 4);
+        // 100 Mbit/s: nothing offloaded.
+        assert_eq!(run_limit(128, Some(us(15_000))), 0);
+        assert_eq!(
+            run_limit(u16::MAX, Some(Duration::from_nanos(1))),
+            GSO_SEGMENTS
+        );
     }
 
     /// Receives `n` datagrams on `link` (within 5 s) and returns their bytes in order.
@@ -824,7 +882,7 @@ mod tests {
             let mut rx = UdpLink::bind(ip, false, false).unwrap();
             let mut pool = SlotPool::new(1 << 20, 1472);
             let to = SockAddr::from(&rx.local_addr());
-            tx.send_batch(&to, &refs).unwrap();
+            tx.send_batch(&to, &refs, GSO_SEGMENTS).unwrap();
             assert_eq!(receive(&mut rx, &mut pool, data.len()), data, "gso {gso}");
             assert_eq!(
                 tx.gso.load(Ordering::Relaxed),
@@ -844,7 +902,7 @@ mod tests {
         let data = sizes(&[1472, 1472, 1472, 5, 9]);
         let refs: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
         tx.send_datagram(&to, refs[4]).unwrap();
-        tx.send_batch(&to, &refs).unwrap();
+        tx.send_batch(&to, &refs, GSO_SEGMENTS).unwrap();
         let mut want = vec![data[4].clone()];
         want.extend(data.iter().cloned());
         assert_eq!(receive(&mut rx, &mut pool, want.len()), want);
@@ -883,7 +941,7 @@ mod tests {
             let mut pool = SlotPool::new(1 << 20, 1472);
             let to = SockAddr::from(&rx.local_addr());
             stream_until_coalescing(&tx, &mut rx, &mut pool, &to);
-            tx.send_batch(&to, &refs).unwrap();
+            tx.send_batch(&to, &refs, GSO_SEGMENTS).unwrap();
             assert_eq!(receive(&mut rx, &mut pool, data.len()), data, "gso {gso}");
         }
     }
@@ -956,7 +1014,7 @@ mod tests {
         assert_eq!(pool.free.len(), RECV_BATCH);
         let to = SockAddr::from(&rx.local_addr());
         stream_until_coalescing(&tx, &mut rx, &mut pool, &to);
-        tx.send_batch(&to, &refs).unwrap();
+        tx.send_batch(&to, &refs, GSO_SEGMENTS).unwrap();
         let mut held = Vec::new();
         let start = Instant::now();
         while held.len() < RECV_BATCH {

@@ -186,12 +186,14 @@ impl Config {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
-    /// Like [`Config::from_env`], reading variables through `get` (for tests).
+    /// Like [`Config::from_env`], reading variables through `get` (for tests). A variable
+    /// set to nothing (or only blanks) counts as unset, as `VAR= command` means in a shell.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let mut c = Config::default();
         if let Some(v) = get("QUIVER_TRANSPORT") {
             c.transport = match v.as_str() {
-                "auto" | "" => TransportChoice::Auto,
+                "auto" => TransportChoice::Auto,
                 "udp" => TransportChoice::Udp,
                 "eth" => TransportChoice::Eth,
                 _ => return Err(invalid("QUIVER_TRANSPORT", &v, "expected auto, udp or eth")),
@@ -242,7 +244,7 @@ impl Config {
                 );
             }
         }
-        c.cluster = get("QUIVER_CLUSTER").filter(|v| !v.is_empty());
+        c.cluster = get("QUIVER_CLUSTER");
         if let Some(v) = get("QUIVER_CONNECT_TIMEOUT") {
             let secs: f64 = v
                 .parse()
@@ -333,12 +335,9 @@ impl Config {
             c.peer_timeout = Duration::from_secs_f64(secs);
         }
         if let Some(v) = get("QUIVER_FAULTS") {
-            if !v.trim().is_empty() {
-                c.faults = Some(
-                    FaultConfig::parse(&v)
-                        .map_err(|e| invalid("QUIVER_FAULTS", &v, &e.to_string()))?,
-                );
-            }
+            c.faults = Some(
+                FaultConfig::parse(&v).map_err(|e| invalid("QUIVER_FAULTS", &v, &e.to_string()))?,
+            );
         }
         c.validate()?;
         Ok(c)
@@ -495,6 +494,30 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn an_empty_variable_counts_as_unset() {
+        let defaults = cfg(&[]).unwrap();
+        for var in [
+            "QUIVER_WINDOW",
+            "QUIVER_TRANSPORT",
+            "QUIVER_WAIT",
+            "QUIVER_UDP_GSO",
+            "QUIVER_FAULTS",
+            "QUIVER_CLUSTER",
+        ] {
+            for empty in ["", "  "] {
+                let c = cfg(&[(var, empty)]).unwrap_or_else(|e| panic!("{var}={empty:?}: {e}"));
+                assert_eq!(c.window, defaults.window, "{var}");
+                assert_eq!(c.transport, defaults.transport, "{var}");
+                assert_eq!(c.wait, defaults.wait, "{var}");
+                assert_eq!(c.udp_gso, defaults.udp_gso, "{var}");
+                assert!(c.faults.is_none() && c.cluster.is_none(), "{var}");
+            }
+        }
+        // A value that is set is still checked.
+        assert!(cfg(&[("QUIVER_WINDOW", "x")]).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! what the channels want sent. It never blocks.
 
 use super::{EndpointStats, Source};
-use crate::channel::reliable::{ChannelError, Duplex, Event, Time};
+use crate::channel::reliable::{ChannelError, Duplex, Event, Time, TxFrame};
 use crate::channel::{Delivery, RxChannel};
 use crate::job::JobShared;
 use crate::link::network::{NetDest, NetLink};
@@ -48,9 +48,11 @@ pub(super) struct Net {
     /// Datagrams the fault injector delays, earliest first.
     pub(super) delayed: BinaryHeap<Reverse<Delayed>>,
     pub(super) delayed_seq: u64,
-    /// Datagrams gathered for one sendmmsg call, back to back, and where each ends.
+    /// What one transmit hands the link, in order: data frames the channel keeps for
+    /// retransmission (sent from there), and the other frames (acknowledgements,
+    /// probes, unreliable frames), copied back to back into `gather`.
+    pub(super) batch: Vec<Outgoing>,
     pub(super) gather: Vec<u8>,
-    pub(super) gather_ends: Vec<usize>,
     /// Data frames received (not acknowledgements or heartbeats): a flush waits for
     /// these to stop.
     pub(super) data_frames: u64,
@@ -107,6 +109,15 @@ pub(super) enum Ready {
     },
 }
 
+/// A frame of one transmit batch ([`Net::transmit`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Outgoing {
+    /// A data frame the channel keeps, by sequence number.
+    Kept(u32),
+    /// Bytes `start..end` of the gather buffer.
+    Gathered(usize, usize),
+}
+
 impl Net {
     /// Opens the endpoint's link and publishes its address in the rendezvous.
     pub(super) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Net> {
@@ -127,8 +138,8 @@ impl Net {
             idle_polls: 0,
             delayed: BinaryHeap::new(),
             delayed_seq: 0,
+            batch: Vec::new(),
             gather: Vec::new(),
-            gather_ends: Vec::new(),
             data_frames: 0,
             job,
             dpid,
@@ -478,44 +489,51 @@ impl Net {
         stats: &mut EndpointStats,
     ) -> Result<()> {
         let p = &mut self.peers[i];
-        // Gather what the channel wants sent, then send it with one sendmmsg call per
-        // batch (the channel hands out one datagram at a time, so each is copied once
-        // into the gather buffer: cheap next to a system call per datagram).
+        // Collect what the channel wants sent, then send it with as few system calls as
+        // the link allows. Data frames are sent from the channel's own buffers (it keeps
+        // them for retransmission, untouched until it handles a frame from the peer);
+        // only the others, which the channel builds in one scratch buffer, are copied.
+        self.batch.clear();
         self.gather.clear();
-        self.gather_ends.clear();
-        while let Some(dgram) = p.duplex.poll_transmit(now) {
+        while let Some(frame) = p.duplex.poll_transmit_kept(now) {
             stats.frames_sent += 1;
-            match self.faults.as_mut() {
-                None => {
-                    self.gather.extend_from_slice(dgram);
-                    self.gather_ends.push(self.gather.len());
+            match (self.faults.as_mut(), frame) {
+                (None, TxFrame::Kept(seq)) => self.batch.push(Outgoing::Kept(seq)),
+                (None, TxFrame::Scratch) => {
+                    let start = self.gather.len();
+                    self.gather
+                        .extend_from_slice(p.duplex.sender().frame_bytes(frame));
+                    self.batch
+                        .push(Outgoing::Gathered(start, self.gather.len()));
                 }
-                Some(inj) => {
-                    for (at, bytes) in inj.inject(now.as_duration(), dgram.to_vec()) {
+                (Some(inj), _) => {
+                    let bytes = p.duplex.sender().frame_bytes(frame).to_vec();
+                    for (at, bytes) in inj.inject(now.as_duration(), bytes) {
                         self.delayed_seq += 1;
                         self.delayed.push(Reverse((at, self.delayed_seq, i, bytes)));
                     }
                 }
             }
         }
-        match self.gather_ends.len() {
-            0 => return Ok(()),
-            1 => return self.link.send_datagram(&p.dest, &self.gather),
-            _ => {}
-        }
-        let mut start = 0;
+        let sender = p.duplex.sender();
+        let gather = &self.gather;
         let parts: Vec<&[u8]> = self
-            .gather_ends
+            .batch
             .iter()
-            .map(|&end| {
-                let d = &self.gather[start..end];
-                start = end;
-                d
+            .map(|o| match *o {
+                Outgoing::Kept(seq) => sender.frame_bytes(TxFrame::Kept(seq)),
+                Outgoing::Gathered(start, end) => &gather[start..end],
             })
             .collect();
-        // Offloaded runs no longer on the wire than the channel's pace allows.
-        let max_run = udp::run_limit(self.window, p.duplex.sender().srtt());
-        self.link.send_batch(&p.dest, &parts, max_run)
+        match parts.as_slice() {
+            [] => Ok(()),
+            [one] => self.link.send_datagram(&p.dest, one),
+            _ => {
+                // Offloaded runs no longer on the wire than the channel's pace allows.
+                let max_run = udp::run_limit(self.window, sender.srtt());
+                self.link.send_batch(&p.dest, &parts, max_run)
+            }
+        }
     }
 
     /// Sends the datagrams whose (injected) delay has passed.

@@ -4,8 +4,8 @@
 //! into free slots of the endpoint's receive pool (fixed-size slots, one datagram each);
 //! a single-fragment message is then read in place from its slot. Sending: a message is
 //! cut into Directed Messages of at most the configured datagram size; one fragment goes
-//! out with `sendmsg`, several with `sendmmsg`, each as a gather of the pre-computed
-//! channel header and a slice of the caller's buffer (no copy in user space). A run of
+//! out with `sendmsg`, several with `sendmmsg`, each straight from the buffer the
+//! channel built it in (and keeps for retransmission). A run of
 //! equal-size datagrams (the fragments of a long message) goes out in one `sendmsg` with
 //! generic segmentation offload (`UDP_SEGMENT`): the kernel carries the run through its
 //! stack as one packet and cuts it into datagrams at the end, as TCP's segmentation
@@ -34,11 +34,11 @@ const GSO_SEGMENTS: usize = 64;
 /// Bytes per segmentation-offload send at most: one IPv4 UDP datagram's payload.
 const GSO_BYTES: usize = 65507;
 /// Wire time of one offloaded run at most, at the rate the channel's window and round
-/// trip give ([`run_limit`]). The kernel carries a run through its stack as one packet
-/// and cuts it at the end, with bottom halves off: on a link paced in software (`tbf`)
-/// the pacing timers of the same core wait for that. 50 µs lets the full run through
-/// on an unshaped veth (2-3 GB/s) and on 10 Gbit/s, 4 datagrams on 1 Gbit/s, and none
-/// on 100 Mbit/s (see docs/DESIGN-NOTES.md, "Offloaded runs on a paced link").
+/// trip give ([`run_limit`]). A run longer than a software-paced link's bucket (`tbf`)
+/// is cut into frames by the link, each paced on its own timer, and udp lost 4-15 % at
+/// 1 Gbit/s that way; a short run passes whole. 50 µs keeps full runs on an unshaped
+/// veth (2-3 GB/s), about 40 datagrams at 10 Gbit/s, 4 at 1 Gbit/s, and none at
+/// 100 Mbit/s (docs/DESIGN-NOTES.md, "Offloaded runs on a paced link").
 pub(crate) const RUN_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 /// Bytes of the staging buffer of coalesced receives (the kernel coalesces at most
 /// 64 KiB; the rest is margin, so that a truncation means a foreign sender).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::time::earliest;
 use super::{
     AckSent, AckStamp, ChannelError, Config, ConfigError, Counters, Event, Mode, PartialSend,
-    Receiver, SendError, SendStatus, Sender, Time,
+    Receiver, SendError, SendStatus, Sender, Time, TxFrame,
 };
 use crate::wire::{Flags, FrameKind, Header};
 
@@ -233,11 +233,22 @@ impl<B> Duplex<B> {
     /// probe, each carrying the current acknowledgement; else an explicit `Ack` if one is
     /// due; else a heartbeat if its timer fired. Send it before the next call.
     pub fn poll_transmit(&mut self, now: Time) -> Option<&[u8]> {
+        let frame = self.poll_transmit_kept(now)?;
+        Some(self.sender.frame_bytes(frame))
+    }
+
+    /// Like [`poll_transmit`](Self::poll_transmit), but says where the datagram is
+    /// ([`TxFrame`]): a data frame kept for retransmission stays readable through
+    /// `self.sender().kept_frame(seq)` until the next frame from the peer is handled, so
+    /// that a batch of them goes out without a copy each; the bytes of a
+    /// [`TxFrame::Scratch`] must be taken (`self.sender().frame_bytes`) before the next
+    /// call.
+    pub fn poll_transmit_kept(&mut self, now: Time) -> Option<TxFrame> {
         self.start_clocks(now);
         let stamp = self.receiver.ack_stamp();
         if self.sender.has_transmit() {
             self.receiver.on_ack_sent(now, AckSent::Piggybacked);
-            let frame = self.sender.poll_transmit(now, stamp);
+            let frame = self.sender.poll_transmit_kept(now, stamp);
             if frame.is_some() {
                 self.last_sent = Some(now);
                 self.heartbeat_due = false;
@@ -248,14 +259,14 @@ impl<B> Duplex<B> {
             let sack = self.receiver.sack_bitmap();
             self.receiver.on_ack_sent(now, AckSent::Explicit);
             self.sent_at(now);
-            return Some(self.sender.build_ack(stamp, sack));
+            return Some(self.sender.build_ack_frame(stamp, sack));
         }
         if self.heartbeat_due && self.is_live() {
             // Not an acknowledgement as far as the receiver's policy goes (no
             // `on_ack_sent`): it only repeats the current stamp, with no bitmap.
             self.sent_at(now);
             self.heartbeats += 1;
-            return Some(self.sender.build_ack(stamp, 0));
+            return Some(self.sender.build_ack_frame(stamp, 0));
         }
         None
     }

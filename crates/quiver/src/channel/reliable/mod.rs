@@ -88,7 +88,7 @@ pub use config::{
 };
 pub use duplex::{DirectSend, Duplex};
 pub use receiver::Receiver;
-pub use sender::{PartialSend, Sender};
+pub use sender::{PartialSend, Sender, TxFrame};
 pub use time::Time;
 
 /// The acknowledgement fields a frame carries for the reverse channel.

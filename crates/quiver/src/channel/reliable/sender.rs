@@ -60,6 +60,17 @@ struct Outgoing {
     queued: bool,
 }
 
+/// Where a frame handed out to be sent is ([`Sender::poll_transmit_kept`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxFrame {
+    /// Kept for retransmission, with this sequence number: readable through
+    /// [`Sender::kept_frame`] until the next acknowledgement is handled.
+    Kept(u32),
+    /// In the sender's scratch buffer ([`Sender::frame_bytes`]): valid until the next
+    /// frame is handed out (unreliable frames, acknowledgements, probes).
+    Scratch,
+}
+
 /// The send side of one channel.
 ///
 /// Call order (each call may be made any time; this order keeps latency lowest):
@@ -401,6 +412,15 @@ impl Sender {
     /// written into it: a retransmission, else a new frame if the window allows, else a
     /// probe. Send it before calling again.
     pub fn poll_transmit(&mut self, now: Time, stamp: AckStamp) -> Option<&[u8]> {
+        let frame = self.poll_transmit_kept(now, stamp)?;
+        Some(self.frame_bytes(frame))
+    }
+
+    /// Like [`poll_transmit`](Self::poll_transmit), but says where the datagram is
+    /// instead of lending it: a frame kept for retransmission stays readable through
+    /// [`kept_frame`](Self::kept_frame) until the next acknowledgement is handled, so a
+    /// batch of them can be sent without copying each first.
+    pub fn poll_transmit_kept(&mut self, now: Time, stamp: AckStamp) -> Option<TxFrame> {
         if self.failed {
             return None;
         }
@@ -424,7 +444,7 @@ impl Sender {
             if self.rto_deadline.is_none() {
                 self.rto_deadline = Some(now + self.rto);
             }
-            return Some(&self.unacked[i].bytes);
+            return Some(TxFrame::Kept(seq));
         }
         if self.room() > 0 {
             if let Some(mut bytes) = self.pending.pop_front() {
@@ -446,7 +466,7 @@ impl Sender {
                         self.rto_deadline = Some(now + self.rto);
                     }
                     self.update_probe(now);
-                    return self.unacked.back().map(|o| o.bytes.as_slice());
+                    return Some(TxFrame::Kept(self.next_tx.wrapping_sub(1)));
                 }
                 let old = std::mem::replace(&mut self.scratch, bytes);
                 self.recycle(old);
@@ -455,15 +475,33 @@ impl Sender {
                     self.probe_deadline = Some(now + self.probe_interval);
                 }
                 self.update_probe(now);
-                return Some(&self.scratch);
+                return Some(TxFrame::Scratch);
             }
         }
         if self.probe_due {
             self.probe_due = false;
             self.counters.probes += 1;
-            return Some(self.build_control(FrameKind::Heartbeat, self.next_tx, stamp));
+            self.build_control(FrameKind::Heartbeat, self.next_tx, stamp);
+            return Some(TxFrame::Scratch);
         }
         None
+    }
+
+    /// The bytes of the unacknowledged frame with sequence number `seq`, as last handed
+    /// out; `None` once it is acknowledged (or if it was never sent).
+    pub fn kept_frame(&self, seq: u32) -> Option<&[u8]> {
+        let i = self.index_of(seq)?;
+        Some(self.unacked[i].bytes.as_slice())
+    }
+
+    /// The bytes of a frame [`poll_transmit_kept`](Self::poll_transmit_kept) or
+    /// [`build_ack`](Self::build_ack) just handed out.
+    pub fn frame_bytes(&self, frame: TxFrame) -> &[u8] {
+        match frame {
+            // Handed out by this sender and not acknowledged since: it is there.
+            TxFrame::Kept(seq) => self.kept_frame(seq).unwrap_or_default(),
+            TxFrame::Scratch => &self.scratch,
+        }
     }
 
     /// Builds an explicit acknowledgement frame (kind `Ack`) for the reverse channel:
@@ -471,6 +509,13 @@ impl Sender {
     /// `sack` in its sequence field. The frame is valid until the next call.
     pub fn build_ack(&mut self, stamp: AckStamp, sack: u32) -> &[u8] {
         self.build_control(FrameKind::Ack, sack, stamp)
+    }
+
+    /// [`build_ack`](Self::build_ack), saying where the frame is
+    /// ([`TxFrame::Scratch`]).
+    pub fn build_ack_frame(&mut self, stamp: AckStamp, sack: u32) -> TxFrame {
+        self.build_control(FrameKind::Ack, sack, stamp);
+        TxFrame::Scratch
     }
 
     /// The earliest deadline at which [`handle_timeout`](Self::handle_timeout) has work.

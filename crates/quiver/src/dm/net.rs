@@ -51,7 +51,7 @@ pub(super) struct Net {
     /// What one transmit hands the link, in order: data frames the channel keeps for
     /// retransmission (sent from there), and the other frames (acknowledgements,
     /// probes, unreliable frames), copied back to back into `gather`.
-    pub(super) batch: Vec<Outgoing>,
+    pub(super) batch: Vec<BatchFrame>,
     pub(super) gather: Vec<u8>,
     /// Data frames received (not acknowledgements or heartbeats): a flush waits for
     /// these to stop.
@@ -111,7 +111,7 @@ pub(super) enum Ready {
 
 /// A frame of one transmit batch ([`Net::transmit`]).
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Outgoing {
+pub(super) enum BatchFrame {
     /// A data frame the channel keeps, by sequence number.
     Kept(u32),
     /// Bytes `start..end` of the gather buffer.
@@ -498,13 +498,13 @@ impl Net {
         while let Some(frame) = p.duplex.poll_transmit_kept(now) {
             stats.frames_sent += 1;
             match (self.faults.as_mut(), frame) {
-                (None, TxFrame::Kept(seq)) => self.batch.push(Outgoing::Kept(seq)),
+                (None, TxFrame::Kept(seq)) => self.batch.push(BatchFrame::Kept(seq)),
                 (None, TxFrame::Scratch) => {
                     let start = self.gather.len();
                     self.gather
                         .extend_from_slice(p.duplex.sender().frame_bytes(frame));
                     self.batch
-                        .push(Outgoing::Gathered(start, self.gather.len()));
+                        .push(BatchFrame::Gathered(start, self.gather.len()));
                 }
                 (Some(inj), _) => {
                     let bytes = p.duplex.sender().frame_bytes(frame).to_vec();
@@ -521,8 +521,8 @@ impl Net {
             .batch
             .iter()
             .map(|o| match *o {
-                Outgoing::Kept(seq) => sender.frame_bytes(TxFrame::Kept(seq)),
-                Outgoing::Gathered(start, end) => &gather[start..end],
+                BatchFrame::Kept(seq) => sender.frame_bytes(TxFrame::Kept(seq)),
+                BatchFrame::Gathered(start, end) => &gather[start..end],
             })
             .collect();
         match parts.as_slice() {

@@ -259,14 +259,14 @@ impl<B> Duplex<B> {
             let sack = self.receiver.sack_bitmap();
             self.receiver.on_ack_sent(now, AckSent::Explicit);
             self.sent_at(now);
-            return Some(self.sender.build_ack_frame(stamp, sack));
+            return Some(self.sender.build_ack(stamp, sack));
         }
         if self.heartbeat_due && self.is_live() {
             // Not an acknowledgement as far as the receiver's policy goes (no
             // `on_ack_sent`): it only repeats the current stamp, with no bitmap.
             self.sent_at(now);
             self.heartbeats += 1;
-            return Some(self.sender.build_ack_frame(stamp, 0));
+            return Some(self.sender.build_ack(stamp, 0));
         }
         None
     }

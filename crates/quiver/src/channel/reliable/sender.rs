@@ -498,22 +498,22 @@ impl Sender {
     /// [`build_ack`](Self::build_ack) just handed out.
     pub fn frame_bytes(&self, frame: TxFrame) -> &[u8] {
         match frame {
-            // Handed out by this sender and not acknowledged since: it is there.
-            TxFrame::Kept(seq) => self.kept_frame(seq).unwrap_or_default(),
+            // Handed out by this sender and not acknowledged since, so it is there; were
+            // it not, an empty datagram would go out, which the receiver drops and counts.
+            TxFrame::Kept(seq) => {
+                let bytes = self.kept_frame(seq);
+                debug_assert!(bytes.is_some(), "kept frame {seq} is gone");
+                bytes.unwrap_or_default()
+            }
             TxFrame::Scratch => &self.scratch,
         }
     }
 
     /// Builds an explicit acknowledgement frame (kind `Ack`) for the reverse channel:
     /// `stamp` in its acknowledgement fields and the selective-acknowledgement bitmap
-    /// `sack` in its sequence field. The frame is valid until the next call.
-    pub fn build_ack(&mut self, stamp: AckStamp, sack: u32) -> &[u8] {
-        self.build_control(FrameKind::Ack, sack, stamp)
-    }
-
-    /// [`build_ack`](Self::build_ack), saying where the frame is
-    /// ([`TxFrame::Scratch`]).
-    pub fn build_ack_frame(&mut self, stamp: AckStamp, sack: u32) -> TxFrame {
+    /// `sack` in its sequence field. It is a [`TxFrame::Scratch`]
+    /// ([`frame_bytes`](Self::frame_bytes)), valid until the next frame is handed out.
+    pub fn build_ack(&mut self, stamp: AckStamp, sack: u32) -> TxFrame {
         self.build_control(FrameKind::Ack, sack, stamp);
         TxFrame::Scratch
     }
@@ -701,7 +701,8 @@ impl Sender {
         self.retx.clear();
     }
 
-    fn build_control(&mut self, kind: FrameKind, seq: u32, stamp: AckStamp) -> &[u8] {
+    /// Builds a frame without data (`kind`, sequence field `seq`) in the scratch buffer.
+    fn build_control(&mut self, kind: FrameKind, seq: u32, stamp: AckStamp) {
         let header = Header {
             kind,
             flags: Flags::EMPTY,
@@ -719,7 +720,6 @@ impl Sender {
         }
         self.scratch.clear();
         self.scratch.extend_from_slice(&head);
-        &self.scratch
     }
 
     fn recycle(&mut self, mut buf: Vec<u8>) {

@@ -98,6 +98,12 @@ impl NetLink {
         config.channel_window(segmented)
     }
 
+    /// Whether looking for received frames costs no system call: a packet ring is read in
+    /// memory, a UDP socket needs `recvmmsg`.
+    pub(crate) fn polls_in_memory(&self) -> bool {
+        matches!(self, NetLink::Eth(_))
+    }
+
     /// Whether a sleeper should wait for this link's descriptor edge-triggered: a packet
     /// ring stays readable while its newest frame is held.
     pub(crate) fn edge_triggered(&self) -> bool {

@@ -96,6 +96,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then
 fi
 [ -x "$Q" ] || die "$Q missing"
 building gcc -O2 -Wall -o "$build/afpacket_pingpong" "$anchors/limits/afpacket_pingpong.c" || die "gcc afpacket_pingpong"
+building gcc -O2 -Wall -o "$build/afpacket_ring_pp" "$root/bench/progs/afpacket_ring_pp.c" || die "gcc afpacket_ring_pp"
 building gcc -O2 -Wall -o "$build/udp_pingpong" "$anchors/limits/udp_pingpong.c" || die "gcc udp_pingpong"
 building gcc -O2 -Wall -o "$build/tcp_pingpong" "$here/tcp_pingpong.c" || die "gcc tcp_pingpong"
 building mpicc.openmpi -O2 -Wall -o "$build/pp_ompi" "$anchors/mpi/pingpong.c" || die "mpicc pingpong.c"
@@ -241,12 +242,14 @@ pp_pair() {   # pp_pair SRVCMD... -- CLICMD... : prints the client's line
     "${cli[@]}" 2>&1
     wait $spid 2>/dev/null || true
 }
-rawpp() {     # rawpp SCEN SYSTEM REP CLUSTER afpacket|udp|tcp
+rawpp() {     # rawpp SCEN SYSTEM REP CLUSTER afpacket|afring|udp|tcp
     local scen=$1 sys=$2 rep=$3 c=$4 kind=$5 srv cli
     local n0=(ip netns exec "${NS0[$c]}" taskset -c 0 timeout 120) n1=(ip netns exec "${NS1[$c]}" taskset -c 1 timeout 120)
     case $kind in
         afpacket) srv=("${n1[@]}" "$build/afpacket_pingpong" srv qv0 busy)
                   cli=("${n0[@]}" "$build/afpacket_pingpong" cli qv0 busy "$LAT_ITERS") ;;
+        afring)   srv=("${n1[@]}" "$build/afpacket_ring_pp" srv qv0)
+                  cli=("${n0[@]}" "$build/afpacket_ring_pp" cli qv0 "$LAT_ITERS") ;;
         udp)      srv=("${n1[@]}" "$build/udp_pingpong" srv "${IP1[$c]}" 17877 busy)
                   cli=("${n0[@]}" "$build/udp_pingpong" cli "${IP1[$c]}" 17877 busy "$LAT_ITERS") ;;
         tcp)      srv=("${n1[@]}" "$build/tcp_pingpong" srv "${IP1[$c]}" 17878 busy)
@@ -349,6 +352,7 @@ if has unshaped || has gamma; then
         jobs=(
             "qbench $S 'quiver eth' $rep $U pingpong --transport eth --wait spin --sizes 8 --iters $LAT_ITERS"
             "rawpp $S 'AF_PACKET ping-pong (busy)' $rep $U afpacket"
+            "rawpp $S 'AF_PACKET ring ping-pong' $rep $U afring"
             "qbench $S 'quiver udp' $rep $U pingpong --transport udp --wait spin --sizes 8 --iters $LAT_ITERS"
             "rawpp $S 'UDP ping-pong (busy)' $rep $U udp"
         )
@@ -398,6 +402,9 @@ if has 100mbit; then
         # diagnostic: the eth curve with --wait block (the cores are free for the kernel's tbf timers)
         jobs+=("qbench $S 'quiver eth --wait block' $rep $C pingpong --transport eth --wait block --sizes $PP_SMALL --iters $PP_SMALL_ITERS"
                "qbench $S 'quiver eth --wait block' $rep $C pingpong --transport eth --wait block --sizes $PP_LARGE --iters $PP_LARGE_ITERS")
+        # the limits: raw AF_PACKET ping-pongs (60-byte frames) through the same two tbfs
+        jobs+=("rawpp $S 'AF_PACKET ping-pong (busy)' $rep $C afpacket"
+               "rawpp $S 'AF_PACKET ring ping-pong' $rep $C afring")
         jobs+=("ompi $S 'Open MPI (ob1/tcp)' $rep $C mpi_lat $PP_SMALL,$PP_LARGE $MPI_T"
                "iperf $S 'iperf3 TCP' $rep $C")
         run_alternating "$rep" "${jobs[@]}"

@@ -128,18 +128,24 @@ if "unshaped" in scenarios:
     P("| system | one-way 8 B (median / p50) | mean (quiver: avg80) |")
     P("|---|---|---|")
     rows = [("quiver eth", "lat_avg80"), ("AF_PACKET ping-pong (busy)", "lat_avg"),
+            ("AF_PACKET ring ping-pong", "lat_avg"),
             ("quiver udp", "lat_avg80"), ("UDP ping-pong (busy)", "lat_avg")]
     for sysname, mean_metric in rows:
         P(f"| {sysname} | {cell(vals(S, sysname, 'lat', 8))} | {cell(vals(S, sysname, mean_metric, 8))} |")
     P("\n| ratio | of medians | paired per repetition | target | |")
     P("|---|---|---|---|---|")
     for a, b, target in (("quiver eth", "AF_PACKET ping-pong (busy)", 1.15),
+                         ("quiver eth", "AF_PACKET ring ping-pong", None),
                          ("quiver udp", "UDP ping-pong (busy)", 1.15),
                          ("quiver eth", "quiver udp", None)):
         r, paired = ratio(vals(S, a, "lat", 8), vals(S, b, "lat", 8))
         P(f"| {a} / {b} | {fnum(r)} | {paired} | {'<= %.2f' % target if target else '(eth vs udp)'} | "
           f"{verdict(None if r is None or target is None else r <= target)} |")
-    P("\nCommands:\n" + commands([(S, s) for s, _ in rows], [" pingpong ", "afpacket_pingpong ", "udp_pingpong "]) + "\n")
+    P("\nThe target names the anchors' `limits/afpacket_pingpong` (recvfrom spin); `AF_PACKET ring ping-pong` "
+      "(bench/progs/afpacket_ring_pp.c) reads a TPACKET_V2 receive ring in place, as quiver eth does: the "
+      "fastest raw path we know, shown for what it says about quiver's own cost.")
+    P("\nCommands:\n" + commands([(S, s) for s, _ in rows],
+                                 [" pingpong ", "afpacket_pingpong ", "afpacket_ring_pp ", "udp_pingpong "]) + "\n")
 
     # ------------------------------------------------------------ 1b
     P("## 1b. Unshaped veth, MTU 1500: uni-directional bandwidth (MB/s)\n")
@@ -296,7 +302,27 @@ if "100mbit" in scenarios:
       f"{verdict(None if e is None or o is None else e <= o / 2)} |")
     r, paired = ratio(hp[("quiver eth", "lat")], hp[("Open MPI (ob1/tcp)", "lat")])
     P(f"| quiver eth / Open MPI (interpolated), paired per repetition | {paired} | - |")
-    P("\nCommands:\n" + commands([(S, s) for s in systems], [" pingpong ", "mpi_lat "]) + "\n")
+    # The limits of this path: throughput at size s is s / t(s), and no quiver frame crosses
+    # the two tbfs faster than a raw 60-byte frame, so half of an asymptote A needs
+    # s >= A / 2 x t_raw. Shown for both raw ping-pongs.
+    asym = {}
+    big = vals(S, "quiver eth", "lat", max(sizes)) if sizes else {}
+    for rep in range(1, reps + 1):
+        if rep in big:
+            asym[rep] = max(sizes) / big[rep]
+    for raw_sys, how in (("AF_PACKET ping-pong (busy)", "anchors' limits/afpacket_pingpong, recvfrom spin"),
+                         ("AF_PACKET ring ping-pong", "bench/progs/afpacket_ring_pp, receive ring read in place")):
+        raw = vals(S, raw_sys, "lat", 8)
+        if not raw or not asym:
+            continue
+        t, a = med(raw), med(asym)
+        bound = a / 2 * t
+        P(f"| {raw_sys} ({how}), 60-byte frames through the same link, one-way | {cell(raw)} µs | - |")
+        P(f"| the half-power a sender as fast as that would reach (quiver eth's asymptote / 2 x that time) | "
+          f"{fnum(a)} / 2 x {fnum(t)} = {fnum(bound, 1)} B = {fnum(None if not o else bound / o)}x Open MPI's | "
+          f"{'-' if not o else 'within half of Open MPI' if bound <= o / 2 else 'above half of Open MPI'} |")
+    P("\nCommands:\n" + commands([(S, s) for s in systems + ["AF_PACKET ping-pong (busy)", "AF_PACKET ring ping-pong"]],
+                                 [" pingpong ", "mpi_lat ", "afpacket_pingpong ", "afpacket_ring_pp "]) + "\n")
 
 if "1gbit" in scenarios:
     S = "1gbit"

@@ -280,7 +280,7 @@ if "100mbit" in scenarios:
       "(and, second block, their avg80). Target: quiver eth <= 192 B and <= half of Open MPI's (median rows).\n")
     P("| system | statistic | asymptote (64 KiB) MB/s | half-power size (first size >= half) | interpolated (B) | from the median curve: first / interpolated |")
     P("|---|---|---|---|---|---|")
-    hp = {}
+    hp, asyms = {}, {}
     for metric in ("lat", "lat_avg80"):
         for sysname in systems:
             per = {}
@@ -291,6 +291,7 @@ if "100mbit" in scenarios:
                     per[rep] = h
             mc = half_power([(s, med(vals(S, sysname, metric, s))) for s in sizes if vals(S, sysname, metric, s)])
             hp[(sysname, metric)] = {k: v[2] for k, v in per.items()}
+            asyms[(sysname, metric)] = {k: v[0] for k, v in per.items()}
             P(f"| {sysname} | {'median' if metric == 'lat' else 'avg80'} | {cell({k: v[0] for k, v in per.items()})} | "
               f"{cell({k: v[1] for k, v in per.items()}, 0)} | {cell({k: v[2] for k, v in per.items()}, 0)} | "
               f"{'-' if not mc else f'{mc[1]} B / {mc[2]:.0f} B'} |")
@@ -305,11 +306,7 @@ if "100mbit" in scenarios:
     # The limits of this path: throughput at size s is s / t(s), and no quiver frame crosses
     # the two tbfs faster than a raw 60-byte frame, so half of an asymptote A needs
     # s >= A / 2 x t_raw. Shown for both raw ping-pongs.
-    asym = {}
-    big = vals(S, "quiver eth", "lat", max(sizes)) if sizes else {}
-    for rep in range(1, reps + 1):
-        if rep in big:
-            asym[rep] = max(sizes) / big[rep]
+    asym = asyms[("quiver eth", "lat")]
     for raw_sys, how in (("AF_PACKET ping-pong (busy)", "anchors' limits/afpacket_pingpong, recvfrom spin"),
                          ("AF_PACKET ring ping-pong", "bench/progs/afpacket_ring_pp, receive ring read in place")):
         raw = vals(S, raw_sys, "lat", 8)

@@ -6,34 +6,45 @@
  * Frames: EtherType 0x88B5, 60 bytes (8-byte sequence number padded), sent with sendto
  * on the same socket. The client's first frame goes to the broadcast MAC, later ones to
  * the MAC learned from the reply. One-way = round trip / 2; the client prints
- * "oneway_avg_us= oneway_p50_us= oneway_p99_us=" like the anchor.
+ * "oneway_avg_us= oneway_p50_us= oneway_p99_us=" like the anchor, and the mean time of
+ * its sendto calls (sendto_avg_us=: on veth the call carries the frame through the
+ * bridge into the peer's ring).
  *
- * usage: afpacket_ring_pp srv IFNAME
- *        afpacket_ring_pp cli IFNAME [iters]   (default 100000; warm-up iters/10 + 100)
+ * MODE quiverlike gives the sockets what quiver eth's have, to see what they cost: the
+ * frames go out through a second, unbound socket of protocol 0 (sll_protocol 0), the
+ * ring socket has a classic BPF filter (EtherType, and PACKET_HOST or the first frame's
+ * PACKET_BROADCAST), PACKET_IGNORE_OUTGOING
+ * and an edge-triggered epoll registration, and frames are 58 bytes. Default: plain.
+ *
+ * usage: afpacket_ring_pp srv IFNAME [plain|quiverlike]
+ *        afpacket_ring_pp cli IFNAME [iters [plain|quiverlike]]
+ *        (iters default 100000; warm-up iters/10 + 100; both sides take the same mode)
  */
 #define _GNU_SOURCE
 #define PROG_NAME "afpacket_ring_pp"
-#define PROG_USAGE "usage: afpacket_ring_pp srv IFNAME | cli IFNAME [iters]\n"
+#define PROG_USAGE "usage: afpacket_ring_pp srv IFNAME [MODE] | cli IFNAME [iters [MODE]]; MODE plain|quiverlike\n"
 #include "progs.h"
 
 #include <arpa/inet.h>
 #include <linux/if_ether.h>
+#include <linux/filter.h>
 #include <linux/if_packet.h>
 #include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 
 #define ETYPE 0x88B5
 #define FRAME_SIZE 2048
-#ifndef FRAMES
 #define FRAMES 256
-#endif
 
-static int fd, ifindex;
+static int fd, send_fd, ifindex, frame_len = 60;
+static double sendto_ns;
+static long sendto_calls;
 static unsigned char mymac[6];
 static unsigned char *ring;
 static unsigned slot;
@@ -64,19 +75,49 @@ static void tx(unsigned char *frame, const unsigned char *dst) {
     frame[12] = ETYPE >> 8;
     frame[13] = ETYPE & 0xff;
     struct sockaddr_ll to = {.sll_family = AF_PACKET, .sll_ifindex = ifindex, .sll_halen = 6,
-                             .sll_protocol = htons(ETYPE)};
+                             .sll_protocol = send_fd == fd ? htons(ETYPE) : 0};
     memcpy(to.sll_addr, dst, 6);
-    if (sendto(fd, frame, 60, 0, (struct sockaddr *)&to, sizeof to) != 60) die_errno("sendto");
+    double t = now_ns();
+    if (sendto(send_fd, frame, frame_len, 0, (struct sockaddr *)&to, sizeof to) != frame_len)
+        die_errno("sendto");
+    sendto_ns += now_ns() - t;
+    sendto_calls++;
+}
+
+/* quiver eth's socket settings (MODE quiverlike). */
+static void like_quiver(void) {
+    send_fd = socket(AF_PACKET, SOCK_RAW, 0);
+    if (send_fd < 0) die_errno("socket(AF_PACKET, 0)");
+    frame_len = 58;
+    struct sock_filter code[] = {
+        {BPF_LD | BPF_H | BPF_ABS, 0, 0, 12},                      /* EtherType */
+        {BPF_JMP | BPF_JEQ | BPF_K, 0, 4, ETYPE},
+        {BPF_LD | BPF_B | BPF_ABS, 0, 0, SKF_AD_OFF + SKF_AD_PKTTYPE},
+        {BPF_JMP | BPF_JEQ | BPF_K, 1, 0, PACKET_HOST},
+        {BPF_JMP | BPF_JEQ | BPF_K, 0, 1, PACKET_BROADCAST}, /* the client's first frame */
+        {BPF_RET | BPF_K, 0, 0, 0xffffffff},
+        {BPF_RET | BPF_K, 0, 0, 0},
+    };
+    struct sock_fprog prog = {sizeof code / sizeof code[0], code};
+    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog)) die_errno("SO_ATTACH_FILTER");
+    int one = 1;
+    if (setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one)) die_errno("PACKET_IGNORE_OUTGOING");
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) die_errno("epoll");
 }
 
 int main(int argc, char **argv) {
     if (argc < 3 || (strcmp(argv[1], "srv") && strcmp(argv[1], "cli"))) usage();
     int srv = !strcmp(argv[1], "srv");
     long iters = 100000;
-    if (argc > 3 && parse_long(argv[3], 1, 100000000, &iters)) bad_usage("bad iters '%s'", argv[3]);
+    const char *mode = srv ? (argc > 3 ? argv[3] : "plain") : (argc > 4 ? argv[4] : "plain");
+    if (!srv && argc > 3 && parse_long(argv[3], 1, 100000000, &iters)) bad_usage("bad iters '%s'", argv[3]);
+    if (strcmp(mode, "plain") && strcmp(mode, "quiverlike")) bad_usage("bad mode '%s'", mode);
 
     fd = socket(AF_PACKET, SOCK_RAW, htons(ETYPE));
     if (fd < 0) die_errno("socket(AF_PACKET)");
+    send_fd = fd;
     struct ifreq ifr = {0};
     strncpy(ifr.ifr_name, argv[2], IFNAMSIZ - 1);
     if (ioctl(fd, SIOCGIFINDEX, &ifr)) die_errno("SIOCGIFINDEX %s", argv[2]);
@@ -92,6 +133,7 @@ int main(int argc, char **argv) {
     if (ring == MAP_FAILED) die_errno("mmap");
     struct sockaddr_ll b = {.sll_family = AF_PACKET, .sll_protocol = htons(ETYPE), .sll_ifindex = ifindex};
     if (bind(fd, (struct sockaddr *)&b, sizeof b)) die_errno("bind");
+    if (!strcmp(mode, "quiverlike")) like_quiver();
 
     unsigned char buf[64], frame[60] = {0}, from[6];
     if (srv) {
@@ -122,7 +164,8 @@ int main(int argc, char **argv) {
     frame[22] = 'Q';
     tx(frame, peer);
     qsort(lat, iters, sizeof(double), cmp_double);
-    printf("mode=ring iters=%ld oneway_avg_us=%.3f oneway_p50_us=%.3f oneway_p99_us=%.3f\n", iters,
-           tot / iters / 2e3, lat[iters / 2] / 2e3, lat[(long)(iters * 0.99)] / 2e3);
+    printf("mode=ring-%s iters=%ld oneway_avg_us=%.3f oneway_p50_us=%.3f oneway_p99_us=%.3f sendto_avg_us=%.3f\n",
+           mode, iters, tot / iters / 2e3, lat[iters / 2] / 2e3, lat[(long)(iters * 0.99)] / 2e3,
+           sendto_ns / sendto_calls / 1e3);
     return 0;
 }

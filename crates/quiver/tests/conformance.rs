@@ -569,6 +569,8 @@ fn udp_lossy_stats_show_retransmissions() {
                 let _ = ep.read_timeout(T).unwrap(); // the receiver's "done"
                 let st = ep.stats();
                 assert!(st.faults_lost > 0 && st.retransmissions > 0, "{st:?}");
+                // Every resend has a cause: the timer or a selective acknowledgement.
+                assert!(st.timeouts + st.fast_retransmits > 0, "{st:?}");
             } else {
                 for i in 0..300u32 {
                     let m = ep.read_timeout(T).unwrap();

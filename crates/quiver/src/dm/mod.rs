@@ -73,6 +73,14 @@ pub struct EndpointStats {
     pub corrupt_rings: u64,
     /// Network frames sent again after a timeout or a selective acknowledgement.
     pub retransmissions: u64,
+    /// Expiries of the network channels' retransmission timers. Each resends every
+    /// unacknowledged frame; expiries with [`duplicates`](Self::duplicates) at the peer
+    /// and no [`lost_frames`](Self::lost_frames) are spurious (acknowledgements late,
+    /// not frames lost).
+    pub timeouts: u64,
+    /// Repairs started by a selective acknowledgement (a frame reported missing by the
+    /// peer) rather than by the timer.
+    pub fast_retransmits: u64,
     /// Network frames whose CRC32C did not match (dropped; repaired by retransmission in
     /// `host` mode, reported in `none` mode).
     pub checksum_failures: u64,

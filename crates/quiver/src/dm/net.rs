@@ -454,6 +454,8 @@ impl Net {
         for p in &self.peers {
             let c = p.duplex.counters();
             st.retransmissions += c.retransmissions;
+            st.timeouts += c.timeouts;
+            st.fast_retransmits += c.fast_retransmits;
             st.checksum_failures += c.checksum_failures;
             st.duplicates += c.duplicates;
             st.out_of_order += c.out_of_order;

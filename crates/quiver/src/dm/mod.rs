@@ -74,9 +74,10 @@ pub struct EndpointStats {
     /// Network frames sent again after a timeout or a selective acknowledgement.
     pub retransmissions: u64,
     /// Expiries of the network channels' retransmission timers. Each resends every
-    /// unacknowledged frame; expiries with [`duplicates`](Self::duplicates) at the peer
-    /// and no [`lost_frames`](Self::lost_frames) are spurious (acknowledgements late,
-    /// not frames lost).
+    /// unacknowledged frame the peer has not reported received; when the peer's stats
+    /// show the resent frames as [`duplicates`](Self::duplicates) and no
+    /// [`lost_frames`](Self::lost_frames), the expiries were spurious (acknowledgements
+    /// late, not frames lost).
     pub timeouts: u64,
     /// Repairs started by a selective acknowledgement (a frame reported missing by the
     /// peer) rather than by the timer.

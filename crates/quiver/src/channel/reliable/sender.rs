@@ -60,6 +60,20 @@ struct Outgoing {
     queued: bool,
 }
 
+/// A timeout under selective repeat resent only the oldest unacknowledged frame; the
+/// next two acknowledgements tell a late acknowledgement from a loss (F-RTO, RFC 5682,
+/// SACK-enhanced): the frames sent before the timeout are resent only if the loss shows.
+#[derive(Debug, Clone, Copy)]
+struct RtoRecovery {
+    /// One past the frame the timeout resent.
+    end: u32,
+    /// When the timer fired: frames last sent before then are the ones it suspects.
+    fired: Time,
+    /// The first acknowledgement reached past `end` and new frames may go out; the next
+    /// one decides.
+    confirming: bool,
+}
+
 /// Where a frame handed out to be sent is ([`Sender::poll_transmit_kept`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TxFrame {
@@ -124,6 +138,9 @@ pub struct Sender {
     rto: Duration,
     rto_deadline: Option<Time>,
     rto_timeouts: u32,
+    /// Set by a timeout under selective repeat until the next acknowledgement that
+    /// advances.
+    rto_recovery: Option<RtoRecovery>,
     probe_deadline: Option<Time>,
     probe_interval: Duration,
     probe_timeouts: u32,
@@ -169,6 +186,7 @@ impl Sender {
             rto: cfg.rto_initial,
             rto_deadline: None,
             rto_timeouts: 0,
+            rto_recovery: None,
             probe_deadline: None,
             probe_interval: cfg.probe_interval,
             probe_timeouts: 0,
@@ -352,10 +370,35 @@ impl Sender {
                 if let Some(rtt) = sample {
                     self.rtt_sample(rtt);
                 }
+                if let Some(r) = self.rto_recovery.take() {
+                    if r.confirming {
+                        // A second advance: frames sent before the timeout keep
+                        // arriving, so it was late, not lost (the holes that remain are
+                        // the selective acknowledgements' to report).
+                    } else if stamp.ack == r.end || self.pending.is_empty() {
+                        // Only the frame the timeout resent is acknowledged: the ones
+                        // behind it were lost too. Or nothing new follows (the end of a
+                        // transfer) whose acknowledgement could show the difference.
+                        self.queue_sent_before(r.fired);
+                    } else {
+                        self.rto_recovery = Some(RtoRecovery {
+                            confirming: true,
+                            ..r
+                        });
+                    }
+                }
                 self.rto_deadline = (!self.unacked.is_empty()).then(|| now + self.rto);
             }
         }
         if let (true, Some(bits)) = (self.retransmit, sack) {
+            if let Some(r) = self.rto_recovery.filter(|r| r.confirming && advance == 0) {
+                if bits != 0 {
+                    // The new frames arrive but the cumulative acknowledgement stays:
+                    // the timeout was right, resend what it suspected.
+                    self.queue_sent_before(r.fired);
+                    self.rto_recovery = None;
+                }
+            }
             if bits != 0 {
                 self.handle_sack(now, bits);
             }
@@ -363,8 +406,10 @@ impl Sender {
         self.update_probe(now);
     }
 
-    /// Fires the retransmission timer (resend every unacknowledged frame not reported
-    /// received, double the timeout) and the probe timer, if their deadlines have passed.
+    /// Fires the retransmission timer (double the timeout and resend: under go-back-N
+    /// every unacknowledged frame; under selective repeat the oldest, and the others not
+    /// reported received only if the next acknowledgement covers no more than that one)
+    /// and the probe timer, if their deadlines have passed.
     /// After [`Config::max_timeouts`] consecutive timeouts the sender fails with
     /// [`ChannelError::Unreachable`].
     pub fn handle_timeout(&mut self, now: Time) {
@@ -378,7 +423,31 @@ impl Sender {
                 return self.fail(self.rto_timeouts);
             }
             self.rto = self.rto.saturating_mul(2).min(self.rto_max);
-            self.queue_all();
+            if self.selective {
+                // A late acknowledgement (a busy peer, a deep queue) also fires the timer;
+                // resending the whole window then put a window of duplicates on the
+                // link ahead of new data.
+                let guard = self.srtt.unwrap_or(self.rto_min / 2);
+                let base = self.snd_una;
+                for (i, o) in self.unacked.iter_mut().enumerate() {
+                    // The oldest frame, and resends that had a round trip and are still
+                    // missing (lost again).
+                    let suspect = i == 0 || (o.retransmitted && repairable(o, now, guard));
+                    if suspect && !o.sacked && !o.queued {
+                        o.queued = true;
+                        self.retx.push_back(base.wrapping_add(i as u32));
+                    }
+                }
+                if !self.unacked.is_empty() {
+                    self.rto_recovery = Some(RtoRecovery {
+                        end: self.snd_una.wrapping_add(1),
+                        fired: now,
+                        confirming: false,
+                    });
+                }
+            } else {
+                self.queue_all();
+            }
             self.rto_deadline = (!self.unacked.is_empty()).then(|| now + self.rto);
         }
         if self.probe_deadline.is_some_and(|d| d <= now) {
@@ -597,6 +666,18 @@ impl Sender {
         let base = self.snd_una;
         for (i, o) in self.unacked.iter_mut().enumerate() {
             if !o.sacked && !o.queued {
+                o.queued = true;
+                self.retx.push_back(base.wrapping_add(i as u32));
+            }
+        }
+    }
+
+    /// Queues the unacknowledged frames not reported received that were last sent at or
+    /// before `t`.
+    fn queue_sent_before(&mut self, t: Time) {
+        let base = self.snd_una;
+        for (i, o) in self.unacked.iter_mut().enumerate() {
+            if !o.sacked && !o.queued && o.last_tx <= t {
                 o.queued = true;
                 self.retx.push_back(base.wrapping_add(i as u32));
             }

@@ -569,6 +569,124 @@ fn selective_repeat_keeps_out_of_order_and_resends_holes() {
     assert_eq!(got, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
 }
 
+/// Selective repeat, W = 8, a 1 ms first timeout: the setting of the timeout tests below.
+fn frto_config() -> Config {
+    Config {
+        recovery: Recovery::Selective,
+        rto_initial: Duration::from_millis(1),
+        rto_min: Duration::from_micros(100),
+        ..config(Mode::Host, 8)
+    }
+}
+
+/// What B sends at `now`, its delayed acknowledgement fired if nothing else goes out.
+fn ack_from(b: &mut Duplex<Vec<u8>>, now: Time) -> Vec<Vec<u8>> {
+    let f = out(b, now);
+    if !f.is_empty() {
+        return f;
+    }
+    let later = now + Duration::from_millis(1);
+    b.handle_timeout(later);
+    out(b, later)
+}
+
+fn seqs(frames: &[Vec<u8>]) -> Vec<u32> {
+    frames.iter().map(|f| header(f).seq).collect()
+}
+
+/// A pair of [`frto_config`] after A sent `messages` one-byte messages at 0 and its timer
+/// fired at 1 ms: A, B, the frames first sent, and what the timeout sent.
+type AfterTimeout = (Duplex<Vec<u8>>, Duplex<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>);
+fn after_timeout(messages: u8) -> AfterTimeout {
+    let (mut a, b) = pair(&frto_config());
+    for i in 0..messages {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let first = out(&mut a, t(0));
+    a.handle_timeout(t(1000));
+    let resent = out(&mut a, t(1000));
+    (a, b, first, resent)
+}
+
+#[test]
+fn a_timeout_whose_acknowledgement_was_late_resends_one_frame() {
+    let (mut a, mut b, first, resent) = after_timeout(12);
+    assert_eq!(first.len(), 8);
+    assert_eq!(seqs(&resent), vec![0], "only the oldest frame");
+    // The window arrives after all, and its acknowledgement reaches past the resent frame.
+    assert_eq!(feed(&mut b, t(1100), first).len(), 8);
+    b.handle_release(t(1100), 8);
+    feed(&mut a, t(1200), ack_from(&mut b, t(1100)));
+    let next = out(&mut a, t(1200));
+    assert_eq!(
+        seqs(&next),
+        vec![8, 9, 10, 11],
+        "new frames, nothing resent"
+    );
+    // The new frames' acknowledgement confirms it: nothing is resent later either.
+    assert!(feed(&mut b, t(1300), resent).is_empty());
+    assert_eq!(feed(&mut b, t(1300), next).len(), 4);
+    b.handle_release(t(1300), 4);
+    feed(&mut a, t(1400), ack_from(&mut b, t(1300)));
+    assert!(a.is_idle());
+    assert!(out(&mut a, t(1400)).is_empty());
+    assert_eq!(
+        (a.counters().timeouts, a.counters().retransmissions),
+        (1, 1)
+    );
+    assert_eq!(b.counters().duplicates, 1);
+}
+
+#[test]
+fn a_timeout_whose_resend_alone_is_acknowledged_resends_the_rest() {
+    let (mut a, mut b, first, resent) = after_timeout(12);
+    assert_eq!(first.len(), 8, "all lost");
+    assert_eq!(seqs(&resent), vec![0]);
+    assert_eq!(feed(&mut b, t(1100), resent).len(), 1);
+    b.handle_release(t(1100), 1);
+    feed(&mut a, t(1200), ack_from(&mut b, t(1100)));
+    let again = out(&mut a, t(1200));
+    assert_eq!(
+        seqs(&again),
+        (1..=8).collect::<Vec<_>>(),
+        "the rest, then a new frame"
+    );
+    let got = feed(&mut b, t(1300), again);
+    assert_eq!(
+        got.iter().map(|f| data_of(f)).collect::<Vec<_>>(),
+        (1..=8u8).map(|i| vec![i]).collect::<Vec<_>>()
+    );
+    assert_eq!(a.counters().retransmissions, 8);
+}
+
+#[test]
+fn a_timeout_at_the_end_of_a_transfer_resends_the_rest_on_the_next_acknowledgement() {
+    // Nothing new follows whose acknowledgement could tell late from lost.
+    let (mut a, mut b, first, resent) = after_timeout(4);
+    assert_eq!(seqs(&resent), vec![0]);
+    // Frames 0 and 1 arrive; 2 and 3 are lost.
+    assert_eq!(feed(&mut b, t(1100), first[..2].to_vec()).len(), 2);
+    b.handle_release(t(1100), 2);
+    feed(&mut a, t(1200), ack_from(&mut b, t(1100)));
+    let again = out(&mut a, t(1200));
+    assert_eq!(seqs(&again), vec![2, 3]);
+    assert_eq!(feed(&mut b, t(1300), again).len(), 2);
+}
+
+#[test]
+fn go_back_n_resends_the_window_at_a_timeout() {
+    let (mut a, _b) = pair(&Config {
+        recovery: Recovery::GoBackN,
+        ..frto_config()
+    });
+    for i in 0..4u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    assert_eq!(out(&mut a, t(0)).len(), 4);
+    a.handle_timeout(t(1000));
+    assert_eq!(seqs(&out(&mut a, t(1000))), vec![0, 1, 2, 3]);
+}
+
 #[test]
 fn sequence_numbers_wrap() {
     for mode in [Mode::None, Mode::Host] {

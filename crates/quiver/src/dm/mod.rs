@@ -73,10 +73,10 @@ pub struct EndpointStats {
     pub corrupt_rings: u64,
     /// Network frames sent again after a timeout or a selective acknowledgement.
     pub retransmissions: u64,
-    /// Expiries of the network channels' retransmission timers. Under selective repeat
-    /// (the default) each resends the oldest unacknowledged frame, and the others the
-    /// peer has not reported received only if the next acknowledgements show them lost
-    /// (F-RTO); under go-back-N, every unacknowledged frame. When the peer's stats show
+    /// Expiries of the network channels' retransmission timers. Each resends every
+    /// unacknowledged frame the peer has not reported received; under selective repeat
+    /// (the default) with no hole reported, only the oldest, and the others if the next
+    /// acknowledgements show them lost (F-RTO). When the peer's stats show
     /// the resent frames as [`duplicates`](Self::duplicates) and no
     /// [`lost_frames`](Self::lost_frames), the expiries were spurious (acknowledgements
     /// late, not frames lost).

@@ -674,6 +674,23 @@ fn a_timeout_at_the_end_of_a_transfer_resends_the_rest_on_the_next_acknowledgeme
 }
 
 #[test]
+fn a_timeout_with_holes_reported_resends_every_frame_not_reported() {
+    // Frames were lost for sure: waiting a round trip to find out would only leave the
+    // holes beyond the report's reach to later timeouts.
+    let (mut a, mut b) = pair(&frto_config());
+    for i in 0..8u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let first = out(&mut a, t(0));
+    // Only frame 1 arrives; its report makes A resend frame 0, which is lost again.
+    assert!(feed(&mut b, t(10), vec![first[1].clone()]).is_empty());
+    feed(&mut a, t(20), out(&mut b, t(10)));
+    assert_eq!(seqs(&out(&mut a, t(20))), vec![0]);
+    a.handle_timeout(t(1000));
+    assert_eq!(seqs(&out(&mut a, t(1000))), vec![0, 2, 3, 4, 5, 6, 7]);
+}
+
+#[test]
 fn go_back_n_resends_the_window_at_a_timeout() {
     let (mut a, _b) = pair(&Config {
         recovery: Recovery::GoBackN,

@@ -395,15 +395,13 @@ impl Sender {
             }
         }
         if let (true, Some(bits)) = (self.retransmit, sack) {
-            if let Some(r) = self.rto_recovery.filter(|r| r.confirming && advance == 0) {
-                if bits != 0 {
+            if bits != 0 {
+                if let Some(r) = self.rto_recovery.filter(|r| r.confirming && advance == 0) {
                     // The new frames arrive but the cumulative acknowledgement stays:
                     // the timeout was right, resend what it suspected.
                     self.queue_sent_before(r.fired);
                     self.rto_recovery = None;
                 }
-            }
-            if bits != 0 {
                 self.handle_sack(now, bits);
             }
         }
@@ -436,16 +434,9 @@ impl Sender {
                 // the holes beyond the report's reach wait for timeouts of their own
                 // (a lossy all-to-all took 98 s instead of 2).
                 let guard = self.srtt.unwrap_or(self.rto_min / 2);
-                let base = self.snd_una;
-                for (i, o) in self.unacked.iter_mut().enumerate() {
-                    // The oldest frame, and resends that had a round trip and are still
-                    // missing (lost again).
-                    let suspect = i == 0 || (o.retransmitted && repairable(o, now, guard));
-                    if suspect && !o.sacked && !o.queued {
-                        o.queued = true;
-                        self.retx.push_back(base.wrapping_add(i as u32));
-                    }
-                }
+                // The oldest frame, and resends that had a round trip and are still
+                // missing (lost again).
+                self.queue_resends(|i, o| i == 0 || (o.retransmitted && repairable(o, now, guard)));
                 if !self.unacked.is_empty() {
                     self.rto_recovery = Some(RtoRecovery {
                         end: self.snd_una.wrapping_add(1),
@@ -671,25 +662,29 @@ impl Sender {
     /// Queues every unacknowledged frame that the receiver has not reported for
     /// retransmission (go-back-N; under selective repeat, the holes).
     fn queue_all(&mut self) {
+        self.queue_resends(|_, _| true);
+    }
+
+    /// Queues for retransmission each unacknowledged frame, not reported received and
+    /// not queued yet, that `pick` chooses (given its index from `snd_una`); true if
+    /// any was.
+    fn queue_resends(&mut self, mut pick: impl FnMut(usize, &Outgoing) -> bool) -> bool {
         let base = self.snd_una;
+        let mut any = false;
         for (i, o) in self.unacked.iter_mut().enumerate() {
-            if !o.sacked && !o.queued {
+            if !o.sacked && !o.queued && pick(i, o) {
                 o.queued = true;
                 self.retx.push_back(base.wrapping_add(i as u32));
+                any = true;
             }
         }
+        any
     }
 
     /// Queues the unacknowledged frames not reported received that were last sent at or
     /// before `t`.
     fn queue_sent_before(&mut self, t: Time) {
-        let base = self.snd_una;
-        for (i, o) in self.unacked.iter_mut().enumerate() {
-            if !o.sacked && !o.queued && o.last_tx <= t {
-                o.queued = true;
-                self.retx.push_back(base.wrapping_add(i as u32));
-            }
-        }
+        self.queue_resends(|_, o| o.last_tx <= t);
     }
 
     /// A selective acknowledgement with at least one bit: frames beyond `snd_una`
@@ -722,16 +717,7 @@ impl Sender {
         let Some(highest) = highest else {
             return;
         };
-        let base = self.snd_una;
-        let mut repaired = false;
-        for (i, o) in self.unacked.iter_mut().take(highest).enumerate() {
-            if !o.sacked && !o.queued && repairable(o, now, guard) {
-                o.queued = true;
-                self.retx.push_back(base.wrapping_add(i as u32));
-                repaired = true;
-            }
-        }
-        if repaired {
+        if self.queue_resends(|i, o| i < highest && repairable(o, now, guard)) {
             self.counters.fast_retransmits += 1;
         }
     }

@@ -15,8 +15,9 @@
 #             time, 8 B .. 64 KiB) of quiver eth, quiver udp and Open MPI (tcp, with
 #             cluster/mpi_lat.c: the same sizes and statistics as quiver's ping-pong),
 #             and iperf3 TCP on the same link as an anchor of what the emulated link delivers.
-#   1gbit     --link 1gbit: bw and bibw of quiver eth and udp against the payload limit
-#             (and iperf3 TCP on the same link).
+#   1gbit     --link 1gbit: bw and bibw of quiver eth and udp against the payload limit,
+#             beside iperf3 TCP and raw AF_PACKET streams (bench/progs/afpacket_blast, no
+#             protocol: one way, and both ways at once) on the same link.
 #   gamma     GAMMA's Table 1 on the unshaped cluster: quiver eth, quiver udp, kernel TCP
 #             (cluster/tcp_pingpong.c, iperf3) and kernel UDP (limits/udp_pingpong.c,
 #             iperf3 -u) sockets: 8 B one-way latency and large-message throughput.
@@ -69,10 +70,10 @@ building() { ( flock -s 9 && "$@" ) 9>>"$LOCK"; }
 
 # ---- iteration counts (QUICK=1: a trial)
 if [ "$QUICK" = 1 ]; then
-    LAT_ITERS=20000; BW_BYTES=$((96 << 20)); IPERF_T=2; MPI_T=0.1
+    LAT_ITERS=20000; BW_BYTES=$((96 << 20)); IPERF_T=2; MPI_T=0.1; BLAST_T=1
     PP_SMALL_ITERS=300; PP_LARGE_ITERS=40; SHAPED_WINDOWS=2
 else
-    LAT_ITERS=100000; BW_BYTES=$((256 << 20)); IPERF_T=5; MPI_T=0.25
+    LAT_ITERS=100000; BW_BYTES=$((256 << 20)); IPERF_T=5; MPI_T=0.25; BLAST_T=3
     PP_SMALL_ITERS=1000; PP_LARGE_ITERS=100; SHAPED_WINDOWS=4
 fi
 QTIMEOUT=300   # --timeout of every quiver bench job, seconds
@@ -98,6 +99,7 @@ fi
 building gcc -O2 -Wall -o "$build/afpacket_pingpong" "$anchors/limits/afpacket_pingpong.c" || die "gcc afpacket_pingpong"
 building gcc -O2 -Wall -o "$build/afpacket_ring_pp" "$root/bench/progs/afpacket_ring_pp.c" || die "gcc afpacket_ring_pp"
 building gcc -O2 -Wall -o "$build/udp_pingpong" "$anchors/limits/udp_pingpong.c" || die "gcc udp_pingpong"
+building gcc -O2 -Wall -o "$build/afpacket_blast" "$root/bench/progs/afpacket_blast.c" || die "gcc afpacket_blast"
 building gcc -O2 -Wall -o "$build/tcp_pingpong" "$here/tcp_pingpong.c" || die "gcc tcp_pingpong"
 building mpicc.openmpi -O2 -Wall -o "$build/pp_ompi" "$anchors/mpi/pingpong.c" || die "mpicc pingpong.c"
 building mpicc.openmpi -O2 -Wall -o "$build/mpi_lat" "$here/mpi_lat.c" || die "mpicc mpi_lat.c"
@@ -120,7 +122,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM HUP
 
-declare -A NS0 NS1 IP1 SUBNET
+declare -A NS0 NS1 IP1 SUBNET MAC0 MAC1
 cluster_up() {   # cluster_up NAME ARGS... : builds it and records its facts
     local c=$1; shift
     log "quiver cluster up $c --nodes 2 $*"
@@ -139,10 +141,10 @@ with open(meta, "a") as f:
     f.write("\t".join(map(str, [name, c["link"], c["mtu"], tbf.get("rate_bps", 0), tbf.get("burst", ""),
                                tbf.get("limit", ""), c["subnet"], n[0]["mac"], n[1]["mac"],
                                tbf.get("peakrate_bps") or 0, tbf.get("minburst") or ""])) + "\n")
-print(n[0]["namespace"], n[1]["namespace"], n[1]["ip"], c["subnet"])
+print(n[0]["namespace"], n[1]["namespace"], n[1]["ip"], c["subnet"], n[0]["mac"], n[1]["mac"])
 EOF
     ) || die "cannot read cluster $c from quiver cluster list"
-    read -r NS0[$c] NS1[$c] IP1[$c] SUBNET[$c] <<< "$facts"
+    read -r NS0[$c] NS1[$c] IP1[$c] SUBNET[$c] MAC0[$c] MAC1[$c] <<< "$facts"
     { echo "== cluster $c"; "$Q" cluster list; ip netns exec "${NS0[$c]}" tc qdisc show dev qv0; } >> "$raw" 2>&1
 }
 cluster_down() {
@@ -283,6 +285,44 @@ print("%.3f %.3f" % (r["bits_per_second"] / 8e6, r.get("lost_percent", 0.0)))' "
     echo "receiver MB/s and loss %: $v" >> "$raw"
     record "$scen" "$sys" stream 0 "$rep" "${v% *}"
     case " $* " in *" -u "*) record "$scen" "$sys" loss_pct 0 "$rep" "${v#* }" ;; esac
+}
+# raw AF_PACKET streams (bench/progs/afpacket_blast: 1514-byte frames, one blocking sendto
+# each, a 200 kB send buffer, no protocol) for BLAST_T s from node 0 / core 0 to node 1,
+# and with "bi" from node 1 / core 1 to node 0 at the same time; no program receives
+# them. blast_pair prints one line per stream: frames sent, seconds, frames the
+# receiving node's qv0 counted.
+rx_frames() { ip netns exec "$1" cat /sys/class/net/qv0/statistics/rx_packets 2>/dev/null || echo 0; }
+blast_pair() {   # blast_pair C uni|bi
+    local c=$1 way=$2 r0 r1 p1=""
+    r1=$(rx_frames "${NS1[$c]}"); r0=$(rx_frames "${NS0[$c]}")
+    ip netns exec "${NS0[$c]}" "$build/afpacket_blast" send qv0 "${MAC1[$c]}" 200000 "$BLAST_T" 0 > "$tmp/blast0.out" & local p0=$!
+    if [ "$way" = bi ]; then
+        ip netns exec "${NS1[$c]}" "$build/afpacket_blast" send qv0 "${MAC0[$c]}" 200000 "$BLAST_T" 1 > "$tmp/blast1.out" & p1=$!
+    fi
+    wait $p0 $p1
+    sleep 0.1
+    set -- $(cat "$tmp/blast0.out"); echo "$2 $8 $(( $(rx_frames "${NS1[$c]}") - r1 ))"
+    if [ "$way" = bi ]; then set -- $(cat "$tmp/blast1.out"); echo "$2 $8 $(( $(rx_frames "${NS0[$c]}") - r0 ))"; fi
+}
+blast() {      # blast SCEN SYSTEM REP CLUSTER uni|bi : records bw (uni) or bibw (bi), MB/s of payload
+    local scen=$1 sys=$2 rep=$3 c=$4 way=$5 test=bw
+    [ "$way" = bi ] && test=bibw
+    local cmd="ip netns exec ${NS0[$c]} $build/afpacket_blast send qv0 ${MAC1[$c]} 200000 $BLAST_T 0"
+    [ "$way" = bi ] && cmd+=" & ip netns exec ${NS1[$c]} $build/afpacket_blast send qv0 ${MAC0[$c]} 200000 $BLAST_T 1"
+    note_cmd "$scen" "$sys" "$cmd"
+    echo "== $scen | $sys | run $rep: $cmd" >> "$raw"
+    locked blast_pair "$c" "$way" > "$tmp/blast.out" 2>> "$raw"
+    cat "$tmp/blast.out" >> "$raw"
+    # Payload 1500 B a frame; a stream counts only if its receiving interface saw every frame.
+    record "$scen" "$sys" "$test" 0 "$rep" "$(python3 -c '
+import sys
+total = 0.0
+for line in open(sys.argv[1]):
+    sent, secs, got = line.split()
+    if int(got) < int(sent) or float(secs) <= 0:
+        sys.exit("lost")
+    total += int(sent) * 1500 / float(secs) / 1e6
+print("%.3f" % total)' "$tmp/blast.out" 2>/dev/null || echo failed)"
 }
 # ompi SCEN SYSTEM REP CLUSTER PROGRAM ARGS... : Open MPI, TCP BTL on the cluster's subnet,
 # rank 0 on node 0 / core 0, rank 1 on node 1 / core 1, mpirun in the management namespace
@@ -431,7 +471,9 @@ if has 1gbit; then
         for tr in eth udp; do
             jobs+=("qbench $S 'quiver $tr --reliability none' $rep $C bw --transport $tr --reliability none --sizes $M --window 16 --iters $((SHAPED_WINDOWS * 2))")
         done
-        jobs+=("iperf $S 'iperf3 TCP' $rep $C")
+        jobs+=("iperf $S 'iperf3 TCP' $rep $C"
+               "blast $S 'raw AF_PACKET stream' $rep $C uni"
+               "blast $S 'raw AF_PACKET stream' $rep $C bi")
         run_alternating "$rep" "${jobs[@]}"
     done
     { echo "== tbf statistics after 1gbit"; ip netns exec "${NS0[$C]}" tc -s qdisc show dev qv0

@@ -197,11 +197,17 @@ def shaped_throughput(S, title, tests):
         return
     lim = limits(rate, mtu)
     lim["tcp"] = rate * (mtu - 52) / (mtu + 14)
+    lim["raw"] = rate * mtu / (mtu + 14)
+    raw = any(fmt == "raw" for _, _, _, fmt in tests)
     P(f"## {title}\n")
     P(f"Link rate {rate:.3f} MB/s each way (tbf counts the 14-byte Ethernet header); payload limits: "
       f"eth (MTU-36)/(MTU+14) = {lim['eth']:.3f} MB/s, udp (MTU-60)/(MTU+14) = {lim['udp']:.3f} MB/s per direction "
       f"(bibw: twice); the iperf3 TCP anchor on the same link: (MTU-52)/(MTU+14) = {lim['tcp']:.3f} MB/s "
-      f"(IP + TCP + timestamps). Target for quiver: within 1 % of the limit.\n")
+      f"(IP + TCP + timestamps)"
+      + (f"; the raw AF_PACKET streams (bench/progs/afpacket_blast: MTU-sized frames, no protocol, no "
+         f"receiving program; bibw: one stream each way at once, the two summed): MTU/(MTU+14) = "
+         f"{lim['raw']:.3f} MB/s per direction" if raw else "")
+      + ". Target for quiver: within 1 % of the limit.\n")
     P("| system | test | size | window | MB/s | % of link | limit MB/s | % of limit | target >= 99 % | wire bytes / payload (expected) |")
     P("|---|---|---|---|---|---|---|---|---|---|")
     keys = []
@@ -218,13 +224,13 @@ def shaped_throughput(S, title, tests):
             v = "(anchor)" if not sysname.startswith("quiver") else "(diagnostic)"
         else:
             v = verdict(pct_lim >= 99)
-        wire = "-" if fmt == "tcp" else f"{cell(vals(S, sysname, test + '_wire', size), 3)} ({wire_expected(fmt, mtu):.3f})"
-        win = "-" if fmt == "tcp" else fnum(med(vals(S, sysname, test + '_window', size)), 0)
+        wire = "-" if fmt in ("tcp", "raw") else f"{cell(vals(S, sysname, test + '_wire', size), 3)} ({wire_expected(fmt, mtu):.3f})"
+        win = "-" if fmt in ("tcp", "raw") else fnum(med(vals(S, sysname, test + '_window', size)), 0)
         P(f"| {sysname} | {test} | {size_name(size) if size else '-'} | {win} | {cell(d)} | "
           f"{fnum(pct_link, 1)} % | {l:.3f} | {fnum(pct_lim, 1)} % | {v} | {wire} |")
         if (S, sysname) not in keys:
             keys.append((S, sysname))
-    P("\nCommands:\n" + commands(keys, [" bw ", " bibw ", "iperf3 "]) + "\n")
+    P("\nCommands:\n" + commands(keys, [" bw ", " bibw ", "iperf3 ", "afpacket_blast "]) + "\n")
 
 
 if "100mbit" in scenarios:
@@ -326,6 +332,7 @@ if "1gbit" in scenarios:
     tests = [(f"quiver {tr}", t, s, tr) for tr in ("eth", "udp") for t in ("bw", "bibw") for s in (1 << 20, 16 << 20)]
     tests += [(f"quiver {tr} --reliability none", "bw", 1 << 20, tr) for tr in ("eth", "udp")]
     tests += [("iperf3 TCP", "stream", 0, "tcp")]
+    tests += [("raw AF_PACKET stream", t, 0, "raw") for t in ("bw", "bibw")]
     shaped_throughput(S, "3. 1 Gbit/s link, MTU 1500: throughput, uni- (bw) and bi-directional (bibw)", tests)
 
 # ---------------------------------------------------------------- GAMMA Table 1

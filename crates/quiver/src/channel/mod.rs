@@ -9,4 +9,4 @@
 pub mod reliable;
 pub mod rx;
 
-pub use rx::{Delivery, RxChannel, RxOutcome};
+pub use rx::{Delivery, RxChannel, RxOutcome, SpareBuffers};

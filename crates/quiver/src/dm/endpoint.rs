@@ -725,7 +725,12 @@ impl Endpoint {
                     off.release(token);
                 }
             }
-            Token::Owned(_) => {}
+            Token::Owned(data) => {
+                // Its buffer assembles a later long message.
+                if let Some(udp) = inner.udp.as_mut() {
+                    udp.spares.give(data);
+                }
+            }
         }
     }
 

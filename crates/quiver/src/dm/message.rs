@@ -12,8 +12,9 @@ pub(crate) enum Token {
     /// A record in the offload engine's delivery ring.
     Offload { token: u64 },
     /// A reassembled multi-fragment message.
-    /// The view points into this vector, which the token keeps alive.
-    Owned(#[allow(dead_code)] Vec<u8>),
+    /// The view points into this vector, which the token keeps alive (and releasing
+    /// gives back to the network side's spare buffers).
+    Owned(Vec<u8>),
 }
 
 /// A zero-copy view of a received message in the endpoint's token buffer pool.

@@ -10,7 +10,7 @@
 
 use super::{EndpointStats, Source};
 use crate::channel::reliable::{ChannelError, Duplex, Event, Time, TxFrame};
-use crate::channel::{Delivery, RxChannel};
+use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::job::JobShared;
 use crate::link::network::{NetDest, NetLink};
 use crate::link::sim::FaultInjector;
@@ -84,6 +84,8 @@ pub(super) struct Net {
     /// Data frames received (not acknowledgements or heartbeats): a flush waits for
     /// these to stop.
     pub(super) data_frames: u64,
+    /// Reassembly buffers of released messages, for the next long ones.
+    pub(super) spares: SpareBuffers,
 }
 
 /// A datagram held back by the fault injector: (when to send, order of injection, peer,
@@ -169,6 +171,7 @@ impl Net {
             batch: Vec::new(),
             gather: Vec::new(),
             data_frames: 0,
+            spares: SpareBuffers::default(),
             job,
             dpid,
         })
@@ -343,7 +346,14 @@ impl Net {
             while let Some(d) = deliver.then(|| p.duplex.poll_deliver()).flatten() {
                 let (off, len) = (d.data_off as usize, d.data_len as usize);
                 let data = &self.link.slot(d.slot)[off..off + len];
-                let out = p.rx.on_data(d.seq, d.flags, d.total_len, data, max_message);
+                let out = p.rx.on_data(
+                    d.seq,
+                    d.flags,
+                    d.total_len,
+                    data,
+                    max_message,
+                    &mut self.spares,
+                );
                 stats.dropped_oversized += out.oversized as u64;
                 stats.dropped_malformed += out.malformed as u64;
                 match out.delivery {

@@ -590,12 +590,17 @@ impl Engine {
                 break;
             }
             moved = true;
-            if let Some(Ready::Slot { slot, peer, .. }) = self.ready.pop_front() {
-                self.net.link.free_slot(slot);
-                let now = self.net.last_now;
-                if let Some(p) = self.net.peers.get_mut(peer as usize) {
-                    p.duplex.handle_release(now, 1);
+            match self.ready.pop_front() {
+                Some(Ready::Slot { slot, peer, .. }) => {
+                    self.net.link.free_slot(slot);
+                    let now = self.net.last_now;
+                    if let Some(p) = self.net.peers.get_mut(peer as usize) {
+                        p.duplex.handle_release(now, 1);
+                    }
                 }
+                // Copied into the ring: the buffer assembles a later long message.
+                Some(Ready::Owned { data, .. }) => self.net.spares.give(data),
+                None => {}
             }
         }
         if moved {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::time::earliest;
 use super::{ChannelError, Config, Duplex, Event, PartialSend, SendStatus, Time};
-use crate::channel::{Delivery, RxChannel};
+use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::link::sim::{Limits, LinkConfig, Network, SimError, SimNode, SimRng};
 use crate::wire::{decode, Flags, FrameKind, Header};
 
@@ -21,6 +21,7 @@ pub(super) struct Peer {
     /// Every message handed to `send`, in order.
     pub sent: Vec<Vec<u8>>,
     rx: RxChannel,
+    spares: SpareBuffers,
     /// Every message reassembled, in order.
     pub received: Vec<Vec<u8>>,
     /// When the last message was reassembled.
@@ -68,6 +69,7 @@ impl Peer {
             outbox: VecDeque::new(),
             sent: Vec::new(),
             rx: RxChannel::new(),
+            spares: SpareBuffers::default(),
             received: Vec::new(),
             last_received: None,
             rx_anomalies: 0,
@@ -151,6 +153,7 @@ impl Peer {
                 frame.total_len(),
                 frame.data(),
                 self.max_message,
+                &mut self.spares,
             );
             if o.lost > 0 || o.duplicate || o.malformed || o.oversized {
                 self.rx_anomalies += 1;

@@ -392,6 +392,52 @@ conformance!(
     config(TransportChoice::Eth).with_reliability(Mode::Offload)
 );
 
+/// A long (reassembled) message's buffer, once the message is released, assembles the
+/// next one: the second message lies where the first did. Rank 1 releases the first
+/// before it asks for the second, so the second is assembled after the release; a decoy
+/// of the same size allocated in between takes the freed memory if the endpoint did not
+/// keep it, so that the allocator cannot hand the same address back by chance.
+fn released_long_message_lends_its_buffer(c: Config) {
+    const LEN: usize = 200_000;
+    run_ranks(2, c, |job| {
+        let ep = job.open(5).unwrap();
+        let peer = 1 - job.rank();
+        ep.target_rank(peer).unwrap();
+        if job.rank() == 0 {
+            ep.write(&pattern(0, 0, LEN)).unwrap();
+            assert_eq!(&*ep.read_timeout(T).unwrap(), b"next");
+            ep.write(&pattern(0, 1, LEN)).unwrap();
+            settle(&job, &ep);
+        } else {
+            let first = ep.read_timeout(T).unwrap();
+            let first_ok = *first == *pattern(0, 0, LEN);
+            let at = first.as_ptr();
+            drop(first);
+            let decoy: Vec<u8> = std::hint::black_box(Vec::with_capacity(LEN));
+            ep.write(b"next").unwrap();
+            let second = ep.read_timeout(T).unwrap();
+            let second_ok = *second == *pattern(0, 1, LEN);
+            let reused = second.as_ptr() == at && decoy.as_ptr() != at;
+            drop(second);
+            drop(decoy);
+            // Checked after the barrier: a failure here must not leave rank 0 in it.
+            settle(&job, &ep);
+            assert!(first_ok && second_ok, "the messages' bytes differ");
+            assert!(reused, "the released buffer was not reused");
+        }
+    });
+}
+
+#[test]
+fn released_long_message_lends_its_buffer_over_udp() {
+    released_long_message_lends_its_buffer(config(TransportChoice::Udp));
+}
+
+#[test]
+fn released_long_message_lends_its_buffer_over_eth() {
+    released_long_message_lends_its_buffer(config(TransportChoice::Eth));
+}
+
 /// The eth suites above really run over raw Ethernet (an endpoint that cannot open an
 /// `AF_PACKET` socket falls back to UDP, which would pass them too).
 #[test]

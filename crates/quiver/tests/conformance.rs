@@ -690,3 +690,17 @@ fn udp_offload_progresses_while_the_application_is_elsewhere() {
         settle(&job, &ep);
     });
 }
+
+/// The harness: a rank that panics while the other waits for it in a barrier (whose
+/// timeout is an hour) fails the test within seconds instead of hanging it.
+#[test]
+#[should_panic(expected = "rank 1 gives up")]
+fn a_rank_that_panics_before_a_barrier_fails_the_test_at_once() {
+    run_ranks(2, config(TransportChoice::Udp), |job| {
+        let ep = job.open(6).unwrap();
+        if job.rank() == 1 {
+            panic!("rank 1 gives up");
+        }
+        settle(&job, &ep);
+    });
+}

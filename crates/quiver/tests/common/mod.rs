@@ -147,10 +147,34 @@ where
                 .unwrap()
         })
         .collect();
+    join_ranks(handles);
+}
+
+/// How long the other ranks get to finish once one has panicked: they may be waiting for
+/// it in a barrier (whose timeout is an hour).
+const AFTER_PANIC: Duration = Duration::from_secs(5);
+
+/// Joins the rank threads and propagates the first panic. Once a rank has panicked, the
+/// others get [`AFTER_PANIC`] to end; those still running then are left behind, so that
+/// the test fails now instead of when their barrier times out.
+fn join_ranks(mut handles: Vec<std::thread::JoinHandle<()>>) {
     let mut first_panic = None;
-    for h in handles {
-        if let Err(p) = h.join() {
+    let mut panicked_at = None;
+    while !handles.is_empty() {
+        if panicked_at.is_some_and(|t: std::time::Instant| t.elapsed() > AFTER_PANIC) {
+            eprintln!(
+                "{} rank thread(s) still running {AFTER_PANIC:?} after a rank panicked; left behind",
+                handles.len()
+            );
+            break;
+        }
+        let Some(i) = handles.iter().position(|h| h.is_finished()) else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if let Err(p) = handles.swap_remove(i).join() {
             first_panic.get_or_insert(p);
+            panicked_at.get_or_insert_with(std::time::Instant::now);
         }
     }
     if let Some(p) = first_panic {

@@ -10,6 +10,18 @@
  * its sendto calls (sendto_avg_us=: on veth the call carries the frame through the
  * bridge into the peer's ring).
  *
+ * The server prints its turnaround to stderr when it quits ("srv turnaround_mean_us="):
+ * the mean time from the kernel's stamp of a received frame (tp_sec/tp_nsec, taken
+ * while it fills the ring frame) to the sendto of the reply, over replies within 5 us;
+ * quiver's build with the `eth-turnaround` feature logs the same figure, so a one-way
+ * time splits into this turnaround and the kernel's path from sendto into the peer's
+ * ring. Means only: the clock ticks in 256 ns steps on some virtual machines.
+ *
+ * Two environment variables, for experiments: RING_FRAMES (default 256; quiver eth's
+ * default ring has 2648) sets the receive ring's frames, and TOUCH_BYTES writes one byte
+ * per 64-byte line of a buffer that large after every send, standing in for the memory
+ * a larger program touches between two system calls.
+ *
  * MODE quiverlike gives the sockets what quiver eth's have, to see what they cost: the
  * frames go out through a second, unbound socket of protocol 0 (sll_protocol 0), the
  * ring socket has a classic BPF filter (EtherType, and PACKET_HOST or the first frame's
@@ -40,9 +52,13 @@
 
 #define ETYPE 0x88B5
 #define FRAME_SIZE 2048
-#define FRAMES 256
+static unsigned FRAMES = 256;     /* RING_FRAMES overrides (even, 2..65536) */
+static size_t TOUCH_BYTES;         /* TOUCH_BYTES: memory written after each send */
+static unsigned char *touch_buf;
 
 static int fd, send_fd, ifindex, frame_len = 60;
+static double last_stamp_ns, turn_sum_ns; /* the newest frame's kernel stamp; turnarounds */
+static long turn_count;
 static double sendto_ns;
 static long sendto_calls;
 static unsigned char mymac[6];
@@ -57,6 +73,7 @@ static int rx(unsigned char *buf, unsigned char *from_mac, double deadline) {
         if (__atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE) & TP_STATUS_USER) {
             struct sockaddr_ll *sll = (struct sockaddr_ll *)((unsigned char *)h + TPACKET_ALIGN(sizeof *h));
             int mine = sll->sll_pkttype == PACKET_OUTGOING;
+            last_stamp_ns = h->tp_sec * 1e9 + h->tp_nsec;
             unsigned len = h->tp_snaplen < 64 ? h->tp_snaplen : 64;
             memcpy(buf, (unsigned char *)h + h->tp_mac, len);
             memcpy(from_mac, sll->sll_addr, 6);
@@ -70,6 +87,13 @@ static int rx(unsigned char *buf, unsigned char *from_mac, double deadline) {
 }
 
 static void tx(unsigned char *frame, const unsigned char *dst) {
+    if (last_stamp_ns > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double d = ts.tv_sec * 1e9 + ts.tv_nsec - last_stamp_ns;
+        if (d >= 0 && d < 5000) turn_sum_ns += d, turn_count++;
+        last_stamp_ns = 0;
+    }
     memcpy(frame, dst, 6);
     memcpy(frame + 6, mymac, 6);
     frame[12] = ETYPE >> 8;
@@ -82,6 +106,7 @@ static void tx(unsigned char *frame, const unsigned char *dst) {
         die_errno("sendto");
     sendto_ns += now_ns() - t;
     sendto_calls++;
+    for (size_t k = 0; k < TOUCH_BYTES; k += 64) touch_buf[k]++;
 }
 
 /* quiver eth's socket settings (MODE quiverlike). */
@@ -114,6 +139,18 @@ int main(int argc, char **argv) {
     const char *mode = srv ? (argc > 3 ? argv[3] : "plain") : (argc > 4 ? argv[4] : "plain");
     if (!srv && argc > 3 && parse_long(argv[3], 1, 100000000, &iters)) bad_usage("bad iters '%s'", argv[3]);
     if (strcmp(mode, "plain") && strcmp(mode, "quiverlike")) bad_usage("bad mode '%s'", mode);
+    long env_val;
+    if (getenv("RING_FRAMES")) {
+        if (parse_long(getenv("RING_FRAMES"), 2, 65536, &env_val) || env_val % 2)
+            bad_usage("bad RING_FRAMES '%s' (even, 2..65536)", getenv("RING_FRAMES"));
+        FRAMES = (unsigned)env_val;
+    }
+    if (getenv("TOUCH_BYTES")) {
+        if (parse_long(getenv("TOUCH_BYTES"), 0, 1L << 30, &env_val))
+            bad_usage("bad TOUCH_BYTES '%s'", getenv("TOUCH_BYTES"));
+        TOUCH_BYTES = (size_t)env_val;
+        if (TOUCH_BYTES && !(touch_buf = calloc(TOUCH_BYTES, 1))) die("out of memory");
+    }
 
     fd = socket(AF_PACKET, SOCK_RAW, htons(ETYPE));
     if (fd < 0) die_errno("socket(AF_PACKET)");
@@ -139,7 +176,11 @@ int main(int argc, char **argv) {
     if (srv) {
         for (;;) {
             if (rx(buf, from, now_ns() + 20e9) < 0) die("server: idle timeout");
-            if (buf[22] == 'Q') return 0; /* quit flag after the payload */
+            if (buf[22] == 'Q') { /* quit flag after the payload */
+                if (turn_count)
+                    fprintf(stderr, "srv turnaround_mean_us=%.3f n=%ld\n", turn_sum_ns / turn_count / 1e3, turn_count);
+                return 0;
+            }
             memcpy(frame + 14, buf + 14, 8);
             tx(frame, from);
         }

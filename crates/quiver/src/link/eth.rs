@@ -490,6 +490,8 @@ pub(crate) struct EthLink {
     ifindex: libc::c_int,
     /// Frames sent by copy (for tests and diagnostics).
     copied: Cell<u64>,
+    #[cfg(feature = "eth-turnaround")]
+    turnaround: super::turnaround::TurnaroundProbe,
 }
 
 // SAFETY: the raw pointers point into a mapping the link owns exclusively, and the kernel's
@@ -605,6 +607,8 @@ impl EthLink {
             copy_tx: open_copy_tx(),
             ifindex: iface.index as libc::c_int,
             copied: Cell::new(0),
+            #[cfg(feature = "eth-turnaround")]
+            turnaround: Default::default(),
         };
         // SAFETY: sockaddr_ll is plain data; zero is valid.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -666,6 +670,13 @@ impl EthLink {
                 break;
             }
             let len = self.rx_len(i, status);
+            #[cfg(feature = "eth-turnaround")]
+            {
+                let h = self.rx.header(i);
+                // SAFETY: frame i carries TP_STATUS_USER: its header is ours to read.
+                let (sec, nsec) = unsafe { ((*h).tp_sec, (*h).tp_nsec) };
+                self.turnaround.received(sec, nsec);
+            }
             self.held[i] = true;
             out.push(Datagram {
                 slot: i as u32,
@@ -816,6 +827,8 @@ impl EthLink {
         if len > COPY_SEND_MAX || self.tx_pending() {
             return false;
         }
+        #[cfg(feature = "eth-turnaround")]
+        self.turnaround.sending();
         let mut frame = [0u8; COPY_SEND_MAX];
         frame[..LINK_HEADER].copy_from_slice(&self.link_header(dest, d.len()));
         frame[LINK_HEADER..len].copy_from_slice(d);
@@ -1021,6 +1034,10 @@ impl AsRawFd for EthLink {
 
 impl Drop for EthLink {
     fn drop(&mut self) {
+        #[cfg(feature = "eth-turnaround")]
+        if let Some((mean, n)) = self.turnaround.mean_us() {
+            tracing::info!("eth turnaround (kernel's frame stamp to the reply's sendto): mean {mean:.3} us over {n} replies");
+        }
         // SAFETY: the mapping was made in `open` with this length and is unmapped once;
         // no slice into it can outlive the link (they borrow it). The socket closes after.
         unsafe { libc::munmap(self.map.as_ptr() as *mut libc::c_void, self.map_len) };

@@ -10,6 +10,10 @@ pub mod shm;
 pub mod sim;
 #[cfg(not(loom))]
 pub mod udp;
+// Compiled (and tested) always; the eth link calls it only with the feature.
+#[cfg(not(loom))]
+#[cfg_attr(not(feature = "eth-turnaround"), allow(dead_code))]
+mod turnaround;
 
 /// The transports quiver can use between two endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,6 +22,10 @@
  * per 64-byte line of a buffer that large after every send, standing in for the memory
  * a larger program touches between two system calls.
  *
+ * QL_OMIT=filter|socket|protocol leaves one of quiverlike's settings out, to see what
+ * each costs: the BPF filter; the second socket (frames go out through the ring's own
+ * socket, which names the EtherType); or sll_protocol 0 (the second socket names it).
+ *
  * MODE quiverlike gives the sockets what quiver eth's have, to see what they cost: the
  * frames go out through a second, unbound socket of protocol 0 (sll_protocol 0), the
  * ring socket has a classic BPF filter (EtherType, and PACKET_HOST or the first frame's
@@ -57,6 +61,7 @@ static size_t TOUCH_BYTES;         /* TOUCH_BYTES: memory written after each sen
 static unsigned char *touch_buf;
 
 static int fd, send_fd, ifindex, frame_len = 60;
+static const char *ql_omit = ""; /* QL_OMIT: the quiverlike setting left out */
 static double last_stamp_ns, turn_sum_ns; /* the newest frame's kernel stamp; turnarounds */
 static long turn_count;
 static double sendto_ns;
@@ -99,7 +104,7 @@ static void tx(unsigned char *frame, const unsigned char *dst) {
     frame[12] = ETYPE >> 8;
     frame[13] = ETYPE & 0xff;
     struct sockaddr_ll to = {.sll_family = AF_PACKET, .sll_ifindex = ifindex, .sll_halen = 6,
-                             .sll_protocol = send_fd == fd ? htons(ETYPE) : 0};
+                             .sll_protocol = (send_fd == fd || !strcmp(ql_omit, "protocol")) ? htons(ETYPE) : 0};
     memcpy(to.sll_addr, dst, 6);
     double t = now_ns();
     if (sendto(send_fd, frame, frame_len, 0, (struct sockaddr *)&to, sizeof to) != frame_len)
@@ -111,8 +116,10 @@ static void tx(unsigned char *frame, const unsigned char *dst) {
 
 /* quiver eth's socket settings (MODE quiverlike). */
 static void like_quiver(void) {
-    send_fd = socket(AF_PACKET, SOCK_RAW, 0);
-    if (send_fd < 0) die_errno("socket(AF_PACKET, 0)");
+    if (strcmp(ql_omit, "socket")) {
+        send_fd = socket(AF_PACKET, SOCK_RAW, 0);
+        if (send_fd < 0) die_errno("socket(AF_PACKET, 0)");
+    }
     frame_len = 58;
     struct sock_filter code[] = {
         {BPF_LD | BPF_H | BPF_ABS, 0, 0, 12},                      /* EtherType */
@@ -124,7 +131,8 @@ static void like_quiver(void) {
         {BPF_RET | BPF_K, 0, 0, 0},
     };
     struct sock_fprog prog = {sizeof code / sizeof code[0], code};
-    if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog)) die_errno("SO_ATTACH_FILTER");
+    if (strcmp(ql_omit, "filter") && setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof prog))
+        die_errno("SO_ATTACH_FILTER");
     int one = 1;
     if (setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one)) die_errno("PACKET_IGNORE_OUTGOING");
     int ep = epoll_create1(0);
@@ -139,6 +147,11 @@ int main(int argc, char **argv) {
     const char *mode = srv ? (argc > 3 ? argv[3] : "plain") : (argc > 4 ? argv[4] : "plain");
     if (!srv && argc > 3 && parse_long(argv[3], 1, 100000000, &iters)) bad_usage("bad iters '%s'", argv[3]);
     if (strcmp(mode, "plain") && strcmp(mode, "quiverlike")) bad_usage("bad mode '%s'", mode);
+    if (getenv("QL_OMIT")) {
+        ql_omit = getenv("QL_OMIT");
+        if (strcmp(ql_omit, "filter") && strcmp(ql_omit, "socket") && strcmp(ql_omit, "protocol"))
+            bad_usage("bad QL_OMIT '%s' (filter, socket or protocol)", ql_omit);
+    }
     long env_val;
     if (getenv("RING_FRAMES")) {
         if (parse_long(getenv("RING_FRAMES"), 2, 65536, &env_val) || env_val % 2)

@@ -12,7 +12,7 @@
 //! (`bench/progs/afpacket_ring_pp.c` reports the same for a raw program;
 //! docs/PERFORMANCE.md, "Where quiver eth's ping-pong time goes").
 //!
-//! What it owns: two `Cell`s of sums, per link. What it guarantees: a send counts only
+//! What it owns: the newest stamp and the running sum and count, per link. What it guarantees: a send counts only
 //! once per received frame and only within [`MAX_NS`] of it (a send after an idle spell
 //! is not a reply), and the mean is logged (`tracing` info) when the link closes. The
 //! clock ticks in 256 ns steps on some virtual machines, so only the mean over many
@@ -40,12 +40,18 @@ impl TurnaroundProbe {
 
     /// A lone frame is about to be sent.
     pub(crate) fn sending(&self) {
+        if self.stamp_ns.get() != 0 {
+            self.sending_at(realtime_ns());
+        }
+    }
+
+    /// [`sending`](Self::sending) at `now_ns` (`CLOCK_REALTIME`).
+    fn sending_at(&self, now_ns: i64) {
         let stamp = self.stamp_ns.replace(0);
         if stamp == 0 {
             return;
         }
-        let now = realtime_ns();
-        let d = now - stamp;
+        let d = now_ns - stamp;
         if (0..MAX_NS).contains(&d) {
             self.sum_ns.set(self.sum_ns.get() + d);
             self.count.set(self.count.get() + 1);
@@ -76,22 +82,35 @@ fn realtime_ns() -> i64 {
 mod tests {
     use super::*;
 
+    const SEC: i64 = 1_000_000_000;
+
     #[test]
     fn counts_one_reply_per_frame_within_the_limit() {
         let p = TurnaroundProbe::default();
-        p.sending(); // nothing received yet
+        p.sending_at(5 * SEC); // nothing received yet
         assert_eq!(p.mean_us(), None);
+        p.received(5, 100);
+        p.sending_at(5 * SEC + 700);
+        p.sending_at(5 * SEC + 900); // the same frame again: not counted
+        assert_eq!(p.mean_us(), Some((0.6, 1)));
+        p.received(6, 0);
+        p.sending_at(6 * SEC + 1_000);
+        assert_eq!(p.mean_us(), Some((0.8, 2)));
+        // A reply later than the limit, and a clock that went back: neither counted.
+        p.received(7, 0);
+        p.sending_at(7 * SEC + MAX_NS);
+        p.received(8, 0);
+        p.sending_at(8 * SEC - 1);
+        assert_eq!(p.mean_us(), Some((0.8, 2)));
+    }
+
+    #[test]
+    fn reads_the_realtime_clock() {
+        // The kernel's stamps are CLOCK_REALTIME: seconds since 1970, not since boot.
         let now = realtime_ns();
-        let (sec, nsec) = ((now / 1_000_000_000) as u32, (now % 1_000_000_000) as u32);
-        p.received(sec, nsec);
-        p.sending();
-        p.sending(); // the same frame again: not counted
-        let (mean, n) = p.mean_us().expect("one reply");
-        assert_eq!(n, 1);
-        assert!((0.0..5.0).contains(&mean), "{mean}");
-        // A frame a second old: not a reply.
-        p.received(sec.wrapping_sub(1), nsec);
-        p.sending();
-        assert_eq!(p.mean_us().map(|m| m.1), Some(1));
+        assert!(now > 1_600_000_000 * SEC, "{now}");
+        let p = TurnaroundProbe::default();
+        p.received((now / SEC) as u32, (now % SEC) as u32);
+        assert_eq!(p.stamp_ns.get(), now);
     }
 }

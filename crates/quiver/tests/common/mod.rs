@@ -212,6 +212,9 @@ impl TestCluster {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        if id == 0 {
+            remove_stale_clusters();
+        }
         let prefix = format!("qvt{}-{id}", std::process::id());
         let store = std::env::temp_dir().join(format!("{prefix}-store"));
         let c = TestCluster {
@@ -281,6 +284,35 @@ impl Drop for TestCluster {
             let _ = ip(&["netns", "del", &self.ns(&format!("n{n}"))]);
         }
         let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// Removes the namespaces and stores of test clusters whose test process is gone (one
+/// killed by a timeout or a signal runs no `Drop`), so that a crashed run leaves nothing
+/// behind after the next one starts. Names are `qvt<pid>-<id>-<node>`.
+fn remove_stale_clusters() {
+    let dead = |name: &str| {
+        name.strip_prefix("qvt")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+    };
+    let names = |dir: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| dead(n))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for ns in names(std::path::Path::new("/run/netns")) {
+        let _ = ip(&["netns", "del", &ns]);
+    }
+    let tmp = std::env::temp_dir();
+    for store in names(&tmp).into_iter().filter(|n| n.ends_with("-store")) {
+        let _ = std::fs::remove_dir_all(tmp.join(store));
     }
 }
 

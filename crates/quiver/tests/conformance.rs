@@ -704,3 +704,33 @@ fn a_rank_that_panics_before_a_barrier_fails_the_test_at_once() {
         settle(&job, &ep);
     });
 }
+
+/// The harness: the namespace and store of a test cluster whose process is gone are
+/// removed; those of a live process (this one) stay.
+#[test]
+fn stale_test_clusters_are_removed_and_live_ones_kept() {
+    // A pid that was just used and is gone.
+    let mut child = std::process::Command::new("true")
+        .spawn()
+        .expect("run true");
+    let dead_pid = child.id();
+    child.wait().expect("wait for true");
+    let stale = format!("qvt{dead_pid}-7-sw");
+    let live = format!("qvt{}-stale-test-sw", std::process::id());
+    if let Err(why) = common::ip(&["netns", "add", &stale]) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    common::ip(&["netns", "add", &live]).expect("add a namespace");
+    let store = std::env::temp_dir().join(format!("qvt{dead_pid}-7-store"));
+    std::fs::create_dir_all(&store).expect("make a store");
+    common::remove_stale_clusters();
+    let exists = |ns: &str| std::path::Path::new("/run/netns").join(ns).exists();
+    let (stale_left, live_left, store_left) = (exists(&stale), exists(&live), store.exists());
+    let _ = common::ip(&["netns", "del", &live]);
+    let _ = common::ip(&["netns", "del", &stale]);
+    let _ = std::fs::remove_dir_all(&store);
+    assert!(!stale_left, "the dead process's namespace is left");
+    assert!(!store_left, "the dead process's store is left");
+    assert!(live_left, "a live process's namespace was removed");
+}

@@ -76,8 +76,8 @@ pub struct EndpointStats {
     /// Expiries of the network channels' retransmission timers. Each resends every
     /// unacknowledged frame the peer has not reported received; under selective repeat
     /// (the default) with no hole reported, only the oldest, and the others if the next
-    /// acknowledgements show them lost (F-RTO). When the peer's stats show
-    /// the resent frames as [`duplicates`](Self::duplicates) and no
+    /// acknowledgements show them lost (F-RTO). When the peer's stats show the resent
+    /// frames as [`duplicates`](Self::duplicates) and no
     /// [`lost_frames`](Self::lost_frames), the expiries were spurious (acknowledgements
     /// late, not frames lost).
     pub timeouts: u64,

@@ -12,9 +12,10 @@
 //! (`bench/progs/afpacket_ring_pp.c` reports the same for a raw program;
 //! docs/PERFORMANCE.md, "Where quiver eth's ping-pong time goes").
 //!
-//! What it owns: the newest stamp and the running sum and count, per link. What it guarantees: a send counts only
-//! once per received frame and only within [`MAX_NS`] of it (a send after an idle spell
-//! is not a reply), and the mean is logged (`tracing` info) when the link closes. The
+//! What it owns: the newest stamp and the running sum and count, per link. What it
+//! guarantees: a send counts only once per received frame and only within [`MAX_NS`] of
+//! it (a send after an idle spell is not a reply), and the mean is logged (`tracing`
+//! info) when the link closes. The
 //! clock ticks in 256 ns steps on some virtual machines, so only the mean over many
 //! replies means anything; the median does not.
 

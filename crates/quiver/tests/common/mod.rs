@@ -290,7 +290,7 @@ impl Drop for TestCluster {
 /// Removes the namespaces and stores of test clusters whose test process is gone (one
 /// killed by a timeout or a signal runs no `Drop`), so that a crashed run leaves nothing
 /// behind after the next one starts. Names are `qvt<pid>-<id>-<node>`.
-fn remove_stale_clusters() {
+pub fn remove_stale_clusters() {
     let dead = |name: &str| {
         name.strip_prefix("qvt")
             .and_then(|rest| rest.split('-').next())
@@ -316,7 +316,8 @@ fn remove_stale_clusters() {
     }
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
+/// Runs `ip ARGS`; the error says what failed.
+pub fn ip(args: &[&str]) -> Result<(), String> {
     let out = std::process::Command::new("ip")
         .args(args)
         .output()

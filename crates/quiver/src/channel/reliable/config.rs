@@ -134,9 +134,10 @@ pub struct Config {
 /// round trip, a timeout cannot tell a slow link's queue from a loss, and it resends
 /// into that queue (the whole window under go-back-N, and under selective repeat too
 /// until it learned to wait for the next acknowledgement first): a window of 64
-/// full-size frames waits up to 7.8 ms on a 100 Mbit/s link. With 1 ms, a fresh channel's start there put 4.5 % more bytes on
-/// the wire than its payload needed, and a window of 128 frames overflowed a queue of
-/// 256; with 10 ms, neither (PERFORMANCE, "The channel window of udp"). A channel whose
+/// full-size frames waits up to 7.8 ms on a 100 Mbit/s link. With 1 ms, a fresh
+/// channel's start there put 4.5 % more bytes on the wire than its payload needed, and
+/// a window of 128 frames overflowed a queue of 256; with 10 ms, neither (PERFORMANCE,
+/// "The channel window of udp"). A channel whose
 /// first frames are lost waits this long once.
 pub const RTO_INITIAL: Duration = Duration::from_millis(10);
 

@@ -590,6 +590,21 @@ fn ack_from(b: &mut Duplex<Vec<u8>>, now: Time) -> Vec<Vec<u8>> {
     out(b, later)
 }
 
+/// B takes `frames` at `at` µs (asserting it delivers `delivered` of them) and releases
+/// them; A takes B's acknowledgement 100 µs later. Returns what A sends then.
+fn deliver_and_acknowledge(
+    a: &mut Duplex<Vec<u8>>,
+    b: &mut Duplex<Vec<u8>>,
+    frames: Vec<Vec<u8>>,
+    delivered: usize,
+    at: u64,
+) -> Vec<Vec<u8>> {
+    assert_eq!(feed(b, t(at), frames).len(), delivered);
+    b.handle_release(t(at), delivered as u32);
+    feed(a, t(at + 100), ack_from(b, t(at)));
+    out(a, t(at + 100))
+}
+
 fn seqs(frames: &[Vec<u8>]) -> Vec<u32> {
     frames.iter().map(|f| header(f).seq).collect()
 }
@@ -614,10 +629,7 @@ fn a_timeout_whose_acknowledgement_was_late_resends_one_frame() {
     assert_eq!(first.len(), 8);
     assert_eq!(seqs(&resent), vec![0], "only the oldest frame");
     // The window arrives after all, and its acknowledgement reaches past the resent frame.
-    assert_eq!(feed(&mut b, t(1100), first).len(), 8);
-    b.handle_release(t(1100), 8);
-    feed(&mut a, t(1200), ack_from(&mut b, t(1100)));
-    let next = out(&mut a, t(1200));
+    let next = deliver_and_acknowledge(&mut a, &mut b, first, 8, 1100);
     assert_eq!(
         seqs(&next),
         vec![8, 9, 10, 11],
@@ -625,11 +637,8 @@ fn a_timeout_whose_acknowledgement_was_late_resends_one_frame() {
     );
     // The new frames' acknowledgement confirms it: nothing is resent later either.
     assert!(feed(&mut b, t(1300), resent).is_empty());
-    assert_eq!(feed(&mut b, t(1300), next).len(), 4);
-    b.handle_release(t(1300), 4);
-    feed(&mut a, t(1400), ack_from(&mut b, t(1300)));
+    assert!(deliver_and_acknowledge(&mut a, &mut b, next, 4, 1300).is_empty());
     assert!(a.is_idle());
-    assert!(out(&mut a, t(1400)).is_empty());
     assert_eq!(
         (a.counters().timeouts, a.counters().retransmissions),
         (1, 1)
@@ -642,10 +651,7 @@ fn a_timeout_whose_resend_alone_is_acknowledged_resends_the_rest() {
     let (mut a, mut b, first, resent) = after_timeout(12);
     assert_eq!(first.len(), 8, "all lost");
     assert_eq!(seqs(&resent), vec![0]);
-    assert_eq!(feed(&mut b, t(1100), resent).len(), 1);
-    b.handle_release(t(1100), 1);
-    feed(&mut a, t(1200), ack_from(&mut b, t(1100)));
-    let again = out(&mut a, t(1200));
+    let again = deliver_and_acknowledge(&mut a, &mut b, resent, 1, 1100);
     assert_eq!(
         seqs(&again),
         (1..=8).collect::<Vec<_>>(),
@@ -665,10 +671,7 @@ fn a_timeout_at_the_end_of_a_transfer_resends_the_rest_on_the_next_acknowledgeme
     let (mut a, mut b, first, resent) = after_timeout(4);
     assert_eq!(seqs(&resent), vec![0]);
     // Frames 0 and 1 arrive; 2 and 3 are lost.
-    assert_eq!(feed(&mut b, t(1100), first[..2].to_vec()).len(), 2);
-    b.handle_release(t(1100), 2);
-    feed(&mut a, t(1200), ack_from(&mut b, t(1100)));
-    let again = out(&mut a, t(1200));
+    let again = deliver_and_acknowledge(&mut a, &mut b, first[..2].to_vec(), 2, 1100);
     assert_eq!(seqs(&again), vec![2, 3]);
     assert_eq!(feed(&mut b, t(1300), again).len(), 2);
 }

@@ -120,6 +120,13 @@ fn check_body(header: &Header, body: &[u8]) -> Result<(), DecodeError> {
 /// zero, then over each of `body_parts` in order (the body may be given in pieces, as it
 /// is sent with vectored I/O).
 pub fn checksum(header: &[u8; HEADER_LEN], body_parts: &[&[u8]]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if body_parts.iter().map(|p| p.len()).sum::<usize>() <= small::MAX_BODY
+        && std::arch::is_x86_feature_detected!("sse4.2")
+    {
+        // SAFETY: the CPU has SSE 4.2, checked just above.
+        return unsafe { small::checksum(header, body_parts) };
+    }
     let mut h = *header;
     h[field::CHECKSUM..field::CHECKSUM + 4].fill(0);
     let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
@@ -129,6 +136,53 @@ pub fn checksum(header: &[u8; HEADER_LEN], body_parts: &[&[u8]]) -> u32 {
     }
     // A CRC-32 digest's value fits 32 bits.
     crc.finalize() as u32
+}
+
+/// The checksum of small frames with the CPU's CRC32C instruction, eight bytes at a
+/// time. crc-fast's carry-less multiplication wins on long frames, but each of its calls
+/// first chooses an implementation and sets up its folding: about 250 instructions per
+/// checksum of a 40-byte frame (callgrind), where this loop needs about 30. A ping-pong
+/// message is checksummed twice, on sending and on receiving.
+#[cfg(target_arch = "x86_64")]
+mod small {
+    use super::{field, HEADER_LEN};
+    use std::arch::x86_64::{_mm_crc32_u64, _mm_crc32_u8};
+
+    /// Bodies up to this many bytes take this path: the CRC instruction handles 8 bytes
+    /// per 3 cycles, which crc-fast's setup costs about match at a few hundred bytes.
+    pub(super) const MAX_BODY: usize = 256;
+
+    /// [`super::checksum`] by the CRC32C instruction.
+    ///
+    /// # Safety
+    /// The CPU must have SSE 4.2.
+    #[target_feature(enable = "sse4.2")]
+    pub(super) unsafe fn checksum(header: &[u8; HEADER_LEN], body_parts: &[&[u8]]) -> u32 {
+        let mut h = *header;
+        h[field::CHECKSUM..field::CHECKSUM + 4].fill(0);
+        let mut crc = update(u32::MAX, &h);
+        for part in body_parts {
+            crc = update(crc, part);
+        }
+        !crc
+    }
+
+    /// The CRC32C register after `bytes` (no inversion on either side).
+    #[target_feature(enable = "sse4.2")]
+    fn update(crc: u32, bytes: &[u8]) -> u32 {
+        let mut crc = u64::from(crc);
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let w: [u8; 8] = w.try_into().unwrap_or_default();
+            crc = _mm_crc32_u64(crc, u64::from_le_bytes(w));
+        }
+        // The instruction keeps the register in the low 32 bits.
+        let mut crc = crc as u32;
+        for &b in words.remainder() {
+            crc = _mm_crc32_u8(crc, b);
+        }
+        crc
+    }
 }
 
 /// Seals an emitted header: sets its CHECKSUM flag, then writes the [`checksum`] of the

@@ -558,6 +558,25 @@ proptest! {
     }
 
     #[test]
+    fn small_frames_checksum_matches_an_independent_crc32c(
+        h in arb_header(),
+        body in prop::collection::vec(any::<u8>(), 0..300),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        // Bodies up to 256 bytes take the CRC instruction directly, longer ones
+        // crc-fast: every length around the switch, whole and in two pieces.
+        let mut head = [0; HEADER_LEN];
+        h.emit(&mut head);
+        let mut flat = head.to_vec();
+        flat[field::CHECKSUM..HEADER_LEN].fill(0);
+        flat.extend_from_slice(&body);
+        let want = crc32c::crc32c(&flat);
+        prop_assert_eq!(checksum(&head, &[&body]), want);
+        let (a, b) = body.split_at(cut.index(body.len() + 1));
+        prop_assert_eq!(checksum(&head, &[a, b]), want);
+    }
+
+    #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..96)) {
         check_decoded(&bytes)?;
     }

@@ -22,9 +22,10 @@
  * per 64-byte line of a buffer that large after every send, standing in for the memory
  * a larger program touches between two system calls.
  *
- * QL_OMIT=filter|socket|protocol leaves one of quiverlike's settings out, to see what
- * each costs: the BPF filter; the second socket (frames go out through the ring's own
- * socket, which names the EtherType); or sll_protocol 0 (the second socket names it).
+ * QL_OMIT=filter|socket|protocol|epoll leaves one of quiverlike's settings out, to see
+ * what each costs: the BPF filter; the second socket (frames go out through the ring's
+ * own socket, which names the EtherType); sll_protocol 0 (the second socket names it);
+ * or the epoll registration (whose callback runs on every frame the socket receives).
  *
  * MODE quiverlike gives the sockets what quiver eth's have, to see what they cost: the
  * frames go out through a second, unbound socket of protocol 0 (sll_protocol 0), the
@@ -135,9 +136,11 @@ static void like_quiver(void) {
         die_errno("SO_ATTACH_FILTER");
     int one = 1;
     if (setsockopt(fd, SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one)) die_errno("PACKET_IGNORE_OUTGOING");
-    int ep = epoll_create1(0);
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
-    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) die_errno("epoll");
+    if (strcmp(ql_omit, "epoll")) {
+        int ep = epoll_create1(0);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+        if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)) die_errno("epoll");
+    }
 }
 
 int main(int argc, char **argv) {
@@ -149,8 +152,9 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "plain") && strcmp(mode, "quiverlike")) bad_usage("bad mode '%s'", mode);
     if (getenv("QL_OMIT")) {
         ql_omit = getenv("QL_OMIT");
-        if (strcmp(ql_omit, "filter") && strcmp(ql_omit, "socket") && strcmp(ql_omit, "protocol"))
-            bad_usage("bad QL_OMIT '%s' (filter, socket or protocol)", ql_omit);
+        if (strcmp(ql_omit, "filter") && strcmp(ql_omit, "socket") && strcmp(ql_omit, "protocol") &&
+            strcmp(ql_omit, "epoll"))
+            bad_usage("bad QL_OMIT '%s' (filter, socket, protocol or epoll)", ql_omit);
     }
     long env_val;
     if (getenv("RING_FRAMES")) {

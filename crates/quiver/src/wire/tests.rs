@@ -563,7 +563,7 @@ proptest! {
         body in prop::collection::vec(any::<u8>(), 0..300),
         cut in any::<prop::sample::Index>(),
     ) {
-        // Bodies up to 256 bytes take the CRC instruction directly, longer ones
+        // Bodies up to 64 bytes take the CRC instruction directly, longer ones
         // crc-fast: every length around the switch, whole and in two pieces.
         let mut head = [0; HEADER_LEN];
         h.emit(&mut head);

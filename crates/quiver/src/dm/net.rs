@@ -311,7 +311,11 @@ impl Net {
                     rank: h.src_rank,
                     dpid: h.src_dpid,
                 };
-                match self.peer(src, false) {
+                // A known peer is found inline; only a new one goes to the rendezvous.
+                match self
+                    .find_peer(src)
+                    .map_or_else(|| self.peer(src, false), Ok)
+                {
                     Ok(i) => Some(i),
                     Err(e) => {
                         tracing::debug!("frame from rank {} DPID {}: {e}", src.rank, src.dpid);
@@ -535,7 +539,10 @@ impl Net {
         // only the others, which the channel builds in one scratch buffer, are copied.
         self.batch.clear();
         self.gather.clear();
-        while let Some(frame) = p.duplex.poll_transmit_kept(now) {
+        while p.duplex.wants_transmit() {
+            let Some(frame) = p.duplex.poll_transmit_kept(now) else {
+                break;
+            };
             stats.frames_sent += 1;
             match (self.faults.as_mut(), frame) {
                 (None, TxFrame::Kept(seq)) => self.batch.push(BatchFrame::Kept(seq)),

@@ -271,6 +271,19 @@ impl<B> Duplex<B> {
         None
     }
 
+    /// Whether [`poll_transmit_kept`](Self::poll_transmit_kept) (or
+    /// [`poll_transmit`](Self::poll_transmit)) might hand out a frame now: false only when
+    /// it would return `None` and change nothing that matters. Asking first spares a
+    /// transmit loop its last, empty call (about a hundred instructions on the path of
+    /// every message).
+    pub fn wants_transmit(&self) -> bool {
+        self.last_heard.is_none()
+            || self.last_sent.is_none()
+            || self.sender.wants_transmit()
+            || self.receiver.ack_due().is_some()
+            || (self.heartbeat_due && self.is_live())
+    }
+
     /// The next received frame in order.
     pub fn poll_deliver(&mut self) -> Option<B> {
         self.receiver.poll_deliver()

@@ -204,7 +204,15 @@ impl SimNode for Peer {
     fn poll_transmit(&mut self, now: Duration) -> Option<(usize, Vec<u8>)> {
         let now = Time::from_duration(now);
         let peer = self.peer;
-        self.duplex.poll_transmit(now).map(|d| (peer, d.to_vec()))
+        // Every simulated schedule checks the promise the endpoint's transmit loop relies
+        // on: a channel that does not want to transmit has nothing to hand out.
+        let wants = self.duplex.wants_transmit();
+        let out = self.duplex.poll_transmit(now).map(|d| (peer, d.to_vec()));
+        assert!(
+            wants || out.is_none(),
+            "wants_transmit said no, poll_transmit gave a frame"
+        );
+        out
     }
 
     fn poll_timeout(&self) -> Option<Duration> {

@@ -476,6 +476,17 @@ impl Sender {
         (!self.pending.is_empty() && self.room() > 0) || self.probe_due
     }
 
+    /// Whether [`poll_transmit_kept`](Self::poll_transmit_kept) might hand out a frame:
+    /// false only when it would certainly return `None`. Unlike
+    /// [`has_transmit`](Self::has_transmit) it changes nothing, so a caller can ask it
+    /// before every call instead of making the last call that comes back empty.
+    pub fn wants_transmit(&self) -> bool {
+        !self.failed
+            && (!self.retx.is_empty()
+                || (!self.pending.is_empty() && self.room() > 0)
+                || self.probe_due)
+    }
+
     /// The next datagram to send, with `stamp` (the reverse channel's acknowledgement)
     /// written into it: a retransmission, else a new frame if the window allows, else a
     /// probe. Send it before calling again.
@@ -722,21 +733,28 @@ impl Sender {
         }
     }
 
-    /// RFC 6298 smoothing; the timeout is `srtt + 4 rttvar`, clamped.
+    /// RFC 6298 smoothing; the timeout is `srtt + 4 rttvar`, clamped. Computed in whole
+    /// nanoseconds: `Duration`'s division works on seconds and nanoseconds apart, and
+    /// this runs for nearly every acknowledgement (it gives the same values below one
+    /// second, and differs by at most a nanosecond above).
     fn rtt_sample(&mut self, rtt: Duration) {
-        let srtt = match self.srtt {
-            None => {
-                self.rttvar = rtt / 2;
-                rtt
-            }
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let rtt = nanos(rtt);
+        let (srtt, rttvar) = match self.srtt {
+            None => (rtt, rtt / 2),
             Some(s) => {
-                self.rttvar = (self.rttvar.saturating_mul(3) + s.abs_diff(rtt)) / 4;
-                (s.saturating_mul(7) + rtt) / 8
+                let s = nanos(s);
+                let var = nanos(self.rttvar);
+                (
+                    s.saturating_mul(7).saturating_add(rtt) / 8,
+                    var.saturating_mul(3).saturating_add(s.abs_diff(rtt)) / 4,
+                )
             }
         };
-        self.srtt = Some(srtt);
-        let var = self.rttvar.saturating_mul(4).max(Duration::from_micros(1));
-        self.rto_base = (srtt + var).clamp(self.rto_min, self.rto_max);
+        self.srtt = Some(Duration::from_nanos(srtt));
+        self.rttvar = Duration::from_nanos(rttvar);
+        let timeout = srtt.saturating_add(rttvar.saturating_mul(4).max(1_000));
+        self.rto_base = Duration::from_nanos(timeout).clamp(self.rto_min, self.rto_max);
         self.rto = self.rto_base;
     }
 

@@ -52,7 +52,11 @@ impl Add<Duration> for Time {
     type Output = Time;
 
     fn add(self, d: Duration) -> Time {
-        let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        // In u64 throughout (`as_nanos` is a u128): every timer deadline is a sum.
+        let d = d
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()));
         Time(self.0.saturating_add(d))
     }
 }
@@ -75,5 +79,27 @@ pub(crate) fn earliest(a: Option<Time>, b: Option<Time>) -> Option<Time> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, None) => a,
         (None, b) => b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Time;
+    use std::time::Duration;
+
+    #[test]
+    fn adding_a_duration_counts_its_seconds_and_nanoseconds_and_saturates() {
+        let t = Time::from_nanos(1);
+        assert_eq!(t + Duration::new(2, 3), Time::from_nanos(2_000_000_004));
+        assert_eq!(t + Duration::ZERO, t);
+        // Seconds beyond u64 nanoseconds, and a sum past the end: both saturate.
+        assert_eq!(t + Duration::MAX, Time::from_nanos(u64::MAX));
+        assert_eq!(
+            Time::from_nanos(u64::MAX - 1) + Duration::from_nanos(5),
+            Time::from_nanos(u64::MAX)
+        );
+        let mut u = Time::ZERO;
+        u += Duration::from_micros(7);
+        assert_eq!(u, Time::from_micros(7));
     }
 }

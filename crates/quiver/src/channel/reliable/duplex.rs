@@ -274,8 +274,8 @@ impl<B> Duplex<B> {
     /// Whether [`poll_transmit_kept`](Self::poll_transmit_kept) (or
     /// [`poll_transmit`](Self::poll_transmit)) might hand out a frame now: false only when
     /// it would return `None` and change nothing that matters. Asking first spares a
-    /// transmit loop its last, empty call (about a hundred instructions on the path of
-    /// every message).
+    /// transmit loop its last, empty call (two per ping-pong message, about 45
+    /// instructions between them).
     pub fn wants_transmit(&self) -> bool {
         self.last_heard.is_none()
             || self.last_sent.is_none()

@@ -735,8 +735,8 @@ impl Sender {
 
     /// RFC 6298 smoothing; the timeout is `srtt + 4 rttvar`, clamped. Computed in whole
     /// nanoseconds: `Duration`'s division works on seconds and nanoseconds apart, and
-    /// this runs for nearly every acknowledgement (it gives the same values below one
-    /// second, and differs by at most a nanosecond above).
+    /// this runs for nearly every acknowledgement. The values are `Duration`'s (2, 4 and 8
+    /// divide a second's nanoseconds), except that sums saturate at 584 years.
     fn rtt_sample(&mut self, rtt: Duration) {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let rtt = nanos(rtt);
@@ -839,6 +839,53 @@ fn stamp_frame(bytes: &mut [u8], stamp: AckStamp, checksum: bool) {
         view.set_credits(stamp.credits);
         if checksum {
             view.fill_checksum();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Config, Sender};
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    /// The smoothing as it was written with `Duration` arithmetic before it moved to
+    /// whole nanoseconds: (srtt, rttvar, rto) after each sample.
+    fn reference(samples: &[u64], cfg: &Config) -> Vec<(Duration, Duration, Duration)> {
+        let (mut srtt, mut rttvar) = (None::<Duration>, Duration::ZERO);
+        let mut out = Vec::new();
+        for &rtt in samples {
+            let rtt = Duration::from_nanos(rtt);
+            let s = match srtt {
+                None => {
+                    rttvar = rtt / 2;
+                    rtt
+                }
+                Some(s) => {
+                    rttvar = (rttvar.saturating_mul(3) + s.abs_diff(rtt)) / 4;
+                    (s.saturating_mul(7) + rtt) / 8
+                }
+            };
+            srtt = Some(s);
+            let var = rttvar.saturating_mul(4).max(Duration::from_micros(1));
+            out.push((s, rttvar, (s + var).clamp(cfg.rto_min, cfg.rto_max)));
+        }
+        out
+    }
+
+    proptest! {
+        /// Round-trip samples from nothing to hours give the values the `Duration`
+        /// version gave.
+        #[test]
+        fn rtt_smoothing_in_nanoseconds_matches_duration_arithmetic(
+            samples in prop::collection::vec(0u64..10_000_000_000_000, 1..40),
+        ) {
+            let cfg = Config { rto_max: Duration::from_secs(100_000), ..Config::default() };
+            let mut s = Sender::new(&cfg, super::super::harness::template(0, 1)).unwrap();
+            for (&rtt, want) in samples.iter().zip(reference(&samples, &cfg)) {
+                s.rtt_sample(Duration::from_nanos(rtt));
+                prop_assert_eq!((s.srtt.unwrap(), s.rttvar, s.rto), want);
+            }
         }
     }
 }

@@ -181,11 +181,19 @@ impl Net {
     /// comes from the rendezvous store). `wait` says whether to wait for the peer to
     /// register (when targeting it, up to `QUIVER_CONNECT_TIMEOUT`) or not (when a frame
     /// claims to come from it: a peer registers before it sends, and a forged source must
-    /// not stall us).
+    /// not stall us). A known peer is found inline (every received frame asks); only a new
+    /// one goes to the rendezvous, out of line.
+    #[inline]
     pub(super) fn peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
-        if let Some(i) = self.find_peer(peer) {
-            return Ok(i);
+        match self.find_peer(peer) {
+            Some(i) => Ok(i),
+            None => self.add_peer(peer, wait),
         }
+    }
+
+    /// The part of [`Net::peer`] for a peer not known yet.
+    #[inline(never)]
+    fn add_peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
         let timeout = self.job.config.connect_timeout;
         let key = net_key(peer.rank, peer.dpid);
         let not_found = || Error::PeerNotFound {
@@ -311,11 +319,7 @@ impl Net {
                     rank: h.src_rank,
                     dpid: h.src_dpid,
                 };
-                // A known peer is found inline; only a new one goes to the rendezvous.
-                match self
-                    .find_peer(src)
-                    .map_or_else(|| self.peer(src, false), Ok)
-                {
+                match self.peer(src, false) {
                     Ok(i) => Some(i),
                     Err(e) => {
                         tracing::debug!("frame from rank {} DPID {}: {e}", src.rank, src.dpid);

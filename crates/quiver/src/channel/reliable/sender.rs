@@ -473,7 +473,8 @@ impl Sender {
             }
             self.retx.pop_front();
         }
-        (!self.pending.is_empty() && self.room() > 0) || self.probe_due
+        // `retx` is empty here.
+        self.wants_transmit()
     }
 
     /// Whether [`poll_transmit_kept`](Self::poll_transmit_kept) might hand out a frame:

@@ -129,6 +129,22 @@ impl RxChannel {
         Self::default()
     }
 
+    /// Whether a whole message of one frame (`FIRST | LAST`, `len` bytes) with sequence
+    /// number `seq` needs nothing of [`on_data`](Self::on_data) but to be delivered in
+    /// place: it is the next frame, no message is half assembled or being skipped, and it
+    /// is at most `max_message` bytes. Then [`take_whole`](Self::take_whole) takes it.
+    #[inline]
+    pub fn takes_whole(&self, seq: u32, len: usize, max_message: usize) -> bool {
+        seq == self.expected && self.partial.is_none() && !self.skipping && len <= max_message
+    }
+
+    /// Takes the message [`takes_whole`](Self::takes_whole) accepted: the state is then
+    /// that of `on_data` returning [`Delivery::InPlace`] with no fault counted.
+    #[inline]
+    pub fn take_whole(&mut self) {
+        self.expected = self.expected.wrapping_add(1);
+    }
+
     /// Feeds one data frame: its sequence number, flags, the total length announced by a
     /// first fragment, and the message bytes it carries. A message of several fragments
     /// is assembled in a buffer from `spares` (and a discarded partial one goes back

@@ -410,6 +410,20 @@ impl Endpoint {
     /// sent are a message without its end: the receiver drops them, and counts them
     /// malformed when the next message begins.
     fn write_net(&self, peer: usize, head: &[u8], data: &[u8], wait: bool) -> Result<()> {
+        {
+            // The common case, a message of one frame the window lets out now, in one step.
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let net = inner
+                .udp
+                .as_mut()
+                .expect("a network connection implies a link");
+            if net.write_lone(peer, head, data, &mut inner.stats)? {
+                inner.stats.msgs_sent += 1;
+                inner.stats.bytes_sent += (head.len() + data.len()) as u64;
+                return Ok(());
+            }
+        }
         let (mut part, ahead) = {
             let inner = self.inner.borrow();
             let net = inner

@@ -9,7 +9,7 @@
 //! what the channels want sent. It never blocks.
 
 use super::{EndpointStats, Source};
-use crate::channel::reliable::{ChannelError, Duplex, Event, Time, TxFrame};
+use crate::channel::reliable::{earliest, ChannelError, Duplex, Event, Time, TxFrame};
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::job::JobShared;
 use crate::link::network::{NetDest, NetLink};
@@ -86,6 +86,8 @@ pub(super) struct Net {
     pub(super) data_frames: u64,
     /// Reassembly buffers of released messages, for the next long ones.
     pub(super) spares: SpareBuffers,
+    /// A round that could not deliver left frames queued in their channels.
+    pub(super) undelivered: bool,
 }
 
 /// A datagram held back by the fault injector: (when to send, order of injection, peer,
@@ -172,6 +174,7 @@ impl Net {
             gather: Vec::new(),
             data_frames: 0,
             spares: SpareBuffers::default(),
+            undelivered: false,
             job,
             dpid,
         })
@@ -265,6 +268,7 @@ impl Net {
         let now = self.now();
         self.last_now = now;
         let (job_id, token, size) = (self.job.job_id, self.job.token as u32, self.job.size);
+        let max_message = self.job.config.max_message;
         let mut touched = false;
         for d in &batch {
             stats.frames_received += 1;
@@ -330,9 +334,35 @@ impl Net {
             };
             match verdict {
                 Some(i) => {
-                    touched = true;
                     self.data_frames += u64::from(h.kind == FrameKind::Data);
-                    if let Some(back) = self.peers[i].duplex.handle_frame(now, &h, rxf) {
+                    let p = &mut self.peers[i];
+                    // A whole message in order, with nothing before it to deliver, goes
+                    // to the application at once (header prediction): no queue, and no
+                    // pass over every channel unless this one has something to send.
+                    if deliver
+                        && !self.undelivered
+                        && h.flags.contains(Flags::FIRST | Flags::LAST)
+                        && p.rx.takes_whole(h.seq, rxf.data_len as usize, max_message)
+                        && p.duplex.take_in_order(now, &h)
+                    {
+                        p.rx.take_whole();
+                        ready.push_back(Ready::Slot {
+                            slot: rxf.slot,
+                            offset: rxf.data_off as usize,
+                            len: rxf.data_len as usize,
+                            source: p.source,
+                            peer: i as u32,
+                        });
+                        if p.duplex.wants_transmit() {
+                            touched = true;
+                        } else {
+                            self.next_deadline =
+                                earliest(self.next_deadline, p.duplex.poll_timeout());
+                        }
+                        continue;
+                    }
+                    touched = true;
+                    if let Some(back) = p.duplex.handle_frame(now, &h, rxf) {
                         self.link.free_slot(back.slot);
                     }
                 }
@@ -346,7 +376,13 @@ impl Net {
         if !touched && !due {
             return Ok(());
         }
-        let max_message = self.job.config.max_message;
+        // Frames left queued in their channels now are delivered by a later round that
+        // may deliver; until then no frame may overtake them.
+        if deliver {
+            self.undelivered = false;
+        } else if touched {
+            self.undelivered = true;
+        }
         for (i, p) in self.peers.iter_mut().enumerate() {
             if due && p.duplex.poll_timeout().is_some_and(|t| t <= now) {
                 p.duplex.handle_timeout(now);
@@ -585,6 +621,37 @@ impl Net {
         }
     }
 
+    /// Sends a message of one frame to peer `i` at once, when the channel can take the
+    /// common case ([`Duplex::send_lone`]): false, sending nothing, when the general path
+    /// (`send_part`, then [`transmit`](Self::transmit)) is needed, or a fault injector
+    /// is configured. The deadline is only brought forward here, never put back: a
+    /// deadline that comes early costs one round that finds nothing due and recomputes.
+    pub(super) fn write_lone(
+        &mut self,
+        i: usize,
+        head: &[u8],
+        body: &[u8],
+        stats: &mut EndpointStats,
+    ) -> Result<bool> {
+        if self.faults.is_some() {
+            return Ok(false);
+        }
+        let now = self.now();
+        let p = &mut self.peers[i];
+        let Some(frame) = p.duplex.send_lone(now, head, body) else {
+            return Ok(false);
+        };
+        stats.frames_sent += 1;
+        self.link
+            .send_datagram(&p.dest, p.duplex.sender().frame_bytes(frame))?;
+        if p.duplex.wants_transmit() {
+            self.transmit(i, now, stats)?;
+        }
+        let p = &self.peers[i];
+        self.next_deadline = earliest(self.next_deadline, p.duplex.poll_timeout());
+        Ok(true)
+    }
+
     /// Sends the datagrams whose (injected) delay has passed.
     fn send_delayed(&mut self, now: Time) -> Result<()> {
         while let Some(Reverse((at, ..))) = self.delayed.peek() {
@@ -609,10 +676,7 @@ impl Net {
             .delayed
             .peek()
             .map(|Reverse((at, ..))| Time::from_duration(*at));
-        self.next_deadline = match (timers, delayed) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        self.next_deadline = earliest(timers, delayed);
     }
 
     /// How long a sleeper may wait before the protocol needs attention.

@@ -125,6 +125,22 @@ impl<B> Duplex<B> {
         self.sender.send_part(now, head, body, part, ahead)
     }
 
+    /// A message of one frame, sent at once: the frame that [`send`](Self::send) followed
+    /// by [`poll_transmit_kept`](Self::poll_transmit_kept) would hand out, with the same
+    /// state after it (see [`Sender::send_lone`]). `None`, changing nothing that
+    /// matters, when the general path is needed. Afterwards
+    /// [`wants_transmit`](Self::wants_transmit) says whether more is to be sent (an
+    /// acknowledgement that needs a frame of its own).
+    #[inline]
+    pub fn send_lone(&mut self, now: Time, head: &[u8], body: &[u8]) -> Option<TxFrame> {
+        self.start_clocks(now);
+        let stamp = self.receiver.ack_stamp();
+        let frame = self.sender.send_lone(now, head, body, stamp)?;
+        self.receiver.on_ack_sent(now, AckSent::Piggybacked);
+        self.sent_at(now);
+        Some(frame)
+    }
+
     /// The zero-copy fast path of [`Mode::None`]; see [`Sender::send_direct`]. On
     /// success the caller must send `frames` `Data` frames numbered from
     /// [`DirectSend::first_seq`], carrying [`DirectSend::stamp`], sealed if
@@ -153,14 +169,7 @@ impl<B> Duplex<B> {
             self.handle_invalid(now);
             return Some(buf);
         }
-        self.start_clocks(now);
-        if self.last_heard.is_some_and(|t| t < now) {
-            self.last_heard = Some(now);
-        }
-        let stamp = AckStamp {
-            ack: header.ack,
-            credits: header.credits,
-        };
+        let stamp = self.heard(now, header);
         match header.kind {
             FrameKind::Data => {
                 self.sender.handle_ack(now, stamp, None);
@@ -184,6 +193,41 @@ impl<B> Duplex<B> {
                 self.events.push_back(Event::PeerClosed);
                 Some(buf)
             }
+        }
+    }
+
+    /// Takes in a decoded `Data` frame from the peer that arrived in order, and delivers
+    /// it at once, if [`Receiver::takes_in_order`] allows: true when it did (the state is
+    /// then that of [`handle_frame`](Self::handle_frame) followed by the
+    /// [`poll_deliver`](Self::poll_deliver) that returns this frame, so the caller hands
+    /// the frame on itself); false, changing nothing, when the frame needs
+    /// [`handle_frame`](Self::handle_frame).
+    #[inline]
+    pub fn take_in_order(&mut self, now: Time, header: &Header) -> bool {
+        if header.kind != FrameKind::Data
+            || (self.checksum && !header.flags.contains(Flags::CHECKSUM))
+            || !self.receiver.takes_in_order(header.seq)
+        {
+            return false;
+        }
+        let stamp = self.heard(now, header);
+        self.sender.handle_ack(now, stamp, None);
+        self.receiver.take_in_order(now);
+        self.collect_errors();
+        true
+    }
+
+    /// A valid frame from the peer arrived at `now`: the liveness clocks move, and its
+    /// acknowledgement fields are returned.
+    #[inline]
+    fn heard(&mut self, now: Time, header: &Header) -> AckStamp {
+        self.start_clocks(now);
+        if self.last_heard.is_some_and(|t| t < now) {
+            self.last_heard = Some(now);
+        }
+        AckStamp {
+            ack: header.ack,
+            credits: header.credits,
         }
     }
 

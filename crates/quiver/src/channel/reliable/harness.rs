@@ -3,6 +3,13 @@
 //! The application sends scripted messages at scripted times, reassembles what arrives
 //! with the existing [`RxChannel`], releases each frame's buffer after a chosen delay,
 //! and records everything for the tests to check.
+//!
+//! Like the endpoint, it takes the fast paths where they apply: a message of one frame
+//! goes out at once ([`Duplex::send_lone`]), and a whole message in order is delivered
+//! at once ([`Duplex::take_in_order`]). A shadow [`Duplex`] beside it takes the general
+//! path for every step (`send`, `handle_frame`, `poll_deliver`, `poll_transmit`), and
+//! after each step the two must agree on every frame, delivery, event, deadline and
+//! counter: every simulated schedule checks that the fast paths change nothing.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -16,6 +23,13 @@ use crate::wire::{decode, Flags, FrameKind, Header};
 /// One endpoint of a simulated pair (or of a star: `peer` is fixed per node).
 pub(super) struct Peer {
     pub duplex: Duplex<Vec<u8>>,
+    /// The same channel driven through the general path only, in lockstep.
+    shadow: Duplex<Vec<u8>>,
+    /// Frames [`Duplex::send_lone`] handed out, to go before anything the channel has.
+    sent_at_once: VecDeque<Vec<u8>>,
+    /// Messages that took each fast path (for tests that need them taken).
+    pub fast_sends: u32,
+    pub fast_deliveries: u32,
     pub peer: usize,
     outbox: VecDeque<(Time, Vec<u8>)>,
     /// Every message handed to `send`, in order.
@@ -40,8 +54,8 @@ pub(super) struct Peer {
     /// window, as a blocking writer does (the next message waits until it is all
     /// queued); `None`: whole messages with `send`.
     pub send_ahead: Option<usize>,
-    /// The message being handed over a part at a time.
-    current: Option<(Vec<u8>, PartialSend)>,
+    /// The message being handed over a part at a time (with the shadow's plan).
+    current: Option<(Vec<u8>, PartialSend, PartialSend)>,
     max_message: usize,
 }
 
@@ -65,6 +79,10 @@ impl Peer {
     pub fn new(cfg: &Config, me: usize, peer: usize) -> Peer {
         Peer {
             duplex: Duplex::new(cfg, template(me, peer)).expect("valid test config"),
+            shadow: Duplex::new(cfg, template(me, peer)).expect("valid test config"),
+            sent_at_once: VecDeque::new(),
+            fast_sends: 0,
+            fast_deliveries: 0,
             peer,
             outbox: VecDeque::new(),
             sent: Vec::new(),
@@ -100,16 +118,21 @@ impl Peer {
 
     /// Hands the application's due messages to the channel: whole, or (with
     /// `send_ahead`) a part at a time, each message wholly queued before the next begins.
+    /// A message of one frame that the window lets out goes out at once.
     fn push_sends(&mut self, now: Time) {
         loop {
-            if let Some((m, part)) = &mut self.current {
+            if let Some((m, part, shadow_part)) = &mut self.current {
                 let ahead = self.send_ahead.expect("parts only with send_ahead");
                 // A header and its payload as two slices: split a third of the way in.
                 let (head, body) = m.split_at(m.len() / 3);
-                if !self.duplex.send_part(now, head, body, part, ahead) {
+                let queued = self.duplex.send_part(now, head, body, part, ahead);
+                let shadow = self.shadow.send_part(now, head, body, shadow_part, ahead);
+                assert_eq!(queued, shadow, "send_part");
+                self.check_lockstep("send_part");
+                if !queued {
                     return;
                 }
-                let (m, part) = self.current.take().expect("checked above");
+                let (m, part, _) = self.current.take().expect("checked above");
                 if part.stalled {
                     self.blocked_sends += 1;
                 }
@@ -122,30 +145,126 @@ impl Peer {
                 return;
             };
             if self.send_ahead.is_some() {
-                match self.duplex.begin_send(m.len()) {
-                    Ok(part) => self.current = Some((m, part)),
-                    Err(_) => {
+                match (
+                    self.duplex.begin_send(m.len()),
+                    self.shadow.begin_send(m.len()),
+                ) {
+                    (Ok(part), Ok(shadow)) => self.current = Some((m, part, shadow)),
+                    (Err(_), Err(_)) => {
                         self.refused_sends += 1;
                         self.sent.push(m);
                     }
+                    _ => panic!("begin_send: the shadow channel disagrees"),
                 }
                 continue;
             }
-            match self.duplex.send(now, &m) {
+            if let Some(frame) = self.duplex.send_lone(now, &[], &m) {
+                let bytes = self.duplex.sender().frame_bytes(frame).to_vec();
+                // The general path: queue the message, then transmit, as the endpoint's
+                // write does.
+                assert!(matches!(self.shadow.send(now, &m), Ok(SendStatus::Ready)));
+                let general = self.shadow.poll_transmit(now).map(<[u8]>::to_vec);
+                assert_eq!(Some(&bytes), general.as_ref(), "send_lone's frame");
+                self.sent_at_once.push_back(bytes);
+                self.fast_sends += 1;
+                self.sent.push(m);
+                self.check_lockstep("send_lone");
+                continue;
+            }
+            let status = self.duplex.send(now, &m);
+            let shadow = self.shadow.send(now, &m);
+            assert_eq!(format!("{status:?}"), format!("{shadow:?}"), "send");
+            match status {
                 Ok(SendStatus::Blocked) => self.blocked_sends += 1,
                 Ok(SendStatus::Ready) => {}
                 Err(_) => self.refused_sends += 1,
             }
             self.sent.push(m);
+            self.check_lockstep("send");
         }
     }
 
+    /// Asserts that the channel and its shadow, which took the general path at every
+    /// step, are in the same state.
+    fn check_lockstep(&self, after: &str) {
+        let (a, b) = (&self.duplex, &self.shadow);
+        assert_eq!(a.counters(), b.counters(), "counters after {after}");
+        assert_eq!(a.poll_timeout(), b.poll_timeout(), "deadline after {after}");
+        assert_eq!(
+            a.wants_transmit(),
+            b.wants_transmit(),
+            "wants_transmit after {after}"
+        );
+        assert_eq!(a.is_idle(), b.is_idle(), "is_idle after {after}");
+        assert_eq!(a.is_blocked(), b.is_blocked(), "is_blocked after {after}");
+        assert_eq!(a.is_failed(), b.is_failed(), "is_failed after {after}");
+        assert_eq!(a.last_heard(), b.last_heard(), "last_heard after {after}");
+        let (sa, sb) = (a.sender(), b.sender());
+        assert_eq!(
+            (
+                sa.in_flight(),
+                sa.queued_frames(),
+                sa.queued_bytes(),
+                sa.rto(),
+                sa.srtt()
+            ),
+            (
+                sb.in_flight(),
+                sb.queued_frames(),
+                sb.queued_bytes(),
+                sb.rto(),
+                sb.srtt()
+            ),
+            "sender after {after}"
+        );
+        let (ra, rb) = (a.receiver(), b.receiver());
+        assert_eq!(
+            (
+                ra.expected(),
+                ra.held(),
+                ra.ack_stamp(),
+                ra.ack_due(),
+                ra.sack_bitmap()
+            ),
+            (
+                rb.expected(),
+                rb.held(),
+                rb.ack_stamp(),
+                rb.ack_due(),
+                rb.sack_bitmap()
+            ),
+            "receiver after {after}"
+        );
+    }
+
+    /// Takes the frames the channel delivers, in order, and its events.
     fn drain(&mut self, now: Time) {
         while let Some(datagram) = self.duplex.poll_deliver() {
-            let Ok(frame) = decode(&datagram) else {
-                self.rx_anomalies += 1;
-                continue;
-            };
+            let shadow = self.shadow.poll_deliver();
+            assert_eq!(Some(&datagram), shadow.as_ref(), "poll_deliver");
+            self.take_frame(now, &datagram, false);
+        }
+        assert_eq!(self.shadow.poll_deliver(), None, "poll_deliver");
+        while let Some(ev) = self.duplex.poll_event() {
+            assert_eq!(Some(ev), self.shadow.poll_event(), "poll_event");
+            if let Event::Error(e) = ev {
+                self.errors.push((now, e));
+            }
+        }
+        assert_eq!(self.shadow.poll_event(), None, "poll_event");
+        self.check_lockstep("delivery");
+    }
+
+    /// The message layer's part of a delivered frame: reassembly (unless `whole`, a
+    /// message the fast path took), then the release of its buffer.
+    fn take_frame(&mut self, now: Time, datagram: &[u8], whole: bool) {
+        let Ok(frame) = decode(datagram) else {
+            self.rx_anomalies += 1;
+            return;
+        };
+        let msg = if whole {
+            Some(frame.data().to_vec())
+        } else {
             let h = frame.header;
             let o = self.rx.on_data(
                 h.seq,
@@ -158,33 +277,60 @@ impl Peer {
             if o.lost > 0 || o.duplicate || o.malformed || o.oversized {
                 self.rx_anomalies += 1;
             }
-            let msg = match o.delivery {
+            match o.delivery {
                 Delivery::None => None,
                 Delivery::InPlace => Some(frame.data().to_vec()),
                 Delivery::Assembled(v) => Some(v),
-            };
-            if let Some(m) = msg {
-                self.received.push(m);
-                self.last_received = Some(now);
             }
-            if self.release_delay.is_zero() {
-                self.duplex.handle_release(now, 1);
-            } else {
-                self.releases.push_back(now + self.release_delay);
+        };
+        if let Some(m) = msg {
+            self.received.push(m);
+            self.last_received = Some(now);
+        }
+        if self.release_delay.is_zero() {
+            self.release(now);
+        } else {
+            self.releases.push_back(now + self.release_delay);
+        }
+    }
+
+    fn release(&mut self, now: Time) {
+        let n = self.duplex.handle_release(now, 1);
+        assert_eq!(n, self.shadow.handle_release(now, 1), "handle_release");
+    }
+
+    /// A datagram from the peer, as the endpoint takes it: a whole message in order is
+    /// delivered at once ([`Duplex::take_in_order`]); anything else goes through
+    /// `handle_frame` and the delivery queue.
+    fn take_datagram(&mut self, now: Time, datagram: Vec<u8>) {
+        if let Ok(frame) = decode(&datagram) {
+            let h = frame.header;
+            let whole = h.flags.contains(Flags::FIRST | Flags::LAST)
+                && self
+                    .rx
+                    .takes_whole(h.seq, frame.data().len(), self.max_message);
+            if whole && self.duplex.take_in_order(now, &h) {
+                self.rx.take_whole();
+                self.fast_deliveries += 1;
+                let kept = self.shadow.handle_datagram(now, datagram.clone());
+                assert_eq!(kept, None, "take_in_order took a frame handle_frame drops");
+                assert_eq!(Some(&datagram), self.shadow.poll_deliver().as_ref());
+                self.check_lockstep("take_in_order");
+                self.take_frame(now, &datagram, true);
+                return;
             }
         }
-        while let Some(ev) = self.duplex.poll_event() {
-            if let Event::Error(e) = ev {
-                self.errors.push((now, e));
-            }
-        }
+        let kept = self.duplex.handle_datagram(now, datagram.clone());
+        let shadow = self.shadow.handle_datagram(now, datagram);
+        assert_eq!(kept, shadow, "handle_datagram");
+        self.check_lockstep("handle_datagram");
     }
 }
 
 impl SimNode for Peer {
     fn handle_datagram(&mut self, now: Duration, _from: usize, datagram: Vec<u8>) {
         let now = Time::from_duration(now);
-        self.duplex.handle_datagram(now, datagram);
+        self.take_datagram(now, datagram);
         // An acknowledgement may have opened the window for a message sent in parts.
         self.push_sends(now);
         self.drain(now);
@@ -193,9 +339,11 @@ impl SimNode for Peer {
     fn handle_timeout(&mut self, now: Duration) {
         let now = Time::from_duration(now);
         self.duplex.handle_timeout(now);
+        self.shadow.handle_timeout(now);
+        self.check_lockstep("handle_timeout");
         while self.releases.front().is_some_and(|&t| t <= now) {
             self.releases.pop_front();
-            self.duplex.handle_release(now, 1);
+            self.release(now);
         }
         self.push_sends(now);
         self.drain(now);
@@ -204,6 +352,9 @@ impl SimNode for Peer {
     fn poll_transmit(&mut self, now: Duration) -> Option<(usize, Vec<u8>)> {
         let now = Time::from_duration(now);
         let peer = self.peer;
+        if let Some(bytes) = self.sent_at_once.pop_front() {
+            return Some((peer, bytes));
+        }
         // Every simulated schedule checks the promise the endpoint's transmit loop relies
         // on: a channel that does not want to transmit has nothing to hand out.
         let wants = self.duplex.wants_transmit();
@@ -212,6 +363,13 @@ impl SimNode for Peer {
             wants || out.is_none(),
             "wants_transmit said no, poll_transmit gave a frame"
         );
+        let shadow = self.shadow.poll_transmit(now).map(<[u8]>::to_vec);
+        assert_eq!(
+            out.as_ref().map(|(_, d)| d),
+            shadow.as_ref(),
+            "poll_transmit"
+        );
+        self.check_lockstep("poll_transmit");
         out
     }
 

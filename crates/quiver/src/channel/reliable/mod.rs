@@ -89,6 +89,7 @@ pub use config::{
 pub use duplex::{DirectSend, Duplex};
 pub use receiver::Receiver;
 pub use sender::{PartialSend, Sender, TxFrame};
+pub(crate) use time::earliest;
 pub use time::Time;
 
 /// The acknowledgement fields a frame carries for the reverse channel.

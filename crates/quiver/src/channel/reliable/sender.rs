@@ -303,6 +303,86 @@ impl Sender {
         part.frags.len() == 0
     }
 
+    /// A message of one frame sent at once, in one step: exactly what
+    /// [`begin_send`](Self::begin_send), [`send_part`](Self::send_part) and
+    /// [`poll_transmit_kept`](Self::poll_transmit_kept) with `stamp` do for it (the same
+    /// bytes, state and counters), without the fragment plan, the blocked-sends queue and
+    /// a second pass over the header. This is the send half of TCP's header prediction:
+    /// the common case of a request or a reply.
+    ///
+    /// `None`, changing nothing, unless the message (`head` then `body`) fits one frame,
+    /// nothing is queued or due for resending, no probe is due, the window has room and
+    /// the sender has not failed: the general path handles every other case.
+    pub fn send_lone(
+        &mut self,
+        now: Time,
+        head: &[u8],
+        body: &[u8],
+        stamp: AckStamp,
+    ) -> Option<TxFrame> {
+        let len = head.len() + body.len();
+        if self.failed
+            || len > self.max_datagram - HEADER_LEN
+            || !self.pending.is_empty()
+            || !self.retx.is_empty()
+            || self.probe_due
+            || self.room() == 0
+        {
+            return None;
+        }
+        let mut bytes = self.spare.pop().unwrap_or_default();
+        bytes.reserve(HEADER_LEN + len);
+        let header = Header {
+            kind: FrameKind::Data,
+            flags: Flags::FIRST | Flags::LAST,
+            seq: self.next_seq,
+            ack: stamp.ack,
+            credits: stamp.credits,
+            checksum: 0,
+            ..self.template
+        };
+        let mut emitted = [0; HEADER_LEN];
+        header.emit(&mut emitted);
+        bytes.extend_from_slice(&emitted);
+        bytes.extend_from_slice(head);
+        bytes.extend_from_slice(body);
+        if self.checksum {
+            if let Ok(mut view) = FrameView::new_checked(&mut bytes[..]) {
+                view.fill_checksum();
+            }
+        }
+        // send_part's bookkeeping (its probe update sees the same state: the frame
+        // queued or not, the window is open and nothing is in flight beyond it)...
+        self.next_seq = self.next_seq.wrapping_add(1);
+        self.update_probe(now);
+        // ... then poll_transmit_kept's for a new frame.
+        self.next_tx = self.next_tx.wrapping_add(1);
+        self.counters.data_sent += 1;
+        if self.retransmit {
+            self.unacked.push_back(Outgoing {
+                bytes,
+                stamp,
+                first_tx: now,
+                last_tx: now,
+                retransmitted: false,
+                sacked: false,
+                queued: false,
+            });
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rto);
+            }
+            self.update_probe(now);
+            return Some(TxFrame::Kept(self.next_tx.wrapping_sub(1)));
+        }
+        let old = std::mem::replace(&mut self.scratch, bytes);
+        self.recycle(old);
+        if self.probe_timeouts == 0 {
+            self.probe_deadline = Some(now + self.probe_interval);
+        }
+        self.update_probe(now);
+        Some(TxFrame::Scratch)
+    }
+
     /// The zero-copy fast path of [`Mode::None`](super::Mode::None): if nothing is
     /// queued and the window has room for `frames` frames, takes their sequence numbers
     /// (returning the first) as if they had been sent, without building or keeping

@@ -242,6 +242,51 @@ proptest! {
     }
 }
 
+/// The fast paths are taken where they apply, in every mode: small messages going both
+/// ways on a clean link go out at once and are delivered at once (and the shadow channel
+/// of the harness, which takes the general path, agrees at every step, as in every
+/// schedule); messages of several frames take the general path.
+#[test]
+fn small_messages_take_the_fast_paths() {
+    let clean = LinkConfig {
+        latency: Duration::from_micros(20),
+        mtu: 1472,
+        rate: None,
+        queue_limit: 64 << 20,
+        faults: FaultConfig::none(),
+    };
+    for cfg in [
+        host_config(8, true, false),
+        host_config(8, false, true),
+        Config::with_mode(Mode::None).without_liveness(),
+    ] {
+        let mode = cfg.mode;
+        let mut s = PairSetup::new(cfg.clone(), clean.clone());
+        s.a_to_b = messages(&[16; 40], 1);
+        s.b_to_a = messages(&[16; 40], 2);
+        s.gap = Duration::from_micros(50);
+        let run = s.run();
+        assert!(run.result.is_ok(), "{:?}", run.result);
+        for (i, p) in run.peers.iter().enumerate() {
+            let other = &run.peers[1 - i];
+            assert_eq!(p.received, other.sent, "{mode:?}");
+            assert_eq!(p.fast_sends, 40, "{mode:?}");
+            assert_eq!(p.fast_deliveries, 40, "{mode:?}");
+        }
+        // Messages longer than a frame never take them.
+        let mut s = PairSetup::new(cfg, clean.clone());
+        s.a_to_b = messages(&[3000; 10], 3);
+        s.gap = Duration::from_micros(500);
+        let run = s.run();
+        assert!(run.result.is_ok(), "{:?}", run.result);
+        assert_eq!(run.peers[1].received, run.peers[0].sent);
+        assert_eq!(
+            (run.peers[0].fast_sends, run.peers[1].fast_deliveries),
+            (0, 0)
+        );
+    }
+}
+
 /// A peer that never answers: the host-mode sender reports it unreachable after its
 /// timeouts, and the run settles instead of retransmitting forever.
 #[test]

@@ -1169,3 +1169,61 @@ fn a_peer_that_said_goodbye_is_never_reported_silent() {
         assert!(!b.is_failed());
     }
 }
+
+/// The receive fast path refuses every frame it must not overtake or take: one behind a
+/// frame still waiting in the delivery queue, one followed by a frame held out of order
+/// (which `handle_data` would deliver with it), one beyond the window, one not next.
+#[test]
+fn take_in_order_refuses_what_needs_the_general_path() {
+    let cfg = Config {
+        recovery: Recovery::Selective,
+        ..config(Mode::Host, 4)
+    };
+    let mut r: Receiver<u32> = Receiver::new(&cfg).unwrap();
+    assert!(r.takes_in_order(0) && !r.takes_in_order(1));
+    // Frame 0 waits in the delivery queue: frame 1 may not overtake it.
+    assert_eq!(r.handle_data(t(1), 0, 0), None);
+    assert!(!r.takes_in_order(1));
+    assert_eq!(r.poll_deliver(), Some(0));
+    assert!(r.takes_in_order(1));
+    // Frame 2 arrives first and is held out of order: taking 1 alone would strand it.
+    assert_eq!(r.handle_data(t(2), 2, 2), None);
+    assert!(!r.takes_in_order(1));
+    assert_eq!(r.handle_data(t(3), 1, 1), None);
+    assert_eq!((r.poll_deliver(), r.poll_deliver()), (Some(1), Some(2)));
+    // Frame 3 in order, then the window is full (four held, none released).
+    assert!(r.takes_in_order(3));
+    r.take_in_order(t(4));
+    assert_eq!((r.expected(), r.held()), (4, 4));
+    assert!(!r.takes_in_order(4), "beyond the window");
+    assert_eq!(r.handle_release(t(5), 1), 1);
+    assert!(r.takes_in_order(4));
+}
+
+/// The send fast path refuses what needs the general path: a message longer than one
+/// frame, one behind frames still queued, one the window has no room for.
+#[test]
+fn send_lone_refuses_what_needs_the_general_path() {
+    let cfg = config(Mode::Host, 1);
+    let (mut a, _) = pair(&cfg);
+    let max = cfg.max_datagram - crate::wire::HEADER_LEN;
+    assert!(
+        a.send_lone(t(0), &[], &vec![0; max + 1]).is_none(),
+        "two frames"
+    );
+    assert!(
+        a.send_lone(t(0), &[1; 10], &vec![0; max - 9]).is_none(),
+        "two frames"
+    );
+    assert!(
+        a.send_lone(t(0), &[1; 10], &vec![0; max - 10]).is_some(),
+        "one frame"
+    );
+    // The window of one frame is in use: the next message waits in the general path.
+    assert!(a.send_lone(t(1), &[], b"next").is_none());
+    assert!(matches!(a.send(t(1), b"next"), Ok(SendStatus::Blocked)));
+    assert!(
+        a.send_lone(t(2), &[], b"after").is_none(),
+        "behind a queued frame"
+    );
+}

@@ -6,7 +6,9 @@
 //! (`host` and `none` reliability) or the offload engine's progress thread (`offload`).
 //! A progress round receives a batch of datagrams, checks and hands them to their
 //! channels, turns in-order frames into [`Ready`] messages, fires due timers and sends
-//! what the channels want sent. It never blocks.
+//! what the channels want sent. It never blocks. A whole message arriving in order, and
+//! a message of one frame written while the window is open, take a shorter path through
+//! the same channel state machine ([`Duplex::take_in_order`], [`Net::write_lone`]).
 
 use super::{EndpointStats, Source};
 use crate::channel::reliable::{earliest, ChannelError, Duplex, Event, Time, TxFrame};
@@ -242,7 +244,10 @@ impl Net {
 
     /// One round of network progress: receive a batch of datagrams and hand them to
     /// their channels, turn in-order frames into ready messages, collect channel events,
-    /// fire due timers and send what the channels want sent.
+    /// fire due timers and send what the channels want sent. A round whose frames were
+    /// all whole messages taken in order, with nothing due and nothing to send, ends
+    /// after the frames (`deliver` false, which the offload engine passes when its ring
+    /// is full, leaves frames queued and turns that path off until they are delivered).
     pub(super) fn progress(
         &mut self,
         ready: &mut VecDeque<Ready>,

@@ -141,23 +141,6 @@ impl<B> Duplex<B> {
         Some(frame)
     }
 
-    /// The zero-copy fast path of [`Mode::None`]; see [`Sender::send_direct`]. On
-    /// success the caller must send `frames` `Data` frames numbered from
-    /// [`DirectSend::first_seq`], carrying [`DirectSend::stamp`], sealed if
-    /// [`DirectSend::checksum`].
-    pub fn send_direct(&mut self, now: Time, frames: u32) -> Option<DirectSend> {
-        self.start_clocks(now);
-        let stamp = self.receiver.ack_stamp();
-        let first_seq = self.sender.send_direct(now, frames)?;
-        self.receiver.on_ack_sent(now, AckSent::Piggybacked);
-        self.sent_at(now);
-        Some(DirectSend {
-            first_seq,
-            stamp,
-            checksum: self.checksum,
-        })
-    }
-
     /// Takes in a decoded frame from the peer; `buf` is the caller's handle for its
     /// datagram. Returns `Some(buf)` when the frame is not kept (it may be freed at once),
     /// `None` when it will come out of [`poll_deliver`](Self::poll_deliver).
@@ -451,17 +434,6 @@ impl<B> Duplex<B> {
     fn is_live(&self) -> bool {
         !self.peer_closed && !self.is_failed()
     }
-}
-
-/// What the caller of [`Duplex::send_direct`] writes into the frames it builds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirectSend {
-    /// Sequence number of the first frame; the others follow consecutively.
-    pub first_seq: u32,
-    /// The acknowledgement fields every frame carries.
-    pub stamp: AckStamp,
-    /// Whether the frames must be sealed with CRC32C (`wire::seal`).
-    pub checksum: bool,
 }
 
 impl<B> std::fmt::Debug for Duplex<B> {

@@ -86,7 +86,7 @@ pub use config::{
     Config, ConfigError, Mode, ModeParseError, Recovery, DEFAULT_PEER_TIMEOUT,
     HEARTBEATS_PER_PEER_TIMEOUT, MAX_WINDOW,
 };
-pub use duplex::{DirectSend, Duplex};
+pub use duplex::Duplex;
 pub use receiver::Receiver;
 pub use sender::{PartialSend, Sender, TxFrame};
 pub(crate) use time::earliest;

@@ -383,30 +383,6 @@ impl Sender {
         Some(TxFrame::Scratch)
     }
 
-    /// The zero-copy fast path of [`Mode::None`](super::Mode::None): if nothing is
-    /// queued and the window has room for `frames` frames, takes their sequence numbers
-    /// (returning the first) as if they had been sent, without building or keeping
-    /// them. The caller then builds and sends the frames itself (with vectored I/O
-    /// straight from the application's buffer), numbered from the returned sequence
-    /// number on, with the reverse channel's acknowledgement stamp.
-    ///
-    /// `None` in the retransmitting modes (which must keep what they send), when frames
-    /// are queued or the window is closed: use [`send`](Self::send) then, which queues.
-    pub fn send_direct(&mut self, now: Time, frames: u32) -> Option<u32> {
-        if self.retransmit || self.failed || !self.pending.is_empty() || self.room() < frames {
-            return None;
-        }
-        let first = self.next_tx;
-        self.next_tx = first.wrapping_add(frames);
-        self.next_seq = self.next_tx;
-        self.counters.data_sent += u64::from(frames);
-        if self.probe_timeouts == 0 {
-            self.probe_deadline = Some(now + self.probe_interval);
-        }
-        self.update_probe(now);
-        Some(first)
-    }
-
     /// Takes in the acknowledgement fields of a valid frame from the peer. `sack` is the
     /// selective-acknowledgement bitmap of an explicit `Ack` frame (its `seq` field),
     /// `None` for other kinds.

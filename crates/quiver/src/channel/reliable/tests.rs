@@ -801,42 +801,6 @@ fn time_saturates() {
 }
 
 #[test]
-fn mode_none_direct_sends_skip_the_copy() {
-    let (mut a, mut b) = pair(&config(Mode::None, 4));
-    let d = a.send_direct(t(0), 3).expect("window open");
-    assert_eq!(d.first_seq, 0);
-    assert_eq!(d.stamp, AckStamp { ack: 0, credits: 4 });
-    assert!(d.checksum);
-    // The caller builds the frames itself (here: one single-fragment message each).
-    let frames: Vec<Vec<u8>> = (0..3u8)
-        .map(|i| {
-            let mut head = [0u8; crate::wire::HEADER_LEN];
-            let body = [i];
-            Header {
-                kind: FrameKind::Data,
-                flags: Flags::FIRST | Flags::LAST,
-                seq: d.first_seq + u32::from(i),
-                ack: d.stamp.ack,
-                credits: d.stamp.credits,
-                ..template(0, 1)
-            }
-            .emit_sealed(&mut head, &[&body]);
-            [&head[..], &body].concat()
-        })
-        .collect();
-    assert_eq!(feed(&mut b, t(1), frames).len(), 3);
-    assert_eq!(a.send_direct(t(1), 2), None, "one credit left");
-    // The regular path goes on with the next sequence number.
-    a.send(t(1), b"q").unwrap();
-    let f = out(&mut a, t(1));
-    assert_eq!(header(&f[0]).seq, 3);
-    assert!(events(&mut b).is_empty());
-    // Retransmitting modes must keep what they send: no direct path.
-    let (mut h, _) = pair(&config(Mode::Host, 4));
-    assert_eq!(h.send_direct(t(0), 1), None);
-}
-
-#[test]
 fn a_message_sent_in_parts_is_built_a_window_ahead() {
     let cfg = config(Mode::Host, 4);
     let (mut a, mut b) = pair(&cfg);

@@ -352,35 +352,11 @@ impl Sender {
             }
         }
         // send_part's bookkeeping (its probe update sees the same state: the frame
-        // queued or not, the window is open and nothing is in flight beyond it)...
+        // queued or not, the window is open and nothing is in flight beyond it), then
+        // poll_transmit_kept's.
         self.next_seq = self.next_seq.wrapping_add(1);
         self.update_probe(now);
-        // ... then poll_transmit_kept's for a new frame.
-        self.next_tx = self.next_tx.wrapping_add(1);
-        self.counters.data_sent += 1;
-        if self.retransmit {
-            self.unacked.push_back(Outgoing {
-                bytes,
-                stamp,
-                first_tx: now,
-                last_tx: now,
-                retransmitted: false,
-                sacked: false,
-                queued: false,
-            });
-            if self.rto_deadline.is_none() {
-                self.rto_deadline = Some(now + self.rto);
-            }
-            self.update_probe(now);
-            return Some(TxFrame::Kept(self.next_tx.wrapping_sub(1)));
-        }
-        let old = std::mem::replace(&mut self.scratch, bytes);
-        self.recycle(old);
-        if self.probe_timeouts == 0 {
-            self.probe_deadline = Some(now + self.probe_interval);
-        }
-        self.update_probe(now);
-        Some(TxFrame::Scratch)
+        Some(self.first_transmission(now, bytes, stamp))
     }
 
     /// Takes in the acknowledgement fields of a valid frame from the peer. `sack` is the
@@ -586,32 +562,7 @@ impl Sender {
             if let Some(mut bytes) = self.pending.pop_front() {
                 self.pending_bytes -= bytes.len();
                 stamp_frame(&mut bytes, stamp, self.checksum);
-                self.next_tx = self.next_tx.wrapping_add(1);
-                self.counters.data_sent += 1;
-                if self.retransmit {
-                    self.unacked.push_back(Outgoing {
-                        bytes,
-                        stamp,
-                        first_tx: now,
-                        last_tx: now,
-                        retransmitted: false,
-                        sacked: false,
-                        queued: false,
-                    });
-                    if self.rto_deadline.is_none() {
-                        self.rto_deadline = Some(now + self.rto);
-                    }
-                    self.update_probe(now);
-                    return Some(TxFrame::Kept(self.next_tx.wrapping_sub(1)));
-                }
-                let old = std::mem::replace(&mut self.scratch, bytes);
-                self.recycle(old);
-                // A tail probe follows a quiet period after the last frame.
-                if self.probe_timeouts == 0 {
-                    self.probe_deadline = Some(now + self.probe_interval);
-                }
-                self.update_probe(now);
-                return Some(TxFrame::Scratch);
+                return Some(self.first_transmission(now, bytes, stamp));
             }
         }
         if self.probe_due {
@@ -621,6 +572,39 @@ impl Sender {
             return Some(TxFrame::Scratch);
         }
         None
+    }
+
+    /// Hands out a new data frame, built and stamped with `stamp`, for its first
+    /// transmission: kept for retransmission in the retransmitting modes, else held in the
+    /// scratch buffer until the next frame (with the tail probe armed).
+    #[inline]
+    fn first_transmission(&mut self, now: Time, bytes: Vec<u8>, stamp: AckStamp) -> TxFrame {
+        self.next_tx = self.next_tx.wrapping_add(1);
+        self.counters.data_sent += 1;
+        if self.retransmit {
+            self.unacked.push_back(Outgoing {
+                bytes,
+                stamp,
+                first_tx: now,
+                last_tx: now,
+                retransmitted: false,
+                sacked: false,
+                queued: false,
+            });
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rto);
+            }
+            self.update_probe(now);
+            return TxFrame::Kept(self.next_tx.wrapping_sub(1));
+        }
+        let old = std::mem::replace(&mut self.scratch, bytes);
+        self.recycle(old);
+        // A tail probe follows a quiet period after the last frame.
+        if self.probe_timeouts == 0 {
+            self.probe_deadline = Some(now + self.probe_interval);
+        }
+        self.update_probe(now);
+        TxFrame::Scratch
     }
 
     /// The bytes of the unacknowledged frame with sequence number `seq`, as last handed

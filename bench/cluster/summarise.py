@@ -305,7 +305,7 @@ if "100mbit" in scenarios:
     P("\n| target | value | |")
     P("|---|---|---|")
     P(f"| quiver eth half-power (interpolated, median) <= 192 B | {fnum(e, 0)} B | {verdict(None if e is None else e <= 192)} |")
-    P(f"| quiver eth <= half of Open MPI's (interpolated, medians) | {fnum(e, 0)} B vs {fnum(o, 0)} / 2 = {fnum(None if o is None else o / 2, 0)} B | "
+    P(f"| quiver eth <= half of Open MPI's (interpolated, medians) | {fnum(e, 2)} B vs {fnum(o, 2)} / 2 = {fnum(None if o is None else o / 2, 2)} B | "
       f"{verdict(None if e is None or o is None else e <= o / 2)} |")
     r, paired = ratio(hp[("quiver eth", "lat")], hp[("Open MPI (ob1/tcp)", "lat")])
     P(f"| quiver eth / Open MPI (interpolated), paired per repetition | {paired} | - |")
@@ -324,6 +324,23 @@ if "100mbit" in scenarios:
         P(f"| the half-power a sender as fast as that would reach (quiver eth's asymptote / 2 x that time) | "
           f"{fnum(a)} / 2 x {fnum(t)} = {fnum(bound, 1)} B = {fnum(None if not o else bound / o)}x Open MPI's | "
           f"{'-' if not o else 'within half of Open MPI' if bound <= o / 2 else 'above half of Open MPI'} |")
+    # The machine moves between a fast and a slow phase within minutes (PERFORMANCE,
+    # section 3): the raw ring ping-pong of each repetition shows which one it ran in.
+    ring = vals(S, "AF_PACKET ring ping-pong", "lat", 8)
+    qe, om = hp[("quiver eth", "lat")], hp[("Open MPI (ob1/tcp)", "lat")]
+    if qe and om:
+        P("\nPer repetition, unrounded. The raw ring ping-pong of the same repetition hints at the "
+          "machine's phase (about 3.0 µs fast, 3.4 µs slow through this link); it ran minutes "
+          "apart from the others, and the phase can change in between.\n")
+        P("| repetition | quiver eth half-power (B) | Open MPI half-power (B) | quiver / Open MPI | "
+          "quiver eth 16 B one-way (µs) | Open MPI 16 B one-way (µs) | raw ring 8 B one-way (µs) |")
+        P("|---|---|---|---|---|---|---|")
+        for k in sorted(qe):
+            q16 = vals(S, "quiver eth", "lat", 16).get(k)
+            o16 = vals(S, "Open MPI (ob1/tcp)", "lat", 16).get(k)
+            P(f"| {k} | {fnum(qe[k], 2)} | {fnum(om.get(k), 2)} | "
+              f"{fnum(None if not om.get(k) else qe[k] / om[k], 3)} | {fnum(q16)} | {fnum(o16)} | "
+              f"{fnum(ring.get(k))} |")
     P("\nCommands:\n" + commands([(S, s) for s in systems + ["AF_PACKET ping-pong (busy)", "AF_PACKET ring ping-pong"]],
                                  [" pingpong ", "mpi_lat ", "afpacket_pingpong ", "afpacket_ring_pp "]) + "\n")
 

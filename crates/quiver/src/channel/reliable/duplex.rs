@@ -127,15 +127,15 @@ impl<B> Duplex<B> {
 
     /// A message of one frame, sent at once: the frame that [`send`](Self::send) followed
     /// by [`poll_transmit_kept`](Self::poll_transmit_kept) would hand out, with the same
-    /// state after it (see [`Sender::send_lone`]). `None`, changing nothing that
-    /// matters, when the general path is needed. Afterwards
+    /// state after it (see [`Sender::send_lone`]). `None`, changing nothing, unless
+    /// [`Sender::takes_lone`]. Afterwards
     /// [`wants_transmit`](Self::wants_transmit) says whether more is to be sent (an
     /// acknowledgement that needs a frame of its own).
     #[inline]
     pub fn send_lone(&mut self, now: Time, head: &[u8], body: &[u8]) -> Option<TxFrame> {
-        self.start_clocks(now);
         let stamp = self.receiver.ack_stamp();
         let frame = self.sender.send_lone(now, head, body, stamp)?;
+        self.start_clocks(now);
         self.receiver.on_ack_sent(now, AckSent::Piggybacked);
         self.sent_at(now);
         Some(frame)

@@ -173,7 +173,7 @@ impl Peer {
             }
             let status = self.duplex.send(now, &m);
             let shadow = self.shadow.send(now, &m);
-            assert_eq!(format!("{status:?}"), format!("{shadow:?}"), "send");
+            assert_eq!(status, shadow, "send");
             match status {
                 Ok(SendStatus::Blocked) => self.blocked_sends += 1,
                 Ok(SendStatus::Ready) => {}

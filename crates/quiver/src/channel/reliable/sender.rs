@@ -18,7 +18,7 @@ use super::{
     SendStatus, Time,
 };
 use crate::wire::{
-    fragments, Flags, Fragments, FrameKind, FrameView, Header, HEADER_LEN, MAX_MESSAGE,
+    fragments, Flags, Fragment, Fragments, FrameKind, FrameView, Header, HEADER_LEN, MAX_MESSAGE,
 };
 
 /// Appends bytes `offset..offset + len` of the message `head` ++ `body` to `buf`.
@@ -267,33 +267,16 @@ impl Sender {
             part.len,
             "send_part: not the message begin_send was given"
         );
-        let total = (part.len as u32).to_le_bytes();
         let limit = (self.room() as usize).saturating_add(ahead);
         while self.pending.len() < limit {
             let Some(frag) = part.frags.next() else {
                 break;
             };
-            let mut buf = self.spare.pop().unwrap_or_default();
-            buf.reserve(frag.datagram_len());
-            let header = Header {
-                kind: FrameKind::Data,
-                flags: frag.flags,
-                seq: self.next_seq,
-                ack: 0,
-                credits: 0,
-                checksum: 0,
-                ..self.template
-            };
-            let mut emitted = [0; HEADER_LEN];
-            header.emit(&mut emitted);
-            buf.extend_from_slice(&emitted);
-            if frag.length_prefix {
-                buf.extend_from_slice(&total);
-            }
-            extend_from_parts(&mut buf, head, body, frag.offset, frag.len);
+            // Stamped when it is sent (poll_transmit_kept).
+            let unstamped = AckStamp { ack: 0, credits: 0 };
+            let buf = self.build_data_frame(&frag, head, body, part.len, unstamped);
             self.pending_bytes += buf.len();
             self.pending.push_back(buf);
-            self.next_seq = self.next_seq.wrapping_add(1);
         }
         if !part.stalled && self.pending.len() as u64 > u64::from(self.room()) {
             self.counters.credit_stalls += 1;
@@ -303,16 +286,28 @@ impl Sender {
         part.frags.len() == 0
     }
 
+    /// Whether [`send_lone`](Self::send_lone) takes a message of `len` bytes: it fits one
+    /// frame, nothing is queued or due for resending, no probe is due, the window has room
+    /// and the sender has not failed.
+    #[inline]
+    pub fn takes_lone(&self, len: usize) -> bool {
+        !self.failed
+            && len <= self.max_datagram - HEADER_LEN
+            && self.pending.is_empty()
+            && self.retx.is_empty()
+            && !self.probe_due
+            && self.room() > 0
+    }
+
     /// A message of one frame sent at once, in one step: exactly what
     /// [`begin_send`](Self::begin_send), [`send_part`](Self::send_part) and
     /// [`poll_transmit_kept`](Self::poll_transmit_kept) with `stamp` do for it (the same
     /// bytes, state and counters), without the fragment plan, the blocked-sends queue and
-    /// a second pass over the header. This is the send half of TCP's header prediction:
-    /// the common case of a request or a reply.
+    /// the transmit loop. This is the send half of TCP's header prediction: the common
+    /// case of a request or a reply.
     ///
-    /// `None`, changing nothing, unless the message (`head` then `body`) fits one frame,
-    /// nothing is queued or due for resending, no probe is due, the window has room and
-    /// the sender has not failed: the general path handles every other case.
+    /// `None`, changing nothing, unless [`takes_lone`](Self::takes_lone): the general path
+    /// handles every other case.
     pub fn send_lone(
         &mut self,
         now: Time,
@@ -321,20 +316,46 @@ impl Sender {
         stamp: AckStamp,
     ) -> Option<TxFrame> {
         let len = head.len() + body.len();
-        if self.failed
-            || len > self.max_datagram - HEADER_LEN
-            || !self.pending.is_empty()
-            || !self.retx.is_empty()
-            || self.probe_due
-            || self.room() == 0
-        {
+        if !self.takes_lone(len) {
             return None;
         }
-        let mut bytes = self.spare.pop().unwrap_or_default();
-        bytes.reserve(HEADER_LEN + len);
+        let whole = Fragment {
+            flags: Flags::FIRST | Flags::LAST,
+            offset: 0,
+            len,
+            length_prefix: false,
+        };
+        // Built with the stamp it is sent with, as poll_transmit_kept's `stamp_frame`
+        // would leave it.
+        let mut bytes = self.build_data_frame(&whole, head, body, len, stamp);
+        if self.checksum {
+            seal(&mut bytes);
+        }
+        // send_part's probe update (it sees the same state: the frame queued or not, the
+        // window is open and nothing is in flight beyond it), then poll_transmit_kept's
+        // bookkeeping.
+        self.update_probe(now);
+        Some(self.first_transmission(now, bytes, stamp))
+    }
+
+    /// Builds fragment `frag` of the message `head` ++ `body` (`total` bytes) as a `Data`
+    /// frame with the next sequence number and the acknowledgement fields `stamp`, in a
+    /// spare buffer, unsealed. Inlined into both callers: the lone message's path is the
+    /// one that counts every instruction.
+    #[inline(always)]
+    fn build_data_frame(
+        &mut self,
+        frag: &Fragment,
+        head: &[u8],
+        body: &[u8],
+        total: usize,
+        stamp: AckStamp,
+    ) -> Vec<u8> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.reserve(frag.datagram_len());
         let header = Header {
             kind: FrameKind::Data,
-            flags: Flags::FIRST | Flags::LAST,
+            flags: frag.flags,
             seq: self.next_seq,
             ack: stamp.ack,
             credits: stamp.credits,
@@ -343,20 +364,13 @@ impl Sender {
         };
         let mut emitted = [0; HEADER_LEN];
         header.emit(&mut emitted);
-        bytes.extend_from_slice(&emitted);
-        bytes.extend_from_slice(head);
-        bytes.extend_from_slice(body);
-        if self.checksum {
-            if let Ok(mut view) = FrameView::new_checked(&mut bytes[..]) {
-                view.fill_checksum();
-            }
+        buf.extend_from_slice(&emitted);
+        if frag.length_prefix {
+            buf.extend_from_slice(&(total as u32).to_le_bytes());
         }
-        // send_part's bookkeeping (its probe update sees the same state: the frame
-        // queued or not, the window is open and nothing is in flight beyond it), then
-        // poll_transmit_kept's.
+        extend_from_parts(&mut buf, head, body, frag.offset, frag.len);
         self.next_seq = self.next_seq.wrapping_add(1);
-        self.update_probe(now);
-        Some(self.first_transmission(now, bytes, stamp))
+        buf
     }
 
     /// Takes in the acknowledgement fields of a valid frame from the peer. `sack` is the
@@ -576,8 +590,9 @@ impl Sender {
 
     /// Hands out a new data frame, built and stamped with `stamp`, for its first
     /// transmission: kept for retransmission in the retransmitting modes, else held in the
-    /// scratch buffer until the next frame (with the tail probe armed).
-    #[inline]
+    /// scratch buffer until the next frame (with the tail probe armed). Inlined into both
+    /// callers, as the code was before it was shared.
+    #[inline(always)]
     fn first_transmission(&mut self, now: Time, bytes: Vec<u8>, stamp: AckStamp) -> TxFrame {
         self.next_tx = self.next_tx.wrapping_add(1);
         self.counters.data_sent += 1;
@@ -875,12 +890,20 @@ fn repairable(o: &Outgoing, now: Time, guard: Duration) -> bool {
 /// Writes the acknowledgement fields into a built frame and seals it if checksums are on.
 fn stamp_frame(bytes: &mut [u8], stamp: AckStamp, checksum: bool) {
     // Every frame here was built with a whole header, so the view always exists.
-    if let Ok(mut view) = FrameView::new_checked(bytes) {
+    if let Ok(mut view) = FrameView::new_checked(&mut *bytes) {
         view.set_ack(stamp.ack);
         view.set_credits(stamp.credits);
-        if checksum {
-            view.fill_checksum();
-        }
+    }
+    if checksum {
+        seal(bytes);
+    }
+}
+
+/// Sets a built frame's CHECKSUM flag and fills in its checksum.
+#[inline]
+fn seal(bytes: &mut [u8]) {
+    if let Ok(mut view) = FrameView::new_checked(bytes) {
+        view.fill_checksum();
     }
 }
 

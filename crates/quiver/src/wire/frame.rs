@@ -40,13 +40,16 @@ impl<'a> Frame<'a> {
     }
 
     /// The message bytes this fragment carries: the body without the length prefix of a
-    /// `FIRST`-only `Data` fragment; empty for kinds other than `Data`.
+    /// `FIRST`-only `Data` fragment; empty for kinds other than `Data`. Always a part of
+    /// the body (an empty one at its end when there are no data), so that its offset in
+    /// the datagram is `data().as_ptr() - datagram.as_ptr()`.
     pub fn data(&self) -> &'a [u8] {
+        let none = &self.body[self.body.len()..];
         if self.header.kind != FrameKind::Data {
-            return &[];
+            return none;
         }
         if self.header.flags.contains(Flags::FIRST) && !self.header.flags.contains(Flags::LAST) {
-            return self.body.get(LENGTH_PREFIX_LEN..).unwrap_or(&[]);
+            return self.body.get(LENGTH_PREFIX_LEN..).unwrap_or(none);
         }
         self.body
     }

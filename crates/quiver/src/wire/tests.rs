@@ -315,6 +315,38 @@ fn malformed_bodies_are_rejected_with_the_reason() {
     bad_body(header(FrameKind::Data, Flags::LAST | Flags::CHECKSUM), &[]);
 }
 
+/// Whether `part` lies inside `whole` (an empty `part` at its end included).
+fn within(part: &[u8], whole: &[u8]) -> bool {
+    let (p, w) = (part.as_ptr() as usize, whole.as_ptr() as usize);
+    p >= w && p + part.len() <= w + whole.len()
+}
+
+/// The receive path computes where the data start from `data()`'s address: it must
+/// point into the datagram for every kind, also when there are no data (a constant
+/// empty slice lies elsewhere, and the subtraction overflowed).
+#[test]
+fn data_always_lies_in_the_body() {
+    for (name, bytes) in valid_frames() {
+        let frame = decode(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(within(frame.data(), frame.body), "{name}");
+        assert!(within(frame.body, &bytes), "{name}");
+    }
+    for (kind, flags, body) in [
+        (FrameKind::Ack, Flags::EMPTY, &b"ab"[..]),
+        (FrameKind::Heartbeat, Flags::EMPTY, b""),
+        (FrameKind::Data, Flags::FIRST, b"ab"),
+    ] {
+        let frame = Frame {
+            header: header(kind, flags),
+            body,
+        };
+        assert!(
+            frame.data().is_empty() && within(frame.data(), body),
+            "{kind:?}"
+        );
+    }
+}
+
 #[test]
 fn hand_built_frames_never_panic_in_accessors() {
     let frame = Frame {
@@ -605,7 +637,8 @@ fn check_decoded(bytes: &[u8]) -> Result<(), TestCaseError> {
         frame.header.emit(&mut again);
         prop_assert_eq!(&again[..], &bytes[..HEADER_LEN]);
         prop_assert_eq!(Header::parse(&again), Ok(frame.header));
-        let _ = (frame.total_len(), frame.data());
+        let _ = frame.total_len();
+        prop_assert!(within(frame.data(), bytes));
     }
     Ok(())
 }

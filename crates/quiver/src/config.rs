@@ -83,6 +83,10 @@ pub struct Config {
     pub pool_size: usize,
     /// Sender slots in an endpoint's shared-memory receive area (`QUIVER_SHM_SLOTS`).
     pub shm_slots: u32,
+    /// Frames of the raw Ethernet link's receive ring (`QUIVER_ETH_RING`). `None` (the
+    /// default): sized by [`Config::eth_ring_frames`], one channel window for every rank
+    /// on another node.
+    pub eth_ring: Option<usize>,
     /// Largest datagram quiver sends over the network, header included
     /// (`QUIVER_DATAGRAM`, formerly `QUIVER_UDP_DATAGRAM`); longer messages are split into
     /// Directed Messages of this size. `None` (the default): as large as the MTU of the
@@ -157,6 +161,7 @@ impl Default for Config {
             max_message: 1 << 20,
             pool_size: 4 << 20,
             shm_slots: 64,
+            eth_ring: None,
             datagram: None,
             cluster: None,
             connect_timeout: Duration::from_secs(30),
@@ -176,6 +181,15 @@ impl Default for Config {
         }
     }
 }
+
+/// Fewest channel windows the default raw Ethernet receive ring holds
+/// ([`Config::eth_ring_frames`]).
+pub const ETH_RING_MIN_WINDOWS: usize = 4;
+/// Most bytes the default raw Ethernet receive ring takes once it holds
+/// [`ETH_RING_MIN_WINDOWS`] windows: the ring is memory the kernel pins, one per endpoint.
+pub const ETH_RING_MAX_BYTES: usize = 4 << 20;
+/// Accepted values of `QUIVER_ETH_RING`.
+const ETH_RING_FRAMES: std::ops::RangeInclusive<usize> = 8..=1 << 20;
 
 /// Per-record overhead of the shared-memory ring, in bytes (header plus alignment).
 pub(crate) const SHM_RECORD_OVERHEAD: usize = 16;
@@ -326,6 +340,24 @@ impl Config {
                     )
                 })?;
         }
+        if let Some(v) = get("QUIVER_ETH_RING") {
+            c.eth_ring = v
+                .parse()
+                .ok()
+                .filter(|n| ETH_RING_FRAMES.contains(n))
+                .map(Some)
+                .ok_or_else(|| {
+                    invalid(
+                        "QUIVER_ETH_RING",
+                        &v,
+                        &format!(
+                            "expected {} to {} frames",
+                            ETH_RING_FRAMES.start(),
+                            ETH_RING_FRAMES.end()
+                        ),
+                    )
+                })?;
+        }
         if let Some(v) = get("QUIVER_PEER_TIMEOUT") {
             let secs: f64 = v
                 .parse()
@@ -351,6 +383,28 @@ impl Config {
         } else {
             DEFAULT_WINDOW
         })
+    }
+
+    /// Frames of the raw Ethernet receive ring of an endpoint whose rank has
+    /// `remote_ranks` ranks on other nodes (its possible senders: ranks of its own node
+    /// talk over shared memory): `QUIVER_ETH_RING` if set, else one channel window per
+    /// sender, at least [`ETH_RING_MIN_WINDOWS`] windows and, above that, at most
+    /// [`ETH_RING_MAX_BYTES`] of frames of `frame_bytes`.
+    ///
+    /// Every sender's window fits, so that senders that all fill their windows at once
+    /// lose nothing (up to the cap; beyond it the ring drops and retransmission repairs).
+    /// A larger ring buys nothing else: the kernel writes each frame into the next slot
+    /// in ring order, so a large ring is walked through memory that has left the cache
+    /// and costs each small message a miss that a ring of a few hundred frames does not
+    /// (docs/DESIGN-NOTES.md, "Reliable network channels").
+    pub fn eth_ring_frames(&self, remote_ranks: usize, frame_bytes: usize) -> usize {
+        if let Some(n) = self.eth_ring {
+            return n;
+        }
+        let window = usize::from(self.channel_window(false));
+        let least = window * ETH_RING_MIN_WINDOWS;
+        let most = (ETH_RING_MAX_BYTES / frame_bytes.max(1)).max(least);
+        (window * remote_ranks).clamp(least, most)
     }
 
     /// The parameters of the reliable channels of this configuration, with the window
@@ -629,6 +683,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("QUIVER_PEER_TIMEOUT"), "{e}");
+    }
+
+    #[test]
+    fn the_eth_ring_holds_every_remote_senders_window() {
+        let d = cfg(&[]).unwrap();
+        let w = usize::from(DEFAULT_WINDOW);
+        let frame = 1584; // MTU 1500
+                          // Few senders: the floor of four windows.
+        for remote in [0, 1, ETH_RING_MIN_WINDOWS] {
+            assert_eq!(d.eth_ring_frames(remote, frame), ETH_RING_MIN_WINDOWS * w);
+        }
+        // More: one window each.
+        assert_eq!(d.eth_ring_frames(6, frame), 6 * w);
+        assert_eq!(d.eth_ring_frames(40, frame), 40 * w);
+        // Many: no more than ETH_RING_MAX_BYTES, but never under the floor.
+        assert_eq!(d.eth_ring_frames(1000, frame), ETH_RING_MAX_BYTES / frame);
+        let jumbo = 65536 + 80;
+        assert_eq!(d.eth_ring_frames(1000, jumbo), ETH_RING_MIN_WINDOWS * w);
+        // The window scales it; QUIVER_ETH_RING overrides it.
+        let small = cfg(&[("QUIVER_WINDOW", "16")]).unwrap();
+        assert_eq!(small.eth_ring_frames(6, frame), 6 * 16);
+        assert_eq!(small.eth_ring_frames(1, frame), ETH_RING_MIN_WINDOWS * 16);
+        let set = cfg(&[("QUIVER_ETH_RING", "5000")]).unwrap();
+        assert_eq!(set.eth_ring, Some(5000));
+        assert_eq!(set.eth_ring_frames(1, frame), 5000);
+        for bad in ["7", "lots", "-1", "2000000"] {
+            let e = cfg(&[("QUIVER_ETH_RING", bad)]).unwrap_err().to_string();
+            assert!(e.contains("QUIVER_ETH_RING"), "{bad}: {e}");
+        }
     }
 
     #[test]

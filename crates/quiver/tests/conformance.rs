@@ -453,6 +453,70 @@ fn eth_suite_runs_over_raw_ethernet() {
     });
 }
 
+/// Every remote sender may fill its window while the receiver reads nothing: the eth
+/// receive ring holds a window for every rank on another node (`Config::eth_ring_frames`),
+/// so the kernel drops none of it. Five senders of 60 frames each overflow the four
+/// windows (256 frames) that one to four senders get.
+#[test]
+fn eth_ring_holds_a_window_from_every_remote_sender() {
+    const SENDERS: u32 = 5;
+    // Under the window of 64 frames: no sender waits for credit.
+    const EACH: u32 = 60;
+    run_ranks(SENDERS + 1, config(TransportChoice::Eth), |job| {
+        let ep = job.open(6).unwrap();
+        if job.rank() != 0 {
+            ep.target_rank(0).unwrap();
+            for i in 0..EACH {
+                ep.write(&pattern(job.rank(), i, 100)).unwrap();
+            }
+            // Every frame is in rank 0's ring before it reads one.
+            job.barrier().unwrap();
+        } else {
+            job.barrier().unwrap();
+            let mut next = [0u32; SENDERS as usize + 1];
+            for _ in 0..SENDERS * EACH {
+                let m = ep.read_timeout(T).unwrap();
+                let src = m.source().rank as usize;
+                assert_eq!(*m, *pattern(src as u32, next[src], 100), "from {src}");
+                next[src] += 1;
+            }
+            let stats = ep.stats();
+            assert_eq!(stats.ring_drops, 0, "{stats:?}");
+        }
+        settle(&job, &ep);
+    });
+}
+
+/// A channel keeps a frame that arrives out of order (selective repeat) where it lies
+/// until the gap before it is filled. With a ring shorter than the window, the ring
+/// comes round to such a frame before the retransmission arrives, and the kernel, which
+/// fills the ring in order, would drop everything behind it, the retransmission too, for
+/// good. The frame is copied out instead (`ring_evacuations`), and every message arrives.
+#[test]
+fn eth_frames_kept_out_of_order_move_out_of_a_small_ring() {
+    const COUNT: u32 = 600;
+    let faults = FaultConfig::parse("loss=0.05,reorder=0.05,seed=5").unwrap();
+    let mut c = config(TransportChoice::Eth).with_faults(Some(faults));
+    c.eth_ring = Some(16);
+    run_ranks(2, c, |job| {
+        let ep = job.open(7).unwrap();
+        if job.rank() == 0 {
+            ep.target_rank(1).unwrap();
+            for i in 0..COUNT {
+                ep.write(&pattern(0, i, 200)).unwrap();
+            }
+        } else {
+            for i in 0..COUNT {
+                let m = ep.read_timeout(T).unwrap();
+                assert_eq!(*m, *pattern(0, i, 200), "message {i}");
+            }
+            let stats = ep.stats();
+            assert!(stats.ring_evacuations > 0, "{stats:?}");
+        }
+        settle(&job, &ep);
+    });
+}
+
 /// Without `CAP_NET_RAW` an endpoint asked for eth takes udp (and logs why): ranks that
 /// both lack it still talk.
 #[test]

@@ -739,9 +739,13 @@ impl Endpoint {
                     off.release(token);
                 }
             }
-            Token::Owned(data) => {
-                // Its buffer assembles a later long message.
+            Token::Owned { data, credit } => {
                 if let Some(udp) = inner.udp.as_mut() {
+                    // A frame copied out of the ring held a receive buffer until now.
+                    if let Some(p) = credit.and_then(|i| udp.peers.get_mut(i as usize)) {
+                        p.duplex.handle_release(udp.last_now, 1);
+                    }
+                    // Its buffer assembles a later long message.
                     udp.spares.give(data);
                 }
             }
@@ -843,14 +847,18 @@ impl Endpoint {
                     token: Some(Token::Udp { slot, peer }),
                 }
             }
-            Ready::Owned { data, source } => {
+            Ready::Owned {
+                data,
+                source,
+                credit,
+            } => {
                 inner.stats.bytes_received += data.len() as u64;
                 Message {
                     ep: self,
                     ptr: data.as_ptr(),
                     len: data.len(),
                     source,
-                    token: Some(Token::Owned(data)),
+                    token: Some(Token::Owned { data, credit }),
                 }
             }
         }))

@@ -11,10 +11,11 @@ pub(crate) enum Token {
     Udp { slot: u32, peer: u32 },
     /// A record in the offload engine's delivery ring.
     Offload { token: u64 },
-    /// A reassembled multi-fragment message.
+    /// A reassembled multi-fragment message, or a frame copied out of a packet ring.
     /// The view points into this vector, which the token keeps alive (and releasing
-    /// gives back to the network side's spare buffers).
-    Owned(Vec<u8>),
+    /// gives back to the network side's spare buffers); releasing a copied frame also
+    /// credits its channel, `credit` (an index of the network side's peers).
+    Owned { data: Vec<u8>, credit: Option<u32> },
 }
 
 /// A zero-copy view of a received message in the endpoint's token buffer pool.

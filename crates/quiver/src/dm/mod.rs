@@ -53,6 +53,10 @@ pub struct EndpointStats {
     /// Ethernet frames the kernel dropped because the endpoint's receive ring was full
     /// (repaired by retransmission in `host` and `offload` mode).
     pub ring_drops: u64,
+    /// Ethernet frames a channel kept (out of order, or not yet read) that were copied
+    /// out of the receive ring when the ring came round to them, so that the kernel
+    /// could go on filling it.
+    pub ring_evacuations: u64,
     /// Writes that found the receiver's pool full and had to wait.
     pub send_stalls: u64,
     /// Frames dropped because they did not decode (truncated, bad version, bad kind...).

@@ -90,7 +90,20 @@ pub(super) struct Net {
     pub(super) spares: SpareBuffers,
     /// A round that could not deliver left frames queued in their channels.
     pub(super) undelivered: bool,
+    /// Frames copied out of the link's ring while a channel keeps them
+    /// ([`Net::evacuate`]); a kept frame names one by its index here with
+    /// [`EVACUATED`] set.
+    pub(super) evacuated: Vec<Option<Vec<u8>>>,
+    /// The ring is stopped at this slot, which the application holds: nothing to move
+    /// until the ring moves on.
+    pub(super) pinned: Option<u32>,
+    /// Frames [`Net::evacuate`] copied out of the ring.
+    pub(super) evacuations: u64,
 }
+
+/// Set in an [`RxFrame::slot`] that names a copy in [`Net::evacuated`] rather than a
+/// slot of the link (whose slots number far fewer).
+pub(super) const EVACUATED: u32 = 1 << 31;
 
 /// A datagram held back by the fault injector: (when to send, order of injection, peer,
 /// bytes); ordered by time, then by injection.
@@ -106,6 +119,29 @@ pub(super) struct RxFrame {
     pub(super) total_len: Option<u32>,
     pub(super) data_off: u32,
     pub(super) data_len: u32,
+}
+
+/// The bytes of a kept frame: a slot of the link, or a copy moved out of it.
+#[inline]
+fn frame_bytes<'a>(link: &'a NetLink, evacuated: &'a [Option<Vec<u8>>], slot: u32) -> &'a [u8] {
+    if slot & EVACUATED == 0 {
+        link.slot(slot)
+    } else {
+        evacuated
+            .get((slot & !EVACUATED) as usize)
+            .and_then(Option::as_deref)
+            .unwrap_or(&[])
+    }
+}
+
+/// Gives back a kept frame: its slot to the link, or its copy.
+#[inline]
+fn free_frame(link: &mut NetLink, evacuated: &mut [Option<Vec<u8>>], slot: u32) {
+    if slot & EVACUATED == 0 {
+        link.free_slot(slot);
+    } else if let Some(copy) = evacuated.get_mut((slot & !EVACUATED) as usize) {
+        *copy = None;
+    }
 }
 
 impl Peer {
@@ -140,6 +176,10 @@ pub(super) enum Ready {
     Owned {
         data: Vec<u8>,
         source: Source,
+        /// The channel to credit when the message is released: a frame copied out of
+        /// the ring still holds its receive buffer ([`Net::evacuate`]). `None` for a
+        /// reassembled message, whose frames were credited as they were copied.
+        credit: Option<u32>,
     },
 }
 
@@ -156,7 +196,15 @@ impl Net {
     /// Opens the endpoint's link and publishes its address in the rendezvous.
     pub(super) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Net> {
         let me = job.rank;
-        let link = NetLink::open(&job.config, job.addrs[me as usize], job.node_port(me), dpid)?;
+        let my_node = job.nids[me as usize];
+        let remote_ranks = job.nids.iter().filter(|&&n| n != my_node).count();
+        let link = NetLink::open(
+            &job.config,
+            job.addrs[me as usize],
+            job.node_port(me),
+            dpid,
+            remote_ranks,
+        )?;
         job.kv.put(&net_key(me, dpid), &link.advertise())?;
         let cfg = &job.config;
         Ok(Net {
@@ -177,6 +225,9 @@ impl Net {
             data_frames: 0,
             spares: SpareBuffers::default(),
             undelivered: false,
+            evacuated: Vec::new(),
+            pinned: None,
+            evacuations: 0,
             job,
             dpid,
         })
@@ -258,6 +309,15 @@ impl Net {
         let mut batch = std::mem::take(&mut self.scratch);
         batch.clear();
         let received = self.link.recv_batch(&mut batch);
+        if batch.is_empty() {
+            if let Some(slot) = self.link.blocked_slot() {
+                if self.pinned != Some(slot) && !self.evacuate(slot, ready) {
+                    self.pinned = Some(slot);
+                }
+            }
+        } else {
+            self.pinned = None;
+        }
         if batch.is_empty() && self.next_deadline.is_none() && self.delayed.is_empty() {
             self.scratch = batch;
             return received;
@@ -368,13 +428,16 @@ impl Net {
                     }
                     touched = true;
                     if let Some(back) = p.duplex.handle_frame(now, &h, rxf) {
-                        self.link.free_slot(back.slot);
+                        free_frame(&mut self.link, &mut self.evacuated, back.slot);
                     }
                 }
                 None => self.link.free_slot(d.slot),
             }
         }
         self.scratch = batch;
+        while let Some(slot) = self.link.next_approaching() {
+            self.evacuate(slot, ready);
+        }
         received?;
 
         let due = self.next_deadline.is_some_and(|t| t <= now);
@@ -394,7 +457,7 @@ impl Net {
             }
             while let Some(d) = deliver.then(|| p.duplex.poll_deliver()).flatten() {
                 let (off, len) = (d.data_off as usize, d.data_len as usize);
-                let data = &self.link.slot(d.slot)[off..off + len];
+                let data = &frame_bytes(&self.link, &self.evacuated, d.slot)[off..off + len];
                 let out = p.rx.on_data(
                     d.seq,
                     d.flags,
@@ -406,6 +469,18 @@ impl Net {
                 stats.dropped_oversized += out.oversized as u64;
                 stats.dropped_malformed += out.malformed as u64;
                 match out.delivery {
+                    Delivery::InPlace if d.slot & EVACUATED != 0 => {
+                        let mut data = self.evacuated[(d.slot & !EVACUATED) as usize]
+                            .take()
+                            .unwrap_or_default();
+                        data.truncate(off + len);
+                        data.drain(..off);
+                        ready.push_back(Ready::Owned {
+                            data,
+                            source: p.source,
+                            credit: Some(i as u32),
+                        });
+                    }
                     Delivery::InPlace => {
                         ready.push_back(Ready::Slot {
                             slot: d.slot,
@@ -419,12 +494,13 @@ impl Net {
                         ready.push_back(Ready::Owned {
                             data,
                             source: p.source,
+                            credit: None,
                         });
-                        self.link.free_slot(d.slot);
+                        free_frame(&mut self.link, &mut self.evacuated, d.slot);
                         p.duplex.handle_release(now, 1);
                     }
                     Delivery::None => {
-                        self.link.free_slot(d.slot);
+                        free_frame(&mut self.link, &mut self.evacuated, d.slot);
                         p.duplex.handle_release(now, 1);
                     }
                 }
@@ -450,6 +526,62 @@ impl Net {
         self.send_delayed(now)?;
         self.update_deadline();
         Ok(())
+    }
+
+    /// The link's receive ring comes round to `slot`, which we still hold, within half a
+    /// ring of frames (or already has): from then on the kernel drops every frame behind
+    /// it until it is free, the retransmission that would let a channel deliver it
+    /// included. A frame the protocol keeps (held out of order,
+    /// waiting for delivery, or delivered to `ready` and not yet read) is copied out and
+    /// its slot given back; it keeps its sender's credit until the application releases
+    /// the message. A frame the application holds (a live `Message`, `Message::hold`)
+    /// cannot move: returns false, and the ring waits for its release.
+    #[cold]
+    #[inline(never)]
+    fn evacuate(&mut self, slot: u32, ready: &mut VecDeque<Ready>) -> bool {
+        for r in ready.iter_mut() {
+            if let Ready::Slot {
+                slot: s,
+                offset,
+                len,
+                source,
+                peer,
+            } = *r
+            {
+                if s == slot {
+                    let data = self.link.slot(slot)[offset..offset + len].to_vec();
+                    *r = Ready::Owned {
+                        data,
+                        source,
+                        credit: Some(peer),
+                    };
+                    self.link.free_slot(slot);
+                    self.evacuations += 1;
+                    return true;
+                }
+            }
+        }
+        for p in &mut self.peers {
+            if let Some(f) = p.duplex.kept_mut().find(|f| f.slot == slot) {
+                let end = (f.data_off + f.data_len) as usize;
+                let copy = self.link.slot(slot)[..end].to_vec();
+                let index = match self.evacuated.iter().position(Option::is_none) {
+                    Some(i) => {
+                        self.evacuated[i] = Some(copy);
+                        i
+                    }
+                    None => {
+                        self.evacuated.push(Some(copy));
+                        self.evacuated.len() - 1
+                    }
+                };
+                f.slot = EVACUATED | index as u32;
+                self.link.free_slot(slot);
+                self.evacuations += 1;
+                return true;
+            }
+        }
+        false
     }
 
     /// The header of a frame from this endpoint to endpoint `dst_dpid` (sequence,
@@ -522,6 +654,7 @@ impl Net {
             st.acks_sent += c.acks_explicit;
         }
         st.ring_drops = self.link.ring_drops();
+        st.ring_evacuations = self.evacuations;
         if let Some(f) = &self.faults {
             let c = f.counters();
             st.faults_lost = c.lost;

@@ -581,7 +581,7 @@ impl Engine {
                     source,
                     ..
                 } => (*source, &self.net.link.slot(*slot)[*offset..*offset + *len]),
-                Ready::Owned { data, source } => (*source, data),
+                Ready::Owned { data, source, .. } => (*source, data),
             };
             if !self
                 .deliveries
@@ -598,8 +598,15 @@ impl Engine {
                         p.duplex.handle_release(now, 1);
                     }
                 }
-                // Copied into the ring: the buffer assembles a later long message.
-                Some(Ready::Owned { data, .. }) => self.net.spares.give(data),
+                // Copied into the ring: the buffer assembles a later long message, and
+                // a frame copied out of the packet ring gives its credit back.
+                Some(Ready::Owned { data, credit, .. }) => {
+                    let now = self.net.last_now;
+                    if let Some(p) = credit.and_then(|i| self.net.peers.get_mut(i as usize)) {
+                        p.duplex.handle_release(now, 1);
+                    }
+                    self.net.spares.give(data);
+                }
                 None => {}
             }
         }

@@ -54,7 +54,10 @@
 //! freed, and the read cursor stops at the same frame. A held frame therefore costs
 //! nothing until `slots() - 1` further frames have arrived behind it; a caller may keep a
 //! frame for as long as it takes the ring to wrap round to it, and must copy out (or give
-//! back) anything it means to keep longer, or the endpoint stops receiving.
+//! back) anything it means to keep longer, or the endpoint stops receiving. To give it
+//! time, `recv_batch` reports a frame still held half a ring ahead of the one it hands
+//! out ([`EthLink::next_approaching`]), and [`EthLink::blocked_slot`] the frame the
+//! kernel is stopped at.
 //!
 //! Readiness: the descriptor ([`AsRawFd`]) polls readable when the kernel has not got
 //! back the frame *before* its head, i.e. also while the newest frame has been taken by
@@ -127,7 +130,7 @@ const RX_NET: usize = align(libc::TPACKET2_HDRLEN + 16);
 
 /// Largest block asked for: the kernel allocates each block as one run of pages.
 const MAX_BLOCK: usize = 4 << 20;
-/// Fewest receive frames, whatever `ring_bytes` says.
+/// Fewest receive frames, whatever is asked for.
 const MIN_RX_FRAMES: usize = 8;
 /// Transmit ring: this many frames, at most `TX_BYTES`.
 const TX_FRAMES: usize = 256;
@@ -418,13 +421,17 @@ impl Geometry {
     }
 }
 
+/// Bytes of one receive ring frame for an interface of `mtu` bytes: a received packet of
+/// 14 + MTU bytes ends at `RX_NET + mtu`.
+pub(crate) fn rx_frame_bytes(mtu: usize) -> usize {
+    align(RX_NET + mtu)
+}
+
 /// The receive and transmit rings for an interface of `mtu` bytes and a receive ring of
-/// about `ring_bytes` (at least `MIN_RX_FRAMES` frames); the transmit ring holds
-/// `TX_FRAMES` frames or `TX_BYTES`, whichever is less.
-fn layouts(mtu: usize, ring_bytes: usize, page: usize) -> (Geometry, Geometry) {
-    // A received packet of 14 + MTU bytes ends at RX_NET + MTU.
-    let rx_frame = align(RX_NET + mtu);
-    let rx = Geometry::new(rx_frame, (ring_bytes / rx_frame).max(MIN_RX_FRAMES), page);
+/// about `rx_frames` frames (at least `MIN_RX_FRAMES`; rounded up to whole blocks); the
+/// transmit ring holds `TX_FRAMES` frames or `TX_BYTES`, whichever is less.
+fn layouts(mtu: usize, rx_frames: usize, page: usize) -> (Geometry, Geometry) {
+    let rx = Geometry::new(rx_frame_bytes(mtu), rx_frames.max(MIN_RX_FRAMES), page);
     let tx_frame = align(TX_DATA + ETH_HLEN + mtu);
     let tx_frames = TX_FRAMES.min(TX_BYTES / tx_frame).max(1);
     let mut tx = Geometry::new(tx_frame, tx_frames, page);
@@ -475,6 +482,11 @@ pub(crate) struct EthLink {
     rx_cursor: usize,
     /// Receive frames handed out by `recv_batch` and not yet freed.
     held: Vec<bool>,
+    /// How far ahead of the read cursor `recv_batch` looks for frames still held: half
+    /// the ring.
+    lookahead: usize,
+    /// Held frames the kernel reaches within `lookahead` frames ([`EthLink::next_approaching`]).
+    approaching: Vec<u32>,
     /// Next transmit frame to fill.
     tx_cursor: Cell<usize>,
     /// Frames the kernel dropped for want of a free receive frame, summed over the
@@ -501,8 +513,9 @@ unsafe impl Send for EthLink {}
 
 impl EthLink {
     /// Opens a link on `iface` that receives the frames addressed to this interface's MAC
-    /// with EtherType ETHERTYPE, port `port` and dst_dpid `dpid`; `ring_bytes` is the
-    /// receive ring size asked for (the frame size follows the interface MTU).
+    /// with EtherType ETHERTYPE, port `port` and dst_dpid `dpid`, into a receive ring of
+    /// `rx_frames` frames (rounded up to whole blocks; each frame holds a packet of the
+    /// interface's MTU, [`rx_frame_bytes`]).
     ///
     /// Errors are [`Error::Io`] naming the step that failed ([`is_permission`] tells a
     /// missing `CAP_NET_RAW`), or [`Error::Config`] for an MTU too small for a quiver
@@ -511,7 +524,7 @@ impl EthLink {
         iface: &Interface,
         port: u16,
         dpid: u16,
-        ring_bytes: usize,
+        rx_frames: usize,
     ) -> Result<EthLink> {
         let name = &iface.name;
         if iface.mtu < MIN_MTU {
@@ -548,7 +561,7 @@ impl EthLink {
 
         // SAFETY: sysconf has no memory preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let (rx, tx) = layouts(iface.mtu, ring_bytes, page);
+        let (rx, tx) = layouts(iface.mtu, rx_frames, page);
         // The in-flight frames are charged to the send buffer: let a whole ring fly.
         set_sndbuf(&fd, tx.bytes() + tx.frames() * 1024);
         setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx.req()).map_err(|e| {
@@ -598,6 +611,8 @@ impl EthLink {
             },
             rx_cursor: 0,
             held: vec![false; rx.frames()],
+            lookahead: (rx.frames() / 2).max(1),
+            approaching: Vec::new(),
             tx_cursor: Cell::new(0),
             drops: Cell::new(0),
             mac: iface.mac,
@@ -683,6 +698,17 @@ impl EthLink {
                 len,
             });
             self.rx_cursor = if i + 1 == frames { 0 } else { i + 1 };
+            // A frame still held half a ring after it was handed out stops the kernel
+            // when the ring comes round to it: say so while there is time to move it.
+            let ahead = i + self.lookahead;
+            let ahead = if ahead >= frames {
+                ahead - frames
+            } else {
+                ahead
+            };
+            if self.held[ahead] && ahead != i {
+                self.approaching.push(ahead as u32);
+            }
         }
         Ok(())
     }
@@ -737,6 +763,23 @@ impl EthLink {
         // write a frame that we hold, and giving it back (free_slot) takes &mut self, so
         // the slice cannot outlive the hold.
         unsafe { std::slice::from_raw_parts(frame.add(start), size - start) }
+    }
+
+    /// The next held frame that the kernel reaches within half a ring of frames, as
+    /// `recv_batch` found them: its holder should copy it out and free it
+    /// ([`EthLink::blocked_slot`] says when it is too late). A frame freed since is
+    /// reported all the same (it is free then, so nobody holds it).
+    #[inline]
+    pub(crate) fn next_approaching(&mut self) -> Option<u32> {
+        self.approaching.pop()
+    }
+
+    /// The frame the kernel is stopped at, or stops at with the next frame that arrives:
+    /// the next one in ring order, when it is still held. Until it is freed the kernel
+    /// drops every frame for this endpoint (`ring_drops`) and `recv_batch` finds nothing.
+    #[inline]
+    pub(crate) fn blocked_slot(&self) -> Option<u32> {
+        self.held[self.rx_cursor].then_some(self.rx_cursor as u32)
     }
 
     /// Gives a received frame back to the kernel. Frames may be freed in any order.
@@ -1162,7 +1205,8 @@ mod tests {
 
     /// Opens a link on lo, or None (after saying so) without CAP_NET_RAW.
     fn open(port: u16, dpid: u16, ring_bytes: usize) -> Option<EthLink> {
-        match EthLink::open(&lo(), port, dpid, ring_bytes) {
+        let lo = lo();
+        match EthLink::open(&lo, port, dpid, ring_bytes / rx_frame_bytes(lo.mtu)) {
             Ok(l) => Some(l),
             Err(e) if is_permission(&e) => {
                 eprintln!("skipping: no CAP_NET_RAW ({e})");
@@ -1280,7 +1324,7 @@ mod tests {
         let page = 4096;
         for mtu in [MIN_MTU, 1500, 9000, 65536] {
             for ring_bytes in [0, 4 << 20, 16 << 20] {
-                let (rx, tx) = layouts(mtu, ring_bytes, page);
+                let (rx, tx) = layouts(mtu, ring_bytes / rx_frame_bytes(mtu), page);
                 assert!(rx.frame_size >= RX_NET + mtu);
                 assert!(tx.frame_size >= TX_DATA + ETH_HLEN + mtu);
                 assert!(rx.frames() >= MIN_RX_FRAMES && rx.frames() >= ring_bytes / rx.frame_size);
@@ -1818,7 +1862,8 @@ mod tests {
             let rc = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
             assert_eq!(rc, 0, "{}", io::Error::last_os_error());
             let (port, dpid) = addr();
-            match EthLink::open(&lo(), port, dpid, 1 << 20) {
+            let lo = lo();
+            match EthLink::open(&lo, port, dpid, (1 << 20) / rx_frame_bytes(lo.mtu)) {
                 Ok(_) => panic!("opened a raw link without CAP_NET_RAW"),
                 Err(e) => assert!(is_permission(&e), "{e}"),
             }
@@ -1935,12 +1980,12 @@ mod tests {
             let (ps, ds) = addr();
             let (pr, dr) = addr();
             let count = 3000usize;
-            let s = match EthLink::open(&qa, ps, ds, 1 << 20) {
+            let s = match EthLink::open(&qa, ps, ds, 662) {
                 Ok(l) => l,
                 Err(e) if is_permission(&e) => return,
                 Err(e) => panic!("{e}"),
             };
-            let mut r = EthLink::open(&qb, pr, dr, (count + 64) * 1600).unwrap();
+            let mut r = EthLink::open(&qb, pr, dr, count + 64).unwrap();
             assert!(r.slots() >= count);
             let to = EthDest {
                 mac: qb.mac,

@@ -56,11 +56,18 @@ pub(crate) enum DestAddr {
 
 impl NetLink {
     /// Opens the link `config` asks for, for endpoint `dpid` of a rank whose address is
-    /// `ip` and that is the `port`-th rank of its node (Ethernet tells the endpoints of
-    /// one node apart by port).
-    pub(crate) fn open(config: &Config, ip: IpAddr, port: u16, dpid: u16) -> Result<NetLink> {
+    /// `ip`, that is the `port`-th rank of its node (Ethernet tells the endpoints of one
+    /// node apart by port) and that has `remote_ranks` ranks on other nodes (Ethernet
+    /// sizes its receive ring by them).
+    pub(crate) fn open(
+        config: &Config,
+        ip: IpAddr,
+        port: u16,
+        dpid: u16,
+        remote_ranks: usize,
+    ) -> Result<NetLink> {
         if let Some(why_not) = wants_eth(config) {
-            match open_eth(config, ip, port, dpid) {
+            match open_eth(config, ip, port, dpid, remote_ranks) {
                 Ok(link) => return Ok(link),
                 Err(why) => fall_back_once(why_not, &why),
             }
@@ -177,6 +184,25 @@ impl NetLink {
         }
     }
 
+    /// The slot whose hold stops all reception ([`EthLink::blocked_slot`]): a packet
+    /// ring is filled in order, a UDP pool from a free list, which no slot blocks.
+    #[inline]
+    pub(crate) fn blocked_slot(&self) -> Option<u32> {
+        match self {
+            NetLink::Udp { .. } => None,
+            NetLink::Eth(e) => e.blocked_slot(),
+        }
+    }
+
+    /// A held slot the ring comes round to soon ([`EthLink::next_approaching`]).
+    #[inline]
+    pub(crate) fn next_approaching(&mut self) -> Option<u32> {
+        match self {
+            NetLink::Udp { .. } => None,
+            NetLink::Eth(e) => e.next_approaching(),
+        }
+    }
+
     /// Gives a received slot back for new frames.
     #[inline]
     pub(crate) fn free_slot(&mut self, slot: u32) {
@@ -241,7 +267,13 @@ fn wants_eth(config: &Config) -> Option<&'static str> {
     }
 }
 
-fn open_eth(config: &Config, ip: IpAddr, port: u16, dpid: u16) -> Result<NetLink> {
+fn open_eth(
+    config: &Config,
+    ip: IpAddr,
+    port: u16,
+    dpid: u16,
+    remote_ranks: usize,
+) -> Result<NetLink> {
     let mut iface = Interface::with_addr(ip)?.ok_or_else(|| {
         Error::Config(format!(
             "no network interface carries this rank's address {ip}"
@@ -251,10 +283,8 @@ fn open_eth(config: &Config, ip: IpAddr, port: u16, dpid: u16) -> Result<NetLink
         // An explicit datagram size caps the frames as it caps UDP datagrams.
         iface.mtu = iface.mtu.min(d + 2);
     }
-    let ring = config
-        .pool_size
-        .max(4 * usize::from(config.channel_window(false)) * (iface.mtu + 64));
-    Ok(NetLink::Eth(EthLink::open(&iface, port, dpid, ring)?))
+    let frames = config.eth_ring_frames(remote_ranks, eth::rx_frame_bytes(iface.mtu));
+    Ok(NetLink::Eth(EthLink::open(&iface, port, dpid, frames)?))
 }
 
 /// Logs, once per process, why an endpoint that wanted Ethernet took UDP.
@@ -301,7 +331,7 @@ mod tests {
     use crate::config::{DEFAULT_WINDOW, DEFAULT_WINDOW_SEGMENTED};
 
     fn udp_link(config: &Config) -> NetLink {
-        NetLink::open(config, IpAddr::from([127, 0, 0, 1]), 0, 0).unwrap()
+        NetLink::open(config, IpAddr::from([127, 0, 0, 1]), 0, 0, 1).unwrap()
     }
 
     #[test]

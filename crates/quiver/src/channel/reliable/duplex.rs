@@ -387,6 +387,11 @@ impl<B> Duplex<B> {
         &self.receiver
     }
 
+    /// The buffers the incoming channel keeps ([`Receiver::kept_mut`]).
+    pub fn kept_mut(&mut self) -> impl Iterator<Item = &mut B> {
+        self.receiver.kept_mut()
+    }
+
     /// The counters of both directions, summed.
     pub fn counters(&self) -> Counters {
         let mut c = self.sender.counters().clone();

@@ -284,6 +284,17 @@ impl<B> Receiver<B> {
         self.deliver.pop_front()
     }
 
+    /// Every buffer the receiver keeps: frames held out of order and frames waiting for
+    /// [`poll_deliver`](Self::poll_deliver). For a caller that must move a buffer to
+    /// other memory (a packet ring that came round to it); the receiver never looks
+    /// inside them.
+    pub fn kept_mut(&mut self) -> impl Iterator<Item = &mut B> {
+        self.ring
+            .iter_mut()
+            .flatten()
+            .chain(self.deliver.iter_mut())
+    }
+
     /// The next error to report.
     pub fn poll_error(&mut self) -> Option<ChannelError> {
         self.errors.pop_front()

@@ -569,6 +569,47 @@ fn selective_repeat_keeps_out_of_order_and_resends_holes() {
     assert_eq!(got, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
 }
 
+/// `kept_mut` reaches every buffer the receiver keeps, out of order or waiting for
+/// delivery, and a buffer moved through it is the one delivered (a packet ring's frame
+/// copied out before the ring comes round to it).
+#[test]
+fn kept_buffers_can_be_moved_before_delivery() {
+    let cfg = Config {
+        recovery: Recovery::Selective,
+        ..config(Mode::Host, 8)
+    };
+    let (mut a, mut b) = pair(&cfg);
+    for i in 0..5u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let f = out(&mut a, t(0));
+    // Frames 0 and 2 are lost: 1, 3 and 4 are kept out of order.
+    for i in [1, 3, 4] {
+        b.handle_datagram(t(1), f[i].clone());
+    }
+    let mut moved = Vec::new();
+    for buf in b.kept_mut() {
+        *buf = buf.clone();
+        moved.push(buf.as_ptr() as usize);
+    }
+    assert_eq!(moved.len(), 3);
+    // Frame 0 arrives: 0 and 1 wait for delivery, 3 and 4 stay out of order.
+    b.handle_datagram(t(2), f[0].clone());
+    assert_eq!(b.kept_mut().count(), 4);
+    b.handle_datagram(t(3), f[2].clone());
+    let got: Vec<_> = std::iter::from_fn(|| b.poll_deliver()).collect();
+    assert_eq!(
+        got.iter().map(|g| data_of(g)).collect::<Vec<_>>(),
+        (0..5u8).map(|i| vec![i]).collect::<Vec<_>>()
+    );
+    let delivered: Vec<_> = [1, 3, 4]
+        .iter()
+        .map(|&i| got[i].as_ptr() as usize)
+        .collect();
+    assert_eq!(delivered, moved);
+    assert_eq!(b.kept_mut().count(), 0);
+}
+
 /// Selective repeat, W = 8, a 1 ms first timeout: the setting of the timeout tests below.
 fn frto_config() -> Config {
     Config {

@@ -32,11 +32,15 @@
 //!
 //! # What a link owns
 //!
-//! One packet socket bound to (interface, `ETHERTYPE`), its classic BPF filter (accepting
-//! only frames with `pkt_type == PACKET_HOST`, our EtherType, our port and our `dst_dpid`;
-//! this also excludes our own outgoing frames, broadcasts and frames that a bridge floods
-//! to the wrong node), and one mapping that holds the receive ring followed by the
-//! transmit ring. Dropping the link unmaps both and closes the socket.
+//! A receiving packet socket bound to (interface, `ETHERTYPE`), with its classic BPF
+//! filter (accepting only frames with `pkt_type == PACKET_HOST`, our EtherType, our port
+//! and our `dst_dpid`; this also excludes our own outgoing frames, broadcasts and frames
+//! that a bridge floods to the wrong node) and the mapping of its receive ring; and a
+//! transmitting packet socket of protocol 0 (it receives nothing) with the mapping of its
+//! transmit ring. The receiving socket also sends a lone small frame by copy: a socket
+//! with a transmit ring can only send from it, and sending on the socket the kernel has
+//! just used to receive is cheaper than on a third one (PERFORMANCE, section 3). Dropping
+//! the link unmaps both rings and closes both sockets.
 //!
 //! # Receive ring: who owns which frame
 //!
@@ -138,7 +142,7 @@ const TX_BYTES: usize = 2 << 20;
 /// How long sending waits for the kernel to take or give back a transmit frame.
 const TX_STALL: Duration = Duration::from_secs(10);
 /// A lone frame up to this long (link header included) is sent by copy through the
-/// second socket instead of the transmit ring (see [`EthLink::send_copied`]).
+/// receiving socket instead of the transmit ring (see [`EthLink::send_copied`]).
 const COPY_SEND_MAX: usize = 256;
 
 // PACKET_QDISC_BYPASS is deliberately not set: it would hand frames straight to the
@@ -471,11 +475,17 @@ impl Ring {
     }
 }
 
-/// An endpoint's raw Ethernet socket and its two rings.
+/// An endpoint's two raw Ethernet sockets and their rings.
 pub(crate) struct EthLink {
+    /// The receiving socket: bound to our EtherType, filtered, with the receive ring
+    /// mapped at `rx_map`. A lone small frame is sent through it by copy
+    /// ([`EthLink::send_copied`]).
     fd: OwnedFd,
-    map: NonNull<u8>,
-    map_len: usize,
+    rx_map: NonNull<u8>,
+    /// The transmitting socket: protocol 0 (it receives nothing), with the transmit ring
+    /// mapped at `tx_map`.
+    tx_fd: OwnedFd,
+    tx_map: NonNull<u8>,
     rx: Ring,
     tx: Ring,
     /// Next receive frame to look at.
@@ -496,9 +506,6 @@ pub(crate) struct EthLink {
     mtu: usize,
     port: u16,
     ifname: String,
-    /// A packet socket without rings (protocol 0: it receives nothing) that sends a lone
-    /// small frame by copy; `None` if it could not be opened (the ring sends everything).
-    copy_tx: Option<OwnedFd>,
     ifindex: libc::c_int,
     /// Frames sent by copy (for tests and diagnostics).
     copied: Cell<u64>,
@@ -562,8 +569,6 @@ impl EthLink {
         // SAFETY: sysconf has no memory preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
         let (rx, tx) = layouts(iface.mtu, rx_frames, page);
-        // The in-flight frames are charged to the send buffer: let a whole ring fly.
-        set_sndbuf(&fd, tx.bytes() + tx.frames() * 1024);
         setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx.req()).map_err(|e| {
             let what = format!(
                 "PACKET_RX_RING of {} frames of {} bytes",
@@ -572,41 +577,70 @@ impl EthLink {
             );
             fail(&what, e)
         })?;
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx.req()).map_err(|e| {
-            let what = format!(
-                "PACKET_TX_RING of {} frames of {} bytes",
-                tx.frames(),
-                tx.frame_size
-            );
-            fail(&what, e)
-        })?;
-        let map_len = rx.bytes() + tx.bytes();
-        // SAFETY: a fresh shared mapping of the socket's rings (the kernel lays out the RX
-        // ring first, then the TX ring); the result is checked.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
+        let rx_map = map_ring(&fd, rx.bytes()).map_err(|e| {
+            fail(
+                &format!("mapping the {} bytes of the receive ring", rx.bytes()),
+                e,
             )
-        };
-        if map == libc::MAP_FAILED {
-            let e = io::Error::last_os_error();
-            return Err(fail(&format!("mapping {map_len} bytes of packet rings"), e));
+        })?;
+        // The transmit ring lives on a second socket, so that the receiving socket has no
+        // transmit ring and can send a lone small frame by copy (a socket with a transmit
+        // ring sends only from it). Protocol 0: it receives nothing.
+        // SAFETY: socket has no memory preconditions; the result is checked.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            // SAFETY: rx_map was mapped above with this length and nothing refers to it.
+            unsafe { libc::munmap(rx_map.as_ptr() as *mut libc::c_void, rx.bytes()) };
+            return Err(fail(
+                "opening the transmitting AF_PACKET socket",
+                io::Error::last_os_error(),
+            ));
         }
-        let map = NonNull::new(map as *mut u8).expect("mmap does not return NULL on success");
-        // SAFETY: rx.bytes() < map_len: the TX ring starts inside the mapping.
-        let tx_base = unsafe { map.add(rx.bytes()) };
+        // SAFETY: raw is a fresh descriptor that nothing else owns.
+        let tx_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let tx_map = setsockopt(&tx_fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V2)
+            .map_err(|e| fail("PACKET_VERSION TPACKET_V2 (transmitting socket)", e))
+            .and_then(|()| {
+                // The in-flight frames are charged to the send buffer: let a whole ring fly.
+                set_sndbuf(&tx_fd, tx.bytes() + tx.frames() * 1024);
+                setsockopt(&tx_fd, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx.req()).map_err(
+                    |e| {
+                        let what = format!(
+                            "PACKET_TX_RING of {} frames of {} bytes",
+                            tx.frames(),
+                            tx.frame_size
+                        );
+                        fail(&what, e)
+                    },
+                )?;
+                bind_to(&tx_fd, 0, iface.index)
+                    .map_err(|e| fail("binding the transmitting socket to the interface", e))?;
+                map_ring(&tx_fd, tx.bytes()).map_err(|e| {
+                    fail(
+                        &format!("mapping the {} bytes of the transmit ring", tx.bytes()),
+                        e,
+                    )
+                })
+            });
+        let tx_map = match tx_map {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: rx_map was mapped above with this length and nothing refers to it.
+                unsafe { libc::munmap(rx_map.as_ptr() as *mut libc::c_void, rx.bytes()) };
+                return Err(e);
+            }
+        };
         let link = EthLink {
             fd,
-            map,
-            map_len,
-            rx: Ring { base: map, geo: rx },
+            rx_map,
+            tx_fd,
+            tx_map,
+            rx: Ring {
+                base: rx_map,
+                geo: rx,
+            },
             tx: Ring {
-                base: tx_base,
+                base: tx_map,
                 geo: tx,
             },
             rx_cursor: 0,
@@ -619,28 +653,14 @@ impl EthLink {
             mtu: iface.mtu,
             port,
             ifname: name.clone(),
-            copy_tx: open_copy_tx(),
             ifindex: iface.index as libc::c_int,
             copied: Cell::new(0),
             #[cfg(feature = "eth-turnaround")]
             turnaround: Default::default(),
         };
-        // SAFETY: sockaddr_ll is plain data; zero is valid.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as libc::c_ushort;
-        sll.sll_protocol = ETHERTYPE.to_be();
-        sll.sll_ifindex = iface.index as libc::c_int;
-        // SAFETY: sll is a valid sockaddr_ll of the size passed.
-        let rc = unsafe {
-            libc::bind(
-                link.fd.as_raw_fd(),
-                &sll as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(fail("binding to the interface", io::Error::last_os_error()));
-        }
+        // Dropping `link` from here on unmaps both rings and closes both sockets.
+        bind_to(&link.fd, ETHERTYPE, iface.index)
+            .map_err(|e| fail("binding to the interface", e))?;
         tracing::debug!(
             iface = %name, port, dpid,
             rx_frames = rx.frames(), rx_frame = rx.frame_size, rx_block = rx.block_size,
@@ -856,16 +876,14 @@ impl EthLink {
         head
     }
 
-    /// Sends a lone small frame by copy (`sendto` on the ring-less socket); false if it
-    /// was not sent (too long, no such socket, frames still waiting in the transmit ring,
-    /// which it must not overtake, or the kernel had no room): the ring sends it then.
+    /// Sends a lone small frame by copy (`sendto` on the receiving socket, which has no
+    /// transmit ring); false if it was not sent (too long, frames still waiting in the
+    /// transmit ring, which it must not overtake, or the kernel had no room): the ring
+    /// sends it then.
     /// A frame sent from the transmit ring lends its ring page to the packet, and veth
     /// copies that page into a fresh one when the packet crosses into another namespace;
     /// a copied frame skips both (the anchors' `afpacket_pingpong` sends this way).
     fn send_copied(&self, dest: &EthDest, d: &[u8]) -> bool {
-        let Some(fd) = &self.copy_tx else {
-            return false;
-        };
         let len = LINK_HEADER + d.len();
         if len > COPY_SEND_MAX || self.tx_pending() {
             return false;
@@ -878,13 +896,14 @@ impl EthLink {
         // SAFETY: sockaddr_ll is plain data; zero is valid.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as libc::c_ushort;
+        sll.sll_protocol = ETHERTYPE.to_be();
         sll.sll_ifindex = self.ifindex;
         sll.sll_halen = 6;
         sll.sll_addr[..6].copy_from_slice(&dest.mac.0);
         // SAFETY: frame[..len] and sll are valid for the duration of the call.
         let n = unsafe {
             libc::sendto(
-                fd.as_raw_fd(),
+                self.fd.as_raw_fd(),
                 frame.as_ptr() as *const libc::c_void,
                 len,
                 libc::MSG_DONTWAIT,
@@ -961,8 +980,14 @@ impl EthLink {
         loop {
             // SAFETY: a send with no data on a socket with a TX ring: the kernel reads the
             // requested frames from the ring; nothing of ours is passed.
-            let n =
-                unsafe { libc::send(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
+            let n = unsafe {
+                libc::send(
+                    self.tx_fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                )
+            };
             if n >= 0 {
                 if !self.tx_pending() {
                     return Ok(());
@@ -1008,7 +1033,14 @@ impl EthLink {
         if neutralised > 0 {
             // Best effort: the frames behind go out now, or with the next batch.
             // SAFETY: as in kick.
-            unsafe { libc::send(self.fd.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT) };
+            unsafe {
+                libc::send(
+                    self.tx_fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                )
+            };
             tracing::warn!(iface = %self.ifname, frames = neutralised, "the kernel refused raw Ethernet frames: {e}");
         }
         Error::io(
@@ -1051,7 +1083,7 @@ impl Backoff {
             return Ok(());
         }
         let mut pfd = libc::pollfd {
-            fd: link.fd.as_raw_fd(),
+            fd: link.tx_fd.as_raw_fd(),
             events: libc::POLLOUT,
             revents: 0,
         };
@@ -1081,9 +1113,19 @@ impl Drop for EthLink {
         if let Some((mean, n)) = self.turnaround.mean_us() {
             tracing::info!("eth turnaround (kernel's frame stamp to the reply's sendto): mean {mean:.3} us over {n} replies");
         }
-        // SAFETY: the mapping was made in `open` with this length and is unmapped once;
-        // no slice into it can outlive the link (they borrow it). The socket closes after.
-        unsafe { libc::munmap(self.map.as_ptr() as *mut libc::c_void, self.map_len) };
+        // SAFETY: the mappings were made in `open` with these lengths and are unmapped
+        // once; no slice into them can outlive the link (they borrow it). The sockets
+        // close after.
+        unsafe {
+            libc::munmap(
+                self.rx_map.as_ptr() as *mut libc::c_void,
+                self.rx.geo.bytes(),
+            );
+            libc::munmap(
+                self.tx_map.as_ptr() as *mut libc::c_void,
+                self.tx.geo.bytes(),
+            );
+        }
     }
 }
 
@@ -1105,20 +1147,46 @@ fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, value: &T) 
     }
 }
 
-/// The ring-less packet socket of [`EthLink::send_copied`]: protocol 0, so that it
-/// receives nothing.
-fn open_copy_tx() -> Option<OwnedFd> {
-    // SAFETY: socket has no memory preconditions; the result is checked.
-    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        tracing::debug!(
-            "a second packet socket: {}; every frame goes through the ring",
-            io::Error::last_os_error()
-        );
-        return None;
+/// Maps the ring of `len` bytes that `fd` was given (PACKET_RX_RING or PACKET_TX_RING).
+fn map_ring(fd: &OwnedFd, len: usize) -> io::Result<NonNull<u8>> {
+    // SAFETY: a fresh shared mapping of the socket's ring; the result is checked.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
     }
-    // SAFETY: raw is a fresh descriptor that nothing else owns.
-    Some(unsafe { OwnedFd::from_raw_fd(raw) })
+    Ok(NonNull::new(map as *mut u8).expect("mmap does not return NULL on success"))
+}
+
+/// Binds a packet socket to interface `ifindex` and EtherType `protocol` (0: receive
+/// nothing).
+fn bind_to(fd: &OwnedFd, protocol: u16, ifindex: u32) -> io::Result<()> {
+    // SAFETY: sockaddr_ll is plain data; zero is valid.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as libc::c_ushort;
+    sll.sll_protocol = protocol.to_be();
+    sll.sll_ifindex = ifindex as libc::c_int;
+    // SAFETY: sll is a valid sockaddr_ll of the size passed.
+    let rc = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sll as *const _ as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// Asks for a send buffer of `bytes` (forcing it where permitted); best effort.

@@ -198,12 +198,14 @@ impl Net {
         let me = job.rank;
         let my_node = job.nids[me as usize];
         let remote_ranks = job.nids.iter().filter(|&&n| n != my_node).count();
+        let alone_on_node = remote_ranks + 1 == job.nids.len();
         let link = NetLink::open(
             &job.config,
             job.addrs[me as usize],
             job.node_port(me),
             dpid,
             remote_ranks,
+            alone_on_node,
         )?;
         job.kv.put(&net_key(me, dpid), &link.advertise())?;
         let cfg = &job.config;
@@ -655,6 +657,7 @@ impl Net {
         }
         st.ring_drops = self.link.ring_drops();
         st.ring_evacuations = self.evacuations;
+        st.dropped_misaddressed += self.link.misaddressed();
         if let Some(f) = &self.faults {
             let c = f.counters();
             st.faults_lost = c.lost;

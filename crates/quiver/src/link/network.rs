@@ -58,16 +58,18 @@ impl NetLink {
     /// Opens the link `config` asks for, for endpoint `dpid` of a rank whose address is
     /// `ip`, that is the `port`-th rank of its node (Ethernet tells the endpoints of one
     /// node apart by port) and that has `remote_ranks` ranks on other nodes (Ethernet
-    /// sizes its receive ring by them).
+    /// sizes its receive ring by them); `alone_on_node` when no other rank of the job
+    /// shares its node (an Ethernet link may then do without its BPF filter).
     pub(crate) fn open(
         config: &Config,
         ip: IpAddr,
         port: u16,
         dpid: u16,
         remote_ranks: usize,
+        alone_on_node: bool,
     ) -> Result<NetLink> {
         if let Some(why_not) = wants_eth(config) {
-            match open_eth(config, ip, port, dpid, remote_ranks) {
+            match open_eth(config, ip, port, dpid, remote_ranks, alone_on_node) {
                 Ok(link) => return Ok(link),
                 Err(why) => fall_back_once(why_not, &why),
             }
@@ -194,6 +196,14 @@ impl NetLink {
         }
     }
 
+    /// Frames the link gave back unread, addressed to another host or port.
+    pub(crate) fn misaddressed(&self) -> u64 {
+        match self {
+            NetLink::Udp { .. } => 0,
+            NetLink::Eth(e) => e.misaddressed(),
+        }
+    }
+
     /// A held slot the ring comes round to soon ([`EthLink::next_approaching`]).
     #[inline]
     pub(crate) fn next_approaching(&mut self) -> Option<u32> {
@@ -273,6 +283,7 @@ fn open_eth(
     port: u16,
     dpid: u16,
     remote_ranks: usize,
+    alone_on_node: bool,
 ) -> Result<NetLink> {
     let mut iface = Interface::with_addr(ip)?.ok_or_else(|| {
         Error::Config(format!(
@@ -284,7 +295,13 @@ fn open_eth(
         iface.mtu = iface.mtu.min(d + 2);
     }
     let frames = config.eth_ring_frames(remote_ranks, eth::rx_frame_bytes(iface.mtu));
-    Ok(NetLink::Eth(EthLink::open(&iface, port, dpid, frames)?))
+    Ok(NetLink::Eth(EthLink::open(
+        &iface,
+        port,
+        dpid,
+        frames,
+        alone_on_node,
+    )?))
 }
 
 /// Logs, once per process, why an endpoint that wanted Ethernet took UDP.
@@ -331,7 +348,7 @@ mod tests {
     use crate::config::{DEFAULT_WINDOW, DEFAULT_WINDOW_SEGMENTED};
 
     fn udp_link(config: &Config) -> NetLink {
-        NetLink::open(config, IpAddr::from([127, 0, 0, 1]), 0, 0, 1).unwrap()
+        NetLink::open(config, IpAddr::from([127, 0, 0, 1]), 0, 0, 1, false).unwrap()
     }
 
     #[test]

@@ -533,11 +533,11 @@ impl Net {
     /// The link's receive ring comes round to `slot`, which we still hold, within half a
     /// ring of frames (or already has): from then on the kernel drops every frame behind
     /// it until it is free, the retransmission that would let a channel deliver it
-    /// included. A frame the protocol keeps (held out of order,
-    /// waiting for delivery, or delivered to `ready` and not yet read) is copied out and
-    /// its slot given back; it keeps its sender's credit until the application releases
-    /// the message. A frame the application holds (a live `Message`, `Message::hold`)
-    /// cannot move: returns false, and the ring waits for its release.
+    /// included. A frame the protocol keeps (held out of order, waiting for delivery, or
+    /// delivered to `ready` and not yet read) is copied out and its slot given back; it
+    /// keeps its sender's credit until the application releases the message. A frame
+    /// the application holds (a live `Message`, `Message::hold`) cannot move: returns
+    /// false, and the ring waits for its release.
     #[cold]
     #[inline(never)]
     fn evacuate(&mut self, slot: u32, ready: &mut VecDeque<Ready>) -> bool {

@@ -35,7 +35,9 @@
 //! A receiving packet socket bound to (interface, `ETHERTYPE`), with its classic BPF
 //! filter (accepting only frames with `pkt_type == PACKET_HOST`, our EtherType, our port
 //! and our `dst_dpid`; this also excludes our own outgoing frames, broadcasts and frames
-//! that a bridge floods to the wrong node) and the mapping of its receive ring; and a
+//! that a bridge floods to the wrong node; left out while the link is the only endpoint
+//! on its node, when user space checks the packet type and the port, [`ProcessLinks`])
+//! and the mapping of its receive ring; and a
 //! transmitting packet socket of protocol 0 (it receives nothing) with the mapping of its
 //! transmit ring. The receiving socket also sends a lone small frame by copy: a socket
 //! with a transmit ring can only send from it, and sending on the socket the kernel has
@@ -480,7 +482,8 @@ impl Ring {
 
 /// An endpoint's two raw Ethernet sockets and their rings.
 pub(crate) struct EthLink {
-    /// The receiving socket: bound to our EtherType, filtered, with the receive ring
+    /// The receiving socket: bound to our EtherType, filtered (unless it is the only
+    /// endpoint on its node, [`ProcessLinks`]), with the receive ring
     /// mapped at `rx_map`. A lone small frame is sent through it by copy
     /// ([`EthLink::send_copied`]).
     fd: OwnedFd,

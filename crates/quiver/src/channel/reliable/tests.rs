@@ -544,17 +544,27 @@ fn go_back_n_drops_out_of_order_and_resends_everything() {
     assert_eq!(got, (0..4u8).map(|i| vec![i]).collect::<Vec<_>>());
 }
 
-#[test]
-fn selective_repeat_keeps_out_of_order_and_resends_holes() {
+/// Two ends of a channel of whole frames (the frames as `Vec`s), and some frames.
+type PairAndFrames = (Duplex<Vec<u8>>, Duplex<Vec<u8>>, Vec<Vec<u8>>);
+
+/// Selective repeat, W = 8: A has sent five one-byte messages (0 to 4) at t(0); their
+/// frames, for the test to deliver or lose.
+fn selective_pair_with_five_sent() -> PairAndFrames {
     let cfg = Config {
         recovery: Recovery::Selective,
         ..config(Mode::Host, 8)
     };
-    let (mut a, mut b) = pair(&cfg);
+    let (mut a, b) = pair(&cfg);
     for i in 0..5u8 {
         a.send(t(0), &[i]).unwrap();
     }
     let f = out(&mut a, t(0));
+    (a, b, f)
+}
+
+#[test]
+fn selective_repeat_keeps_out_of_order_and_resends_holes() {
+    let (mut a, mut b, f) = selective_pair_with_five_sent();
     // Frames 0 and 2 are lost.
     assert!(feed(&mut b, t(1), vec![f[1].clone(), f[3].clone(), f[4].clone()]).is_empty());
     let acks = out(&mut b, t(1));
@@ -574,15 +584,7 @@ fn selective_repeat_keeps_out_of_order_and_resends_holes() {
 /// copied out before the ring comes round to it).
 #[test]
 fn kept_buffers_can_be_moved_before_delivery() {
-    let cfg = Config {
-        recovery: Recovery::Selective,
-        ..config(Mode::Host, 8)
-    };
-    let (mut a, mut b) = pair(&cfg);
-    for i in 0..5u8 {
-        a.send(t(0), &[i]).unwrap();
-    }
-    let f = out(&mut a, t(0));
+    let (_a, mut b, f) = selective_pair_with_five_sent();
     // Frames 0 and 2 are lost: 1, 3 and 4 are kept out of order.
     for i in [1, 3, 4] {
         b.handle_datagram(t(1), f[i].clone());

@@ -117,6 +117,12 @@ pub struct Info {
     pub max_message: u64,
     /// Token buffer pool, bytes (`QUIVER_POOL_SIZE`).
     pub pool_size: u64,
+    /// Frames in flight per network channel (`QUIVER_WINDOW`); `None`: the link's default
+    /// (64 frames, 128 over UDP with segmentation offload).
+    pub window: Option<u64>,
+    /// Frames of an eth endpoint's receive ring (`QUIVER_ETH_RING`); `None`: one window
+    /// per rank on another node, at least four windows.
+    pub eth_ring: Option<u64>,
     /// Push mode of tagged messages (`QUIVER_PUSH`).
     pub push: String,
     /// BTP(1) as configured, bytes (`QUIVER_BTP1`).
@@ -188,6 +194,8 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
         reliability: cfg.reliability.to_string(),
         max_message: cfg.max_message as u64,
         pool_size: cfg.pool_size as u64,
+        window: cfg.window.map(u64::from),
+        eth_ring: cfg.eth_ring.map(|n| n as u64),
         push: cfg.push.name().into(),
         btp1: cfg.btp1 as u64,
         btp1_effective: btp1 as u64,
@@ -305,6 +313,23 @@ pub fn render(info: &Info) -> String {
         format!("{} B", info.pool_size),
         "QUIVER_POOL_SIZE",
     );
+    let window = match info.window {
+        Some(w) => format!("{w} frames"),
+        None => format!(
+            "{} frames ({} over UDP with segmentation offload)",
+            quiver::config::DEFAULT_WINDOW,
+            quiver::config::DEFAULT_WINDOW_SEGMENTED
+        ),
+    };
+    row(&mut out, "network window", window, "QUIVER_WINDOW");
+    let ring = match info.eth_ring {
+        Some(n) => format!("{n} frames"),
+        None => format!(
+            "a window per rank on another node, at least {} windows",
+            quiver::config::ETH_RING_MIN_WINDOWS
+        ),
+    };
+    row(&mut out, "eth receive ring", ring, "QUIVER_ETH_RING");
     row(
         &mut out,
         "push mode (tagged)",

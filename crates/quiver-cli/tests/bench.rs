@@ -218,6 +218,8 @@ fn quiver(args: &[&str], env: &[(&str, &str)]) -> Output {
         "QUIVER_BTP2",
         "QUIVER_CMA",
         "QUIVER_MAX_MESSAGE",
+        "QUIVER_WINDOW",
+        "QUIVER_ETH_RING",
     ] {
         cmd.env_remove(var);
     }
@@ -491,6 +493,7 @@ fn info_reports_configuration_and_paths() {
     ] {
         assert!(v.get(key).is_some(), "missing {key} in {v}");
     }
+    assert!(v["window"].is_null() && v["eth_ring"].is_null(), "{v}");
     let paths = v["tagged_paths"].as_array().expect("tagged_paths");
     let kinds: Vec<&str> = paths.iter().map(|p| p["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["eager", "pushed", "pushed+pulled"], "{v}");
@@ -531,6 +534,22 @@ fn info_reports_configuration_and_paths() {
         "{text}"
     );
     assert!(text.contains("761 B and more"), "{text}");
+
+    // The network window and the eth receive ring, set and shown.
+    let set = [("QUIVER_ETH_RING", "512"), ("QUIVER_WINDOW", "32")];
+    let out = quiver(&["info", "--format", "json"], &set);
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("one JSON object");
+    assert_eq!(
+        (v["eth_ring"].as_u64(), v["window"].as_u64()),
+        (Some(512), Some(32)),
+        "{v}"
+    );
+    let text = String::from_utf8_lossy(&quiver(&["info"], &set).stdout).to_string();
+    assert!(
+        text.contains("QUIVER_ETH_RING") && text.contains("512 frames"),
+        "{text}"
+    );
 
     // A bad variable is an error.
     let out = Command::new(env!("CARGO_BIN_EXE_quiver"))

@@ -517,6 +517,45 @@ fn eth_frames_kept_out_of_order_move_out_of_a_small_ring() {
     });
 }
 
+/// Messages that arrive while the application only progresses (as in a barrier) wait
+/// in the endpoint's queue, their frames still in the ring; with more of them than the
+/// ring holds, the ring comes round to them, and the kernel would stop there until the
+/// application reads. They are copied out instead, and reception goes on: every frame
+/// arrives before the first read.
+#[test]
+fn eth_messages_waiting_to_be_read_move_out_of_a_small_ring() {
+    // Under the window of 64 frames: the sender needs no credit back.
+    const COUNT: u32 = 60;
+    let mut c = config(TransportChoice::Eth);
+    c.eth_ring = Some(16);
+    run_ranks(2, c, |job| {
+        let ep = job.open(8).unwrap();
+        if job.rank() == 0 {
+            ep.target_rank(1).unwrap();
+            for i in 0..COUNT {
+                ep.write(&pattern(0, i, 100)).unwrap();
+            }
+        } else {
+            let start = std::time::Instant::now();
+            while ep.stats().frames_received < u64::from(COUNT) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "reception stopped: {:?}",
+                    ep.stats()
+                );
+                ep.progress().unwrap();
+            }
+            for i in 0..COUNT {
+                let m = ep.read_timeout(T).unwrap();
+                assert_eq!(*m, *pattern(0, i, 100), "message {i}");
+            }
+            let stats = ep.stats();
+            assert!(stats.ring_evacuations > 0, "{stats:?}");
+        }
+        settle(&job, &ep);
+    });
+}
+
 /// Without `CAP_NET_RAW` an endpoint asked for eth takes udp (and logs why): ranks that
 /// both lack it still talk.
 #[test]

@@ -14,7 +14,7 @@ use super::{EndpointStats, Source};
 use crate::channel::reliable::{earliest, ChannelError, Duplex, Event, Time, TxFrame};
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::job::JobShared;
-use crate::link::network::{NetDest, NetLink};
+use crate::link::network::{NetDest, NetLink, Placement};
 use crate::link::sim::FaultInjector;
 use crate::link::udp::{self, Datagram};
 use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
@@ -198,15 +198,13 @@ impl Net {
         let me = job.rank;
         let my_node = job.nids[me as usize];
         let remote_ranks = job.nids.iter().filter(|&&n| n != my_node).count();
-        let alone_on_node = remote_ranks + 1 == job.nids.len();
-        let link = NetLink::open(
-            &job.config,
-            job.addrs[me as usize],
-            job.node_port(me),
-            dpid,
+        let at = Placement {
+            ip: job.addrs[me as usize],
+            port: job.node_port(me),
             remote_ranks,
-            alone_on_node,
-        )?;
+            alone_on_node: remote_ranks + 1 == job.nids.len(),
+        };
+        let link = NetLink::open(&job.config, at, dpid)?;
         job.kv.put(&net_key(me, dpid), &link.advertise())?;
         let cfg = &job.config;
         Ok(Net {
@@ -472,8 +470,10 @@ impl Net {
                 stats.dropped_malformed += out.malformed as u64;
                 match out.delivery {
                     Delivery::InPlace if d.slot & EVACUATED != 0 => {
-                        let mut data = self.evacuated[(d.slot & !EVACUATED) as usize]
-                            .take()
+                        let mut data = self
+                            .evacuated
+                            .get_mut((d.slot & !EVACUATED) as usize)
+                            .and_then(Option::take)
                             .unwrap_or_default();
                         data.truncate(off + len);
                         data.drain(..off);

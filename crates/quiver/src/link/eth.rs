@@ -451,14 +451,34 @@ fn layouts(mtu: usize, rx_frames: usize, page: usize) -> (Geometry, Geometry) {
     (rx, tx)
 }
 
-/// One ring inside the link's mapping.
+/// One ring and its mapping, which dropping the ring unmaps.
 struct Ring {
-    /// First byte of the ring; `geo.bytes()` bytes of the mapping follow.
+    /// First byte of the ring's mapping, `geo.bytes()` long.
     base: NonNull<u8>,
     geo: Geometry,
 }
 
 impl Ring {
+    /// Maps the ring that `fd` was given with PACKET_RX_RING or PACKET_TX_RING.
+    fn map(fd: &OwnedFd, geo: Geometry) -> io::Result<Ring> {
+        // SAFETY: a fresh shared mapping of the socket's ring; the result is checked.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                geo.bytes(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(map as *mut u8).expect("mmap does not return NULL on success");
+        Ok(Ring { base, geo })
+    }
+
     /// First byte of frame `i` (its `tpacket2_hdr`); aligned to `TPACKET_ALIGNMENT`.
     fn frame(&self, i: usize) -> *mut u8 {
         assert!(i < self.geo.frames(), "frame {i} outside the ring");
@@ -480,20 +500,27 @@ impl Ring {
     }
 }
 
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `Ring::map` with this length and is unmapped
+        // once; no slice into it outlives the ring (slices borrow the link that owns it).
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.geo.bytes()) };
+    }
+}
+
 /// An endpoint's two raw Ethernet sockets and their rings.
 pub(crate) struct EthLink {
-    /// The receiving socket: bound to our EtherType, filtered (unless it is the only
-    /// endpoint on its node, [`ProcessLinks`]), with the receive ring
-    /// mapped at `rx_map`. A lone small frame is sent through it by copy
-    /// ([`EthLink::send_copied`]).
-    fd: OwnedFd,
-    rx_map: NonNull<u8>,
-    /// The transmitting socket: protocol 0 (it receives nothing), with the transmit ring
-    /// mapped at `tx_map`.
-    tx_fd: OwnedFd,
-    tx_map: NonNull<u8>,
+    /// The receive ring, mapped from `fd` (declared first: unmapped before the sockets
+    /// close).
     rx: Ring,
+    /// The transmit ring, mapped from `tx_fd`.
     tx: Ring,
+    /// The receiving socket: bound to our EtherType, filtered (unless it is the only
+    /// endpoint on its node, [`ProcessLinks`]). A lone small frame is sent through it by
+    /// copy ([`EthLink::send_copied`]).
+    fd: OwnedFd,
+    /// The transmitting socket: protocol 0 (it receives nothing).
+    tx_fd: OwnedFd,
     /// Next receive frame to look at.
     rx_cursor: usize,
     /// Receive frames handed out by `recv_batch` and not yet freed.
@@ -600,7 +627,7 @@ impl EthLink {
             );
             fail(&what, e)
         })?;
-        let rx_map = map_ring(&fd, rx.bytes()).map_err(|e| {
+        let rx_ring = Ring::map(&fd, rx).map_err(|e| {
             fail(
                 &format!("mapping the {} bytes of the receive ring", rx.bytes()),
                 e,
@@ -612,8 +639,6 @@ impl EthLink {
         // SAFETY: socket has no memory preconditions; the result is checked.
         let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
-            // SAFETY: rx_map was mapped above with this length and nothing refers to it.
-            unsafe { libc::munmap(rx_map.as_ptr() as *mut libc::c_void, rx.bytes()) };
             return Err(fail(
                 "opening the transmitting AF_PACKET socket",
                 io::Error::last_os_error(),
@@ -621,38 +646,26 @@ impl EthLink {
         }
         // SAFETY: raw is a fresh descriptor that nothing else owns.
         let tx_fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let tx_map = setsockopt(&tx_fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V2)
-            .map_err(|e| fail("PACKET_VERSION TPACKET_V2 (transmitting socket)", e))
-            .and_then(|()| {
-                // The in-flight frames are charged to the send buffer: let a whole ring fly.
-                set_sndbuf(&tx_fd, tx.bytes() + tx.frames() * 1024);
-                setsockopt(&tx_fd, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx.req()).map_err(
-                    |e| {
-                        let what = format!(
-                            "PACKET_TX_RING of {} frames of {} bytes",
-                            tx.frames(),
-                            tx.frame_size
-                        );
-                        fail(&what, e)
-                    },
-                )?;
-                bind_to(&tx_fd, 0, iface.index)
-                    .map_err(|e| fail("binding the transmitting socket to the interface", e))?;
-                map_ring(&tx_fd, tx.bytes()).map_err(|e| {
-                    fail(
-                        &format!("mapping the {} bytes of the transmit ring", tx.bytes()),
-                        e,
-                    )
-                })
-            });
-        let tx_map = match tx_map {
-            Ok(m) => m,
-            Err(e) => {
-                // SAFETY: rx_map was mapped above with this length and nothing refers to it.
-                unsafe { libc::munmap(rx_map.as_ptr() as *mut libc::c_void, rx.bytes()) };
-                return Err(e);
-            }
-        };
+        setsockopt(&tx_fd, libc::SOL_PACKET, libc::PACKET_VERSION, &TPACKET_V2)
+            .map_err(|e| fail("PACKET_VERSION TPACKET_V2 (transmitting socket)", e))?;
+        // The in-flight frames are charged to the send buffer: let a whole ring fly.
+        set_sndbuf(&tx_fd, tx.bytes() + tx.frames() * 1024);
+        setsockopt(&tx_fd, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx.req()).map_err(|e| {
+            let what = format!(
+                "PACKET_TX_RING of {} frames of {} bytes",
+                tx.frames(),
+                tx.frame_size
+            );
+            fail(&what, e)
+        })?;
+        bind_to(&tx_fd, 0, iface.index)
+            .map_err(|e| fail("binding the transmitting socket to the interface", e))?;
+        let tx_ring = Ring::map(&tx_fd, tx).map_err(|e| {
+            fail(
+                &format!("mapping the {} bytes of the transmit ring", tx.bytes()),
+                e,
+            )
+        })?;
         // Before the link exists, so that a failure here leaves the registry as it was;
         // from the link on, its Drop unregisters it.
         let filtered = {
@@ -661,12 +674,6 @@ impl EthLink {
             if filtered {
                 if let Err(e) = attach_filter(fd.as_fd(), port, dpid) {
                     links.closing(fd.as_raw_fd());
-                    // SAFETY: both mappings were made above with these lengths and
-                    // nothing refers to them.
-                    unsafe {
-                        libc::munmap(rx_map.as_ptr() as *mut libc::c_void, rx.bytes());
-                        libc::munmap(tx_map.as_ptr() as *mut libc::c_void, tx.bytes());
-                    }
                     return Err(fail("SO_ATTACH_FILTER", e));
                 }
             }
@@ -681,18 +688,10 @@ impl EthLink {
             filtered
         };
         let link = EthLink {
+            rx: rx_ring,
+            tx: tx_ring,
             fd,
-            rx_map,
             tx_fd,
-            tx_map,
-            rx: Ring {
-                base: rx_map,
-                geo: rx,
-            },
-            tx: Ring {
-                base: tx_map,
-                geo: tx,
-            },
             rx_cursor: 0,
             held: vec![false; rx.frames()],
             lookahead: (rx.frames() / 2).max(1),
@@ -768,7 +767,7 @@ impl EthLink {
             } else {
                 ahead
             };
-            if self.held[ahead] && ahead != i {
+            if self.held[ahead] {
                 self.approaching.push(ahead as u32);
             }
             let Some(len) = self.rx_len(i, status) else {
@@ -1200,19 +1199,7 @@ impl Drop for EthLink {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .closing(self.fd.as_raw_fd());
-        // SAFETY: the mappings were made in `open` with these lengths and are unmapped
-        // once; no slice into them can outlive the link (they borrow it). The sockets
-        // close after.
-        unsafe {
-            libc::munmap(
-                self.rx_map.as_ptr() as *mut libc::c_void,
-                self.rx.geo.bytes(),
-            );
-            libc::munmap(
-                self.tx_map.as_ptr() as *mut libc::c_void,
-                self.tx.geo.bytes(),
-            );
-        }
+        // The rings unmap, then the sockets close, as the fields drop.
     }
 }
 
@@ -1237,25 +1224,6 @@ fn setsockopt<T>(
     } else {
         Err(io::Error::last_os_error())
     }
-}
-
-/// Maps the ring of `len` bytes that `fd` was given (PACKET_RX_RING or PACKET_TX_RING).
-fn map_ring(fd: &OwnedFd, len: usize) -> io::Result<NonNull<u8>> {
-    // SAFETY: a fresh shared mapping of the socket's ring; the result is checked.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(NonNull::new(map as *mut u8).expect("mmap does not return NULL on success"))
 }
 
 /// Binds a packet socket to interface `ifindex` and EtherType `protocol` (0: receive

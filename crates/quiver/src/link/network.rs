@@ -54,22 +54,27 @@ pub(crate) enum DestAddr {
     Eth(EthDest),
 }
 
+/// Where an endpoint's rank sits in its job, as far as its network link cares.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placement {
+    /// The rank's address.
+    pub ip: IpAddr,
+    /// The rank's place among the ranks of its node: Ethernet tells the endpoints of one
+    /// node apart by it.
+    pub port: u16,
+    /// Ranks on other nodes: Ethernet sizes its receive ring by them.
+    pub remote_ranks: usize,
+    /// No other rank of the job shares the node: an Ethernet link may then do without
+    /// its BPF filter.
+    pub alone_on_node: bool,
+}
+
 impl NetLink {
-    /// Opens the link `config` asks for, for endpoint `dpid` of a rank whose address is
-    /// `ip`, that is the `port`-th rank of its node (Ethernet tells the endpoints of one
-    /// node apart by port) and that has `remote_ranks` ranks on other nodes (Ethernet
-    /// sizes its receive ring by them); `alone_on_node` when no other rank of the job
-    /// shares its node (an Ethernet link may then do without its BPF filter).
-    pub(crate) fn open(
-        config: &Config,
-        ip: IpAddr,
-        port: u16,
-        dpid: u16,
-        remote_ranks: usize,
-        alone_on_node: bool,
-    ) -> Result<NetLink> {
+    /// Opens the link `config` asks for, for endpoint `dpid` of a rank placed `at`.
+    pub(crate) fn open(config: &Config, at: Placement, dpid: u16) -> Result<NetLink> {
+        let ip = at.ip;
         if let Some(why_not) = wants_eth(config) {
-            match open_eth(config, ip, port, dpid, remote_ranks, alone_on_node) {
+            match open_eth(config, at, dpid) {
                 Ok(link) => return Ok(link),
                 Err(why) => fall_back_once(why_not, &why),
             }
@@ -277,30 +282,24 @@ fn wants_eth(config: &Config) -> Option<&'static str> {
     }
 }
 
-fn open_eth(
-    config: &Config,
-    ip: IpAddr,
-    port: u16,
-    dpid: u16,
-    remote_ranks: usize,
-    alone_on_node: bool,
-) -> Result<NetLink> {
-    let mut iface = Interface::with_addr(ip)?.ok_or_else(|| {
+fn open_eth(config: &Config, at: Placement, dpid: u16) -> Result<NetLink> {
+    let mut iface = Interface::with_addr(at.ip)?.ok_or_else(|| {
         Error::Config(format!(
-            "no network interface carries this rank's address {ip}"
+            "no network interface carries this rank's address {}",
+            at.ip
         ))
     })?;
     if let Some(d) = config.datagram {
         // An explicit datagram size caps the frames as it caps UDP datagrams.
         iface.mtu = iface.mtu.min(d + 2);
     }
-    let frames = config.eth_ring_frames(remote_ranks, eth::rx_frame_bytes(iface.mtu));
+    let frames = config.eth_ring_frames(at.remote_ranks, eth::rx_frame_bytes(iface.mtu));
     Ok(NetLink::Eth(EthLink::open(
         &iface,
-        port,
+        at.port,
         dpid,
         frames,
-        alone_on_node,
+        at.alone_on_node,
     )?))
 }
 
@@ -348,7 +347,13 @@ mod tests {
     use crate::config::{DEFAULT_WINDOW, DEFAULT_WINDOW_SEGMENTED};
 
     fn udp_link(config: &Config) -> NetLink {
-        NetLink::open(config, IpAddr::from([127, 0, 0, 1]), 0, 0, 1, false).unwrap()
+        let at = Placement {
+            ip: IpAddr::from([127, 0, 0, 1]),
+            port: 0,
+            remote_ranks: 1,
+            alone_on_node: false,
+        };
+        NetLink::open(config, at, 0).unwrap()
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! and a builder method. An invalid value is an error that names the variable.
 
 use crate::channel::reliable::{Mode, Recovery};
+use crate::error::{Error, Result};
 use crate::link::sim::FaultConfig;
-use crate::{Error, Result};
 use std::time::Duration;
 
 /// Which transport carries traffic between two ranks.
@@ -125,7 +125,7 @@ pub struct Config {
     pub offload_cpu: Option<usize>,
     /// How much of a tagged message is pushed before the rest is pulled
     /// (`QUIVER_PUSH=zero|all|pull`).
-    pub push: crate::tagged::PushMode,
+    pub push: PushMode,
     /// Bytes of the first push of a tagged message in Push-Pull mode (`QUIVER_BTP1`).
     pub btp1: usize,
     /// Bytes of the second push, sent while the acknowledgement travels (`QUIVER_BTP2`).
@@ -171,7 +171,7 @@ impl Default for Config {
             faults: None,
             peer_timeout: Duration::from_secs(10),
             offload_cpu: None,
-            push: crate::tagged::PushMode::Pull,
+            push: PushMode::Pull,
             btp1: DEFAULT_BTP1,
             btp2: DEFAULT_BTP2,
             cma: true,
@@ -182,14 +182,43 @@ impl Default for Config {
     }
 }
 
-/// Fewest channel windows the default raw Ethernet receive ring holds
-/// ([`Config::eth_ring_frames`]).
-pub const ETH_RING_MIN_WINDOWS: usize = 4;
-/// Most bytes the default raw Ethernet receive ring takes once it holds
-/// [`ETH_RING_MIN_WINDOWS`] windows: the ring is memory the kernel pins, one per endpoint.
-pub const ETH_RING_MAX_BYTES: usize = 4 << 20;
+pub use crate::link::eth::{ETH_RING_MAX_BYTES, ETH_RING_MIN_WINDOWS};
 /// Accepted values of `QUIVER_ETH_RING`.
 const ETH_RING_FRAMES: std::ops::RangeInclusive<usize> = 8..=1 << 20;
+
+/// How much of a tagged message the sender pushes before the receiver pulls the rest
+/// (`QUIVER_PUSH`; [`crate::tagged`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushMode {
+    /// Push nothing; the receiver pulls the whole message (BTP = 0).
+    Zero,
+    /// Push the whole message (BTP = its length); it waits in the pushed buffer if no
+    /// receive is posted.
+    All,
+    /// Push BTP(1) + BTP(2) bytes, pull the rest (the default).
+    Pull,
+}
+
+impl PushMode {
+    /// Parses `zero`, `all` or `pull` (`QUIVER_PUSH`).
+    pub fn parse(s: &str) -> Option<PushMode> {
+        match s {
+            "zero" => Some(PushMode::Zero),
+            "all" => Some(PushMode::All),
+            "pull" => Some(PushMode::Pull),
+            _ => None,
+        }
+    }
+
+    /// The name `parse` accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            PushMode::Zero => "zero",
+            PushMode::All => "all",
+            PushMode::Pull => "pull",
+        }
+    }
+}
 
 /// Per-record overhead of the shared-memory ring, in bytes (header plus alignment).
 pub(crate) const SHM_RECORD_OVERHEAD: usize = 16;
@@ -272,7 +301,7 @@ impl Config {
                 .map_err(|_| invalid("QUIVER_RELIABILITY", &v, "expected none, host or offload"))?;
         }
         if let Some(v) = get("QUIVER_PUSH") {
-            c.push = crate::tagged::PushMode::parse(&v)
+            c.push = PushMode::parse(&v)
                 .ok_or_else(|| invalid("QUIVER_PUSH", &v, "expected zero, all or pull"))?;
         }
         for (var, field) in [("QUIVER_BTP1", &mut c.btp1), ("QUIVER_BTP2", &mut c.btp2)] {
@@ -396,15 +425,30 @@ impl Config {
     /// A larger ring buys nothing else: the kernel writes each frame into the next slot
     /// in ring order, so a large ring is walked through memory that has left the cache
     /// and costs each small message a miss that a ring of a few hundred frames does not
-    /// (docs/DESIGN-NOTES.md, "Reliable network channels").
+    /// (docs/DESIGN-NOTES.md, "Reliable network channels"). The link applies this rule
+    /// itself, to the parameters the engine gives it.
     pub fn eth_ring_frames(&self, remote_ranks: usize, frame_bytes: usize) -> usize {
-        if let Some(n) = self.eth_ring {
-            return n;
+        self.link_params()
+            .eth_ring_frames(remote_ranks, frame_bytes)
+    }
+
+    /// What an endpoint's network link needs of this configuration: the link takes
+    /// these parameters and nothing else, so that `link` does not depend on `config`.
+    pub(crate) fn link_params(&self) -> crate::link::LinkParams {
+        crate::link::LinkParams {
+            eth_wanted_by: match self.transport {
+                TransportChoice::Eth => Some("QUIVER_TRANSPORT=eth"),
+                TransportChoice::Auto if self.cluster.is_some() => Some("the emulated cluster"),
+                _ => None,
+            },
+            udp_gso: self.udp_gso,
+            udp_gro: self.udp_gro,
+            datagram: self.datagram,
+            pool_size: self.pool_size,
+            window: self.channel_window(false),
+            window_segmented: self.channel_window(true),
+            eth_ring: self.eth_ring,
         }
-        let window = usize::from(self.channel_window(false));
-        let least = window * ETH_RING_MIN_WINDOWS;
-        let most = (ETH_RING_MAX_BYTES / frame_bytes.max(1)).max(least);
-        (window * remote_ranks).clamp(least, most)
     }
 
     /// The parameters of the reliable channels of this configuration, with the window
@@ -465,7 +509,7 @@ impl Config {
     }
 
     /// Sets the push mode of tagged messages.
-    pub fn with_push(mut self, mode: crate::tagged::PushMode) -> Self {
+    pub fn with_push(mut self, mode: PushMode) -> Self {
         self.push = mode;
         self
     }
@@ -683,6 +727,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("QUIVER_PEER_TIMEOUT"), "{e}");
+    }
+
+    #[test]
+    fn the_link_gets_the_larger_window_for_segmented_udp_unless_one_is_set() {
+        let d = cfg(&[("QUIVER_TRANSPORT", "udp")]).unwrap().link_params();
+        assert_eq!(d.window, DEFAULT_WINDOW);
+        assert_eq!(d.window_segmented, DEFAULT_WINDOW_SEGMENTED);
+        assert_eq!(d.eth_wanted_by, None);
+        // An explicit window wins over either default.
+        let set = cfg(&[("QUIVER_WINDOW", "32")]).unwrap().link_params();
+        assert_eq!((set.window, set.window_segmented), (32, 32));
+        let eth = cfg(&[("QUIVER_TRANSPORT", "eth")]).unwrap().link_params();
+        assert_eq!(eth.eth_wanted_by, Some("QUIVER_TRANSPORT=eth"));
     }
 
     #[test]

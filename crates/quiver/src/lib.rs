@@ -39,6 +39,8 @@
 // Under `--cfg loom` only the lock-free structures are compiled, for their models
 // (`RUSTFLAGS="--cfg loom" cargo test -p quiver --lib --release loom`).
 #[cfg(not(loom))]
+mod addr;
+#[cfg(not(loom))]
 pub mod channel;
 #[cfg(not(loom))]
 pub mod config;

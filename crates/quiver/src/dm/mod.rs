@@ -26,14 +26,7 @@ mod offload;
 pub use endpoint::Endpoint;
 pub use message::Message;
 
-/// Where a message came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Source {
-    /// Rank of the sending process.
-    pub rank: u32,
-    /// DPID of the sending endpoint.
-    pub dpid: u16,
-}
+pub use crate::addr::Source;
 
 /// Counters of an endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -13,12 +13,13 @@
 use super::{EndpointStats, Source};
 use crate::channel::reliable::{earliest, ChannelError, Duplex, Event, Time, TxFrame};
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
+use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::network::{NetDest, NetLink, Placement};
 use crate::link::sim::FaultInjector;
-use crate::link::udp::{self, Datagram};
+use crate::link::udp;
+use crate::link::Datagram;
 use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
-use crate::{Error, Result};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -204,12 +205,13 @@ impl Net {
             remote_ranks,
             alone_on_node: remote_ranks + 1 == job.nids.len(),
         };
-        let link = NetLink::open(&job.config, at, dpid)?;
+        let params = job.config.link_params();
+        let link = NetLink::open(&params, at, dpid)?;
         job.kv.put(&net_key(me, dpid), &link.advertise())?;
         let cfg = &job.config;
         Ok(Net {
             faults: cfg.faults.clone().map(FaultInjector::new),
-            window: link.channel_window(cfg),
+            window: link.channel_window(&params),
             link,
             peers: Vec::new(),
             peer_index: HashMap::new(),

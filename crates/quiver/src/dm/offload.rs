@@ -22,11 +22,12 @@
 use super::net::{Net, Ready};
 use super::{EndpointStats, Source};
 use crate::channel::reliable::SendError;
+use crate::config::WaitMode;
 use crate::engine::{backoff_until, Notifier, Poller};
+use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::shm::ring::{Consumer, HeapEnd, HeapRing, Producer};
 use crate::link::shm::wake::WakeLine;
-use crate::{Error, Result, WaitMode};
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -126,12 +127,12 @@ pub(super) struct Offload {
     thread: Option<JoinHandle<()>>,
     flush_seq: u64,
     max_message: usize,
-    transport: crate::Transport,
+    transport: crate::link::Transport,
 }
 
 impl Offload {
     /// The transport of the engine's network link.
-    pub(super) fn transport(&self) -> crate::Transport {
+    pub(super) fn transport(&self) -> crate::link::Transport {
         self.transport
     }
 

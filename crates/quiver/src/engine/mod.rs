@@ -7,7 +7,8 @@
 //! policy lives in `Waiter`, separate from what is polled, so that progress can later
 //! be driven by a dedicated thread instead of the caller.
 
-use crate::{Error, Result, WaitMode};
+use crate::config::WaitMode;
+use crate::error::{Error, Result};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};

@@ -44,7 +44,7 @@ use std::time::Duration;
 use super::rendezvous::{
     parse_url, show, Deadline, KvServer, KvServerHandle, Rendezvous, RendezvousUrl, MAX_ITEM_LEN,
 };
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The program that started the job's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,7 @@
 use super::rendezvous::Deadline;
 use super::Job;
 use crate::dm::Endpoint;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -216,8 +216,8 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous};
-    use crate::Config;
     use std::collections::HashMap as Map;
     use std::sync::atomic::AtomicU32;
     use std::sync::{Arc, Barrier};

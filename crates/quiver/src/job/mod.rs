@@ -10,8 +10,9 @@ pub mod rendezvous;
 
 use self::bootstrap::{JobInfo, Launcher};
 use self::rendezvous::{KvServerHandle, Rendezvous};
+use crate::config::Config;
 use crate::dm::Endpoint;
-use crate::{Config, Error, Result};
+use crate::error::{Error, Result};
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

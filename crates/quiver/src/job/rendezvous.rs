@@ -60,7 +60,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The longest key or value, in bytes.
 pub const MAX_ITEM_LEN: usize = 4096;

@@ -92,8 +92,8 @@
 //!   frame shorter than 44 bytes) with zeros, and the receiver gets the padding as part
 //!   of the quiver frame. Loopback, veth and bridges do not pad.
 
-use crate::link::udp::Datagram;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
+use crate::link::Datagram;
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -428,6 +428,30 @@ impl Geometry {
             tp_frame_nr: self.frames() as libc::c_uint,
         }
     }
+}
+
+/// Fewest channel windows the default receive ring holds ([`ring_frames`]).
+pub const ETH_RING_MIN_WINDOWS: usize = 4;
+/// Most bytes the default receive ring takes once it holds [`ETH_RING_MIN_WINDOWS`]
+/// windows: the ring is memory the kernel pins, one per endpoint.
+pub const ETH_RING_MAX_BYTES: usize = 4 << 20;
+
+/// Frames of the default receive ring of an endpoint with `senders` possible senders on
+/// other nodes (ranks of its own node talk over shared memory), each with a channel window
+/// of `window` frames of `frame_bytes`: one window per sender, at least
+/// [`ETH_RING_MIN_WINDOWS`] windows and, above that, at most [`ETH_RING_MAX_BYTES`].
+///
+/// Every sender's window fits, so that senders that all fill their windows at once lose
+/// nothing (up to the cap; beyond it the ring drops and retransmission repairs). A larger
+/// ring buys nothing else: the kernel writes each frame into the next slot in ring order,
+/// so a large ring is walked through memory that has left the cache and costs each small
+/// message a miss that a ring of a few hundred frames does not (docs/DESIGN-NOTES.md,
+/// "Reliable network channels").
+pub(crate) fn ring_frames(window: u16, senders: usize, frame_bytes: usize) -> usize {
+    let window = usize::from(window);
+    let least = window * ETH_RING_MIN_WINDOWS;
+    let most = (ETH_RING_MAX_BYTES / frame_bytes.max(1)).max(least);
+    (window * senders).clamp(least, most)
 }
 
 /// Bytes of one receive ring frame for an interface of `mtu` bytes: a received packet of

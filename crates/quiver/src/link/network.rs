@@ -19,9 +19,11 @@
 //! follow the MTU of each side's interface (jumbo frames included).
 
 use super::eth::{self, EthDest, EthLink, Interface, MacAddr};
-use super::udp::{Datagram, SlotPool, SockAddr, UdpLink};
-use crate::config::{Config, TransportChoice};
-use crate::{Error, Result, Transport};
+use super::udp::{SlotPool, SockAddr, UdpLink};
+use super::Datagram;
+use super::LinkParams;
+use crate::error::{Error, Result};
+use crate::link::Transport;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,22 +72,26 @@ pub(crate) struct Placement {
 }
 
 impl NetLink {
-    /// Opens the link `config` asks for, for endpoint `dpid` of a rank placed `at`.
-    pub(crate) fn open(config: &Config, at: Placement, dpid: u16) -> Result<NetLink> {
+    /// Opens the link `params` ask for, for endpoint `dpid` of a rank placed `at`.
+    pub(crate) fn open(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
         let ip = at.ip;
-        if let Some(why_not) = wants_eth(config) {
-            match open_eth(config, at, dpid) {
+        if let Some(wanted_by) = params.eth_wanted_by {
+            match open_eth(params, at, dpid) {
                 Ok(link) => return Ok(link),
-                Err(why) => fall_back_once(why_not, &why),
+                Err(why) => fall_back_once(wanted_by, &why),
             }
         }
-        let sock = UdpLink::bind(ip, config.udp_gso, config.udp_gro)?;
-        let max = match config.datagram {
+        let sock = UdpLink::bind(ip, params.udp_gso, params.udp_gro)?;
+        let max = match params.datagram {
             Some(d) => d,
             None => udp_datagram_for(ip),
         };
-        let window = usize::from(config.channel_window(config.udp_gso));
-        let pool_bytes = config.pool_size.max(max * 4 * window);
+        let window = usize::from(if params.udp_gso {
+            params.window_segmented
+        } else {
+            params.window
+        });
+        let pool_bytes = params.pool_size.max(max * 4 * window);
         Ok(NetLink::Udp {
             sock,
             pool: SlotPool::new(pool_bytes, max),
@@ -100,16 +106,15 @@ impl NetLink {
         }
     }
 
-    /// The window of this link's channels ([`Config::channel_window`]): UDP that sends
-    /// runs with segmentation offload needs more frames in flight than a link that sends
-    /// frame by frame. The endpoint asks once, when it opens the link, and keeps the
-    /// answer even if the kernel refuses the offload later.
-    pub(crate) fn channel_window(&self, config: &Config) -> u16 {
-        let segmented = match self {
-            NetLink::Udp { sock, .. } => sock.segments(),
-            NetLink::Eth(_) => false,
-        };
-        config.channel_window(segmented)
+    /// The window of this link's channels: UDP that sends runs with segmentation
+    /// offload needs more frames in flight than a link that sends frame by frame. The
+    /// endpoint asks once, when it opens the link, and keeps the answer even if the
+    /// kernel refuses the offload later.
+    pub(crate) fn channel_window(&self, params: &LinkParams) -> u16 {
+        match self {
+            NetLink::Udp { sock, .. } if sock.segments() => params.window_segmented,
+            _ => params.window,
+        }
     }
 
     /// Whether looking for received frames costs no system call: a packet ring is read in
@@ -273,27 +278,18 @@ impl AsRawFd for NetLink {
     }
 }
 
-/// Whether `config` asks for Ethernet, and if so the reason, for the fallback message.
-fn wants_eth(config: &Config) -> Option<&'static str> {
-    match config.transport {
-        TransportChoice::Eth => Some("QUIVER_TRANSPORT=eth"),
-        TransportChoice::Auto if config.cluster.is_some() => Some("the emulated cluster"),
-        _ => None,
-    }
-}
-
-fn open_eth(config: &Config, at: Placement, dpid: u16) -> Result<NetLink> {
+fn open_eth(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
     let mut iface = Interface::with_addr(at.ip)?.ok_or_else(|| {
         Error::Config(format!(
             "no network interface carries this rank's address {}",
             at.ip
         ))
     })?;
-    if let Some(d) = config.datagram {
+    if let Some(d) = params.datagram {
         // An explicit datagram size caps the frames as it caps UDP datagrams.
         iface.mtu = iface.mtu.min(d + 2);
     }
-    let frames = config.eth_ring_frames(at.remote_ranks, eth::rx_frame_bytes(iface.mtu));
+    let frames = params.eth_ring_frames(at.remote_ranks, eth::rx_frame_bytes(iface.mtu));
     Ok(NetLink::Eth(EthLink::open(
         &iface,
         at.port,
@@ -344,34 +340,31 @@ fn udp_datagram_for(ip: IpAddr) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DEFAULT_WINDOW, DEFAULT_WINDOW_SEGMENTED};
 
-    fn udp_link(config: &Config) -> NetLink {
+    fn udp_link(params: &LinkParams) -> NetLink {
         let at = Placement {
             ip: IpAddr::from([127, 0, 0, 1]),
             port: 0,
             remote_ranks: 1,
             alone_on_node: false,
         };
-        NetLink::open(config, at, 0).unwrap()
+        NetLink::open(params, at, 0).unwrap()
     }
 
     #[test]
     fn udp_with_segmentation_offload_gets_the_larger_window() {
-        let mut config = Config {
-            transport: TransportChoice::Udp,
-            ..Config::default()
+        let mut params = LinkParams {
+            eth_wanted_by: None,
+            udp_gso: true,
+            udp_gro: true,
+            datagram: None,
+            pool_size: 1 << 20,
+            window: 64,
+            window_segmented: 128,
+            eth_ring: None,
         };
-        assert_eq!(
-            udp_link(&config).channel_window(&config),
-            DEFAULT_WINDOW_SEGMENTED
-        );
-        config.udp_gso = false;
-        assert_eq!(udp_link(&config).channel_window(&config), DEFAULT_WINDOW);
-        // An explicit window wins over either default.
-        config.window = Some(32);
-        assert_eq!(udp_link(&config).channel_window(&config), 32);
-        config.udp_gso = true;
-        assert_eq!(udp_link(&config).channel_window(&config), 32);
+        assert_eq!(udp_link(&params).channel_window(&params), 128);
+        params.udp_gso = false;
+        assert_eq!(udp_link(&params).channel_window(&params), 64);
     }
 }

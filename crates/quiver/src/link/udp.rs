@@ -19,7 +19,8 @@
 //! This module moves datagrams only; validation and reassembly are the job of the wire
 //! and channel layers.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
+use crate::link::Datagram;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
@@ -87,13 +88,6 @@ impl SlotPool {
         debug_assert!(!self.free.contains(&i));
         self.free.push(i);
     }
-}
-
-/// A received datagram: its slot and length.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Datagram {
-    pub slot: u32,
-    pub len: usize,
 }
 
 /// An endpoint's UDP socket.

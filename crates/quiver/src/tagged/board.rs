@@ -8,8 +8,8 @@
 //! that serves another message is not opened (the receiver then pulls alone).
 
 use super::shared::{self, Mapping};
+use crate::error::Result;
 use crate::link::shm::split::SplitSlot;
-use crate::Result;
 
 /// Slots of a board: large same-node messages one endpoint can have in flight with a
 /// split copy at once (more go without one).

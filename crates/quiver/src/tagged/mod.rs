@@ -61,9 +61,11 @@ pub const SECOND_PUSH_MAX: usize = 256 << 10;
 pub const SPLIT_MIN: u64 = 128 << 10;
 
 use crate::dm::Endpoint;
+use crate::error::{Error, Result};
+use crate::job::Job;
 use crate::link::cma;
 use crate::link::shm::split;
-use crate::{Error, Job, Result, Transport};
+use crate::link::Transport;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
@@ -99,38 +101,7 @@ impl From<u32> for Tag {
     }
 }
 
-/// How much of a message the sender pushes before the receiver pulls the rest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PushMode {
-    /// Push nothing; the receiver pulls the whole message (BTP = 0).
-    Zero,
-    /// Push the whole message (BTP = its length); it waits in the pushed buffer if no
-    /// receive is posted.
-    All,
-    /// Push BTP(1) + BTP(2) bytes, pull the rest (the default).
-    Pull,
-}
-
-impl PushMode {
-    /// Parses `zero`, `all` or `pull` (`QUIVER_PUSH`).
-    pub fn parse(s: &str) -> Option<PushMode> {
-        match s {
-            "zero" => Some(PushMode::Zero),
-            "all" => Some(PushMode::All),
-            "pull" => Some(PushMode::Pull),
-            _ => None,
-        }
-    }
-
-    /// The name `parse` accepts.
-    pub fn name(self) -> &'static str {
-        match self {
-            PushMode::Zero => "zero",
-            PushMode::All => "all",
-            PushMode::Pull => "pull",
-        }
-    }
-}
+pub use crate::config::PushMode;
 
 /// What a completed operation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

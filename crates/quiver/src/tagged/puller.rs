@@ -5,8 +5,8 @@
 //! The application thread hands a pull over and later collects its completion; the
 //! receive completes (and the sender is told) at its next call into the tagged endpoint.
 
+use crate::error::{Error, Result};
 use crate::link::cma::{self, CmaError, Piece};
-use crate::{Error, Result};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 

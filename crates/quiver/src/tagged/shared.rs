@@ -10,7 +10,7 @@
 //! names the buffer the sender meant. A receiver checks every read against the size of
 //! the object it mapped: a bad offset from a peer is an error, not an out-of-bounds read.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
 

@@ -3,7 +3,7 @@
 //! sender rings it. Only used when the receiver sleeps (see `wake`); datagrams carry no
 //! data, and a full socket buffer just means the receiver is already being woken.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::linux::net::SocketAddrExt;

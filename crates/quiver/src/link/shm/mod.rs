@@ -35,8 +35,8 @@ mod imp_crate {
     use super::ring::{self, Consumer, Producer, Record};
     pub(crate) use super::segment::{own_start_time, process_alive};
     use super::segment::{Geometry, Segment};
-    use crate::dm::Source;
-    use crate::{Error, Result};
+    use crate::addr::Source;
+    use crate::error::{Error, Result};
     use std::os::fd::{AsRawFd, RawFd};
     use std::time::Duration;
 

@@ -21,7 +21,7 @@
 
 use super::ring::{RingMem, TailRef};
 use super::wake::WakeLine;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
 use std::mem::{offset_of, size_of};

@@ -4,7 +4,7 @@
 //!
 //! Cross-memory attach is tried between two processes the way ranks use it: this
 //! process starts itself again (`quiver info --cma-probe PID:ADDR:VALUE`, hidden), and
-//! the child reads this process's probe word ([`quiver::link::cma::probe`]). A child
+//! the child reads this process's probe word ([`quiver::admin::cma::probe`]). A child
 //! reading its parent is not an ancestor reading a descendant, so, like two ranks
 //! started side by side, it needs what Yama (`kernel.yama.ptrace_scope`) and container
 //! profiles allow between unrelated processes of one user. A read of this process's own
@@ -27,9 +27,9 @@
 //! waiting inside quiver writes part of it into the receive buffer meanwhile.
 
 use clap::{Args, ValueEnum};
-use quiver::channel::reliable::Mode;
-use quiver::link::cma;
+use quiver::admin::cma;
 use quiver::tagged::PushMode;
+use quiver::ReliabilityMode as Mode;
 use quiver::{Config, TransportChoice, WaitMode};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -521,7 +521,7 @@ pub fn check_cma() -> CmaCheck {
             let mut detail = format!("a child reading this process: {said}");
             if result == "not-permitted" && yama_ptrace_scope == Some(1) {
                 detail.push_str(
-                    " (Yama ptrace_scope 1: ranks would need quiver::link::cma::allow_peers())",
+                    " (Yama ptrace_scope 1: ranks would need quiver::admin::cma::allow_peers())",
                 );
             }
             check(false, result, detail)

@@ -11,7 +11,7 @@
 //! # What the launcher does
 //!
 //! 1. Draws a job id (random, nonzero `u32`) and a secret token (random `u64`), and serves a
-//!    rendezvous store ([`quiver::job::rendezvous::KvServer`]) on `127.0.0.1` on a port
+//!    rendezvous store ([`quiver::admin::KvServer`]) on `127.0.0.1` on a port
 //!    chosen by the kernel. The store lives until every rank has ended. (On a cluster the
 //!    store is a private directory instead; see below.)
 //! 2. Starts `PROGRAM ARGS...` N times. Each rank runs in a process group of its own, with
@@ -29,7 +29,7 @@
 //! 5. Once every rank has ended, waits for its output to drain. Processes that a rank left
 //!    behind in its process group and that still hold its output open are killed. Then the
 //!    rendezvous store is shut down (a directory store is deleted) and the shared-memory
-//!    segments left by the job are removed ([`quiver::link::shm::cleanup_job`]).
+//!    segments left by the job are removed ([`quiver::admin::cleanup_job`]).
 //!
 //! # Exit status
 //!
@@ -99,7 +99,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 
-use quiver::job::rendezvous::KvServer;
+use quiver::admin::KvServer;
 
 use crate::cluster::{self, BadPlacement, Placement};
 
@@ -344,7 +344,7 @@ pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
     }
     drop(store_dir);
     drop(netns);
-    quiver::link::shm::cleanup_job(job_id);
+    quiver::admin::cleanup_job(job_id);
 
     match outcome {
         None => Ok(0),

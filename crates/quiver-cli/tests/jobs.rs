@@ -522,7 +522,7 @@ exec "$0" check --count 1000000
     let job_id: u32 = value_of(&done.stdout, "job")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no job id in the output\n{}", done.describe()));
-    let left = quiver::link::shm::job_segments(job_id);
+    let left = quiver::admin::job_segments(job_id);
     assert!(
         left.is_empty(),
         "segments of job {job_id} left after the launcher returned: {left:?}\n{}",
@@ -596,7 +596,7 @@ impl DirectJob {
     /// or it has published its UDP address in the store (`udp/RANK/DPID`).
     fn opened(&self, rank: u32, dpid: u16) -> bool {
         let segment = format!("-{rank}-{dpid}");
-        quiver::link::shm::job_segments(self.job_id)
+        quiver::admin::job_segments(self.job_id)
             .iter()
             .any(|s| s.ends_with(&segment))
             || self
@@ -626,7 +626,7 @@ fn next_job_removes_segments_of_dead_processes() {
     let start = Instant::now();
     let mut seen = Vec::new();
     while start.elapsed() < Duration::from_secs(120) {
-        seen = quiver::link::shm::job_segments(job_id);
+        seen = quiver::admin::job_segments(job_id);
         if seen.len() >= 2
             || ranks
                 .iter_mut()
@@ -647,7 +647,7 @@ fn next_job_removes_segments_of_dead_processes() {
         "the ranks never created both segments: {seen:?}"
     );
     assert_eq!(
-        quiver::link::shm::job_segments(job_id).len(),
+        quiver::admin::job_segments(job_id).len(),
         2,
         "the segments should outlive their killed owners"
     );
@@ -668,7 +668,7 @@ fn next_job_removes_segments_of_dead_processes() {
     ]);
     let done = run_limited(cmd, LIMIT);
     assert!(done.status.success(), "{}", done.describe());
-    let left = quiver::link::shm::job_segments(job_id);
+    let left = quiver::admin::job_segments(job_id);
     assert!(
         left.is_empty(),
         "segments of dead processes were not removed by the next job: {left:?}\n{}",
@@ -691,7 +691,7 @@ fn a_killed_peer_is_reported_as_failed() {
     let err = reader(survivor.stderr.take().expect("piped stderr"));
     // Let traffic flow, then kill rank 1.
     let start = Instant::now();
-    while quiver::link::shm::job_segments(job_id).len() < 2 && start.elapsed() < LIMIT {
+    while quiver::admin::job_segments(job_id).len() < 2 && start.elapsed() < LIMIT {
         thread::sleep(Duration::from_millis(20));
     }
     thread::sleep(Duration::from_millis(300));
@@ -712,7 +712,7 @@ fn a_killed_peer_is_reported_as_failed() {
     }
     let _ = survivor.wait();
     let stderr = err.join().unwrap_or_default();
-    quiver::link::shm::cleanup_job(job_id);
+    quiver::admin::cleanup_job(job_id);
     let status =
         status.unwrap_or_else(|| panic!("rank 0 still waits 30 s after rank 1 died:\n{stderr}"));
     assert!(
@@ -881,8 +881,8 @@ fn survive_a_killed_rank(tag: &str, transport: &str, env: &[(&str, &str)]) -> Ve
             ended_after_kill,
         });
     }
-    let left = quiver::link::shm::job_segments(job_id);
-    quiver::link::shm::cleanup_job(job_id);
+    let left = quiver::admin::job_segments(job_id);
+    quiver::admin::cleanup_job(job_id);
 
     let all = survivors
         .iter()
@@ -1044,7 +1044,7 @@ exec "$0" check --pattern "$1" --tolerate-failures --sizes 64,4K --count "$2"
     let job_id: u32 = value_of(&done.stdout, "job")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no job id in the output\n{}", done.describe()));
-    let left = quiver::link::shm::job_segments(job_id);
+    let left = quiver::admin::job_segments(job_id);
     assert!(
         left.is_empty(),
         "segments of job {job_id} left: {left:?}\n{}",

@@ -1,9 +1,10 @@
 //! Configuration of a job's endpoints: every knob has a default, a `QUIVER_*` variable
 //! and a builder method. An invalid value is an error that names the variable.
 
-use crate::channel::reliable::{Mode, Recovery};
+use crate::channel::reliable::Mode;
+pub use crate::channel::reliable::{Mode as ReliabilityMode, ModeParseError, Recovery};
 use crate::error::{Error, Result};
-use crate::link::sim::FaultConfig;
+pub use crate::link::fault::{FaultConfig, FaultConfigError};
 use std::time::Duration;
 
 /// Which transport carries traffic between two ranks.

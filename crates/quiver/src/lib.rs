@@ -1,24 +1,32 @@
 //! quiver: a communication subsystem for clusters of multicore machines.
 //!
-//! A tour of the layers, from the wire up (see `docs/ARCHITECTURE.md` for the graph of
-//! what may depend on what):
+//! A tour of the layers, from the wire up (`docs/ARCHITECTURE.md` has the graph of what
+//! may depend on what). The lower layers are private to the crate, so that they can
+//! change without breaking programs:
 //!
-//! - [`link`]: transports that move frames between endpoints: [`link::shm`] (shared-memory
-//!   receive rings written directly by senders) and [`link::udp`] (one UDP socket per
-//!   endpoint, `sendmmsg`/`recvmmsg` batching).
+//! - `link`: transports that move frames between endpoints: `shm` (shared-memory receive
+//!   rings written directly by senders), `udp` (`sendmmsg`/`recvmmsg` batching), `eth`
+//!   (raw Ethernet through `AF_PACKET` rings), `cma` (cross-memory attach).
 //! - [`wire`]: the frame format of the network transports, as checked views plus
 //!   validated representations. Decoding never trusts its input.
-//! - [`channel`]: per-channel state for a directed edge (sequence numbers, loss
-//!   detection, reassembly of Directed Messages), written sans-IO.
-//! - [`engine`]: waiting and progress: busy polling, blocking on the endpoint's
+//! - `channel`: per-channel state for a directed edge (sequence numbers, loss detection,
+//!   retransmission, reassembly of Directed Messages), written sans-IO.
+//! - `engine`: waiting and progress: busy polling, blocking on the endpoint's
 //!   descriptor, and bounded polling followed by blocking.
-//! - [`dm`]: Directed Point endpoints and their token buffer pool: the user-facing
-//!   message API.
+//! - `job`: bootstrap (rank, size, job id, token, node of every rank) from the
+//!   environment of `quiver run`, Open MPI, MPICH/Hydra or Slurm, and the rendezvous
+//!   store that exchanges endpoint addresses; reached through [`Job`].
+//!
+//! What programs use:
+//!
+//! - [`Job`]: the process's place in its job, and where endpoints are opened.
+//! - [`dm`]: Directed Point endpoints and their token buffer pool: the message API
+//!   ([`Endpoint`], [`Message`]).
 //! - [`tagged`]: tagged send/receive with the Push-Pull protocol (pushed buffer,
 //!   single-copy pulls across address spaces inside a node).
-//! - [`job`]: bootstrap (rank, size, job id, token, node of every rank) from the
-//!   environment of `quiver run`, Open MPI, MPICH/Hydra or Slurm, and the rendezvous
-//!   store that exchanges endpoint addresses.
+//! - [`config`]: every `QUIVER_*` setting, with its default ([`Config`]).
+//! - [`admin`]: what launchers and tools need (the rendezvous store, clean-up of a job's
+//!   shared memory, the cross-memory-attach probe).
 //!
 //! ```no_run
 //! let job = quiver::Job::from_env()?;          // rank, size, nodes
@@ -41,18 +49,20 @@
 #[cfg(not(loom))]
 mod addr;
 #[cfg(not(loom))]
-pub mod channel;
+pub mod admin;
+#[cfg(not(loom))]
+pub(crate) mod channel;
 #[cfg(not(loom))]
 pub mod config;
 #[cfg(not(loom))]
 pub mod dm;
 #[cfg(not(loom))]
-pub mod engine;
+pub(crate) mod engine;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
-pub mod job;
-pub mod link;
+pub(crate) mod job;
+pub(crate) mod link;
 pub(crate) mod sync;
 #[cfg(not(loom))]
 pub mod tagged;
@@ -60,11 +70,15 @@ pub mod tagged;
 pub mod wire;
 
 #[cfg(not(loom))]
-pub use config::{Config, TransportChoice, WaitMode};
+pub use config::{
+    Config, FaultConfig, PushMode, Recovery, ReliabilityMode, TransportChoice, WaitMode,
+};
 #[cfg(not(loom))]
 pub use dm::{Endpoint, EndpointStats, Message, Source};
 #[cfg(not(loom))]
 pub use error::{Error, Result};
+#[cfg(not(loom))]
+pub use job::bootstrap::Launcher;
 #[cfg(not(loom))]
 pub use job::Job;
 #[cfg(not(loom))]

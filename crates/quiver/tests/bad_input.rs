@@ -4,7 +4,7 @@
 mod common;
 
 use common::{config, TestJob};
-use quiver::job::rendezvous::Rendezvous;
+use quiver::admin::Rendezvous;
 use quiver::wire::{Flags, FrameKind, Header, HEADER_LEN};
 use quiver::TransportChoice;
 use std::net::{SocketAddr, UdpSocket};

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{config, pattern, run_ranks};
-use quiver::channel::reliable::Mode;
-use quiver::link::sim::FaultConfig;
+use quiver::FaultConfig;
+use quiver::ReliabilityMode as Mode;
 use quiver::{Config, Error, TransportChoice, WaitMode};
 use std::time::Duration;
 

@@ -413,7 +413,7 @@ fn two_gib_plus_one_inside_a_node() {
 #[test]
 fn large_pulls_run_on_the_pull_thread_with_the_offload_engine() {
     let c = config(TransportChoice::Auto)
-        .with_reliability(quiver::channel::reliable::Mode::Offload)
+        .with_reliability(quiver::ReliabilityMode::Offload)
         .with_btp(BTP1, BTP2);
     run_ranks(2, c, |job| {
         let t = Tagged::open(&job, 49).unwrap();

@@ -26,8 +26,8 @@
 //! too); with the tagged API, to [`TAGGED_WINDOW_BYTES`] of receive buffers and, over
 //! UDP, to a quarter of the network channel's window ([`tagged_window`]).
 
+use super::ctx::{check_len, Ctx, CONTROL_TAG, DATA_TAG, RECORD_SLACK};
 use super::output::{round, BenchResult};
-use super::runner::{check_len, Ctx, CONTROL_TAG, DATA_TAG, RECORD_SLACK};
 use super::stats::{self, avg80};
 use super::Bench;
 use anyhow::Context as _;

@@ -74,9 +74,9 @@
 //! Likewise a receive is "late" only if the tagged layer sees the message when the
 //! receive is posted; `pong_late_fraction` reports what it saw.
 
+use super::ctx::{check_len, Ctx, Sink, BARRIER_TAG, CONTROL_TAG, DATA_TAG};
 use super::output::round;
 use super::pingpong::tagged_one_way_samples;
-use super::runner::{check_len, Ctx, Sink, BARRIER_TAG, CONTROL_TAG, DATA_TAG};
 use super::sizes::fmt_size;
 use super::stats::{self, Summary};
 use super::{Bench, BenchOpts};

@@ -25,8 +25,8 @@
 //! negative, since the overheads measured in isolation need not add up to the latency.
 //! Over UDP every read gives up after the usual timeout.
 
+use super::ctx::{check_len, Ctx};
 use super::output::{round, BenchResult};
-use super::runner::{check_len, Ctx};
 use super::stats::{self, Summary};
 use super::Bench;
 use anyhow::Context as _;

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub mod bw;
+pub mod ctx;
 pub mod early_late;
 pub mod launch;
 pub mod logp;
@@ -175,11 +176,11 @@ impl ReliabilityArg {
     }
 
     /// The library's mode.
-    pub fn mode(self) -> quiver::channel::reliable::Mode {
+    pub fn mode(self) -> quiver::ReliabilityMode {
         match self {
-            ReliabilityArg::None => quiver::channel::reliable::Mode::None,
-            ReliabilityArg::Host => quiver::channel::reliable::Mode::Host,
-            ReliabilityArg::Offload => quiver::channel::reliable::Mode::Offload,
+            ReliabilityArg::None => quiver::ReliabilityMode::None,
+            ReliabilityArg::Host => quiver::ReliabilityMode::Host,
+            ReliabilityArg::Offload => quiver::ReliabilityMode::Offload,
         }
     }
 }

@@ -11,8 +11,8 @@
 //! the message's size, in the push mode in force (`--push`, `QUIVER_PUSH`); a send
 //! returns when the receiver has what was not pushed.
 
+use super::ctx::{check_len, Ctx, DATA_TAG};
 use super::output::{round, BenchResult};
-use super::runner::{check_len, Ctx, DATA_TAG};
 use super::stats::Summary;
 use super::Bench;
 use anyhow::Context as _;

@@ -7,9 +7,9 @@
 //! [`RESULTS_ENV`] and prints nothing; this process reads them back after each job and
 //! prints them, so that tables, CSV and JSON come out as one document.
 
+use super::ctx::RESULTS_ENV;
 use super::launch::{child_args, child_env, launch_job};
 use super::output::{self, BenchResult, Reporter};
-use super::runner::RESULTS_ENV;
 use super::{plot, BenchOpts, TransportArg};
 use anyhow::Context as _;
 use std::io::Write as _;

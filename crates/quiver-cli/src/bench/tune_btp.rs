@@ -24,9 +24,9 @@
 //! choice and the variables that apply it (`QUIVER_BTP1`, `QUIVER_BTP2`); in JSON a last
 //! line `{"bench":"tune-btp","chosen":true,...,"btp1":..,"btp2":..,"env":".."}`.
 
+use super::ctx::{check_len, Ctx, Sink, CONTROL_TAG};
 use super::output::{round, BenchResult, Format};
 use super::pingpong::tagged_one_way_samples;
-use super::runner::{check_len, Ctx, Sink, CONTROL_TAG};
 use super::sizes::fmt_size;
 use super::stats::Summary;
 use super::Bench;

@@ -9,4 +9,4 @@
 pub mod reliable;
 pub mod rx;
 
-pub use rx::{Delivery, RxChannel, RxOutcome, SpareBuffers};
+pub use rx::{Delivery, RxChannel, SpareBuffers};

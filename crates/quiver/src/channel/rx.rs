@@ -108,6 +108,7 @@ impl SpareBuffers {
         }
     }
 
+    #[cfg(test)]
     /// Bytes of capacity kept.
     pub fn kept_bytes(&self) -> usize {
         self.spares.iter().map(Vec::capacity).sum()

@@ -15,8 +15,8 @@ use crate::channel::reliable::{earliest, ChannelError, Duplex, Event, Time, TxFr
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::error::{Error, Result};
 use crate::job::JobShared;
+use crate::link::fault::FaultInjector;
 use crate::link::network::{NetDest, NetLink, Placement};
-use crate::link::sim::FaultInjector;
 use crate::link::udp;
 use crate::link::Datagram;
 use crate::wire::{self, DecodeError, Flags, FrameKind, Header};

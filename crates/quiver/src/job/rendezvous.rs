@@ -815,7 +815,7 @@ impl fmt::Debug for Rendezvous {
 }
 
 impl Rendezvous {
-    /// Connects to the store at `url` (see [`parse_url`]).
+    /// Connects to the store at `url` (`tcp://HOST:PORT` or `file:///DIR`).
     ///
     /// For `tcp://` it retries every 20 ms until `timeout`, since the store (served by
     /// rank 0) may start later than this process. For `file://` it creates the directory

@@ -4,9 +4,11 @@ pub mod cma;
 #[cfg(not(loom))]
 pub(crate) mod eth;
 #[cfg(not(loom))]
+pub mod fault;
+#[cfg(not(loom))]
 pub(crate) mod network;
 pub mod shm;
-#[cfg(not(loom))]
+#[cfg(all(test, not(loom)))]
 pub mod sim;
 #[cfg(not(loom))]
 pub mod udp;

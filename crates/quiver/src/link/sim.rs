@@ -1,382 +1,20 @@
-//! Simulated transport: an in-process, deterministic network with a virtual clock, and a
-//! seeded fault injector.
+//! Simulated transport: an in-process, deterministic network with a virtual clock.
 //!
-//! This module owns two things:
-//!
-//! - [`FaultInjector`]: decides, per datagram, whether it is lost, duplicated, reordered
-//!   (held back by [`FaultConfig::reorder_delay`]), corrupted (one byte flipped) or
-//!   delayed (uniform jitter up to [`FaultConfig::jitter`]), and counts each fault. Its
-//!   API takes a datagram and the current time and returns the datagrams to deliver and
-//!   when, so it can wrap the real UDP transport as well as the simulator
-//!   (`QUIVER_FAULTS`, parsed by [`FaultConfig::parse`]).
-//! - [`Network`]: N nodes joined by one-way links, each with a latency, an MTU, an
-//!   optional rate limit (serialization delay) with a bounded bottleneck queue
-//!   (tail-drop), and its own injector. [`Network::run`] drives [`SimNode`]s (sans-IO
-//!   state machines plus whatever application logic a test wants) in virtual time until
-//!   nothing is left to do, and fails instead of hanging when a bound on virtual time or
-//!   on steps is passed.
+//! [`Network`]: N nodes joined by one-way links, each with a latency, an MTU, an optional
+//! rate limit (serialization delay) with a bounded bottleneck queue (tail-drop), and its
+//! own fault injector ([`super::fault`]). [`Network::run`] drives [`SimNode`]s (sans-IO
+//! state machines plus whatever application logic a test wants) in virtual time until
+//! nothing is left to do, and fails instead of hanging when a bound on virtual time or on
+//! steps is passed. Compiled for the crate's tests only.
 //!
 //! Guarantees: everything is a function of the configuration and the seeds: the same
 //! inputs give the same run, bit for bit. Nothing reads a clock, and no input panics.
 //! Datagrams with equal arrival times are delivered in the order they were sent.
 
-use core::fmt;
-use core::str::FromStr;
+use super::fault::{FaultConfig, FaultCounters, FaultInjector, SimRng};
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::time::Duration;
-
-/// A small seeded pseudo-random generator (SplitMix64): fast, deterministic, and good
-/// enough for fault schedules and test workloads. Not for cryptography.
-#[derive(Debug, Clone)]
-pub struct SimRng(u64);
-
-impl SimRng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> SimRng {
-        SimRng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform number in `[0, 1)`.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// A uniform number in `0..n` (0 if `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            return 0;
-        }
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-
-    /// `true` with probability `p` (clamped to `[0, 1]`). Draws a number even when `p`
-    /// is 0 or 1, so that a schedule does not shift when a probability changes.
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.next_f64() < p
-    }
-}
-
-/// Which faults to inject, and the seed of their schedule.
-///
-/// The text form (`QUIVER_FAULTS`) is a comma-separated list of `key=value`:
-/// `loss`, `dup`, `reorder`, `corrupt` (probabilities per datagram, from 0 to 1, or a
-/// percentage such as `1%`), `delay` (maximum jitter) and `reorder_delay` (how long a
-/// reordered datagram is held back), both durations with a unit (`ns`, `us`, `ms`, `s`),
-/// and `seed` (an integer). Keys left out are 0 (`reorder_delay`: 100 us; `seed`: 0).
-/// Example: `loss=0.01,dup=0.001,reorder=0.01,corrupt=0.001,seed=7`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FaultConfig {
-    /// Probability that a datagram is dropped.
-    pub loss: f64,
-    /// Probability that a datagram is delivered twice.
-    pub dup: f64,
-    /// Probability that a datagram is held back by `reorder_delay`, so later ones pass it.
-    pub reorder: f64,
-    /// Probability that one byte of a datagram is flipped.
-    pub corrupt: f64,
-    /// Maximum extra delay of a datagram, drawn uniformly (0: none).
-    pub jitter: Duration,
-    /// How long a reordered datagram is held back.
-    pub reorder_delay: Duration,
-    /// Seed of the schedule.
-    pub seed: u64,
-}
-
-/// The environment variable that configures fault injection on a real transport.
-pub const FAULTS_ENV: &str = "QUIVER_FAULTS";
-
-impl Default for FaultConfig {
-    fn default() -> Self {
-        FaultConfig {
-            loss: 0.0,
-            dup: 0.0,
-            reorder: 0.0,
-            corrupt: 0.0,
-            jitter: Duration::ZERO,
-            reorder_delay: Duration::from_micros(100),
-            seed: 0,
-        }
-    }
-}
-
-impl FaultConfig {
-    /// No faults at all.
-    pub fn none() -> FaultConfig {
-        FaultConfig::default()
-    }
-
-    /// Whether no fault can happen.
-    pub fn is_none(&self) -> bool {
-        self.loss <= 0.0
-            && self.dup <= 0.0
-            && self.reorder <= 0.0
-            && self.corrupt <= 0.0
-            && self.jitter.is_zero()
-    }
-
-    /// Parses the text form (see the type's documentation). The empty string means no
-    /// faults. Errors name the offending key.
-    pub fn parse(s: &str) -> Result<FaultConfig, FaultConfigError> {
-        let mut cfg = FaultConfig::default();
-        let mut seen: Vec<&str> = Vec::new();
-        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let Some((key, value)) = item.split_once('=') else {
-                return Err(FaultConfigError::NotKeyValue {
-                    item: item.to_owned(),
-                });
-            };
-            let (key, value) = (key.trim(), value.trim());
-            let bad = |reason| FaultConfigError::BadValue {
-                key: key.to_owned(),
-                value: value.to_owned(),
-                reason,
-            };
-            match key {
-                "loss" => cfg.loss = parse_probability(value).map_err(bad)?,
-                "dup" => cfg.dup = parse_probability(value).map_err(bad)?,
-                "reorder" => cfg.reorder = parse_probability(value).map_err(bad)?,
-                "corrupt" => cfg.corrupt = parse_probability(value).map_err(bad)?,
-                "delay" => cfg.jitter = parse_duration(value).map_err(bad)?,
-                "reorder_delay" => cfg.reorder_delay = parse_duration(value).map_err(bad)?,
-                "seed" => {
-                    cfg.seed = value
-                        .parse()
-                        .map_err(|_| bad("expected an unsigned 64-bit integer"))?;
-                }
-                _ => {
-                    return Err(FaultConfigError::UnknownKey {
-                        key: key.to_owned(),
-                    })
-                }
-            }
-            if seen.contains(&key) {
-                return Err(FaultConfigError::Duplicate {
-                    key: key.to_owned(),
-                });
-            }
-            seen.push(key);
-        }
-        Ok(cfg)
-    }
-
-    /// The configuration in `QUIVER_FAULTS`, or `None` if it is unset or empty.
-    pub fn from_env() -> Result<Option<FaultConfig>, FaultConfigError> {
-        match std::env::var(FAULTS_ENV) {
-            Ok(v) if !v.trim().is_empty() => FaultConfig::parse(&v).map(Some),
-            _ => Ok(None),
-        }
-    }
-}
-
-impl FromStr for FaultConfig {
-    type Err = FaultConfigError;
-
-    fn from_str(s: &str) -> Result<FaultConfig, FaultConfigError> {
-        FaultConfig::parse(s)
-    }
-}
-
-impl fmt::Display for FaultConfig {
-    /// The text form, which [`FaultConfig::parse`] reads back.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "loss={},dup={},reorder={},corrupt={},delay={}ns,reorder_delay={}ns,seed={}",
-            self.loss,
-            self.dup,
-            self.reorder,
-            self.corrupt,
-            self.jitter.as_nanos(),
-            self.reorder_delay.as_nanos(),
-            self.seed
-        )
-    }
-}
-
-/// Why a fault specification was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum FaultConfigError {
-    /// An item has no `=`.
-    #[error("fault specification item {item:?} is not KEY=VALUE")]
-    NotKeyValue {
-        /// The item.
-        item: String,
-    },
-    /// A key that names no fault.
-    #[error(
-        "unknown fault key {key:?}: expected loss, dup, reorder, corrupt, delay, \
-         reorder_delay or seed"
-    )]
-    UnknownKey {
-        /// The key.
-        key: String,
-    },
-    /// A value that does not parse or is out of range.
-    #[error("fault {key}={value:?} is invalid: {reason}")]
-    BadValue {
-        /// The key.
-        key: String,
-        /// The value given.
-        value: String,
-        /// What is accepted.
-        reason: &'static str,
-    },
-    /// A key given twice.
-    #[error("fault key {key} is given twice")]
-    Duplicate {
-        /// The key.
-        key: String,
-    },
-}
-
-fn parse_probability(v: &str) -> Result<f64, &'static str> {
-    const RANGE: &str = "expected a probability from 0 to 1, or a percentage from 0% to 100%";
-    let (num, scale) = match v.strip_suffix('%') {
-        Some(n) => (n.trim(), 100.0),
-        None => (v, 1.0),
-    };
-    let p = num.parse::<f64>().map_err(|_| RANGE)? / scale;
-    if p.is_finite() && (0.0..=1.0).contains(&p) {
-        Ok(p)
-    } else {
-        Err(RANGE)
-    }
-}
-
-fn parse_duration(v: &str) -> Result<Duration, &'static str> {
-    const FORM: &str = "expected a duration with a unit: ns, us, ms or s (e.g. 50us)";
-    if v == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = v.find(|c: char| !c.is_ascii_digit()).ok_or(FORM)?;
-    let (num, unit) = v.split_at(split);
-    let n: u64 = num.parse().map_err(|_| FORM)?;
-    let nanos_per = match unit.trim() {
-        "ns" => 1,
-        "us" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        _ => return Err(FORM),
-    };
-    n.checked_mul(nanos_per)
-        .map(Duration::from_nanos)
-        .ok_or("duration too large")
-}
-
-/// How many faults of each kind were injected.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FaultCounters {
-    /// Datagrams seen.
-    pub datagrams: u64,
-    /// Datagrams dropped.
-    pub lost: u64,
-    /// Datagrams delivered twice.
-    pub duplicated: u64,
-    /// Datagrams held back so that later ones pass them.
-    pub reordered: u64,
-    /// Datagrams with a byte flipped.
-    pub corrupted: u64,
-    /// Datagrams given a nonzero jitter.
-    pub delayed: u64,
-}
-
-/// Applies a [`FaultConfig`] to a stream of datagrams; see the [module documentation].
-///
-/// [module documentation]: self
-#[derive(Debug, Clone)]
-pub struct FaultInjector {
-    cfg: FaultConfig,
-    rng: SimRng,
-    counters: FaultCounters,
-}
-
-/// The datagrams a [`FaultInjector`] lets through for one input: none (lost), one, or two
-/// (duplicated), each with the time to deliver it.
-#[derive(Debug, Default)]
-pub struct Injected {
-    items: [Option<(Duration, Vec<u8>)>; 2],
-}
-
-impl Iterator for Injected {
-    type Item = (Duration, Vec<u8>);
-
-    fn next(&mut self) -> Option<(Duration, Vec<u8>)> {
-        self.items.iter_mut().find_map(Option::take)
-    }
-}
-
-impl FaultInjector {
-    /// An injector following `cfg`, its schedule seeded by `cfg.seed`.
-    pub fn new(cfg: FaultConfig) -> FaultInjector {
-        FaultInjector {
-            rng: SimRng::new(cfg.seed),
-            cfg,
-            counters: FaultCounters::default(),
-        }
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &FaultConfig {
-        &self.cfg
-    }
-
-    /// The faults injected so far.
-    pub fn counters(&self) -> &FaultCounters {
-        &self.counters
-    }
-
-    /// Passes one datagram, sent at `now`, through the faults: returns what to deliver,
-    /// and when (never before `now`).
-    pub fn inject(&mut self, now: Duration, mut datagram: Vec<u8>) -> Injected {
-        self.counters.datagrams += 1;
-        let mut out = Injected::default();
-        if self.rng.chance(self.cfg.loss) {
-            self.counters.lost += 1;
-            return out;
-        }
-        if self.rng.chance(self.cfg.corrupt) && !datagram.is_empty() {
-            let at = self.rng.below(datagram.len() as u64) as usize;
-            let flip = 1 + self.rng.below(255) as u8;
-            datagram[at] ^= flip;
-            self.counters.corrupted += 1;
-        }
-        let mut at = now + self.jitter();
-        if self.rng.chance(self.cfg.reorder) {
-            at += self.cfg.reorder_delay;
-            self.counters.reordered += 1;
-        }
-        if self.rng.chance(self.cfg.dup) {
-            self.counters.duplicated += 1;
-            let again = now + self.jitter();
-            out.items[1] = Some((again, datagram.clone()));
-        }
-        out.items[0] = Some((at, datagram));
-        out
-    }
-
-    fn jitter(&mut self) -> Duration {
-        let max = u64::try_from(self.cfg.jitter.as_nanos()).unwrap_or(u64::MAX);
-        if max == 0 {
-            return Duration::ZERO;
-        }
-        let d = self.rng.below(max.saturating_add(1));
-        if d > 0 {
-            self.counters.delayed += 1;
-        }
-        Duration::from_nanos(d)
-    }
-}
 
 /// Properties of a one-way simulated link.
 #[derive(Debug, Clone, PartialEq)]
@@ -769,136 +407,6 @@ fn bytes_in(d: Duration, rate: u64) -> u64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn parses_the_issue_example() {
-        let c =
-            FaultConfig::parse("loss=0.01,dup=0.001,reorder=0.01,corrupt=0.001,seed=7").unwrap();
-        assert_eq!(c.loss, 0.01);
-        assert_eq!(c.dup, 0.001);
-        assert_eq!(c.reorder, 0.01);
-        assert_eq!(c.corrupt, 0.001);
-        assert_eq!(c.seed, 7);
-        assert_eq!(c.jitter, Duration::ZERO);
-        assert!(!c.is_none());
-        assert!(FaultConfig::parse("").unwrap().is_none());
-        assert!(FaultConfig::parse(" , ").unwrap().is_none());
-    }
-
-    #[test]
-    fn parses_durations_and_percentages_and_round_trips() {
-        let c = FaultConfig::parse(
-            " loss = 5% , delay=50us, reorder_delay=2ms ,seed=18446744073709551615",
-        )
-        .unwrap();
-        assert!((c.loss - 0.05).abs() < 1e-12);
-        assert_eq!(c.jitter, Duration::from_micros(50));
-        assert_eq!(c.reorder_delay, Duration::from_millis(2));
-        assert_eq!(c.seed, u64::MAX);
-        assert_eq!(FaultConfig::parse(&c.to_string()).unwrap(), c);
-    }
-
-    #[test]
-    fn errors_name_the_key() {
-        let e = FaultConfig::parse("loss=0.1,drop=0.2").unwrap_err();
-        assert_eq!(e, FaultConfigError::UnknownKey { key: "drop".into() });
-        assert!(e.to_string().contains("\"drop\""), "{e}");
-        let e = FaultConfig::parse("loss=1.5").unwrap_err();
-        assert!(
-            matches!(&e, FaultConfigError::BadValue { key, .. } if key == "loss"),
-            "{e:?}"
-        );
-        assert!(e.to_string().contains("loss"), "{e}");
-        let e = FaultConfig::parse("corrupt=abc").unwrap_err();
-        assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "corrupt"));
-        let e = FaultConfig::parse("delay=50").unwrap_err();
-        assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "delay"));
-        assert!(e.to_string().contains("unit"), "{e}");
-        let e = FaultConfig::parse("delay=5parsecs").unwrap_err();
-        assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "delay"));
-        let e = FaultConfig::parse("seed=-1").unwrap_err();
-        assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "seed"));
-        let e = FaultConfig::parse("loss").unwrap_err();
-        assert_eq!(
-            e,
-            FaultConfigError::NotKeyValue {
-                item: "loss".into()
-            }
-        );
-        let e = FaultConfig::parse("dup=0.1,dup=0.2").unwrap_err();
-        assert_eq!(e, FaultConfigError::Duplicate { key: "dup".into() });
-        let e = FaultConfig::parse("loss=NaN").unwrap_err();
-        assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "loss"));
-        let e = FaultConfig::parse("delay=99999999999999999s").unwrap_err();
-        assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "delay"));
-    }
-
-    #[test]
-    fn rng_is_deterministic_and_in_range() {
-        let mut a = SimRng::new(42);
-        let mut b = SimRng::new(42);
-        for _ in 0..1000 {
-            assert_eq!(a.next_u64(), b.next_u64());
-            let f = a.next_f64();
-            b.next_f64();
-            assert!((0.0..1.0).contains(&f));
-            assert!(a.below(10) < 10);
-            b.below(10);
-        }
-        assert_eq!(a.below(0), 0);
-    }
-
-    fn run_injector(cfg: FaultConfig, n: usize) -> (FaultCounters, Vec<(Duration, Vec<u8>)>) {
-        let mut inj = FaultInjector::new(cfg);
-        let mut out = Vec::new();
-        for i in 0..n {
-            let now = Duration::from_micros(i as u64);
-            for (at, d) in inj.inject(now, vec![i as u8; 64]) {
-                assert!(at >= now);
-                out.push((at, d));
-            }
-        }
-        (inj.counters().clone(), out)
-    }
-
-    #[test]
-    fn injector_counts_each_fault_and_is_deterministic() {
-        let cfg = FaultConfig::parse("loss=0.1,dup=0.1,reorder=0.1,corrupt=0.1,delay=5us,seed=3")
-            .unwrap();
-        let (c, out) = run_injector(cfg.clone(), 10_000);
-        assert_eq!(run_injector(cfg, 10_000), (c.clone(), out.clone()));
-        assert_eq!(c.datagrams, 10_000);
-        for n in [c.lost, c.duplicated, c.reordered, c.corrupted] {
-            assert!((800..1200).contains(&n), "{c:?}");
-        }
-        assert_eq!(out.len() as u64, 10_000 - c.lost + c.duplicated);
-    }
-
-    #[test]
-    fn injector_extremes() {
-        let (c, out) = run_injector(FaultConfig::parse("loss=1").unwrap(), 100);
-        assert_eq!((c.lost, out.len()), (100, 0));
-        let (c, out) = run_injector(FaultConfig::parse("dup=1").unwrap(), 100);
-        assert_eq!((c.duplicated, out.len()), (100, 200));
-        let (c, out) = run_injector(FaultConfig::parse("corrupt=1").unwrap(), 100);
-        assert_eq!(c.corrupted, 100);
-        for (i, (_, d)) in out.iter().enumerate() {
-            let flipped = d.iter().filter(|&&b| b != i as u8).count();
-            assert_eq!(flipped, 1, "exactly one byte flips");
-        }
-        let (c, out) = run_injector(FaultConfig::none(), 100);
-        assert_eq!(
-            c,
-            FaultCounters {
-                datagrams: 100,
-                ..Default::default()
-            }
-        );
-        assert!(out
-            .iter()
-            .enumerate()
-            .all(|(i, (at, _))| *at == Duration::from_micros(i as u64)));
-    }
-
     struct Echo {
         peer: usize,
         outbox: Vec<Vec<u8>>,
@@ -1048,5 +556,32 @@ mod tests {
         }
         assert!(!through[0].is_empty() && !through[1].is_empty());
         assert_ne!(through[0], through[1]);
+    }
+
+    #[test]
+    fn one_direction_can_be_reconfigured() {
+        let mut net = Network::new(3, LinkConfig::default());
+        assert_eq!(net.nodes(), 3);
+        assert!(!net.set_link(0, 3, LinkConfig::default()));
+        let slow = LinkConfig {
+            latency: Duration::from_millis(5),
+            ..LinkConfig::default()
+        };
+        assert!(net.set_link(0, 1, slow));
+        net.send(0, 1, vec![1]).unwrap();
+        net.send(1, 0, vec![2]).unwrap();
+        let first = net.next_arrival().unwrap();
+        net.advance(first);
+        assert_eq!(net.now(), first);
+        let a = net.poll_arrival().unwrap();
+        assert_eq!(
+            (a.to, a.datagram[0]),
+            (0, 2),
+            "the unchanged direction is faster"
+        );
+        let second = net.next_arrival().unwrap();
+        assert!(second >= Duration::from_millis(5));
+        net.advance(second);
+        assert_eq!(net.poll_arrival().unwrap().to, 1);
     }
 }

@@ -2,7 +2,7 @@
 //! served by the test, so that whole-stack tests need no launcher.
 #![allow(dead_code)]
 
-use quiver::job::rendezvous::{KvServer, KvServerHandle};
+use quiver::admin::{KvServer, KvServerHandle};
 use quiver::{Config, Job, TransportChoice, WaitMode};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -12,7 +12,7 @@ use crate::wire::MIN_DATAGRAM;
 pub enum Mode {
     /// RX_no: credit-based flow control only. No retransmission buffer and no
     /// retransmission timer; a gap in sequence numbers or a checksum failure is reported
-    /// as a [`ChannelError`](super::ChannelError) on the channel, never repaired.
+    /// as a channel error, never repaired.
     None,
     /// RX_h: go-back-N (or selective repeat) retransmission run by the thread that
     /// drives the channel, with CRC32C on every frame and piggybacked, half-window and
@@ -174,6 +174,7 @@ impl Default for Config {
 pub const MAX_WINDOW: u16 = 32768;
 
 impl Config {
+    #[cfg(test)]
     /// The defaults with `mode` set.
     pub fn with_mode(mode: Mode) -> Config {
         Config {
@@ -194,6 +195,7 @@ impl Config {
         }
     }
 
+    #[cfg(test)]
     /// These settings without heartbeats or silence detection: a channel fails only by
     /// retransmission timeouts, and an idle one has no timer at all.
     pub fn without_liveness(self) -> Config {

@@ -95,11 +95,6 @@ impl<B> Duplex<B> {
         self.receiver.start_at(seq);
     }
 
-    /// The reliability scheme.
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
     /// Builds and queues the frames of a message; see [`Sender::send`].
     pub fn send(&mut self, now: Time, msg: &[u8]) -> Result<SendStatus, SendError> {
         self.start_clocks(now);
@@ -256,6 +251,7 @@ impl<B> Duplex<B> {
         }
     }
 
+    #[cfg(test)]
     /// The next datagram to send to the peer: a retransmission, a new data frame or a
     /// probe, each carrying the current acknowledgement; else an explicit `Ack` if one is
     /// due; else a heartbeat if its timer fired. Send it before the next call.
@@ -365,11 +361,13 @@ impl<B> Duplex<B> {
         self.failure
     }
 
+    #[cfg(test)]
     /// Whether the peer said goodbye (`Goodbye` arrived; [`Event::PeerClosed`]).
     pub fn is_peer_closed(&self) -> bool {
         self.peer_closed
     }
 
+    #[cfg(test)]
     /// When the last valid frame came from the peer; before any, the first time this
     /// state was given (where the silence clock starts). `None` before any time was
     /// given.
@@ -382,6 +380,7 @@ impl<B> Duplex<B> {
         &self.sender
     }
 
+    #[cfg(test)]
     /// The incoming channel's state.
     pub fn receiver(&self) -> &Receiver<B> {
         &self.receiver
@@ -455,6 +454,7 @@ impl<B> std::fmt::Debug for Duplex<B> {
 
 /// Convenience for callers whose datagram handle is the datagram itself.
 impl Duplex<Vec<u8>> {
+    #[cfg(test)]
     /// Decodes `datagram` and feeds it as [`handle_frame`](Self::handle_frame) or
     /// [`handle_invalid`](Self::handle_invalid) would. Returns the datagram if it is not
     /// kept.

@@ -17,7 +17,8 @@ use std::time::Duration;
 use super::time::earliest;
 use super::{ChannelError, Config, Duplex, Event, PartialSend, SendStatus, Time};
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
-use crate::link::sim::{Limits, LinkConfig, Network, SimError, SimNode, SimRng};
+use crate::link::fault::SimRng;
+use crate::link::sim::{Limits, LinkConfig, Network, SimError, SimNode};
 use crate::wire::{decode, Flags, FrameKind, Header};
 
 /// One endpoint of a simulated pair (or of a star: `peer` is fixed per node).

@@ -82,10 +82,7 @@ mod sim_tests;
 #[cfg(test)]
 mod tests;
 
-pub use config::{
-    Config, ConfigError, Mode, ModeParseError, Recovery, DEFAULT_PEER_TIMEOUT,
-    HEARTBEATS_PER_PEER_TIMEOUT, MAX_WINDOW,
-};
+pub use config::{Config, ConfigError, Mode, ModeParseError, Recovery, MAX_WINDOW};
 pub use duplex::Duplex;
 pub use receiver::Receiver;
 pub use sender::{PartialSend, Sender, TxFrame};

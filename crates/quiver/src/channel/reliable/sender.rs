@@ -536,14 +536,8 @@ impl Sender {
 
     /// The next datagram to send, with `stamp` (the reverse channel's acknowledgement)
     /// written into it: a retransmission, else a new frame if the window allows, else a
-    /// probe. Send it before calling again.
-    pub fn poll_transmit(&mut self, now: Time, stamp: AckStamp) -> Option<&[u8]> {
-        let frame = self.poll_transmit_kept(now, stamp)?;
-        Some(self.frame_bytes(frame))
-    }
-
-    /// Like [`poll_transmit`](Self::poll_transmit), but says where the datagram is
-    /// instead of lending it: a frame kept for retransmission stays readable through
+    /// probe. It says where the datagram is instead of lending it: a frame kept for
+    /// retransmission stays readable through
     /// [`kept_frame`](Self::kept_frame) until the next acknowledgement is handled, so a
     /// batch of them can be sent without copying each first.
     pub fn poll_transmit_kept(&mut self, now: Time, stamp: AckStamp) -> Option<TxFrame> {
@@ -684,6 +678,7 @@ impl Sender {
         self.pending.len()
     }
 
+    #[cfg(test)]
     /// Bytes of the frames built but not yet sent.
     pub fn queued_bytes(&self) -> usize {
         self.pending_bytes
@@ -694,6 +689,7 @@ impl Sender {
         self.next_tx.wrapping_sub(self.snd_una)
     }
 
+    #[cfg(test)]
     /// The current retransmission timeout.
     pub fn rto(&self) -> Duration {
         self.rto

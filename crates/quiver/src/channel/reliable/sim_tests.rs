@@ -8,7 +8,8 @@ use proptest::prelude::*;
 
 use super::harness::{is_subsequence, messages, Multi, PairSetup, Peer, Stopping};
 use super::{ChannelError, Config, Mode, Recovery, Time};
-use crate::link::sim::{FaultConfig, Limits, LinkConfig, Network};
+use crate::link::fault::FaultConfig;
+use crate::link::sim::{Limits, LinkConfig, Network};
 
 /// Cases per property: 64, or `PROPTEST_CASES` for a longer soak.
 fn cases() -> u32 {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::config::DEFAULT_PEER_TIMEOUT;
 use super::harness::template;
 use super::*;
 use crate::wire::{decode, Flags, FrameKind, FrameView, Header};

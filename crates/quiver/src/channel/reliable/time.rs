@@ -22,6 +22,7 @@ impl Time {
         Time(nanos)
     }
 
+    #[cfg(test)]
     /// The time `micros` microseconds after the epoch (saturating).
     pub const fn from_micros(micros: u64) -> Time {
         Time(micros.saturating_mul(1_000))
@@ -30,11 +31,6 @@ impl Time {
     /// The time `since_epoch` after the epoch (saturating at about 584 years).
     pub fn from_duration(since_epoch: Duration) -> Time {
         Time(u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX))
-    }
-
-    /// Nanoseconds since the epoch.
-    pub const fn as_nanos(self) -> u64 {
-        self.0
     }
 
     /// The time since the epoch as a [`Duration`].

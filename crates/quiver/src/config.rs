@@ -449,6 +449,7 @@ impl Config {
             window: self.channel_window(false),
             window_segmented: self.channel_window(true),
             eth_ring: self.eth_ring,
+            faults: self.faults.clone(),
         }
     }
 

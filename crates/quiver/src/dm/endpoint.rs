@@ -12,6 +12,7 @@ use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::shm::{ShmRx, ShmTx};
+use crate::link::Link;
 use crate::link::Transport;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -118,7 +119,7 @@ impl Endpoint {
             poller.add(s.doorbell_fd())?;
         }
         if let Some(u) = &udp {
-            poller.add_with(u.link.as_raw_fd(), u.link.edge_triggered())?;
+            poller.add_with(u.link.as_raw_fd(), u.caps.edge_triggered)?;
         }
         if let Some(o) = &offload {
             poller.add(o.bell_fd())?;
@@ -807,7 +808,7 @@ impl Endpoint {
             // the latency of the next frame (0.2-0.3 µs on a veth ping-pong).
             let poll_net = |u: &Net| {
                 inner.shm.is_none()
-                    || u.link.polls_in_memory()
+                    || u.caps.polls_in_memory
                     || inner.polls.is_multiple_of(UDP_POLL_EVERY)
             };
             if let Some(udp) = inner.udp.as_mut().filter(|u| poll_net(u)) {
@@ -908,7 +909,7 @@ impl Drop for Endpoint {
             if let Err(e) = self.flush_within(linger) {
                 tracing::debug!("closing endpoint DPID {}: {e}", self.dpid);
             }
-            if let Some(udp) = self.inner.borrow().udp.as_ref() {
+            if let Some(udp) = self.inner.borrow_mut().udp.as_mut() {
                 udp.say_goodbye();
             }
         }

@@ -15,13 +15,11 @@ use crate::channel::reliable::{earliest, ChannelError, Duplex, Event, Time, TxFr
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::error::{Error, Result};
 use crate::job::JobShared;
-use crate::link::fault::FaultInjector;
 use crate::link::network::{NetDest, NetLink, Placement};
 use crate::link::udp;
-use crate::link::Datagram;
+use crate::link::{Datagram, Link, LinkCaps};
 use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,6 +59,8 @@ pub(super) struct Net {
     pub(super) job: Arc<JobShared>,
     pub(super) dpid: u16,
     pub(super) link: NetLink,
+    /// What the link guarantees (asked once, when it opens).
+    pub(super) caps: LinkCaps,
     /// Frames each channel may have in flight ([`NetLink::channel_window`]).
     pub(super) window: u16,
     pub(super) peers: Vec<Peer>,
@@ -68,17 +68,14 @@ pub(super) struct Net {
     pub(super) scratch: Vec<Datagram>,
     /// The protocol clock ([`Time`] is measured from when the endpoint opened).
     pub(super) clock: ProtocolClock,
-    /// Earliest deadline of any peer's timers or of a delayed datagram.
+    /// Earliest deadline of any peer's timers or of the link (a fault injector's delayed
+    /// datagrams).
     pub(super) next_deadline: Option<Time>,
     /// The protocol clock at the last progress round (idle polls read the clock only
     /// every [`CLOCK_EVERY`] rounds: timers need no finer grain, and a read, 10-20 ns,
     /// is a third of an empty poll).
     pub(super) last_now: Time,
     pub(super) idle_polls: u32,
-    pub(super) faults: Option<FaultInjector>,
-    /// Datagrams the fault injector delays, earliest first.
-    pub(super) delayed: BinaryHeap<Reverse<Delayed>>,
-    pub(super) delayed_seq: u64,
     /// What one transmit hands the link, in order: data frames the channel keeps for
     /// retransmission (sent from there), and the other frames (acknowledgements,
     /// probes, unreliable frames), copied back to back into `gather`.
@@ -105,10 +102,6 @@ pub(super) struct Net {
 /// Set in an [`RxFrame::slot`] that names a copy in [`Net::evacuated`] rather than a
 /// slot of the link (whose slots number far fewer).
 pub(super) const EVACUATED: u32 = 1 << 31;
-
-/// A datagram held back by the fault injector: (when to send, order of injection, peer,
-/// bytes); ordered by time, then by injection.
-type Delayed = (Duration, u64, usize, Vec<u8>);
 
 /// A received frame in the pool: its slot, and what the first decode found, so that
 /// delivery needs no second pass over the bytes.
@@ -208,10 +201,9 @@ impl Net {
         let params = job.config.link_params();
         let link = NetLink::open(&params, at, dpid)?;
         job.kv.put(&net_key(me, dpid), &link.advertise())?;
-        let cfg = &job.config;
         Ok(Net {
-            faults: cfg.faults.clone().map(FaultInjector::new),
             window: link.channel_window(&params),
+            caps: link.caps(),
             link,
             peers: Vec::new(),
             peer_index: HashMap::new(),
@@ -220,8 +212,6 @@ impl Net {
             next_deadline: None,
             last_now: Time::ZERO,
             idle_polls: 0,
-            delayed: BinaryHeap::new(),
-            delayed_seq: 0,
             batch: Vec::new(),
             gather: Vec::new(),
             data_frames: 0,
@@ -320,7 +310,7 @@ impl Net {
         } else {
             self.pinned = None;
         }
-        if batch.is_empty() && self.next_deadline.is_none() && self.delayed.is_empty() {
+        if batch.is_empty() && self.next_deadline.is_none() {
             self.scratch = batch;
             return received;
         }
@@ -527,7 +517,7 @@ impl Net {
         for i in 0..self.peers.len() {
             self.transmit(i, now, stats)?;
         }
-        self.send_delayed(now)?;
+        self.link.handle_timeout(now.as_duration())?;
         self.update_deadline();
         Ok(())
     }
@@ -607,12 +597,13 @@ impl Net {
     }
 
     /// Tells every network peer that this endpoint is closing, so that none waits for it.
-    pub(super) fn say_goodbye(&self) {
+    pub(super) fn say_goodbye(&mut self) {
+        let now = self.now().as_duration();
         for p in self.peers.iter().filter(|p| !p.closed) {
             let h = self.header_to(FrameKind::Goodbye, p.source.dpid);
             let mut bytes = [0u8; wire::HEADER_LEN];
             h.emit_sealed(&mut bytes, &[]);
-            let _ = self.link.send_datagram(&p.dest, &bytes);
+            let _ = self.link.send(now, &p.dest, &bytes);
         }
     }
 
@@ -657,16 +648,14 @@ impl Net {
             st.credit_stalls += c.credit_stalls;
             st.acks_sent += c.acks_explicit;
         }
-        st.ring_drops = self.link.ring_drops();
+        let link = self.link.counters();
+        st.ring_drops = link.ring_drops;
         st.ring_evacuations = self.evacuations;
-        st.dropped_misaddressed += self.link.misaddressed();
-        if let Some(f) = &self.faults {
-            let c = f.counters();
-            st.faults_lost = c.lost;
-            st.faults_duplicated = c.duplicated;
-            st.faults_reordered = c.reordered;
-            st.faults_corrupted = c.corrupted;
-        }
+        st.dropped_misaddressed += link.misaddressed;
+        st.faults_lost = link.faults.lost;
+        st.faults_duplicated = link.faults.duplicated;
+        st.faults_reordered = link.faults.reordered;
+        st.faults_corrupted = link.faults.corrupted;
     }
 }
 
@@ -707,8 +696,7 @@ impl Net {
         self.clock.now()
     }
 
-    /// Sends everything peer `i`'s channel has to send, through the fault injector when
-    /// one is configured.
+    /// Sends everything peer `i`'s channel has to send.
     pub(super) fn transmit(
         &mut self,
         i: usize,
@@ -727,21 +715,14 @@ impl Net {
                 break;
             };
             stats.frames_sent += 1;
-            match (self.faults.as_mut(), frame) {
-                (None, TxFrame::Kept(seq)) => self.batch.push(BatchFrame::Kept(seq)),
-                (None, TxFrame::Scratch) => {
+            match frame {
+                TxFrame::Kept(seq) => self.batch.push(BatchFrame::Kept(seq)),
+                TxFrame::Scratch => {
                     let start = self.gather.len();
                     self.gather
                         .extend_from_slice(p.duplex.sender().frame_bytes(frame));
                     self.batch
                         .push(BatchFrame::Gathered(start, self.gather.len()));
-                }
-                (Some(inj), _) => {
-                    let bytes = p.duplex.sender().frame_bytes(frame).to_vec();
-                    for (at, bytes) in inj.inject(now.as_duration(), bytes) {
-                        self.delayed_seq += 1;
-                        self.delayed.push(Reverse((at, self.delayed_seq, i, bytes)));
-                    }
                 }
             }
         }
@@ -754,20 +735,20 @@ impl Net {
         match self.batch.as_slice() {
             [] => Ok(()),
             // The common case (one reply, one acknowledgement) builds no list.
-            [one] => self.link.send_datagram(&p.dest, bytes(one)),
+            [one] => self.link.send(now.as_duration(), &p.dest, bytes(one)),
             many => {
                 let parts: Vec<&[u8]> = many.iter().map(bytes).collect();
                 // Offloaded runs no longer on the wire than the channel's pace allows.
                 let max_run = udp::run_limit(self.window, sender.srtt());
-                self.link.send_batch(&p.dest, &parts, max_run)
+                self.link
+                    .send_batch(now.as_duration(), &p.dest, &parts, max_run)
             }
         }
     }
 
     /// Sends a message of one frame to peer `i` at once, when the channel can take the
     /// common case ([`Duplex::send_lone`]): false, sending nothing, when the general path
-    /// (`send_part`, then [`transmit`](Self::transmit)) is needed, or a fault injector
-    /// is configured. The deadline is only brought forward here, never put back: a
+    /// (`send_part`, then [`transmit`](Self::transmit)) is needed. The deadline is only brought forward here, never put back: a
     /// deadline that comes early costs one round that finds nothing due and recomputes.
     pub(super) fn write_lone(
         &mut self,
@@ -776,17 +757,17 @@ impl Net {
         body: &[u8],
         stats: &mut EndpointStats,
     ) -> Result<bool> {
-        if self.faults.is_some() {
-            return Ok(false);
-        }
         let now = self.now();
         let p = &mut self.peers[i];
         let Some(frame) = p.duplex.send_lone(now, head, body) else {
             return Ok(false);
         };
         stats.frames_sent += 1;
-        self.link
-            .send_datagram(&p.dest, p.duplex.sender().frame_bytes(frame))?;
+        self.link.send(
+            now.as_duration(),
+            &p.dest,
+            p.duplex.sender().frame_bytes(frame),
+        )?;
         if p.duplex.wants_transmit() {
             self.transmit(i, now, stats)?;
         }
@@ -795,31 +776,14 @@ impl Net {
         Ok(true)
     }
 
-    /// Sends the datagrams whose (injected) delay has passed.
-    fn send_delayed(&mut self, now: Time) -> Result<()> {
-        while let Some(Reverse((at, ..))) = self.delayed.peek() {
-            if *at > now.as_duration() {
-                break;
-            }
-            let Some(Reverse((_, _, i, bytes))) = self.delayed.pop() else {
-                break;
-            };
-            self.link.send_datagram(&self.peers[i].dest, &bytes)?;
-        }
-        Ok(())
-    }
-
     pub(super) fn update_deadline(&mut self) {
         let timers = self
             .peers
             .iter()
             .filter_map(|p| p.duplex.poll_timeout())
             .min();
-        let delayed = self
-            .delayed
-            .peek()
-            .map(|Reverse((at, ..))| Time::from_duration(*at));
-        self.next_deadline = earliest(timers, delayed);
+        let link = self.link.poll_timeout().map(Time::from_duration);
+        self.next_deadline = earliest(timers, link);
     }
 
     /// How long a sleeper may wait before the protocol needs attention.

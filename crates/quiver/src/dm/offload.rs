@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::shm::ring::{Consumer, HeapEnd, HeapRing, Producer};
 use crate::link::shm::wake::WakeLine;
+use crate::link::Link;
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,7 +153,7 @@ impl Offload {
             news: Mutex::new(News::default()),
         });
         let poller = Poller::new()?;
-        poller.add_with(net.link.as_raw_fd(), net.link.edge_triggered())?;
+        poller.add_with(net.link.as_raw_fd(), net.caps.edge_triggered)?;
         poller.add(shared.engine_bell.as_raw_fd())?;
         let cpu = job.config.offload_cpu;
         let engine = Engine {

@@ -6,11 +6,18 @@
 //! when, so it can wrap the real UDP transport (`QUIVER_FAULTS`, parsed by
 //! [`FaultConfig::parse`]) as well as each link of the simulator ([`super::sim`]).
 //!
+//! [`Faulty`] wraps any [`Link`] in an injector: the engine sees a link like the others,
+//! whose [`LinkCaps`] say that it may lose, duplicate and reorder. Injection is composed,
+//! not special-cased: the driver has no fault branch of its own.
+//!
 //! Guarantees: everything is a function of the configuration and the seed: the same
 //! inputs give the same faults, bit for bit. Nothing reads a clock, and no input panics.
 
+use super::{Datagram, Link, LinkCaps, LinkCounters};
 use core::fmt;
 use core::str::FromStr;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::time::Duration;
 
 /// A small seeded pseudo-random generator (SplitMix64): fast, deterministic, and good
@@ -262,7 +269,7 @@ fn parse_duration(v: &str) -> Result<Duration, &'static str> {
 }
 
 /// How many faults of each kind were injected.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultCounters {
     /// Datagrams seen.
     pub datagrams: u64,
@@ -314,6 +321,7 @@ impl FaultInjector {
     }
 
     /// The faults injected so far.
+    #[cfg(test)]
     pub fn counters(&self) -> &FaultCounters {
         &self.counters
     }
@@ -357,6 +365,170 @@ impl FaultInjector {
             self.counters.delayed += 1;
         }
         Duration::from_nanos(d)
+    }
+}
+
+/// A datagram a [`Faulty`] link holds back until its time, ordered by that time and then
+/// by the order of injection.
+struct Held<D> {
+    at: Duration,
+    order: u64,
+    to: D,
+    bytes: Vec<u8>,
+}
+
+impl<D> PartialEq for Held<D> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+
+impl<D> Eq for Held<D> {}
+
+impl<D> PartialOrd for Held<D> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<D> Ord for Held<D> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.order).cmp(&(other.at, other.order))
+    }
+}
+
+/// A link whose outgoing datagrams pass through a [`FaultInjector`] first: lost ones are
+/// not sent, duplicated ones are sent twice, corrupted ones with a byte flipped, and
+/// delayed or reordered ones are held until [`Link::handle_timeout`] finds them due.
+/// Receiving is the inner link's.
+pub(crate) struct Faulty<L: Link> {
+    inner: L,
+    injector: FaultInjector,
+    held: BinaryHeap<Reverse<Held<L::Dest>>>,
+    order: u64,
+}
+
+impl<L: Link> Faulty<L> {
+    /// Wraps `inner` in an injector following `cfg`.
+    pub(crate) fn new(inner: L, cfg: FaultConfig) -> Faulty<L> {
+        Faulty {
+            inner,
+            injector: FaultInjector::new(cfg),
+            held: BinaryHeap::new(),
+            order: 0,
+        }
+    }
+
+    /// The wrapped link.
+    pub(crate) fn inner(&self) -> &L {
+        &self.inner
+    }
+
+    /// Sends the held datagrams whose time has come, earliest first.
+    fn send_due(&mut self, now: Duration) -> crate::error::Result<()> {
+        while self.held.peek().is_some_and(|Reverse(h)| h.at <= now) {
+            let Some(Reverse(h)) = self.held.pop() else {
+                break;
+            };
+            self.inner.send(now, &h.to, &h.bytes)?;
+        }
+        Ok(())
+    }
+}
+
+impl<L: Link> Link for Faulty<L> {
+    type Dest = L::Dest;
+
+    fn caps(&self) -> LinkCaps {
+        let c = &self.injector.cfg;
+        let mut caps = self.inner.caps();
+        caps.lossless &= c.loss == 0.0 && c.dup == 0.0 && c.corrupt == 0.0;
+        caps.ordered &= c.reorder == 0.0 && c.jitter.is_zero();
+        caps
+    }
+
+    fn advertise(&self) -> String {
+        self.inner.advertise()
+    }
+
+    fn resolve(&self, advertised: &str) -> Result<L::Dest, String> {
+        self.inner.resolve(advertised)
+    }
+
+    #[inline]
+    fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> crate::error::Result<()> {
+        self.inner.recv_batch(out)
+    }
+
+    #[inline]
+    fn slot(&self, slot: u32) -> &[u8] {
+        self.inner.slot(slot)
+    }
+
+    #[inline]
+    fn free_slot(&mut self, slot: u32) {
+        self.inner.free_slot(slot)
+    }
+
+    fn send(&mut self, now: Duration, to: &L::Dest, datagram: &[u8]) -> crate::error::Result<()> {
+        for (at, bytes) in self.injector.inject(now, datagram.to_vec()) {
+            if at <= now {
+                // What was held and is due goes first, so that only injected delays
+                // reorder.
+                self.send_due(now)?;
+                self.inner.send(now, to, &bytes)?;
+            } else {
+                self.order += 1;
+                self.held.push(Reverse(Held {
+                    at,
+                    order: self.order,
+                    to: to.clone(),
+                    bytes,
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    fn send_batch(
+        &mut self,
+        now: Duration,
+        to: &L::Dest,
+        datagrams: &[&[u8]],
+        _max_run: usize,
+    ) -> crate::error::Result<()> {
+        for d in datagrams {
+            self.send(now, to, d)?;
+        }
+        Ok(())
+    }
+
+    fn blocked_slot(&self) -> Option<u32> {
+        self.inner.blocked_slot()
+    }
+
+    fn next_approaching(&mut self) -> Option<u32> {
+        self.inner.next_approaching()
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        let held = self.held.peek().map(|Reverse(h)| h.at);
+        match (held, self.inner.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Duration) -> crate::error::Result<()> {
+        self.send_due(now)?;
+        self.inner.handle_timeout(now)
+    }
+
+    fn counters(&self) -> LinkCounters {
+        LinkCounters {
+            faults: self.injector.counters,
+            ..self.inner.counters()
+        }
     }
 }
 
@@ -452,7 +624,7 @@ mod tests {
                 out.push((at, d));
             }
         }
-        (inj.counters().clone(), out)
+        (*inj.counters(), out)
     }
 
     #[test]
@@ -460,7 +632,7 @@ mod tests {
         let cfg = FaultConfig::parse("loss=0.1,dup=0.1,reorder=0.1,corrupt=0.1,delay=5us,seed=3")
             .unwrap();
         let (c, out) = run_injector(cfg.clone(), 10_000);
-        assert_eq!(run_injector(cfg, 10_000), (c.clone(), out.clone()));
+        assert_eq!(run_injector(cfg, 10_000), (c, out.clone()));
         assert_eq!(c.datagrams, 10_000);
         for n in [c.lost, c.duplicated, c.reordered, c.corrupted] {
             assert!((800..1200).contains(&n), "{c:?}");

@@ -1,4 +1,16 @@
 //! Link layer: transports that move frames between endpoints.
+//!
+//! Two kinds of route leave an endpoint, and they stay two:
+//!
+//! - [`shm`]: message-granular rings in shared memory between processes of one node,
+//!   written directly by the sender. Already reliable and ordered, no wire header, no
+//!   slot to give back to a pool: it does not fit the datagram model below, and is not
+//!   forced into it.
+//! - Datagram links, behind the [`Link`] trait: [`udp`] and [`eth`] (through
+//!   [`network::NetLink`], the production enum), the simulated network's link (`sim`,
+//!   tests only), and [`fault::Faulty`], which wraps any of them to inject faults. What
+//!   distinguishes them is written in [`LinkCaps`], so that the engine asks instead of
+//!   matching on the transport.
 #[cfg(not(loom))]
 pub mod cma;
 #[cfg(not(loom))]
@@ -16,6 +28,14 @@ pub mod udp;
 #[cfg(not(loom))]
 #[cfg_attr(not(feature = "eth-turnaround"), allow(dead_code))]
 mod turnaround;
+
+#[cfg(all(test, not(loom)))]
+mod conformance;
+
+#[cfg(not(loom))]
+use crate::error;
+#[cfg(not(loom))]
+use std::time::Duration;
 
 /// What opening an endpoint's network link takes ([`network::NetLink::open`]), built by
 /// the layer above from its configuration: the link layer reads no configuration itself.
@@ -38,6 +58,9 @@ pub(crate) struct LinkParams {
     pub window_segmented: u16,
     /// Frames of the Ethernet receive ring, if fixed; else [`LinkParams::eth_ring_frames`].
     pub eth_ring: Option<usize>,
+    /// Faults to inject into what the link sends ([`fault::Faulty`]).
+    #[cfg(not(loom))]
+    pub faults: Option<fault::FaultConfig>,
 }
 
 #[cfg(not(loom))]
@@ -47,6 +70,115 @@ impl LinkParams {
     pub(crate) fn eth_ring_frames(&self, remote_ranks: usize, frame_bytes: usize) -> usize {
         self.eth_ring
             .unwrap_or_else(|| eth::ring_frames(self.window, remote_ranks, frame_bytes))
+    }
+}
+
+#[cfg(not(loom))]
+/// What a datagram link guarantees and how it wants to be driven (DESIGN.md section 2: "a
+/// transport says what it guarantees").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LinkCaps {
+    /// Largest datagram the link receives (a receive slot's size).
+    pub max_datagram: usize,
+    /// Shortest datagram the link delivers.
+    pub min_datagram: usize,
+    /// The link delivers only datagrams that name the receiving endpoint: a wire header's
+    /// `dst_dpid` (eth's BPF filter); the others carry whatever they are given.
+    pub demuxes_dpid: bool,
+    /// Looking for received datagrams costs no system call (a packet ring, the
+    /// simulator): the engine may look at every poll.
+    pub polls_in_memory: bool,
+    /// Slots are filled in ring order, so a slot held too long stops reception
+    /// ([`Link::blocked_slot`], [`Link::next_approaching`]): the engine copies out what it
+    /// keeps before the ring comes round to it.
+    pub ordered_slots: bool,
+    /// A sleeper waits for the link's descriptor edge-triggered (a packet ring stays
+    /// readable while its newest frame is held).
+    pub edge_triggered: bool,
+    /// Every datagram sent to a live peer arrives, once and intact (on a healthy host:
+    /// loopback udp and eth, the simulator without faults); false when faults are
+    /// injected. The reliable channels never rely on it; tests do.
+    pub lossless: bool,
+    /// Datagrams to one destination arrive in the order they were sent.
+    pub ordered: bool,
+    /// The link sends runs of equal datagrams in one call (UDP segmentation offload).
+    pub segments: bool,
+    /// The link can send one datagram to every endpoint of a port at once (GAMMA's native
+    /// broadcast, milestone 2); no link does yet.
+    pub broadcast: bool,
+}
+
+#[cfg(not(loom))]
+/// Counters a link keeps for the endpoint's statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LinkCounters {
+    /// Frames the kernel dropped because the receive ring was full (eth).
+    pub ring_drops: u64,
+    /// Frames given back unread, addressed to another host or port (eth without filter).
+    pub misaddressed: u64,
+    /// What an injector did, when the link is wrapped in [`fault::Faulty`].
+    pub faults: fault::FaultCounters,
+}
+
+#[cfg(not(loom))]
+/// A datagram link: sends datagrams to destinations it resolved from their advertised
+/// form, and hands received datagrams out as slots of memory it owns until they are
+/// given back.
+///
+/// Contract, which `conformance` tests for every implementation:
+/// - `recv_batch` never blocks; it appends what has arrived, each datagram in its own
+///   slot, readable with [`slot`](Link::slot) (its first `len` bytes) until
+///   [`free_slot`](Link::free_slot). Slots not given back are never reused.
+/// - A destination comes only from [`resolve`](Link::resolve) of what a peer's
+///   [`advertise`](Link::advertise) produced; any other text is an error, never a panic.
+/// - `now` is the caller's clock, passed in so that a wrapper that delays datagrams
+///   ([`fault::Faulty`]) needs no clock of its own; such a link asks to be called back
+///   with [`poll_timeout`](Link::poll_timeout) and [`handle_timeout`](Link::handle_timeout).
+pub(crate) trait Link {
+    /// Where datagrams to one peer go.
+    type Dest: Clone;
+    /// What the link guarantees.
+    fn caps(&self) -> LinkCaps;
+    /// What peers need to reach this link (the rendezvous value).
+    fn advertise(&self) -> String;
+    /// The destination a peer advertised.
+    fn resolve(&self, advertised: &str) -> std::result::Result<Self::Dest, String>;
+    /// Appends the datagrams that have arrived, without blocking.
+    fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> error::Result<()>;
+    /// The bytes of received slot `slot` (the datagram is its first `len` bytes).
+    fn slot(&self, slot: u32) -> &[u8];
+    /// Gives a received slot back for new datagrams.
+    fn free_slot(&mut self, slot: u32);
+    /// Sends one datagram.
+    fn send(&mut self, now: Duration, to: &Self::Dest, datagram: &[u8]) -> error::Result<()>;
+    /// Sends several datagrams to one destination, with as few system calls as the link
+    /// allows (runs of at most `max_run` under segmentation offload).
+    fn send_batch(
+        &mut self,
+        now: Duration,
+        to: &Self::Dest,
+        datagrams: &[&[u8]],
+        max_run: usize,
+    ) -> error::Result<()>;
+    /// With [`LinkCaps::ordered_slots`]: the held slot at which reception has stopped.
+    fn blocked_slot(&self) -> Option<u32> {
+        None
+    }
+    /// With [`LinkCaps::ordered_slots`]: a held slot the ring comes round to soon.
+    fn next_approaching(&mut self) -> Option<u32> {
+        None
+    }
+    /// When the link next needs [`handle_timeout`](Link::handle_timeout).
+    fn poll_timeout(&self) -> Option<Duration> {
+        None
+    }
+    /// Does what was due by `now` (sends delayed datagrams).
+    fn handle_timeout(&mut self, _now: Duration) -> error::Result<()> {
+        Ok(())
+    }
+    /// The link's counters.
+    fn counters(&self) -> LinkCounters {
+        LinkCounters::default()
     }
 }
 

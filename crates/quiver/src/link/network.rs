@@ -19,14 +19,15 @@
 //! follow the MTU of each side's interface (jumbo frames included).
 
 use super::eth::{self, EthDest, EthLink, Interface, MacAddr};
+use super::fault::Faulty;
 use super::udp::{SlotPool, SockAddr, UdpLink};
-use super::Datagram;
-use super::LinkParams;
+use super::{Datagram, Link, LinkCaps, LinkCounters, LinkParams};
 use crate::error::{Error, Result};
 use crate::link::Transport;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 /// IPv4 and UDP headers, subtracted from the MTU to get the largest UDP payload.
 const IPV4_UDP_HEADERS: usize = 28;
@@ -43,14 +44,18 @@ pub(crate) enum NetLink {
     Udp { sock: UdpLink, pool: SlotPool },
     /// An `AF_PACKET` socket with memory-mapped rings.
     Eth(EthLink),
+    /// Either of them behind a fault injector (`QUIVER_FAULTS`).
+    Faulty(Box<Faulty<NetLink>>),
 }
 
 /// Where one peer endpoint's frames go, and the largest datagram it accepts.
+#[derive(Clone)]
 pub(crate) struct NetDest {
     pub(crate) to: DestAddr,
     pub(crate) max_datagram: usize,
 }
 
+#[derive(Clone)]
 pub(crate) enum DestAddr {
     Udp(SockAddr),
     Eth(EthDest),
@@ -74,6 +79,14 @@ pub(crate) struct Placement {
 impl NetLink {
     /// Opens the link `params` ask for, for endpoint `dpid` of a rank placed `at`.
     pub(crate) fn open(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
+        let link = Self::open_plain(params, at, dpid)?;
+        Ok(match &params.faults {
+            Some(cfg) => NetLink::Faulty(Box::new(Faulty::new(link, cfg.clone()))),
+            None => link,
+        })
+    }
+
+    fn open_plain(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
         let ip = at.ip;
         if let Some(wanted_by) = params.eth_wanted_by {
             match open_eth(params, at, dpid) {
@@ -103,6 +116,7 @@ impl NetLink {
         match self {
             NetLink::Udp { .. } => Transport::Udp,
             NetLink::Eth(_) => Transport::Eth,
+            NetLink::Faulty(f) => f.inner().transport(),
         }
     }
 
@@ -113,34 +127,57 @@ impl NetLink {
     pub(crate) fn channel_window(&self, params: &LinkParams) -> u16 {
         match self {
             NetLink::Udp { sock, .. } if sock.segments() => params.window_segmented,
+            NetLink::Faulty(f) => f.inner().channel_window(params),
             _ => params.window,
         }
     }
+}
 
-    /// Whether looking for received frames costs no system call: a packet ring is read in
-    /// memory, a UDP socket needs `recvmmsg`.
-    pub(crate) fn polls_in_memory(&self) -> bool {
-        matches!(self, NetLink::Eth(_))
+impl Link for NetLink {
+    type Dest = NetDest;
+
+    fn caps(&self) -> LinkCaps {
+        match self {
+            NetLink::Udp { sock, pool } => LinkCaps {
+                max_datagram: pool.slot_size(),
+                min_datagram: 0,
+                demuxes_dpid: false,
+                polls_in_memory: false,
+                ordered_slots: false,
+                edge_triggered: false,
+                lossless: true,
+                ordered: true,
+                segments: sock.segments(),
+                broadcast: false,
+            },
+            NetLink::Eth(e) => LinkCaps {
+                max_datagram: e.max_datagram(),
+                min_datagram: eth::MIN_FRAME,
+                demuxes_dpid: true,
+                polls_in_memory: true,
+                ordered_slots: true,
+                edge_triggered: true,
+                lossless: true,
+                ordered: true,
+                segments: false,
+                broadcast: false,
+            },
+            NetLink::Faulty(f) => f.caps(),
+        }
     }
 
-    /// Whether a sleeper should wait for this link's descriptor edge-triggered: a packet
-    /// ring stays readable while its newest frame is held.
-    pub(crate) fn edge_triggered(&self) -> bool {
-        matches!(self, NetLink::Eth(_))
-    }
-
-    /// What peers need to reach this endpoint (the rendezvous value).
-    pub(crate) fn advertise(&self) -> String {
+    fn advertise(&self) -> String {
         match self {
             NetLink::Udp { sock, pool } => {
                 format!("udp,{},{}", sock.local_addr(), pool.slot_size())
             }
             NetLink::Eth(e) => format!("eth,{},{},{}", e.mac(), e.port(), e.max_datagram()),
+            NetLink::Faulty(f) => f.advertise(),
         }
     }
 
     /// The destination a peer advertised, checked against this link's kind.
-    pub(crate) fn resolve(&self, advertised: &str) -> std::result::Result<NetDest, String> {
+    fn resolve(&self, advertised: &str) -> std::result::Result<NetDest, String> {
         let fields: Vec<&str> = advertised.split(',').collect();
         let max_of = |s: &str| -> std::result::Result<usize, String> {
             s.parse::<usize>()
@@ -149,6 +186,7 @@ impl NetLink {
                 .ok_or_else(|| format!("bad maximum datagram {s:?}"))
         };
         let dest = match (self, fields.as_slice()) {
+            (NetLink::Faulty(f), _) => return f.resolve(advertised),
             (NetLink::Udp { pool, .. }, ["udp", addr, max]) => {
                 let a: SocketAddr = addr
                     .parse()
@@ -178,64 +216,48 @@ impl NetLink {
         Ok(dest)
     }
 
-    /// Takes the frames that have arrived, without blocking.
     #[inline]
-    pub(crate) fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> Result<()> {
+    fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> Result<()> {
         match self {
             NetLink::Udp { sock, pool } => sock.recv_batch(pool, out),
             NetLink::Eth(e) => e.recv_batch(out),
+            NetLink::Faulty(f) => f.recv_batch(out),
         }
     }
 
-    /// The bytes of received slot `slot` (the frame is its first `len` bytes).
     #[inline]
-    pub(crate) fn slot(&self, slot: u32) -> &[u8] {
+    fn slot(&self, slot: u32) -> &[u8] {
         match self {
             NetLink::Udp { pool, .. } => pool.slot(slot),
             NetLink::Eth(e) => e.slot(slot),
+            NetLink::Faulty(f) => f.slot(slot),
         }
     }
 
-    /// The slot whose hold stops all reception ([`EthLink::blocked_slot`]): a packet
-    /// ring is filled in order, a UDP pool from a free list, which no slot blocks.
     #[inline]
-    pub(crate) fn blocked_slot(&self) -> Option<u32> {
-        match self {
-            NetLink::Udp { .. } => None,
-            NetLink::Eth(e) => e.blocked_slot(),
-        }
-    }
-
-    /// Frames the link gave back unread, addressed to another host or port.
-    pub(crate) fn misaddressed(&self) -> u64 {
-        match self {
-            NetLink::Udp { .. } => 0,
-            NetLink::Eth(e) => e.misaddressed(),
-        }
-    }
-
-    /// A held slot the ring comes round to soon ([`EthLink::next_approaching`]).
-    #[inline]
-    pub(crate) fn next_approaching(&mut self) -> Option<u32> {
-        match self {
-            NetLink::Udp { .. } => None,
-            NetLink::Eth(e) => e.next_approaching(),
-        }
-    }
-
-    /// Gives a received slot back for new frames.
-    #[inline]
-    pub(crate) fn free_slot(&mut self, slot: u32) {
+    fn free_slot(&mut self, slot: u32) {
         match self {
             NetLink::Udp { pool, .. } => pool.free_slot(slot),
             NetLink::Eth(e) => e.free_slot(slot),
+            NetLink::Faulty(f) => f.free_slot(slot),
         }
     }
 
-    /// Sends several datagrams to one peer; over UDP with segmentation offload, at most
-    /// `max_run` per offloaded send (eth offloads nothing).
-    pub(crate) fn send_batch(
-        &self,
+    #[inline]
+    fn send(&mut self, now: Duration, dest: &NetDest, frame: &[u8]) -> Result<()> {
+        match (self, &dest.to) {
+            (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_datagram(a, frame),
+            (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_datagram(d, frame),
+            (NetLink::Faulty(f), _) => f.send(now, dest, frame),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Over UDP with segmentation offload, at most `max_run` datagrams per offloaded
+    /// send (eth offloads nothing).
+    fn send_batch(
+        &mut self,
+        now: Duration,
         dest: &NetDest,
         datagrams: &[&[u8]],
         max_run: usize,
@@ -243,24 +265,55 @@ impl NetLink {
         match (self, &dest.to) {
             (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_batch(a, datagrams, max_run),
             (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_batch(d, datagrams),
+            (NetLink::Faulty(f), _) => f.send_batch(now, dest, datagrams, max_run),
             _ => Err(mismatch()),
         }
     }
 
-    /// Sends one datagram.
-    pub(crate) fn send_datagram(&self, dest: &NetDest, frame: &[u8]) -> Result<()> {
-        match (self, &dest.to) {
-            (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_datagram(a, frame),
-            (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_datagram(d, frame),
-            _ => Err(mismatch()),
-        }
-    }
-
-    /// Frames the kernel dropped because the receive ring was full (Ethernet only).
-    pub(crate) fn ring_drops(&self) -> u64 {
+    /// A packet ring is filled in order, a UDP pool from a free list, which no slot
+    /// blocks ([`EthLink::blocked_slot`]).
+    #[inline]
+    fn blocked_slot(&self) -> Option<u32> {
         match self {
-            NetLink::Udp { .. } => 0,
-            NetLink::Eth(e) => e.ring_drops(),
+            NetLink::Udp { .. } => None,
+            NetLink::Eth(e) => e.blocked_slot(),
+            NetLink::Faulty(f) => f.blocked_slot(),
+        }
+    }
+
+    /// [`EthLink::next_approaching`].
+    #[inline]
+    fn next_approaching(&mut self) -> Option<u32> {
+        match self {
+            NetLink::Udp { .. } => None,
+            NetLink::Eth(e) => e.next_approaching(),
+            NetLink::Faulty(f) => f.next_approaching(),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        match self {
+            NetLink::Faulty(f) => f.poll_timeout(),
+            _ => None,
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Duration) -> Result<()> {
+        match self {
+            NetLink::Faulty(f) => f.handle_timeout(now),
+            _ => Ok(()),
+        }
+    }
+
+    fn counters(&self) -> LinkCounters {
+        match self {
+            NetLink::Udp { .. } => LinkCounters::default(),
+            NetLink::Eth(e) => LinkCounters {
+                ring_drops: e.ring_drops(),
+                misaddressed: e.misaddressed(),
+                ..LinkCounters::default()
+            },
+            NetLink::Faulty(f) => f.counters(),
         }
     }
 }
@@ -274,6 +327,7 @@ impl AsRawFd for NetLink {
         match self {
             NetLink::Udp { sock, .. } => sock.as_raw_fd(),
             NetLink::Eth(e) => e.as_raw_fd(),
+            NetLink::Faulty(f) => f.inner().as_raw_fd(),
         }
     }
 }
@@ -362,6 +416,7 @@ mod tests {
             window: 64,
             window_segmented: 128,
             eth_ring: None,
+            faults: None,
         };
         assert_eq!(udp_link(&params).channel_window(&params), 128);
         params.udp_gso = false;

@@ -7,13 +7,22 @@
 //! nothing is left to do, and fails instead of hanging when a bound on virtual time or on
 //! steps is passed. Compiled for the crate's tests only.
 //!
+//! [`SimLink`] is one node's [`Link`] on a shared [`SimNet`] (the network plus a
+//! receive queue per node): the engine drives it like udp or eth, while the test moves
+//! virtual time with [`SimNet::advance`].
+//!
 //! Guarantees: everything is a function of the configuration and the seeds: the same
 //! inputs give the same run, bit for bit. Nothing reads a clock, and no input panics.
 //! Datagrams with equal arrival times are delivered in the order they were sent.
 
 use super::fault::{FaultConfig, FaultCounters, FaultInjector, SimRng};
+use super::{Datagram, Link, LinkCaps};
+use crate::error::{Error, Result as QResult};
+use std::cell::RefCell;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
+use std::collections::VecDeque;
+use std::rc::Rc;
 use std::time::Duration;
 
 /// Properties of a one-way simulated link.
@@ -148,7 +157,7 @@ pub enum SimError {
     },
 }
 
-struct SimLink {
+struct OneWay {
     cfg: LinkConfig,
     injector: FaultInjector,
     /// When the link finishes serializing what it was given.
@@ -190,7 +199,7 @@ pub struct Network {
     now: Duration,
     nodes: usize,
     /// Link `from -> to` at index `from * nodes + to`.
-    links: Vec<SimLink>,
+    links: Vec<OneWay>,
     in_flight: BinaryHeap<Reverse<InFlight>>,
     order: u64,
 }
@@ -200,7 +209,7 @@ impl Network {
     /// `cfg`. The clock starts at zero.
     pub fn new(nodes: usize, cfg: LinkConfig) -> Network {
         let links = (0..nodes * nodes)
-            .map(|i| SimLink::new(cfg.clone(), i))
+            .map(|i| OneWay::new(cfg.clone(), i))
             .collect();
         Network {
             now: Duration::ZERO,
@@ -217,7 +226,7 @@ impl Network {
         let Some(i) = self.index(from, to) else {
             return false;
         };
-        self.links[i] = SimLink::new(cfg, i);
+        self.links[i] = OneWay::new(cfg, i);
         true
     }
 
@@ -269,7 +278,7 @@ impl Network {
         link.busy_until = departure;
         let latency = link.cfg.latency;
         let injected = link.injector.inject(departure, datagram);
-        link.stats.faults = link.injector.counters().clone();
+        link.stats.faults = *link.injector.counters();
         for (at, datagram) in injected {
             self.order += 1;
             self.in_flight.push(Reverse(InFlight {
@@ -378,12 +387,12 @@ impl Network {
     }
 }
 
-impl SimLink {
-    fn new(cfg: LinkConfig, index: usize) -> SimLink {
+impl OneWay {
+    fn new(cfg: LinkConfig, index: usize) -> OneWay {
         let mut faults = cfg.faults.clone();
         faults.seed = SimRng::new(faults.seed ^ (index as u64).wrapping_mul(0xa076_1d64_78bd_642f))
             .next_u64();
-        SimLink {
+        OneWay {
             injector: FaultInjector::new(faults),
             cfg,
             busy_until: Duration::ZERO,
@@ -401,6 +410,155 @@ fn serialization(len: usize, rate: u64) -> Duration {
 /// Bytes a link of `rate` bytes per second sends in `d`.
 fn bytes_in(d: Duration, rate: u64) -> u64 {
     u64::try_from(d.as_nanos() * u128::from(rate) / 1_000_000_000).unwrap_or(u64::MAX)
+}
+
+/// A [`Network`] whose arrivals wait in one queue per node, for the nodes' [`SimLink`]s.
+pub struct SimNet {
+    net: Network,
+    inboxes: Vec<VecDeque<Vec<u8>>>,
+    uniform: LinkConfig,
+}
+
+impl SimNet {
+    /// A network of `nodes` nodes, every link configured as `cfg`.
+    pub fn new(nodes: usize, cfg: LinkConfig) -> Rc<RefCell<SimNet>> {
+        Rc::new(RefCell::new(SimNet {
+            net: Network::new(nodes, cfg.clone()),
+            inboxes: vec![VecDeque::new(); nodes],
+            uniform: cfg,
+        }))
+    }
+
+    /// Node `node`'s link, with `slots` receive slots of the links' MTU.
+    pub fn link(net: &Rc<RefCell<SimNet>>, node: usize, slots: usize) -> SimLink {
+        let mtu = net.borrow().uniform.mtu;
+        SimLink {
+            net: net.clone(),
+            node,
+            slots: vec![vec![0; mtu]; slots],
+            free: (0..slots as u32).rev().collect(),
+        }
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Duration {
+        self.net.now()
+    }
+
+    /// When the next datagram arrives, if any is in flight.
+    pub fn next_arrival(&self) -> Option<Duration> {
+        self.net.next_arrival()
+    }
+
+    /// Moves virtual time to `to` and queues what has arrived by then at its node.
+    pub fn advance(&mut self, to: Duration) {
+        self.net.advance(to);
+        while let Some(a) = self.net.poll_arrival() {
+            self.inboxes[a.to].push_back(a.datagram);
+        }
+    }
+}
+
+/// One node of a [`SimNet`] as a [`Link`]: destinations are node indices, advertised as
+/// `sim,NODE`; received datagrams are copied into a fixed set of slots, and wait in the
+/// node's queue while every slot is held.
+pub struct SimLink {
+    net: Rc<RefCell<SimNet>>,
+    node: usize,
+    slots: Vec<Vec<u8>>,
+    free: Vec<u32>,
+}
+
+impl Link for SimLink {
+    type Dest = usize;
+
+    fn caps(&self) -> LinkCaps {
+        let cfg = &self.net.borrow().uniform;
+        LinkCaps {
+            max_datagram: cfg.mtu,
+            min_datagram: 0,
+            demuxes_dpid: false,
+            polls_in_memory: true,
+            ordered_slots: false,
+            edge_triggered: false,
+            lossless: cfg.faults.loss == 0.0
+                && cfg.faults.dup == 0.0
+                && cfg.faults.corrupt == 0.0
+                && cfg.rate.is_none(),
+            ordered: cfg.faults.reorder == 0.0 && cfg.faults.jitter.is_zero(),
+            segments: false,
+            broadcast: false,
+        }
+    }
+
+    fn advertise(&self) -> String {
+        format!("sim,{}", self.node)
+    }
+
+    fn resolve(&self, advertised: &str) -> Result<usize, String> {
+        let nodes = self.net.borrow().net.nodes();
+        match advertised.split_once(',') {
+            Some(("sim", n)) => n
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n < nodes)
+                .ok_or_else(|| format!("no simulated node {n:?}")),
+            _ => Err(format!("bad simulated address {advertised:?}")),
+        }
+    }
+
+    fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> QResult<()> {
+        let mut net = self.net.borrow_mut();
+        let inbox = &mut net.inboxes[self.node];
+        while !inbox.is_empty() {
+            let Some(slot) = self.free.pop() else { break };
+            let Some(d) = inbox.pop_front() else { break };
+            let buf = &mut self.slots[slot as usize];
+            // The network drops what exceeds the MTU, and slots are MTU-sized.
+            let len = d.len().min(buf.len());
+            buf[..len].copy_from_slice(&d[..len]);
+            out.push(Datagram { slot, len });
+        }
+        Ok(())
+    }
+
+    fn slot(&self, slot: u32) -> &[u8] {
+        &self.slots[slot as usize]
+    }
+
+    fn free_slot(&mut self, slot: u32) {
+        debug_assert!(!self.free.contains(&slot));
+        self.free.push(slot);
+    }
+
+    fn send(&mut self, _now: Duration, to: &usize, datagram: &[u8]) -> QResult<()> {
+        match self
+            .net
+            .borrow_mut()
+            .net
+            .send(self.node, *to, datagram.to_vec())
+        {
+            Ok(()) | Err(SimSendError::QueueFull) => Ok(()),
+            Err(SimSendError::TooBig { len, mtu }) => Err(Error::io(
+                format!("sending a {len}-byte datagram over a simulated link of MTU {mtu}"),
+                std::io::Error::from_raw_os_error(libc::EMSGSIZE),
+            )),
+            Err(e) => Err(Error::Config(e.to_string())),
+        }
+    }
+
+    fn send_batch(
+        &mut self,
+        now: Duration,
+        to: &usize,
+        datagrams: &[&[u8]],
+        _max_run: usize,
+    ) -> QResult<()> {
+        for d in datagrams {
+            self.send(now, to, d)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -129,6 +129,8 @@ const LINK_EXTRA: usize = LINK_HEADER - ETH_HLEN;
 const ETH_HLEN: usize = 14;
 /// Offset of the quiver header's `dst_dpid` (u16 little-endian) in the Ethernet frame.
 const DPID_AT: usize = LINK_HEADER + 4;
+/// Shortest quiver frame the filter lets through: one that reaches its `dst_dpid`.
+pub(crate) const MIN_FRAME: usize = DPID_AT + 2 - LINK_HEADER;
 /// Smallest MTU that carries a quiver header behind the port.
 const MIN_MTU: usize = LINK_EXTRA + crate::wire::HEADER_LEN;
 

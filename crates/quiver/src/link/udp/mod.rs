@@ -671,6 +671,23 @@ pub(crate) struct SockAddr {
     conn: std::cell::OnceCell<Option<UdpSocket>>,
 }
 
+impl Clone for SockAddr {
+    /// A copy that shares the connected socket, if one was made (a duplicate of its
+    /// descriptor; without one, the copy sends from the link's socket or connects its own).
+    fn clone(&self) -> SockAddr {
+        let conn = std::cell::OnceCell::new();
+        if let Some(Some(sock)) = self.conn.get() {
+            let _ = conn.set(sock.try_clone().ok());
+        }
+        SockAddr {
+            storage: self.storage,
+            len: self.len,
+            addr: self.addr,
+            conn,
+        }
+    }
+}
+
 impl SockAddr {
     fn ptr(&self) -> *mut libc::c_void {
         &self.storage as *const _ as *mut libc::c_void

@@ -1,55 +1,71 @@
 #!/bin/bash
 # engine_ab.sh: two revisions of quiver side by side, for "engine redesign must not lose
-# speed": exact instruction counts per message (the valgrind method of
+# speed": instruction counts per message (the valgrind method of
 # bench/cluster/valgrind_echo.sh) and the medians of `quiver bench pingpong` and `bw` over
 # shm (one host), udp and eth (an unshaped 2-node emulated cluster), the two builds
 # alternated ROUNDS times (docs/PERFORMANCE.md: A/Bs are judged on alternated runs).
-# Targets: instructions per message of B within +3 % of A; latency and bandwidth medians
-# of B within the spread of the rounds.
+# Targets: instruction counts of B within +3 % of A; latency and bandwidth medians of B
+# within the spread of the rounds.
 #
 # usage: bash bench/engine_ab.sh REV_A REV_B
-#   REV_A, REV_B  git revisions (commit, branch, tag); each is built once in its own
-#                 worktree (removed after the build) and target dir OUT/target-SHA; the
-#                 binary is kept as OUT/quiver-SHA and reused by later runs (REBUILD=1
-#                 builds again). Needs root (the cluster, AF_PACKET) and 2 cores.
+#   REV_A, REV_B  git revisions (commit, branch, tag); each is built once (`cargo build
+#                 --release -p quiver-cli`, niced) in its own worktree (removed after the
+#                 build) and target dir OUT/target-SHA; the binary is kept as OUT/quiver-SHA
+#                 and reused by later runs (REBUILD=1 builds again). Only `quiver run`,
+#                 `quiver cluster` and `quiver bench pingpong|bw` options that 7df76b0
+#                 already had are used. Needs root (the cluster, AF_PACKET) and 2 cores.
 # knobs: ROUNDS     alternations of the timing runs (default 3; B first in even rounds)
 #        ITERS      ping-pong round trips per timing run (default 100000)
 #        BW_ITERS   windows per bw run (default: quiver's, by size)
-#        PP_SIZE    ping-pong message size (default 8)
+#        PP_SIZE    ping-pong message size of the timing runs (default 8)
 #        BW_SIZES   bw message sizes, one run per transport (default 64K,1M)
-#        VG_ITERS   the two ping-pong lengths run under callgrind (default "10000 30000")
+#        VG_ITERS   the two ping-pong lengths run under callgrind (default "5000 20000")
+#        VG_REPS    repetitions of each callgrind run (default 3; at least 2 for the fit)
 #        VG_SIZE    message size of the callgrind ping-pongs (default 8)
+#        VG_POLL    regex of the poll function whose calls are counted (default
+#                   ::Endpoint::poll_once$)
 #        CLUSTER    a 2-node cluster to use (default engine-ab); made with `quiver cluster
 #                   up CLUSTER --nodes 2` if absent, and then removed at exit
-#        STEPS      what to run after the builds: "counts timing" (default), or one of them
+#        STEPS      what to run after the builds: "counts timing" (default) or one of
+#                   them; "summary" only prints the tables again from OUT
 #        OUT        results (default target/engine-ab): summary.md (the tables printed at
-#                   the end), counts.tsv, timing.tsv, raw.log, callgrind/*.out
+#                   the end, the last one ready for docs/PERFORMANCE.md), counts.tsv,
+#                   timing.tsv (one line per run and figure), raw.log (every command and
+#                   its output), callgrind/*.out
 #        NICE       niceness of the builds (default 19); TIMEOUT per job (default 600 s)
 #
 # What is measured
 #   counts   `quiver bench pingpong --transport T --wait spin --sizes VG_SIZE --iters N
 #            --warmup 100` started by `quiver run -n 2` (shm: this host; udp, eth: the
-#            cluster, one rank per node) with rank 1, the echo side, under `valgrind
-#            --tool=callgrind`, rank i pinned to core i. Each iteration of the echo rank is
-#            one read, one release (the message's drop) and one write, plus the polls in
-#            between. Run for both lengths of VG_ITERS; (count at N2 - count at N1) / (N2 -
-#            N1) is the count per round trip without start-up and shut-down. The total of
-#            the rank is the primary figure (comparable whatever the functions are
-#            called); the inclusive counts of Endpoint::write, Endpoint::read and the
-#            Message drop follow where callgrind_annotate finds them (inlined or renamed
-#            functions show as "-"). The polls vary with timing under valgrind (a few
-#            percent of the total), so rerun STEPS=counts when a total is near +3 %.
+#            cluster, one rank per node), rank 1, the echo side, under `valgrind
+#            --tool=callgrind`, rank i pinned to core i; N is each of VG_ITERS, VG_REPS
+#            times, A and B alternating. A round trip of the echo rank is one read, one
+#            release (the message's drop) and one write, plus the empty polls while it
+#            waits, whose number follows the timing under valgrind (and the machine's
+#            load). Figures, per round trip: the rank's ping-pong loop
+#            (pingpong::one_way_samples, inclusive; the primary figure, whatever the
+#            library's functions are called), the whole rank (the total; start-up and close
+#            add timing-dependent work: clock calibration, rendezvous, the close's linger),
+#            and the inclusive counts of Endpoint::write, of the bench's read (Ctx::recv,
+#            which Endpoint::read is inlined into) and of the release (drop_in_place of
+#            Message). Each is fitted over all runs of a revision as count = a + b *
+#            round trips + e * (poll calls - round trips): b is the count per round trip
+#            with start-up and empty polls taken out (with no poll variation, the
+#            difference of the two lengths divided by their difference), shown with its
+#            standard error. write and release are exact; the udp figures scatter most.
 #   timing   `quiver bench pingpong --sizes PP_SIZE --iters ITERS` and `quiver bench bw
 #            --sizes BW_SIZES` with `--wait spin --format json`, over shm (this host) and
 #            over udp and eth (`--cluster CLUSTER`); quiver bench pins rank i to core i
 #            itself. Figures: latency_us_median (median one-way time) and
 #            bandwidth_MBps_median (median of the per-window bandwidths). In each round
 #            every command runs with A then B (B then A in even rounds), each run under the
-#            exclusive lock on /tmp/bench.lock (builds take the shared one, as
-#            bench/cluster.sh does). "noise" is the largest spread (max - min) / median of
-#            either build over the rounds; a ratio B/A within 1 +- noise is "within noise".
+#            exclusive lock on /tmp/bench.lock (builds and callgrind runs take the shared
+#            one, as bench/cluster.sh does). "noise" is the larger spread (max - min) /
+#            median of either build over the rounds; B/A within 1 +- noise is "within
+#            noise". Compare the per-round ratios too: the machine's phase can change
+#            within a session.
 set -euo pipefail
-usage="usage: bash bench/engine_ab.sh REV_A REV_B (knobs: ROUNDS ITERS BW_ITERS PP_SIZE BW_SIZES VG_ITERS VG_SIZE CLUSTER STEPS OUT NICE TIMEOUT)"
+usage="usage: bash bench/engine_ab.sh REV_A REV_B (knobs: ROUNDS ITERS BW_ITERS PP_SIZE BW_SIZES VG_ITERS VG_REPS VG_SIZE VG_POLL CLUSTER STEPS OUT NICE TIMEOUT REBUILD)"
 [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${ROUNDS:-3}
@@ -59,6 +75,7 @@ pp_size=${PP_SIZE:-8}
 bw_sizes=${BW_SIZES:-64K,1M}
 read -r vg_n1 vg_n2 <<<"${VG_ITERS:-5000 20000}"
 vg_reps=${VG_REPS:-3}
+vg_poll=${VG_POLL:-::Endpoint::poll_once\$}
 vg_size=${VG_SIZE:-8}
 cluster=${CLUSTER:-engine-ab}
 steps=${STEPS:-counts timing}
@@ -70,7 +87,8 @@ LOCK=/tmp/bench.lock
 die() { echo "engine_ab.sh: $*" >&2; exit 1; }
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 has() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
-for s in $steps; do case $s in counts|timing) ;; *) die "unknown step '$s' (counts timing)" ;; esac; done
+for s in $steps; do case $s in counts|timing|summary) ;; *) die "unknown step '$s' (counts timing summary)" ;; esac; done
+[ "$steps" = summary ] || ! has summary || die "STEPS=summary stands alone"
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
 [[ $vg_reps =~ ^[1-9][0-9]*$ ]] || die "VG_REPS must be a positive integer"
 [[ ${vg_n1:-} =~ ^[0-9]+$ && ${vg_n2:-} =~ ^[0-9]+$ && $vg_n2 -gt $vg_n1 && $vg_n1 -gt 0 ]] ||
@@ -83,13 +101,12 @@ command -v flock >/dev/null || die "needs flock (util-linux)"
 mkdir -p "$out/callgrind"
 out=$(cd "$out" && pwd)
 raw=$out/raw.log
-: >"$raw"
+has summary || : >"$raw"
 tmp=$(mktemp -d)
 trees=()
 made_cluster=""
 cleanup() {
     for t in "${trees[@]}"; do git -C "$root" worktree remove --force "$t" >/dev/null 2>&1 || true; done
-    git -C "$root" worktree prune >/dev/null 2>&1 || true
     if [ -n "$made_cluster" ]; then
         log "removing cluster $cluster"
         "$made_cluster" cluster down "$cluster" >>"$raw" 2>&1 || echo "engine_ab.sh: 'quiver cluster down $cluster' failed" >&2
@@ -131,13 +148,15 @@ build() {      # build SHA SHORT: leaves OUT/quiver-SHORT
     echo "$sha" >"$bin.sha"
     git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || true
 }
-build "$sha_a" "$short_a"
-[ "$sha_b" = "$sha_a" ] || build "$sha_b" "$short_b"
+if ! has summary; then
+    build "$sha_a" "$short_a"
+    [ "$sha_b" = "$sha_a" ] || build "$sha_b" "$short_b"
+fi
 QA=$out/quiver-$short_a
 QB=$out/quiver-$short_b
 declare -A BIN=([A]=$QA [B]=$QB)
 declare -A REV=([A]=$short_a [B]=$short_b)
-log "A = $short_a ($1), B = $short_b ($2)"
+has summary || log "A = $short_a ($1), B = $short_b ($2)"
 
 # ---- the cluster: an unshaped 2-node one, made here unless CLUSTER names one that exists
 cluster_info() {   # prints "NODES LINK LOSS" of cluster $cluster, nothing if absent
@@ -155,7 +174,8 @@ for c in data if isinstance(data, list) else data.get("clusters", []):
         print(n, c.get("link", "?"), c.get("loss", 0))
 ' "$cluster"
 }
-info=$(cluster_info)
+has counts || has timing || info="- - -"
+info=${info:-$(cluster_info)}
 if [ -z "$info" ]; then
     log "making cluster $cluster: quiver cluster up $cluster --nodes 2"
     "$QA" cluster up "$cluster" --nodes 2 >>"$raw" 2>&1 || die "quiver cluster up $cluster --nodes 2 failed (see $raw)"
@@ -163,20 +183,29 @@ if [ -z "$info" ]; then
     info=$(cluster_info)
 fi
 read -r c_nodes c_link c_loss <<<"$info"
-[ "${c_nodes:-0}" -ge 2 ] 2>/dev/null || die "cluster $cluster has ${c_nodes:-no} nodes; it needs 2"
-[ "$c_link" = unlimited ] || log "warning: cluster $cluster is shaped ($c_link); the issue asks for an unshaped one"
-python3 -c "import sys; sys.exit(float(sys.argv[1]) != 0)" "$c_loss" 2>/dev/null ||
-    log "warning: cluster $cluster drops frames (loss $c_loss)"
+if ! has summary; then
+    [ "${c_nodes:-0}" -ge 2 ] 2>/dev/null || die "cluster $cluster has ${c_nodes:-no} nodes; it needs 2"
+    [ "$c_link" = unlimited ] || log "warning: cluster $cluster is shaped ($c_link); the issue asks for an unshaped one"
+    python3 -c "import sys; sys.exit(float(sys.argv[1]) != 0)" "$c_loss" 2>/dev/null ||
+        log "warning: cluster $cluster drops frames (loss $c_loss)"
+fi
+knobs=""   # the knobs of the steps run, for the command line in the tables
+has timing && knobs+=" ROUNDS=$rounds ITERS=$iters${bw_iters:+ BW_ITERS=$bw_iters} PP_SIZE=$pp_size BW_SIZES=$bw_sizes"
+has counts && knobs+=" VG_ITERS='$vg_n1 $vg_n2' VG_REPS=$vg_reps VG_SIZE=$vg_size${VG_POLL:+ VG_POLL='$vg_poll'}"
+[ "$steps" = "counts timing" ] || knobs=" STEPS='$steps'$knobs"
+[ "$cluster" = engine-ab ] || knobs=" CLUSTER=$cluster$knobs"
+knobs=${knobs# }
+command_line="$knobs bash bench/engine_ab.sh $short_a $short_b"
 
 # ---- instruction counts
 counts=$out/counts.tsv
 cg_parse=$tmp/cg_parse.py
 cat >"$cg_parse" <<'EOF'
-# cg_parse.py LABEL REV TRANSPORT N REP FILE: the rank's total and the inclusive count
+# cg_parse.py LABEL REV TRANSPORT N REP FILE POLL_REGEX: the rank's total and the inclusive count
 # and number of calls of the functions below, from a callgrind out file (inclusive =
 # self + calls made, per symbol, whatever source file its inlined pieces come from).
 import re, sys
-label, rev, tr, n, rep, path = sys.argv[1:]
+label, rev, tr, n, rep, path, poll_rx = sys.argv[1:]
 names = {}
 def name(ref):
     m = re.match(r"\((\d+)\)(?:\s+(.*))?$", ref.strip())
@@ -216,11 +245,12 @@ out = [("total", "-", total, 1)]
 # summed (copies of a generic). The summary uses, per figure, the first candidate found
 # in both revisions.
 want = [
+    ("loop", r"::pingpong::one_way_samples$"),
     ("write", r"::Endpoint::write$"), ("write", r"::Ctx::send$"),
     ("read", r"::Endpoint::read$"), ("read", r"::Ctx::recv$"),
     ("release", r"^core::ptr::drop_in_place<quiver::[A-Za-z_:]*::Message>$"),
     ("release", r"^<quiver::[A-Za-z_:]*::Message as core::ops::drop::Drop>::drop$"),
-    ("poll", r"::Endpoint::poll_once$"),
+    ("poll", poll_rx),
 ]
 incl = {f: selfc.get(f, 0) + callc.get(f, 0) for f in set(selfc) | set(callc)}
 for key, rx in want:
@@ -247,11 +277,13 @@ vg_run() {     # vg_run LABEL TRANSPORT N REP: rank 1 of an N-iteration ping-pon
     building "${cmd[@]}" >"$tmp/vg.out" 2>&1 || rc=$?
     cat "$tmp/vg.out" >>"$raw"
     if [ $rc != 0 ]; then log "FAILED ($rc): counts $label $tr $n (see $raw)"; return 1; fi
-    python3 "$cg_parse" "$label" "${REV[$label]}" "$tr" "$n" "$rep" "$f" >>"$counts"
+    python3 "$cg_parse" "$label" "${REV[$label]}" "$tr" "$n" "$rep" "$f" "$vg_poll" >>"$counts"
 }
 if has counts; then
-    command -v valgrind >/dev/null || { log "installing valgrind"; apt-get install -y valgrind >>"$raw" 2>&1 || die "apt-get install -y valgrind failed"; }
+    command -v valgrind >/dev/null || { log "installing valgrind"; { apt-get install -y valgrind || { apt-get update && apt-get install -y valgrind; }; } >>"$raw" 2>&1 ||
+        die "apt-get install -y valgrind failed (see $raw)"; }
     : >"$counts"
+    printf '%s\t%s\t%s\n' "$command_line" "$(date -u +%Y-%m-%d)" "$cluster $c_link" >"$counts.meta"
     for rep in $(seq 1 "$vg_reps"); do
         for tr in shm udp eth; do
             for n in "$vg_n1" "$vg_n2"; do
@@ -301,6 +333,7 @@ EOF
 }
 if has timing; then
     : >"$timing"
+    printf '%s\t%s\t%s\n' "$command_line" "$(date -u +%Y-%m-%d)" "$cluster $c_link" >"$timing.meta"
     for round in $(seq 1 "$rounds"); do
         order="A B"; [ $((round % 2)) = 0 ] && order="B A"
         for tr in shm udp eth; do
@@ -315,14 +348,13 @@ if has timing; then
 fi
 
 # ---- the tables
-knobs="ROUNDS=$rounds ITERS=$iters${bw_iters:+ BW_ITERS=$bw_iters} PP_SIZE=$pp_size BW_SIZES=$bw_sizes VG_ITERS='$vg_n1 $vg_n2' VG_REPS=$vg_reps VG_SIZE=$vg_size"
-[ "$steps" = "counts timing" ] || knobs="STEPS='$steps' $knobs"
-command_line="$knobs bash bench/engine_ab.sh $1 $2"
-python3 - "$counts" "$timing" "$short_a" "$short_b" "$vg_n1" "$vg_n2" "$vg_reps" "$vg_size" "$command_line" "$(date -u +%Y-%m-%d)" "$cluster $c_link" "$rounds" \
-    <<'EOF' | tee "$out/summary.md"
+# the tables of this run's steps (STEPS=summary: of whatever OUT holds)
+counts=$out/counts.tsv timing=$out/timing.tsv
+has summary || has counts || counts=/nonexistent
+has summary || has timing || timing=/nonexistent
+python3 - "$counts" "$timing" "$short_a" "$short_b" "$vg_poll" <<'EOF' | tee "$out/summary.md"
 import os, statistics, sys
-counts_path, timing_path, rev_a, rev_b, n1, n2, vg_reps, vg_size, command, day, cluster, rounds = sys.argv[1:]
-n1, n2, rounds = int(n1), int(n2), int(rounds)
+counts_path, timing_path, rev_a, rev_b, poll_rx = sys.argv[1:]
 lines = []
 say = lines.append
 def fmt(v):
@@ -335,58 +367,114 @@ def load(path):
         return []
     return [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
 
-# instruction counts: per round trip of the echo rank, from the difference of two runs;
-# of the repetitions of each run, the one with the smallest total (the fewest empty polls)
+# instruction counts. Every run r of a revision gives count_r = a + b * M_r + e * Q_r, with
+# M_r = iterations + warm-up (round trips) and Q_r = poll calls - M_r (the empty polls,
+# which follow the timing under valgrind); a least-squares fit over all runs (both
+# lengths, every repetition) gives b, the count per round trip without empty polls, and
+# its standard error. Without the poll function, or when Q does not vary, the fit is
+# count = a + b * M (the difference of the two lengths).
 runs = {}
+revs = {}
 for label, rev, tr, n, rep, key, rx, v, calls in load(counts_path):
-    runs.setdefault((label, tr, int(n)), {}).setdefault(int(rep), {})[(key, rx)] = (int(v), int(calls))
-def best(label, tr, n):
-    reps = runs.get((label, tr, n))
-    return None if not reps else min(reps.values(), key=lambda r: r[("total", "-")][0])
-def diff(x1, x2, k, i):
-    return None if x1 is None or x2 is None or k not in x1 or k not in x2 else (x2[k][i] - x1[k][i]) / (n2 - n1)
-def rep_range(label, tr, k):     # per round trip of each repetition (rep i of N1 with rep i of N2)
-    r1, r2 = runs.get((label, tr, n1), {}), runs.get((label, tr, n2), {})
-    v = [diff(r1[i], r2[i], k, 0) for i in sorted(set(r1) & set(r2))]
-    v = [x for x in v if x is not None]
-    return (min(v), max(v)) if len(v) > 1 else None
+    runs.setdefault((label, tr), {}).setdefault((int(n), int(rep)), {})[(key, rx)] = (int(v), int(calls))
+    revs[label] = rev
+lengths = sorted({n for d in runs.values() for n, _ in d})
+n1, n2 = (lengths[0], lengths[-1]) if lengths else (0, 1)
+vg_reps = max((r for d in runs.values() for _, r in d), default=0)
+POLL = ("poll", poll_rx)
+LOOP = ("loop", r"::pingpong::one_way_samples$")
+
+def solve(rows, ys):
+    """Least squares; returns (coefficients, standard errors) or None if singular."""
+    k = len(rows[0])
+    xtx = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    xty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(k)]
+    aug = [xtx[i] + [xty[i]] + [1.0 if j == i else 0.0 for j in range(k)] for i in range(k)]
+    for c in range(k):
+        p = max(range(c, k), key=lambda r: abs(aug[r][c]))
+        aug[c], aug[p] = aug[p], aug[c]
+        if abs(aug[c][c]) <= 1e-9 * max(1.0, xtx[c][c]):
+            return None
+        for r in range(k):
+            if r != c:
+                f = aug[r][c] / aug[c][c]
+                aug[r] = [x - f * y for x, y in zip(aug[r], aug[c])]
+    coef = [aug[i][k] / aug[i][i] for i in range(k)]
+    inv_diag = [aug[i][k + 1 + i] / aug[i][i] for i in range(k)]
+    dof = len(rows) - k
+    rss = sum((y - sum(c * x for c, x in zip(coef, r))) ** 2 for r, y in zip(rows, ys))
+    se = [((rss / dof) * d) ** 0.5 if dof > 0 and d > 0 else None for d in inv_diag]
+    return coef, se
+
+def fit(label, tr, key):
+    """(b, its standard error, e or None) for figure `key` of (label, tr), or None."""
+    rs = [(n, d) for (n, _), d in runs.get((label, tr), {}).items() if key in d]
+    if len({n for n, _ in rs}) < 2:
+        return None
+    ms = [n + 100 for n, _ in rs]
+    ys = [d[key][0] for _, d in rs]
+    qs = [d[POLL][1] - m if POLL in d else None for (_, d), m in zip(rs, ms)]
+    if None not in qs and len(rs) >= 4 and max(qs) - min(qs) > 0.01 * min(ms):
+        s = solve([[1.0, m, q] for m, q in zip(ms, qs)], ys)
+        if s:
+            return s[0][1], s[1][1], s[0][2]
+    s = solve([[1.0, m] for m in ms], ys)
+    return (s[0][1], s[1][1], None) if s else None
+
+def raw_range(label, tr, key):   # (count at N2 - count at N1) / (N2 - N1), repetition by repetition
+    d = runs.get((label, tr), {})
+    v = [(d[(n2, r)][key][0] - d[(n1, r)][key][0]) / (n2 - n1)
+         for (n, r) in d if n == n1 and (n2, r) in d and key in d[(n1, r)] and key in d[(n2, r)]]
+    return (min(v), max(v)) if v else None
+
 cands = {"write": [r"::Endpoint::write$", r"::Ctx::send$"], "read": [r"::Endpoint::read$", r"::Ctx::recv$"],
          "release": [r"^core::ptr::drop_in_place<quiver::[A-Za-z_:]*::Message>$",
-                     r"^<quiver::[A-Za-z_:]*::Message as core::ops::drop::Drop>::drop$"],
-         "poll": [r"::Endpoint::poll_once$"]}
+                     r"^<quiver::[A-Za-z_:]*::Message as core::ops::drop::Drop>::drop$"]}
 shown = {r"::Endpoint::write$": "`Endpoint::write`", r"::Ctx::send$": "`Ctx::send` (the bench's write)",
          r"::Endpoint::read$": "`Endpoint::read`", r"::Ctx::recv$": "`Ctx::recv` (the bench's read)",
-         cands["release"][0]: "`drop_in_place<Message>` (the release)",
-         cands["release"][1]: "`Message::drop` (the release)", cands["poll"][0]: "`Endpoint::poll_once`"}
-count_rows = []
+         cands["release"][0]: "`drop_in_place<Message>`", cands["release"][1]: "`Message::drop`"}
+pm = lambda v, se: "-" if v is None else fmt(v) + ("" if not se or se < 0.05 else f" ± {se:.0f}" if se >= 10 else f" ± {se:.2g}")
+count_rows = []   # (figure, A text, B text, ratio, verdict)
 for tr in ("shm", "udp", "eth"):
-    x = {lab: (best(lab, tr, n1), best(lab, tr, n2)) for lab in ("A", "B")}
-    if all(v is None for pair in x.values() for v in pair):
+    if not any((lab, tr) in runs for lab in ("A", "B")):
         continue
-    def row(fig, k, i, target):
-        a, b = diff(*x["A"], k, i), diff(*x["B"], k, i)
-        ratio = b / a if a and b is not None else None
+    def row(fig, key, target):
+        fa, fb = fit("A", tr, key), fit("B", tr, key)
+        ratio = fb[0] / fa[0] if fa and fb and fa[0] else None
+        verdict = "-"
         if target and ratio is not None:
-            verdict = "**met**" if ratio <= 1.03 else "**not met**"
-        else:
-            verdict = "-" if target else "(see total)"
-        count_rows.append((f"{tr}: {fig}", a, b, ratio, verdict,
-                           rep_range("A", tr, k) if i == 0 else None, rep_range("B", tr, k) if i == 0 else None))
-    row("instructions per round trip, whole echo rank", ("total", "-"), 0, True)
+            # beyond +3 % by more than twice the standard error of the difference: not met
+            err = ((1.03 * (fa[1] or 0)) ** 2 + (fb[1] or 0) ** 2) ** 0.5
+            excess = fb[0] - 1.03 * fa[0]
+            verdict = "**met**" if excess <= 0 else "**not met**" if excess > 2 * err else "unclear (within the error)"
+        count_rows.append((f"{tr}: {fig}", pm(*fa[:2]) if fa else "-", pm(*fb[:2]) if fb else "-", ratio, verdict))
+        return fa, fb
+    present = lambda k: all(k in d for lab in ("A", "B") for d in runs.get((lab, tr), {}).values())
+    loop = row("instructions per round trip, the echo rank's ping-pong loop (read + release + write)", LOOP, True) \
+        if present(LOOP) else None
+    whole = row("instructions per round trip, the whole echo rank (start-up and close vary with timing)",
+                ("total", "-"), True)
+    fa, fb = loop or whole
     for key in ("write", "read", "release"):
-        have = lambda rx: all(p is not None and (key, rx) in p for pair in x.values() for p in pair)
-        rx = next((r for r in cands[key] if have(r)), None)
+        rx = next((r for r in cands[key] if present((key, r))), None)
         if rx:
-            extra = ", its polls included" if key == "read" else ""
-            row(f"instructions per {key}, {shown[rx]} inclusive{extra}", (key, rx), 0, key == "write")
-    rx = cands["poll"][0]
-    if all(p is not None and ("poll", rx) in p for pair in x.values() for p in pair):
-        row(f"polls per round trip ({shown[rx]} calls; 1 = no empty poll)", ("poll", rx), 1, False)
+            row(f"instructions per {key}, {shown[rx]} inclusive", (key, rx), True)
+    def polls(lab):
+        q = [(d[POLL][1] - n - 100) / (n + 100) for (n, _), d in runs.get((lab, tr), {}).items() if POLL in d]
+        return f"{min(q):.2f}-{max(q):.2f}" if q else "-"
+    ecost = lambda f: fmt(f[2]) if f and f[2] is not None else "-"
+    count_rows.append((f"{tr}: poll calls per round trip beyond one (min-max over the runs); instructions per extra poll (fitted)",
+                       f"{polls('A')}; {ecost(fa)}", f"{polls('B')}; {ecost(fb)}", None, "-"))
+    ra, rb = raw_range("A", tr, ("total", "-")), raw_range("B", tr, ("total", "-"))
+    rr = lambda r: f"{fmt(r[0])}-{fmt(r[1])}" if r else "-"
+    count_rows.append((f"{tr}: whole echo rank, plain difference of the two lengths (range over repetitions)",
+                       rr(ra), rr(rb), None, "-"))
 
 # timing: per round and figure
 timing = {}
 order = []
 for fig, rnd, label, rev, v in load(timing_path):
+    revs[label] = rev
     if fig not in order:
         order.append(fig)
     timing.setdefault(fig, {}).setdefault(label, {})[int(rnd)] = float(v)
@@ -413,35 +501,51 @@ for fig in order:
         verdict = "B slower" if (ratio > 1) == lower_better else "B faster"
     time_rows.append((fig, va, vb, paired, ma, mb, ratio, noise, verdict))
 
-say(f"A = {rev_a}, B = {rev_b}; cluster {cluster}; {day}")
+rounds = max((r for per in timing.values() for lab in per.values() for r in lab), default=0)
+rev_a, rev_b = revs.get("A", rev_a), revs.get("B", rev_b)
+metas = []
+for path in (counts_path, timing_path):
+    if os.path.exists(path + ".meta") and load(path):
+        m = load(path + ".meta")[0]
+        if m not in metas:
+            metas.append(m)
+say(f"A = {rev_a}, B = {rev_b}")
 say("")
-say(f"Instructions (callgrind, echo rank of an {vg_size} B ping-pong; (count at {n2} - count at {n1} iterations) / {n2 - n1}, "
-    f"of {vg_reps} repetition(s) the one with the fewest instructions; in brackets the range over the repetitions):")
-say("")
-say("| figure | A | B | B/A | target B/A <= 1.03 |")
-say("|---|---|---|---|---|")
-crng = lambda v, r: fmt(v) + (f" ({fmt(r[0])}-{fmt(r[1])})" if r else "")
-for fig, a, b, ratio, verdict, ra, rb in count_rows:
-    say(f"| {fig} | {crng(a, ra)} | {crng(b, rb)} | {fmt(ratio)} | {verdict} |")
-say("")
-say(f"Timing, alternated over {rounds} round(s) (medians of each run; B/A > 1 is slower for µs, faster for MB/s):")
-say("")
-say("| figure | A per round | B per round | B/A per round | A median | B median | B/A | noise | verdict |")
-say("|---|---|---|---|---|---|---|---|---|")
-j = lambda vs, f=fmt: " ".join(f(v) for v in vs)
-for fig, va, vb, paired, ma, mb, ratio, noise, verdict in time_rows:
-    say(f"| {fig} | {j(va)} | {j(vb)} | {j(paired, lambda v: f'{v:.3f}')} | {fmt(ma)} | {fmt(mb)} | "
-        f"{fmt(ratio)} | {'-' if noise is None else f'{noise * 100:.1f} %'} | {verdict} |")
-say("")
+if count_rows:
+    say(f"Instructions (callgrind, echo rank of the ping-pong, {vg_reps} repetition(s) of {n1} and of {n2} iterations; "
+        "per round trip without empty polls, fitted over the runs, ± its standard error):")
+    say("")
+    say("| figure | A | B | B/A | target B/A <= 1.03 |")
+    say("|---|---|---|---|---|")
+    for fig, a, b, ratio, verdict in count_rows:
+        say(f"| {fig} | {a} | {b} | {fmt(ratio)} | {verdict} |")
+    say("")
+if time_rows:
+    say(f"Timing, alternated over {rounds} round(s) (medians of each run; B/A > 1 is slower for µs, faster for MB/s):")
+    say("")
+    say("| figure | A per round | B per round | B/A per round | A median | B median | B/A | noise | verdict |")
+    say("|---|---|---|---|---|---|---|---|---|")
+    j = lambda vs, f=fmt: " ".join(f(v) for v in vs)
+    for fig, va, vb, paired, ma, mb, ratio, noise, verdict in time_rows:
+        say(f"| {fig} | {j(va)} | {j(vb)} | {j(paired, lambda v: f'{v:.3f}')} | {fmt(ma)} | {fmt(mb)} | "
+            f"{fmt(ratio)} | {'-' if noise is None else f'{noise * 100:.1f} %'} | {verdict} |")
+    say("")
 say("For docs/PERFORMANCE.md:")
 say("")
-say(f"Command: `{command}` ({day}, cluster `{cluster}`).")
+for command, day, cluster in metas:
+    say(f"Command: `{command}` ({day}, cluster `{cluster}`).")
 say("")
+if count_rows:
+    say("Instructions are callgrind's, on the echo rank (rank 1) of a ping-pong; per round trip (one read, one "
+        "release, one write) the count fitted as a + b * round trips + e * poll calls beyond one per round trip "
+        "over all runs, b shown with its standard error where not exact. Timing figures: median (min-max) over "
+        "the alternated rounds.")
+    say("")
 say(f"| figure | {rev_a} (A) | {rev_b} (B) | B/A | target |")
 say("|---|---|---|---|---|")
-for fig, a, b, ratio, verdict, ra, rb in count_rows:
-    say(f"| {fig} | {crng(a, ra)} | {crng(b, rb)} | {fmt(ratio)} | "
-        f"{'+3 %: ' + verdict if verdict.startswith('**') else verdict} |")
+for fig, a, b, ratio, verdict in count_rows:
+    say(f"| {fig} | {a} | {b} | {fmt(ratio)} | {'+3 %: ' + verdict if verdict != '-' else '-'} |")
+
 for fig, va, vb, paired, ma, mb, ratio, noise, verdict in time_rows:
     rng = lambda v, m: f"{fmt(m)} ({fmt(min(v))}-{fmt(max(v))})" if len(v) > 1 else fmt(m)
     say(f"| {fig} | {rng(va, ma)} | {rng(vb, mb)} | {fmt(ratio)} | noise "

@@ -2,17 +2,15 @@
 //! side (one connection per destination endpoint) and waiting.
 
 use super::message::{Message, Token};
-use super::net::{Net, Ready};
-use super::offload::Offload;
 use super::{EndpointStats, Source};
-use crate::channel::reliable::Mode;
-use crate::channel::reliable::SendError;
+use crate::config::ReliabilityMode as Mode;
 use crate::config::TransportChoice;
+use crate::engine::driver::{self, Net, Pace, Ready};
+use crate::engine::offload::Offload;
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::shm::{ShmRx, ShmTx};
-use crate::link::Link;
 use crate::link::Transport;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -110,7 +108,7 @@ impl Endpoint {
             None
         };
         let net_transport = match (&udp, &offload) {
-            (Some(u), _) => u.link.transport(),
+            (Some(u), _) => u.transport(),
             (None, Some(o)) => o.transport(),
             (None, None) => Transport::Udp,
         };
@@ -119,7 +117,7 @@ impl Endpoint {
             poller.add(s.doorbell_fd())?;
         }
         if let Some(u) = &udp {
-            poller.add_with(u.link.as_raw_fd(), u.caps.edge_triggered)?;
+            poller.add_with(u.fd(), u.caps().edge_triggered)?;
         }
         if let Some(o) = &offload {
             poller.add(o.bell_fd())?;
@@ -259,7 +257,7 @@ impl Endpoint {
     /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to publish its network link.
     fn await_net_peer(&self, peer: Source) -> Result<()> {
         let timeout = self.job.config.connect_timeout;
-        let key = super::net::net_key(peer.rank, peer.dpid);
+        let key = driver::net_key(peer.rank, peer.dpid);
         match self.job.kv.get(&key, timeout) {
             Ok(_) => Ok(()),
             Err(Error::Timeout(_)) => Err(Error::PeerNotFound {
@@ -427,26 +425,15 @@ impl Endpoint {
                 return Ok(());
             }
         }
-        let (mut part, ahead) = {
+        let mut part = {
             let inner = self.inner.borrow();
             let net = inner
                 .udp
                 .as_ref()
                 .expect("a network connection implies a link");
-            let p = &net.peers[peer];
-            let ahead = if wait {
-                usize::from(net.window)
-            } else {
-                usize::MAX
-            };
-            match p.duplex.begin_send(head.len() + data.len()) {
-                Ok(part) => (part, ahead),
-                Err(SendError::Failed) => return Err(p.failure()),
-                Err(SendError::TooLarge { len, max }) => {
-                    return Err(Error::MessageTooLarge { len, max })
-                }
-            }
+            net.begin_send(peer, head.len() + data.len())?
         };
+        let pace = if wait { Pace::Window } else { Pace::Unbounded };
         let mut stalled = false;
         loop {
             let (queued, must_wait) = {
@@ -456,13 +443,8 @@ impl Endpoint {
                     .udp
                     .as_mut()
                     .expect("a network connection implies a link");
-                let now = udp.now();
-                let queued = udp.peers[peer]
-                    .duplex
-                    .send_part(now, head, data, &mut part, ahead);
-                udp.transmit(peer, now, &mut inner.stats)?;
-                udp.update_deadline();
-                let must_wait = !queued || (wait && udp.peers[peer].duplex.is_blocked());
+                let step = udp.send_part(peer, (head, data), &mut part, pace, &mut inner.stats)?;
+                let (queued, must_wait) = (step.queued, step.must_wait);
                 if must_wait && !stalled {
                     stalled = true;
                     inner.stats.send_stalls += 1;
@@ -615,8 +597,8 @@ impl Endpoint {
             let inner = &mut *guard;
             let udp = inner.udp.as_mut().expect("checked above");
             udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
-            if udp.data_frames != last_rx.0 {
-                last_rx = (udp.data_frames, Instant::now());
+            if udp.data_frames() != last_rx.0 {
+                last_rx = (udp.data_frames(), Instant::now());
             }
             let pending = udp.unacknowledged();
             Ok((!pending && last_rx.1.elapsed() >= QUIET).then_some(()))
@@ -729,12 +711,7 @@ impl Endpoint {
             }
             Token::Udp { slot, peer } => {
                 if let Some(udp) = inner.udp.as_mut() {
-                    udp.link.free_slot(slot);
-                    // A receive buffer is free again: credit for the sender.
-                    let now = udp.last_now;
-                    if let Some(p) = udp.peers.get_mut(peer as usize) {
-                        p.duplex.handle_release(now, 1);
-                    }
+                    udp.release_slot(slot, peer);
                 }
             }
             Token::Offload { token } => {
@@ -744,12 +721,7 @@ impl Endpoint {
             }
             Token::Owned { data, credit } => {
                 if let Some(udp) = inner.udp.as_mut() {
-                    // A frame copied out of the ring held a receive buffer until now.
-                    if let Some(p) = credit.and_then(|i| udp.peers.get_mut(i as usize)) {
-                        p.duplex.handle_release(udp.last_now, 1);
-                    }
-                    // Its buffer assembles a later long message.
-                    udp.spares.give(data);
+                    udp.release_owned(data, credit);
                 }
             }
         }
@@ -808,7 +780,7 @@ impl Endpoint {
             // the latency of the next frame (0.2-0.3 µs on a veth ping-pong).
             let poll_net = |u: &Net| {
                 inner.shm.is_none()
-                    || u.caps.polls_in_memory
+                    || u.caps().polls_in_memory
                     || inner.polls.is_multiple_of(UDP_POLL_EVERY)
             };
             if let Some(udp) = inner.udp.as_mut().filter(|u| poll_net(u)) {
@@ -841,7 +813,7 @@ impl Endpoint {
             } => {
                 inner.stats.bytes_received += len as u64;
                 let udp = inner.udp.as_ref().expect("slot messages come from UDP");
-                let ptr = udp.link.slot(slot)[offset..].as_ptr();
+                let ptr = udp.slot_bytes(slot, offset).as_ptr();
                 Message {
                     ep: self,
                     ptr,
@@ -1022,10 +994,10 @@ impl Waitable for CreditWait<'_> {
             .as_mut()
             .expect("a network channel implies a link");
         udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
-        let p = &udp.peers[self.peer];
-        if !p.duplex.is_blocked() {
+        if !udp.is_blocked(self.peer) {
             return Ok(Some(()));
         }
+        let p = udp.peer_at(self.peer);
         if p.closed {
             // It said goodbye: the credits it owes will never come.
             return Err(Error::PeerClosed {

@@ -33,6 +33,22 @@ trait Setup {
 struct Real {
     eth: bool,
     started: Instant,
+    /// Raw frames on lo are seen by a link without its filter in another test.
+    _lo: Option<std::sync::RwLockReadGuard<'static, ()>>,
+}
+
+impl Real {
+    fn new(eth: bool) -> Real {
+        Real {
+            eth,
+            started: Instant::now(),
+            _lo: eth.then(|| {
+                super::eth::LO_RAW_TRAFFIC
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+            }),
+        }
+    }
 }
 
 /// The DPID that every test datagram names as its destination, where a wire header
@@ -336,11 +352,11 @@ macro_rules! over_every_link {
     ($($test:ident),* $(,)?) => {
         mod udp {
             use super::*;
-            $(#[test] fn $test() { super::$test(Real { eth: false, started: Instant::now() }) })*
+            $(#[test] fn $test() { super::$test(Real::new(false)) })*
         }
         mod eth {
             use super::*;
-            $(#[test] fn $test() { super::$test(Real { eth: true, started: Instant::now() }) })*
+            $(#[test] fn $test() { super::$test(Real::new(true)) })*
         }
         mod sim {
             use super::*;
@@ -375,17 +391,11 @@ fn capabilities_say_how_each_link_differs() {
     )
     .caps();
     assert!(!loses.lossless && loses.ordered);
-    let mut real = Real {
-        eth: false,
-        started: Instant::now(),
-    };
+    let mut real = Real::new(false);
     let (udp, _) = real.pair().unwrap();
     let caps = udp.caps();
     assert!(!caps.polls_in_memory && !caps.ordered_slots && !caps.edge_triggered);
-    let mut real = Real {
-        eth: true,
-        started: Instant::now(),
-    };
+    let mut real = Real::new(true);
     if let Some((eth, _)) = real.pair() {
         let caps = eth.caps();
         assert!(caps.polls_in_memory && caps.ordered_slots && caps.edge_triggered);

@@ -455,6 +455,10 @@ impl<L: Link> Link for Faulty<L> {
         self.inner.resolve(advertised)
     }
 
+    fn max_datagram_to(&self, to: &L::Dest) -> usize {
+        self.inner.max_datagram_to(to)
+    }
+
     #[inline]
     fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> crate::error::Result<()> {
         self.inner.recv_batch(out)

@@ -143,6 +143,8 @@ pub(crate) trait Link {
     fn advertise(&self) -> String;
     /// The destination a peer advertised.
     fn resolve(&self, advertised: &str) -> std::result::Result<Self::Dest, String>;
+    /// Largest datagram to send to `to`: the smaller of its maximum and ours.
+    fn max_datagram_to(&self, to: &Self::Dest) -> usize;
     /// Appends the datagrams that have arrived, without blocking.
     fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> error::Result<()>;
     /// The bytes of received slot `slot` (the datagram is its first `len` bytes).

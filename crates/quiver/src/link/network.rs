@@ -216,6 +216,10 @@ impl Link for NetLink {
         Ok(dest)
     }
 
+    fn max_datagram_to(&self, to: &NetDest) -> usize {
+        to.max_datagram
+    }
+
     #[inline]
     fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> Result<()> {
         match self {

@@ -507,6 +507,10 @@ impl Link for SimLink {
         }
     }
 
+    fn max_datagram_to(&self, _to: &usize) -> usize {
+        self.net.borrow().uniform.mtu
+    }
+
     fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> QResult<()> {
         let mut net = self.net.borrow_mut();
         let inbox = &mut net.inboxes[self.node];

@@ -112,6 +112,12 @@ mod ring;
 #[cfg(test)]
 mod tests;
 
+/// Tests that send raw frames on lo share it; a test that counts every frame a link
+/// without its filter sees on lo holds it alone (the link conformance suite's eth cases
+/// run in the same process).
+#[cfg(test)]
+pub(crate) static LO_RAW_TRAFFIC: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 use self::filter::{attach_filter, ProcessLinks, PROCESS_LINKS};
 pub(crate) use self::iface::{Interface, MacAddr, MacParseError};
 use self::ring::{layouts, Ring};

@@ -167,6 +167,7 @@ fn only_a_lone_link_goes_without_its_filter() {
 /// another port, and hands out its own. A link with its filter never sees the others.
 #[test]
 fn a_link_without_its_filter_drops_frames_for_others_in_user_space() {
+    let _alone = LO_RAW_TRAFFIC.write().unwrap_or_else(|e| e.into_inner());
     let (ps, ds) = addr();
     let (pr, dr) = addr();
     let Some(s) = open(ps, ds, 1 << 20) else {

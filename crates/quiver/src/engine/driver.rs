@@ -10,8 +10,12 @@
 //! a message of one frame written while the window is open, take a shorter path through
 //! the same channel state machine ([`Duplex::take_in_order`], [`Net::write_lone`]).
 
-use super::{EndpointStats, Source};
-use crate::channel::reliable::{earliest, ChannelError, Duplex, Event, Time, TxFrame};
+use super::clock::{Clock, ProtocolClock};
+use super::stats::EndpointStats;
+use crate::addr::Source;
+use crate::channel::reliable::{
+    earliest, ChannelError, Duplex, Event, PartialSend, SendError, Time, TxFrame,
+};
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::error::{Error, Result};
 use crate::job::JobShared;
@@ -26,48 +30,25 @@ use std::time::Duration;
 /// Idle network polls between two reads of the protocol clock (for timers).
 const CLOCK_EVERY: u32 = 32;
 
-/// The clock of the channels' timers: nanoseconds since it was made, read from the CPU's
-/// time-stamp counter where that is invariant (quanta calibrates it against the OS clock
-/// once per process), else from the OS monotonic clock. A message is read at least once on
-/// its way in and once on its way out, and a counter read costs about 10 ns where
-/// `Instant::now` (a vDSO call whose data the kernel keeps rewriting from another core)
-/// cost 50-60 ns on the ping-pong path. Counters of two cores may disagree by a little:
-/// [`Time`] saturates, so a reading slightly behind an earlier one is only "no time
-/// passed".
-pub(super) struct ProtocolClock {
-    clock: quanta::Clock,
-    epoch: u64,
-}
-
-impl ProtocolClock {
-    pub(super) fn new() -> ProtocolClock {
-        let clock = quanta::Clock::new();
-        let epoch = clock.raw();
-        ProtocolClock { clock, epoch }
-    }
-
-    /// The time since the clock was made.
-    #[inline]
-    pub(super) fn now(&self) -> Time {
-        Time::from_nanos(self.clock.delta_as_nanos(self.epoch, self.clock.raw()))
-    }
-}
-
 /// The network side of an endpoint: its link (and the receive memory the link owns) and
 /// one reliable channel state machine per peer endpoint.
-pub(super) struct Net {
+///
+/// Generic over the link and the clock, so that the simulator runs this very code over
+/// [`crate::link::Link`]s in virtual time; production uses the defaults (monomorphized,
+/// no dynamic dispatch).
+pub(crate) struct Net<L: Link = NetLink, C: Clock = ProtocolClock> {
     pub(super) job: Arc<JobShared>,
     pub(super) dpid: u16,
-    pub(super) link: NetLink,
+    pub(super) link: L,
     /// What the link guarantees (asked once, when it opens).
     pub(super) caps: LinkCaps,
     /// Frames each channel may have in flight ([`NetLink::channel_window`]).
     pub(super) window: u16,
-    pub(super) peers: Vec<Peer>,
+    pub(super) peers: Vec<Peer<L::Dest>>,
     pub(super) peer_index: HashMap<Source, usize>,
     pub(super) scratch: Vec<Datagram>,
     /// The protocol clock ([`Time`] is measured from when the endpoint opened).
-    pub(super) clock: ProtocolClock,
+    pub(super) clock: C,
     /// Earliest deadline of any peer's timers or of the link (a fault injector's delayed
     /// datagrams).
     pub(super) next_deadline: Option<Time>,
@@ -101,23 +82,23 @@ pub(super) struct Net {
 
 /// Set in an [`RxFrame::slot`] that names a copy in [`Net::evacuated`] rather than a
 /// slot of the link (whose slots number far fewer).
-pub(super) const EVACUATED: u32 = 1 << 31;
+pub(crate) const EVACUATED: u32 = 1 << 31;
 
 /// A received frame in the pool: its slot, and what the first decode found, so that
 /// delivery needs no second pass over the bytes.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct RxFrame {
-    pub(super) slot: u32,
-    pub(super) seq: u32,
-    pub(super) flags: Flags,
-    pub(super) total_len: Option<u32>,
-    pub(super) data_off: u32,
-    pub(super) data_len: u32,
+pub(crate) struct RxFrame {
+    pub(crate) slot: u32,
+    pub(crate) seq: u32,
+    pub(crate) flags: Flags,
+    pub(crate) total_len: Option<u32>,
+    pub(crate) data_off: u32,
+    pub(crate) data_len: u32,
 }
 
 /// The bytes of a kept frame: a slot of the link, or a copy moved out of it.
 #[inline]
-fn frame_bytes<'a>(link: &'a NetLink, evacuated: &'a [Option<Vec<u8>>], slot: u32) -> &'a [u8] {
+fn frame_bytes<'a, L: Link>(link: &'a L, evacuated: &'a [Option<Vec<u8>>], slot: u32) -> &'a [u8] {
     if slot & EVACUATED == 0 {
         link.slot(slot)
     } else {
@@ -130,7 +111,7 @@ fn frame_bytes<'a>(link: &'a NetLink, evacuated: &'a [Option<Vec<u8>>], slot: u3
 
 /// Gives back a kept frame: its slot to the link, or its copy.
 #[inline]
-fn free_frame(link: &mut NetLink, evacuated: &mut [Option<Vec<u8>>], slot: u32) {
+fn free_frame<L: Link>(link: &mut L, evacuated: &mut [Option<Vec<u8>>], slot: u32) {
     if slot & EVACUATED == 0 {
         link.free_slot(slot);
     } else if let Some(copy) = evacuated.get_mut((slot & !EVACUATED) as usize) {
@@ -138,9 +119,9 @@ fn free_frame(link: &mut NetLink, evacuated: &mut [Option<Vec<u8>>], slot: u32) 
     }
 }
 
-impl Peer {
+impl<D> Peer<D> {
     /// Why this channel failed, as the endpoint reports it.
-    pub(super) fn failure(&self) -> Error {
+    pub(crate) fn failure(&self) -> Error {
         let why = self
             .duplex
             .failure()
@@ -150,16 +131,16 @@ impl Peer {
 }
 
 /// One peer endpoint reached over the network.
-pub(super) struct Peer {
-    pub(super) source: Source,
-    pub(super) dest: NetDest,
+pub(crate) struct Peer<D = NetDest> {
+    pub(crate) source: Source,
+    pub(super) dest: D,
     pub(super) duplex: Duplex<RxFrame>,
     pub(super) rx: RxChannel,
     /// The peer said goodbye: nothing it has not acknowledged will be.
-    pub(super) closed: bool,
+    pub(crate) closed: bool,
 }
 
-pub(super) enum Ready {
+pub(crate) enum Ready {
     Slot {
         slot: u32,
         offset: usize,
@@ -179,7 +160,7 @@ pub(super) enum Ready {
 
 /// A frame of one transmit batch ([`Net::transmit`]).
 #[derive(Debug, Clone, Copy)]
-pub(super) enum BatchFrame {
+pub(crate) enum BatchFrame {
     /// A data frame the channel keeps, by sequence number.
     Kept(u32),
     /// Bytes `start..end` of the gather buffer.
@@ -188,7 +169,7 @@ pub(super) enum BatchFrame {
 
 impl Net {
     /// Opens the endpoint's link and publishes its address in the rendezvous.
-    pub(super) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Net> {
+    pub(crate) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Net> {
         let me = job.rank;
         let my_node = job.nids[me as usize];
         let remote_ranks = job.nids.iter().filter(|&&n| n != my_node).count();
@@ -200,15 +181,41 @@ impl Net {
         };
         let params = job.config.link_params();
         let link = NetLink::open(&params, at, dpid)?;
-        job.kv.put(&net_key(me, dpid), &link.advertise())?;
+        let window = link.channel_window(&params);
+        Net::with_link(job, dpid, link, ProtocolClock::new(), window)
+    }
+
+    /// Which transport the link is.
+    pub(crate) fn transport(&self) -> crate::link::Transport {
+        self.link.transport()
+    }
+
+    /// The link's descriptor, for a poller.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.link.as_raw_fd()
+    }
+}
+
+impl<L: Link, C: Clock> Net<L, C> {
+    /// A driver for endpoint `dpid` over `link`, whose channels have windows of `window`
+    /// frames; publishes the link's address in the rendezvous.
+    pub(crate) fn with_link(
+        job: Arc<JobShared>,
+        dpid: u16,
+        link: L,
+        clock: C,
+        window: u16,
+    ) -> Result<Net<L, C>> {
+        job.kv.put(&net_key(job.rank, dpid), &link.advertise())?;
         Ok(Net {
-            window: link.channel_window(&params),
+            window,
             caps: link.caps(),
             link,
             peers: Vec::new(),
             peer_index: HashMap::new(),
             scratch: Vec::with_capacity(crate::link::udp::RECV_BATCH),
-            clock: ProtocolClock::new(),
+            clock,
             next_deadline: None,
             last_now: Time::ZERO,
             idle_polls: 0,
@@ -232,7 +239,7 @@ impl Net {
     /// not stall us). A known peer is found inline (every received frame asks); only a new
     /// one goes to the rendezvous, out of line.
     #[inline]
-    pub(super) fn peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
+    pub(crate) fn peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
         match self.find_peer(peer) {
             Some(i) => Ok(i),
             None => self.add_peer(peer, wait),
@@ -267,7 +274,7 @@ impl Net {
             })?;
         let template = self.header_to(FrameKind::Data, peer.dpid);
         let reliable = crate::channel::reliable::Config {
-            max_datagram: dest.max_datagram,
+            max_datagram: self.link.max_datagram_to(&dest),
             window: self.window,
             ..self.job.config.reliable()
         };
@@ -291,7 +298,7 @@ impl Net {
     /// all whole messages taken in order, with nothing due and nothing to send, ends
     /// after the frames (`deliver` false, which the offload engine passes when its ring
     /// is full, leaves frames queued and turns that path off until they are delivered).
-    pub(super) fn progress(
+    pub(crate) fn progress(
         &mut self,
         ready: &mut VecDeque<Ready>,
         stats: &mut EndpointStats,
@@ -597,7 +604,7 @@ impl Net {
     }
 
     /// Tells every network peer that this endpoint is closing, so that none waits for it.
-    pub(super) fn say_goodbye(&mut self) {
+    pub(crate) fn say_goodbye(&mut self) {
         let now = self.now().as_duration();
         for p in self.peers.iter().filter(|p| !p.closed) {
             let h = self.header_to(FrameKind::Goodbye, p.source.dpid);
@@ -608,7 +615,7 @@ impl Net {
     }
 
     /// Sends every pending acknowledgement now (the start of a flush).
-    pub(super) fn flush_acks(&mut self, stats: &mut EndpointStats) -> Result<()> {
+    pub(crate) fn flush_acks(&mut self, stats: &mut EndpointStats) -> Result<()> {
         for p in &mut self.peers {
             p.duplex.flush_ack();
         }
@@ -621,14 +628,14 @@ impl Net {
     }
 
     /// Whether some channel still has unacknowledged frames towards a live peer.
-    pub(super) fn unacknowledged(&self) -> bool {
+    pub(crate) fn unacknowledged(&self) -> bool {
         self.peers
             .iter()
             .any(|p| !p.closed && !p.duplex.is_idle() && !p.duplex.sender().is_failed())
     }
 
     /// The error of a channel whose peer stopped answering, if any.
-    pub(super) fn failed_channel(&self) -> Option<Error> {
+    pub(crate) fn failed_channel(&self) -> Option<Error> {
         self.peers
             .iter()
             .find(|p| !p.closed && p.duplex.is_failed())
@@ -636,7 +643,7 @@ impl Net {
     }
 
     /// Adds the channels' and the fault injector's counters to `st`.
-    pub(super) fn add_counters(&self, st: &mut EndpointStats) {
+    pub(crate) fn add_counters(&self, st: &mut EndpointStats) {
         for p in &self.peers {
             let c = p.duplex.counters();
             st.retransmissions += c.retransmissions;
@@ -659,12 +666,165 @@ impl Net {
     }
 }
 
+/// How far ahead of the window [`Net::send_part`] builds frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pace {
+    /// A window ahead, and the writer waits for credits when the window closes (a
+    /// blocking write).
+    Window,
+    /// Everything at once, never waiting (a non-blocking write).
+    Unbounded,
+}
+
+/// What one step of a message of several frames did ([`Net::send_part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartSent {
+    /// The whole message is queued (its last frame built).
+    pub queued: bool,
+    /// The writer must make progress before going on: the window closed before the
+    /// message was queued, or (when waiting) the channel has no credit left.
+    pub must_wait: bool,
+}
+
+/// What the personalities call: sending, releasing and asking about peers. Nothing
+/// outside the engine touches a channel or the link's slots directly.
+impl<L: Link, C: Clock> Net<L, C> {
+    /// Starts a message of `len` bytes to peer `i` on the general path (after
+    /// [`write_lone`](Self::write_lone) declined it).
+    pub(crate) fn begin_send(&self, i: usize, len: usize) -> Result<PartialSend> {
+        let p = &self.peers[i];
+        match p.duplex.begin_send(len) {
+            Ok(part) => Ok(part),
+            Err(SendError::Failed) => Err(p.failure()),
+            Err(SendError::TooLarge { len, max }) => Err(Error::MessageTooLarge { len, max }),
+        }
+    }
+
+    /// Builds the next frames of the message `part` to peer `i` (as far ahead as `pace`
+    /// says) and sends what the channel lets out.
+    pub(crate) fn send_part(
+        &mut self,
+        i: usize,
+        (head, data): (&[u8], &[u8]),
+        part: &mut PartialSend,
+        pace: Pace,
+        stats: &mut EndpointStats,
+    ) -> Result<PartSent> {
+        let (ahead, wait) = match pace {
+            Pace::Window => (usize::from(self.window), true),
+            Pace::Unbounded => (usize::MAX, false),
+        };
+        let now = self.now();
+        let queued = self.peers[i].duplex.send_part(now, head, data, part, ahead);
+        self.transmit(i, now, stats)?;
+        self.update_deadline();
+        let must_wait = !queued || (wait && self.peers[i].duplex.is_blocked());
+        Ok(PartSent { queued, must_wait })
+    }
+
+    /// Queues a whole message to peer `i` and sends what the window lets out: the
+    /// offload engine's send, which never waits. `Ok(false)`: the channel has failed
+    /// (reported by [`failure_of`](Self::failure_of)), and the message is dropped.
+    pub(crate) fn send(
+        &mut self,
+        i: usize,
+        data: &[u8],
+        stats: &mut EndpointStats,
+    ) -> Result<bool> {
+        let now = self.now();
+        match self.peers[i].duplex.send(now, data) {
+            Ok(_) => {}
+            Err(SendError::Failed) => return Ok(false),
+            Err(SendError::TooLarge { len, max }) => {
+                return Err(Error::MessageTooLarge { len, max });
+            }
+        }
+        self.transmit(i, now, stats)?;
+        self.update_deadline();
+        Ok(true)
+    }
+
+    /// Whether peer `i`'s window is closed (no credit left).
+    #[inline]
+    pub(crate) fn is_blocked(&self, i: usize) -> bool {
+        self.peers[i].duplex.is_blocked()
+    }
+
+    /// Peer `i`, for its address and whether it said goodbye.
+    #[inline]
+    pub(crate) fn peer_at(&self, i: usize) -> &Peer<L::Dest> {
+        &self.peers[i]
+    }
+
+    /// Why peer `i`'s channel failed, as the endpoint reports it.
+    pub(crate) fn failure_of(&self, i: usize) -> Error {
+        self.peers[i].failure()
+    }
+
+    /// The bytes of a ready message.
+    #[inline]
+    pub(crate) fn ready_bytes<'a>(&'a self, r: &'a Ready) -> &'a [u8] {
+        match r {
+            Ready::Slot {
+                slot, offset, len, ..
+            } => &self.link.slot(*slot)[*offset..*offset + *len],
+            Ready::Owned { data, .. } => data,
+        }
+    }
+
+    /// The bytes from `offset` of received slot `slot` (a message read in place).
+    #[inline]
+    pub(crate) fn slot_bytes(&self, slot: u32, offset: usize) -> &[u8] {
+        &self.link.slot(slot)[offset..]
+    }
+
+    /// A message read in place from `slot` is released: the slot goes back to the link,
+    /// and its receive buffer is a credit for the sending peer.
+    #[inline]
+    pub(crate) fn release_slot(&mut self, slot: u32, peer: u32) {
+        self.link.free_slot(slot);
+        let now = self.last_now;
+        if let Some(p) = self.peers.get_mut(peer as usize) {
+            p.duplex.handle_release(now, 1);
+        }
+    }
+
+    /// A message the driver assembled or copied is released: a frame copied out of the
+    /// ring gives its credit back, and the buffer assembles a later long message.
+    pub(crate) fn release_owned(&mut self, data: Vec<u8>, credit: Option<u32>) {
+        let now = self.last_now;
+        if let Some(p) = credit.and_then(|i| self.peers.get_mut(i as usize)) {
+            p.duplex.handle_release(now, 1);
+        }
+        self.spares.give(data);
+    }
+
+    /// Releases a ready message (the offload engine, which copies each one out).
+    pub(crate) fn release(&mut self, r: Ready) {
+        match r {
+            Ready::Slot { slot, peer, .. } => self.release_slot(slot, peer),
+            Ready::Owned { data, credit, .. } => self.release_owned(data, credit),
+        }
+    }
+
+    /// What the link guarantees.
+    #[inline]
+    pub(crate) fn caps(&self) -> &LinkCaps {
+        &self.caps
+    }
+
+    /// Data frames received so far (a flush waits for them to stop).
+    pub(crate) fn data_frames(&self) -> u64 {
+        self.data_frames
+    }
+}
+
 /// The rendezvous key under which endpoint `dpid` of `rank` publishes its link.
-pub(super) fn net_key(rank: u32, dpid: u16) -> String {
+pub(crate) fn net_key(rank: u32, dpid: u16) -> String {
     format!("net/{rank}/{dpid}")
 }
 
-pub(super) fn channel_error(peer: Source, e: &ChannelError) -> Error {
+pub(crate) fn channel_error(peer: Source, e: &ChannelError) -> Error {
     match e {
         ChannelError::Unreachable { .. } | ChannelError::Silent { .. } => Error::PeerFailed {
             rank: peer.rank,
@@ -679,11 +839,11 @@ pub(super) fn channel_error(peer: Source, e: &ChannelError) -> Error {
     }
 }
 
-impl Net {
+impl<L: Link, C: Clock> Net<L, C> {
     /// Index of a known peer: a scan while there are few (cheaper than hashing, on the
     /// path of every received frame), the map beyond.
     #[inline]
-    pub(super) fn find_peer(&self, src: Source) -> Option<usize> {
+    pub(crate) fn find_peer(&self, src: Source) -> Option<usize> {
         if self.peers.len() <= 8 {
             self.peers.iter().position(|p| p.source == src)
         } else {
@@ -692,12 +852,12 @@ impl Net {
     }
 
     /// The protocol clock.
-    pub(super) fn now(&self) -> Time {
+    pub(crate) fn now(&self) -> Time {
         self.clock.now()
     }
 
     /// Sends everything peer `i`'s channel has to send.
-    pub(super) fn transmit(
+    pub(crate) fn transmit(
         &mut self,
         i: usize,
         now: Time,
@@ -750,7 +910,7 @@ impl Net {
     /// common case ([`Duplex::send_lone`]): false, sending nothing, when the general path
     /// (`send_part`, then [`transmit`](Self::transmit)) is needed. The deadline is only brought forward here, never put back: a
     /// deadline that comes early costs one round that finds nothing due and recomputes.
-    pub(super) fn write_lone(
+    pub(crate) fn write_lone(
         &mut self,
         i: usize,
         head: &[u8],
@@ -776,7 +936,7 @@ impl Net {
         Ok(true)
     }
 
-    pub(super) fn update_deadline(&mut self) {
+    pub(crate) fn update_deadline(&mut self) {
         let timers = self
             .peers
             .iter()
@@ -787,7 +947,7 @@ impl Net {
     }
 
     /// How long a sleeper may wait before the protocol needs attention.
-    pub(super) fn time_to_deadline(&self) -> Option<Duration> {
+    pub(crate) fn time_to_deadline(&self) -> Option<Duration> {
         let now = self.now();
         self.next_deadline
             .map(|t| t.as_duration().saturating_sub(now.as_duration()))

@@ -19,16 +19,15 @@
 //!
 //! `QUIVER_OFFLOAD_CPU` pins the engine thread to one CPU.
 
-use super::net::{Net, Ready};
-use super::{EndpointStats, Source};
-use crate::channel::reliable::SendError;
+use super::driver::{Net, Ready};
+use super::stats::EndpointStats;
+use super::wait::{backoff_until, Notifier, Poller};
+use crate::addr::Source;
 use crate::config::WaitMode;
-use crate::engine::{backoff_until, Notifier, Poller};
 use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::shm::ring::{Consumer, HeapEnd, HeapRing, Producer};
 use crate::link::shm::wake::WakeLine;
-use crate::link::Link;
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,7 +120,7 @@ impl Shared {
 }
 
 /// The application's side of the offload engine, owned by the endpoint.
-pub(super) struct Offload {
+pub(crate) struct Offload {
     commands: HeapEnd<Producer>,
     deliveries: HeapEnd<Consumer>,
     shared: Arc<Shared>,
@@ -133,14 +132,14 @@ pub(super) struct Offload {
 
 impl Offload {
     /// The transport of the engine's network link.
-    pub(super) fn transport(&self) -> crate::link::Transport {
+    pub(crate) fn transport(&self) -> crate::link::Transport {
         self.transport
     }
 
     /// Opens the endpoint's network side and starts its engine thread.
-    pub(super) fn start(job: Arc<JobShared>, dpid: u16) -> Result<Offload> {
+    pub(crate) fn start(job: Arc<JobShared>, dpid: u16) -> Result<Offload> {
         let net = Net::open(job.clone(), dpid)?;
-        let transport = net.link.transport();
+        let transport = net.transport();
         let max_message = job.config.max_message;
         let (commands, cmd_rx) = HeapRing::split(REC_HDR + max_message);
         let (delivery_tx, deliveries) = HeapRing::split(REC_HDR + max_message);
@@ -153,7 +152,7 @@ impl Offload {
             news: Mutex::new(News::default()),
         });
         let poller = Poller::new()?;
-        poller.add_with(net.link.as_raw_fd(), net.caps.edge_triggered)?;
+        poller.add_with(net.fd(), net.caps.edge_triggered)?;
         poller.add(shared.engine_bell.as_raw_fd())?;
         let cpu = job.config.offload_cpu;
         let engine = Engine {
@@ -175,7 +174,7 @@ impl Offload {
             .name(format!("quiver-offload-{dpid}"))
             .spawn(move || {
                 if let Some(cpu) = cpu {
-                    crate::engine::pin_current_thread(cpu);
+                    super::wait::pin_current_thread(cpu);
                 }
                 engine.run();
             })
@@ -192,7 +191,7 @@ impl Offload {
     }
 
     /// The descriptor the application's poller watches for deliveries and errors.
-    pub(super) fn bell_fd(&self) -> i32 {
+    pub(crate) fn bell_fd(&self) -> i32 {
         self.shared.app_bell.as_raw_fd()
     }
 
@@ -224,7 +223,7 @@ impl Offload {
 
     /// Hands a message for `peer` to the engine; returns once it is copied (true if the
     /// command ring was full and the call waited).
-    pub(super) fn send(&mut self, peer: Source, data: &[u8], mode: WaitMode) -> Result<bool> {
+    pub(crate) fn send(&mut self, peer: Source, data: &[u8], mode: WaitMode) -> Result<bool> {
         if data.len() > self.max_message {
             return Err(Error::MessageTooLarge {
                 len: data.len(),
@@ -235,7 +234,7 @@ impl Offload {
     }
 
     /// Like [`Offload::send`] without waiting: false if the command ring is full.
-    pub(super) fn try_send(&mut self, peer: Source, data: &[u8]) -> Result<bool> {
+    pub(crate) fn try_send(&mut self, peer: Source, data: &[u8]) -> Result<bool> {
         if data.len() > self.max_message {
             return Err(Error::MessageTooLarge {
                 len: data.len(),
@@ -250,12 +249,12 @@ impl Offload {
     }
 
     /// Asks the engine to set up the channel to `peer` (registered in the rendezvous).
-    pub(super) fn connect(&mut self, peer: Source, mode: WaitMode) -> Result<()> {
+    pub(crate) fn connect(&mut self, peer: Source, mode: WaitMode) -> Result<()> {
         self.push(CMD_CONNECT, peer, &[], mode).map(|_| ())
     }
 
     /// Waits until everything sent so far is acknowledged.
-    pub(super) fn flush(&mut self, timeout: Duration, mode: WaitMode) -> Result<()> {
+    pub(crate) fn flush(&mut self, timeout: Duration, mode: WaitMode) -> Result<()> {
         self.flush_seq += 1;
         let seq = self.flush_seq;
         let me = Source { rank: 0, dpid: 0 };
@@ -278,7 +277,7 @@ impl Offload {
 
     /// Errors the engine reported since the last call, oldest first.
     #[inline]
-    pub(super) fn take_errors(&self, into: &mut VecDeque<Error>) {
+    pub(crate) fn take_errors(&self, into: &mut VecDeque<Error>) {
         if self.shared.has_errors.load(Ordering::Acquire) {
             let mut news = self.shared.news();
             into.extend(news.errors.drain(..));
@@ -288,7 +287,7 @@ impl Offload {
 
     /// The next delivered message: (source, payload pointer, length, token).
     #[inline]
-    pub(super) fn try_pop(&mut self) -> Option<(Source, *const u8, usize, u64)> {
+    pub(crate) fn try_pop(&mut self) -> Option<(Source, *const u8, usize, u64)> {
         let Some(rec) = self.deliveries.try_pop().ok().flatten() else {
             // The engine may need this CPU to make the message arrive (see YIELD).
             std::thread::yield_now();
@@ -304,32 +303,32 @@ impl Offload {
         Some((source, payload, rec.len - REC_HDR, rec.token))
     }
 
-    pub(super) fn release(&mut self, token: u64) {
+    pub(crate) fn release(&mut self, token: u64) {
         self.deliveries.release(token);
     }
 
     /// True when a message or an error waits.
-    pub(super) fn has_news(&self) -> bool {
+    pub(crate) fn has_news(&self) -> bool {
         self.deliveries.has_data() || self.shared.has_errors.load(Ordering::Acquire)
     }
 
     /// About to sleep: from now on the engine rings the application's bell.
-    pub(super) fn arm(&self) {
+    pub(crate) fn arm(&self) {
         self.shared.app_wake.arm();
     }
 
     /// Drains the bell and lets the engine ring it again.
-    pub(super) fn reset_doorbell(&self) {
+    pub(crate) fn reset_doorbell(&self) {
         self.shared.app_bell.drain();
         self.shared.app_wake.reset_after_drain();
     }
 
-    pub(super) fn disarm(&self) {
+    pub(crate) fn disarm(&self) {
         self.shared.app_wake.disarm();
     }
 
     /// The engine's counters, with the application's own (messages and bytes) laid over.
-    pub(super) fn stats(&self, app: &EndpointStats) -> EndpointStats {
+    pub(crate) fn stats(&self, app: &EndpointStats) -> EndpointStats {
         let mut st = self.shared.news().stats.clone();
         st.msgs_sent = app.msgs_sent;
         st.bytes_sent = app.bytes_sent;
@@ -342,7 +341,7 @@ impl Offload {
 
     /// Tells the engine to finish (linger up to `linger` for acknowledgements, say
     /// goodbye) and waits for its thread.
-    pub(super) fn close(&mut self, linger: Duration) {
+    pub(crate) fn close(&mut self, linger: Duration) {
         let Some(thread) = self.thread.take() else {
             return;
         };
@@ -506,7 +505,7 @@ impl Engine {
         let mut work = false;
         loop {
             if let Some(i) = self.blocked_on {
-                if self.net.peers[i].duplex.is_blocked() && !self.net.peers[i].closed {
+                if self.net.is_blocked(i) && !self.net.peer_at(i).closed {
                     return Ok(work);
                 }
                 self.blocked_on = None;
@@ -548,23 +547,13 @@ impl Engine {
 
     fn send(&mut self, peer: Source, data: &[u8]) -> Result<()> {
         let i = self.net.peer(peer, false)?;
-        let now = self.net.now();
-        let p = &mut self.net.peers[i];
-        match p.duplex.send(now, data) {
-            Ok(_) => {}
-            Err(SendError::Failed) => {
-                if self.reported.insert(peer) {
-                    self.errors.push_back(p.failure());
-                }
-                return Ok(());
+        if !self.net.send(i, data, &mut self.stats)? {
+            if self.reported.insert(peer) {
+                self.errors.push_back(self.net.failure_of(i));
             }
-            Err(SendError::TooLarge { len, max }) => {
-                return Err(Error::MessageTooLarge { len, max });
-            }
+            return Ok(());
         }
-        self.net.transmit(i, now, &mut self.stats)?;
-        self.net.update_deadline();
-        if self.net.peers[i].duplex.is_blocked() {
+        if self.net.is_blocked(i) {
             self.blocked_on = Some(i);
         }
         Ok(())
@@ -575,16 +564,10 @@ impl Engine {
     fn deliver(&mut self) -> bool {
         let mut moved = false;
         while let Some(r) = self.ready.front() {
-            let (source, data): (Source, &[u8]) = match r {
-                Ready::Slot {
-                    slot,
-                    offset,
-                    len,
-                    source,
-                    ..
-                } => (*source, &self.net.link.slot(*slot)[*offset..*offset + *len]),
-                Ready::Owned { data, source, .. } => (*source, data),
+            let source = match r {
+                Ready::Slot { source, .. } | Ready::Owned { source, .. } => *source,
             };
+            let data = self.net.ready_bytes(r);
             if !self
                 .deliveries
                 .try_push2(&rec_header(DELIVERY, source), data)
@@ -592,24 +575,9 @@ impl Engine {
                 break;
             }
             moved = true;
-            match self.ready.pop_front() {
-                Some(Ready::Slot { slot, peer, .. }) => {
-                    self.net.link.free_slot(slot);
-                    let now = self.net.last_now;
-                    if let Some(p) = self.net.peers.get_mut(peer as usize) {
-                        p.duplex.handle_release(now, 1);
-                    }
-                }
-                // Copied into the ring: the buffer assembles a later long message, and
-                // a frame copied out of the packet ring gives its credit back.
-                Some(Ready::Owned { data, credit, .. }) => {
-                    let now = self.net.last_now;
-                    if let Some(p) = credit.and_then(|i| self.net.peers.get_mut(i as usize)) {
-                        p.duplex.handle_release(now, 1);
-                    }
-                    self.net.spares.give(data);
-                }
-                None => {}
+            // Copied into the ring: its slot or buffer goes back at once.
+            if let Some(r) = self.ready.pop_front() {
+                self.net.release(r);
             }
         }
         if moved {

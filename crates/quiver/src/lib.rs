@@ -80,6 +80,6 @@ pub use error::{Error, Result};
 #[cfg(not(loom))]
 pub use job::bootstrap::Launcher;
 #[cfg(not(loom))]
-pub use job::Job;
+pub use job::{Job, Progress};
 #[cfg(not(loom))]
 pub use link::Transport;

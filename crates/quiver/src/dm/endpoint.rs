@@ -9,7 +9,7 @@ use crate::engine::driver::{self, Net, Pace, Ready};
 use crate::engine::offload::Offload;
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::error::{Error, Result};
-use crate::job::JobShared;
+use crate::job::{Job, JobShared, Progress};
 use crate::link::shm::{ShmRx, ShmTx};
 use crate::link::Transport;
 use std::cell::{Cell, RefCell};
@@ -78,6 +78,24 @@ struct Inner {
     empty_polls: u32,
     liveness_at: Instant,
     liveness_due: bool,
+}
+
+impl Job {
+    /// Opens endpoint `dpid` on this rank. A DPID can be open once per rank at a time.
+    pub fn open(&self, dpid: u16) -> Result<Endpoint> {
+        self.shared.reserve_dpid(dpid)?;
+        Endpoint::open(self.shared.clone(), dpid).inspect_err(|_| self.shared.close_dpid(dpid))
+    }
+}
+
+impl Progress for Endpoint {
+    fn progress(&self) -> Result<()> {
+        Endpoint::progress(self)
+    }
+
+    fn failed_ranks(&self) -> Vec<u32> {
+        Endpoint::failed_ranks(self)
+    }
 }
 
 impl Endpoint {

@@ -24,7 +24,7 @@
 
 use super::rendezvous::Deadline;
 use super::Job;
-use crate::dm::Endpoint;
+use super::Progress;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -99,13 +99,13 @@ impl Job {
     /// [`Job::barrier_progressing`] does; pass `&[]` for none), and
     ///
     /// - declares failed every rank that one of `endpoints` found failed
-    ///   ([`Endpoint::failed_ranks`]), before arriving and while it waits;
+    ///   ([`Progress::failed_ranks`]), before arriving and while it waits;
     /// - stops waiting for a rank as soon as any rank declares it failed;
     /// - checks, every 100 ms, the process of each rank of this node it waits for, and
     ///   declares failed one that is gone. A rank on another node is only known failed
     ///   through a declaration or an endpoint's verdict: a network peer that dies after
     ///   the last traffic with it, found by no endpoint (a failure that
-    ///   [`Endpoint::progress`] meets is reported by the next read or write, not in
+    ///   [`Progress::progress`] meets is reported by the next read or write, not in
     ///   `failed_ranks`), is waited for until the barrier times out (after an hour,
     ///   [`Error::Timeout`]).
     ///
@@ -117,7 +117,7 @@ impl Job {
     /// were leaving: every declaration a rank made before it arrived is seen by every rank
     /// that leaves. A second `barrier_live` makes them agree if that matters (as long as
     /// no further rank fails).
-    pub fn barrier_live(&self, endpoints: &[&Endpoint]) -> Result<Vec<u32>> {
+    pub fn barrier_live(&self, endpoints: &[&dyn Progress]) -> Result<Vec<u32>> {
         let s = &self.shared;
         let n = s.live_barriers.fetch_add(1, Ordering::Relaxed);
         let arrived_key = |r: u32| format!("live/{n}/{r}");

@@ -11,7 +11,6 @@ pub mod rendezvous;
 use self::bootstrap::{JobInfo, Launcher};
 use self::rendezvous::{KvServerHandle, Rendezvous};
 use crate::config::Config;
-use crate::dm::Endpoint;
 use crate::error::{Error, Result};
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -53,11 +52,35 @@ impl JobShared {
         before.count().min(u16::MAX as usize) as u16
     }
 
+    /// Reserves `dpid` for an endpoint about to open: a DPID can be open once per rank
+    /// at a time.
+    pub(crate) fn reserve_dpid(&self, dpid: u16) -> Result<()> {
+        let mut open = self
+            .open_dpids
+            .lock()
+            .map_err(|_| Error::Config("endpoint registry poisoned by a panic".into()))?;
+        if !open.insert(dpid) {
+            return Err(Error::DpidInUse { dpid });
+        }
+        Ok(())
+    }
+
     pub(crate) fn close_dpid(&self, dpid: u16) {
         if let Ok(mut open) = self.open_dpids.lock() {
             open.remove(&dpid);
         }
     }
+}
+
+/// What a barrier keeps going while it waits: an endpoint's progress, and the ranks it
+/// found failed. Implemented by [`crate::Endpoint`]; a barrier takes any mix of them
+/// (`job.barrier_live(&[&ep1, &ep2])`, or `&[]` for none).
+pub trait Progress {
+    /// One round of progress (acknowledgements, retransmissions); never blocks. Errors
+    /// surface again on the endpoint's next read or write.
+    fn progress(&self) -> Result<()>;
+    /// The ranks this endpoint found failed so far.
+    fn failed_ranks(&self) -> Vec<u32>;
 }
 
 /// A process's membership in a job.
@@ -173,27 +196,12 @@ impl Job {
         &self.shared.config
     }
 
-    /// Opens endpoint `dpid` on this rank. A DPID can be open once per rank at a time.
-    pub fn open(&self, dpid: u16) -> Result<Endpoint> {
-        {
-            let mut open = self
-                .shared
-                .open_dpids
-                .lock()
-                .map_err(|_| Error::Config("endpoint registry poisoned by a panic".into()))?;
-            if !open.insert(dpid) {
-                return Err(Error::DpidInUse { dpid });
-            }
-        }
-        Endpoint::open(self.shared.clone(), dpid).inspect_err(|_| self.shared.close_dpid(dpid))
-    }
-
     /// Like [`Job::barrier`], while keeping `endpoints` making progress: their network
     /// channels go on acknowledging and retransmitting during the wait, so that a rank
     /// that reached the barrier does not leave a peer waiting for its answers. Use it
     /// instead of `barrier` once endpoints carry network traffic (until the offload
     /// engine does this in the background).
-    pub fn barrier_progressing(&self, endpoints: &[&Endpoint]) -> Result<()> {
+    pub fn barrier_progressing(&self, endpoints: &[&dyn Progress]) -> Result<()> {
         let done = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
             let waiter = s.spawn(|| {

@@ -3,15 +3,19 @@
 
 The table is the one in docs/ARCHITECTURE.md between `<!-- layers:begin -->` and
 `<!-- layers:end -->`: each row names modules (in backquotes) in its first column and what
-they may use (in backquotes; anything else in the cell is commentary) in its second. A
-source file belongs to the most specific row whose module is it or one of its ancestors.
-An entry of the second column is a module
-or one item of a module (`link::Transport`). A file may always use its own row's subtree and the modules above it (their `mod.rs`
-items, such as `link::Datagram`). `lib.rs` and modules whose row says `everything` are
+they may use in its second. In the second column only the backquoted names outside
+commentary count: text in parentheses, and everything after a `;`, is commentary,
+whatever it quotes. An entry names a module or one item of a module (`link::Transport`).
+A source file belongs to the most specific row whose module is it or one of its
+ancestors; it may always use its own row's subtree and the modules above it (their
+`mod.rs` items, such as `link::Datagram`). `lib.rs` and rows that say `everything` are
 not checked.
 
+Paths are read as written: `crate::a::b`, `super::a` (resolved against the file's module)
+and grouped `use` lines (`use crate::a::{b, c::d}`).
+
 Production code only: a file compiled only for tests (declared under `#[cfg(test)]` or
-`#[cfg(all(test, ...))]`) and a trailing `#[cfg(test)] mod tests { ... }` block are
+`#[cfg(all(test, ...))]`) and every inline `#[cfg(test)] mod NAME { ... }` block are
 skipped, since tests may set up whatever they exercise.
 
 Usage: python3 .ci/layers.py [REPO]      (exit 1 and one line per forbidden import)
@@ -22,9 +26,12 @@ import re
 import sys
 import tempfile
 
-IMPORT = re.compile(r"\bcrate((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
-TEST_MOD = re.compile(r"#\[cfg\((?:test|all\(test[^\]]*)\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;")
-TEST_BLOCK = re.compile(r"^#\[cfg\(test\)\]\s*\n\s*mod\s+[a-z_0-9]+\s*\{", re.M)
+PATH = re.compile(r"\b((?:crate|super)(?:::(?:super|[A-Za-z_][A-Za-z0-9_]*))+)")
+USE_GROUP = re.compile(r"\buse\s+((?:crate|super)(?:::super)*::[^;{]*\{[^;]*);", re.S)
+TEST_MOD = re.compile(
+    r"#\[cfg\((?:test|all\(test[^\]]*)\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;"
+)
+TEST_BLOCK = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+[a-z_0-9]+\s*\{")
 
 
 def read_table(doc):
@@ -37,12 +44,67 @@ def read_table(doc):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 2 or not cells[0].startswith("`"):
             continue
-        mods = re.findall(r"`([a-z_:]+)`", cells[0])
-        allowed = re.findall(r"`([A-Za-z_:]+)`", cells[1])
-        everything = "everything" in cells[1]
-        for mod in mods:
-            rules[mod] = None if everything else set(allowed)
+        names = cells[1]
+        while re.search(r"\([^()]*\)", names):
+            names = re.sub(r"\([^()]*\)", "", names)
+        names = names.split(";")[0]
+        allowed = set(re.findall(r"`([A-Za-z_:]+)`", names))
+        everything = "everything" in names
+        for mod in re.findall(r"`([a-z_:]+)`", cells[0]):
+            rules[mod] = None if everything else allowed
     return rules
+
+
+def strip_test_blocks(text):
+    """The text without its inline `#[cfg(test)] mod NAME { ... }` blocks."""
+    while True:
+        m = TEST_BLOCK.search(text)
+        if not m:
+            return text
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        text = text[: m.start()] + text[i:]
+
+
+def expand_group(path):
+    """`a::{b, c::{d, e}}` -> [a::b, a::c::d, a::c::e]."""
+    path = "".join(path.split())
+    if "{" not in path:
+        return [path]
+    head, rest = path.split("{", 1)
+    body = rest[: rest.rindex("}")]
+    parts, depth, cur = [], 0, ""
+    for ch in body:
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        cur += ch
+    parts.append(cur)
+    out = []
+    for part in parts:
+        if not part:
+            continue
+        if part == "self":
+            out.append(head.rstrip(":"))
+        else:
+            out.extend(expand_group(head + part))
+    return out
+
+
+def absolute(mod, path):
+    """A `crate::` or `super::` path as a path from the crate root (without `crate::`)."""
+    segs = path.split("::")
+    if segs[0] == "crate":
+        return "::".join(segs[1:])
+    here = mod.split("::") if mod else []
+    while segs and segs[0] == "super":
+        here = here[:-1]
+        segs = segs[1:]
+    return "::".join(here + segs)
 
 
 def module_of(src, path):
@@ -79,13 +141,27 @@ def test_only_files(src):
         for f in files:
             if not f.endswith(".rs"):
                 continue
-            path = os.path.join(dirpath, f)
-            text = open(path, encoding="utf-8").read()
+            text = open(os.path.join(dirpath, f), encoding="utf-8").read()
             here = dirpath if f in ("mod.rs", "lib.rs") else os.path.join(dirpath, f[:-3])
             for name in TEST_MOD.findall(text):
                 skipped.add(os.path.join(here, name + ".rs"))
                 skipped.add(os.path.join(here, name))
     return skipped
+
+
+def imports(mod, text):
+    """(line number, path from the crate root) of every path the code names."""
+    code = strip_test_blocks(text)
+    code = "\n".join(line.split("//")[0] for line in code.splitlines())
+    found = []
+    for m in USE_GROUP.finditer(code):
+        n = code.count("\n", 0, m.start()) + 1
+        found.extend((n, absolute(mod, p)) for p in expand_group(m.group(1)))
+    # Blank the grouped lines out (keeping line numbers) and read the plain paths.
+    plain = USE_GROUP.sub(lambda m: "\n" * m.group(0).count("\n"), code)
+    for n, line in enumerate(plain.splitlines(), 1):
+        found.extend((n, absolute(mod, m.group(1))) for m in PATH.finditer(line))
+    return found
 
 
 def check(repo):
@@ -111,24 +187,17 @@ def check(repo):
             allowed = rules[row]
             if allowed is None:
                 continue
-            text = open(path, encoding="utf-8").read()
-            block = TEST_BLOCK.search(text)
-            if block:
-                text = text[: block.start()]
-            for n, line in enumerate(text.splitlines(), 1):
-                code = line.split("//")[0]
-                for m in IMPORT.finditer(code):
-                    full = m.group(1).strip(":")
-                    target = target_module(src, full.split("::"))
-                    if not target or under(target, row) or under(row, target):
-                        continue
-                    # An entry names a module or one item (`link::Transport`).
-                    if any(under(target, a) or under(full, a) for a in allowed):
-                        continue
-                    problems.append(
-                        f"{os.path.relpath(path, repo)}:{n}: {row} may not use {target} "
-                        f"(docs/ARCHITECTURE.md, layer table)"
-                    )
+            # `super` in `a/mod.rs` (module `a`) is `a`'s parent, in `a/b.rs` it is `a`.
+            for n, full in imports(mod, open(path, encoding="utf-8").read()):
+                target = target_module(src, full.split("::"))
+                if not target or under(target, row) or under(row, target):
+                    continue
+                if any(under(target, a) or under(full, a) for a in allowed):
+                    continue
+                problems.append(
+                    f"{os.path.relpath(path, repo)}:{n}: {row} may not use {target} "
+                    f"(docs/ARCHITECTURE.md, layer table)"
+                )
     return problems
 
 
@@ -139,23 +208,45 @@ def self_test():
         os.makedirs(os.path.join(repo, "docs"))
         open(os.path.join(repo, "docs", "ARCHITECTURE.md"), "w").write(
             "<!-- layers:begin -->\n| module | may use |\n|---|---|\n"
-            "| `low` | nothing |\n| `high` | `low` (commentary `ignored` is not) |\n"
-            "<!-- layers:end -->\n"
+            "| `low` | nothing (commentary may quote `high`) |\n"
+            "| `low::side` | `low::inner::Thing`; later perhaps `high` |\n"
+            "| `high` | `low` |\n<!-- layers:end -->\n"
         )
-        open(os.path.join(src, "lib.rs"), "w").write("mod low;\nmod high;\n")
-        open(os.path.join(src, "high.rs"), "w").write("use crate::low::Thing;\n")
-        open(os.path.join(src, "low", "mod.rs"), "w").write(
-            "pub struct Thing;\nmod inner;\n#[cfg(test)]\nmod helper;\n"
-        )
-        open(os.path.join(src, "low", "inner.rs"), "w").write("use crate::low::Thing;\n")
-        open(os.path.join(src, "low", "helper.rs"), "w").write("use crate::high::X;\n")
+        files = {
+            "lib.rs": "mod low;\nmod high;\n",
+            "high.rs": "use crate::low::Thing;\n",
+            "low/mod.rs": "pub struct Thing;\nmod inner;\nmod side;\n#[cfg(test)]\nmod helper;\n",
+            "low/inner.rs": "use crate::low::Thing;\npub struct Thing2;\n",
+            "low/side.rs": "use super::inner::Thing;\n",
+            "low/helper.rs": "use crate::high::X;\n",
+        }
+
+        def write(name, text):
+            open(os.path.join(src, name), "w").write(text)
+
+        for name, text in files.items():
+            write(name, text)
         assert check(repo) == [], check(repo)
-        open(os.path.join(src, "low", "inner.rs"), "a").write("fn f() { crate::high::g() }\n")
-        found = check(repo)
-        assert len(found) == 1 and "low may not use high" in found[0], found
-        open(os.path.join(src, "low", "inner.rs"), "w").write(
-            "#[cfg(test)]\nmod tests {\n    use crate::high::X;\n}\n"
+
+        def bites(name, text, what):
+            write(name, text)
+            found = check(repo)
+            assert len(found) == 1 and what in found[0], (text, found)
+            write(name, files[name])
+
+        # A plain path, commentary names, `super::`, grouped uses, code after a test block.
+        bites("low/inner.rs", "fn f() { crate::high::g() }\n", "low may not use high")
+        bites("low/side.rs", "use crate::high::Y;\n", "low::side may not use high")
+        bites("low/side.rs", "use super::super::high::Y;\n", "low::side may not use high")
+        bites("low/side.rs", "use super::inner::Thing2;\n", "low::side may not use low::inner")
+        bites("low/inner.rs", "use crate::{low::Thing, high::Z};\n", "low may not use high")
+        bites(
+            "low/inner.rs",
+            "#[cfg(test)]\nmod tests {\n    use crate::high::X;\n}\nuse crate::high::W;\n",
+            "low may not use high",
         )
+        # What tests alone use is not checked.
+        write("low/inner.rs", "#[cfg(test)]\nmod tests {\n    use crate::high::X;\n}\n")
         assert check(repo) == [], check(repo)
     print("layers.py: self-test passed")
 

@@ -5,7 +5,7 @@ use super::message::{Message, Token};
 use super::{EndpointStats, Source};
 use crate::config::ReliabilityMode as Mode;
 use crate::config::TransportChoice;
-use crate::engine::driver::{self, Net, Pace, Ready};
+use crate::engine::driver::{self, Driver, Pace, Ready};
 use crate::engine::offload::Offload;
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::error::{Error, Result};
@@ -60,7 +60,7 @@ enum Conn {
 
 struct Inner {
     shm: Option<ShmRx>,
-    udp: Option<Net>,
+    udp: Option<Driver>,
     /// The network side run by the offload engine's thread (instead of `udp`).
     offload: Option<Offload>,
     ready: VecDeque<Ready>,
@@ -116,7 +116,7 @@ impl Endpoint {
         let needs_udp = cfg.transport == TransportChoice::Udp || job.node_count() > 1;
         let offloaded = cfg.reliability == Mode::Offload;
         let udp = if needs_udp && !offloaded {
-            Some(Net::open(job.clone(), dpid)?)
+            Some(Driver::open(job.clone(), dpid)?)
         } else {
             None
         };
@@ -796,7 +796,7 @@ impl Endpoint {
             // A shared-memory reader polls a UDP socket only now and then (a system call);
             // a packet ring costs a memory read, and every poll skipped there is added to
             // the latency of the next frame (0.2-0.3 µs on a veth ping-pong).
-            let poll_net = |u: &Net| {
+            let poll_net = |u: &Driver| {
                 inner.shm.is_none()
                     || u.caps().polls_in_memory
                     || inner.polls.is_multiple_of(UDP_POLL_EVERY)

@@ -43,3 +43,29 @@ impl ProtocolClock {
         Time::from_nanos(self.clock.delta_as_nanos(self.epoch, self.clock.raw()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ProtocolClock;
+    use std::time::{Duration, Instant};
+
+    /// The counter-based clock measures the same intervals as the OS clock (quanta's
+    /// calibration is right).
+    #[test]
+    fn protocol_clock_agrees_with_the_os_clock() {
+        let clock = ProtocolClock::new();
+        for pause in [Duration::from_millis(2), Duration::from_millis(30)] {
+            let (t0, i0) = (clock.now(), Instant::now());
+            std::thread::sleep(pause);
+            let (t1, i1) = (clock.now(), Instant::now());
+            let ours = t1.saturating_since(t0);
+            let os = i1 - i0;
+            assert!(ours >= pause, "slept {pause:?}, the clock says {ours:?}");
+            let diff = ours.abs_diff(os);
+            assert!(
+                diff <= Duration::from_micros(200) + os / 50,
+                "clock {ours:?} vs OS {os:?} over the same interval"
+            );
+        }
+    }
+}

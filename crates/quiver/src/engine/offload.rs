@@ -19,7 +19,7 @@
 //!
 //! `QUIVER_OFFLOAD_CPU` pins the engine thread to one CPU.
 
-use super::driver::{Net, Ready};
+use super::driver::{Driver, Ready};
 use super::stats::EndpointStats;
 use super::wait::{backoff_until, Notifier, Poller};
 use crate::addr::Source;
@@ -138,7 +138,7 @@ impl Offload {
 
     /// Opens the endpoint's network side and starts its engine thread.
     pub(crate) fn start(job: Arc<JobShared>, dpid: u16) -> Result<Offload> {
-        let net = Net::open(job.clone(), dpid)?;
+        let net = Driver::open(job.clone(), dpid)?;
         let transport = net.transport();
         let max_message = job.config.max_message;
         let (commands, cmd_rx) = HeapRing::split(REC_HDR + max_message);
@@ -152,7 +152,7 @@ impl Offload {
             news: Mutex::new(News::default()),
         });
         let poller = Poller::new()?;
-        poller.add_with(net.fd(), net.caps.edge_triggered)?;
+        poller.add_with(net.fd(), net.caps().edge_triggered)?;
         poller.add(shared.engine_bell.as_raw_fd())?;
         let cpu = job.config.offload_cpu;
         let engine = Engine {
@@ -397,7 +397,7 @@ fn take_error_for(shared: &Shared, peer: Source) -> Option<Error> {
 
 /// The engine thread's state.
 struct Engine {
-    net: Net,
+    net: Driver,
     commands: HeapEnd<Consumer>,
     deliveries: HeapEnd<Producer>,
     shared: Arc<Shared>,

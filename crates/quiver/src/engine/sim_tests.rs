@@ -1,4 +1,4 @@
-//! The real driver in the simulator: two endpoints' [`Net`]s, each over one node's
+//! The real driver in the simulator: two endpoints' [`Driver`]s, each over one node's
 //! [`SimLink`] and a clock that reads the simulated network's virtual time, exchange
 //! messages under seeded loss, duplication, reordering and corruption. Nothing here copies
 //! driver logic: sends go through `write_lone`, `begin_send` and `send_part`, reception
@@ -8,15 +8,17 @@
 //! making progress fails the test instead of hanging it.
 
 use super::clock::Clock;
-use super::driver::{Net, Pace, Ready};
+use super::driver::{Driver, Pace, Ready};
 use super::stats::EndpointStats;
 use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::config::Config;
 use crate::error::Error;
 use crate::job::Job;
+use crate::link::fault::Faulty;
 use crate::link::fault::{FaultConfig, SimRng};
 use crate::link::sim::{LinkConfig, SimLink, SimNet};
+use crate::link::Link;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -37,14 +39,14 @@ const DPID: u16 = 7;
 const VIRTUAL_LIMIT: Duration = Duration::from_secs(120);
 
 /// One rank: its driver and what the endpoint above it would keep.
-struct Rank {
-    net: Net<SimLink, SimClock>,
+struct Rank<L: Link> {
+    net: Driver<L, SimClock>,
     ready: VecDeque<Ready>,
     stats: EndpointStats,
     errors: VecDeque<Error>,
 }
 
-impl Rank {
+impl<L: Link> Rank<L> {
     fn progress(&mut self) {
         self.net
             .progress(&mut self.ready, &mut self.stats, &mut self.errors, true)
@@ -92,8 +94,12 @@ impl Drop for StoreDir {
     }
 }
 
-/// Two ranks on a two-node simulated network whose links inject `faults`.
-fn pair(faults: FaultConfig) -> (Rc<RefCell<SimNet>>, Rank, Rank, StoreDir) {
+/// Two ranks on a two-node simulated network whose links inject `faults`, each rank's
+/// link made by `wrap` from its node's [`SimLink`].
+fn pair<L: Link>(
+    faults: FaultConfig,
+    wrap: impl Fn(SimLink) -> L,
+) -> (Rc<RefCell<SimNet>>, Rank<L>, Rank<L>, StoreDir) {
     let config = Config::default();
     let (j0, j1, dir) = join_pair(&config);
     let net = SimNet::new(
@@ -105,10 +111,10 @@ fn pair(faults: FaultConfig) -> (Rc<RefCell<SimNet>>, Rank, Rank, StoreDir) {
     );
     let window = config.channel_window(false);
     let rank = |job: &Job, node: usize| Rank {
-        net: Net::with_link(
+        net: Driver::with_link(
             job.shared.clone(),
             DPID,
-            SimNet::link(&net, node, 512),
+            wrap(SimNet::link(&net, node, 512)),
             SimClock(net.clone()),
             window,
         )
@@ -123,7 +129,7 @@ fn pair(faults: FaultConfig) -> (Rc<RefCell<SimNet>>, Rank, Rank, StoreDir) {
 
 /// Moves virtual time to the next arrival or deadline of either rank; false once the
 /// run has gone on longer than [`VIRTUAL_LIMIT`].
-fn advance(net: &Rc<RefCell<SimNet>>, ranks: [&Rank; 2]) -> bool {
+fn advance<L: Link>(net: &Rc<RefCell<SimNet>>, ranks: [&Rank<L>; 2]) -> bool {
     let now = net.borrow().now();
     let next = [
         net.borrow().next_arrival(),
@@ -153,8 +159,13 @@ fn message(rng: &mut SimRng, i: usize) -> Vec<u8> {
 /// Rank 0 writes `count` messages to rank 1 as the endpoint does (the lone fast path,
 /// else the general one, waiting for credits by making progress); rank 1 reads and
 /// releases them. Returns both ranks' counters.
-fn run(faults: FaultConfig, count: usize, seed: u64) -> (EndpointStats, EndpointStats) {
-    let (net, mut r0, mut r1, _store) = pair(faults);
+fn run<L: Link>(
+    faults: FaultConfig,
+    wrap: impl Fn(SimLink) -> L,
+    count: usize,
+    seed: u64,
+) -> (EndpointStats, EndpointStats) {
+    let (net, mut r0, mut r1, _store) = pair(faults, wrap);
     let mut rng = SimRng::new(seed);
     let to1 = r0
         .net
@@ -230,7 +241,7 @@ fn run(faults: FaultConfig, count: usize, seed: u64) -> (EndpointStats, Endpoint
 
 #[test]
 fn messages_cross_a_clean_simulated_link_in_order() {
-    let (s0, s1) = run(FaultConfig::none(), 300, 1);
+    let (s0, s1) = run(FaultConfig::none(), |l| l, 300, 1);
     assert_eq!(s1.lost_frames + s0.retransmissions + s1.duplicates, 0);
     assert!(s0.frames_sent >= 300);
 }
@@ -242,10 +253,38 @@ fn the_real_driver_repairs_seeded_faults() {
             "loss=0.05,dup=0.02,reorder=0.05,reorder_delay=300us,corrupt=0.01,seed={seed}"
         ))
         .unwrap();
-        let (s0, s1) = run(faults, 200, seed);
+        let (s0, s1) = run(faults, |l| l, 200, seed);
         assert!(
             s0.retransmissions > 0 && s1.checksum_failures + s1.duplicates > 0,
             "seed {seed}: the faults did not show ({s0:?}, {s1:?})"
+        );
+    }
+}
+
+#[test]
+fn the_real_driver_repairs_what_a_faulty_link_wrapper_injects() {
+    // The injector as QUIVER_FAULTS uses it: a wrapper that holds delayed and reordered
+    // datagrams until the driver's round calls it back (`poll_timeout`,
+    // `handle_timeout`), lone messages included.
+    for seed in 0..4u64 {
+        let cfg = FaultConfig::parse(&format!(
+            "loss=0.05,dup=0.02,reorder=0.1,reorder_delay=200us,delay=30us,corrupt=0.01,\
+             seed={seed}"
+        ))
+        .unwrap();
+        let (s0, s1) = run(
+            FaultConfig::none(),
+            |l| Faulty::new(l, cfg.clone()),
+            200,
+            seed,
+        );
+        assert!(
+            s0.faults_reordered > 0 && s0.faults_lost > 0 && s0.retransmissions > 0,
+            "seed {seed}: the wrapper's faults did not show ({s0:?})"
+        );
+        assert!(
+            s1.faults_lost + s1.faults_reordered > 0,
+            "rank 1's acknowledgements too"
         );
     }
 }

@@ -284,7 +284,9 @@ fn datagrams_arrive_whole<S: Setup>(mut setup: S) {
     let got = receive(&mut setup, &mut a, &mut b, sent.len());
     let caps = a.caps();
     if !caps.lossless {
-        return cannot("the link may lose datagrams: delivery is not checked");
+        // A missing capability is not a missing tool: skip, even under CI.
+        eprintln!("skipping the delivery check: the link may lose datagrams");
+        return;
     }
     check_delivery(caps, &sent, &got);
 }

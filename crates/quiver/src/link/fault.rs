@@ -501,10 +501,16 @@ impl<L: Link> Link for Faulty<L> {
         datagrams: &[&[u8]],
         _max_run: usize,
     ) -> crate::error::Result<()> {
-        for d in datagrams {
-            self.send(now, to, d)?;
-        }
-        Ok(())
+        self.send_each(now, to, datagrams)
+    }
+
+    fn send_unfaulted(
+        &mut self,
+        now: Duration,
+        to: &L::Dest,
+        datagram: &[u8],
+    ) -> crate::error::Result<()> {
+        self.inner.send_unfaulted(now, to, datagram)
     }
 
     fn blocked_slot(&self) -> Option<u32> {

@@ -170,6 +170,29 @@ pub(crate) trait Link {
     fn next_approaching(&mut self) -> Option<u32> {
         None
     }
+    /// Sends one datagram past any fault injection: a closing endpoint's goodbye, which
+    /// nothing would send again and which the injector left alone before it became a link.
+    fn send_unfaulted(
+        &mut self,
+        now: Duration,
+        to: &Self::Dest,
+        datagram: &[u8],
+    ) -> error::Result<()> {
+        self.send(now, to, datagram)
+    }
+    /// Sends several datagrams to one destination, one by one (links that batch
+    /// override [`send_batch`](Link::send_batch)).
+    fn send_each(
+        &mut self,
+        now: Duration,
+        to: &Self::Dest,
+        datagrams: &[&[u8]],
+    ) -> error::Result<()> {
+        for d in datagrams {
+            self.send(now, to, d)?;
+        }
+        Ok(())
+    }
     /// When the link next needs [`handle_timeout`](Link::handle_timeout).
     fn poll_timeout(&self) -> Option<Duration> {
         None

@@ -274,7 +274,7 @@ impl Link for NetLink {
         match (self, &dest.to) {
             (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_batch(a, datagrams, max_run),
             (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_batch(d, datagrams),
-            (NetLink::Faulty(f), _) => f.send_batch(now, dest, datagrams, max_run),
+            (NetLink::Faulty(f), _) => cold::send_batch(f, now, dest, datagrams, max_run),
             _ => Err(mismatch()),
         }
     }
@@ -300,6 +300,14 @@ impl Link for NetLink {
         }
     }
 
+    fn send_unfaulted(&mut self, now: Duration, dest: &NetDest, frame: &[u8]) -> Result<()> {
+        match self {
+            NetLink::Faulty(f) => f.send_unfaulted(now, dest, frame),
+            plain => plain.send(now, dest, frame),
+        }
+    }
+
+    #[inline]
     fn poll_timeout(&self) -> Option<Duration> {
         match self {
             NetLink::Faulty(f) => f.poll_timeout(),
@@ -375,6 +383,18 @@ mod cold {
         frame: &[u8],
     ) -> Result<()> {
         f.send(now, dest, frame)
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn send_batch(
+        f: &mut Faulty<NetLink>,
+        now: Duration,
+        dest: &NetDest,
+        frames: &[&[u8]],
+        max_run: usize,
+    ) -> Result<()> {
+        f.send_batch(now, dest, frames, max_run)
     }
 }
 

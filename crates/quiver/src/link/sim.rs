@@ -558,10 +558,7 @@ impl Link for SimLink {
         datagrams: &[&[u8]],
         _max_run: usize,
     ) -> QResult<()> {
-        for d in datagrams {
-            self.send(now, to, d)?;
-        }
-        Ok(())
+        self.send_each(now, to, datagrams)
     }
 }
 

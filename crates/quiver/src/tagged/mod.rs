@@ -371,7 +371,7 @@ impl Tagged {
             help_ok: Cell::new(true),
             job: job.shared.clone(),
             puller: RefCell::new(
-                if cfg.reliability == crate::channel::reliable::Mode::Offload {
+                if cfg.reliability == crate::config::ReliabilityMode::Offload {
                     Some(puller::Puller::start(cfg.offload_cpu)?)
                 } else {
                     None

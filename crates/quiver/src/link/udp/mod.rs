@@ -672,13 +672,12 @@ pub(crate) struct SockAddr {
 }
 
 impl Clone for SockAddr {
-    /// A copy that shares the connected socket, if one was made (a duplicate of its
-    /// descriptor; without one, the copy sends from the link's socket or connects its own).
+    /// A copy that sends from the link's socket, with the address: it never makes a
+    /// connected socket of its own (which would count against the link's limit) nor
+    /// duplicates one. Only the fault injector copies destinations, for the datagrams it
+    /// holds back.
     fn clone(&self) -> SockAddr {
-        let conn = std::cell::OnceCell::new();
-        if let Some(Some(sock)) = self.conn.get() {
-            let _ = conn.set(sock.try_clone().ok());
-        }
+        let conn = std::cell::OnceCell::from(None);
         SockAddr {
             storage: self.storage,
             len: self.len,

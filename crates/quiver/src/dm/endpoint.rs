@@ -1,12 +1,13 @@
 //! The endpoint: receive side (shared-memory rings, UDP slot pool, ready queue), send
 //! side (one connection per destination endpoint) and waiting.
 
-use super::message::{Message, Token};
+use super::message::Message;
 use super::{EndpointStats, Source};
 use crate::config::ReliabilityMode as Mode;
 use crate::config::TransportChoice;
-use crate::engine::driver::{self, Driver, Pace, Ready};
+use crate::engine::driver::{self, Driver, Pace};
 use crate::engine::offload::Offload;
+use crate::engine::route::{self, Polled, Receivers, Route, Token};
 use crate::engine::{backoff_until, Poller, Waitable, Waiter};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobShared, Progress};
@@ -20,9 +21,6 @@ use std::time::{Duration, Instant};
 
 /// How often a waiting endpoint checks that the processes of its same-node peers live.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
-
-/// How often (in polls) a shared-memory reader also polls its UDP socket.
-const UDP_POLL_EVERY: u32 = 16;
 
 /// A Directed Point endpoint. See the [module documentation](crate::dm).
 pub struct Endpoint {
@@ -46,31 +44,15 @@ type ErrorHandler = Box<dyn FnMut(&Error)>;
 // time uses it, which is all that moving it to another thread allows.
 unsafe impl Send for Endpoint {}
 
-// Not boxed: the shared-memory connection is on the fast path of every write, and a
-// pointer chase there costs more than the space a UDP connection (an index) wastes.
-#[allow(clippy::large_enum_variant)]
-enum Conn {
-    Shm(ShmTx),
-    Udp {
-        peer: usize,
-    },
-    /// Through the offload engine, which owns the channel.
-    Offload,
-}
-
 struct Inner {
-    shm: Option<ShmRx>,
-    udp: Option<Driver>,
-    /// The network side run by the offload engine's thread (instead of `udp`).
-    offload: Option<Offload>,
-    ready: VecDeque<Ready>,
-    conns: Vec<(Source, Conn)>,
+    /// The receive side: shared memory, the driver or the offload engine.
+    rx: Receivers,
+    conns: Vec<(Source, Route)>,
     conn_index: HashMap<Source, usize>,
     target: Option<usize>,
     held: VecDeque<Token>,
     errors: VecDeque<Error>,
     stats: EndpointStats,
-    polls: u32,
     /// Ranks found failed: every operation towards them fails.
     failed: HashSet<u32>,
     /// Liveness of same-node peers: empty polls since the last look at the clock, when
@@ -149,17 +131,13 @@ impl Endpoint {
             job,
             dpid,
             inner: RefCell::new(Inner {
-                shm,
-                udp,
-                offload,
-                ready: VecDeque::new(),
+                rx: Receivers::new(shm, udp, offload),
                 conns: Vec::new(),
                 conn_index: HashMap::new(),
                 target: None,
                 held: VecDeque::new(),
                 errors: VecDeque::new(),
                 stats: EndpointStats::default(),
-                polls: 0,
                 failed: HashSet::new(),
                 empty_polls: 0,
                 liveness_at: Instant::now(),
@@ -246,21 +224,22 @@ impl Endpoint {
         };
         let timeout = self.job.config.connect_timeout;
         let conn = match self.transport_to(peer.rank)? {
-            Transport::Shm => Conn::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
-            Transport::Udp | Transport::Eth if self.inner.borrow().offload.is_some() => {
+            Transport::Shm => Route::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
+            Transport::Udp | Transport::Eth if self.inner.borrow().rx.offload.is_some() => {
                 self.await_net_peer(peer)?;
                 let mut inner = self.inner.borrow_mut();
-                let off = inner.offload.as_mut().expect("checked above");
+                let off = inner.rx.offload.as_mut().expect("checked above");
                 off.connect(peer, self.waiter.mode)?;
-                Conn::Offload
+                Route::Offload
             }
             Transport::Udp | Transport::Eth => {
                 let mut guard = self.inner.borrow_mut();
                 let udp = guard
-                    .udp
+                    .rx
+                    .net
                     .as_mut()
                     .expect("a UDP transport implies a UDP socket");
-                Conn::Udp {
+                Route::Net {
                     peer: udp.peer(peer, true)?,
                 }
             }
@@ -322,7 +301,7 @@ impl Endpoint {
         if let Ok(mut guard) = self.inner.try_borrow_mut() {
             let inner = &mut *guard;
             if let (Some(idx), true) = (inner.target, inner.failed.is_empty()) {
-                if let Some((_, Conn::Shm(tx))) = inner.conns.get_mut(idx) {
+                if let Some((_, Route::Shm(tx))) = inner.conns.get_mut(idx) {
                     let len = head.len() + data.len();
                     if len <= tx.max_message()
                         && len <= self.job.config.max_message
@@ -366,10 +345,10 @@ impl Endpoint {
         }
         let (dest, conn) = &mut inner.conns[idx];
         match conn {
-            Conn::Offload => {
+            Route::Offload => {
                 let mut joined = Vec::new();
                 let data = contiguous(head, data, &mut joined);
-                let off = inner.offload.as_mut().expect("an offload connection");
+                let off = inner.rx.offload.as_mut().expect("an offload connection");
                 if !wait {
                     if !off.try_send(*dest, data)? {
                         return Ok(false);
@@ -378,7 +357,7 @@ impl Endpoint {
                     inner.stats.send_stalls += 1;
                 }
             }
-            Conn::Shm(tx) => {
+            Route::Shm(tx) => {
                 if head.len() + data.len() > tx.max_message() {
                     return Err(Error::MessageTooLarge {
                         len: head.len() + data.len(),
@@ -404,7 +383,7 @@ impl Endpoint {
                     })?;
                 }
             }
-            Conn::Udp { peer } => {
+            Route::Net { peer } => {
                 let peer = *peer;
                 drop(guard);
                 self.write_net(peer, head, data, wait)?;
@@ -434,7 +413,8 @@ impl Endpoint {
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
             let net = inner
-                .udp
+                .rx
+                .net
                 .as_mut()
                 .expect("a network connection implies a link");
             if net.write_lone(peer, head, data, &mut inner.stats)? {
@@ -446,7 +426,8 @@ impl Endpoint {
         let mut part = {
             let inner = self.inner.borrow();
             let net = inner
-                .udp
+                .rx
+                .net
                 .as_ref()
                 .expect("a network connection implies a link");
             net.begin_send(peer, head.len() + data.len())?
@@ -458,7 +439,8 @@ impl Endpoint {
                 let mut guard = self.inner.borrow_mut();
                 let inner = &mut *guard;
                 let udp = inner
-                    .udp
+                    .rx
+                    .net
                     .as_mut()
                     .expect("a network connection implies a link");
                 let step = udp.send_part(peer, (head, data), &mut part, pace, &mut inner.stats)?;
@@ -552,7 +534,8 @@ impl Endpoint {
     pub fn poll_timeout(&self) -> Option<Duration> {
         self.inner
             .borrow()
-            .udp
+            .rx
+            .net
             .as_ref()
             .and_then(|u| u.time_to_deadline())
     }
@@ -566,10 +549,15 @@ impl Endpoint {
     pub fn progress(&self) -> Result<()> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
-        if let Some(udp) = inner.udp.as_mut() {
-            udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
+        if let Some(udp) = inner.rx.net.as_mut() {
+            udp.progress(
+                &mut inner.rx.ready,
+                &mut inner.stats,
+                &mut inner.errors,
+                true,
+            )?;
         }
-        if let Some(off) = inner.offload.as_ref() {
+        if let Some(off) = inner.rx.offload.as_ref() {
             off.take_errors(&mut inner.errors);
         }
         // The errors wait for the next read; the failed ranks are known at once.
@@ -593,14 +581,14 @@ impl Endpoint {
 
     /// Like [`Endpoint::flush`] with an explicit time limit.
     pub fn flush_within(&self, timeout: Duration) -> Result<()> {
-        if let Some(off) = self.inner.borrow_mut().offload.as_mut() {
+        if let Some(off) = self.inner.borrow_mut().rx.offload.as_mut() {
             // The engine keeps answering peers after this returns: no quiet period.
             return off.flush(timeout, self.waiter.mode);
         }
         {
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
-            let Some(udp) = inner.udp.as_mut() else {
+            let Some(udp) = inner.rx.net.as_mut() else {
                 return Ok(());
             };
             udp.flush_acks(&mut inner.stats)?;
@@ -613,8 +601,13 @@ impl Endpoint {
         backoff_until(self.waiter.mode, Some(timeout), || {
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
-            let udp = inner.udp.as_mut().expect("checked above");
-            udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
+            let udp = inner.rx.net.as_mut().expect("checked above");
+            udp.progress(
+                &mut inner.rx.ready,
+                &mut inner.stats,
+                &mut inner.errors,
+                true,
+            )?;
             if udp.data_frames() != last_rx.0 {
                 last_rx = (udp.data_frames(), Instant::now());
             }
@@ -623,7 +616,7 @@ impl Endpoint {
         })?;
         // A channel that failed while flushing says so.
         let inner = self.inner.borrow();
-        match inner.udp.as_ref().and_then(|u| u.failed_channel()) {
+        match inner.rx.net.as_ref().and_then(|u| u.failed_channel()) {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -638,10 +631,10 @@ impl Endpoint {
     pub fn stats(&self) -> EndpointStats {
         let inner = self.inner.borrow();
         let mut st = inner.stats.clone();
-        if let Some(udp) = &inner.udp {
+        if let Some(udp) = &inner.rx.net {
             udp.add_counters(&mut st);
         }
-        if let Some(off) = &inner.offload {
+        if let Some(off) = &inner.rx.offload {
             st = off.stats(&st);
         }
         st
@@ -690,20 +683,7 @@ impl Endpoint {
         }
         inner.liveness_at = now;
         inner.liveness_due = false;
-        let mut dead: Vec<(Source, String)> = Vec::new();
-        if let Some(shm) = inner.shm.as_mut() {
-            for (src, pid) in shm.dead_senders() {
-                dead.push((src, format!("its process {pid} is gone")));
-            }
-        }
-        for (peer, conn) in &inner.conns {
-            if let Conn::Shm(tx) = conn {
-                if let Err(Error::PeerFailed { reason, .. }) = tx.check_peer() {
-                    dead.push((*peer, reason));
-                }
-            }
-        }
-        for (src, reason) in dead {
+        for (src, reason) in route::dead_peers(inner.rx.shm.as_mut(), &inner.conns) {
             if inner.failed.insert(src.rank) {
                 inner.errors.push_back(Error::PeerFailed {
                     rank: src.rank,
@@ -720,29 +700,7 @@ impl Endpoint {
 
     #[inline]
     pub(crate) fn release_token(&self, t: Token) {
-        let mut inner = self.inner.borrow_mut();
-        match t {
-            Token::Shm { chan, token } => {
-                if let Some(shm) = inner.shm.as_mut() {
-                    shm.release(chan, token);
-                }
-            }
-            Token::Udp { slot, peer } => {
-                if let Some(udp) = inner.udp.as_mut() {
-                    udp.release_slot(slot, peer);
-                }
-            }
-            Token::Offload { token } => {
-                if let Some(off) = inner.offload.as_mut() {
-                    off.release(token);
-                }
-            }
-            Token::Owned { data, credit } => {
-                if let Some(udp) = inner.udp.as_mut() {
-                    udp.release_owned(data, credit);
-                }
-            }
-        }
+        self.inner.borrow_mut().rx.release(t);
     }
 
     fn poll_once(&self) -> Result<Option<Message<'_>>> {
@@ -756,7 +714,8 @@ impl Endpoint {
                 return Err(self.report(e));
             }
         }
-        if let Some(shm) = inner.shm.as_mut() {
+        // The shared-memory fast path, inline (as on the write side).
+        if let Some(shm) = inner.rx.shm.as_mut() {
             if let Some(r) = shm.poll() {
                 inner.stats.msgs_received += 1;
                 inner.stats.bytes_received += r.len as u64;
@@ -773,88 +732,38 @@ impl Endpoint {
             }
             inner.stats.corrupt_rings = shm.corrupt;
         }
-        if let Some(off) = inner.offload.as_mut() {
-            off.take_errors(&mut inner.errors);
-            if let Some(e) = inner.errors.pop_front() {
-                drop(guard);
-                return Err(self.report(e));
-            }
-            if let Some((source, ptr, len, token)) = off.try_pop() {
+        match inner.rx.poll_network(&mut inner.stats, &mut inner.errors)? {
+            Polled::Message(r) => {
                 inner.stats.msgs_received += 1;
-                inner.stats.bytes_received += len as u64;
-                return Ok(Some(Message {
+                inner.stats.bytes_received += r.len as u64;
+                Ok(Some(Message {
                     ep: self,
-                    ptr,
-                    len,
-                    source,
-                    token: Some(Token::Offload { token }),
-                }));
+                    ptr: r.ptr,
+                    len: r.len,
+                    source: r.source,
+                    token: Some(r.token),
+                }))
+            }
+            Polled::Errors => {
+                let e = inner.errors.pop_front();
+                drop(guard);
+                match e {
+                    Some(e) => Err(self.report(e)),
+                    None => Ok(None),
+                }
+            }
+            Polled::Nothing => {
+                inner.empty_polls = inner.empty_polls.wrapping_add(1);
+                if inner.liveness_due || inner.empty_polls.is_multiple_of(1024) {
+                    self.check_liveness(inner);
+                    if let Some(e) = inner.errors.pop_front() {
+                        drop(guard);
+                        return Err(self.report(e));
+                    }
+                }
+                Ok(None)
             }
         }
-        if inner.ready.is_empty() {
-            inner.polls = inner.polls.wrapping_add(1);
-            // A shared-memory reader polls a UDP socket only now and then (a system call);
-            // a packet ring costs a memory read, and every poll skipped there is added to
-            // the latency of the next frame (0.2-0.3 µs on a veth ping-pong).
-            let poll_net = |u: &Driver| {
-                inner.shm.is_none()
-                    || u.caps().polls_in_memory
-                    || inner.polls.is_multiple_of(UDP_POLL_EVERY)
-            };
-            if let Some(udp) = inner.udp.as_mut().filter(|u| poll_net(u)) {
-                udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
-                if let Some(e) = inner.errors.pop_front() {
-                    drop(guard);
-                    return Err(self.report(e));
-                }
-            }
-        }
-        let Some(r) = inner.ready.pop_front() else {
-            inner.empty_polls = inner.empty_polls.wrapping_add(1);
-            if inner.liveness_due || inner.empty_polls.is_multiple_of(1024) {
-                self.check_liveness(inner);
-                if let Some(e) = inner.errors.pop_front() {
-                    drop(guard);
-                    return Err(self.report(e));
-                }
-            }
-            return Ok(None);
-        };
-        inner.stats.msgs_received += 1;
-        Ok(Some(match r {
-            Ready::Slot {
-                slot,
-                offset,
-                len,
-                source,
-                peer,
-            } => {
-                inner.stats.bytes_received += len as u64;
-                let udp = inner.udp.as_ref().expect("slot messages come from UDP");
-                let ptr = udp.slot_bytes(slot, offset).as_ptr();
-                Message {
-                    ep: self,
-                    ptr,
-                    len,
-                    source,
-                    token: Some(Token::Udp { slot, peer }),
-                }
-            }
-            Ready::Owned {
-                data,
-                source,
-                credit,
-            } => {
-                inner.stats.bytes_received += data.len() as u64;
-                Message {
-                    ep: self,
-                    ptr: data.as_ptr(),
-                    len: data.len(),
-                    source,
-                    token: Some(Token::Owned { data, credit }),
-                }
-            }
-        }))
     }
 }
 
@@ -894,16 +803,16 @@ const LINGER: Duration = Duration::from_secs(2);
 impl Drop for Endpoint {
     fn drop(&mut self) {
         // Linger: what was written should arrive even if the process exits right after.
-        if self.inner.borrow().udp.is_some() {
+        if self.inner.borrow().rx.net.is_some() {
             let linger = LINGER.min(self.job.config.connect_timeout);
             if let Err(e) = self.flush_within(linger) {
                 tracing::debug!("closing endpoint DPID {}: {e}", self.dpid);
             }
-            if let Some(udp) = self.inner.borrow_mut().udp.as_mut() {
+            if let Some(udp) = self.inner.borrow_mut().rx.net.as_mut() {
                 udp.say_goodbye();
             }
         }
-        if let Some(off) = self.inner.borrow_mut().offload.as_mut() {
+        if let Some(off) = self.inner.borrow_mut().rx.offload.as_mut() {
             off.close(LINGER.min(self.job.config.connect_timeout));
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
@@ -921,40 +830,40 @@ impl Drop for Endpoint {
 impl Inner {
     /// From now on, senders (shared-memory peers, the offload engine) ring the doorbell.
     fn arm_wakeups(&self) {
-        if let Some(shm) = &self.shm {
+        if let Some(shm) = &self.rx.shm {
             shm.arm();
         }
-        if let Some(off) = &self.offload {
+        if let Some(off) = &self.rx.offload {
             off.arm();
         }
     }
 
     /// Back to polling: senders stop ringing.
     fn disarm_wakeups(&self) {
-        if let Some(shm) = &self.shm {
+        if let Some(shm) = &self.rx.shm {
             shm.disarm();
         }
-        if let Some(off) = &self.offload {
+        if let Some(off) = &self.rx.offload {
             off.disarm();
         }
     }
 
     /// Drains the doorbells and re-enables them (a re-check of the queues must follow).
     fn reset_doorbells(&self) {
-        if let Some(shm) = &self.shm {
+        if let Some(shm) = &self.rx.shm {
             shm.reset_doorbell();
         }
-        if let Some(off) = &self.offload {
+        if let Some(off) = &self.rx.offload {
             off.reset_doorbell();
         }
     }
 
     /// Whether something waits to be read without a network round.
     fn has_ready(&self) -> bool {
-        !self.ready.is_empty()
+        !self.rx.ready.is_empty()
             || !self.errors.is_empty()
-            || self.shm.as_ref().is_some_and(|s| s.has_data())
-            || self.offload.as_ref().is_some_and(|o| o.has_news())
+            || self.rx.shm.as_ref().is_some_and(|s| s.has_data())
+            || self.rx.offload.as_ref().is_some_and(|o| o.has_news())
     }
 }
 
@@ -976,7 +885,7 @@ impl<'a> Waitable for ReadWait<'a> {
         }
         // Sleeping is about to happen: poll the UDP socket on the next attempt.
         let mut inner = self.0.inner.borrow_mut();
-        inner.polls = UDP_POLL_EVERY - 1;
+        inner.rx.poll_net_next();
     }
 
     fn disarm(&self) {
@@ -1008,10 +917,16 @@ impl Waitable for CreditWait<'_> {
         let mut guard = self.ep.inner.borrow_mut();
         let inner = &mut *guard;
         let udp = inner
-            .udp
+            .rx
+            .net
             .as_mut()
             .expect("a network channel implies a link");
-        udp.progress(&mut inner.ready, &mut inner.stats, &mut inner.errors, true)?;
+        udp.progress(
+            &mut inner.rx.ready,
+            &mut inner.stats,
+            &mut inner.errors,
+            true,
+        )?;
         if !udp.is_blocked(self.peer) {
             return Ok(Some(()));
         }
@@ -1054,10 +969,10 @@ impl Endpoint {
     fn sleep_on_descriptor(&self, timeout: Option<Duration>) -> Result<()> {
         let (protocol, watching) = {
             let inner = self.inner.borrow();
-            let watching = inner.shm.as_ref().is_some_and(|s| s.has_senders())
-                || inner.conns.iter().any(|(_, c)| matches!(c, Conn::Shm(_)));
+            let watching = inner.rx.shm.as_ref().is_some_and(|s| s.has_senders())
+                || inner.conns.iter().any(|(_, c)| matches!(c, Route::Shm(_)));
             (
-                inner.udp.as_ref().and_then(|u| u.time_to_deadline()),
+                inner.rx.net.as_ref().and_then(|u| u.time_to_deadline()),
                 watching,
             )
         };

@@ -1,22 +1,8 @@
 //! A received message: a view into the token buffer pool that owns its token.
 
 use super::{Endpoint, Source};
+use crate::engine::route::Token;
 use std::fmt;
-
-/// Which pool memory a message occupies.
-pub(crate) enum Token {
-    /// A record in shared-memory ring `chan`.
-    Shm { chan: u32, token: u64 },
-    /// A slot of the UDP receive pool.
-    Udp { slot: u32, peer: u32 },
-    /// A record in the offload engine's delivery ring.
-    Offload { token: u64 },
-    /// A reassembled multi-fragment message, or a frame copied out of a packet ring.
-    /// The view points into this vector, which the token keeps alive (and releasing
-    /// gives back to the network side's spare buffers); releasing a copied frame also
-    /// credits its channel, `credit` (an index of the network side's peers).
-    Owned { data: Vec<u8>, credit: Option<u32> },
-}
 
 /// A zero-copy view of a received message in the endpoint's token buffer pool.
 ///

@@ -5,6 +5,9 @@
 //!   application thread inside quiver calls, or by the offload engine.
 //! - [`offload`]: the offload engine, a thread that owns a driver and talks to the
 //!   application through lock-free rings (`QUIVER_RELIABILITY=offload`).
+//! - [`route`]: an endpoint's routes to its destinations and its receive side (shared
+//!   memory, the driver, the offload engine), with the one release path of every
+//!   received message.
 //! - [`clock`]: the protocol clock of the channels' timers.
 //! - [`stats`]: the counters of an endpoint, which the driver keeps.
 //! - [`wait`]: how blocking calls wait (spin, block, hybrid), the epoll poller and the
@@ -17,6 +20,7 @@
 pub(crate) mod clock;
 pub(crate) mod driver;
 pub(crate) mod offload;
+pub(crate) mod route;
 #[cfg(test)]
 mod sim_tests;
 pub(crate) mod stats;

@@ -1,5 +1,7 @@
-//! The endpoint: receive side (shared-memory rings, UDP slot pool, ready queue), send
-//! side (one connection per destination endpoint) and waiting.
+//! The Directed Point endpoint: its API (open, target, write, read, release, flush,
+//! statistics, the pollable descriptor), the shared-memory fast paths inline on both
+//! sides, and waiting. Routes, the receive side and the network driver are the engine's
+//! (`engine::route`, `engine::driver`).
 
 use super::message::Message;
 use super::{EndpointStats, Source};

@@ -63,6 +63,8 @@ mod error;
 #[cfg(not(loom))]
 pub(crate) mod job;
 pub(crate) mod link;
+#[cfg(not(loom))]
+pub(crate) mod rma;
 pub(crate) mod sync;
 #[cfg(not(loom))]
 pub mod tagged;

@@ -38,9 +38,6 @@
 //! the scope ends, pending receives that nothing matched are cancelled and every other
 //! operation is waited for.
 
-mod board;
-mod puller;
-mod shared;
 mod wire;
 
 /// Bytes of the largest protocol header: a protocol message carries at most
@@ -66,6 +63,8 @@ use crate::job::Job;
 use crate::link::cma;
 use crate::link::shm::split;
 use crate::link::Transport;
+use crate::rma::split as board;
+use crate::rma::{puller, window as shared};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;

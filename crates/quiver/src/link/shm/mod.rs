@@ -13,6 +13,8 @@
 
 #[cfg(not(loom))]
 mod doorbell;
+#[cfg(not(loom))]
+pub(crate) mod object;
 pub(crate) mod ring;
 #[cfg(not(loom))]
 mod segment;

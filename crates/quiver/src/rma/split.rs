@@ -7,16 +7,16 @@
 //! receiver on first use. A slot number from a peer is checked against [`SLOTS`]; a slot
 //! that serves another message is not opened (the receiver then pulls alone).
 
-use super::shared::{self, Mapping};
 use crate::error::Result;
+use crate::link::shm::object::{self, Mapping};
 use crate::link::shm::split::SplitSlot;
 
 /// Slots of a board: large same-node messages one endpoint can have in flight with a
 /// split copy at once (more go without one).
-pub(super) const SLOTS: usize = 64;
+pub(crate) const SLOTS: usize = 64;
 
 /// One endpoint's board, its own (with the free slots) or a peer's.
-pub(super) struct Board {
+pub(crate) struct Board {
     map: Mapping,
     /// Free slot numbers (own board only).
     free: Vec<u16>,
@@ -26,17 +26,16 @@ pub(super) struct Board {
 
 /// The board's name for endpoint `dpid` of `rank` in job `job_id`.
 fn name(job_id: u32, rank: u32, dpid: u16) -> String {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    let uid = object::uid();
     format!("/quiver-{uid}-{job_id:08x}-{rank}-s{dpid}")
 }
 
 impl Board {
     /// Creates this endpoint's board, every slot free. A board left by an earlier
     /// process of the same rank (a crash) is replaced.
-    pub(super) fn create(job_id: u32, rank: u32, dpid: u16) -> Result<Board> {
+    pub(crate) fn create(job_id: u32, rank: u32, dpid: u16) -> Result<Board> {
         let name = name(job_id, rank, dpid);
-        shared::unlink(&name);
+        object::unlink(&name);
         let map = Mapping::open(&name, Some(SLOTS * std::mem::size_of::<SplitSlot>()))?;
         Ok(Board {
             map,
@@ -46,7 +45,7 @@ impl Board {
     }
 
     /// Maps the board of endpoint `dpid` of peer `rank`.
-    pub(super) fn open_peer(job_id: u32, rank: u32, dpid: u16) -> Result<Board> {
+    pub(crate) fn open_peer(job_id: u32, rank: u32, dpid: u16) -> Result<Board> {
         Ok(Board {
             map: Mapping::open_writable(&name(job_id, rank, dpid))?,
             free: Vec::new(),
@@ -55,7 +54,7 @@ impl Board {
     }
 
     /// Slot `i`, if the board has it.
-    pub(super) fn slot(&self, i: u16) -> Option<&SplitSlot> {
+    pub(crate) fn slot(&self, i: u16) -> Option<&SplitSlot> {
         let i = usize::from(i);
         let size = std::mem::size_of::<SplitSlot>();
         if i >= SLOTS || (i + 1) * size > self.map.len {
@@ -70,7 +69,7 @@ impl Board {
 
     /// Takes a free slot of this endpoint's board for message `msg` and resets it;
     /// `None` when every slot is in use.
-    pub(super) fn take(&mut self, msg: u64) -> Option<u16> {
+    pub(crate) fn take(&mut self, msg: u64) -> Option<u16> {
         let i = self.free.pop()?;
         if let Some(slot) = self.slot(i) {
             slot.reset(msg);
@@ -79,7 +78,7 @@ impl Board {
     }
 
     /// Gives slot `i` back (its receiver has finished with it).
-    pub(super) fn give_back(&mut self, i: u16) {
+    pub(crate) fn give_back(&mut self, i: u16) {
         if usize::from(i) < SLOTS && !self.free.contains(&i) {
             self.free.push(i);
         }
@@ -89,7 +88,7 @@ impl Board {
 impl Drop for Board {
     fn drop(&mut self) {
         if let Some(name) = &self.owned {
-            shared::unlink(name);
+            object::unlink(name);
         }
     }
 }

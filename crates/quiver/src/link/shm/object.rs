@@ -1,21 +1,18 @@
-//! Shared buffers: memory a sender allocates from the job's shared pool
-//! ([`Tagged::alloc_shared`](super::Tagged::alloc_shared)) so that a same-node receiver
-//! reads the pulled part in place, with one copy and without the permission that
-//! cross-memory attach needs.
+//! Named shared-memory objects of the job's processes, mapped whole: the memory behind
+//! shared buffers and split-copy boards (`crate::rma`).
 //!
-//! A shared buffer is a POSIX shared-memory object named
-//! `/quiver-UID-JOB-RANK-bN` (mode 0600, like the job's segments, and removed with them
-//! when the job ends), mapped by its owner and, on first use, by each receiver. Buffer
-//! numbers are never reused within an endpoint, so a receiver's cached mapping always
-//! names the buffer the sender meant. A receiver checks every read against the size of
-//! the object it mapped: a bad offset from a peer is an error, not an out-of-bounds read.
+//! An object is a POSIX shared-memory object of mode 0600, like the job's segments, named
+//! `/quiver-UID-...` so that [`super::cleanup_job`] removes it with them. Its creator
+//! maps it writable; others map it read-only or writable. Every read through
+//! [`Mapping::get`] is checked against the size of the object as mapped: a bad offset
+//! from a peer is an error, not an out-of-bounds read.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::io;
 
 /// A mapping of a shared-memory object.
-pub(super) struct Mapping {
+pub(crate) struct Mapping {
     pub ptr: *mut u8,
     pub len: usize,
 }
@@ -23,12 +20,12 @@ pub(super) struct Mapping {
 impl Mapping {
     /// Creates (`create`: that many bytes) or opens the object `name` and maps it
     /// (all of it when opening), read-only when opened with `create` `None`.
-    pub(super) fn open(name: &str, create: Option<usize>) -> Result<Mapping> {
+    pub(crate) fn open(name: &str, create: Option<usize>) -> Result<Mapping> {
         Mapping::map(name, create, false)
     }
 
     /// Opens the existing object `name` and maps all of it readable and writable.
-    pub(super) fn open_writable(name: &str) -> Result<Mapping> {
+    pub(crate) fn open_writable(name: &str) -> Result<Mapping> {
         Mapping::map(name, None, true)
     }
 
@@ -112,7 +109,7 @@ impl Mapping {
     }
 
     /// The bytes `offset..offset + len`, if they lie inside the mapping.
-    pub(super) fn get(&self, offset: u64, len: usize) -> Option<&[u8]> {
+    pub(crate) fn get(&self, offset: u64, len: usize) -> Option<&[u8]> {
         let end = usize::try_from(offset).ok()?.checked_add(len)?;
         if end > self.len {
             return None;
@@ -131,15 +128,14 @@ impl Drop for Mapping {
     }
 }
 
-/// The name of shared buffer `id` of `rank` in job `job_id`.
-pub(super) fn name(job_id: u32, rank: u32, id: u32) -> String {
+/// This process's user id, which every object name starts with.
+pub(crate) fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    format!("/quiver-{uid}-{job_id:08x}-{rank}-b{id}")
+    unsafe { libc::getuid() }
 }
 
 /// Removes the object `name` (its mappings stay valid until unmapped).
-pub(super) fn unlink(name: &str) {
+pub(crate) fn unlink(name: &str) {
     if let Ok(c) = CString::new(name) {
         // SAFETY: c is a valid NUL-terminated string.
         unsafe { libc::shm_unlink(c.as_ptr()) };

@@ -12,10 +12,10 @@ use std::thread::JoinHandle;
 
 /// Smaller pulls are made by the application thread itself: handing one over costs a
 /// few microseconds of thread wake-up, the copy of 64 KiB about as much.
-pub(super) const MIN_OFFLOADED: u64 = 64 << 10;
+pub(crate) const MIN_OFFLOADED: u64 = 64 << 10;
 
 /// One pull: `len` bytes of process `pid` at `remote` into `dst`.
-pub(super) struct Job {
+pub(crate) struct Job {
     pub op: u64,
     pub pid: u32,
     pub remote: Piece,
@@ -25,13 +25,13 @@ pub(super) struct Job {
 }
 
 /// A finished pull.
-pub(super) struct Finished {
+pub(crate) struct Finished {
     pub op: u64,
     pub result: std::result::Result<(), CmaError>,
 }
 
 /// The pull thread and its two queues.
-pub(super) struct Puller {
+pub(crate) struct Puller {
     jobs: Option<mpsc::Sender<Job>>,
     finished: mpsc::Receiver<Finished>,
     thread: Option<JoinHandle<()>>,
@@ -40,7 +40,7 @@ pub(super) struct Puller {
 }
 
 impl Puller {
-    pub(super) fn start(cpu: Option<usize>) -> Result<Puller> {
+    pub(crate) fn start(cpu: Option<usize>) -> Result<Puller> {
         let (jobs, job_rx) = mpsc::channel::<Job>();
         let (done_tx, finished) = mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -71,7 +71,7 @@ impl Puller {
         })
     }
 
-    pub(super) fn submit(&mut self, job: Job) -> Result<()> {
+    pub(crate) fn submit(&mut self, job: Job) -> Result<()> {
         let sent = self.jobs.as_ref().map(|j| j.send(job));
         match sent {
             Some(Ok(())) => {
@@ -86,7 +86,7 @@ impl Puller {
     }
 
     /// A finished pull, if any.
-    pub(super) fn try_finished(&mut self) -> Option<Finished> {
+    pub(crate) fn try_finished(&mut self) -> Option<Finished> {
         let f = self.finished.try_recv().ok()?;
         self.pending -= 1;
         Some(f)

@@ -63,6 +63,7 @@ use crate::job::Job;
 use crate::link::cma;
 use crate::link::shm::split;
 use crate::link::Transport;
+use crate::rma::reach::Reach;
 use crate::rma::split as board;
 use crate::rma::{puller, window as shared};
 use std::cell::{Cell, RefCell};
@@ -146,13 +147,9 @@ pub struct Tagged {
     st: RefCell<State>,
     /// Whether same-node pulls may use cross-memory attach (`QUIVER_CMA`).
     cma_on: bool,
-    /// What is known of cross-memory attach (off for good after the first refusal,
-    /// which is logged once).
-    cma: cma::CmaState,
-    /// Same-node peers whose memory was verified readable (a probe of the nonce each
-    /// rank publishes: the pid in a push names the peer only if both share a pid
-    /// namespace), or found not to be.
-    cma_peers: RefCell<HashMap<u32, bool>>,
+    /// What is known of cross-memory attach and of which same-node peers it reaches
+    /// (a probe of the nonce each rank publishes).
+    reach: Reach,
     job: std::sync::Arc<crate::job::JobShared>,
     /// The pull thread, when the offload engine runs.
     puller: RefCell<Option<puller::Puller>>,
@@ -321,12 +318,8 @@ impl Tagged {
                 Err(e) => tracing::debug!("cross-memory attach: PR_SET_PTRACER: {e}"),
             }
         }
-        // What a peer pulling from us checks first (see `cma_peers`).
-        let nonce = cma::probe_target();
-        job.shared.kv.put(
-            &format!("cma/{}/{dpid}", job.rank()),
-            &format!("{}:{}:{}", std::process::id(), nonce.addr, nonce.value),
-        )?;
+        // What a peer pulling from us checks first.
+        let reach = Reach::publish(&job.shared.kv, job.rank(), dpid)?;
         let cfg = job.config();
         let chunk = cfg.max_message - wire::MAX_HEADER;
         let split_on = cfg.split_copy && cfg.cma;
@@ -358,8 +351,7 @@ impl Tagged {
                 stats: TaggedStats::default(),
             }),
             cma_on: cfg.cma,
-            cma: cma::CmaState::new(),
-            cma_peers: RefCell::new(HashMap::new()),
+            reach,
             shared_bufs: RefCell::new(Vec::new()),
             next_shared: std::cell::Cell::new(1),
             peer_bufs: RefCell::new(VecDeque::new()),
@@ -677,7 +669,7 @@ impl Tagged {
             }
             let direct = u.head.seg == 0
                 && self.cma_on
-                && self.cma.is_usable()
+                && self.reach.cma.is_usable()
                 && u.source != self.rank
                 && self.ep.transport_to(u.source)? == Transport::Shm
                 && self.cma_reaches(u.source, u.head.pid);
@@ -819,44 +811,9 @@ impl Tagged {
         }
     }
 
-    /// Whether cross-memory attach reads the memory of `source` at `pid`: checked once
-    /// per peer by reading the nonce it published.
+    /// Whether cross-memory attach reads the memory of `source` at `pid`.
     fn cma_reaches(&self, source: u32, pid: u32) -> bool {
-        if let Some(&ok) = self.cma_peers.borrow().get(&source) {
-            return ok;
-        }
-        let key = format!("cma/{source}/{}", self.ep.dpid());
-        let published = self.job.kv.try_get(&key).ok().flatten();
-        let target = published.as_deref().and_then(|v| {
-            let mut f = v.split(':').map(|x| x.parse::<u64>().ok());
-            let (p, addr, value) = (f.next()??, f.next()??, f.next()??);
-            (p == u64::from(pid)).then_some(cma::ProbeTarget { addr, value })
-        });
-        let ok = match target {
-            Some(t) => match cma::probe(pid, t) {
-                Ok(()) => true,
-                Err(e) => {
-                    // Refusals by the kernel hold for every peer; a wrong process only
-                    // for this one.
-                    if matches!(
-                        e.unavailable(),
-                        Some(cma::Unavailable::NotPermitted | cma::Unavailable::Unsupported)
-                    ) {
-                        self.cma.record(pid, &e);
-                    }
-                    false
-                }
-            },
-            None => false,
-        };
-        if !ok {
-            tracing::info!(
-                "rank {source}: its memory cannot be read directly (cross-memory attach); \
-                 tagged messages from it take the two-copy path"
-            );
-        }
-        self.cma_peers.borrow_mut().insert(source, ok);
-        ok
+        self.reach.reaches(&self.job.kv, source, pid)
     }
 
     /// Sender: takes a board slot for message `msg` to `dest` whose pulled part is
@@ -866,7 +823,7 @@ impl Tagged {
         if !self.split_on
             || !self.help_ok.get()
             || dest == self.rank
-            || !self.cma.is_usable()
+            || !self.reach.cma.is_usable()
             || self.ep.transport_to(dest)? != Transport::Shm
         {
             return Ok(0);
@@ -967,7 +924,7 @@ impl Tagged {
             addr: u.head.addr.saturating_add(from).saturating_add(range.start),
             len: n,
         }];
-        self.cma.read_from(u.head.pid, &remote, local)
+        self.reach.cma.read_from(u.head.pid, &remote, local)
     }
 
     /// Receiver: pulls `len` bytes of `u`'s message from `from` into `dst` as a split copy
@@ -1097,7 +1054,7 @@ impl Tagged {
             }
             // Refused: the two-copy path for this and later pulls.
             Err(e) if e.unavailable().is_some() => {
-                self.cma.record(0, &e);
+                self.reach.cma.record(0, &e);
                 Msg::Pull { msg, offset, len }
             }
             Err(e) => {

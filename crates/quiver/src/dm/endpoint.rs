@@ -49,8 +49,8 @@ unsafe impl Send for Endpoint {}
 struct Inner {
     /// The receive side: shared memory, the driver or the offload engine.
     rx: Receivers,
-    conns: Vec<(Source, Route)>,
-    conn_index: HashMap<Source, usize>,
+    routes: Vec<(Source, Route)>,
+    route_index: HashMap<Source, usize>,
     target: Option<usize>,
     held: VecDeque<Token>,
     errors: VecDeque<Error>,
@@ -134,8 +134,8 @@ impl Endpoint {
             dpid,
             inner: RefCell::new(Inner {
                 rx: Receivers::new(shm, udp, offload),
-                conns: Vec::new(),
-                conn_index: HashMap::new(),
+                routes: Vec::new(),
+                route_index: HashMap::new(),
                 target: None,
                 held: VecDeque::new(),
                 errors: VecDeque::new(),
@@ -217,7 +217,7 @@ impl Endpoint {
     }
 
     fn connect(&self, peer: Source) -> Result<usize> {
-        if let Some(&i) = self.inner.borrow().conn_index.get(&peer) {
+        if let Some(&i) = self.inner.borrow().route_index.get(&peer) {
             return Ok(i);
         }
         let me = Source {
@@ -225,7 +225,7 @@ impl Endpoint {
             dpid: self.dpid,
         };
         let timeout = self.job.config.connect_timeout;
-        let conn = match self.transport_to(peer.rank)? {
+        let route = match self.transport_to(peer.rank)? {
             Transport::Shm => Route::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
             Transport::Udp | Transport::Eth if self.inner.borrow().rx.offload.is_some() => {
                 self.await_net_peer(peer)?;
@@ -240,16 +240,16 @@ impl Endpoint {
                     .rx
                     .net
                     .as_mut()
-                    .expect("a UDP transport implies a UDP socket");
+                    .expect("a network transport implies the driver");
                 Route::Net {
                     peer: udp.peer(peer, true)?,
                 }
             }
         };
         let mut inner = self.inner.borrow_mut();
-        let i = inner.conns.len();
-        inner.conns.push((peer, conn));
-        inner.conn_index.insert(peer, i);
+        let i = inner.routes.len();
+        inner.routes.push((peer, route));
+        inner.route_index.insert(peer, i);
         Ok(i)
     }
 
@@ -303,7 +303,7 @@ impl Endpoint {
         if let Ok(mut guard) = self.inner.try_borrow_mut() {
             let inner = &mut *guard;
             if let (Some(idx), true) = (inner.target, inner.failed.is_empty()) {
-                if let Some((_, Route::Shm(tx))) = inner.conns.get_mut(idx) {
+                if let Some((_, Route::Shm(tx))) = inner.routes.get_mut(idx) {
                     let len = head.len() + data.len();
                     if len <= tx.max_message()
                         && len <= self.job.config.max_message
@@ -336,7 +336,7 @@ impl Endpoint {
             return Err(Error::NoTarget);
         };
         if !inner.failed.is_empty() {
-            let peer = inner.conns[idx].0;
+            let peer = inner.routes[idx].0;
             if inner.failed.contains(&peer.rank) {
                 return Err(Error::PeerFailed {
                     rank: peer.rank,
@@ -345,8 +345,8 @@ impl Endpoint {
                 });
             }
         }
-        let (dest, conn) = &mut inner.conns[idx];
-        match conn {
+        let (dest, route) = &mut inner.routes[idx];
+        match route {
             Route::Offload => {
                 let mut joined = Vec::new();
                 let data = contiguous(head, data, &mut joined);
@@ -685,7 +685,7 @@ impl Endpoint {
         }
         inner.liveness_at = now;
         inner.liveness_due = false;
-        for (src, reason) in route::dead_peers(inner.rx.shm.as_mut(), &inner.conns) {
+        for (src, reason) in route::dead_peers(inner.rx.shm.as_mut(), &inner.routes) {
             if inner.failed.insert(src.rank) {
                 inner.errors.push_back(Error::PeerFailed {
                     rank: src.rank,
@@ -972,7 +972,7 @@ impl Endpoint {
         let (protocol, watching) = {
             let inner = self.inner.borrow();
             let watching = inner.rx.shm.as_ref().is_some_and(|s| s.has_senders())
-                || inner.conns.iter().any(|(_, c)| matches!(c, Route::Shm(_)));
+                || inner.routes.iter().any(|(_, c)| matches!(c, Route::Shm(_)));
             (
                 inner.rx.net.as_ref().and_then(|u| u.time_to_deadline()),
                 watching,

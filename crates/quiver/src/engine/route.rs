@@ -1,7 +1,9 @@
-//! An endpoint's routes: how it reaches each destination ([`Route`]), and its receive
-//! side ([`Receivers`]): the shared-memory receive area, the network driver or the
-//! offload engine, polled in a fixed order, with the one release path for every kind of
-//! received message ([`Token`]).
+//! An endpoint's routes: how it reaches each destination ([`Route`]), and what it owns to
+//! reach them and to receive ([`Receivers`]): the shared-memory receive area, and the
+//! network driver or the offload engine (which every network send and flush uses too),
+//! polled in a fixed order, with the one release path for every kind of received
+//! message ([`Token`]); and the search for same-node peers that are gone
+//! ([`dead_peers`]; the endpoint decides when to look).
 //!
 //! Guarantees: a [`Received`] message's bytes stay where they are until its token is
 //! given to [`Receivers::release`]; every token is released by the receiver it came from.
@@ -64,7 +66,8 @@ pub(crate) enum Polled {
     Errors,
 }
 
-/// The receive side of an endpoint.
+/// What an endpoint receives through: its shared-memory receive area, and its driver or
+/// offload engine (through which it also sends to the network).
 pub(crate) struct Receivers {
     pub shm: Option<ShmRx>,
     pub net: Option<Driver>,

@@ -57,14 +57,14 @@ impl Board {
     pub(crate) fn slot(&self, i: u16) -> Option<&SplitSlot> {
         let i = usize::from(i);
         let size = std::mem::size_of::<SplitSlot>();
-        if i >= SLOTS || (i + 1) * size > self.map.len {
+        if i >= SLOTS || (i + 1) * size > self.map.len() {
             return None;
         }
         // The mapping is page-aligned (every slot 64-byte aligned, as SplitSlot needs),
         // zero-filled at creation (all atomics 0: a valid slot), and only ever accessed
         // through the slots' atomics.
         // SAFETY: (i + 1) slots lie inside the mapping (checked), which lives as long as self.
-        Some(unsafe { &*self.map.ptr.add(i * size).cast::<SplitSlot>() })
+        Some(unsafe { &*self.map.ptr().add(i * size).cast::<SplitSlot>() })
     }
 
     /// Takes a free slot of this endpoint's board for message `msg` and resets it;

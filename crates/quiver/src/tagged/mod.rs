@@ -26,7 +26,7 @@
 //! 5. A large same-node pull is a **split copy** when the sender waits inside quiver
 //!    meanwhile: the receiver reads units from the front, the sender writes units from
 //!    the back (`process_vm_writev`) on its otherwise idle core, coordinated through a
-//!    slot of the sender's shared board (`link::shm::split`, `board`). A sender busy
+//!    slot of the sender's shared board (`rma::split`, `link::shm::split`). A sender busy
 //!    elsewhere takes no unit and the receiver pulls alone (`QUIVER_SPLIT_COPY`).
 //!
 //! [`PushMode`] selects Push-Pull (BTP(1), BTP(2) from `QUIVER_BTP1` / `QUIVER_BTP2`),
@@ -65,7 +65,7 @@ use crate::link::shm::split;
 use crate::link::Transport;
 use crate::rma::reach::Reach;
 use crate::rma::split as board;
-use crate::rma::{puller, window as shared};
+use crate::rma::{puller, window};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
@@ -157,7 +157,7 @@ pub struct Tagged {
     shared_bufs: RefCell<Vec<(usize, usize, u32)>>,
     next_shared: std::cell::Cell<u32>,
     /// Peers' shared buffers mapped here, most recent last: ((rank, number), mapping).
-    peer_bufs: RefCell<VecDeque<((u32, u32), shared::Mapping)>>,
+    peer_bufs: RefCell<VecDeque<((u32, u32), window::Mapping)>>,
     /// Whether large same-node pulls are split copies (`QUIVER_SPLIT_COPY` and
     /// `QUIVER_CMA`); this endpoint's board (none if it could not be created).
     split_on: bool,
@@ -189,7 +189,7 @@ const PEER_BUFS_CACHED: usize = 16;
 /// read in place by a same-node receiver. Dereferences to its bytes; freed when dropped.
 pub struct SharedBuf<'t> {
     t: &'t Tagged,
-    map: shared::Mapping,
+    map: window::Mapping,
     id: u32,
     name: String,
 }
@@ -198,21 +198,21 @@ impl std::ops::Deref for SharedBuf<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         // SAFETY: the mapping is ours, readable and writable, for the life of self.
-        unsafe { std::slice::from_raw_parts(self.map.ptr, self.map.len) }
+        unsafe { std::slice::from_raw_parts(self.map.ptr(), self.map.len()) }
     }
 }
 
 impl std::ops::DerefMut for SharedBuf<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above; &mut self makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.map.ptr, self.map.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.map.ptr(), self.map.len()) }
     }
 }
 
 impl Drop for SharedBuf<'_> {
     fn drop(&mut self) {
         self.t.shared_bufs.borrow_mut().retain(|b| b.2 != self.id);
-        shared::unlink(&self.name);
+        window::unlink(&self.name);
     }
 }
 
@@ -380,11 +380,11 @@ impl Tagged {
         self.next_shared.set(id.checked_add(1).ok_or_else(|| {
             Error::Config("this endpoint has allocated 2^32 shared buffers".into())
         })?);
-        let name = shared::name(self.job.job_id, self.rank, id);
-        let map = shared::Mapping::open(&name, Some(len))?;
+        let name = window::name(self.job.job_id, self.rank, id);
+        let map = window::Mapping::open(&name, Some(len))?;
         self.shared_bufs
             .borrow_mut()
-            .push((map.ptr as usize, len, id));
+            .push((map.ptr() as usize, len, id));
         Ok(SharedBuf {
             t: self,
             map,
@@ -786,8 +786,8 @@ impl Tagged {
         let i = match bufs.iter().position(|(k, _)| *k == (source, seg)) {
             Some(i) => i,
             None => {
-                let name = shared::name(self.job.job_id, source, seg);
-                match shared::Mapping::open(&name, None) {
+                let name = window::name(self.job.job_id, source, seg);
+                match window::Mapping::open(&name, None) {
                     Ok(m) => {
                         if bufs.len() == PEER_BUFS_CACHED {
                             bufs.pop_front();

@@ -9,7 +9,8 @@
 //!
 //! Segments are private to the job's user (mode 0600), checked on attach (magic,
 //! version, layout, job id, size), unlinked when the endpoint closes, and removed after a
-//! crash by [`cleanup_stale`] or [`cleanup_job`].
+//! crash by [`cleanup_stale`] or [`cleanup_job`], which remove the job's named objects
+//! (`object`: shared buffers, split-copy boards) along with them.
 
 #[cfg(not(loom))]
 mod doorbell;

@@ -2,7 +2,8 @@
 //! shared buffers and split-copy boards (`crate::rma`).
 //!
 //! An object is a POSIX shared-memory object of mode 0600, like the job's segments, named
-//! `/quiver-UID-...` so that [`super::cleanup_job`] removes it with them. Its creator
+//! `/quiver-UID-JOB-...` (the job id in 8 hex digits) so that [`super::cleanup_job`]
+//! removes it with them. Its creator
 //! maps it writable; others map it read-only or writable. Every read through
 //! [`Mapping::get`] is checked against the size of the object as mapped: a bad offset
 //! from a peer is an error, not an out-of-bounds read.
@@ -13,8 +14,8 @@ use std::io;
 
 /// A mapping of a shared-memory object.
 pub(crate) struct Mapping {
-    pub ptr: *mut u8,
-    pub len: usize,
+    ptr: *mut u8,
+    len: usize,
 }
 
 impl Mapping {
@@ -106,6 +107,16 @@ impl Mapping {
             ptr: ptr.cast(),
             len,
         })
+    }
+
+    /// First byte of the mapping (dangling when it is empty).
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// The bytes `offset..offset + len`, if they lie inside the mapping.

@@ -8,6 +8,8 @@
 //! cluster is named after this process (`t<PID>-...`) and removed by a guard, so that a
 //! failing test leaves nothing behind. Tests run one at a time.
 
+mod common;
+
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::Mutex;
@@ -74,10 +76,11 @@ fn unsupported() -> Option<String> {
     None
 }
 
+/// Skips a test this machine cannot run ([`common::cannot_run`]: fails under `.ci/run`).
 macro_rules! require_root {
     () => {
         if let Some(why) = unsupported() {
-            eprintln!("skipped: {why}");
+            common::cannot_run(&why);
             return;
         }
     };

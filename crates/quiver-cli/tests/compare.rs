@@ -5,6 +5,8 @@
 //! one-line reason instead of vanishing. It times nothing: figures are only checked to be
 //! positive.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -15,7 +17,7 @@ fn repo_root() -> PathBuf {
 /// Runs `bench/compare ARGS` with python3; None (and a line saying why) without python3.
 fn compare(args: &[&str]) -> Option<Output> {
     if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("skipped: python3 is not installed (.ci/run installs it)");
+        common::cannot_run("python3 is not installed (.ci/run installs it)");
         return None;
     }
     let run = Command::new("python3")

@@ -7,6 +7,8 @@
 //! Every command runs under a deadline after which its whole process group is killed, so
 //! that a hung job fails the test instead of hanging CI. Jobs run one at a time.
 
+mod common;
+
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -412,7 +414,7 @@ fn bench_pingpong_under_mpirun() {
     let mpi = match open_mpi() {
         Ok(p) => p,
         Err(why) => {
-            println!("skipped: {why}");
+            common::cannot_run(&why);
             return;
         }
     };
@@ -448,7 +450,7 @@ fn check_under_mpirun() {
     let mpi = match open_mpi() {
         Ok(p) => p,
         Err(why) => {
-            println!("skipped: {why}");
+            common::cannot_run(&why);
             return;
         }
     };

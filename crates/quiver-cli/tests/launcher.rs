@@ -1,4 +1,6 @@
 //! `quiver run`: the launcher, end to end (through `sh`).
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -324,7 +326,7 @@ fn rendezvous_store_accepts_connections_while_ranks_run() {
         .map(|s| !s.success())
         .unwrap_or(true)
     {
-        eprintln!("no bash: skipped");
+        common::cannot_run("no bash");
         return;
     }
     let (out, _) = quiver(&[

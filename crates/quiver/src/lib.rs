@@ -68,6 +68,8 @@ pub(crate) mod rma;
 pub(crate) mod sync;
 #[cfg(not(loom))]
 pub mod tagged;
+#[cfg(all(test, not(loom)))]
+mod test_support;
 #[cfg(not(loom))]
 pub mod wire;
 

@@ -821,7 +821,7 @@ fn stale_test_clusters_are_removed_and_live_ones_kept() {
     let stale = format!("qvt{dead_pid}-7-sw");
     let live = format!("qvt{}-stale-test-sw", std::process::id());
     if let Err(why) = common::ip(&["netns", "add", &stale]) {
-        eprintln!("skipped: {why}");
+        common::cannot_run(&why.to_string());
         return;
     }
     common::ip(&["netns", "add", &live]).expect("add a namespace");

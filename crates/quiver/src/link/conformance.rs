@@ -69,14 +69,6 @@ fn params(eth: bool) -> LinkParams {
     }
 }
 
-/// Skips (one line) or, under `.ci/run`, fails: CI runs as root and must run every case.
-fn cannot(why: &str) {
-    if std::env::var_os("QUIVER_CI").is_some() {
-        panic!("{why} (QUIVER_CI is set: .ci/run must run this test)");
-    }
-    eprintln!("skipping: {why}");
-}
-
 impl Setup for Real {
     type L = NetLink;
 
@@ -103,7 +95,9 @@ impl Setup for Real {
             Transport::Udp
         };
         if a.transport() != want || b.transport() != want {
-            cannot("raw Ethernet is not available here (needs CAP_NET_RAW)");
+            crate::test_support::cannot_run(
+                "raw Ethernet is not available here (needs CAP_NET_RAW)",
+            );
             return None;
         }
         self.started = Instant::now();

@@ -670,7 +670,7 @@ static TARGET_BYTE: AtomicU8 = AtomicU8::new(7);
 fn another_user_is_not_permitted() {
     // SAFETY: geteuid has no memory effects.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: needs root to switch a child to another user");
+        crate::test_support::cannot_run("needs root to switch a child to another user");
         return;
     }
     let remote = libc::iovec {

@@ -28,7 +28,7 @@ fn open(port: u16, dpid: u16, ring_bytes: usize) -> Option<EthLink> {
     match EthLink::open(&lo, port, dpid, ring_bytes / rx_frame_bytes(lo.mtu), false) {
         Ok(l) => Some(l),
         Err(e) if is_permission(&e) => {
-            eprintln!("skipping: no CAP_NET_RAW ({e})");
+            crate::test_support::cannot_run(&format!("no CAP_NET_RAW ({e})"));
             None
         }
         Err(e) => panic!("opening a raw link on lo: {e}"),
@@ -774,10 +774,10 @@ fn frame_refused_after_mtu_change_is_reported_and_the_ring_recovers() {
     on_own_thread(|| {
         // SAFETY: unshare affects only this thread (CLONE_NEWNET is per task).
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!(
-                "skipping: unshare(CLONE_NEWNET): {}",
+            crate::test_support::cannot_run(&format!(
+                "unshare(CLONE_NEWNET): {}",
                 io::Error::last_os_error()
-            );
+            ));
             return;
         }
         // SAFETY: plain socket call, checked.
@@ -830,14 +830,14 @@ fn ip_cmd(prog: &str, args: &str) -> bool {
     {
         Ok(o) if o.status.success() => true,
         Ok(o) => {
-            eprintln!(
-                "skipping: {prog} {args}: {}",
+            crate::test_support::cannot_run(&format!(
+                "{prog} {args}: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
-            );
+            ));
             false
         }
         Err(e) => {
-            eprintln!("skipping: {prog}: {e}");
+            crate::test_support::cannot_run(&format!("{prog}: {e}"));
             false
         }
     }
@@ -852,10 +852,10 @@ fn shaped_veth_applies_backpressure_without_loss() {
         // SAFETY: unshare affects only this thread (CLONE_NEWNET is per task); the
         // commands below are forked from it and run in its namespace.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            eprintln!(
-                "skipping: unshare(CLONE_NEWNET): {}",
+            crate::test_support::cannot_run(&format!(
+                "unshare(CLONE_NEWNET): {}",
                 io::Error::last_os_error()
-            );
+            ));
             return;
         }
         const RATE_MBIT: f64 = 100.0;

@@ -551,14 +551,7 @@ impl Endpoint {
     pub fn progress(&self) -> Result<()> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
-        if let Some(udp) = inner.rx.net.as_mut() {
-            udp.progress(
-                &mut inner.rx.ready,
-                &mut inner.stats,
-                &mut inner.errors,
-                true,
-            )?;
-        }
+        inner.rx.progress(&mut inner.stats, &mut inner.errors)?;
         if let Some(off) = inner.rx.offload.as_ref() {
             off.take_errors(&mut inner.errors);
         }
@@ -603,13 +596,8 @@ impl Endpoint {
         backoff_until(self.waiter.mode, Some(timeout), || {
             let mut guard = self.inner.borrow_mut();
             let inner = &mut *guard;
+            inner.rx.progress(&mut inner.stats, &mut inner.errors)?;
             let udp = inner.rx.net.as_mut().expect("checked above");
-            udp.progress(
-                &mut inner.rx.ready,
-                &mut inner.stats,
-                &mut inner.errors,
-                true,
-            )?;
             if udp.data_frames() != last_rx.0 {
                 last_rx = (udp.data_frames(), Instant::now());
             }
@@ -918,17 +906,12 @@ impl Waitable for CreditWait<'_> {
     fn poll_once(&self) -> Result<Option<()>> {
         let mut guard = self.ep.inner.borrow_mut();
         let inner = &mut *guard;
+        inner.rx.progress(&mut inner.stats, &mut inner.errors)?;
         let udp = inner
             .rx
             .net
-            .as_mut()
+            .as_ref()
             .expect("a network channel implies a link");
-        udp.progress(
-            &mut inner.rx.ready,
-            &mut inner.stats,
-            &mut inner.errors,
-            true,
-        )?;
         if !udp.is_blocked(self.peer) {
             return Ok(Some(()));
         }

@@ -194,6 +194,19 @@ impl Receivers {
         }
     }
 
+    /// One progress round of the driver, if there is one (not with the offload engine,
+    /// whose thread makes progress): what it makes ready waits here for `poll_network`.
+    pub(crate) fn progress(
+        &mut self,
+        stats: &mut EndpointStats,
+        errors: &mut VecDeque<Error>,
+    ) -> Result<()> {
+        match self.net.as_mut() {
+            Some(net) => net.progress(&mut self.ready, stats, errors, true),
+            None => Ok(()),
+        }
+    }
+
     /// The next poll looks at the driver, whatever the count (a reader about to sleep
     /// must not miss what the link holds).
     pub(crate) fn poll_net_next(&mut self) {

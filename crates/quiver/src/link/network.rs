@@ -245,6 +245,11 @@ impl Link for NetLink {
 
     #[inline]
     fn free_slot(&mut self, slot: u32) {
+        // Eth asked first: a three-way match tests udp, then eth, and the eth release
+        // paid the extra test (104.9 instructions against 100.9 with two variants).
+        if let NetLink::Eth(e) = self {
+            return e.free_slot(slot);
+        }
         match self {
             NetLink::Udp { pool, .. } => pool.free_slot(slot),
             NetLink::Eth(e) => e.free_slot(slot),

@@ -64,9 +64,8 @@ done
 [ "$(nproc)" -ge 2 ] || die "needs 2 cores (the two processes are pinned to cores 0 and 1)"
 [ -n "$anchors" ] && [ -d "$anchors/limits" ] || die "anchors not found (set ANCHORS=DIR)"
 
-# ---- locks (the anchors' idiom: flock on fd 9, so that CMD may be a shell function)
-locked() { ( flock -x 9 && "$@" ) 9>>"$LOCK"; }
-building() { ( flock -s 9 && "$@" ) 9>>"$LOCK"; }
+# ---- locks and command lines (bench/lib.sh)
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # locked, building, show
 
 # ---- iteration counts (QUICK=1: a trial)
 if [ "$QUICK" = 1 ]; then
@@ -182,13 +181,6 @@ record() {
     fi
 }
 note_cmd() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" | sed "s#$root/##g; s#$out/#\$OUT/#g" >> "$cmds"; }
-show() {       # the command line, quoted only where the shell needs it
-    local a="" x
-    for x in "$@"; do
-        if [[ $x =~ ^[][A-Za-z0-9_./:=,+@%^-]+$ ]]; then a+="${a:+ }$x"; else a+="${a:+ }$(printf '%q' "$x")"; fi
-    done
-    echo "$a"
-}
 
 # qbench SCEN SYSTEM REP CLUSTER BENCH ARGS... : `quiver bench BENCH ARGS --cluster C
 # --format json`, timed under the lock; one record per result line (pingpong: lat =

@@ -116,16 +116,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# the anchors' lock idiom: flock on fd 9, so that the command may be a shell function
-locked() { ( flock -x 9 && "$@" ) 9>>"$LOCK"; }
-building() { ( flock -s 9 && "$@" ) 9>>"$LOCK"; }
-show() {       # the command line, quoted only where the shell needs it
-    local a="" x
-    for x in "$@"; do
-        if [[ $x =~ ^[][A-Za-z0-9_./:=,+@%^-]+$ ]]; then a+="${a:+ }$x"; else a+="${a:+ }$(printf '%q' "$x")"; fi
-    done
-    echo "$a"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # locked, building, show
 
 # ---- builds: one worktree and target dir per revision
 sha_a=$(git -C "$root" rev-parse --verify "$1^{commit}") || die "no revision $1"

@@ -524,7 +524,9 @@ impl<L: Link, C: Clock> Driver<L, C> {
         for i in 0..self.peers.len() {
             self.transmit(i, now, stats)?;
         }
-        self.link.handle_timeout(now.as_duration())?;
+        if self.caps.holds_back {
+            self.link.handle_timeout(now.as_duration())?;
+        }
         self.update_deadline();
         Ok(())
     }
@@ -934,8 +936,11 @@ impl<L: Link, C: Clock> Driver<L, C> {
             self.transmit(i, now, stats)?;
         }
         let p = &self.peers[i];
-        let link = self.link.poll_timeout().map(Time::from_duration);
-        self.next_deadline = earliest(earliest(self.next_deadline, p.duplex.poll_timeout()), link);
+        self.next_deadline = earliest(self.next_deadline, p.duplex.poll_timeout());
+        if self.caps.holds_back {
+            let link = self.link.poll_timeout().map(Time::from_duration);
+            self.next_deadline = earliest(self.next_deadline, link);
+        }
         Ok(true)
     }
 
@@ -945,7 +950,11 @@ impl<L: Link, C: Clock> Driver<L, C> {
             .iter()
             .filter_map(|p| p.duplex.poll_timeout())
             .min();
-        let link = self.link.poll_timeout().map(Time::from_duration);
+        let link = if self.caps.holds_back {
+            self.link.poll_timeout().map(Time::from_duration)
+        } else {
+            None
+        };
         self.next_deadline = earliest(timers, link);
     }
 

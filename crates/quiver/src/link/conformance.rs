@@ -58,14 +58,8 @@ const DPID: u16 = 0x4a4b;
 fn params(eth: bool) -> LinkParams {
     LinkParams {
         eth_wanted_by: eth.then_some("the link conformance suite"),
-        udp_gso: true,
-        udp_gro: true,
-        datagram: None,
-        pool_size: 1 << 20,
-        window: 64,
-        window_segmented: 128,
         eth_ring: Some(256),
-        faults: None,
+        ..LinkParams::for_tests()
     }
 }
 
@@ -378,15 +372,15 @@ fn capabilities_say_how_each_link_differs() {
     let sim = SimNet::link(&net, 0, 4);
     let caps = sim.caps();
     assert!(caps.lossless && caps.ordered && caps.polls_in_memory && !caps.ordered_slots);
-    assert!(!caps.demuxes_dpid);
+    assert!(!caps.demuxes_dpid && !caps.holds_back);
     let reorders = Faulty::new(SimNet::link(&net, 1, 4), reordering()).caps();
-    assert!(reorders.lossless && !reorders.ordered);
+    assert!(reorders.lossless && !reorders.ordered && reorders.holds_back);
     let loses = Faulty::new(
         SimNet::link(&net, 1, 4),
         FaultConfig::parse("loss=0.1").unwrap(),
     )
     .caps();
-    assert!(!loses.lossless && loses.ordered);
+    assert!(!loses.lossless && loses.ordered && !loses.holds_back);
     let mut real = Real::new(false);
     let (udp, _) = real.pair().unwrap();
     let caps = udp.caps();

@@ -444,6 +444,7 @@ impl<L: Link> Link for Faulty<L> {
         let mut caps = self.inner.caps();
         caps.lossless &= c.loss == 0.0 && c.dup == 0.0 && c.corrupt == 0.0;
         caps.ordered &= c.reorder == 0.0 && c.jitter.is_zero();
+        caps.holds_back |= c.reorder > 0.0 || !c.jitter.is_zero();
         caps
     }
 
@@ -492,16 +493,6 @@ impl<L: Link> Link for Faulty<L> {
             }
         }
         Ok(())
-    }
-
-    fn send_batch(
-        &mut self,
-        now: Duration,
-        to: &L::Dest,
-        datagrams: &[&[u8]],
-        _max_run: usize,
-    ) -> crate::error::Result<()> {
-        self.send_each(now, to, datagrams)
     }
 
     fn send_unfaulted(

@@ -65,6 +65,23 @@ pub(crate) struct LinkParams {
 
 #[cfg(not(loom))]
 impl LinkParams {
+    /// Parameters for a link in a test: udp with offloads, windows of 64 and 128 frames,
+    /// a 1 MiB pool, no faults.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> LinkParams {
+        LinkParams {
+            eth_wanted_by: None,
+            udp_gso: true,
+            udp_gro: true,
+            datagram: None,
+            pool_size: 1 << 20,
+            window: 64,
+            window_segmented: 128,
+            eth_ring: None,
+            faults: None,
+        }
+    }
+
     /// Frames of the Ethernet receive ring of an endpoint with `remote_ranks` possible
     /// senders on other nodes and frames of `frame_bytes` ([`eth::ring_frames`]).
     pub(crate) fn eth_ring_frames(&self, remote_ranks: usize, frame_bytes: usize) -> usize {
@@ -101,6 +118,10 @@ pub(crate) struct LinkCaps {
     pub lossless: bool,
     /// Datagrams to one destination arrive in the order they were sent.
     pub ordered: bool,
+    /// The link may hold a datagram back after `send` returns (injected delays), and
+    /// sends it from [`Link::handle_timeout`] when [`Link::poll_timeout`] says; the driver
+    /// calls those two only for such a link.
+    pub holds_back: bool,
     /// The link sends runs of equal datagrams in one call (UDP segmentation offload).
     pub segments: bool,
     /// The link can send one datagram to every endpoint of a port at once (GAMMA's native
@@ -154,14 +175,20 @@ pub(crate) trait Link {
     /// Sends one datagram.
     fn send(&mut self, now: Duration, to: &Self::Dest, datagram: &[u8]) -> error::Result<()>;
     /// Sends several datagrams to one destination, with as few system calls as the link
-    /// allows (runs of at most `max_run` under segmentation offload).
+    /// allows (runs of at most `max_run` under segmentation offload); by default one by
+    /// one.
     fn send_batch(
         &mut self,
         now: Duration,
         to: &Self::Dest,
         datagrams: &[&[u8]],
-        max_run: usize,
-    ) -> error::Result<()>;
+        _max_run: usize,
+    ) -> error::Result<()> {
+        for d in datagrams {
+            self.send(now, to, d)?;
+        }
+        Ok(())
+    }
     /// With [`LinkCaps::ordered_slots`]: the held slot at which reception has stopped.
     fn blocked_slot(&self) -> Option<u32> {
         None
@@ -179,19 +206,6 @@ pub(crate) trait Link {
         datagram: &[u8],
     ) -> error::Result<()> {
         self.send(now, to, datagram)
-    }
-    /// Sends several datagrams to one destination, one by one (links that batch
-    /// override [`send_batch`](Link::send_batch)).
-    fn send_each(
-        &mut self,
-        now: Duration,
-        to: &Self::Dest,
-        datagrams: &[&[u8]],
-    ) -> error::Result<()> {
-        for d in datagrams {
-            self.send(now, to, d)?;
-        }
-        Ok(())
     }
     /// When the link next needs [`handle_timeout`](Link::handle_timeout).
     fn poll_timeout(&self) -> Option<Duration> {

@@ -152,6 +152,7 @@ impl Link for NetLink {
                 edge_triggered: false,
                 lossless: true,
                 ordered: true,
+                holds_back: false,
                 segments: sock.segments(),
                 broadcast: false,
             },
@@ -164,6 +165,7 @@ impl Link for NetLink {
                 edge_triggered: true,
                 lossless: true,
                 ordered: true,
+                holds_back: false,
                 segments: false,
                 broadcast: false,
             },
@@ -492,17 +494,7 @@ mod tests {
 
     #[test]
     fn udp_with_segmentation_offload_gets_the_larger_window() {
-        let mut params = LinkParams {
-            eth_wanted_by: None,
-            udp_gso: true,
-            udp_gro: true,
-            datagram: None,
-            pool_size: 1 << 20,
-            window: 64,
-            window_segmented: 128,
-            eth_ring: None,
-            faults: None,
-        };
+        let mut params = LinkParams::for_tests();
         assert_eq!(udp_link(&params).channel_window(&params), 128);
         params.udp_gso = false;
         assert_eq!(udp_link(&params).channel_window(&params), 64);

@@ -486,6 +486,8 @@ impl Link for SimLink {
                 && cfg.faults.corrupt == 0.0
                 && cfg.rate.is_none(),
             ordered: cfg.faults.reorder == 0.0 && cfg.faults.jitter.is_zero(),
+            // The network delays inside itself; the link sends at once.
+            holds_back: false,
             segments: false,
             broadcast: false,
         }
@@ -549,16 +551,6 @@ impl Link for SimLink {
             )),
             Err(e) => Err(Error::Config(e.to_string())),
         }
-    }
-
-    fn send_batch(
-        &mut self,
-        now: Duration,
-        to: &usize,
-        datagrams: &[&[u8]],
-        _max_run: usize,
-    ) -> QResult<()> {
-        self.send_each(now, to, datagrams)
     }
 }
 

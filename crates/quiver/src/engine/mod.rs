@@ -1,8 +1,11 @@
 //! The engine: what moves messages between an endpoint and its links, whoever drives it.
 //!
-//! - [`driver`]: an endpoint's network side: its link, one reliable channel per peer,
-//!   reassembly and delivery, timers; one progress round never blocks. Driven by the
-//!   application thread inside quiver calls, or by the offload engine.
+//! - [`core`]: the sans-IO core of an endpoint's network side: frame checks, the peer
+//!   table with one reliable channel per peer, reassembly and delivery, timers' deadline,
+//!   what to send. No socket, no clock, no rendezvous.
+//! - [`driver`]: the I/O around the core: the link, the clock, and the rendezvous
+//!   lookups of new peers; one progress round never blocks. Driven by the application
+//!   thread inside quiver calls, or by the offload engine.
 //! - [`offload`]: the offload engine, a thread that owns a driver and talks to the
 //!   application through lock-free rings (`QUIVER_RELIABILITY=offload`).
 //! - [`route`]: an endpoint's routes to its destinations and its receive side (shared
@@ -18,6 +21,7 @@
 //! `dm`.
 
 pub(crate) mod clock;
+pub(crate) mod core;
 pub(crate) mod driver;
 pub(crate) mod offload;
 pub(crate) mod route;

@@ -11,6 +11,9 @@
 //! - [`route`]: an endpoint's routes to its destinations and its receive side (shared
 //!   memory, the driver, the offload engine), with the one release path of every
 //!   received message.
+//! - [`station`]: one endpoint's station on the engine, under a personality's API:
+//!   its routes and receivers, sending on a route (waiting for room or credits),
+//!   polling, releasing, flushing, the liveness watch, waiting and lingering on close.
 //! - [`clock`]: the protocol clock of the channels' timers.
 //! - [`stats`]: the counters of an endpoint, which the driver keeps.
 //! - [`wait`]: how blocking calls wait (spin, block, hybrid), the epoll poller and the
@@ -27,6 +30,7 @@ pub(crate) mod offload;
 pub(crate) mod route;
 #[cfg(test)]
 mod sim_tests;
+pub(crate) mod station;
 pub(crate) mod stats;
 pub(crate) mod wait;
 

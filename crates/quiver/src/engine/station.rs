@@ -1,0 +1,852 @@
+//! One endpoint's station on the engine: what a personality's endpoint stands on below its
+//! API. A [`Station`] owns the endpoint's routes to its destinations and its receive side
+//! ([`Receivers`]: shared memory, the driver or the offload engine), its counters, the
+//! errors waiting to be reported and the ranks found failed, the liveness watch over
+//! same-node peers, the descriptor a caller may wait on, and how blocking calls wait.
+//!
+//! It sends a whole message on a route (waiting for room or credits when asked), polls
+//! every receiver in a fixed order, releases tokens, flushes the network side, and on
+//! drop lingers until what was written is acknowledged. The personality above decides
+//! what a message means: `dm::Endpoint` wraps each [`Received`] in a `Message` and keeps
+//! the current target; errors go up as values and the personality reports them.
+//!
+//! Guarantees: a received message's bytes stay in place until its token comes back to
+//! [`Station::release_token`]; an operation towards a rank found failed fails; nothing
+//! here waits without a bound except where the wait mode says so.
+
+use super::driver::{self, Driver, Pace};
+use super::offload::Offload;
+use super::route::{self, Polled, Received, Receivers, Route, Token};
+use super::stats::EndpointStats;
+use super::{backoff_until, Poller, Waitable, Waiter};
+use crate::addr::Source;
+use crate::config::ReliabilityMode as Mode;
+use crate::config::TransportChoice;
+use crate::error::{Error, Result};
+use crate::job::JobShared;
+use crate::link::shm::{ShmRx, ShmTx};
+use crate::link::Transport;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a waiting endpoint checks that the processes of its same-node peers live.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
+
+/// How long [`Station::flush_within`] keeps answering after the last frame arrived:
+/// several minimum retransmission timeouts, so a peer that lost our last acknowledgement
+/// can still retransmit and be answered.
+const QUIET: Duration = Duration::from_millis(20);
+
+/// How long a closing endpoint waits for its last network frames to be acknowledged.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// One endpoint's station on the engine (module documentation).
+pub(crate) struct Station {
+    job: Arc<JobShared>,
+    dpid: u16,
+    inner: RefCell<Inner>,
+    poller: Poller,
+    waiter: Waiter,
+    fd_exported: Cell<bool>,
+    /// The transport of this endpoint's network link (UDP where it has none).
+    net_transport: Transport,
+}
+
+struct Inner {
+    /// The receive side: shared memory, the driver or the offload engine.
+    rx: Receivers,
+    routes: Vec<(Source, Route)>,
+    route_index: HashMap<Source, usize>,
+    /// Tokens of messages the application keeps (`Message::hold`), oldest first.
+    held: VecDeque<Token>,
+    errors: VecDeque<Error>,
+    stats: EndpointStats,
+    /// Ranks found failed: every operation towards them fails.
+    failed: HashSet<u32>,
+    /// Liveness of same-node peers: empty polls since the last look at the clock, when
+    /// the processes were last checked, and a request to check at the next poll.
+    empty_polls: u32,
+    liveness_at: Instant,
+    liveness_due: bool,
+}
+
+impl Station {
+    /// Opens endpoint `dpid`'s receive side (a shared-memory area, and the network link
+    /// with its driver or the offload engine where the job spans nodes or asks for UDP)
+    /// and makes the endpoint resolvable by (NID, DPID).
+    pub(crate) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Station> {
+        let cfg = &job.config;
+        let me = job.rank;
+        let shm = match cfg.transport {
+            TransportChoice::Auto | TransportChoice::Eth => Some(ShmRx::create(
+                job.job_id,
+                me,
+                dpid,
+                cfg.shm_slots,
+                cfg.pool_size,
+                cfg.max_message,
+            )?),
+            TransportChoice::Udp => None,
+        };
+        let needs_udp = cfg.transport == TransportChoice::Udp || job.node_count() > 1;
+        let offloaded = cfg.reliability == Mode::Offload;
+        let udp = if needs_udp && !offloaded {
+            Some(Driver::open(job.clone(), dpid)?)
+        } else {
+            None
+        };
+        let offload = if needs_udp && offloaded {
+            Some(Offload::start(job.clone(), dpid)?)
+        } else {
+            None
+        };
+        let net_transport = match (&udp, &offload) {
+            (Some(u), _) => u.transport(),
+            (None, Some(o)) => o.transport(),
+            (None, None) => Transport::Udp,
+        };
+        let poller = Poller::new()?;
+        if let Some(s) = &shm {
+            poller.add(s.doorbell_fd())?;
+        }
+        if let Some(u) = &udp {
+            poller.add_with(u.fd(), u.caps().edge_triggered)?;
+        }
+        if let Some(o) = &offload {
+            poller.add(o.bell_fd())?;
+        }
+        // Make (NID, DPID) resolvable; the first rank of a node to open a DPID owns the name.
+        let nid = job.nids[me as usize];
+        job.kv
+            .put_if_absent(&format!("dp/{nid}/{dpid}"), &me.to_string())?;
+        Ok(Station {
+            waiter: Waiter { mode: cfg.wait },
+            job,
+            dpid,
+            inner: RefCell::new(Inner {
+                rx: Receivers::new(shm, udp, offload),
+                routes: Vec::new(),
+                route_index: HashMap::new(),
+                held: VecDeque::new(),
+                errors: VecDeque::new(),
+                stats: EndpointStats::default(),
+                failed: HashSet::new(),
+                empty_polls: 0,
+                liveness_at: Instant::now(),
+                liveness_due: false,
+            }),
+            poller,
+            fd_exported: Cell::new(false),
+            net_transport,
+        })
+    }
+
+    /// The job this endpoint belongs to.
+    #[inline]
+    pub(crate) fn job(&self) -> &Arc<JobShared> {
+        &self.job
+    }
+
+    /// This endpoint's DPID.
+    #[inline]
+    pub(crate) fn dpid(&self) -> u16 {
+        self.dpid
+    }
+
+    /// The transport used towards `rank`.
+    pub(crate) fn transport_to(&self, rank: u32) -> Result<Transport> {
+        if rank >= self.job.size {
+            return Err(Error::NoSuchRank {
+                rank,
+                size: self.job.size,
+            });
+        }
+        Ok(
+            if self.job.config.transport == TransportChoice::Udp
+                || self.job.nids[rank as usize] != self.job.nids[self.job.rank as usize]
+            {
+                self.net_transport
+            } else {
+                Transport::Shm
+            },
+        )
+    }
+
+    /// The index of the route to endpoint `peer`, connecting first if there is none
+    /// (waiting up to `QUIVER_CONNECT_TIMEOUT` for the peer to open it).
+    pub(crate) fn connect(&self, peer: Source) -> Result<usize> {
+        if let Some(&i) = self.inner.borrow().route_index.get(&peer) {
+            return Ok(i);
+        }
+        let me = Source {
+            rank: self.job.rank,
+            dpid: self.dpid,
+        };
+        let timeout = self.job.config.connect_timeout;
+        let route = match self.transport_to(peer.rank)? {
+            Transport::Shm => Route::Shm(ShmTx::connect(self.job.job_id, peer, me, timeout)?),
+            Transport::Udp | Transport::Eth if self.inner.borrow().rx.offload.is_some() => {
+                self.await_net_peer(peer)?;
+                let mut inner = self.inner.borrow_mut();
+                let off = inner.rx.offload.as_mut().expect("checked above");
+                off.connect(peer, self.waiter.mode)?;
+                Route::Offload
+            }
+            Transport::Udp | Transport::Eth => {
+                let mut guard = self.inner.borrow_mut();
+                let udp = guard
+                    .rx
+                    .net
+                    .as_mut()
+                    .expect("a network transport implies the driver");
+                Route::Net {
+                    peer: udp.peer(peer, true)?,
+                }
+            }
+        };
+        let mut inner = self.inner.borrow_mut();
+        let i = inner.routes.len();
+        inner.routes.push((peer, route));
+        inner.route_index.insert(peer, i);
+        Ok(i)
+    }
+
+    /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to publish its network link.
+    fn await_net_peer(&self, peer: Source) -> Result<()> {
+        let timeout = self.job.config.connect_timeout;
+        let key = driver::net_key(peer.rank, peer.dpid);
+        match self.job.kv.get(&key, timeout) {
+            Ok(_) => Ok(()),
+            Err(Error::Timeout(_)) => Err(Error::PeerNotFound {
+                rank: peer.rank,
+                dpid: peer.dpid,
+                waited: timeout,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Sending.
+impl Station {
+    /// The common case of a send, inline in the personality's write: `head` then `data`
+    /// to route `route` when it is a shared-memory ring with room, no rank has failed,
+    /// and the message fits. False, having sent nothing, for everything else (then
+    /// [`Station::send`]).
+    #[inline(always)]
+    pub(crate) fn try_send_inline(&self, route: usize, head: &[u8], data: &[u8]) -> bool {
+        if let Ok(mut guard) = self.inner.try_borrow_mut() {
+            let inner = &mut *guard;
+            if inner.failed.is_empty() {
+                if let Some((_, Route::Shm(tx))) = inner.routes.get_mut(route) {
+                    let len = head.len() + data.len();
+                    if len <= tx.max_message()
+                        && len <= self.job.config.max_message
+                        && matches!(tx.try_send_parts(head, data), Ok(true))
+                    {
+                        inner.stats.msgs_sent += 1;
+                        inner.stats.bytes_sent += len as u64;
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Sends `head` followed by `data` as one message on route `route`, on every
+    /// transport; with `wait` false, returns false instead of waiting for room (a full
+    /// shared-memory ring or offload command ring; over the network the message is
+    /// accepted even when the window is closed and waits in the channel for credits).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn send(&self, route: usize, head: &[u8], data: &[u8], wait: bool) -> Result<bool> {
+        let max = self.job.config.max_message;
+        if head.len() + data.len() > max {
+            return Err(Error::MessageTooLarge {
+                len: head.len() + data.len(),
+                max,
+            });
+        }
+        let mut guard = self.inner.borrow_mut();
+        let inner = &mut *guard;
+        if !inner.failed.is_empty() {
+            let peer = inner.routes[route].0;
+            if inner.failed.contains(&peer.rank) {
+                return Err(Error::PeerFailed {
+                    rank: peer.rank,
+                    dpid: peer.dpid,
+                    reason: "found failed earlier".into(),
+                });
+            }
+        }
+        let (dest, how) = &mut inner.routes[route];
+        match how {
+            Route::Offload => {
+                let mut joined = Vec::new();
+                let data = contiguous(head, data, &mut joined);
+                let off = inner.rx.offload.as_mut().expect("an offload connection");
+                if !wait {
+                    if !off.try_send(*dest, data)? {
+                        return Ok(false);
+                    }
+                } else if off.send(*dest, data, self.waiter.mode)? {
+                    inner.stats.send_stalls += 1;
+                }
+            }
+            Route::Shm(tx) => {
+                if head.len() + data.len() > tx.max_message() {
+                    return Err(Error::MessageTooLarge {
+                        len: head.len() + data.len(),
+                        max: tx.max_message(),
+                    });
+                }
+                let send = |tx: &mut ShmTx| tx.try_send_parts(head, data);
+                if !send(tx)? {
+                    if !wait {
+                        return Ok(false);
+                    }
+                    inner.stats.send_stalls += 1;
+                    let mut last_check = Instant::now();
+                    backoff_until(self.waiter.mode, None, || {
+                        if send(tx)? {
+                            return Ok(Some(()));
+                        }
+                        if last_check.elapsed() > Duration::from_millis(10) {
+                            last_check = Instant::now();
+                            tx.check_peer()?;
+                        }
+                        Ok(None)
+                    })?;
+                }
+            }
+            Route::Net { peer } => {
+                let peer = *peer;
+                drop(guard);
+                self.send_net(peer, head, data, wait)?;
+                return Ok(true);
+            }
+        }
+        inner.stats.msgs_sent += 1;
+        inner.stats.bytes_sent += (head.len() + data.len()) as u64;
+        Ok(true)
+    }
+
+    /// Sends `head` followed by `data` on the network channel to peer `peer` (the frames
+    /// are built from both slices, never joined first). A writer that may wait hands
+    /// the message to the channel a part at a time, one window ahead of what the window
+    /// takes: each frame is built (the one copy) shortly before it can go, so a message
+    /// many windows long neither waits in memory whole nor keeps the link idle while it
+    /// is copied; once all of it is queued the writer waits until it may go, so that a
+    /// fast writer waits for a slow reader instead of queueing without bound. A writer
+    /// that may not wait queues the whole message; it goes out as credits return.
+    ///
+    /// If waiting fails half-way (the channel failed, the peer left), the frames already
+    /// sent are a message without its end: the receiver drops them, and counts them
+    /// malformed when the next message begins.
+    fn send_net(&self, peer: usize, head: &[u8], data: &[u8], wait: bool) -> Result<()> {
+        {
+            // The common case, a message of one frame the window lets out now, in one step.
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let net = inner
+                .rx
+                .net
+                .as_mut()
+                .expect("a network route implies a link");
+            if net.write_lone(peer, head, data, &mut inner.stats)? {
+                inner.stats.msgs_sent += 1;
+                inner.stats.bytes_sent += (head.len() + data.len()) as u64;
+                return Ok(());
+            }
+        }
+        let mut part = {
+            let inner = self.inner.borrow();
+            let net = inner
+                .rx
+                .net
+                .as_ref()
+                .expect("a network route implies a link");
+            net.begin_send(peer, head.len() + data.len())?
+        };
+        let pace = if wait { Pace::Window } else { Pace::Unbounded };
+        let mut stalled = false;
+        loop {
+            let (queued, must_wait) = {
+                let mut guard = self.inner.borrow_mut();
+                let inner = &mut *guard;
+                let net = inner
+                    .rx
+                    .net
+                    .as_mut()
+                    .expect("a network route implies a link");
+                let step = net.send_part(peer, (head, data), &mut part, pace, &mut inner.stats)?;
+                if step.must_wait && !stalled {
+                    stalled = true;
+                    inner.stats.send_stalls += 1;
+                }
+                (step.queued, step.must_wait)
+            };
+            if must_wait {
+                // The window is closed: make progress until it opens. Waits per the wait
+                // mode, sleeping on the endpoint's descriptor, where the acknowledgement
+                // that brings credits wakes it (a blind sleep let a 1 Gbit/s link idle).
+                self.waiter.wait(&CreditWait { at: self, peer }, None)?;
+            }
+            if queued {
+                break;
+            }
+        }
+        let mut inner = self.inner.borrow_mut();
+        inner.stats.msgs_sent += 1;
+        inner.stats.bytes_sent += (head.len() + data.len()) as u64;
+        Ok(())
+    }
+}
+
+/// Receiving, releasing and progress.
+impl Station {
+    /// The next received message, if one is waiting, or the next error to report (as
+    /// `Err`). Never blocks. Shared memory is polled inline (the fast path, as on the
+    /// write side), then the network side.
+    #[inline]
+    pub(crate) fn poll(&self) -> Result<Option<Received>> {
+        let mut guard = self.inner.borrow_mut();
+        let inner = &mut *guard;
+        // Checked before popping: building and dropping an empty Option<Error> costs more
+        // than the check on this path.
+        if !inner.errors.is_empty() {
+            if let Some(e) = inner.errors.pop_front() {
+                return Err(e);
+            }
+        }
+        if let Some(shm) = inner.rx.shm.as_mut() {
+            if let Some(r) = shm.poll() {
+                inner.stats.msgs_received += 1;
+                inner.stats.bytes_received += r.len as u64;
+                return Ok(Some(Received {
+                    ptr: r.ptr,
+                    len: r.len,
+                    source: r.source,
+                    token: Token::Shm {
+                        chan: r.chan,
+                        token: r.token,
+                    },
+                }));
+            }
+            inner.stats.corrupt_rings = shm.corrupt;
+        }
+        match inner.rx.poll_network(&mut inner.stats, &mut inner.errors)? {
+            Polled::Message(r) => {
+                inner.stats.msgs_received += 1;
+                inner.stats.bytes_received += r.len as u64;
+                Ok(Some(r))
+            }
+            Polled::Errors => match inner.errors.pop_front() {
+                Some(e) => Err(e),
+                None => Ok(None),
+            },
+            Polled::Nothing => {
+                inner.empty_polls = inner.empty_polls.wrapping_add(1);
+                if inner.liveness_due || inner.empty_polls.is_multiple_of(1024) {
+                    self.check_liveness(inner);
+                    if let Some(e) = inner.errors.pop_front() {
+                        return Err(e);
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Like [`Station::poll`], for a caller whose descriptor was handed out: when
+    /// nothing is waiting, the doorbells are re-enabled for the next message and the
+    /// receivers looked at once more (a sender may have published before the reset).
+    #[inline]
+    pub(crate) fn try_poll(&self) -> Result<Option<Received>> {
+        if let Some(r) = self.poll()? {
+            return Ok(Some(r));
+        }
+        if self.fd_exported.get() {
+            self.inner.borrow().reset_doorbells();
+            return self.poll();
+        }
+        Ok(None)
+    }
+
+    /// Waits per the wait mode (`QUIVER_WAIT`), at most `timeout`, until `poll` returns
+    /// something: `poll` is the personality's own poll over [`Station::poll`] (or with
+    /// work of its own on empty polls); sleeping is on the endpoint's descriptor, woken
+    /// by what arrives, a protocol timer or the liveness watch.
+    pub(crate) fn wait_for<T>(
+        &self,
+        poll: impl Fn() -> Result<Option<T>>,
+        timeout: Option<Duration>,
+    ) -> Result<T> {
+        self.waiter.wait(&ReadWait { at: self, poll }, timeout)
+    }
+
+    /// Keeps a message's token until [`Station::release_held`].
+    pub(crate) fn hold_token(&self, t: Token) {
+        self.inner.borrow_mut().held.push_back(t);
+    }
+
+    /// Gives a received message's memory back to the receiver it came from.
+    #[inline]
+    pub(crate) fn release_token(&self, t: Token) {
+        self.inner.borrow_mut().rx.release(t);
+    }
+
+    /// Releases the `n` oldest held tokens; returns how many were released.
+    pub(crate) fn release_held(&self, n: usize) -> usize {
+        let mut released = 0;
+        while released < n {
+            let Some(t) = self.inner.borrow_mut().held.pop_front() else {
+                break;
+            };
+            self.release_token(t);
+            released += 1;
+        }
+        released
+    }
+
+    /// Tokens held and not yet released.
+    pub(crate) fn held(&self) -> usize {
+        self.inner.borrow().held.len()
+    }
+
+    /// One round of protocol work without taking a message out (module `dm`: `progress`).
+    pub(crate) fn progress(&self) -> Result<()> {
+        let mut guard = self.inner.borrow_mut();
+        let inner = &mut *guard;
+        inner.rx.progress(&mut inner.stats, &mut inner.errors)?;
+        if let Some(off) = inner.rx.offload.as_ref() {
+            off.take_errors(&mut inner.errors);
+        }
+        // The errors wait for the next read; the failed ranks are known at once.
+        for e in &inner.errors {
+            if let Error::PeerFailed { rank, .. } = e {
+                inner.failed.insert(*rank);
+            }
+        }
+        Ok(())
+    }
+
+    /// How long a caller sleeping on the descriptor itself may sleep before the protocol
+    /// needs a round; `None`: no timer is running.
+    pub(crate) fn poll_timeout(&self) -> Option<Duration> {
+        self.inner
+            .borrow()
+            .rx
+            .net
+            .as_ref()
+            .and_then(|u| u.time_to_deadline())
+    }
+
+    /// Waits, at most `timeout`, until everything sent over the network is acknowledged
+    /// (or its receiver closed), sending pending acknowledgements at once; then, unless
+    /// the offload engine answers peers meanwhile, until nothing has arrived for a
+    /// quiet period.
+    pub(crate) fn flush_within(&self, timeout: Duration) -> Result<()> {
+        if let Some(off) = self.inner.borrow_mut().rx.offload.as_mut() {
+            // The engine keeps answering peers after this returns: no quiet period.
+            return off.flush(timeout, self.waiter.mode);
+        }
+        {
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            let Some(udp) = inner.rx.net.as_mut() else {
+                return Ok(());
+            };
+            udp.flush_acks(&mut inner.stats)?;
+        }
+        // Done when everything sent is acknowledged and nothing has arrived for QUIET:
+        // like TCP's TIME_WAIT, the quiet period answers a peer whose last
+        // acknowledgement from us was lost and that retransmits (else it would wait for
+        // us in vain once we block elsewhere).
+        let mut last_rx = (u64::MAX, Instant::now());
+        backoff_until(self.waiter.mode, Some(timeout), || {
+            let mut guard = self.inner.borrow_mut();
+            let inner = &mut *guard;
+            inner.rx.progress(&mut inner.stats, &mut inner.errors)?;
+            let udp = inner.rx.net.as_mut().expect("checked above");
+            if udp.data_frames() != last_rx.0 {
+                last_rx = (udp.data_frames(), Instant::now());
+            }
+            let pending = udp.unacknowledged();
+            Ok((!pending && last_rx.1.elapsed() >= QUIET).then_some(()))
+        })?;
+        // A channel that failed while flushing says so.
+        let inner = self.inner.borrow();
+        match inner.rx.net.as_ref().and_then(|u| u.failed_channel()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The endpoint's counters, with the driver's or the offload engine's.
+    pub(crate) fn stats(&self) -> EndpointStats {
+        let inner = self.inner.borrow();
+        let mut st = inner.stats.clone();
+        if let Some(udp) = &inner.rx.net {
+            udp.add_counters(&mut st);
+        }
+        if let Some(off) = &inner.rx.offload {
+            st = off.stats(&st);
+        }
+        st
+    }
+
+    /// Records that `rank` failed: every later operation towards it fails.
+    pub(crate) fn mark_failed(&self, rank: u32) {
+        if let Ok(mut inner) = self.inner.try_borrow_mut() {
+            inner.failed.insert(rank);
+        }
+    }
+
+    /// Ranks found failed, ascending.
+    pub(crate) fn failed_ranks(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.inner.borrow().failed.iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Checks, at most every [`LIVENESS_PERIOD`], that the processes of same-node peers
+    /// (senders to this endpoint, endpoints it targets) live; a dead one is reported once
+    /// as [`Error::PeerFailed`] and every later operation towards it fails.
+    fn check_liveness(&self, inner: &mut Inner) {
+        let now = Instant::now();
+        if now.duration_since(inner.liveness_at) < LIVENESS_PERIOD {
+            return;
+        }
+        inner.liveness_at = now;
+        inner.liveness_due = false;
+        for (src, reason) in route::dead_peers(inner.rx.shm.as_mut(), &inner.routes) {
+            if inner.failed.insert(src.rank) {
+                inner.errors.push_back(Error::PeerFailed {
+                    rank: src.rank,
+                    dpid: src.dpid,
+                    reason,
+                });
+            }
+        }
+    }
+
+    /// Sleeps on the endpoint's descriptor until something arrives, `timeout` passes, a
+    /// protocol timer is due (retransmission, acknowledgement, probe) or it is time to
+    /// check that same-node peers live.
+    fn sleep_on_descriptor(&self, timeout: Option<Duration>) -> Result<()> {
+        let (protocol, watching) = {
+            let inner = self.inner.borrow();
+            let watching = inner.rx.shm.as_ref().is_some_and(|s| s.has_senders())
+                || inner.routes.iter().any(|(_, c)| matches!(c, Route::Shm(_)));
+            (
+                inner.rx.net.as_ref().and_then(|u| u.time_to_deadline()),
+                watching,
+            )
+        };
+        let liveness = watching.then_some(LIVENESS_PERIOD);
+        let timeout = [timeout, protocol, liveness].into_iter().flatten().min();
+        let r = self.poller.wait(timeout);
+        self.inner.borrow_mut().liveness_due = watching;
+        r
+    }
+}
+
+impl AsRawFd for Station {
+    /// The endpoint's descriptor: readable when messages have arrived. Handing it out
+    /// makes senders on shared memory ring the doorbell for every batch of messages.
+    fn as_raw_fd(&self) -> RawFd {
+        if !self.fd_exported.replace(true) {
+            let inner = self.inner.borrow();
+            inner.arm_wakeups();
+            inner.reset_doorbells();
+        }
+        self.poller.as_raw_fd()
+    }
+}
+
+impl Drop for Station {
+    fn drop(&mut self) {
+        // Linger: what was written should arrive even if the process exits right after.
+        if self.inner.borrow().rx.net.is_some() {
+            let linger = LINGER.min(self.job.config.connect_timeout);
+            if let Err(e) = self.flush_within(linger) {
+                tracing::debug!("closing endpoint DPID {}: {e}", self.dpid);
+            }
+            if let Some(udp) = self.inner.borrow_mut().rx.net.as_mut() {
+                udp.say_goodbye();
+            }
+        }
+        if let Some(off) = self.inner.borrow_mut().rx.offload.as_mut() {
+            off.close(LINGER.min(self.job.config.connect_timeout));
+        }
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            tracing::debug!(
+                "closing endpoint rank {} DPID {}: {:?}",
+                self.job.rank,
+                self.dpid,
+                self.stats()
+            );
+        }
+        self.job.close_dpid(self.dpid);
+    }
+}
+
+impl Inner {
+    /// From now on, senders (shared-memory peers, the offload engine) ring the doorbell.
+    fn arm_wakeups(&self) {
+        if let Some(shm) = &self.rx.shm {
+            shm.arm();
+        }
+        if let Some(off) = &self.rx.offload {
+            off.arm();
+        }
+    }
+
+    /// Back to polling: senders stop ringing.
+    fn disarm_wakeups(&self) {
+        if let Some(shm) = &self.rx.shm {
+            shm.disarm();
+        }
+        if let Some(off) = &self.rx.offload {
+            off.disarm();
+        }
+    }
+
+    /// Drains the doorbells and re-enables them (a re-check of the queues must follow).
+    fn reset_doorbells(&self) {
+        if let Some(shm) = &self.rx.shm {
+            shm.reset_doorbell();
+        }
+        if let Some(off) = &self.rx.offload {
+            off.reset_doorbell();
+        }
+    }
+
+    /// Whether something waits to be read without a network round.
+    fn has_ready(&self) -> bool {
+        !self.rx.ready.is_empty()
+            || !self.errors.is_empty()
+            || self.rx.shm.as_ref().is_some_and(|s| s.has_data())
+            || self.rx.offload.as_ref().is_some_and(|o| o.has_news())
+    }
+}
+
+/// `head` then `data` as one slice: `data` itself when there is no head, else both
+/// copied into `buf` (the offload engine takes one contiguous message).
+fn contiguous<'a>(head: &[u8], data: &'a [u8], buf: &'a mut Vec<u8>) -> &'a [u8] {
+    if head.is_empty() {
+        return data;
+    }
+    buf.extend_from_slice(head);
+    buf.extend_from_slice(data);
+    buf
+}
+
+/// Waiting for what the personality's `poll` returns, between the station and the wait
+/// policy: wake-ups are armed before sleeping and disarmed after, unless the descriptor
+/// was handed out.
+struct ReadWait<'a, F> {
+    at: &'a Station,
+    poll: F,
+}
+
+impl<T, F: Fn() -> Result<Option<T>>> Waitable for ReadWait<'_, F> {
+    type Output = T;
+
+    fn poll_once(&self) -> Result<Option<T>> {
+        (self.poll)()
+    }
+
+    fn arm(&self) {
+        arm(self.at);
+    }
+
+    fn disarm(&self) {
+        disarm(self.at);
+    }
+
+    fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
+        if self.at.inner.borrow().has_ready() {
+            return Ok(());
+        }
+        self.at.sleep_on_descriptor(timeout)
+    }
+}
+
+/// Senders ring from now on, and the next poll looks at the network socket.
+fn arm(at: &Station) {
+    {
+        let inner = at.inner.borrow();
+        inner.arm_wakeups();
+        inner.reset_doorbells();
+    }
+    // Sleeping is about to happen: poll the UDP socket on the next attempt.
+    at.inner.borrow_mut().rx.poll_net_next();
+}
+
+/// Back to polling, unless the descriptor was handed out.
+fn disarm(at: &Station) {
+    if !at.fd_exported.get() {
+        at.inner.borrow().disarm_wakeups();
+    }
+}
+
+/// Waiting in a send for the credits of network channel `peer` (its window is closed):
+/// each attempt makes protocol progress; sleeping is on the endpoint's descriptor, where
+/// the acknowledgement that brings credits arrives.
+struct CreditWait<'a> {
+    at: &'a Station,
+    peer: usize,
+}
+
+impl Waitable for CreditWait<'_> {
+    type Output = ();
+
+    fn poll_once(&self) -> Result<Option<()>> {
+        let mut guard = self.at.inner.borrow_mut();
+        let inner = &mut *guard;
+        inner.rx.progress(&mut inner.stats, &mut inner.errors)?;
+        let udp = inner
+            .rx
+            .net
+            .as_ref()
+            .expect("a network channel implies a link");
+        if !udp.is_blocked(self.peer) {
+            return Ok(Some(()));
+        }
+        let p = udp.peer_at(self.peer);
+        if p.closed {
+            // It said goodbye: the credits it owes will never come.
+            return Err(Error::PeerClosed {
+                rank: p.source.rank,
+                dpid: p.source.dpid,
+            });
+        }
+        let failed = inner.errors.iter().position(|e| {
+            matches!(e, Error::ChannelFailed { rank, dpid, .. } | Error::PeerFailed { rank, dpid, .. }
+                if *rank == p.source.rank && *dpid == p.source.dpid)
+        });
+        match failed.and_then(|i| inner.errors.remove(i)) {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    fn arm(&self) {
+        arm(self.at);
+    }
+
+    fn disarm(&self) {
+        disarm(self.at);
+    }
+
+    fn sleep(&self, timeout: Option<Duration>) -> Result<()> {
+        // Messages waiting to be read do not end this wait: only credits do.
+        self.at.sleep_on_descriptor(timeout)
+    }
+}

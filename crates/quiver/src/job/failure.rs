@@ -22,20 +22,11 @@
 //! otherwise, such as a rank you killed); a live rank declared failed is merely no longer
 //! waited for.
 
-use super::rendezvous::Deadline;
+use super::barrier::{Barrier, Fate};
 use super::Job;
 use super::Progress;
 use crate::error::{Error, Result};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
-
-/// Longest pause between two looks at the store while waiting in [`Job::barrier_live`].
-const MAX_STORE_POLL: Duration = Duration::from_millis(20);
-/// How often [`Job::barrier_live`] checks the processes of same-node ranks it waits for.
-const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
-/// Pause between progress rounds of the endpoints a barrier keeps going.
-const PROGRESS_PAUSE: Duration = Duration::from_micros(200);
 
 /// The value of `proc/{rank}`: this process's pid and start time.
 pub(crate) fn process_tag() -> String {
@@ -47,7 +38,7 @@ pub(crate) fn process_tag() -> String {
 }
 
 /// Parses a [`process_tag`].
-fn parse_process_tag(tag: &str) -> Option<(u32, u64)> {
+pub(super) fn parse_process_tag(tag: &str) -> Option<(u32, u64)> {
     let (pid, start) = tag.split_once('.')?;
     Some((pid.parse().ok()?, start.parse().ok()?))
 }
@@ -118,103 +109,20 @@ impl Job {
     /// that leaves. A second `barrier_live` makes them agree if that matters (as long as
     /// no further rank fails).
     pub fn barrier_live(&self, endpoints: &[&dyn Progress]) -> Result<Vec<u32>> {
-        let s = &self.shared;
-        let n = s.live_barriers.fetch_add(1, Ordering::Relaxed);
-        let arrived_key = |r: u32| format!("live/{n}/{r}");
-        // Ranks this call declared failed for its endpoints.
-        let mut declared: Vec<u32> = Vec::new();
-        let declare_endpoints_failures = |declared: &mut Vec<u32>| -> Result<()> {
-            for ep in endpoints {
-                for r in ep.failed_ranks() {
-                    if !declared.contains(&r) {
-                        self.declare_failed(r)?;
-                        declared.push(r);
-                    }
-                }
-            }
-            Ok(())
-        };
-        declare_endpoints_failures(&mut declared)?;
-        s.kv.put(&arrived_key(s.rank), "1")?;
-
-        let deadline = Deadline::after(super::BARRIER_TIMEOUT);
-        let mut pending: Vec<u32> = (0..s.size).filter(|&r| r != s.rank).collect();
-        // The processes of same-node ranks, read from the store on first need.
-        let mut procs: HashMap<u32, Option<(u32, u64)>> = HashMap::new();
-        let mut poll_every = Duration::from_millis(1);
-        let mut last_poll: Option<Instant> = None;
-        let mut last_liveness = Instant::now();
-        loop {
-            for ep in endpoints {
-                // Errors surface again on the endpoint's next read or write.
-                let _ = ep.progress();
-            }
-            if last_poll.is_none_or(|t| t.elapsed() >= poll_every) {
-                last_poll = Some(Instant::now());
-                poll_every = (poll_every * 2).min(MAX_STORE_POLL);
-                declare_endpoints_failures(&mut declared)?;
-                let mut still = Vec::with_capacity(pending.len());
-                for &r in &pending {
-                    if s.kv.try_get(&arrived_key(r))?.is_none()
-                        && s.kv.try_get(&format!("failed/{r}"))?.is_none()
-                    {
-                        still.push(r);
-                    }
-                }
-                pending = still;
-                if !pending.is_empty() && last_liveness.elapsed() >= LIVENESS_PERIOD {
-                    last_liveness = Instant::now();
-                    let me = s.nids[s.rank as usize];
-                    let mut still = Vec::with_capacity(pending.len());
-                    for &r in &pending {
-                        let local = s.nids[r as usize] == me;
-                        let dead = local && {
-                            let proc = match procs.get(&r) {
-                                Some(p) => *p,
-                                None => {
-                                    let p =
-                                        s.kv.try_get(&format!("proc/{r}"))?
-                                            .as_deref()
-                                            .and_then(parse_process_tag);
-                                    procs.insert(r, p);
-                                    p
-                                }
-                            };
-                            proc.is_some_and(|(pid, start)| {
-                                !crate::link::shm::process_alive(pid, start)
-                            })
-                        };
-                        // A rank may have arrived, and then ended, since the look above.
-                        if dead && s.kv.try_get(&arrived_key(r))?.is_none() {
-                            tracing::debug!("barrier: the process of rank {r} is gone");
-                            self.declare_failed(r)?;
-                        } else {
-                            still.push(r);
-                        }
-                    }
-                    pending = still;
-                }
-                if pending.is_empty() {
-                    break;
-                }
-                if deadline.remaining().is_zero() {
-                    tracing::debug!("live barrier {n}: ranks {pending:?} did not arrive");
-                    return Err(Error::Timeout(super::BARRIER_TIMEOUT));
-                }
-            }
-            let pause = if endpoints.is_empty() {
-                poll_every
-            } else {
-                PROGRESS_PAUSE
-            };
-            std::thread::sleep(pause);
+        let n = self.shared.live_barriers.fetch_add(1, Ordering::Relaxed);
+        Barrier {
+            job: self,
+            name: format!("live/{n}"),
+            fate: Fate::Live,
+            endpoints,
         }
+        .run()?;
         self.failed_ranks()
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::Config;
     use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous};
@@ -222,12 +130,13 @@ mod tests {
     use std::sync::atomic::AtomicU32;
     use std::sync::{Arc, Barrier};
     use std::thread;
+    use std::time::{Duration, Instant};
 
     const T: Duration = Duration::from_secs(20);
 
     /// Joins `size` ranks of one job, each on a thread of this process (one node), with a
     /// store served here; returns the jobs in rank order and the store.
-    fn jobs(size: u32) -> (Vec<Job>, KvServerHandle) {
+    pub(in crate::job) fn jobs(size: u32) -> (Vec<Job>, KvServerHandle) {
         let server = KvServer::bind("127.0.0.1:0".parse().unwrap())
             .unwrap()
             .spawn();

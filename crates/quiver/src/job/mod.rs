@@ -2,8 +2,10 @@
 //! the node of every rank ([`bootstrap`]), and opens endpoints whose addresses are
 //! exchanged through the job's [`rendezvous`] store. Ranks that outlive the failure of
 //! others learn of it and synchronise without them through the same store
-//! ([`Job::declare_failed`], [`Job::failed_ranks`], [`Job::barrier_live`]).
+//! ([`Job::declare_failed`], [`Job::failed_ranks`], [`Job::barrier_live`]). Its three
+//! barriers are one mechanism over the store ([`barrier`]).
 
+mod barrier;
 pub mod bootstrap;
 mod failure;
 pub mod rendezvous;
@@ -202,38 +204,26 @@ impl Job {
     /// instead of `barrier` once endpoints carry network traffic (until the offload
     /// engine does this in the background).
     pub fn barrier_progressing(&self, endpoints: &[&dyn Progress]) -> Result<()> {
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let waiter = s.spawn(|| {
-                let r = self.barrier();
-                done.store(true, Ordering::Release);
-                r
-            });
-            let mut pause = std::time::Duration::from_micros(10);
-            while !done.load(Ordering::Acquire) {
-                for ep in endpoints {
-                    // Errors surface again on the endpoint's next read or write.
-                    let _ = ep.progress();
-                }
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_micros(500));
-            }
-            waiter
-                .join()
-                .unwrap_or_else(|_| Err(Error::Config("barrier thread panicked".into())))
-        })
+        self.barrier_of_everyone(endpoints)
     }
 
     /// Waits until every rank of the job has called `barrier` the same number of times
     /// (through the rendezvous store: for setup and tests, not for speed). A rank that
     /// failed never arrives: ranks that outlive a failure use [`Job::barrier_live`].
     pub fn barrier(&self) -> Result<()> {
+        self.barrier_of_everyone(&[])
+    }
+
+    /// [`Job::barrier`] and [`Job::barrier_progressing`]: one count of instances, one
+    /// mechanism ([`barrier`]).
+    fn barrier_of_everyone(&self, endpoints: &[&dyn Progress]) -> Result<()> {
         let n = self.shared.barriers.fetch_add(1, Ordering::Relaxed);
-        self.shared.kv.barrier(
-            &format!("user{n}"),
-            self.shared.rank,
-            self.shared.size,
-            BARRIER_TIMEOUT,
-        )
+        barrier::Barrier {
+            job: self,
+            name: format!("barrier/user{n}"),
+            fate: barrier::Fate::Everyone,
+            endpoints,
+        }
+        .run()
     }
 }

@@ -23,7 +23,8 @@
 #        VG_REPS    repetitions of each callgrind run (default 3; at least 2 for the fit)
 #        VG_SIZE    message size of the callgrind ping-pongs (default 8)
 #        VG_POLL    regex of the poll function whose calls are counted (default
-#                   ::Endpoint::poll_once$)
+#                   ::(Endpoint::poll_once|Station::poll)$: the endpoint's poll before
+#                   416bb75, the station's after)
 #        CLUSTER    a 2-node cluster to use (default engine-ab); made with `quiver cluster
 #                   up CLUSTER --nodes 2` if absent, and then removed at exit
 #        STEPS      what to run after the builds: "counts timing" (default) or one of
@@ -75,7 +76,7 @@ pp_size=${PP_SIZE:-8}
 bw_sizes=${BW_SIZES:-64K,1M}
 read -r vg_n1 vg_n2 <<<"${VG_ITERS:-5000 20000}"
 vg_reps=${VG_REPS:-3}
-vg_poll=${VG_POLL:-::Endpoint::poll_once\$}
+vg_poll=${VG_POLL:-::(Endpoint::poll_once|Station::poll)\$}
 vg_size=${VG_SIZE:-8}
 cluster=${CLUSTER:-engine-ab}
 steps=${STEPS:-counts timing}

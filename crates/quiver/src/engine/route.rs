@@ -8,12 +8,15 @@
 //! Guarantees: a [`Received`] message's bytes stay where they are until its token is
 //! given to [`Receivers::release`]; every token is released by the receiver it came from.
 
+use super::clock::{Clock, ProtocolClock};
 use super::driver::{Driver, Ready};
 use super::offload::Offload;
 use super::stats::EndpointStats;
 use crate::addr::Source;
 use crate::error::{Error, Result};
+use crate::link::network::NetLink;
 use crate::link::shm::{ShmRx, ShmTx};
+use crate::link::Link;
 use std::collections::VecDeque;
 
 /// A shared-memory reader polls a UDP socket (a system call) only every this many polls.
@@ -67,10 +70,11 @@ pub(crate) enum Polled {
 }
 
 /// What an endpoint receives through: its shared-memory receive area, and its driver or
-/// offload engine (through which it also sends to the network).
-pub(crate) struct Receivers {
+/// offload engine (through which it also sends to the network). Generic over the
+/// driver's link and clock like the driver (the simulator's stations).
+pub(crate) struct Receivers<L: Link = NetLink, C: Clock = ProtocolClock> {
     pub shm: Option<ShmRx>,
-    pub net: Option<Driver>,
+    pub net: Option<Driver<L, C>>,
     /// The network side run by the offload engine's thread (instead of `net`).
     pub offload: Option<Offload>,
     /// Messages the driver made ready, not yet handed out.
@@ -78,9 +82,13 @@ pub(crate) struct Receivers {
     polls: u32,
 }
 
-impl Receivers {
+impl<L: Link, C: Clock> Receivers<L, C> {
     /// The receive side of an endpoint with these parts.
-    pub(crate) fn new(shm: Option<ShmRx>, net: Option<Driver>, offload: Option<Offload>) -> Self {
+    pub(crate) fn new(
+        shm: Option<ShmRx>,
+        net: Option<Driver<L, C>>,
+        offload: Option<Offload>,
+    ) -> Self {
         Receivers {
             shm,
             net,
@@ -121,7 +129,7 @@ impl Receivers {
         if self.ready.is_empty() {
             self.polls = self.polls.wrapping_add(1);
             let (shm, polls) = (self.shm.is_none(), self.polls);
-            let due = |n: &Driver| {
+            let due = |n: &Driver<L, C>| {
                 shm || n.caps().polls_in_memory || polls.is_multiple_of(UDP_POLL_EVERY)
             };
             if let Some(net) = self.net.as_mut().filter(|n| due(n)) {

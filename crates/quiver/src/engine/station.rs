@@ -14,6 +14,7 @@
 //! [`Station::release_token`]; an operation towards a rank found failed fails; nothing
 //! here waits without a bound except where the wait mode says so.
 
+use super::clock::{Clock, ProtocolClock};
 use super::driver::{self, Driver, Pace};
 use super::offload::Offload;
 use super::route::{self, Polled, Received, Receivers, Route, Token};
@@ -24,8 +25,9 @@ use crate::config::ReliabilityMode as Mode;
 use crate::config::TransportChoice;
 use crate::error::{Error, Result};
 use crate::job::JobShared;
+use crate::link::network::NetLink;
 use crate::link::shm::{ShmRx, ShmTx};
-use crate::link::Transport;
+use crate::link::{Link, Transport};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
@@ -43,11 +45,13 @@ const QUIET: Duration = Duration::from_millis(20);
 /// How long a closing endpoint waits for its last network frames to be acknowledged.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// One endpoint's station on the engine (module documentation).
-pub(crate) struct Station {
+/// One endpoint's station on the engine (module documentation). Generic over the
+/// driver's link and clock like the driver, so that the simulator runs whole stations;
+/// endpoints use the defaults.
+pub(crate) struct Station<L: Link = NetLink, C: Clock = ProtocolClock> {
     job: Arc<JobShared>,
     dpid: u16,
-    inner: RefCell<Inner>,
+    inner: RefCell<Inner<L, C>>,
     poller: Poller,
     waiter: Waiter,
     fd_exported: Cell<bool>,
@@ -55,9 +59,9 @@ pub(crate) struct Station {
     net_transport: Transport,
 }
 
-struct Inner {
+struct Inner<L: Link, C: Clock> {
     /// The receive side: shared memory, the driver or the offload engine.
-    rx: Receivers,
+    rx: Receivers<L, C>,
     routes: Vec<(Source, Route)>,
     route_index: HashMap<Source, usize>,
     /// Tokens of messages the application keeps (`Message::hold`), oldest first.
@@ -141,6 +145,40 @@ impl Station {
             poller,
             fd_exported: Cell::new(false),
             net_transport,
+        })
+    }
+}
+
+impl<L: Link, C: Clock> Station<L, C> {
+    /// A station whose only receiver and route is `driver` (no shared memory, no
+    /// offload engine): the simulator's, whose links have no descriptor to sleep on.
+    #[cfg(test)]
+    pub(crate) fn with_driver(
+        job: Arc<JobShared>,
+        dpid: u16,
+        driver: Driver<L, C>,
+    ) -> Result<Self> {
+        Ok(Station {
+            waiter: Waiter {
+                mode: job.config.wait,
+            },
+            dpid,
+            inner: RefCell::new(Inner {
+                rx: Receivers::new(None, Some(driver), None),
+                routes: Vec::new(),
+                route_index: HashMap::new(),
+                held: VecDeque::new(),
+                errors: VecDeque::new(),
+                stats: EndpointStats::default(),
+                failed: HashSet::new(),
+                empty_polls: 0,
+                liveness_at: Instant::now(),
+                liveness_due: false,
+            }),
+            poller: Poller::new()?,
+            fd_exported: Cell::new(false),
+            net_transport: Transport::Udp,
+            job,
         })
     }
 
@@ -231,7 +269,7 @@ impl Station {
 }
 
 /// Sending.
-impl Station {
+impl<L: Link, C: Clock> Station<L, C> {
     /// The common case of a send, inline in the personality's write: `head` then `data`
     /// to route `route` when it is a shared-memory ring with room, no rank has failed,
     /// and the message fits. False, having sent nothing, for everything else (then
@@ -408,7 +446,7 @@ impl Station {
 }
 
 /// Receiving, releasing and progress.
-impl Station {
+impl<L: Link, C: Clock> Station<L, C> {
     /// The next received message, if one is waiting, or the next error to report (as
     /// `Err`). Never blocks. Shared memory is polled inline (the fast path, as on the
     /// write side), then the network side.
@@ -617,7 +655,7 @@ impl Station {
     /// Checks, at most every [`LIVENESS_PERIOD`], that the processes of same-node peers
     /// (senders to this endpoint, endpoints it targets) live; a dead one is reported once
     /// as [`Error::PeerFailed`] and every later operation towards it fails.
-    fn check_liveness(&self, inner: &mut Inner) {
+    fn check_liveness(&self, inner: &mut Inner<L, C>) {
         let now = Instant::now();
         if now.duration_since(inner.liveness_at) < LIVENESS_PERIOD {
             return;
@@ -656,7 +694,7 @@ impl Station {
     }
 }
 
-impl AsRawFd for Station {
+impl<L: Link, C: Clock> AsRawFd for Station<L, C> {
     /// The endpoint's descriptor: readable when messages have arrived. Handing it out
     /// makes senders on shared memory ring the doorbell for every batch of messages.
     fn as_raw_fd(&self) -> RawFd {
@@ -669,7 +707,7 @@ impl AsRawFd for Station {
     }
 }
 
-impl Drop for Station {
+impl<L: Link, C: Clock> Drop for Station<L, C> {
     fn drop(&mut self) {
         // Linger: what was written should arrive even if the process exits right after.
         if self.inner.borrow().rx.net.is_some() {
@@ -696,7 +734,7 @@ impl Drop for Station {
     }
 }
 
-impl Inner {
+impl<L: Link, C: Clock> Inner<L, C> {
     /// From now on, senders (shared-memory peers, the offload engine) ring the doorbell.
     fn arm_wakeups(&self) {
         if let Some(shm) = &self.rx.shm {
@@ -750,12 +788,12 @@ fn contiguous<'a>(head: &[u8], data: &'a [u8], buf: &'a mut Vec<u8>) -> &'a [u8]
 /// Waiting for what the personality's `poll` returns, between the station and the wait
 /// policy: wake-ups are armed before sleeping and disarmed after, unless the descriptor
 /// was handed out.
-struct ReadWait<'a, F> {
-    at: &'a Station,
+struct ReadWait<'a, F, L: Link, C: Clock> {
+    at: &'a Station<L, C>,
     poll: F,
 }
 
-impl<T, F: Fn() -> Result<Option<T>>> Waitable for ReadWait<'_, F> {
+impl<T, F: Fn() -> Result<Option<T>>, L: Link, C: Clock> Waitable for ReadWait<'_, F, L, C> {
     type Output = T;
 
     fn poll_once(&self) -> Result<Option<T>> {
@@ -779,7 +817,7 @@ impl<T, F: Fn() -> Result<Option<T>>> Waitable for ReadWait<'_, F> {
 }
 
 /// Senders ring from now on, and the next poll looks at the network socket.
-fn arm(at: &Station) {
+fn arm<L: Link, C: Clock>(at: &Station<L, C>) {
     {
         let inner = at.inner.borrow();
         inner.arm_wakeups();
@@ -790,7 +828,7 @@ fn arm(at: &Station) {
 }
 
 /// Back to polling, unless the descriptor was handed out.
-fn disarm(at: &Station) {
+fn disarm<L: Link, C: Clock>(at: &Station<L, C>) {
     if !at.fd_exported.get() {
         at.inner.borrow().disarm_wakeups();
     }
@@ -799,12 +837,12 @@ fn disarm(at: &Station) {
 /// Waiting in a send for the credits of network channel `peer` (its window is closed):
 /// each attempt makes protocol progress; sleeping is on the endpoint's descriptor, where
 /// the acknowledgement that brings credits arrives.
-struct CreditWait<'a> {
-    at: &'a Station,
+struct CreditWait<'a, L: Link, C: Clock> {
+    at: &'a Station<L, C>,
     peer: usize,
 }
 
-impl Waitable for CreditWait<'_> {
+impl<L: Link, C: Clock> Waitable for CreditWait<'_, L, C> {
     type Output = ();
 
     fn poll_once(&self) -> Result<Option<()>> {

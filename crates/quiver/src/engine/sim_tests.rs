@@ -294,16 +294,13 @@ fn the_real_driver_repairs_what_a_faulty_link_wrapper_injects() {
     }
 }
 
+/// A station over a simulated link behind a fault injector, in virtual time.
+type SimStation = Station<Faulty<SimLink>, SimClock>;
+
 /// Two stations of one job on a two-node simulated network (`transport = udp`, so that
 /// every route is the driver's), each over its node's link wrapped by a fault injector
 /// with `faults` (seeded).
-fn station_pair(
-    faults: &FaultConfig,
-) -> (
-    Rc<RefCell<SimNet>>,
-    [Station<Faulty<SimLink>, SimClock>; 2],
-    StoreDir,
-) {
+fn station_pair(faults: &FaultConfig) -> (Rc<RefCell<SimNet>>, [SimStation; 2], StoreDir) {
     let config = Config {
         transport: TransportChoice::Udp,
         connect_timeout: Duration::from_secs(2),

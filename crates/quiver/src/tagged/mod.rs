@@ -16,8 +16,9 @@
 //!    buffer; otherwise it waits in the **pushed buffer** (the unexpected queue) until a
 //!    receive is posted.
 //! 3. Once matched, the receiver **pulls** the rest: on one node by a single copy across
-//!    address spaces (cross-memory attach, `process_vm_readv` from the sender's buffer),
-//!    then a `Done` that completes the send; otherwise (network, or cross-memory attach
+//!    address spaces (a get of `rma`: cross-memory attach, `process_vm_readv` from the
+//!    sender's buffer, or a read of its shared buffer), then a `Done` that completes the
+//!    send; otherwise (network, or cross-memory attach
 //!    not permitted) with a `Pull` acknowledgement, to which the sender answers with the
 //!    requested bytes, written into the receive buffer as they arrive.
 //! 4. Buffer preparation (touching the pages still to be transferred) is done after the
@@ -26,7 +27,7 @@
 //! 5. A large same-node pull is a **split copy** when the sender waits inside quiver
 //!    meanwhile: the receiver reads units from the front, the sender writes units from
 //!    the back (`process_vm_writev`) on its otherwise idle core, coordinated through a
-//!    slot of the sender's shared board (`rma::split`, `link::shm::split`). A sender busy
+//!    slot of the sender's shared board (`rma::split` has both halves). A sender busy
 //!    elsewhere takes no unit and the receiver pulls alone (`QUIVER_SPLIT_COPY`).
 //!
 //! [`PushMode`] selects Push-Pull (BTP(1), BTP(2) from `QUIVER_BTP1` / `QUIVER_BTP2`),
@@ -55,18 +56,14 @@ pub const SECOND_PUSH_MAX: usize = 256 << 10;
 /// Same-node pulls at least this long are offered to the sender for a split copy
 /// (shorter ones are over before a sender could join, and splitting costs a system
 /// call per claim).
-pub const SPLIT_MIN: u64 = 128 << 10;
+pub const SPLIT_MIN: u64 = rma::split::SPLIT_MIN;
 
 use crate::dm::Endpoint;
 use crate::error::{Error, Result};
 use crate::job::Job;
-use crate::link::cma;
-use crate::link::shm::split;
 use crate::link::Transport;
-use crate::rma::reach::Reach;
-use crate::rma::split as board;
-use crate::rma::{puller, window};
-use std::cell::{Cell, RefCell};
+use crate::rma::{self, puller, GetError, Got, Offer, Peer, Remote, Rma};
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::marker::PhantomData;
 use wire::{Announce, Msg};
@@ -145,76 +142,12 @@ pub struct Tagged {
     ep: Endpoint,
     rank: u32,
     st: RefCell<State>,
-    /// Whether same-node pulls may use cross-memory attach (`QUIVER_CMA`).
-    cma_on: bool,
-    /// What is known of cross-memory attach and of which same-node peers it reaches
-    /// (a probe of the nonce each rank publishes).
-    reach: Reach,
-    job: std::sync::Arc<crate::job::JobShared>,
-    /// The pull thread, when the offload engine runs.
-    puller: RefCell<Option<puller::Puller>>,
-    /// This endpoint's live shared buffers: (address, length, number).
-    shared_bufs: RefCell<Vec<(usize, usize, u32)>>,
-    next_shared: std::cell::Cell<u32>,
-    /// Peers' shared buffers mapped here, most recent last: ((rank, number), mapping).
-    peer_bufs: RefCell<VecDeque<((u32, u32), window::Mapping)>>,
-    /// Whether large same-node pulls are split copies (`QUIVER_SPLIT_COPY` and
-    /// `QUIVER_CMA`); this endpoint's board (none if it could not be created).
-    split_on: bool,
-    board: RefCell<Option<board::Board>>,
-    /// Peers' boards mapped here (`None`: could not be mapped; not tried again).
-    peer_boards: RefCell<HashMap<u32, Option<board::Board>>>,
-    /// This endpoint's sends with a board slot, until they complete.
-    helping: RefCell<Vec<Helping>>,
-    /// Off for good after a write into a receiver failed (logged once).
-    help_ok: Cell<bool>,
+    /// Same-node pulls (shared buffers, cross-memory attach, split copies, the pull
+    /// thread) and the sender's side of split copies.
+    rma: Rma,
 }
 
-/// A send whose receiver may split the pull with this endpoint.
-struct Helping {
-    slot: u16,
-    dest: u32,
-    msg: u64,
-    /// The part of the send buffer that is pulled, and its length.
-    src: *const u8,
-    avail: u64,
-    /// A write failed or the receiver asked for too much: no more claims in this slot.
-    stopped: bool,
-}
-
-/// Peers' shared buffers a receiver keeps mapped.
-const PEER_BUFS_CACHED: usize = 16;
-
-/// Memory from the job's shared pool ([`Tagged::alloc_shared`]): a send from it is
-/// read in place by a same-node receiver. Dereferences to its bytes; freed when dropped.
-pub struct SharedBuf<'t> {
-    t: &'t Tagged,
-    map: window::Mapping,
-    id: u32,
-    name: String,
-}
-
-impl std::ops::Deref for SharedBuf<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: the mapping is ours, readable and writable, for the life of self.
-        unsafe { std::slice::from_raw_parts(self.map.ptr(), self.map.len()) }
-    }
-}
-
-impl std::ops::DerefMut for SharedBuf<'_> {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above; &mut self makes this the only view.
-        unsafe { std::slice::from_raw_parts_mut(self.map.ptr(), self.map.len()) }
-    }
-}
-
-impl Drop for SharedBuf<'_> {
-    fn drop(&mut self) {
-        self.t.shared_bufs.borrow_mut().retain(|b| b.2 != self.id);
-        window::unlink(&self.name);
-    }
-}
+pub use crate::rma::window::SharedBuf;
 
 struct State {
     mode: PushMode,
@@ -308,28 +241,9 @@ impl Tagged {
     /// Opens the tagged endpoint `dpid` of this rank (every rank uses the same DPID).
     pub fn open(job: &Job, dpid: u16) -> Result<Tagged> {
         let ep = job.open(dpid)?;
-        if job.config().cma {
-            // Where Yama restricts ptrace to descendants, let the job's sibling ranks read
-            // our buffers (as Open MPI's shared-memory transport does): any process of
-            // this user may then attach to this one.
-            match cma::allow_peers() {
-                Ok(true) => tracing::debug!("cross-memory attach: peers allowed (Yama)"),
-                Ok(false) => {}
-                Err(e) => tracing::debug!("cross-memory attach: PR_SET_PTRACER: {e}"),
-            }
-        }
-        // What a peer pulling from us checks first.
-        let reach = Reach::publish(&job.shared.kv, job.rank(), dpid)?;
+        let rma = Rma::open(job, dpid)?;
         let cfg = job.config();
         let chunk = cfg.max_message - wire::MAX_HEADER;
-        let split_on = cfg.split_copy && cfg.cma;
-        let board = if split_on {
-            board::Board::create(job.shared.job_id, job.rank(), dpid)
-                .map_err(|e| tracing::debug!("split-copy board: {e}; pulls are not split"))
-                .ok()
-        } else {
-            None
-        };
         Ok(Tagged {
             rank: job.rank(),
             ep,
@@ -350,24 +264,7 @@ impl Tagged {
                 outbox: HashMap::new(),
                 stats: TaggedStats::default(),
             }),
-            cma_on: cfg.cma,
-            reach,
-            shared_bufs: RefCell::new(Vec::new()),
-            next_shared: std::cell::Cell::new(1),
-            peer_bufs: RefCell::new(VecDeque::new()),
-            split_on,
-            board: RefCell::new(board),
-            peer_boards: RefCell::new(HashMap::new()),
-            helping: RefCell::new(Vec::new()),
-            help_ok: Cell::new(true),
-            job: job.shared.clone(),
-            puller: RefCell::new(
-                if cfg.reliability == crate::config::ReliabilityMode::Offload {
-                    Some(puller::Puller::start(cfg.offload_cpu)?)
-                } else {
-                    None
-                },
-            ),
+            rma,
         })
     }
 
@@ -376,21 +273,7 @@ impl Tagged {
     /// same node is read in place by the receiver: one copy, no cross-memory attach
     /// needed. Zero-filled.
     pub fn alloc_shared(&self, len: usize) -> Result<SharedBuf<'_>> {
-        let id = self.next_shared.get();
-        self.next_shared.set(id.checked_add(1).ok_or_else(|| {
-            Error::Config("this endpoint has allocated 2^32 shared buffers".into())
-        })?);
-        let name = window::name(self.job.job_id, self.rank, id);
-        let map = window::Mapping::open(&name, Some(len))?;
-        self.shared_bufs
-            .borrow_mut()
-            .push((map.ptr() as usize, len, id));
-        Ok(SharedBuf {
-            t: self,
-            map,
-            id,
-            name,
-        })
+        self.rma.alloc_shared(len)
     }
 
     /// The Directed Point endpoint underneath (its statistics, descriptor...).
@@ -419,7 +302,11 @@ impl Tagged {
 
     /// The endpoint's counters.
     pub fn stats(&self) -> TaggedStats {
-        self.st.borrow().stats.clone()
+        let mut stats = self.st.borrow().stats.clone();
+        let split = self.rma.stats();
+        stats.pulled_split_by_sender = split.written_by_peers;
+        stats.split_helped = split.written_for_peers;
+        stats
     }
 
     /// Sends `data` to `dest` with `tag`; returns when the buffer may be reused (the
@@ -532,15 +419,18 @@ impl Tagged {
             (msg, id, first, pushed, st.chunk)
         };
         // A buffer from the shared pool is named by its number and the offset in it.
-        let at = data.as_ptr() as usize;
-        let (seg, addr) = self
-            .shared_bufs
-            .borrow()
-            .iter()
-            .find(|&&(start, blen, _)| at >= start && at + len <= start + blen)
-            .map_or((0, at as u64), |&(start, _, id)| (id, (at - start) as u64));
-        let slot = if seg == 0 && (len - pushed) as u64 >= SPLIT_MIN {
-            self.offer_split(dest, msg, &data[pushed..])?
+        let (seg, addr) = match self.rma.locate(data) {
+            Remote::Shared { window, offset } => (window, offset),
+            Remote::Memory { addr, .. } => (0, addr),
+        };
+        let rest = &data[pushed..];
+        let slot = if seg == 0
+            && self.rma.may_split(dest, rest.len() as u64)
+            && self.ep.transport_to(dest)? == Transport::Shm
+        {
+            // SAFETY: the send buffer outlives the send, which ends (`complete_send`
+            // calls `end_split`) only after the receiver is done with it.
+            unsafe { self.rma.offer_split(dest, msg, rest) }.map_or(0, |i| i + 1)
         } else {
             0
         };
@@ -650,70 +540,40 @@ impl Tagged {
         if pull_len > 0 {
             let same_node =
                 u.source == self.rank || self.ep.transport_to(u.source)? == Transport::Shm;
-            if u.head.seg != 0 && same_node {
-                // SAFETY: [pull_from, pull_from + pull_len) lies inside the receive buffer.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(ptr.add(pull_from as usize), pull_len as usize)
+            let got = if same_node {
+                let peer = Peer {
+                    rank: u.source,
+                    pid: u.head.pid,
                 };
-                if self.read_shared(
-                    u.source,
-                    u.head.seg,
-                    u.head.addr.saturating_add(pull_from),
-                    dst,
-                ) {
-                    landed += pull_len;
-                    self.st.borrow_mut().stats.pulled_shared += pull_len;
-                    tell_done = true;
-                    return self.receiving(id, u, expected, landed, tell_done);
-                }
-            }
-            let direct = u.head.seg == 0
-                && self.cma_on
-                && self.reach.cma.is_usable()
-                && u.source != self.rank
-                && self.ep.transport_to(u.source)? == Transport::Shm
-                && self.cma_reaches(u.source, u.head.pid);
-            let handed_over = direct
-                && pull_len >= puller::MIN_OFFLOADED
-                && match self.puller.borrow_mut().as_mut() {
-                    Some(p) => {
-                        p.submit(puller::Job {
-                            op: id,
-                            pid: u.head.pid,
-                            remote: cma::Piece {
-                                addr: u.head.addr.saturating_add(pull_from),
-                                len: pull_len as usize,
-                            },
-                            // In bounds: pull_from + pull_len = expected <= cap.
-                            dst: ptr as usize + pull_from as usize,
-                        })?;
-                        true
+                let at = u.head.addr.saturating_add(pull_from);
+                let remote = if u.head.seg != 0 {
+                    Remote::Shared {
+                        window: u.head.seg,
+                        offset: at,
                     }
-                    None => false,
+                } else {
+                    Remote::Memory {
+                        addr: at,
+                        split: u.head.slot.checked_sub(1).map(|slot| Offer {
+                            slot,
+                            msg: u.head.msg,
+                        }),
+                    }
                 };
-            if handed_over {
-                self.st
-                    .borrow_mut()
-                    .pulls
-                    .insert(id, (u.source, u.head.msg, pull_from, pull_len));
-            }
-            let pulled = if direct && !handed_over {
-                // SAFETY: [pull_from, pull_from + pull_len) lies inside the buffer
-                // (pull_from + pull_len = expected <= cap).
-                let dst = unsafe { ptr.add(pull_from as usize) };
-                // SAFETY: dst is valid for pull_len bytes (above), which only this pull
-                // writes until it returns.
-                let outcome = match unsafe { self.split_pull(u, pull_from, dst, pull_len) } {
-                    Some(r) => r,
-                    // SAFETY: dst is valid for pull_len bytes (above), and without a
-                    // split nothing else writes them.
-                    None => unsafe { self.read_range(u, pull_from, dst, 0..pull_len) },
+                // SAFETY: [pull_from, pull_from + pull_len) lies inside the receive buffer
+                // (pull_from + pull_len = expected <= cap), valid until the receive
+                // completes, which is not before the pull is over (a queued one is
+                // collected by `collect_pulls` first); only the pull writes it meanwhile.
+                let got = unsafe {
+                    self.rma
+                        .start_get(id, peer, remote, ptr.add(pull_from as usize), pull_len)
                 };
-                match outcome {
-                    Ok(_) => true,
-                    // Refused for good (logged once by the state): the two-copy path.
-                    Err(e) if e.unavailable().is_some() => false,
-                    Err(e) => {
+                match got {
+                    Ok(got) => got,
+                    // A shared buffer too short for the message: pulled by request.
+                    Err(GetError::OutOfBounds { .. }) => Got::Unreachable,
+                    Err(GetError::Thread(e)) => return Err(e),
+                    Err(GetError::Attach(e)) => {
                         return Err(Error::Protocol {
                             rank: u.source,
                             reason: format!("pulling message {}: {e}", u.head.msg),
@@ -721,28 +581,39 @@ impl Tagged {
                     }
                 }
             } else {
-                false
+                Got::Unreachable
             };
-            let mut st = self.st.borrow_mut();
-            if handed_over {
-                // The pull thread reports; `collect_pulls` finishes the receive.
-            } else if pulled {
-                landed += pull_len;
-                st.stats.pulled_direct += pull_len;
-                tell_done = true;
-            } else {
-                drop(st);
-                let pull = Msg::Pull {
-                    msg: u.head.msg,
-                    offset: pull_from,
-                    len: pull_len,
-                };
-                self.send_ctrl(u.source, &pull)?;
-                // SAFETY: as above; the pull request is on its way, so preparing the
-                // destination overlaps its round trip.
-                touch_pages(unsafe {
-                    std::slice::from_raw_parts(ptr.add(pull_from as usize), pull_len as usize)
-                });
+            match got {
+                Got::Shared => {
+                    landed += pull_len;
+                    self.st.borrow_mut().stats.pulled_shared += pull_len;
+                    tell_done = true;
+                }
+                Got::Attached => {
+                    landed += pull_len;
+                    self.st.borrow_mut().stats.pulled_direct += pull_len;
+                    tell_done = true;
+                }
+                Got::Queued => {
+                    // The pull thread reports; `collect_pulls` finishes the receive.
+                    self.st
+                        .borrow_mut()
+                        .pulls
+                        .insert(id, (u.source, u.head.msg, pull_from, pull_len));
+                }
+                Got::Unreachable => {
+                    let pull = Msg::Pull {
+                        msg: u.head.msg,
+                        offset: pull_from,
+                        len: pull_len,
+                    };
+                    self.send_ctrl(u.source, &pull)?;
+                    // SAFETY: as above; the pull request is on its way, so preparing the
+                    // destination overlaps its round trip.
+                    touch_pages(unsafe {
+                        std::slice::from_raw_parts(ptr.add(pull_from as usize), pull_len as usize)
+                    });
+                }
             }
         }
         self.receiving(id, u, expected, landed, tell_done)
@@ -779,238 +650,9 @@ impl Tagged {
         Ok(())
     }
 
-    /// Copies `dst.len()` bytes at `offset` of shared buffer `seg` of `source` into
-    /// `dst`; false (nothing copied) if the buffer cannot be mapped or is too short.
-    fn read_shared(&self, source: u32, seg: u32, offset: u64, dst: &mut [u8]) -> bool {
-        let mut bufs = self.peer_bufs.borrow_mut();
-        let i = match bufs.iter().position(|(k, _)| *k == (source, seg)) {
-            Some(i) => i,
-            None => {
-                let name = window::name(self.job.job_id, source, seg);
-                match window::Mapping::open(&name, None) {
-                    Ok(m) => {
-                        if bufs.len() == PEER_BUFS_CACHED {
-                            bufs.pop_front();
-                        }
-                        bufs.push_back(((source, seg), m));
-                        bufs.len() - 1
-                    }
-                    Err(e) => {
-                        tracing::debug!("shared buffer {name}: {e}; pulling by request");
-                        return false;
-                    }
-                }
-            }
-        };
-        match bufs[i].1.get(offset, dst.len()) {
-            Some(src) => {
-                dst.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Whether cross-memory attach reads the memory of `source` at `pid`.
-    fn cma_reaches(&self, source: u32, pid: u32) -> bool {
-        self.reach.reaches(&self.job.kv, source, pid)
-    }
-
-    /// Sender: takes a board slot for message `msg` to `dest` whose pulled part is
-    /// `rest`, so that its receiver may split the pull with us; the slot's number + 1,
-    /// or 0 (no split: off, not same-node, no free slot).
-    fn offer_split(&self, dest: u32, msg: u64, rest: &[u8]) -> Result<u16> {
-        if !self.split_on
-            || !self.help_ok.get()
-            || dest == self.rank
-            || !self.reach.cma.is_usable()
-            || self.ep.transport_to(dest)? != Transport::Shm
-        {
-            return Ok(0);
-        }
-        let Some(i) = self.board.borrow_mut().as_mut().and_then(|b| b.take(msg)) else {
-            return Ok(0);
-        };
-        self.helping.borrow_mut().push(Helping {
-            slot: i,
-            dest,
-            msg,
-            src: rest.as_ptr(),
-            avail: rest.len() as u64,
-            stopped: false,
-        });
-        Ok(i + 1)
-    }
-
-    /// Sender: writes the units its receivers left to it in the split copies they have
-    /// opened. Returns whether it wrote (or tried to write) any.
-    fn help(&self) -> bool {
-        let mut helping = self.helping.borrow_mut();
-        if helping.is_empty() {
-            return false;
-        }
-        let board = self.board.borrow();
-        let Some(board) = board.as_ref() else {
-            return false;
-        };
-        let mut did = false;
-        for h in helping.iter_mut().filter(|h| !h.stopped) {
-            let Some(slot) = board.slot(h.slot) else {
-                continue;
-            };
-            while self.help_ok.get() {
-                let Some((units, d)) = slot.claim_back() else {
-                    break;
-                };
-                did = true;
-                let bytes = split::byte_range(&units, d.len);
-                let n = (bytes.end - bytes.start) as usize;
-                // The receiver names the process to write into: only one that proves to
-                // be that rank (its published nonce) is written.
-                let written = d.len <= h.avail && self.cma_reaches(h.dest, d.pid) && {
-                    let start = bytes.start as usize;
-                    // SAFETY: bytes.end <= d.len <= avail: inside the pulled part of the send
-                    // buffer, valid until the send completes (it is in `helping` until then).
-                    let local = unsafe { std::slice::from_raw_parts(h.src.add(start), n) };
-                    let remote = [cma::Piece {
-                        addr: d.dst.wrapping_add(bytes.start),
-                        len: n,
-                    }];
-                    match cma::write_to(d.pid, &remote, local) {
-                        Ok(w) if w == n => true,
-                        r => {
-                            tracing::info!(
-                                "rank {}: writing into its buffer (split copy) failed ({:?}); \
-                                 this endpoint stops helping its receivers",
-                                h.dest,
-                                r.err()
-                            );
-                            self.help_ok.set(false);
-                            false
-                        }
-                    }
-                };
-                if written {
-                    slot.helped(units);
-                    self.st.borrow_mut().stats.split_helped += n as u64;
-                } else {
-                    // At most one failed range per slot: the receiver reads it itself.
-                    slot.failed(units);
-                    h.stopped = true;
-                    break;
-                }
-            }
-        }
-        did
-    }
-
-    /// Reads bytes `range` of the pulled part of `u`'s message (the part from byte `from`
-    /// on) into the same range of `dst`, with cross-memory attach.
-    ///
-    /// # Safety
-    /// `dst` must be valid for writes of `range.end` bytes, and nothing else may write
-    /// `dst[range]` during the call.
-    unsafe fn read_range(
-        &self,
-        u: &Unexpected,
-        from: u64,
-        dst: *mut u8,
-        range: std::ops::Range<u64>,
-    ) -> std::result::Result<usize, cma::CmaError> {
-        let n = (range.end - range.start) as usize;
-        // SAFETY: contract of this function.
-        let local = unsafe { std::slice::from_raw_parts_mut(dst.add(range.start as usize), n) };
-        let remote = [cma::Piece {
-            addr: u.head.addr.saturating_add(from).saturating_add(range.start),
-            len: n,
-        }];
-        self.reach.cma.read_from(u.head.pid, &remote, local)
-    }
-
-    /// Receiver: pulls `len` bytes of `u`'s message from `from` into `dst` as a split copy
-    /// with its sender, if the sender offered one; `None` if not (pull alone). Returns
-    /// after every byte is in place (or the pull failed) and the sender no longer writes.
-    ///
-    /// # Safety
-    /// `dst` must be valid for writes of `len` bytes that nothing else in this process
-    /// writes until the call returns (the sender writes some through the kernel).
-    unsafe fn split_pull(
-        &self,
-        u: &Unexpected,
-        from: u64,
-        dst: *mut u8,
-        len: u64,
-    ) -> Option<std::result::Result<usize, cma::CmaError>> {
-        if !self.split_on || u.head.slot == 0 || len < SPLIT_MIN {
-            return None;
-        }
-        let units = split::units_for(len)?;
-        let mut boards = self.peer_boards.borrow_mut();
-        let board = boards
-            .entry(u.source)
-            .or_insert_with(|| {
-                board::Board::open_peer(self.job.job_id, u.source, self.ep.dpid())
-                    .map_err(|e| tracing::debug!("rank {}: split-copy board: {e}", u.source))
-                    .ok()
-            })
-            .as_ref()?;
-        let slot = board.slot(u.head.slot - 1)?;
-        let dest = split::Destination {
-            dst: dst as u64,
-            len,
-            pid: std::process::id(),
-        };
-        let mut mine = slot.open(u.head.msg, units, dest)?;
-        let read = |units: &std::ops::Range<u32>| {
-            // SAFETY: the units' bytes lie inside [0, len) of the destination (valid for
-            // len bytes: contract of this function), and they are claimed by us alone:
-            // nobody else writes them.
-            unsafe { self.read_range(u, from, dst, split::byte_range(units, len)) }
-        };
-        let mut result = Ok(());
-        loop {
-            // After a failure, go on claiming without reading: the split must end (and
-            // the sender stop writing) before the buffer is handed back.
-            if result.is_ok() {
-                result = read(&mine).map(|_| ());
-            }
-            match slot.claim_front(units) {
-                Some(next) => mine = next,
-                None => break,
-            }
-        }
-        let share = slot.sender_share(units);
-        let mut spins: u32 = 0;
-        let failed = loop {
-            if let Some(f) = slot.sender_finished(share) {
-                break f;
-            }
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) {
-                if !crate::link::shm::process_alive(u.head.pid, 0) {
-                    // Gone in the middle of its units: they are ours now (and reading
-                    // them fails, which fails the receive).
-                    break units - share..units;
-                }
-                // The sender may share this core.
-                std::thread::yield_now();
-            }
-            std::hint::spin_loop();
-        };
-        if result.is_ok() && !failed.is_empty() {
-            result = read(&failed).map(|_| ());
-        }
-        let by_sender = split::byte_range(&(units - share..units), len);
-        let failed = split::byte_range(&failed, len);
-        let mut st = self.st.borrow_mut();
-        st.stats.pulled_split_by_sender +=
-            (by_sender.end - by_sender.start) - (failed.end - failed.start);
-        Some(result.map(|()| len as usize))
-    }
-
     /// Handles one protocol message if one has arrived.
     fn poll(&self) -> Result<bool> {
-        let helped = self.help();
+        let helped = self.rma.help();
         let flushed = self.flush_outbox()? || helped;
         if self.collect_pulls()? {
             return Ok(true);
@@ -1026,23 +668,23 @@ impl Tagged {
     /// Finishes the receives whose pull the pull thread has made; returns whether there
     /// was one.
     fn collect_pulls(&self) -> Result<bool> {
-        let finished = match self.puller.borrow_mut().as_mut() {
-            Some(p) if p.pending > 0 => p.try_finished(),
-            _ => return Ok(false),
-        };
-        let Some(f) = finished else {
+        let Some((op, result)) = self.rma.completed() else {
             return Ok(false);
         };
-        let Some((source, msg, offset, len)) = self.st.borrow_mut().pulls.remove(&f.op) else {
+        let Some((source, msg, offset, len)) = self.st.borrow_mut().pulls.remove(&op) else {
             return Ok(true);
         };
-        let reply = match f.result {
-            Ok(()) => {
+        let reply = match result {
+            Ok(Got::Unreachable) => {
+                // Refused: the two-copy path for this and later pulls.
+                Msg::Pull { msg, offset, len }
+            }
+            Ok(_) => {
                 let mut st = self.st.borrow_mut();
                 let st = &mut *st;
                 st.stats.pulled_direct += len;
                 st.stats.pulled_on_thread += len;
-                if let Some(Op::Recv(r)) = st.ops.get_mut(&f.op) {
+                if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
                     if let RecvState::Receiving { landed, .. } = &mut r.state {
                         *landed += len;
                     }
@@ -1052,15 +694,10 @@ impl Tagged {
                 }
                 Msg::Done { msg }
             }
-            // Refused: the two-copy path for this and later pulls.
-            Err(e) if e.unavailable().is_some() => {
-                self.reach.cma.record(0, &e);
-                Msg::Pull { msg, offset, len }
-            }
             Err(e) => {
                 let mut st = self.st.borrow_mut();
                 st.incoming.remove(&(source, msg));
-                if let Some(Op::Recv(r)) = st.ops.get_mut(&f.op) {
+                if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
                     r.state = RecvState::Done(Some(Err(Error::Protocol {
                         rank: source,
                         reason: format!("pulling message {msg}: {e}"),
@@ -1075,8 +712,7 @@ impl Tagged {
 
     /// Waits for the next protocol message and handles it.
     fn wait_message(&self) -> Result<()> {
-        let busy = self.puller.borrow().as_ref().is_some_and(|p| p.pending > 0)
-            || !self.st.borrow().outbox.is_empty();
+        let busy = self.rma.busy() || !self.st.borrow().outbox.is_empty();
         if busy {
             // A pull is under way (its completion comes from a thread, not the
             // endpoint), or the outbox waits for room: poll, do not block.
@@ -1086,7 +722,7 @@ impl Tagged {
             return Ok(());
         }
         // A receiver may open a split copy while we wait: help on every empty poll.
-        let Some(m) = self.ep.read_or_idle(&|| self.help())? else {
+        let Some(m) = self.ep.read_or_idle(&|| self.rma.help())? else {
             return Ok(());
         };
         let source = m.source().rank;
@@ -1348,14 +984,7 @@ impl Tagged {
     }
 
     fn complete_send(&self, dest: u32, msg: u64, id: u64) {
-        let mut helping = self.helping.borrow_mut();
-        if let Some(i) = helping.iter().position(|h| h.dest == dest && h.msg == msg) {
-            let h = helping.swap_remove(i);
-            if let Some(b) = self.board.borrow_mut().as_mut() {
-                b.give_back(h.slot);
-            }
-        }
-        drop(helping);
+        self.rma.end_split(dest, msg);
         let mut st = self.st.borrow_mut();
         st.outgoing.remove(&(dest, msg));
         if let Some(Op::Send(s)) = st.ops.get_mut(&id) {

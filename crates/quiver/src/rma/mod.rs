@@ -1,18 +1,242 @@
 //! One-sided access to the memory of another process of the node: the machinery behind
 //! tagged messaging's single-copy pulls, which deposit/fetch RMA (milestone 2) builds on.
 //!
-//! - [`window`]: shared buffers, memory a sender allocates in named shared-memory objects
-//!   so that a same-node receiver reads it in place, without the permission that
-//!   cross-memory attach needs.
-//! - [`split`]: the split-copy board, where the two processes of one large transfer
-//!   divide its copy (`link::shm::split` is the protocol of one slot).
-//! - [`puller`]: the pull phase on a core of its own, for the offload engine's users.
+//! What it owns, per endpoint, in one [`Rma`]:
+//!
+//! - the **get** ([`Rma::get`], [`Rma::start_get`]): copies bytes of a same-node peer's
+//!   memory into a local buffer, from the peer's shared buffer when the bytes lie in one
+//!   ([`Remote::Shared`]), else by cross-memory attach ([`Remote::Memory`]), as a split
+//!   copy when the peer offered one, on the pull thread when it runs and the get is
+//!   large. When neither path reaches the peer the get says so ([`Got::Unreachable`]) and
+//!   the caller has the peer send the bytes over its channel instead;
+//! - the **windows** a peer reads ([`window`]): shared buffers allocated here
+//!   ([`Rma::alloc_shared`]), their registry ([`Rma::locate`] names local bytes as a
+//!   [`Remote`] for a peer), and the peers' shared buffers mapped here;
+//! - the **sender's half of a split copy** ([`split`]): offering a board slot for a
+//!   transfer ([`Rma::offer_split`]) and writing the units the receiver leaves to it
+//!   ([`Rma::help`]);
+//! - [`puller`]: the pull phase on a core of its own, for the offload engine's users;
 //! - [`reach`]: whether cross-memory attach reaches a peer, proved by a published nonce.
 //!
-//! Still in `tagged` (stage C3 of the engine redesign moves them here): piecewise reads
-//! and the two halves of a split copy.
+//! What it guarantees: no input from a peer (a window number, an offset, an address, a
+//! board slot) makes it panic or touch memory outside the destination it was given; a
+//! range outside a peer's window is [`GetError::OutOfBounds`], a transfer that the
+//! kernel fails is [`GetError::Attach`], and a refusal of cross-memory attach (logged
+//! once) makes later gets [`Got::Unreachable`] rather than errors. A get that returns has
+//! finished writing its destination (a peer helping with a split copy included), except
+//! a [`Got::Queued`] one, whose end [`Rma::completed`] reports.
+//!
+//! Who calls it: `tagged` (its pulls, and the sender's side of split copies). It knows
+//! nothing of messages, tags or channels; whether a peer is on this node is the caller's
+//! to say (only same-node peers are asked for).
 
+mod get;
 pub(crate) mod puller;
 pub(crate) mod reach;
 pub(crate) mod split;
+#[cfg(test)]
+mod tests;
 pub(crate) mod window;
+
+use crate::config::ReliabilityMode;
+use crate::error::Result;
+use crate::job::{Job, JobShared};
+use crate::link::cma::{self, CmaError};
+use reach::Reach;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use window::SharedBuf;
+
+/// A same-node peer endpoint whose memory a get reads: its rank, and its process as the
+/// peer itself reported it (checked before it is trusted, see [`reach`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Peer {
+    pub rank: u32,
+    pub pid: u32,
+}
+
+/// Where the bytes of a get lie in the peer's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Remote {
+    /// At `offset` in the peer's shared buffer number `window` (one it allocated with
+    /// [`Rma::alloc_shared`]), read in place.
+    Shared { window: u32, offset: u64 },
+    /// At address `addr` of the peer's process, read by cross-memory attach; `split`: the
+    /// peer offered to write part of the transfer itself ([`Rma::offer_split`]).
+    Memory { addr: u64, split: Option<Offer> },
+}
+
+/// A split copy a peer offered for one transfer: the slot of its board
+/// ([`Rma::offer_split`] returned it) and the number it gave the transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub slot: u16,
+    pub msg: u64,
+}
+
+/// How a get went (its errors are [`GetError`]s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Got {
+    /// Every byte is in place, read from the peer's shared buffer.
+    Shared,
+    /// Every byte is in place, by cross-memory attach (some perhaps written by the peer:
+    /// a split copy).
+    Attached,
+    /// Handed to the pull thread: [`Rma::completed`] reports its end.
+    Queued,
+    /// Nothing was copied: neither path reaches the peer (no such shared buffer, attach
+    /// refused or turned off, the peer is this very endpoint). The caller asks the peer
+    /// to send the bytes.
+    Unreachable,
+}
+
+/// Why a get failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GetError {
+    /// The bytes asked for do not lie inside the peer's shared buffer.
+    #[error(
+        "bytes {offset}..+{len} lie outside shared buffer {window} of rank {rank} ({size} bytes)"
+    )]
+    OutOfBounds {
+        rank: u32,
+        window: u32,
+        offset: u64,
+        len: u64,
+        size: usize,
+    },
+    /// Cross-memory attach failed for this transfer (a bad address, the peer gone...);
+    /// a refusal for good is [`Got::Unreachable`] instead.
+    #[error(transparent)]
+    Attach(CmaError),
+    /// The pull thread could not take the get.
+    #[error(transparent)]
+    Thread(crate::error::Error),
+}
+
+/// Bytes one endpoint moved in split copies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RmaStats {
+    /// Of this endpoint's gets, bytes that the peer wrote (split copies).
+    pub written_by_peers: u64,
+    /// Bytes this endpoint wrote into its peers' destinations (split copies).
+    pub written_for_peers: u64,
+}
+
+/// One endpoint's one-sided access to its same-node peers, and theirs to it.
+pub(crate) struct Rma {
+    job: Arc<JobShared>,
+    rank: u32,
+    dpid: u16,
+    /// Whether gets may use cross-memory attach (`QUIVER_CMA`).
+    cma_on: bool,
+    /// What is known of cross-memory attach and of which same-node peers it reaches
+    /// (a probe of the nonce each endpoint publishes).
+    reach: Reach,
+    /// The pull thread, when the offload engine runs.
+    puller: RefCell<Option<puller::Puller>>,
+    /// Shared buffers: this endpoint's, and the peers' mapped here.
+    windows: window::Windows,
+    /// Whether large gets by attach are split copies (`QUIVER_SPLIT_COPY` and
+    /// `QUIVER_CMA`); this endpoint's board (none if it could not be created).
+    split_on: bool,
+    board: RefCell<Option<split::Board>>,
+    /// Peers' boards mapped here (`None`: could not be mapped; not tried again).
+    peer_boards: RefCell<HashMap<u32, Option<split::Board>>>,
+    /// This endpoint's offered split copies, until their transfers end.
+    helping: RefCell<Vec<split::Helping>>,
+    /// Off for good after a write into a peer failed (logged once).
+    help_ok: Cell<bool>,
+    stats: Cell<RmaStats>,
+}
+
+impl Rma {
+    /// Sets up one-sided access for endpoint `dpid` of this rank: lets same-node peers
+    /// attach to this process (where Yama asks for it), publishes the nonce they probe,
+    /// creates the split-copy board and, with the offload engine, starts the pull thread.
+    pub(crate) fn open(job: &Job, dpid: u16) -> Result<Rma> {
+        let cfg = job.config();
+        if cfg.cma {
+            // Where Yama restricts ptrace to descendants, let the job's sibling ranks read
+            // our buffers (as Open MPI's shared-memory transport does): any process of
+            // this user may then attach to this one.
+            match cma::allow_peers() {
+                Ok(true) => tracing::debug!("cross-memory attach: peers allowed (Yama)"),
+                Ok(false) => {}
+                Err(e) => tracing::debug!("cross-memory attach: PR_SET_PTRACER: {e}"),
+            }
+        }
+        // What a peer reading from us checks first.
+        let reach = Reach::publish(&job.shared.kv, job.rank(), dpid)?;
+        let split_on = cfg.split_copy && cfg.cma;
+        let board = if split_on {
+            split::Board::create(job.shared.job_id, job.rank(), dpid)
+                .map_err(|e| tracing::debug!("split-copy board: {e}; pulls are not split"))
+                .ok()
+        } else {
+            None
+        };
+        let puller = if cfg.reliability == ReliabilityMode::Offload {
+            Some(puller::Puller::start(cfg.offload_cpu)?)
+        } else {
+            None
+        };
+        Ok(Rma {
+            rank: job.rank(),
+            dpid,
+            cma_on: cfg.cma,
+            reach,
+            puller: RefCell::new(puller),
+            windows: window::Windows::new(job.shared.job_id, job.rank()),
+            split_on,
+            board: RefCell::new(board),
+            peer_boards: RefCell::new(HashMap::new()),
+            helping: RefCell::new(Vec::new()),
+            help_ok: Cell::new(true),
+            stats: Cell::new(RmaStats::default()),
+            job: job.shared.clone(),
+        })
+    }
+
+    /// Allocates a shared buffer of `len` bytes, zero-filled, that same-node peers read
+    /// in place ([`Remote::Shared`]); freed when dropped.
+    pub(crate) fn alloc_shared(&self, len: usize) -> Result<SharedBuf<'_>> {
+        self.windows.alloc(len)
+    }
+
+    /// How a peer names `data`, bytes of this process: inside one of this endpoint's
+    /// shared buffers, or at their address (the peer reads them by attach).
+    pub(crate) fn locate(&self, data: &[u8]) -> Remote {
+        match self.windows.locate(data) {
+            Some((window, offset)) => Remote::Shared { window, offset },
+            None => Remote::Memory {
+                addr: data.as_ptr() as u64,
+                split: None,
+            },
+        }
+    }
+
+    /// Whether gets are under way on the pull thread (their completions come from a
+    /// thread: poll [`Rma::completed`], do not block on the endpoint).
+    pub(crate) fn busy(&self) -> bool {
+        self.puller.borrow().as_ref().is_some_and(|p| p.pending > 0)
+    }
+
+    /// What this endpoint moved in split copies so far.
+    pub(crate) fn stats(&self) -> RmaStats {
+        self.stats.get()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut RmaStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    /// Whether cross-memory attach reads the memory of `rank` at `pid`: checked once per
+    /// peer by reading the nonce it published.
+    fn reaches(&self, rank: u32, pid: u32) -> bool {
+        self.reach.reaches(&self.job.kv, rank, pid)
+    }
+}

@@ -164,10 +164,13 @@ impl Endpoint {
     /// The next message, if one is waiting. Never blocks.
     #[inline]
     pub fn try_read(&self) -> Result<Option<Message<'_>>> {
-        match self.station.try_poll() {
-            Ok(r) => Ok(r.map(|r| self.message(r))),
-            Err(e) => Err(self.report(e)),
+        if let Some(m) = self.poll_once()? {
+            return Ok(Some(m));
         }
+        if self.station.rearm_doorbells() {
+            return self.poll_once();
+        }
+        Ok(None)
     }
 
     /// The next message, waiting for it per the wait mode (`QUIVER_WAIT`).
@@ -293,8 +296,8 @@ impl Endpoint {
     /// One poll of the station, its errors reported.
     #[inline]
     fn poll_once(&self) -> Result<Option<Message<'_>>> {
-        match self.station.poll() {
-            Ok(r) => Ok(r.map(|r| self.message(r))),
+        match self.station.poll_into(|r| self.message(r)) {
+            Ok(m) => Ok(m),
             Err(e) => Err(self.report(e)),
         }
     }

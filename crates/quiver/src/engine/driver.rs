@@ -120,7 +120,7 @@ impl<L: Link, C: Clock> Driver<L, C> {
     /// claims to come from it: a peer registers before it sends, and a forged source must
     /// not stall us). A known peer is found inline (every received frame asks); only a new
     /// one goes to the rendezvous, out of line.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
         match self.core.find_peer(peer) {
             Some(i) => Ok(i),

@@ -14,6 +14,8 @@
 //! - [`station`]: one endpoint's station on the engine, under a personality's API:
 //!   its routes and receivers, sending on a route (waiting for room or credits),
 //!   polling, releasing, flushing, the liveness watch, waiting and lingering on close.
+//! - [`protocol`]: the protocol hook: a personality's sans-IO state machine, handed its
+//!   messages where progress runs, answering through an outbox that never blocks.
 //! - [`clock`]: the protocol clock of the channels' timers.
 //! - [`stats`]: the counters of an endpoint, which the driver keeps.
 //! - [`wait`]: how blocking calls wait (spin, block, hybrid), the epoll poller and the
@@ -27,6 +29,7 @@ pub(crate) mod clock;
 pub(crate) mod core;
 pub(crate) mod driver;
 pub(crate) mod offload;
+pub(crate) mod protocol;
 pub(crate) mod route;
 #[cfg(test)]
 mod sim_tests;

@@ -6,13 +6,15 @@
 //!
 //! Then whole endpoints: two [`Station`]s (what a `dm::Endpoint` stands on: routes,
 //! receivers, sending on a route, polling, holding and releasing tokens) over the same
-//! simulated network, under random fault schedules and reader behaviour (proptest).
+//! simulated network, under random fault schedules and reader behaviour (proptest); and a
+//! [`Protocol`] on the hook, driven by its station, answering through its outbox.
 //!
 //! Every run is a function of its seed and bounded in virtual time: a protocol that stops
 //! making progress fails the test instead of hanging it.
 
 use super::clock::Clock;
 use super::driver::{Driver, Pace, Ready};
+use super::protocol::{Disposition, Outbox, Protocol};
 use super::station::Station;
 use super::stats::EndpointStats;
 use crate::addr::Source;
@@ -319,7 +321,7 @@ fn station_pair(faults: &FaultConfig) -> (Rc<RefCell<SimNet>>, [SimStation; 2], 
             window,
         )
         .unwrap();
-        Station::with_driver(job.shared.clone(), DPID, driver).unwrap()
+        Station::with_driver(job.shared.clone(), DPID, driver, SimClock(net.clone())).unwrap()
     };
     let stations = [station(&j0, 0), station(&j1, 1)];
     (net, stations, dir)
@@ -556,5 +558,137 @@ mod properties {
         ) {
             stations_exchange(&sizes, &faults, reader);
         }
+    }
+}
+
+/// A protocol on the hook, as ports and RMA's target side will be: rank 1 serves a
+/// counter. `add` + a number adds it and answers `sum` + the running total through the
+/// outbox (consumed); anything else is delivered to the reader. Its timeout sends rank 0
+/// a `tick` every millisecond, `ticks` times.
+struct Counter {
+    sum: u64,
+    client: Source,
+    ticks_left: u32,
+    next_tick: Option<Time>,
+}
+
+impl Protocol for Counter {
+    fn handle_message(
+        &mut self,
+        _now: Time,
+        from: Source,
+        msg: &[u8],
+        out: &mut Outbox,
+    ) -> Disposition {
+        let Some(n) = msg.strip_prefix(b"add") else {
+            return Disposition::Deliver;
+        };
+        self.sum += u64::from_le_bytes(n.try_into().expect("8 bytes"));
+        out.send(from, b"sum", &self.sum.to_le_bytes())
+            .expect("the simulated routes take every message");
+        Disposition::Consumed
+    }
+
+    fn handle_timeout(&mut self, now: Time, out: &mut Outbox) {
+        out.send(self.client, b"tick", &[]).expect("room");
+        self.ticks_left -= 1;
+        self.next_tick = (self.ticks_left > 0).then(|| now + Duration::from_millis(1));
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        self.next_tick
+    }
+}
+
+/// Rank 0 sends `adds` requests interleaved with plain messages; rank 1's counter,
+/// driven by its station, answers each request, delivers the plain messages in order and
+/// ticks. Rank 0 sees every running total in order and every tick.
+fn counter_service(faults: &FaultConfig, adds: u64, ticks: u32) {
+    let (net, stations, _store) = station_pair(faults);
+    let [s0, s1] = &stations;
+    let client = Source {
+        rank: 0,
+        dpid: DPID,
+    };
+    let to1 = s0
+        .connect(Source {
+            rank: 1,
+            dpid: DPID,
+        })
+        .unwrap();
+    let mut counter = Counter {
+        sum: 0,
+        client,
+        ticks_left: ticks,
+        next_tick: Some(Time::from_duration(Duration::from_millis(1))),
+    };
+    let mut out = Outbox::new(64);
+    let (mut sent, mut sums, mut plain, mut ticks_got, mut expected_sum) = (0u64, 0u64, 0u64, 0, 0);
+    while sums < adds || plain < adds || ticks_got < ticks {
+        if sent < adds {
+            sent += 1;
+            assert!(s0.send(to1, b"add", &sent.to_le_bytes(), false).unwrap());
+            assert!(s0.send(to1, b"dm:", &sent.to_le_bytes(), false).unwrap());
+        }
+        while let Some(r) = s1.drive(&mut counter, &mut out).unwrap() {
+            // SAFETY: valid until the token is released, below.
+            let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
+            plain += 1;
+            assert_eq!(bytes[..3], *b"dm:");
+            assert_eq!(bytes[3..], plain.to_le_bytes(), "plain messages in order");
+            s1.release_token(r.token);
+        }
+        while let Some(r) = s0.poll().unwrap() {
+            // SAFETY: as above.
+            let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
+            if bytes == b"tick" {
+                ticks_got += 1;
+            } else {
+                sums += 1;
+                expected_sum += sums;
+                assert_eq!(bytes[..3], *b"sum");
+                assert_eq!(bytes[3..], expected_sum.to_le_bytes(), "answer {sums}");
+            }
+            s0.release_token(r.token);
+        }
+        let now = net.borrow().now();
+        let tick = counter.next_tick.map(|t| t.as_duration().max(now));
+        let next = [
+            net.borrow().next_arrival(),
+            s0.poll_timeout().map(|d| now + d),
+            s1.poll_timeout().map(|d| now + d),
+            tick,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now + Duration::from_millis(1))
+        .max(now + Duration::from_nanos(1));
+        net.borrow_mut().advance(next);
+        assert!(
+            next < VIRTUAL_LIMIT,
+            "stuck: {sums} of {adds} answers, {plain} plain messages, {ticks_got} ticks"
+        );
+    }
+    assert!(out.is_empty());
+    assert_eq!(counter.sum, adds * (adds + 1) / 2);
+    assert_eq!(ticks_got, ticks);
+    let until = net.borrow().now() + Duration::from_millis(50);
+    while net.borrow().now() < until {
+        s0.progress().unwrap();
+        s1.progress().unwrap();
+        advance_stations(&net, &stations);
+    }
+}
+
+#[test]
+fn a_protocol_on_the_hook_answers_through_its_outbox_and_ticks_on_its_timeout() {
+    counter_service(&FaultConfig::none(), 200, 5);
+    for seed in 0..3u64 {
+        let faults = FaultConfig::parse(&format!(
+            "loss=0.05,dup=0.02,reorder=0.05,reorder_delay=200us,corrupt=0.01,seed={seed}"
+        ))
+        .unwrap();
+        counter_service(&faults, 150, 8);
     }
 }

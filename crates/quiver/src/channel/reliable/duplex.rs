@@ -299,6 +299,7 @@ impl<B> Duplex<B> {
     /// it would return `None` and change nothing that matters. Asking first spares a
     /// transmit loop its last, empty call (two per ping-pong message, about 45
     /// instructions between them).
+    #[inline(always)]
     pub fn wants_transmit(&self) -> bool {
         self.last_heard.is_none()
             || self.last_sent.is_none()
@@ -399,6 +400,7 @@ impl<B> Duplex<B> {
         c
     }
 
+    #[inline(always)]
     fn collect_errors(&mut self) {
         while let Some(e) = self.receiver.poll_error() {
             self.events.push_back(Event::Error(e));

@@ -527,6 +527,7 @@ impl Sender {
     /// false only when it would certainly return `None`. Unlike
     /// [`has_transmit`](Self::has_transmit) it changes nothing, so a caller can ask it
     /// before every call instead of making the last call that comes back empty.
+    #[inline]
     pub fn wants_transmit(&self) -> bool {
         !self.failed
             && (!self.retx.is_empty()

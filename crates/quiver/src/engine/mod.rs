@@ -22,8 +22,8 @@
 //!   eventfd notifier.
 //!
 //! The personalities (Directed Point endpoints in `dm`, tagged messaging) sit above and
-//! reach links only through the engine, except for the inline shared-memory fast path of
-//! `dm`.
+//! reach links only through the engine: each stands on a [`station::Station`], whose
+//! shared-memory fast paths are inlined into their calls.
 
 pub(crate) mod clock;
 pub(crate) mod core;

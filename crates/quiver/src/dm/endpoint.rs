@@ -293,13 +293,12 @@ impl Endpoint {
         self.station.release_token(t);
     }
 
-    /// One poll of the station, its errors reported.
+    /// One poll of the station: the errors the endpoint delivers go through the error
+    /// handler; a failure of the link's own calls is returned as it is.
     #[inline]
     fn poll_once(&self) -> Result<Option<Message<'_>>> {
-        match self.station.poll_into(|r| self.message(r)) {
-            Ok(m) => Ok(m),
-            Err(e) => Err(self.report(e)),
-        }
+        self.station
+            .poll_into(|r| self.message(r), |e| self.report(e))
     }
 
     /// A received message as the application sees it.

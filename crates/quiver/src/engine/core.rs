@@ -6,26 +6,32 @@
 //! with one reliable channel ([`Duplex`]) and one reassembly channel ([`RxChannel`]) per
 //! peer endpoint, delivery into [`Ready`] messages, the copies of frames evacuated from
 //! a link's ring, and the timers' deadline. It reads received frames in the memory the
-//! link lends it ([`SlotMemory`]) and gives every slot back exactly once; it never
+//! link lends it ([`SlotMemory`]): a frame it accepts, it gives back exactly once
+//! (itself, or through the [`Ready`] message's release); a datagram it refuses
+//! ([`Checked::Dropped`], [`Checked::Corrupted`]) the caller gives back. It never
 //! receives, sends or reads a clock: time comes in as an argument, and what is to be
 //! sent goes out as a [`Transmit`] the driver sends.
 //!
 //! One progress round calls it in this order (the driver's `progress`):
 //!
-//! 1. [`Core::begin_round`]; then for every received datagram, [`Core::check`]; an accepted frame from a peer not
-//!    in the table yet needs the driver to resolve its address ([`Core::add_peer`]);
-//!    then [`Core::handle_frame`], which delivers a whole message taken in order at once
-//!    and hands every other frame to its channel;
-//! 2. [`Core::evacuate`] for every slot the link's ring is about to come round to;
-//! 3. when a frame went to a channel or a timer is due, [`Core::handle_round`]: timers,
+//! 1. on a poll that received nothing, [`Core::evacuate`] for a slot the link's ring is
+//!    stopped at, if any;
+//! 2. [`Core::begin_round`]; then for every received datagram, [`Core::check`]; an
+//!    accepted frame from a peer not in the table yet needs the driver to resolve its
+//!    address ([`Core::add_peer`]); then [`Core::handle_frame`], which delivers a whole
+//!    message taken in order at once and hands every other frame to its channel;
+//! 3. [`Core::evacuate`] for every slot the link's ring is about to come round to;
+//! 4. when a frame went to a channel or a timer is due, [`Core::handle_round`]: timers,
 //!    delivery of in-order frames (reassembled when a message spans several), channel
 //!    events;
-//! 4. [`Core::poll_transmit`] for every peer, and the driver sends what it returns;
-//! 5. [`Core::update_deadline`], with the link's own deadline when it holds frames back.
+//! 5. [`Core::poll_transmit`] for every peer, and the driver sends what it returns (then
+//!    calls the link's own timeout when it holds frames back);
+//! 6. [`Core::update_deadline`], with the link's own deadline when it holds frames back.
 //!
-//! Sending ([`Core::send_lone`], [`Core::send_part`], [`Core::send`]) and releasing
-//! ([`Core::release_slot`], [`Core::release_owned`]) are called between rounds, and
-//! are followed by `poll_transmit` for the peer concerned.
+//! Sending ([`Core::send_lone`], [`Core::send_part`], [`Core::send`]) is called between
+//! rounds and followed by `poll_transmit` for the peer concerned; releasing
+//! ([`Core::release_slot`], [`Core::release_owned`]) only credits the channel, whose
+//! acknowledgement leaves with the next round.
 
 use super::stats::EndpointStats;
 use crate::addr::Source;
@@ -142,11 +148,11 @@ pub(crate) enum Checked {
     /// A frame of this job addressed to this endpoint, from `Header::src_rank` and
     /// `src_dpid` (whose peer may not be in the table yet).
     Frame(Header, RxFrame),
-    /// Dropped and counted: the slot goes back to the link.
+    /// Dropped and counted: the caller gives the slot back to the link.
     Dropped,
-    /// Dropped as corrupted, and the channel of the peer it names was told: the slot
-    /// goes back to the link, and the round runs the channels (the one told may want to
-    /// answer).
+    /// Dropped as corrupted, and the channel of the peer it names was told: the caller
+    /// gives the slot back to the link, and the round runs the channels (the one told
+    /// may want to answer).
     Corrupted,
 }
 
@@ -952,8 +958,21 @@ mod tests {
         ready: &mut VecDeque<Ready>,
         stats: &mut EndpointStats,
     ) -> Vec<Error> {
+        receive_delivering(to, mem, now, frames, ready, stats, true)
+    }
+
+    /// [`receive`], in a round that may deliver or not (`deliver`).
+    fn receive_delivering(
+        to: &mut Core<u32>,
+        mem: &mut Memory,
+        now: Time,
+        frames: &[Vec<u8>],
+        ready: &mut VecDeque<Ready>,
+        stats: &mut EndpointStats,
+        deliver: bool,
+    ) -> Vec<Error> {
         let mut errors = VecDeque::new();
-        to.begin_round(now, true);
+        to.begin_round(now, deliver);
         let mut touched = false;
         for f in frames {
             let slot = mem.put(f);
@@ -1114,6 +1133,91 @@ mod tests {
         // A slot nobody holds is not the core's to move.
         let other = mem.put(b"unrelated");
         assert!(!b.evacuate(other, &mut mem, &mut ready));
+    }
+
+    /// The bytes of a ready message, and gives it back.
+    fn take(core: &mut Core<u32>, mem: &mut Memory, r: Ready) -> Vec<u8> {
+        let bytes = Core::<u32>::ready_bytes(mem, &r).to_vec();
+        match r {
+            Ready::Slot { slot, peer, .. } => core.release_slot(mem, slot, peer),
+            Ready::Owned { data, credit, .. } => core.release_owned(data, credit),
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_frame_a_channel_keeps_is_copied_out_of_the_ring_and_delivered_in_order() {
+        // Selective repeat: the receiver keeps a frame that arrives out of order.
+        let selective = || Identity {
+            reliable: reliable::Config {
+                recovery: reliable::Recovery::Selective,
+                ..reliable::Config::default()
+            },
+            ..identity(0)
+        };
+        let mut a = Core::new(selective());
+        let mut b = Core::new(Identity {
+            rank: 1,
+            ..selective()
+        });
+        a.add_peer(source(1), 1, 1472).unwrap();
+        b.add_peer(source(0), 0, 1472).unwrap();
+        let first = a.send_lone(0, at(1), b"", b"first").unwrap().1.to_vec();
+        let second = a.send_lone(0, at(1), b"", b"second").unwrap().1.to_vec();
+        let (mut mem, mut ready, mut stats) =
+            (Memory::default(), VecDeque::new(), EndpointStats::default());
+        // The second arrives first: its channel keeps it, out of order.
+        receive(&mut b, &mut mem, at(2), &[second], &mut ready, &mut stats);
+        assert!(ready.is_empty());
+        // The ring comes round to it: copied out, its slot given back.
+        assert!(b.evacuate(0, &mut mem, &mut ready));
+        assert!(mem.all_free());
+        let mut counters = EndpointStats::default();
+        b.add_counters(&mut counters);
+        assert_eq!(counters.ring_evacuations, 1);
+        // The gap fills: both are delivered in order, the second from its copy, keeping
+        // its credit until it is released.
+        receive(&mut b, &mut mem, at(3), &[first], &mut ready, &mut stats);
+        assert_eq!(ready.len(), 2);
+        let r = ready.pop_front().unwrap();
+        assert_eq!(take(&mut b, &mut mem, r), b"first");
+        let r = ready.pop_front().unwrap();
+        assert!(matches!(
+            r,
+            Ready::Owned {
+                credit: Some(0),
+                ..
+            }
+        ));
+        assert_eq!(take(&mut b, &mut mem, r), b"second");
+        assert!(mem.all_free());
+    }
+
+    #[test]
+    fn a_round_that_may_not_deliver_keeps_frames_queued_and_in_order() {
+        let (mut a, mut b) = pair();
+        let one = a.send_lone(0, at(1), b"", b"one").unwrap().1.to_vec();
+        let two = a.send_lone(0, at(1), b"", b"two").unwrap().1.to_vec();
+        let (mut mem, mut ready, mut stats) =
+            (Memory::default(), VecDeque::new(), EndpointStats::default());
+        // The offload engine's ring is full: nothing is delivered, even in order.
+        receive_delivering(
+            &mut b,
+            &mut mem,
+            at(2),
+            &[one],
+            &mut ready,
+            &mut stats,
+            false,
+        );
+        assert!(ready.is_empty());
+        // The next frame may not overtake it by the whole-message path.
+        receive(&mut b, &mut mem, at(3), &[two], &mut ready, &mut stats);
+        let got: Vec<Vec<u8>> = std::iter::from_fn(|| ready.pop_front())
+            .map(|r| take(&mut b, &mut mem, r))
+            .collect();
+        assert_eq!(got, [b"one".to_vec(), b"two".to_vec()]);
+        assert!(mem.all_free());
     }
 
     #[test]

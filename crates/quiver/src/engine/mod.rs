@@ -17,7 +17,8 @@
 //! - [`protocol`]: the protocol hook: a personality's sans-IO state machine, handed its
 //!   messages where progress runs, answering through an outbox that never blocks.
 //! - [`clock`]: the protocol clock of the channels' timers.
-//! - [`stats`]: the counters of an endpoint, which the driver keeps.
+//! - [`stats`]: the counters of an endpoint, which the station keeps and the core, the
+//!   driver and the link add to.
 //! - [`wait`]: how blocking calls wait (spin, block, hybrid), the epoll poller and the
 //!   eventfd notifier.
 //!

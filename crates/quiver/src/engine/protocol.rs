@@ -4,8 +4,13 @@
 //! handlers, RMA's target side, the schedules of collectives) implements [`Protocol`]:
 //! the engine hands it every message that arrives for its endpoint, with the time, where
 //! progress runs ([`super::station::Station::drive`]); the protocol answers through an
-//! [`Outbox`] that never blocks, and may ask to be called back at a time. It does no I/O,
-//! reads no clock and never waits: the simulator runs it as it is.
+//! [`Outbox`], which queues instead of waiting for a peer's room or credits, and may ask
+//! to be called back at a time. It does no I/O, reads no clock and never waits: the
+//! simulator runs it as it is. (The one wait left is the engine's, not the protocol's: a
+//! first message to a peer connects to it, as any first write does.)
+//!
+//! The time is the station's clock (its zero when the station opened), not the one of
+//! the channels' timers.
 //!
 //! A message is lent for the call only (it is read in place, in a shared-memory ring or a
 //! link's slot, and released when the call returns) unless the protocol says
@@ -123,6 +128,12 @@ impl Outbox {
         self.queue.is_empty()
     }
 
+    /// Whether the outbox holds its capacity (the engine hands the protocol no more
+    /// messages until some leave).
+    pub(crate) fn is_full(&self) -> bool {
+        self.queue.len() >= self.capacity
+    }
+
     /// The oldest message, which the engine tries to send first (messages to one peer
     /// leave in the order they were queued).
     pub(crate) fn front(&self) -> Option<(Source, &[u8])> {
@@ -157,6 +168,7 @@ mod tests {
             Err(OutboxFull { capacity: 2 })
         );
         assert_eq!(out.len(), 2);
+        assert!(out.is_full());
         assert_eq!(out.front(), Some((peer(1), &b"a1"[..])));
         out.pop_sent();
         assert_eq!(out.front(), Some((peer(2), &b"b2"[..])));

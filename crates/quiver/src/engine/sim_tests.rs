@@ -453,11 +453,15 @@ fn stations_exchange(
     }
     s1.release_held(usize::MAX);
     assert_eq!(s1.held(), 0);
-    // Let the last acknowledgements cross, so that closing finds nothing to wait for.
+    // Let the last acknowledgements cross, so that closing finds nothing to wait for;
+    // nothing more may arrive (a late duplicate would show here).
     let until = net.borrow().now() + Duration::from_millis(50);
     while net.borrow().now() < until {
-        s0.progress().unwrap();
-        s1.progress().unwrap();
+        assert!(
+            s0.poll().unwrap().is_none(),
+            "a message after the last reply"
+        );
+        assert!(s1.poll().unwrap().is_none(), "a message after the last one");
         advance_stations(&net, &stations);
     }
     let (st0, st1) = (s0.stats(), s1.stats());

@@ -458,22 +458,30 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// write side), then the network side.
     #[inline]
     pub(crate) fn poll(&self) -> Result<Option<Received>> {
-        self.poll_into(|r| r)
+        self.poll_into(|r| r, |e| e)
     }
 
     /// [`Station::poll`], with the message made into what the personality hands out
     /// (`make`) where it is found: one copy of this function per personality, each
     /// building its value in place (a `Received` returned and then rebuilt into a
-    /// `dm::Message` cost a shared-memory read 27 more instructions).
+    /// `dm::Message` cost a shared-memory read 27 more instructions). An error the
+    /// endpoint delivers (a channel's, a failed peer's) goes through `report` (the
+    /// personality's error handler) once the station is free again; an error of the
+    /// link's own calls is returned as it is.
     #[inline]
-    pub(crate) fn poll_into<T>(&self, make: impl FnOnce(Received) -> T) -> Result<Option<T>> {
+    pub(crate) fn poll_into<T>(
+        &self,
+        make: impl FnOnce(Received) -> T,
+        report: impl FnOnce(Error) -> Error,
+    ) -> Result<Option<T>> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
         // Checked before popping: building and dropping an empty Option<Error> costs more
         // than the check on this path.
         if !inner.errors.is_empty() {
             if let Some(e) = inner.errors.pop_front() {
-                return Err(e);
+                drop(guard);
+                return Err(report(e));
             }
         }
         if let Some(shm) = inner.rx.shm.as_mut() {
@@ -492,26 +500,27 @@ impl<L: Link, C: Clock> Station<L, C> {
             }
             inner.stats.corrupt_rings = shm.corrupt;
         }
-        match inner.rx.poll_network(&mut inner.stats, &mut inner.errors)? {
+        let queued = match inner.rx.poll_network(&mut inner.stats, &mut inner.errors)? {
             Polled::Message(r) => {
                 inner.stats.msgs_received += 1;
                 inner.stats.bytes_received += r.len as u64;
-                Ok(Some(make(r)))
+                return Ok(Some(make(r)));
             }
-            Polled::Errors => match inner.errors.pop_front() {
-                Some(e) => Err(e),
-                None => Ok(None),
-            },
+            Polled::Errors => inner.errors.pop_front(),
             Polled::Nothing => {
                 inner.empty_polls = inner.empty_polls.wrapping_add(1);
                 if inner.liveness_due || inner.empty_polls.is_multiple_of(1024) {
                     self.check_liveness(inner);
-                    if let Some(e) = inner.errors.pop_front() {
-                        return Err(e);
-                    }
+                    inner.errors.pop_front()
+                } else {
+                    None
                 }
-                Ok(None)
             }
+        };
+        drop(guard);
+        match queued {
+            Some(e) => Err(report(e)),
+            None => Ok(None),
         }
     }
 
@@ -540,10 +549,11 @@ impl<L: Link, C: Clock> Station<L, C> {
     }
 
     /// The protocol hook, where progress runs ([`super::protocol`]): fires `protocol`'s
-    /// timeout when it is due, hands it every message waiting for this endpoint (each
-    /// one it consumes released at once), and sends what `out` holds as far as the routes
-    /// take it without waiting. Returns the first message the protocol leaves for
-    /// delivery, or `None` once nothing waits; errors as [`Station::poll`] reports them.
+    /// timeout when it is due, hands it the messages waiting for this endpoint (each
+    /// one it consumes released at once) while its outbox has room, and sends what `out`
+    /// holds as far as the routes take it without waiting. Returns the first message the
+    /// protocol leaves for delivery, or `None` once nothing waits (or the outbox is
+    /// full: the rest waits for a later call); errors as [`Station::poll`] reports them.
     #[cfg_attr(not(test), allow(dead_code))] // the protocol hook's first user is next
     pub(crate) fn drive(
         &self,
@@ -554,8 +564,11 @@ impl<L: Link, C: Clock> Station<L, C> {
         if protocol.poll_timeout().is_some_and(|t| t <= now) {
             protocol.handle_timeout(now, out);
         }
-        let mut delivered = None;
-        while let Some(r) = self.poll()? {
+        self.send_outbox(out)?;
+        while !out.is_full() {
+            let Some(r) = self.poll()? else {
+                break;
+            };
             let msg: &[u8] = if r.len == 0 {
                 &[]
             } else {
@@ -565,25 +578,36 @@ impl<L: Link, C: Clock> Station<L, C> {
             };
             match protocol.handle_message(now, r.source, msg, out) {
                 Disposition::Consumed => self.release_token(r.token),
-                Disposition::Deliver => {
-                    delivered = Some(r);
-                    break;
-                }
+                // Its answers leave with the next call's first step.
+                Disposition::Deliver => return Ok(Some(r)),
             }
+            self.send_outbox(out)?;
         }
-        self.send_outbox(out)?;
-        Ok(delivered)
+        Ok(None)
     }
 
-    /// Sends the outbox's messages in order until a route would make the sender wait.
+    /// Sends the outbox's messages in order until a route would make the sender wait. A
+    /// message that cannot be sent at all (its peer failed, it is too large, the peer
+    /// does not exist) is dropped and its error returned, once: the messages behind it
+    /// still go. The first message to a peer connects to it, which waits for the peer
+    /// to open its endpoint (up to `QUIVER_CONNECT_TIMEOUT`), as any first write does.
     #[cfg_attr(not(test), allow(dead_code))] // the protocol hook's first user is next
     fn send_outbox(&self, out: &mut Outbox) -> Result<()> {
         while let Some((to, bytes)) = out.front() {
-            let route = self.connect(to)?;
-            if !self.send(route, &[], bytes, false)? {
-                break;
+            let sent = self
+                .connect(to)
+                .and_then(|route| self.send(route, &[], bytes, false));
+            match sent {
+                Ok(true) => out.pop_sent(),
+                Ok(false) => break,
+                Err(e) => {
+                    out.pop_sent();
+                    if let Error::PeerFailed { rank, .. } = &e {
+                        self.mark_failed(*rank);
+                    }
+                    return Err(e);
+                }
             }
-            out.pop_sent();
         }
         Ok(())
     }

@@ -4,10 +4,11 @@
 //! the endpoints it was given making progress meanwhile.
 //!
 //! - A barrier of every rank (`Fate::Everyone`) gathers through rank 0: rank 0 waits for
-//!   every other rank's arrival and publishes `{name}/done`, which the others wait for
-//!   (O(size) store requests in all). With no endpoints to keep going, the waits are the
-//!   store's own blocking reads; with endpoints, a rank looks at the store between
-//!   progress rounds.
+//!   every other rank's arrival and publishes `{name}/done`, which the others wait for.
+//!   With no endpoints to keep going, the waits are the store's own blocking reads
+//!   (O(size) store requests in all); with endpoints, a rank looks at the store between
+//!   progress rounds, at most every 20 ms once the barrier has lasted, and asks only
+//!   after the first rank still missing (O(size) plus one request per look).
 //! - A barrier of the ranks that live (`Fate::Live`) cannot rely on rank 0, which may be
 //!   the one that failed: every rank waits for every other rank to arrive or be
 //!   declared failed (`failed/{rank}`), declares failed the ranks its endpoints found
@@ -111,15 +112,26 @@ impl Barrier<'_> {
                 if live {
                     self.declare_endpoint_failures(&mut declared)?;
                 }
-                let mut still = Vec::with_capacity(pending.len());
-                for &r in &pending {
-                    let here = s.kv.try_get(&key(r))?.is_some()
-                        || (live && s.kv.try_get(&format!("failed/{r}"))?.is_some());
-                    if !here {
-                        still.push(r);
+                if live {
+                    let mut still = Vec::with_capacity(pending.len());
+                    for &r in &pending {
+                        let here = s.kv.try_get(&key(r))?.is_some()
+                            || s.kv.try_get(&format!("failed/{r}"))?.is_some();
+                        if !here {
+                            still.push(r);
+                        }
+                    }
+                    pending = still;
+                } else {
+                    // Every rank must arrive: asking after the first one still missing
+                    // until it is there keeps the store's load O(size) in all.
+                    while let Some(&r) = pending.first() {
+                        if s.kv.try_get(&key(r))?.is_none() {
+                            break;
+                        }
+                        pending.remove(0);
                     }
                 }
-                pending = still;
                 if live && !pending.is_empty() && last_liveness.elapsed() >= LIVENESS_PERIOD {
                     last_liveness = Instant::now();
                     let mut still = Vec::with_capacity(pending.len());

@@ -702,6 +702,49 @@ fn udp_slow_receiver_stalls_the_sender_instead_of_dropping() {
     }
 }
 
+/// A writer that queues messages without waiting (`try_write_parts`, 16 MiB in all)
+/// and closes at once: its close lingers as long as the receiver keeps taking the
+/// backlog, even past one linger period (2 s), so everything arrives. (It used to give
+/// up after one period and drop the rest, leaving the receiver waiting forever.)
+#[test]
+fn udp_a_closing_writer_lingers_while_its_backlog_drains() {
+    const COUNT: u32 = 16;
+    const LEN: usize = 1 << 20;
+    let c = config(TransportChoice::Udp);
+    run_ranks(2, c, move |job| {
+        let ep = job.open(23).unwrap();
+        ep.target_rank(1 - job.rank()).unwrap();
+        if job.rank() == 0 {
+            for i in 0..COUNT {
+                assert!(ep.try_write_parts(&[], &pattern(0, i, LEN)).unwrap());
+            }
+            drop(ep);
+        } else {
+            // A slow reader: one round of progress every 25 ms, so that the 16 MiB
+            // (11 400 frames, a window at a time) take longer than a linger period.
+            let start = std::time::Instant::now();
+            for i in 0..COUNT {
+                let m = loop {
+                    ep.progress().unwrap();
+                    if let Some(m) = ep.try_read().unwrap() {
+                        break m;
+                    }
+                    assert!(
+                        start.elapsed() < Duration::from_secs(60),
+                        "message {i} did not arrive"
+                    );
+                    std::thread::sleep(Duration::from_millis(25));
+                };
+                assert!(m[..] == pattern(0, i, LEN)[..], "message {i}");
+            }
+            assert!(
+                start.elapsed() > Duration::from_secs(2),
+                "the transfer took less than one linger period: the test shows nothing"
+            );
+        }
+    });
+}
+
 /// The receive path counts what the fault injector did on the sending side.
 #[test]
 fn udp_lossy_stats_show_retransmissions() {

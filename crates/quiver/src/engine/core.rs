@@ -726,6 +726,18 @@ impl<D> Core<D> {
             .any(|p| !p.closed && !p.duplex.is_idle() && !p.duplex.sender().is_failed())
     }
 
+    /// Frames towards live peers not acknowledged yet: built and waiting for the window,
+    /// or sent and unacknowledged.
+    pub(crate) fn backlog(&self) -> u64 {
+        self.peers
+            .iter()
+            .filter(|p| !p.closed && !p.duplex.sender().is_failed())
+            .map(|p| {
+                p.duplex.sender().queued_frames() as u64 + u64::from(p.duplex.sender().in_flight())
+            })
+            .sum()
+    }
+
     /// The error of a channel whose peer stopped answering, if any.
     pub(crate) fn failed_channel(&self) -> Option<Error> {
         self.peers

@@ -270,6 +270,11 @@ impl<L: Link, C: Clock> Driver<L, C> {
         self.core.unacknowledged()
     }
 
+    /// Frames towards live peers not acknowledged yet ([`Core::backlog`]).
+    pub(crate) fn backlog(&self) -> u64 {
+        self.core.backlog()
+    }
+
     /// The error of a channel whose peer stopped answering, if any.
     pub(crate) fn failed_channel(&self) -> Option<Error> {
         self.core.failed_channel()

@@ -795,10 +795,30 @@ impl<L: Link, C: Clock> AsRawFd for Station<L, C> {
 impl<L: Link, C: Clock> Drop for Station<L, C> {
     fn drop(&mut self) {
         // Linger: what was written should arrive even if the process exits right after.
+        // A backlog the peer is still taking (it shrank during the last linger period) is
+        // waited for while it moves: a non-blocking write queues a whole message, which
+        // can take longer than one period; a peer that stops answering fails its channel
+        // after QUIVER_PEER_TIMEOUT, which ends the wait.
         if self.inner.borrow().rx.net.is_some() {
             let linger = LINGER.min(self.job.config.connect_timeout);
-            if let Err(e) = self.flush_within(linger) {
-                tracing::debug!("closing endpoint DPID {}: {e}", self.dpid);
+            let backlog = || {
+                self.inner
+                    .borrow()
+                    .rx
+                    .net
+                    .as_ref()
+                    .map_or(0, |n| n.backlog())
+            };
+            let mut left = backlog();
+            loop {
+                match self.flush_within(linger) {
+                    Err(Error::Timeout(_)) if backlog() < left => left = backlog(),
+                    Err(e) => {
+                        tracing::debug!("closing endpoint DPID {}: {e}", self.dpid);
+                        break;
+                    }
+                    Ok(()) => break,
+                }
             }
             if let Some(udp) = self.inner.borrow_mut().rx.net.as_mut() {
                 udp.say_goodbye();

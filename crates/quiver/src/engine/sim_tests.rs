@@ -137,17 +137,33 @@ fn pair<L: Link>(
 /// Moves virtual time to the next arrival or deadline of either rank; false once the
 /// run has gone on longer than [`VIRTUAL_LIMIT`].
 fn advance<L: Link>(net: &Rc<RefCell<SimNet>>, ranks: [&Rank<L>; 2]) -> bool {
+    advance_until(
+        net,
+        [
+            ranks[0].net.time_to_deadline(),
+            ranks[1].net.time_to_deadline(),
+        ],
+        None,
+    )
+}
+
+/// Moves virtual time to the next arrival, the earliest of `waits` from now, or `at`
+/// (at least a nanosecond, a millisecond when nothing is due); false once the run has
+/// gone on longer than [`VIRTUAL_LIMIT`].
+fn advance_until(
+    net: &Rc<RefCell<SimNet>>,
+    waits: impl IntoIterator<Item = Option<Duration>>,
+    at: Option<Duration>,
+) -> bool {
     let now = net.borrow().now();
-    let next = [
-        net.borrow().next_arrival(),
-        ranks[0].net.time_to_deadline().map(|d| now + d),
-        ranks[1].net.time_to_deadline().map(|d| now + d),
-    ]
-    .into_iter()
-    .flatten()
-    .min()
-    .unwrap_or(now + Duration::from_millis(1))
-    .max(now + Duration::from_nanos(1));
+    let next = waits
+        .into_iter()
+        .map(|w| w.map(|d| now + d))
+        .chain([net.borrow().next_arrival(), at.map(|t| t.max(now))])
+        .flatten()
+        .min()
+        .unwrap_or(now + Duration::from_millis(1))
+        .max(now + Duration::from_nanos(1));
     net.borrow_mut().advance(next);
     next < VIRTUAL_LIMIT
 }
@@ -333,19 +349,11 @@ fn advance_stations<L: Link>(
     net: &Rc<RefCell<SimNet>>,
     stations: &[Station<L, SimClock>; 2],
 ) -> bool {
-    let now = net.borrow().now();
-    let next = [
-        net.borrow().next_arrival(),
-        stations[0].poll_timeout().map(|d| now + d),
-        stations[1].poll_timeout().map(|d| now + d),
-    ]
-    .into_iter()
-    .flatten()
-    .min()
-    .unwrap_or(now + Duration::from_millis(1))
-    .max(now + Duration::from_nanos(1));
-    net.borrow_mut().advance(next);
-    next < VIRTUAL_LIMIT
+    advance_until(
+        net,
+        [stations[0].poll_timeout(), stations[1].poll_timeout()],
+        None,
+    )
 }
 
 /// How the reading station treats what it reads.
@@ -655,22 +663,9 @@ fn counter_service(faults: &FaultConfig, adds: u64, ticks: u32) {
             }
             s0.release_token(r.token);
         }
-        let now = net.borrow().now();
-        let tick = counter.next_tick.map(|t| t.as_duration().max(now));
-        let next = [
-            net.borrow().next_arrival(),
-            s0.poll_timeout().map(|d| now + d),
-            s1.poll_timeout().map(|d| now + d),
-            tick,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(now + Duration::from_millis(1))
-        .max(now + Duration::from_nanos(1));
-        net.borrow_mut().advance(next);
+        let tick = counter.next_tick.map(|t| t.as_duration());
         assert!(
-            next < VIRTUAL_LIMIT,
+            advance_until(&net, [s0.poll_timeout(), s1.poll_timeout()], tick),
             "stuck: {sums} of {adds} answers, {plain} plain messages, {ticks_got} ticks"
         );
     }

@@ -129,27 +129,15 @@ impl Station {
         let nid = job.nids[me as usize];
         job.kv
             .put_if_absent(&format!("dp/{nid}/{dpid}"), &me.to_string())?;
-        Ok(Station {
-            waiter: Waiter { mode: cfg.wait },
+        let rx = Receivers::new(shm, udp, offload);
+        Ok(Station::assemble(
             job,
             dpid,
-            inner: RefCell::new(Inner {
-                rx: Receivers::new(shm, udp, offload),
-                routes: Vec::new(),
-                route_index: HashMap::new(),
-                held: VecDeque::new(),
-                errors: VecDeque::new(),
-                stats: EndpointStats::default(),
-                failed: HashSet::new(),
-                empty_polls: 0,
-                liveness_at: Instant::now(),
-                liveness_due: false,
-            }),
+            rx,
             poller,
-            fd_exported: Cell::new(false),
             net_transport,
-            clock: ProtocolClock::new(),
-        })
+            ProtocolClock::new(),
+        ))
     }
 }
 
@@ -163,13 +151,34 @@ impl<L: Link, C: Clock> Station<L, C> {
         driver: Driver<L, C>,
         clock: C,
     ) -> Result<Self> {
-        Ok(Station {
+        let rx = Receivers::new(None, Some(driver), None);
+        Ok(Station::assemble(
+            job,
+            dpid,
+            rx,
+            Poller::new()?,
+            Transport::Udp,
+            clock,
+        ))
+    }
+
+    /// A station over receivers `rx`, waited on through `poller`.
+    fn assemble(
+        job: Arc<JobShared>,
+        dpid: u16,
+        rx: Receivers<L, C>,
+        poller: Poller,
+        net_transport: Transport,
+        clock: C,
+    ) -> Self {
+        Station {
             waiter: Waiter {
                 mode: job.config.wait,
             },
+            job,
             dpid,
             inner: RefCell::new(Inner {
-                rx: Receivers::new(None, Some(driver), None),
+                rx,
                 routes: Vec::new(),
                 route_index: HashMap::new(),
                 held: VecDeque::new(),
@@ -180,12 +189,11 @@ impl<L: Link, C: Clock> Station<L, C> {
                 liveness_at: Instant::now(),
                 liveness_due: false,
             }),
-            poller: Poller::new()?,
+            poller,
             fd_exported: Cell::new(false),
-            net_transport: Transport::Udp,
+            net_transport,
             clock,
-            job,
-        })
+        }
     }
 
     /// The job this endpoint belongs to.

@@ -125,8 +125,7 @@ impl Job {
 pub(super) mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous};
-    use std::collections::HashMap as Map;
+    use crate::job::rendezvous::{KvServerHandle, Rendezvous};
     use std::sync::atomic::AtomicU32;
     use std::sync::{Arc, Barrier};
     use std::thread;
@@ -134,34 +133,10 @@ pub(super) mod tests {
 
     const T: Duration = Duration::from_secs(20);
 
-    /// Joins `size` ranks of one job, each on a thread of this process (one node), with a
-    /// store served here; returns the jobs in rank order and the store.
+    /// Joins `size` ranks of one job with the default configuration, each on a thread
+    /// of this process (one node), with a store served here.
     pub(in crate::job) fn jobs(size: u32) -> (Vec<Job>, KvServerHandle) {
-        let server = KvServer::bind("127.0.0.1:0".parse().unwrap())
-            .unwrap()
-            .spawn();
-        let url = format!("tcp://{}", server.local_addr());
-        let mut id = [0u8; 4];
-        getrandom::fill(&mut id).unwrap();
-        let job_id = (u32::from_le_bytes(id) | 1).to_string();
-        let joins: Vec<_> = (0..size)
-            .map(|rank| {
-                let env: Map<&str, String> = [
-                    ("QUIVER_RANK", rank.to_string()),
-                    ("QUIVER_SIZE", size.to_string()),
-                    ("QUIVER_JOB_ID", job_id.clone()),
-                    ("QUIVER_JOB_TOKEN", "0123456789abcdef".to_string()),
-                    ("QUIVER_RENDEZVOUS", url.clone()),
-                ]
-                .into_iter()
-                .collect();
-                thread::spawn(move || {
-                    Job::from_lookup(&|k| env.get(k).cloned(), Config::default()).unwrap()
-                })
-            })
-            .collect();
-        let jobs = joins.into_iter().map(|j| j.join().unwrap()).collect();
-        (jobs, server)
+        crate::test_support::jobs(size, &Config::default())
     }
 
     #[test]

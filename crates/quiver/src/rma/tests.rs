@@ -4,43 +4,12 @@
 //! ranges, which are typed errors.
 
 use super::*;
-use crate::admin::KvServer;
 use crate::config::Config;
 use crate::job::rendezvous::KvServerHandle;
-use crate::test_support::cannot_run;
+use crate::test_support::{cannot_run, jobs};
 use split::SPLIT_MIN;
-use std::collections::HashMap as Map;
 
 const DPID: u16 = 31;
-
-/// Joins `size` ranks of one job, each from a thread of this process, with a store served
-/// here; the jobs in rank order and the store.
-fn jobs(size: u32, config: &Config) -> (Vec<Job>, KvServerHandle) {
-    let server = KvServer::bind("127.0.0.1:0".parse().unwrap())
-        .unwrap()
-        .spawn();
-    let url = format!("tcp://{}", server.local_addr());
-    let mut id = [0u8; 4];
-    getrandom::fill(&mut id).unwrap();
-    let job_id = (u32::from_le_bytes(id) | 1).to_string();
-    let joins: Vec<_> = (0..size)
-        .map(|rank| {
-            let env: Map<&str, String> = [
-                ("QUIVER_RANK", rank.to_string()),
-                ("QUIVER_SIZE", size.to_string()),
-                ("QUIVER_JOB_ID", job_id.clone()),
-                ("QUIVER_JOB_TOKEN", "0123456789abcdef".to_string()),
-                ("QUIVER_RENDEZVOUS", url.clone()),
-            ]
-            .into_iter()
-            .collect();
-            let config = config.clone();
-            std::thread::spawn(move || Job::from_lookup(&|k| env.get(k).cloned(), config).unwrap())
-        })
-        .collect();
-    let jobs = joins.into_iter().map(|j| j.join().unwrap()).collect();
-    (jobs, server)
-}
 
 /// The two endpoints of a two-rank job.
 fn pair(config: &Config) -> (Rma, Rma, KvServerHandle) {

@@ -961,20 +961,9 @@ mod tests {
         }
     }
 
-    /// One round of `to` over `frames`, as the driver runs it.
+    /// One round of `to` over `frames`, as the driver runs it; `deliver` false: a round
+    /// that may not deliver (the offload engine's ring full).
     fn receive(
-        to: &mut Core<u32>,
-        mem: &mut Memory,
-        now: Time,
-        frames: &[Vec<u8>],
-        ready: &mut VecDeque<Ready>,
-        stats: &mut EndpointStats,
-    ) -> Vec<Error> {
-        receive_delivering(to, mem, now, frames, ready, stats, true)
-    }
-
-    /// [`receive`], in a round that may deliver or not (`deliver`).
-    fn receive_delivering(
         to: &mut Core<u32>,
         mem: &mut Memory,
         now: Time,
@@ -1018,7 +1007,15 @@ mod tests {
         assert_eq!(*dest, 1);
         let frame = frame.to_vec();
         let (mut ready, mut stats) = (VecDeque::new(), EndpointStats::default());
-        let errors = receive(&mut b, &mut mem, at(2), &[frame], &mut ready, &mut stats);
+        let errors = receive(
+            &mut b,
+            &mut mem,
+            at(2),
+            &[frame],
+            &mut ready,
+            &mut stats,
+            true,
+        );
         assert!(errors.is_empty());
         assert_eq!(ready.len(), 1);
         let r = ready.pop_front().unwrap();
@@ -1061,7 +1058,15 @@ mod tests {
         ];
         let (mut mem, mut ready, mut stats) =
             (Memory::default(), VecDeque::new(), EndpointStats::default());
-        let errors = receive(&mut b, &mut mem, at(2), &frames, &mut ready, &mut stats);
+        let errors = receive(
+            &mut b,
+            &mut mem,
+            at(2),
+            &frames,
+            &mut ready,
+            &mut stats,
+            true,
+        );
         assert!(errors.is_empty() && ready.is_empty());
         assert_eq!(stats.dropped_foreign_job, 1);
         assert_eq!(stats.dropped_bad_token, 1);
@@ -1098,7 +1103,15 @@ mod tests {
         assert!(frames.len() >= 4, "5000 bytes take several frames");
         let (mut mem, mut ready, mut stats) =
             (Memory::default(), VecDeque::new(), EndpointStats::default());
-        let errors = receive(&mut b, &mut mem, at(2), &frames, &mut ready, &mut stats);
+        let errors = receive(
+            &mut b,
+            &mut mem,
+            at(2),
+            &frames,
+            &mut ready,
+            &mut stats,
+            true,
+        );
         assert!(errors.is_empty());
         let Some(Ready::Owned { data, credit, .. }) = ready.pop_front() else {
             panic!("a message of several frames is assembled");
@@ -1119,6 +1132,7 @@ mod tests {
             &acks,
             &mut VecDeque::new(),
             &mut stats,
+            true,
         );
         assert!(!a.unacknowledged());
         assert!(amem.all_free());
@@ -1130,7 +1144,15 @@ mod tests {
         let frame = a.send_lone(0, at(1), b"", b"keep me").unwrap().1.to_vec();
         let (mut mem, mut ready, mut stats) =
             (Memory::default(), VecDeque::new(), EndpointStats::default());
-        receive(&mut b, &mut mem, at(2), &[frame], &mut ready, &mut stats);
+        receive(
+            &mut b,
+            &mut mem,
+            at(2),
+            &[frame],
+            &mut ready,
+            &mut stats,
+            true,
+        );
         let Some(&Ready::Slot { slot, .. }) = ready.front() else {
             panic!("read in place");
         };
@@ -1179,7 +1201,15 @@ mod tests {
         let (mut mem, mut ready, mut stats) =
             (Memory::default(), VecDeque::new(), EndpointStats::default());
         // The second arrives first: its channel keeps it, out of order.
-        receive(&mut b, &mut mem, at(2), &[second], &mut ready, &mut stats);
+        receive(
+            &mut b,
+            &mut mem,
+            at(2),
+            &[second],
+            &mut ready,
+            &mut stats,
+            true,
+        );
         assert!(ready.is_empty());
         // The ring comes round to it: copied out, its slot given back.
         assert!(b.evacuate(0, &mut mem, &mut ready));
@@ -1189,7 +1219,15 @@ mod tests {
         assert_eq!(counters.ring_evacuations, 1);
         // The gap fills: both are delivered in order, the second from its copy, keeping
         // its credit until it is released.
-        receive(&mut b, &mut mem, at(3), &[first], &mut ready, &mut stats);
+        receive(
+            &mut b,
+            &mut mem,
+            at(3),
+            &[first],
+            &mut ready,
+            &mut stats,
+            true,
+        );
         assert_eq!(ready.len(), 2);
         let r = ready.pop_front().unwrap();
         assert_eq!(take(&mut b, &mut mem, r), b"first");
@@ -1213,7 +1251,7 @@ mod tests {
         let (mut mem, mut ready, mut stats) =
             (Memory::default(), VecDeque::new(), EndpointStats::default());
         // The offload engine's ring is full: nothing is delivered, even in order.
-        receive_delivering(
+        receive(
             &mut b,
             &mut mem,
             at(2),
@@ -1224,7 +1262,15 @@ mod tests {
         );
         assert!(ready.is_empty());
         // The next frame may not overtake it by the whole-message path.
-        receive(&mut b, &mut mem, at(3), &[two], &mut ready, &mut stats);
+        receive(
+            &mut b,
+            &mut mem,
+            at(3),
+            &[two],
+            &mut ready,
+            &mut stats,
+            true,
+        );
         let got: Vec<Vec<u8>> = std::iter::from_fn(|| ready.pop_front())
             .map(|r| take(&mut b, &mut mem, r))
             .collect();

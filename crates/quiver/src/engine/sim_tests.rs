@@ -445,7 +445,8 @@ fn stations_exchange(
             }
         }
         while let Some(r) = s0.poll().unwrap() {
-            // SAFETY: as above; released at once.
+            // SAFETY: a received message's bytes stay in place until its token is
+            // released, at the end of this iteration.
             let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
             assert_eq!(bytes[..3], *b"re:");
             assert_eq!(bytes[3..], replies_got.to_le_bytes());
@@ -651,7 +652,8 @@ fn counter_service(faults: &FaultConfig, adds: u64, ticks: u32) {
             s1.release_token(r.token);
         }
         while let Some(r) = s0.poll().unwrap() {
-            // SAFETY: as above.
+            // SAFETY: a received message's bytes stay in place until its token is
+            // released, at the end of this iteration.
             let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
             if bytes == b"tick" {
                 ticks_got += 1;

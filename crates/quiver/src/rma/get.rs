@@ -104,7 +104,8 @@ impl Rma {
                 // writes until the get is over (contract of this function).
                 let outcome = match unsafe { self.split_get(peer, addr, split, dst, len) } {
                     Some(r) => r,
-                    // SAFETY: as above; without a split nothing else writes them.
+                    // SAFETY: dst is valid for len bytes (contract of this function); without
+                    // a split nothing else writes them.
                     None => unsafe { self.read_range(peer.pid, addr, dst, 0..len) }.map(|_| ()),
                 };
                 match outcome {

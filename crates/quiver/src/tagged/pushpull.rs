@@ -344,8 +344,10 @@ impl Tagged {
                         len: pull_len,
                     };
                     self.send_ctrl(source, &pull)?;
-                    // SAFETY: as above; the pull request is on its way, so preparing the
-                    // destination overlaps its round trip.
+                    // Preparing the destination overlaps the pull request's round trip.
+                    // SAFETY: [pull_from, pull_from + pull_len) lies inside the receive
+                    // buffer (pull_from + pull_len = expected <= cap), valid until the
+                    // receive completes; nothing writes it before the requested bytes come.
                     touch_pages(unsafe {
                         std::slice::from_raw_parts(ptr.add(pull_from as usize), pull_len as usize)
                     });

@@ -417,7 +417,7 @@ impl Segment {
     }
 
     /// Receiver side: number of slots claimed so far (some may not be ready yet). Inline:
-    /// every shared-memory poll asks (out of line it cost a read 6 instructions).
+    /// every shared-memory poll asks (out of line it cost a read about 6 instructions).
     #[inline]
     pub(crate) fn claimed_slots(&self) -> u32 {
         self.header()

@@ -6,7 +6,7 @@
 use super::message::Message;
 use super::{EndpointStats, Source};
 use crate::engine::route::Received;
-use crate::engine::station::Station;
+use crate::engine::station::{Footing, Station};
 use crate::error::{Error, Result};
 use crate::job::{Job, JobShared, Progress};
 use crate::link::Transport;
@@ -47,6 +47,21 @@ impl Progress for Endpoint {
 
     fn failed_ranks(&self) -> Vec<u32> {
         Endpoint::failed_ranks(self)
+    }
+}
+
+/// The protocols of the personalities opened on an endpoint (tagged) stand on its
+/// station and report through its error handler.
+impl Footing for Endpoint {
+    type L = <Station as Footing>::L;
+    type C = <Station as Footing>::C;
+
+    fn station(&self) -> &Station {
+        &self.station
+    }
+
+    fn report(&self, e: Error) -> Error {
+        Endpoint::report(self, e)
     }
 }
 
@@ -180,22 +195,6 @@ impl Endpoint {
             return Ok(m);
         }
         self.station.wait_for(|| self.poll_once(), None)
-    }
-
-    /// Like [`Endpoint::read`], but runs `idle` on every poll that finds no message
-    /// (work the caller does while it waits, such as helping a peer's copy); returns
-    /// `None` as soon as `idle` returns true (it did something).
-    pub(crate) fn read_or_idle(&self, idle: &dyn Fn() -> bool) -> Result<Option<Message<'_>>> {
-        if let Some(m) = self.poll_once()? {
-            return Ok(Some(m));
-        }
-        self.station.wait_for(
-            || match self.poll_once()? {
-                Some(m) => Ok(Some(Some(m))),
-                None => Ok(idle().then_some(None)),
-            },
-            None,
-        )
     }
 
     /// The next message, waiting at most `timeout` ([`Error::Timeout`] then).

@@ -33,7 +33,7 @@ pub(crate) mod offload;
 pub(crate) mod protocol;
 pub(crate) mod route;
 #[cfg(test)]
-mod sim_tests;
+pub(crate) mod sim_tests;
 pub(crate) mod station;
 pub(crate) mod stats;
 pub(crate) mod wait;

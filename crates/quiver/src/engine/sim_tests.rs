@@ -32,7 +32,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 /// The simulated network's virtual time, as the driver's clock.
-struct SimClock(Rc<RefCell<SimNet>>);
+pub(crate) struct SimClock(Rc<RefCell<SimNet>>);
 
 impl Clock for SimClock {
     fn now(&self) -> Time {
@@ -41,7 +41,7 @@ impl Clock for SimClock {
 }
 
 /// The DPID of both simulated endpoints.
-const DPID: u16 = 7;
+pub(crate) const DPID: u16 = 7;
 /// Virtual time a run may take before it counts as stuck.
 const VIRTUAL_LIMIT: Duration = Duration::from_secs(120);
 
@@ -93,7 +93,7 @@ fn join_pair(config: &Config) -> (Job, Job, StoreDir) {
 }
 
 /// The store's directory, removed when the run ends.
-struct StoreDir(std::path::PathBuf);
+pub(crate) struct StoreDir(std::path::PathBuf);
 
 impl Drop for StoreDir {
     fn drop(&mut self) {
@@ -150,7 +150,7 @@ fn advance<L: Link>(net: &Rc<RefCell<SimNet>>, ranks: [&Rank<L>; 2]) -> bool {
 /// Moves virtual time to the next arrival, the earliest of `waits` from now, or `at`
 /// (at least a nanosecond, a millisecond when nothing is due); false once the run has
 /// gone on longer than [`VIRTUAL_LIMIT`].
-fn advance_until(
+pub(crate) fn advance_until(
     net: &Rc<RefCell<SimNet>>,
     waits: impl IntoIterator<Item = Option<Duration>>,
     at: Option<Duration>,
@@ -313,7 +313,7 @@ fn the_real_driver_repairs_what_a_faulty_link_wrapper_injects() {
 }
 
 /// A station over a simulated link behind a fault injector, in virtual time.
-type SimStation = Station<Faulty<SimLink>, SimClock>;
+pub(crate) type SimStation = Station<Faulty<SimLink>, SimClock>;
 
 /// Two stations of one job on a two-node simulated network (`transport = udp`, so that
 /// every route is the driver's), each over its node's link wrapped by a fault injector
@@ -324,7 +324,17 @@ fn station_pair(faults: &FaultConfig) -> (Rc<RefCell<SimNet>>, [SimStation; 2], 
         connect_timeout: Duration::from_secs(2),
         ..Config::default()
     };
-    let (j0, j1, dir) = join_pair(&config);
+    let (net, stations, _jobs, dir) = station_pair_in(&config, faults);
+    (net, stations, dir)
+}
+
+/// [`station_pair`] for a job with `config` (whose transport should be UDP: every route
+/// then goes through the simulated network), with the two ranks' jobs.
+pub(crate) fn station_pair_in(
+    config: &Config,
+    faults: &FaultConfig,
+) -> (Rc<RefCell<SimNet>>, [SimStation; 2], [Job; 2], StoreDir) {
+    let (j0, j1, dir) = join_pair(config);
     let net = SimNet::new(2, LinkConfig::default());
     let window = config.channel_window(false);
     let station = |job: &Job, node: usize| {
@@ -340,7 +350,7 @@ fn station_pair(faults: &FaultConfig) -> (Rc<RefCell<SimNet>>, [SimStation; 2], 
         Station::with_driver(job.shared.clone(), DPID, driver, SimClock(net.clone())).unwrap()
     };
     let stations = [station(&j0, 0), station(&j1, 1)];
-    (net, stations, dir)
+    (net, stations, [j0, j1], dir)
 }
 
 /// Moves virtual time to the next arrival or station deadline; false past
@@ -643,7 +653,7 @@ fn counter_service(faults: &FaultConfig, adds: u64, ticks: u32) {
             assert!(s0.send(to1, b"add", &sent.to_le_bytes(), false).unwrap());
             assert!(s0.send(to1, b"dm:", &sent.to_le_bytes(), false).unwrap());
         }
-        while let Some(r) = s1.drive(&mut counter, &mut out).unwrap() {
+        while let Some(r) = s1.drive(&mut counter, &mut out, |e| e).unwrap() {
             // SAFETY: valid until the token is released, below.
             let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
             plain += 1;

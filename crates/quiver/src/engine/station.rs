@@ -17,7 +17,7 @@
 use super::clock::{Clock, ProtocolClock};
 use super::driver::{self, Driver, Pace};
 use super::offload::Offload;
-use super::protocol::{Disposition, Outbox, Protocol};
+use super::protocol::{Disposition, Next, Outbox, Protocol};
 use super::route::{self, Polled, Received, Receivers, Route, Token};
 use super::stats::EndpointStats;
 use super::{backoff_until, Poller, Waitable, Waiter};
@@ -78,6 +78,31 @@ struct Inner<L: Link, C: Clock> {
     empty_polls: u32,
     liveness_at: Instant,
     liveness_due: bool,
+}
+
+/// What a personality's protocol stands on: a station, and where the errors met on the
+/// way go (a `dm::Endpoint` passes them through its error handler and remembers failed
+/// ranks; a bare station, as in the simulator, returns them as they are).
+pub(crate) trait Footing {
+    /// The station's link.
+    type L: Link;
+    /// The station's clock.
+    type C: Clock;
+    /// The station.
+    fn station(&self) -> &Station<Self::L, Self::C>;
+    /// An error on its way to the caller.
+    fn report(&self, e: Error) -> Error {
+        e
+    }
+}
+
+impl<L: Link, C: Clock> Footing for Station<L, C> {
+    type L = L;
+    type C = C;
+
+    fn station(&self) -> &Station<L, C> {
+        self
+    }
 }
 
 impl Station {
@@ -446,7 +471,7 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// The next received message, if one is waiting, or the next error to report (as
     /// `Err`). Never blocks. Shared memory is polled inline (the fast path, as on the
     /// write side), then the network side.
-    #[inline]
+    #[cfg(test)] // the personalities poll with `poll_into` or `drive`
     pub(crate) fn poll(&self) -> Result<Option<Received>> {
         self.poll_into(|r| r, |e| e)
     }
@@ -543,20 +568,26 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// one it consumes released at once) while its outbox has room, and sends what `out`
     /// holds as far as the routes take it without waiting. Returns the first message the
     /// protocol leaves for delivery, or `None` once nothing waits (or the outbox is
-    /// full: the rest waits for a later call); errors as [`Station::poll`] reports them.
-    #[cfg_attr(not(test), allow(dead_code))] // the protocol hook's first user is next
+    /// full: the rest waits for a later call). Errors as [`Station::poll_into`] reports
+    /// them, through `report`.
     pub(crate) fn drive(
         &self,
         protocol: &mut dyn Protocol,
         out: &mut Outbox,
+        report: impl Fn(Error) -> Error,
     ) -> Result<Option<Received>> {
-        let now = self.clock.now();
-        if protocol.poll_timeout().is_some_and(|t| t <= now) {
-            protocol.handle_timeout(now, out);
+        // The clock is read only when something needs the time: a due timeout or a
+        // message (an empty poll of a protocol without timers reads none).
+        if let Some(at) = protocol.poll_timeout() {
+            let now = self.clock.now();
+            if at <= now {
+                protocol.handle_timeout(now, out);
+            }
         }
-        self.send_outbox(out)?;
+        self.send_outbox(protocol, out)?;
+        let mut now = None;
         while !out.is_full() {
-            let Some(r) = self.poll()? else {
+            let Some(r) = self.poll_into(|r| r, &report)? else {
                 break;
             };
             let msg: &[u8] = if r.len == 0 {
@@ -566,40 +597,62 @@ impl<L: Link, C: Clock> Station<L, C> {
                 // released (`route::Received`), which happens after this borrow ends.
                 unsafe { std::slice::from_raw_parts(r.ptr, r.len) }
             };
+            let now = *now.get_or_insert_with(|| self.clock.now());
             match protocol.handle_message(now, r.source, msg, out) {
                 Disposition::Consumed => self.release_token(r.token),
                 // Its answers leave with the next call's first step.
                 Disposition::Deliver => return Ok(Some(r)),
             }
-            self.send_outbox(out)?;
+            if !out.is_empty() {
+                self.send_outbox(protocol, out)?;
+            }
         }
         Ok(None)
     }
 
-    /// Sends the outbox's messages in order until a route would make the sender wait. A
-    /// message that cannot be sent at all (its peer failed, it is too large, the peer
-    /// does not exist) is dropped and its error returned, once: the messages behind it
-    /// still go. The first message to a peer connects to it, which waits for the peer
-    /// to open its endpoint (up to `QUIVER_CONNECT_TIMEOUT`), as any first write does.
-    #[cfg_attr(not(test), allow(dead_code))] // the protocol hook's first user is next
-    fn send_outbox(&self, out: &mut Outbox) -> Result<()> {
-        while let Some((to, bytes)) = out.front() {
-            let sent = self
-                .connect(to)
-                .and_then(|route| self.send(route, &[], bytes, false));
-            match sent {
-                Ok(true) => out.pop_sent(),
-                Ok(false) => break,
-                Err(e) => {
-                    out.pop_sent();
-                    if let Error::PeerFailed { rank, .. } = &e {
-                        self.mark_failed(*rank);
+    /// Sends the outbox's items, in order per destination, until a route would make the
+    /// sender wait (that destination waits, the others go on). An item that cannot be
+    /// sent at all (its peer failed, it is too large, the peer does not exist) is
+    /// dropped and the first such error returned, once: the items behind it still go; a
+    /// range dropped so is reported to the protocol as not complete. The first message
+    /// to a peer connects to it, which waits for the peer to open its endpoint (up to
+    /// `QUIVER_CONNECT_TIMEOUT`), as any first write does.
+    pub(crate) fn send_outbox(&self, protocol: &mut dyn Protocol, out: &mut Outbox) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut head = Vec::new();
+        let mut over = Vec::new();
+        let mut first_err = None;
+        for i in 0..out.destinations() {
+            while let Some((to, next)) = out.next(i) {
+                let sent = self.connect(to).and_then(|route| match next {
+                    Next::Whole(bytes) => self.send(route, &[], bytes, false),
+                    Next::Chunk { key, offset, bytes } => {
+                        head.clear();
+                        protocol.range_header(key, offset, bytes.len(), &mut head);
+                        self.send(route, &head, bytes, false)
                     }
-                    return Err(e);
-                }
+                });
+                let ended = match sent {
+                    Ok(true) => out.advance(i, true).map(|key| (to, key, true)),
+                    Ok(false) => break,
+                    Err(e) => {
+                        if let Error::PeerFailed { rank, .. } = &e {
+                            self.mark_failed(*rank);
+                        }
+                        first_err.get_or_insert(e);
+                        out.advance(i, false).map(|key| (to, key, false))
+                    }
+                };
+                over.extend(ended);
             }
         }
-        Ok(())
+        out.forget_empty();
+        for (to, key, complete) in over {
+            protocol.range_done(to, key, complete, out);
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Keeps a message's token until [`Station::release_held`].

@@ -42,11 +42,16 @@
 //! The module's parts: this file holds the API ([`Tagged`], [`Scope`], [`Request`] and
 //! their values); `matching` the posted and unexpected queues and the rule that pairs
 //! them (sans-IO, where MPI's ordering rule is kept and property-tested); `pushpull` the
-//! protocol (starting operations, handling protocol messages, pulls through `rma`, the
-//! outbox); `wire` the protocol's messages.
+//! protocol: its handler of protocol messages runs on the engine's protocol hook
+//! (`engine::protocol`, driven by the endpoint's station, answering through the
+//! engine's outbox), the rest starts operations, makes pulls through `rma` and waits;
+//! `wire` the protocol's messages. `sim_tests` runs the protocol over the simulated
+//! network under seeded faults.
 
 mod matching;
 mod pushpull;
+#[cfg(test)]
+mod sim_tests;
 mod wire;
 
 /// Bytes of the largest protocol header: a protocol message carries at most
@@ -70,7 +75,7 @@ use crate::dm::Endpoint;
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::rma::{self, puller, Rma};
-use pushpull::State;
+use pushpull::{PushPull, State};
 use std::cell::RefCell;
 use std::marker::PhantomData;
 
@@ -145,15 +150,29 @@ pub struct TaggedStats {
 /// A tagged endpoint: a Directed Point endpoint that carries the Push-Pull protocol.
 /// Every rank of the job opens one with the same DPID.
 pub struct Tagged {
+    /// The endpoint whose station carries the protocol (and whose error handler sees
+    /// its errors).
     ep: Endpoint,
-    rank: u32,
-    st: RefCell<State>,
-    /// Same-node pulls (shared buffers, cross-memory attach, split copies, the pull
-    /// thread) and the sender's side of split copies.
-    rma: Rma,
+    /// The protocol, on the station's hook.
+    pp: PushPull,
 }
 
 pub use crate::rma::window::SharedBuf;
+
+/// The application's calls, on the protocol.
+impl Tagged {
+    fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<u64> {
+        self.pp.start_send(&self.ep, dest, tag, data)
+    }
+
+    fn start_recv(&self, ptr: *mut u8, cap: usize, src: Src, tag: Tag) -> Result<u64> {
+        self.pp.start_recv(&self.ep, ptr, cap, src, tag)
+    }
+
+    fn wait_op(&self, id: u64) -> Result<Status> {
+        self.pp.wait_op(&self.ep, id)
+    }
+}
 
 impl Tagged {
     /// Opens the tagged endpoint `dpid` of this rank (every rank uses the same DPID).
@@ -161,11 +180,10 @@ impl Tagged {
         let ep = job.open(dpid)?;
         let rma = Rma::open(job, dpid)?;
         let cfg = job.config();
+        let st = State::new(cfg.push, cfg.btp1, cfg.btp2, cfg.max_message);
         Ok(Tagged {
-            rank: job.rank(),
             ep,
-            st: RefCell::new(State::new(cfg.push, cfg.btp1, cfg.btp2, cfg.max_message)),
-            rma,
+            pp: PushPull::new(st, rma, job.rank()),
         })
     }
 
@@ -174,7 +192,7 @@ impl Tagged {
     /// same node is read in place by the receiver: one copy, no cross-memory attach
     /// needed. Zero-filled.
     pub fn alloc_shared(&self, len: usize) -> Result<SharedBuf<'_>> {
-        self.rma.alloc_shared(len)
+        self.pp.rma.alloc_shared(len)
     }
 
     /// The Directed Point endpoint underneath (its statistics, descriptor...).
@@ -184,27 +202,27 @@ impl Tagged {
 
     /// Selects the push mode for later sends.
     pub fn set_push(&self, mode: PushMode) {
-        self.st.borrow_mut().mode = mode;
+        self.pp.st.borrow_mut().mode = mode;
     }
 
     /// Sets BTP(1) and BTP(2) for later sends in [`PushMode::Pull`]; the pushed buffer
     /// holds at most BTP(1) + BTP(2) bytes per unexpected message.
     pub fn set_btp(&self, btp1: usize, btp2: usize) {
-        let mut st = self.st.borrow_mut();
+        let mut st = self.pp.st.borrow_mut();
         st.btp1 = btp1.min(st.chunk);
         st.btp2 = btp2;
     }
 
     /// The push mode and BTP(1), BTP(2) in force.
     pub fn push(&self) -> (PushMode, usize, usize) {
-        let st = self.st.borrow();
+        let st = self.pp.st.borrow();
         (st.mode, st.btp1, st.btp2)
     }
 
     /// The endpoint's counters.
     pub fn stats(&self) -> TaggedStats {
-        let mut stats = self.st.borrow().stats.clone();
-        let split = self.rma.stats();
+        let mut stats = self.pp.st.borrow().stats.clone();
+        let split = self.pp.rma.stats();
         stats.pulled_split_by_sender = split.written_by_peers;
         stats.split_helped = split.written_for_peers;
         stats
@@ -232,7 +250,7 @@ impl Tagged {
     pub fn iprobe(&self, src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Option<Status>> {
         let (src, tag) = (src.into(), tag.into());
         self.progress()?;
-        let st = self.st.borrow();
+        let st = self.pp.st.borrow();
         Ok(st.matching.probe(src, tag).map(|u| Status {
             peer: u.source,
             tag: u.tag,
@@ -247,17 +265,13 @@ impl Tagged {
             if let Some(s) = self.iprobe(src, tag)? {
                 return Ok(s);
             }
-            self.wait_message()?;
+            self.pp.wait_message(&self.ep)?;
         }
     }
 
     /// Handles every protocol message that has arrived; returns without waiting.
     pub fn progress(&self) -> Result<()> {
-        // One full round of the endpoint first (it polls a UDP socket only now and then
-        // while it also serves shared memory).
-        self.ep.progress()?;
-        while self.poll()? {}
-        Ok(())
+        self.pp.progress(&self.ep)
     }
 
     /// Runs `f` with a [`Scope`] for non-blocking operations on buffers that outlive the
@@ -327,14 +341,14 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             return Err(Error::Config("wait_any on no requests".into()));
         }
         loop {
-            while self.t.poll()? {}
+            while self.t.pp.poll(&self.t.ep)? {}
             for i in 0..reqs.len() {
-                if let Some(r) = self.t.take_if_done(reqs[i].id) {
+                if let Some(r) = self.t.pp.take_if_done(reqs[i].id) {
                     drop(reqs.remove(i));
                     return Ok((i, r));
                 }
             }
-            self.t.wait_message()?;
+            self.t.pp.wait_message(&self.t.ep)?;
         }
     }
 
@@ -348,8 +362,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let ids = std::mem::take(&mut *self.started.borrow_mut());
         let mut first_err = None;
         for id in ids {
-            self.t.cancel_op(id);
-            if !self.t.st.borrow().ops.contains_key(&id) {
+            self.t.pp.cancel_op(id);
+            if !self.t.pp.is_pending(id) {
                 continue;
             }
             if let Err(e) = self.t.wait_op(id) {
@@ -375,7 +389,7 @@ impl Request<'_> {
     /// Makes progress and says whether the operation is complete ([`Request::wait`]
     /// then returns its result at once).
     pub fn test(&self) -> Result<bool> {
-        self.t.test_op(self.id)
+        self.t.pp.test_op(&self.t.ep, self.id)
     }
 
     /// Waits for the operation to complete.
@@ -386,6 +400,6 @@ impl Request<'_> {
     /// Cancels a receive that no message has matched yet; returns whether it did
     /// (waiting for it then gives [`Error::Cancelled`]).
     pub fn cancel(&self) -> bool {
-        self.t.cancel_op(self.id)
+        self.t.pp.cancel_op(self.id)
     }
 }

@@ -1,27 +1,45 @@
-//! The Push-Pull protocol of a tagged endpoint, message by message (the steps are in the
-//! [module documentation](super)): starting sends (pushes, the split-copy offer) and
-//! receives (matching through [`Matching`]), handling the protocol messages that arrive
-//! (`Push`, `More`, `Pull`, `Data`, `Done`), the pull of a matched message (a get of
-//! `rma` on one node, else a `Pull` request), and the outbox.
+//! The Push-Pull protocol of a tagged endpoint (the steps are in the
+//! [module documentation](super)), in two halves:
+//!
+//! - [`Handler`], the protocol on the engine's hook (`engine::protocol`): it handles the
+//!   protocol messages that arrive (`Push`, `More`, `Pull`, `Data`, `Done`) where the
+//!   station's progress runs, answers through the engine's outbox (a `Pull` is answered
+//!   with a range of the send buffer, sent in chunks without a copy) and does no I/O: it
+//!   matches, copies pushed bytes into receive buffers and records the pulls to make.
+//!   The simulator runs it as it is (`sim_tests`).
+//! - [`PushPull`], the application's side: starting sends (pushes, the split-copy offer)
+//!   and receives (matching through [`Matching`]), making the recorded pulls (a get of
+//!   `rma` on one node, else a `Pull` request), collecting the pull thread's gets, and
+//!   the wait loops. It reaches the engine through a [`Footing`]: the endpoint's station
+//!   (in production, the `dm::Endpoint` the tagged endpoint is opened on, whose error
+//!   handler sees the errors) or a bare station (in the simulator).
 //!
 //! What it owns: every operation from its start until its result is taken (`State::ops`),
 //! the pushed buffer, the matched receives still expecting bytes, the sends waiting for
-//! their receiver, and the outbox. What it guarantees: a handler never waits for a peer
-//! (what a peer's channel cannot take now waits in the outbox, in order per
-//! destination); a malformed message or one naming no known message is counted
+//! their receiver, the pulls to make, and the outbox. What it guarantees: a handler never
+//! waits for a peer (what a peer's route cannot take now waits in the outbox, in order
+//! per destination); a malformed message or one naming no known message is counted
 //! (`dropped`) and dropped, never a panic; a receive buffer is written only inside its
 //! capacity and only while its operation is pending.
-//!
-//! It drives the endpoint itself (reads, writes, waits): the protocol hook that would
-//! let the engine drive it (stage C1 of the engine redesign) does not exist yet.
 
 use super::matching::Matching;
 use super::wire::{self, Announce, Msg};
-use super::{PushMode, Src, Status, Tag, Tagged, TaggedStats, SECOND_PUSH_MAX};
+use super::{PushMode, Src, Status, Tag, TaggedStats, SECOND_PUSH_MAX};
+use crate::addr::Source;
+use crate::channel::reliable::Time;
+use crate::engine::protocol::{Disposition, Outbox, Protocol};
+use crate::engine::station::Footing;
 use crate::error::{Error, Result};
 use crate::link::Transport;
-use crate::rma::{GetError, Got, Offer, Peer, Remote};
+use crate::rma::{GetError, Got, Offer, Peer, Remote, Rma};
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+
+/// The outbox's bound. Every item answers one operation of the application's (a `Pull`
+/// of one of its sends, a `Pull` or `Done` of one of its receives), so the
+/// application's operations bound what it holds; a bound below that could stop two ends
+/// from reading while each waits for room in the other's ring, so none is set.
+const OUTBOX_ITEMS: usize = usize::MAX;
 
 /// The protocol state of one tagged endpoint.
 pub(super) struct State {
@@ -43,9 +61,13 @@ pub(super) struct State {
     /// Sends waiting for their receiver's `Pull` or `Done`: (destination, message) →
     /// operation.
     outgoing: HashMap<(u32, u64), u64>,
-    /// Protocol messages the handlers could not write at once (the peer's channel was
-    /// full), per destination, in order: sent before anything else to that peer.
-    outbox: HashMap<u32, VecDeque<OutItem>>,
+    /// Matched receives too short for what their sender pushes: (source, message) → the
+    /// end of the pushed bytes. Pushed bytes past the buffer are let go (not counted
+    /// dropped) until the last of them has come.
+    discarding: HashMap<(u32, u64), u64>,
+    /// Matched receives whose rest is still to be pulled (`PushPull::make_pulls`), in
+    /// the order they matched.
+    to_pull: VecDeque<PullJob>,
     /// Receives whose pull the pull thread makes: operation → (source, message, offset,
     /// length).
     pulls: HashMap<u64, (u32, u64, u64, u64)>,
@@ -69,8 +91,9 @@ impl State {
             pushed_bytes: 0,
             incoming: HashMap::new(),
             outgoing: HashMap::new(),
+            discarding: HashMap::new(),
+            to_pull: VecDeque::new(),
             pulls: HashMap::new(),
-            outbox: HashMap::new(),
             stats: TaggedStats::default(),
         }
     }
@@ -82,27 +105,24 @@ pub(super) enum Op {
     Recv(RecvOp),
 }
 
-/// A protocol message waiting in the outbox.
-pub(super) enum OutItem {
-    /// A whole message (header and payload).
-    Whole(Vec<u8>),
-    /// The `Data` answer to a `Pull`: bytes `off..end` of send `op` (message `msg`),
-    /// written in chunks straight from the send buffer; the send completes after the last.
-    Range {
-        msg: u64,
-        op: u64,
-        ptr: *const u8,
-        off: u64,
-        end: u64,
-    },
-}
-
 pub(super) struct SendOp {
     dest: u32,
     tag: u32,
+    /// The protocol's number of the message.
+    msg: u64,
     ptr: *const u8,
     len: usize,
-    done: bool,
+    state: SendState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SendState {
+    /// The receiver may still read the buffer (or ask for its bytes).
+    Pending,
+    /// The receiver is done with it.
+    Done,
+    /// Its pulled bytes could not all be sent (the receiver's route failed).
+    Failed,
 }
 
 pub(super) struct RecvOp {
@@ -130,8 +150,52 @@ pub(super) struct Unexpected {
     data: Vec<u8>,
 }
 
-impl Tagged {
-    pub(super) fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<u64> {
+/// The rest of a matched message, to pull into receive `op`: bytes `from..from + len`
+/// of message `head.msg` from `source`.
+struct PullJob {
+    op: u64,
+    source: Source,
+    head: Announce,
+    from: u64,
+    len: u64,
+}
+
+/// The Push-Pull protocol of one tagged endpoint: its state, its outbox and its
+/// same-node pulls. Every call that moves bytes takes the [`Footing`] it runs on.
+pub(super) struct PushPull {
+    pub(super) st: RefCell<State>,
+    out: RefCell<Outbox>,
+    /// Same-node pulls (shared buffers, cross-memory attach, split copies, the pull
+    /// thread) and the sender's side of split copies.
+    pub(super) rma: Rma,
+    rank: u32,
+}
+
+impl PushPull {
+    /// The protocol of rank `rank` in state `st`, pulling on one node through `rma`.
+    pub(super) fn new(st: State, rma: Rma, rank: u32) -> PushPull {
+        PushPull {
+            st: RefCell::new(st),
+            out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
+            rma,
+            rank,
+        }
+    }
+
+    pub(super) fn start_send(
+        &self,
+        on: &impl Footing,
+        dest: u32,
+        tag: u32,
+        data: &[u8],
+    ) -> Result<u64> {
+        let station = on.station();
+        let to = Source {
+            rank: dest,
+            dpid: station.dpid(),
+        };
+        // Connected (and checked) before anything is registered.
+        let route = station.connect(to).map_err(|e| on.report(e))?;
         let len = data.len();
         // Registered before the first write: while a write waits for room, incoming
         // messages are handled, and the receiver's `Pull` or `Done` may be among them.
@@ -148,18 +212,23 @@ impl Tagged {
             };
             let id = st.next_op;
             st.next_op += 1;
-            let done = pushed == len;
+            let state = if pushed == len {
+                SendState::Done
+            } else {
+                SendState::Pending
+            };
             st.ops.insert(
                 id,
                 Op::Send(SendOp {
                     dest,
                     tag,
+                    msg,
                     ptr: data.as_ptr(),
                     len,
-                    done,
+                    state,
                 }),
             );
-            if !done {
+            if state == SendState::Pending {
                 st.outgoing.insert((dest, msg), id);
             }
             (msg, id, first, pushed, st.chunk)
@@ -172,7 +241,7 @@ impl Tagged {
         let rest = &data[pushed..];
         let slot = if seg == 0
             && self.rma.may_split(dest, rest.len() as u64)
-            && self.ep.transport_to(dest)? == Transport::Shm
+            && station.transport_to(dest)? == Transport::Shm
         {
             // SAFETY: the send buffer outlives the send, which ends (`complete_send`
             // calls `end_split`) only after the receiver is done with it.
@@ -193,7 +262,7 @@ impl Tagged {
             },
             data: &data[..first],
         };
-        self.write_progressing(dest, push.header().as_bytes(), push.data())?;
+        self.write_progressing(on, route, to, push.header().as_bytes(), push.data())?;
         let mut off = first;
         while off < pushed {
             let end = pushed.min(off + chunk);
@@ -202,7 +271,7 @@ impl Tagged {
                 offset: off as u64,
                 data: &data[off..end],
             };
-            self.write_progressing(dest, more.header().as_bytes(), more.data())?;
+            self.write_progressing(on, route, to, more.header().as_bytes(), more.data())?;
             off = end;
         }
         // Address-translation masking: the pushes are on their way; prepare the part the
@@ -211,12 +280,20 @@ impl Tagged {
         Ok(id)
     }
 
-    pub(super) fn start_recv(&self, ptr: *mut u8, cap: usize, src: Src, tag: Tag) -> Result<u64> {
+    pub(super) fn start_recv(
+        &self,
+        on: &impl Footing,
+        ptr: *mut u8,
+        cap: usize,
+        src: Src,
+        tag: Tag,
+    ) -> Result<u64> {
         // Take in what has arrived first: a message already waiting must match before
         // this receive is queued behind it.
-        self.progress()?;
-        let id = {
+        self.progress(on)?;
+        let found = {
             let mut st = self.st.borrow_mut();
+            let st = &mut *st;
             let id = st.next_op;
             st.next_op += 1;
             st.ops.insert(
@@ -227,214 +304,224 @@ impl Tagged {
                     state: RecvState::Posted,
                 }),
             );
-            id
-        };
-        let found = {
-            let mut st = self.st.borrow_mut();
             let found = st.matching.post(id, src, tag);
             if let Some(a) = &found {
                 st.pushed_bytes -= a.msg.data.len() as u64;
+                let from = Source {
+                    rank: a.source,
+                    dpid: on.station().dpid(),
+                };
+                begin_receive(
+                    st,
+                    &mut self.out.borrow_mut(),
+                    id,
+                    from,
+                    &a.msg.head,
+                    &a.msg.data,
+                );
             }
-            found
+            (id, found.is_some())
         };
-        if let Some(a) = found {
-            self.begin_or_fail(id, a.source, &a.msg.head, &a.msg.data);
+        if found.1 {
+            // The pull of a message that was waiting starts now, as it would have on
+            // arrival.
+            self.make_pulls(on)?;
         }
-        Ok(id)
+        Ok(found.0)
     }
 
-    /// [`Tagged::begin_receive`]; a failure (a pull that cannot be made, a peer gone)
-    /// completes receive `id` with the error instead of leaving it pending.
-    fn begin_or_fail(&self, id: u64, source: u32, head: &Announce, have: &[u8]) {
-        if let Err(e) = self.begin_receive(id, source, head, have) {
-            let mut st = self.st.borrow_mut();
-            st.incoming.remove(&(source, head.msg));
-            if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
-                r.state = RecvState::Done(Some(Err(e)));
+    /// Makes progress once: helps a receiver's split copy, finishes the pull thread's
+    /// gets, makes the pulls of matched receives, and drives the station (sends what
+    /// the outbox holds, handles every protocol message that has arrived). Returns
+    /// whether anything happened.
+    pub(super) fn poll(&self, on: &impl Footing) -> Result<bool> {
+        let helped = self.rma.help();
+        let collected = self.collect_pulls(on);
+        let pulled = self.make_pulls(on)?;
+        let drove = self.drive(on)?;
+        Ok(helped || collected || pulled || drove)
+    }
+
+    /// One round of the station (it polls a UDP socket only now and then while it also
+    /// serves shared memory), then [`PushPull::poll`] until nothing is left.
+    pub(super) fn progress(&self, on: &impl Footing) -> Result<()> {
+        on.station().progress()?;
+        while self.poll(on)? {}
+        Ok(())
+    }
+
+    /// Runs the handler on the station's hook; returns whether a message was handled or
+    /// the outbox sent something.
+    fn drive(&self, on: &impl Footing) -> Result<bool> {
+        let station = on.station();
+        let mut st = self.st.borrow_mut();
+        let mut out = self.out.borrow_mut();
+        let sent = out.sent();
+        let mut handler = Handler {
+            st: &mut st,
+            rma: &self.rma,
+            handled: 0,
+        };
+        let report = |e| on.report(e);
+        let mut delivered = station.drive(&mut handler, &mut out, report)?;
+        if delivered.is_none() && handler.handled == 0 && station.rearm_doorbells() {
+            // The descriptor was handed out: a sender may have published before the
+            // doorbells were reset.
+            delivered = station.drive(&mut handler, &mut out, report)?;
+        }
+        if let Some(r) = delivered {
+            // The handler delivers nothing; kept for the protocol's contract.
+            station.release_token(r.token);
+        }
+        Ok(handler.handled > 0 || out.sent() != sent)
+    }
+
+    /// Makes the pulls of matched receives: a get of `rma` where the sender is on this
+    /// node (at once, or queued on the pull thread), else a `Pull` request. Returns
+    /// whether there was one.
+    fn make_pulls(&self, on: &impl Footing) -> Result<bool> {
+        let mut any = false;
+        loop {
+            let Some(job) = self.st.borrow_mut().to_pull.pop_front() else {
+                return Ok(any);
+            };
+            any = true;
+            if let Err(e) = self.make_pull(on, &job) {
+                let mut st = self.st.borrow_mut();
+                st.incoming.remove(&(job.source.rank, job.head.msg));
+                if let Some(Op::Recv(r)) = st.ops.get_mut(&job.op) {
+                    r.state = RecvState::Done(Some(Err(e)));
+                }
             }
         }
     }
 
-    /// A message matched receive `id`: copy what was pushed, pull the rest.
-    fn begin_receive(&self, id: u64, source: u32, head: &Announce, have: &[u8]) -> Result<()> {
-        let (ptr, cap) = {
+    fn make_pull(&self, on: &impl Footing, job: &PullJob) -> Result<()> {
+        let PullJob {
+            op,
+            source,
+            ref head,
+            from,
+            len,
+        } = *job;
+        let ptr = {
             let st = self.st.borrow();
-            let Some(Op::Recv(r)) = st.ops.get(&id) else {
+            let Some(Op::Recv(r)) = st.ops.get(&op) else {
                 return Ok(());
             };
-            (r.ptr, r.cap)
+            r.ptr
         };
-        let expected = head.total.min(cap as u64);
-        let n = have.len().min(cap);
-        // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
-        // completes (its scope or blocking call outlives it); n <= cap.
-        unsafe { std::ptr::copy_nonoverlapping(have.as_ptr(), ptr, n) };
-        let mut landed = n as u64;
-        // Bytes of the message past what was pushed, and inside the buffer.
-        let pull_from = head.pushed;
-        let pull_len = expected.saturating_sub(pull_from);
-        let mut tell_done = head.total > head.pushed && pull_len == 0; // truncated: nothing to pull
-        if pull_len > 0 {
-            let same_node = source == self.rank || self.ep.transport_to(source)? == Transport::Shm;
-            let got = if same_node {
-                let peer = Peer {
-                    rank: source,
-                    pid: head.pid,
-                };
-                let at = head.addr.saturating_add(pull_from);
-                let remote = if head.seg != 0 {
-                    Remote::Shared {
-                        window: head.seg,
-                        offset: at,
-                    }
-                } else {
-                    Remote::Memory {
-                        addr: at,
-                        split: head.slot.checked_sub(1).map(|slot| Offer {
-                            slot,
-                            msg: head.msg,
-                        }),
-                    }
-                };
-                // SAFETY: [pull_from, pull_from + pull_len) lies inside the receive buffer
-                // (pull_from + pull_len = expected <= cap), valid until the receive
-                // completes, which is not before the pull is over (a queued one is
-                // collected by `collect_pulls` first); only the pull writes it meanwhile.
-                let got = unsafe {
-                    self.rma
-                        .start_get(id, peer, remote, ptr.add(pull_from as usize), pull_len)
-                };
-                match got {
-                    Ok(got) => got,
-                    // A shared buffer too short for the message: pulled by request.
-                    Err(GetError::OutOfBounds { .. }) => Got::Unreachable,
-                    Err(GetError::Thread(e)) => return Err(e),
-                    Err(GetError::Attach(e)) => {
-                        return Err(Error::Protocol {
-                            rank: source,
-                            reason: format!("pulling message {}: {e}", head.msg),
-                        })
-                    }
+        let same_node =
+            source.rank == self.rank || on.station().transport_to(source.rank)? == Transport::Shm;
+        let got = if same_node {
+            let peer = Peer {
+                rank: source.rank,
+                pid: head.pid,
+            };
+            let at = head.addr.saturating_add(from);
+            let remote = if head.seg != 0 {
+                Remote::Shared {
+                    window: head.seg,
+                    offset: at,
                 }
             } else {
-                Got::Unreachable
+                Remote::Memory {
+                    addr: at,
+                    split: head.slot.checked_sub(1).map(|slot| Offer {
+                        slot,
+                        msg: head.msg,
+                    }),
+                }
+            };
+            // SAFETY: [from, from + len) lies inside the receive buffer (from + len =
+            // expected <= cap, `begin_receive`), valid until the receive completes, which
+            // is not before the pull is over (a queued one is collected by
+            // `collect_pulls` first); only the pull writes it meanwhile.
+            let got = unsafe {
+                self.rma
+                    .start_get(op, peer, remote, ptr.add(from as usize), len)
             };
             match got {
-                Got::Shared => {
-                    landed += pull_len;
-                    self.st.borrow_mut().stats.pulled_shared += pull_len;
-                    tell_done = true;
-                }
-                Got::Attached => {
-                    landed += pull_len;
-                    self.st.borrow_mut().stats.pulled_direct += pull_len;
-                    tell_done = true;
-                }
-                Got::Queued => {
-                    // The pull thread reports; `collect_pulls` finishes the receive.
-                    self.st
-                        .borrow_mut()
-                        .pulls
-                        .insert(id, (source, head.msg, pull_from, pull_len));
-                }
-                Got::Unreachable => {
-                    let pull = Msg::Pull {
-                        msg: head.msg,
-                        offset: pull_from,
-                        len: pull_len,
-                    };
-                    self.send_ctrl(source, &pull)?;
-                    // Preparing the destination overlaps the pull request's round trip.
-                    // SAFETY: [pull_from, pull_from + pull_len) lies inside the receive
-                    // buffer (pull_from + pull_len = expected <= cap), valid until the
-                    // receive completes; nothing writes it before the requested bytes come.
-                    touch_pages(unsafe {
-                        std::slice::from_raw_parts(ptr.add(pull_from as usize), pull_len as usize)
-                    });
+                Ok(got) => got,
+                // A shared buffer too short for the message: pulled by request.
+                Err(GetError::OutOfBounds { .. }) => Got::Unreachable,
+                Err(GetError::Thread(e)) => return Err(e),
+                Err(GetError::Attach(e)) => {
+                    return Err(Error::Protocol {
+                        rank: source.rank,
+                        reason: format!("pulling message {}: {e}", head.msg),
+                    })
                 }
             }
-        }
-        self.receiving(id, source, head, expected, landed, tell_done)
-    }
-
-    /// Receive `id` now takes message `u`: `landed` of its `expected` bytes are in the
-    /// buffer; `tell_done` sends `Done` (the sender's buffer is no longer needed).
-    fn receiving(
-        &self,
-        id: u64,
-        source: u32,
-        head: &Announce,
-        expected: u64,
-        landed: u64,
-        tell_done: bool,
-    ) -> Result<()> {
-        if tell_done {
-            let done = Msg::Done { msg: head.msg };
-            self.send_ctrl(source, &done)?;
-        }
+        } else {
+            Got::Unreachable
+        };
         let mut st = self.st.borrow_mut();
-        let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
-            return Ok(());
-        };
-        r.state = RecvState::Receiving {
-            source,
-            tag: head.tag,
-            total: head.total,
-            expected,
-            landed,
-        };
-        if !finish_if_complete(r) {
-            st.incoming.insert((source, head.msg), id);
+        let st = &mut *st;
+        let mut out = self.out.borrow_mut();
+        match got {
+            Got::Shared | Got::Attached => {
+                if got == Got::Shared {
+                    st.stats.pulled_shared += len;
+                } else {
+                    st.stats.pulled_direct += len;
+                }
+                queue(
+                    &mut out,
+                    &mut st.stats,
+                    source,
+                    &Msg::Done { msg: head.msg },
+                );
+                landed(st, op, source.rank, head.msg, len);
+            }
+            Got::Queued => {
+                // The pull thread reports; `collect_pulls` finishes the receive.
+                st.pulls.insert(op, (source.rank, head.msg, from, len));
+            }
+            Got::Unreachable => {
+                let pull = Msg::Pull {
+                    msg: head.msg,
+                    offset: from,
+                    len,
+                };
+                queue(&mut out, &mut st.stats, source, &pull);
+                // Preparing the destination overlaps the pull request's round trip.
+                // SAFETY: [from, from + len) lies inside the receive buffer (as above),
+                // valid until the receive completes; nothing writes it before the
+                // requested bytes come.
+                touch_pages(unsafe {
+                    std::slice::from_raw_parts(ptr.add(from as usize), len as usize)
+                });
+            }
         }
         Ok(())
     }
 
-    /// Handles one protocol message if one has arrived.
-    pub(super) fn poll(&self) -> Result<bool> {
-        let helped = self.rma.help();
-        let flushed = self.flush_outbox()? || helped;
-        if self.collect_pulls()? {
-            return Ok(true);
-        }
-        let Some(m) = self.ep.try_read()? else {
-            return Ok(flushed);
-        };
-        let source = m.source().rank;
-        self.handle(source, &m)?;
-        Ok(true)
-    }
-
     /// Finishes the receives whose pull the pull thread has made; returns whether there
     /// was one.
-    fn collect_pulls(&self) -> Result<bool> {
+    fn collect_pulls(&self, on: &impl Footing) -> bool {
         let Some((op, result)) = self.rma.completed() else {
-            return Ok(false);
+            return false;
         };
-        let Some((source, msg, offset, len)) = self.st.borrow_mut().pulls.remove(&op) else {
-            return Ok(true);
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let Some((source, msg, offset, len)) = st.pulls.remove(&op) else {
+            return true;
+        };
+        let to = Source {
+            rank: source,
+            dpid: on.station().dpid(),
         };
         let reply = match result {
-            Ok(Got::Unreachable) => {
-                // Refused: the two-copy path for this and later pulls.
-                Msg::Pull { msg, offset, len }
-            }
+            // Refused: the two-copy path for this and later pulls.
+            Ok(Got::Unreachable) => Msg::Pull { msg, offset, len },
             Ok(_) => {
-                let mut st = self.st.borrow_mut();
-                let st = &mut *st;
                 st.stats.pulled_direct += len;
                 st.stats.pulled_on_thread += len;
-                if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
-                    if let RecvState::Receiving { landed, .. } = &mut r.state {
-                        *landed += len;
-                    }
-                    if finish_if_complete(r) {
-                        st.incoming.remove(&(source, msg));
-                    }
-                }
+                landed(st, op, source, msg, len);
                 Msg::Done { msg }
             }
             Err(e) => {
-                let mut st = self.st.borrow_mut();
                 st.incoming.remove(&(source, msg));
                 if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
                     r.state = RecvState::Done(Some(Err(Error::Protocol {
@@ -445,66 +532,227 @@ impl Tagged {
                 Msg::Done { msg }
             }
         };
-        self.send_ctrl(source, &reply)?;
-        Ok(true)
+        queue(&mut self.out.borrow_mut(), &mut st.stats, to, &reply);
+        true
     }
 
-    /// Waits for the next protocol message and handles it.
-    pub(super) fn wait_message(&self) -> Result<()> {
-        let busy = self.rma.busy() || !self.st.borrow().outbox.is_empty();
+    /// Waits for the next protocol message (or pull completion, or room for the
+    /// outbox) and handles it.
+    pub(super) fn wait_message(&self, on: &impl Footing) -> Result<()> {
+        let busy = self.rma.busy()
+            || !self.out.borrow().is_empty()
+            || !self.st.borrow().to_pull.is_empty();
         if busy {
             // A pull is under way (its completion comes from a thread, not the
             // endpoint), or the outbox waits for room: poll, do not block.
-            if !self.poll()? {
+            if !self.poll(on)? {
                 std::thread::yield_now();
             }
             return Ok(());
         }
-        // A receiver may open a split copy while we wait: help on every empty poll.
-        let Some(m) = self.ep.read_or_idle(&|| self.rma.help())? else {
-            return Ok(());
-        };
-        let source = m.source().rank;
-        self.handle(source, &m)
+        // Sleeps per the wait mode until a poll does something (a receiver may open a
+        // split copy meanwhile: every poll helps).
+        on.station()
+            .wait_for(|| Ok(self.poll(on)?.then_some(())), None)
     }
 
-    fn handle(&self, source: u32, bytes: &[u8]) -> Result<()> {
+    /// Writes an application-initiated message (a push) on route `route` to `to`,
+    /// waiting for room if needed but handling incoming messages and the outbox
+    /// meanwhile, so that two ranks that both write never wait for each other. Nothing
+    /// overtakes what the outbox holds for `to`.
+    fn write_progressing(
+        &self,
+        on: &impl Footing,
+        route: usize,
+        to: Source,
+        head: &[u8],
+        body: &[u8],
+    ) -> Result<()> {
+        let station = on.station();
+        loop {
+            if !self.out.borrow().has_queued_for(to)
+                && (station.try_send_inline(route, head, body)
+                    || station
+                        .send(route, head, body, false)
+                        .map_err(|e| on.report(e))?)
+            {
+                return Ok(());
+            }
+            if !self.poll(on)? {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The result of operation `id` if it is complete (it is then forgotten).
+    pub(super) fn take_if_done(&self, id: u64) -> Option<Result<Status>> {
+        let mut st = self.st.borrow_mut();
+        let done = match st.ops.get_mut(&id)? {
+            Op::Send(s) => match s.state {
+                SendState::Pending => None,
+                SendState::Done => Some(Ok(Status {
+                    peer: s.dest,
+                    tag: s.tag,
+                    len: s.len as u64,
+                })),
+                SendState::Failed => Some(Err(Error::Protocol {
+                    rank: s.dest,
+                    reason: format!(
+                        "the bytes of message {} the receiver asked for could not all be sent",
+                        s.msg
+                    ),
+                })),
+            },
+            Op::Recv(RecvOp {
+                state: RecvState::Done(r),
+                ..
+            }) => Some(r.take().unwrap_or(Err(Error::Cancelled))),
+            _ => None,
+        };
+        if done.is_some() {
+            st.ops.remove(&id);
+        }
+        done
+    }
+
+    /// Whether operation `id` is complete (its result stays for `wait`).
+    pub(super) fn test_op(&self, on: &impl Footing, id: u64) -> Result<bool> {
+        self.progress(on)?;
+        let st = self.st.borrow();
+        Ok(match st.ops.get(&id) {
+            Some(Op::Send(s)) => s.state != SendState::Pending,
+            Some(Op::Recv(r)) => matches!(r.state, RecvState::Done(_)),
+            None => true,
+        })
+    }
+
+    pub(super) fn wait_op(&self, on: &impl Footing, id: u64) -> Result<Status> {
+        if !self.st.borrow().ops.contains_key(&id) {
+            return Err(Error::Config(format!(
+                "operation {id} was already waited for"
+            )));
+        }
+        loop {
+            while self.poll(on)? {}
+            if let Some(r) = self.take_if_done(id) {
+                return r;
+            }
+            self.wait_message(on)?;
+        }
+    }
+
+    /// Cancels receive `id` if nothing has matched it yet.
+    pub(super) fn cancel_op(&self, id: u64) -> bool {
+        let mut st = self.st.borrow_mut();
+        if !st.matching.cancel(id) {
+            return false;
+        }
+        if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
+            r.state = RecvState::Done(Some(Err(Error::Cancelled)));
+        }
+        true
+    }
+
+    /// Whether operation `id` is still known (not taken by a wait).
+    pub(super) fn is_pending(&self, id: u64) -> bool {
+        self.st.borrow().ops.contains_key(&id)
+    }
+}
+
+/// The Push-Pull protocol on the engine's hook: handles one protocol message at a time
+/// with the endpoint's state (module documentation).
+struct Handler<'a> {
+    st: &'a mut State,
+    rma: &'a Rma,
+    /// Messages handled in this drive.
+    handled: usize,
+}
+
+impl Protocol for Handler<'_> {
+    fn handle_message(
+        &mut self,
+        _now: Time,
+        from: Source,
+        bytes: &[u8],
+        out: &mut Outbox,
+    ) -> Disposition {
+        self.handled += 1;
+        self.handle(from, bytes, out);
+        Disposition::Consumed
+    }
+
+    fn range_header(&self, key: u64, offset: u64, _len: usize, head: &mut Vec<u8>) {
+        // The range of send `key` starts at its buffer's first byte: the chunk's offset
+        // is the offset in the message.
+        if let Some(Op::Send(s)) = self.st.ops.get(&key) {
+            let data = Msg::Data {
+                msg: s.msg,
+                offset,
+                data: &[],
+            };
+            head.extend_from_slice(data.header().as_bytes());
+        }
+    }
+
+    fn range_done(&mut self, to: Source, key: u64, complete: bool, _out: &mut Outbox) {
+        let Some(Op::Send(s)) = self.st.ops.get_mut(&key) else {
+            return;
+        };
+        let msg = s.msg;
+        if complete {
+            complete_send(self.st, self.rma, to.rank, msg, key);
+        } else {
+            s.state = SendState::Failed;
+            self.st.outgoing.remove(&(to.rank, msg));
+            self.rma.end_split(to.rank, msg);
+        }
+    }
+}
+
+impl Handler<'_> {
+    fn handle(&mut self, from: Source, bytes: &[u8], out: &mut Outbox) {
+        let source = from.rank;
+        let st = &mut *self.st;
         let msg_in = match Msg::decode(bytes) {
             Ok(m) => m,
             Err(why) => {
                 tracing::debug!("tagged message from rank {source} dropped: {why}");
-                self.st.borrow_mut().stats.dropped += 1;
-                return Ok(());
+                st.stats.dropped += 1;
+                return;
             }
         };
         match msg_in {
             Msg::Push { head, data } => {
-                let matched = {
-                    let mut st = self.st.borrow_mut();
-                    let st = &mut *st;
-                    let matched = st.matching.arrive(source, head.tag, || Unexpected {
-                        head,
-                        data: data.to_vec(),
-                    });
-                    if matched.is_none() {
+                let matched = st.matching.arrive(source, head.tag, || Unexpected {
+                    head,
+                    data: data.to_vec(),
+                });
+                match matched {
+                    Some(id) => begin_receive(st, out, id, from, &head, data),
+                    None => {
                         st.stats.unexpected += 1;
                         st.pushed_bytes += data.len() as u64;
                         st.stats.pushed_buffer_peak =
                             st.stats.pushed_buffer_peak.max(st.pushed_bytes);
                     }
-                    matched
-                };
-                if let Some(id) = matched {
-                    self.begin_or_fail(id, source, &head, data);
                 }
             }
             Msg::More { msg, offset, data } | Msg::Data { msg, offset, data } => {
                 let pulled = matches!(msg_in, Msg::Data { .. });
-                let mut st = self.st.borrow_mut();
-                let st = &mut *st;
+                // Pushed bytes of a truncated receive's message: the last lets it go.
+                let discarded = !pulled
+                    && match st.discarding.get(&(source, msg)) {
+                        Some(&stop) => {
+                            if offset + data.len() as u64 >= stop {
+                                st.discarding.remove(&(source, msg));
+                            }
+                            true
+                        }
+                        None => false,
+                    };
                 if let Some(&id) = st.incoming.get(&(source, msg)) {
                     let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
-                        return Ok(());
+                        return;
                     };
                     let n = (r.cap as u64).saturating_sub(offset).min(data.len() as u64);
                     if n > 0 {
@@ -540,242 +788,121 @@ impl Tagged {
                     } else {
                         st.stats.dropped += 1;
                     }
-                } else {
+                } else if !discarded {
                     st.stats.dropped += 1;
                 }
             }
             Msg::Pull { msg, offset, len } => {
-                let (ptr, total, id) = {
-                    let st = self.st.borrow();
-                    match st
-                        .outgoing
-                        .get(&(source, msg))
-                        .and_then(|id| st.ops.get(id).map(|op| (id, op)))
-                    {
-                        Some((&id, Op::Send(s))) => (s.ptr, s.len as u64, id),
-                        _ => {
-                            drop(st);
-                            self.st.borrow_mut().stats.dropped += 1;
-                            return Ok(());
-                        }
-                    }
-                };
-                let end = offset.checked_add(len).filter(|&e| e <= total);
-                let Some(end) = end else {
-                    self.st.borrow_mut().stats.dropped += 1;
-                    return Ok(());
-                };
-                // Answered through the outbox, which writes as much as the channel takes
-                // now and the rest later; the send completes after its last byte.
-                self.st
-                    .borrow_mut()
-                    .outbox
-                    .entry(source)
-                    .or_default()
-                    .push_back(OutItem::Range {
-                        msg,
-                        op: id,
-                        ptr,
-                        off: offset,
-                        end,
+                let send = st
+                    .outgoing
+                    .get(&(source, msg))
+                    .and_then(|&id| match st.ops.get(&id) {
+                        Some(Op::Send(s)) => Some((id, s.ptr, s.len as u64)),
+                        _ => None,
                     });
-                self.flush_outbox()?;
-            }
-            Msg::Done { msg } => {
-                let id = self.st.borrow().outgoing.get(&(source, msg)).copied();
-                match id {
-                    Some(id) => self.complete_send(source, msg, id),
-                    None => self.st.borrow_mut().stats.dropped += 1,
+                let Some((id, ptr, total)) = send else {
+                    st.stats.dropped += 1;
+                    return;
+                };
+                let Some(end) = offset.checked_add(len).filter(|&e| e <= total) else {
+                    st.stats.dropped += 1;
+                    return;
+                };
+                // Answered with a range of the send buffer, sent in chunks as the route
+                // takes them; the send completes after its last byte (`range_done`).
+                // SAFETY: [offset, end) lies inside the send buffer (checked above), which
+                // stays valid until the send completes; it completes, at the earliest,
+                // when the range is done.
+                let queued = unsafe { out.send_range(from, id, ptr, offset, end, st.chunk) };
+                if queued.is_err() {
+                    st.stats.dropped += 1;
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// Writes a protocol message from a handler: at once if the peer's channel has room
-    /// and nothing is queued for it, else into the outbox (a handler never waits for a
-    /// peer that may itself be waiting for us).
-    fn send_ctrl(&self, dest: u32, msg: &Msg<'_>) -> Result<()> {
-        if self.try_write_now(dest, msg.header().as_bytes(), msg.data())? {
-            return Ok(());
-        }
-        let mut whole = msg.header().as_bytes().to_vec();
-        whole.extend_from_slice(msg.data());
-        self.st
-            .borrow_mut()
-            .outbox
-            .entry(dest)
-            .or_default()
-            .push_back(OutItem::Whole(whole));
-        Ok(())
-    }
-
-    /// Writes a message to `dest` if nothing waits in its outbox (order) and its channel
-    /// has room; returns whether it did.
-    fn try_write_now(&self, dest: u32, head: &[u8], body: &[u8]) -> Result<bool> {
-        let queued = self
-            .st
-            .borrow()
-            .outbox
-            .get(&dest)
-            .is_some_and(|q| !q.is_empty());
-        if queued {
-            return Ok(false);
-        }
-        self.ep.target_rank(dest)?;
-        self.ep.try_write_parts(head, body)
-    }
-
-    /// Writes what the outbox holds, in order per destination, as far as the channels
-    /// take it; returns whether anything was written.
-    fn flush_outbox(&self) -> Result<bool> {
-        let dests: Vec<u32> = {
-            let st = self.st.borrow();
-            if st.outbox.is_empty() {
-                return Ok(false);
-            }
-            st.outbox.keys().copied().collect()
-        };
-        let mut wrote = false;
-        for dest in dests {
-            self.ep.target_rank(dest)?;
-            loop {
-                let mut st = self.st.borrow_mut();
-                let chunk = st.chunk as u64;
-                let Some(q) = st.outbox.get_mut(&dest) else {
-                    break;
-                };
-                let Some(item) = q.front_mut() else {
-                    st.outbox.remove(&dest);
-                    break;
-                };
-                match item {
-                    OutItem::Whole(bytes) => {
-                        if !self.ep.try_write_parts(&[], bytes)? {
-                            break;
-                        }
-                        q.pop_front();
-                    }
-                    OutItem::Range {
-                        msg,
-                        op,
-                        ptr,
-                        off,
-                        end,
-                    } => {
-                        let stop = (*end).min(*off + chunk);
-                        // SAFETY: [off, stop) lies inside the send buffer (checked against
-                        // its length when the `Pull` arrived), which stays valid until the
-                        // send completes, after the last chunk.
-                        let part = unsafe {
-                            std::slice::from_raw_parts(
-                                ptr.add(*off as usize),
-                                (stop - *off) as usize,
-                            )
-                        };
-                        let data = Msg::Data {
-                            msg: *msg,
-                            offset: *off,
-                            data: part,
-                        };
-                        if !self.ep.try_write_parts(data.header().as_bytes(), part)? {
-                            break;
-                        }
-                        *off = stop;
-                        if *off == *end {
-                            let (msg, op) = (*msg, *op);
-                            q.pop_front();
-                            drop(st);
-                            self.complete_send(dest, msg, op);
-                        }
-                    }
-                }
-                wrote = true;
-            }
-        }
-        Ok(wrote)
-    }
-
-    /// Writes an application-initiated message (a push), waiting for room if needed but
-    /// handling incoming messages and the outbox meanwhile, so that two ranks that both
-    /// write never wait for each other.
-    fn write_progressing(&self, dest: u32, head: &[u8], body: &[u8]) -> Result<()> {
-        loop {
-            if self.try_write_now(dest, head, body)? {
-                return Ok(());
-            }
-            if !self.poll()? {
-                std::thread::yield_now();
-            }
+            Msg::Done { msg } => match st.outgoing.get(&(source, msg)).copied() {
+                Some(id) => complete_send(st, self.rma, source, msg, id),
+                None => st.stats.dropped += 1,
+            },
         }
     }
+}
 
-    fn complete_send(&self, dest: u32, msg: u64, id: u64) {
-        self.rma.end_split(dest, msg);
-        let mut st = self.st.borrow_mut();
-        st.outgoing.remove(&(dest, msg));
-        if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
-            s.done = true;
+/// A message matched receive `id`: copies what was pushed, records the pull of the
+/// rest (made by `PushPull::make_pulls`, outside the handler: it may attach to another
+/// process), and tells a sender of a truncated message that nothing more is needed.
+fn begin_receive(
+    st: &mut State,
+    out: &mut Outbox,
+    id: u64,
+    from: Source,
+    head: &Announce,
+    have: &[u8],
+) {
+    let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
+        return;
+    };
+    let expected = head.total.min(r.cap as u64);
+    let n = have.len().min(r.cap);
+    // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
+    // completes (its scope or blocking call outlives it); n <= cap.
+    unsafe { std::ptr::copy_nonoverlapping(have.as_ptr(), r.ptr, n) };
+    // Bytes of the message past what was pushed, and inside the buffer.
+    let pull_len = expected.saturating_sub(head.pushed);
+    r.state = RecvState::Receiving {
+        source: from.rank,
+        tag: head.tag,
+        total: head.total,
+        expected,
+        landed: n as u64,
+    };
+    if head.pushed > r.cap as u64 && (have.len() as u64) < head.pushed {
+        // `More` messages will bring bytes past the buffer.
+        st.discarding.insert((from.rank, head.msg), head.pushed);
+    }
+    if !finish_if_complete(r) {
+        st.incoming.insert((from.rank, head.msg), id);
+    }
+    if pull_len > 0 {
+        st.to_pull.push_back(PullJob {
+            op: id,
+            source: from,
+            head: *head,
+            from: head.pushed,
+            len: pull_len,
+        });
+    } else if head.total > head.pushed {
+        // Truncated: nothing to pull, but the sender waits for word.
+        queue(out, &mut st.stats, from, &Msg::Done { msg: head.msg });
+    }
+}
+
+/// `len` more bytes of message `msg` from `source` landed in receive `op`.
+fn landed(st: &mut State, op: u64, source: u32, msg: u64, len: u64) {
+    if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
+        if let RecvState::Receiving { landed, .. } = &mut r.state {
+            *landed += len;
+        }
+        if finish_if_complete(r) {
+            st.incoming.remove(&(source, msg));
         }
     }
+}
 
-    /// The result of operation `id` if it is complete (it is then forgotten).
-    pub(super) fn take_if_done(&self, id: u64) -> Option<Result<Status>> {
-        let mut st = self.st.borrow_mut();
-        let done = match st.ops.get_mut(&id)? {
-            Op::Send(s) if s.done => Some(Ok(Status {
-                peer: s.dest,
-                tag: s.tag,
-                len: s.len as u64,
-            })),
-            Op::Recv(RecvOp {
-                state: RecvState::Done(r),
-                ..
-            }) => Some(r.take().unwrap_or(Err(Error::Cancelled))),
-            _ => None,
-        };
-        if done.is_some() {
-            st.ops.remove(&id);
-        }
-        done
-    }
-
-    /// Whether operation `id` is complete (its result stays for `wait`).
-    pub(super) fn test_op(&self, id: u64) -> Result<bool> {
-        self.progress()?;
-        let st = self.st.borrow();
-        Ok(match st.ops.get(&id) {
-            Some(Op::Send(s)) => s.done,
-            Some(Op::Recv(r)) => matches!(r.state, RecvState::Done(_)),
-            None => true,
-        })
-    }
-
-    pub(super) fn wait_op(&self, id: u64) -> Result<Status> {
-        if !self.st.borrow().ops.contains_key(&id) {
-            return Err(Error::Config(format!(
-                "operation {id} was already waited for"
-            )));
-        }
-        loop {
-            while self.poll()? {}
-            if let Some(r) = self.take_if_done(id) {
-                return r;
-            }
-            self.wait_message()?;
+/// The receiver is done with send `id` (message `msg` to `dest`).
+fn complete_send(st: &mut State, rma: &Rma, dest: u32, msg: u64, id: u64) {
+    rma.end_split(dest, msg);
+    st.outgoing.remove(&(dest, msg));
+    if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
+        if s.state == SendState::Pending {
+            s.state = SendState::Done;
         }
     }
+}
 
-    /// Cancels receive `id` if nothing has matched it yet.
-    pub(super) fn cancel_op(&self, id: u64) -> bool {
-        let mut st = self.st.borrow_mut();
-        if !st.matching.cancel(id) {
-            return false;
-        }
-        if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
-            r.state = RecvState::Done(Some(Err(Error::Cancelled)));
-        }
-        true
+/// Queues protocol message `msg` to `to` (the outbox is unbounded in practice:
+/// [`OUTBOX_ITEMS`]; a refusal is counted as a dropped message).
+fn queue(out: &mut Outbox, stats: &mut TaggedStats, to: Source, msg: &Msg<'_>) {
+    if out.send(to, msg.header().as_bytes(), msg.data()).is_err() {
+        stats.dropped += 1;
     }
 }
 

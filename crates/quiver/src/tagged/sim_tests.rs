@@ -1,0 +1,357 @@
+//! Tagged's Push-Pull in the simulator: the real protocol (its handler on the station's
+//! hook, the outbox's ranges answering `Pull` requests, the receive side's pulls by
+//! request) between two whole stations over the simulated network, in virtual time and
+//! under seeded loss, duplication, reordering and corruption. Both ranks send to each
+//! other at once in random push modes, with receives posted before and after their
+//! messages arrive, some too small (truncation). Every receive must end with the bytes
+//! and status its message calls for, every send must complete, nothing may be counted
+//! dropped and the pushed buffer must end empty, within a bound on virtual time.
+//!
+//! The simulated network joins two nodes, so every pull is a pull by request (same-node
+//! gets are I/O: `rma`'s own tests and the process tests cover them).
+
+use super::pushpull::{PushPull, State};
+use super::{PushMode, Src, Status, Tag, TaggedStats};
+use crate::config::{Config, TransportChoice};
+use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, DPID};
+use crate::engine::stats::EndpointStats;
+use crate::error::Error;
+use crate::link::fault::{FaultConfig, SimRng};
+use crate::rma::Rma;
+use std::time::Duration;
+
+/// One rank's side of a run: what it sends, and how it treats what it receives.
+#[derive(Debug, Clone)]
+struct Side {
+    mode: PushMode,
+    btp1: usize,
+    btp2: usize,
+    /// Messages it sends: (length, tag).
+    sends: Vec<(usize, u32)>,
+    /// Per message of the peer, the receive buffer's capacity as a share of the message
+    /// in percent (100, or missing: exactly its length; less: truncated).
+    caps: Vec<u8>,
+}
+
+/// The bytes of message `i` of `rank`.
+fn payload(rank: u32, i: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|j| (j as u64 * 7 + i as u64 * 131 + rank as u64 * 29) as u8)
+        .collect()
+}
+
+/// One rank's operations in flight and done.
+struct Rank {
+    pp: PushPull,
+    /// Send buffers, kept until the end (the protocol reads them until completion).
+    out_bufs: Vec<Vec<u8>>,
+    /// Sends started: operation, and whether it completed.
+    sends: Vec<(u64, bool)>,
+    /// Receive buffers and their operations, in the order posted; `None` once done.
+    recvs: Vec<(Vec<u8>, Option<u64>)>,
+}
+
+/// Runs `sides` against each other over a simulated network with `faults`; `rng`
+/// decides, step by step, whether each rank starts its next send and posts its next
+/// receive.
+fn exchange(
+    sides: &[Side; 2],
+    faults: &FaultConfig,
+    schedule_seed: u64,
+) -> [(TaggedStats, EndpointStats); 2] {
+    let config = Config {
+        transport: TransportChoice::Udp,
+        connect_timeout: Duration::from_secs(2),
+        max_message: 16 << 10,
+        // Two nodes: neither applies, and the split board is a named object per job.
+        cma: false,
+        split_copy: false,
+        ..Config::default()
+    };
+    let (net, stations, jobs, _store) = station_pair_in(&config, faults);
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| {
+            let side = &sides[r];
+            let st = State::new(side.mode, side.btp1, side.btp2, config.max_message);
+            Rank {
+                pp: PushPull::new(st, Rma::open(&jobs[r], DPID).unwrap(), r as u32),
+                out_bufs: Vec::new(),
+                sends: Vec::new(),
+                recvs: Vec::new(),
+            }
+        })
+        .collect();
+    let mut rng = SimRng::new(schedule_seed);
+    let done = |ranks: &[Rank]| {
+        (0..2).all(|r| {
+            let peer = &sides[1 - r];
+            ranks[r].sends.len() == sides[r].sends.len()
+                && ranks[r].sends.iter().all(|s| s.1)
+                && ranks[r].recvs.len() == peer.sends.len()
+                && ranks[r].recvs.iter().all(|(_, op)| op.is_none())
+        })
+    };
+    let mut checked = [0usize; 2];
+    while !done(&ranks) {
+        let mut moved = false;
+        for r in 0..2 {
+            let station: &SimStation = &stations[r];
+            let rank = &mut ranks[r];
+            let peer = 1 - r as u32;
+            // The next send, sometimes.
+            let i = rank.sends.len();
+            if i < sides[r].sends.len() && rng.below(3) == 0 {
+                let (len, tag) = sides[r].sends[i];
+                rank.out_bufs.push(payload(r as u32, i, len));
+                let data = rank.out_bufs.last().unwrap();
+                let id = rank.pp.start_send(station, peer, tag, data).unwrap();
+                rank.sends.push((id, false));
+                moved = true;
+            }
+            // The next receive, sometimes (in the order the peer sends: with exact
+            // tags, MPI's rule pairs the k-th receive of a tag with the k-th message).
+            let k = rank.recvs.len();
+            let theirs = &sides[1 - r];
+            if k < theirs.sends.len() && rng.below(3) == 0 {
+                let (len, tag) = theirs.sends[k];
+                let share = sides[r].caps.get(k).copied().unwrap_or(100);
+                let cap = len * share as usize / 100;
+                let mut buf = vec![0xEEu8; cap];
+                let id = rank
+                    .pp
+                    .start_recv(
+                        station,
+                        buf.as_mut_ptr(),
+                        cap,
+                        Src::Rank(peer),
+                        Tag::Is(tag),
+                    )
+                    .unwrap();
+                rank.recvs.push((buf, Some(id)));
+                moved = true;
+            }
+            while rank.pp.poll(station).unwrap() {
+                moved = true;
+            }
+            for s in rank.sends.iter_mut().filter(|s| !s.1) {
+                if let Some(result) = rank.pp.take_if_done(s.0) {
+                    result.unwrap();
+                    s.1 = true;
+                }
+            }
+            for k in 0..rank.recvs.len() {
+                let Some(id) = rank.recvs[k].1 else { continue };
+                let Some(result) = rank.pp.take_if_done(id) else {
+                    continue;
+                };
+                let (len, tag) = theirs.sends[k];
+                let want = payload(peer, k, len);
+                let buf = &rank.recvs[k].0;
+                let cap = buf.len();
+                match result {
+                    Ok(status) => {
+                        assert!(cap >= len, "receive {k} of rank {r}: {status:?} in {cap}");
+                        assert_eq!(
+                            status,
+                            Status {
+                                peer,
+                                tag,
+                                len: len as u64
+                            }
+                        );
+                    }
+                    Err(Error::Truncated {
+                        len: l,
+                        capacity,
+                        rank: from,
+                        tag: t,
+                    }) => {
+                        assert!(cap < len, "receive {k} of rank {r} truncated in {cap}");
+                        assert_eq!((l, capacity, from, t), (len as u64, cap, peer, tag));
+                    }
+                    Err(e) => panic!("receive {k} of rank {r}: {e}"),
+                }
+                assert!(
+                    buf[..] == want[..cap.min(len)],
+                    "receive {k} of rank {r}: the bytes differ"
+                );
+                rank.recvs[k].1 = None;
+                checked[r] += 1;
+            }
+        }
+        if !moved {
+            assert!(
+                advance_until(
+                    &net,
+                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
+                    None
+                ),
+                "stuck: checked {checked:?} receives"
+            );
+        }
+    }
+    for (r, rank) in ranks.iter().enumerate() {
+        let st = rank.pp.st.borrow();
+        assert_eq!(st.stats.dropped, 0, "rank {r} dropped protocol messages");
+        assert!(
+            st.matching.probe(Src::Any, Tag::Any).is_none(),
+            "rank {r}: a message is left in the pushed buffer"
+        );
+    }
+    let stats = [0, 1].map(|r| (ranks[r].pp.st.borrow().stats.clone(), stations[r].stats()));
+    // Wind down: what is still unacknowledged drains before the stations close.
+    let until = net.borrow().now() + Duration::from_millis(50);
+    while net.borrow().now() < until {
+        for (r, rank) in ranks.iter().enumerate() {
+            rank.pp.progress(&stations[r]).unwrap();
+        }
+        advance_until(
+            &net,
+            [stations[0].poll_timeout(), stations[1].poll_timeout()],
+            None,
+        );
+    }
+    stats
+}
+
+/// A side with `n` messages whose lengths and modes come from `seed`.
+fn side(seed: u64, n: usize) -> Side {
+    let mut rng = SimRng::new(seed);
+    let mode = [PushMode::Pull, PushMode::Zero, PushMode::All][rng.below(3) as usize];
+    let sends = (0..n)
+        .map(|_| {
+            let len = match rng.below(4) {
+                0 => rng.below(64) as usize,
+                1 => 64 + rng.below(4096) as usize,
+                2 => 4096 + rng.below(40_000) as usize,
+                _ => 40_000 + rng.below(200_000) as usize,
+            };
+            (len, rng.below(3) as u32)
+        })
+        .collect();
+    let caps = (0..n)
+        .map(|_| if rng.below(6) == 0 { 60 } else { 100 })
+        .collect();
+    Side {
+        mode,
+        btp1: rng.below(2048) as usize,
+        btp2: rng.below(8192) as usize,
+        sends,
+        caps,
+    }
+}
+
+#[test]
+fn push_pull_over_a_clean_simulated_network() {
+    for (mode, seed) in [(PushMode::Pull, 1), (PushMode::Zero, 2), (PushMode::All, 3)] {
+        let mut a = side(seed, 24);
+        let mut b = side(seed + 100, 24);
+        a.mode = mode;
+        b.mode = mode;
+        let stats = exchange(&[a, b], &FaultConfig::none(), seed);
+        // Both paths of the protocol ran: messages that waited for their receive, and
+        // (but in Push-All) bytes pulled by request.
+        let tagged = |f: fn(&TaggedStats) -> u64| f(&stats[0].0) + f(&stats[1].0);
+        assert!(tagged(|s| s.unexpected) > 0, "{mode:?}: {stats:?}");
+        if mode != PushMode::All {
+            assert!(tagged(|s| s.pulled_by_request) > 0, "{mode:?}: {stats:?}");
+        }
+    }
+}
+
+#[test]
+fn push_pull_repairs_seeded_faults() {
+    for seed in 0..4u64 {
+        let faults = FaultConfig::parse(&format!(
+            "loss=0.05,dup=0.03,reorder=0.05,reorder_delay=200us,corrupt=0.01,seed={seed}"
+        ))
+        .unwrap();
+        let stats = exchange(&[side(seed, 20), side(seed + 50, 20)], &faults, seed);
+        let repaired: u64 = stats
+            .iter()
+            .map(|(_, e)| e.retransmissions + e.duplicates + e.checksum_failures)
+            .sum();
+        assert!(
+            repaired > 0,
+            "seed {seed}: the faults did not show ({stats:?})"
+        );
+    }
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Cases per property: 12, or `PROPTEST_CASES` for a longer soak.
+    fn cases() -> u32 {
+        std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(12)
+    }
+
+    fn arb_mode() -> impl Strategy<Value = PushMode> {
+        prop_oneof![
+            Just(PushMode::Pull),
+            Just(PushMode::Zero),
+            Just(PushMode::All)
+        ]
+    }
+
+    fn arb_side() -> impl Strategy<Value = Side> {
+        let len = prop_oneof![
+            3 => 0usize..64,
+            3 => 64usize..20_000,
+            1 => 20_000usize..300_000,
+        ];
+        (
+            arb_mode(),
+            0usize..20_000,
+            0usize..20_000,
+            prop::collection::vec(
+                (len, 0u32..3, prop_oneof![5 => Just(100u8), 1 => 0u8..100]),
+                1..24,
+            ),
+        )
+            .prop_map(|(mode, btp1, btp2, msgs)| Side {
+                mode,
+                btp1,
+                btp2,
+                sends: msgs.iter().map(|&(len, tag, _)| (len, tag)).collect(),
+                caps: msgs.iter().map(|&(_, _, cap)| cap).collect(),
+            })
+    }
+
+    fn arb_faults() -> impl Strategy<Value = FaultConfig> {
+        (
+            0.0..0.1f64,
+            0.0..0.05f64,
+            0.0..0.1f64,
+            0.0..0.02f64,
+            any::<u64>(),
+        )
+            .prop_map(|(loss, dup, reorder, corrupt, seed)| {
+                FaultConfig::parse(&format!(
+                    "loss={loss},dup={dup},reorder={reorder},reorder_delay=200us,\
+                     corrupt={corrupt},seed={seed}"
+                ))
+                .unwrap()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+        /// Random messages, modes, BTPs, capacities, schedules and seeded faults: every
+        /// operation ends as its message calls for, within the virtual-time bound.
+        #[test]
+        fn push_pull_completes_every_operation_under_random_faults(
+            a in arb_side(),
+            b in arb_side(),
+            faults in arb_faults(),
+            schedule in any::<u64>(),
+        ) {
+            exchange(&[a, b], &faults, schedule);
+        }
+    }
+}

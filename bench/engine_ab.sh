@@ -24,7 +24,12 @@
 #        VG_SIZE    message size of the callgrind ping-pongs (default 8)
 #        VG_POLL    regex of the poll function whose calls are counted (default
 #                   ::(Endpoint::poll_once|Station::poll)$: the endpoint's poll before
-#                   416bb75, the station's after)
+#                   416bb75, the station's after; with API=tagged,
+#                   (Tagged>|PushPull)::poll$: tagged's poll before and after it moved
+#                   onto the protocol hook)
+#        API        the message API of every benchmark: dm (default) or tagged (Push-Pull
+#                   tagged send/receive, `--api tagged`; the counts' write, read and
+#                   release figures are then those of the bench's Ctx::send/recv)
 #        CLUSTER    a 2-node cluster to use (default engine-ab); made with `quiver cluster
 #                   up CLUSTER --nodes 2` if absent, and then removed at exit
 #        STEPS      what to run after the builds: "counts timing" (default) or one of
@@ -66,7 +71,7 @@
 #            noise". Compare the per-round ratios too: the machine's phase can change
 #            within a session.
 set -euo pipefail
-usage="usage: bash bench/engine_ab.sh REV_A REV_B (knobs: ROUNDS ITERS BW_ITERS PP_SIZE BW_SIZES VG_ITERS VG_REPS VG_SIZE VG_POLL CLUSTER STEPS OUT NICE TIMEOUT REBUILD)"
+usage="usage: bash bench/engine_ab.sh REV_A REV_B (knobs: ROUNDS ITERS BW_ITERS PP_SIZE BW_SIZES VG_ITERS VG_REPS VG_SIZE VG_POLL API CLUSTER STEPS OUT NICE TIMEOUT REBUILD)"
 [ $# -eq 2 ] || { echo "$usage" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${ROUNDS:-3}
@@ -76,7 +81,12 @@ pp_size=${PP_SIZE:-8}
 bw_sizes=${BW_SIZES:-64K,1M}
 read -r vg_n1 vg_n2 <<<"${VG_ITERS:-5000 20000}"
 vg_reps=${VG_REPS:-3}
-vg_poll=${VG_POLL:-::(Endpoint::poll_once|Station::poll)\$}
+api=${API:-dm}
+case $api in
+    dm) vg_poll=${VG_POLL:-::(Endpoint::poll_once|Station::poll)\$} ;;
+    tagged) vg_poll=${VG_POLL:-(Tagged>|PushPull)::poll\$} ;;
+    *) echo "engine_ab.sh: API=$api: dm or tagged" >&2; exit 2 ;;
+esac
 vg_size=${VG_SIZE:-8}
 cluster=${CLUSTER:-engine-ab}
 steps=${STEPS:-counts timing}
@@ -184,6 +194,7 @@ fi
 knobs=""   # the knobs of the steps run, for the command line in the tables
 has timing && knobs+=" ROUNDS=$rounds ITERS=$iters${bw_iters:+ BW_ITERS=$bw_iters} PP_SIZE=$pp_size BW_SIZES=$bw_sizes"
 has counts && knobs+=" VG_ITERS='$vg_n1 $vg_n2' VG_REPS=$vg_reps VG_SIZE=$vg_size${VG_POLL:+ VG_POLL='$vg_poll'}"
+[ "$api" = dm ] || knobs+=" API=$api"
 [ "$steps" = "counts timing" ] || knobs=" STEPS='$steps'$knobs"
 [ "$cluster" = engine-ab ] || knobs=" CLUSTER=$cluster$knobs"
 knobs=${knobs# }
@@ -237,7 +248,7 @@ out = [("total", "-", total, 1)]
 # summed (copies of a generic). The summary uses, per figure, the first candidate found
 # in both revisions.
 want = [
-    ("loop", r"::pingpong::one_way_samples$"),
+    ("loop", r"::pingpong::(tagged_)?one_way_samples$"),
     ("write", r"::Endpoint::write$"), ("write", r"::Ctx::send$"),
     ("read", r"::Endpoint::read$"), ("read", r"::Ctx::recv$"),
     ("release", r"^core::ptr::drop_in_place<quiver::[A-Za-z_:]*::Message>$"),
@@ -256,7 +267,7 @@ vg_run() {     # vg_run LABEL TRANSPORT N REP: rank 1 of an N-iteration ping-pon
     local label=$1 tr=$2 n=$3 rep=$4 bin=${BIN[$1]} env_tr where=()
     local f=$out/callgrind/$tr-${REV[$1]}-$n-$rep.out
     case $tr in shm) env_tr=auto ;; *) env_tr=$tr; where=(--cluster "$cluster") ;; esac
-    local bench="$bin bench pingpong --transport $tr --wait spin --sizes $vg_size --iters $n --warmup 100 --format json"
+    local bench="$bin bench pingpong --api $api --transport $tr --wait spin --sizes $vg_size --iters $n --warmup 100 --format json"
     local vg="valgrind --tool=callgrind --callgrind-out-file=$f"
     rm -f "$f"
     # The variables a benchmark child reads (bench::launch::child_env), so that `quiver
@@ -297,7 +308,7 @@ tbench() {     # tbench ROUND LABEL BENCH TRANSPORT
         bw) args=(--sizes "$bw_sizes"); [ -z "$bw_iters" ] || args+=(--iters "$bw_iters") ;;
     esac
     [ "$tr" = shm ] || args+=(--cluster "$cluster")
-    local cmd=("$bin" bench "$bench" --transport "$tr" --wait spin "${args[@]}" --format json --timeout "$timeout")
+    local cmd=("$bin" bench "$bench" --api "$api" --transport "$tr" --wait spin "${args[@]}" --format json --timeout "$timeout")
     echo "== timing round $round $label ${REV[$label]}: $(show "${cmd[@]}")" >>"$raw"
     local rc=0
     locked "${cmd[@]}" >"$tmp/t.out" 2>"$tmp/t.err" || rc=$?
@@ -374,7 +385,7 @@ lengths = sorted({n for d in runs.values() for n, _ in d})
 n1, n2 = (lengths[0], lengths[-1]) if lengths else (0, 1)
 vg_reps = max((r for d in runs.values() for _, r in d), default=0)
 POLL = ("poll", poll_rx)
-LOOP = ("loop", r"::pingpong::one_way_samples$")
+LOOP = ("loop", r"::pingpong::(tagged_)?one_way_samples$")
 
 def solve(rows, ys):
     """Least squares; returns (coefficients, standard errors) or None if singular."""

@@ -62,6 +62,15 @@ pub(crate) trait Protocol {
         None
     }
 
+    /// Whether the engine goes on handing it the messages that wait, in this call of
+    /// [`Station::drive`] (false: the call returns, and the rest waits for the next: a
+    /// protocol says so when something the application may wait for has happened).
+    ///
+    /// [`Station::drive`]: super::station::Station::drive
+    fn wants_more(&self) -> bool {
+        true
+    }
+
     /// The header of the chunk of range `key` ([`Outbox::send_range`]) that starts at
     /// byte `offset` of the range and carries `len` bytes, appended to `head` (which the
     /// engine hands in empty). A protocol that sends no ranges never sees this call.

@@ -568,7 +568,8 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// one it consumes released at once) while its outbox has room, and sends what `out`
     /// holds as far as the routes take it without waiting. Returns the first message the
     /// protocol leaves for delivery, or `None` once nothing waits (or the outbox is
-    /// full: the rest waits for a later call). Errors as [`Station::poll_into`] reports
+    /// full, or the protocol wants no more for now: the rest waits for a later call).
+    /// Errors as [`Station::poll_into`] reports
     /// them, through `report`.
     pub(crate) fn drive(
         &self,
@@ -605,6 +606,9 @@ impl<L: Link, C: Clock> Station<L, C> {
             }
             if !out.is_empty() {
                 self.send_outbox(protocol, out)?;
+            }
+            if !protocol.wants_more() {
+                break;
             }
         }
         Ok(None)

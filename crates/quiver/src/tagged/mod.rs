@@ -297,6 +297,18 @@ impl Tagged {
     }
 }
 
+/// A closing tagged endpoint first sends the answers its peers wait for (a `Done` for a
+/// message it received, the bytes a receiver asked for), for up to two seconds; then its
+/// endpoint lingers for the network's acknowledgements.
+impl Drop for Tagged {
+    fn drop(&mut self) {
+        self.pp.linger(&self.ep, LINGER);
+    }
+}
+
+/// How long a closing tagged endpoint keeps trying to send its outbox.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Non-blocking operations whose buffers outlive them; see [`Tagged::scope`].
 pub struct Scope<'scope, 'env: 'scope> {
     t: &'env Tagged,

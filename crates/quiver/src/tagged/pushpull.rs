@@ -72,6 +72,9 @@ pub(super) struct State {
     /// length).
     pulls: HashMap<u64, (u32, u64, u64, u64)>,
     pub(super) stats: TaggedStats,
+    /// Operations completed so far (a drive of the station returns to the application
+    /// after one: it may be the one the application waits for).
+    completions: u64,
 }
 
 impl State {
@@ -95,6 +98,7 @@ impl State {
             to_pull: VecDeque::new(),
             pulls: HashMap::new(),
             stats: TaggedStats::default(),
+            completions: 0,
         }
     }
 }
@@ -324,10 +328,43 @@ impl PushPull {
         };
         if found.1 {
             // The pull of a message that was waiting starts now, as it would have on
-            // arrival.
+            // arrival, and its answer leaves at once (the receive may be complete
+            // already, and its caller not come back for a while).
             self.make_pulls(on)?;
+            self.send_outbox(on)?;
         }
         Ok(found.0)
+    }
+
+    /// Sends what the outbox holds as far as the routes take it now.
+    fn send_outbox(&self, on: &impl Footing) -> Result<()> {
+        let mut out = self.out.borrow_mut();
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut st = self.st.borrow_mut();
+        let completions = st.completions;
+        let mut handler = Handler {
+            st: &mut st,
+            rma: &self.rma,
+            handled: 0,
+            completions,
+        };
+        on.station()
+            .send_outbox(&mut handler, &mut out)
+            .map_err(|e| on.report(e))
+    }
+
+    /// For a closing endpoint: sends what the outbox still holds (answers its peers
+    /// wait for), making progress meanwhile, for at most `limit`.
+    pub(super) fn linger(&self, on: &impl Footing, limit: std::time::Duration) {
+        let start = std::time::Instant::now();
+        while !self.out.borrow().is_empty() && start.elapsed() < limit {
+            if self.poll(on).is_err() {
+                return;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Makes progress once: helps a receiver's split copy, finishes the pull thread's
@@ -357,10 +394,12 @@ impl PushPull {
         let mut st = self.st.borrow_mut();
         let mut out = self.out.borrow_mut();
         let sent = out.sent();
+        let completions = st.completions;
         let mut handler = Handler {
             st: &mut st,
             rma: &self.rma,
             handled: 0,
+            completions,
         };
         let report = |e| on.report(e);
         let mut delivered = station.drive(&mut handler, &mut out, report)?;
@@ -379,7 +418,15 @@ impl PushPull {
     /// Makes the pulls of matched receives: a get of `rma` where the sender is on this
     /// node (at once, or queued on the pull thread), else a `Pull` request. Returns
     /// whether there was one.
+    #[inline]
     fn make_pulls(&self, on: &impl Footing) -> Result<bool> {
+        if self.st.borrow().to_pull.is_empty() {
+            return Ok(false);
+        }
+        self.make_pulls_now(on)
+    }
+
+    fn make_pulls_now(&self, on: &impl Footing) -> Result<bool> {
         let mut any = false;
         loop {
             let Some(job) = self.st.borrow_mut().to_pull.pop_front() else {
@@ -391,6 +438,7 @@ impl PushPull {
                 st.incoming.remove(&(job.source.rank, job.head.msg));
                 if let Some(Op::Recv(r)) = st.ops.get_mut(&job.op) {
                     r.state = RecvState::Done(Some(Err(e)));
+                    st.completions += 1;
                 }
             }
         }
@@ -528,6 +576,7 @@ impl PushPull {
                         rank: source,
                         reason: format!("pulling message {msg}: {e}"),
                     })));
+                    st.completions += 1;
                 }
                 Msg::Done { msg }
             }
@@ -632,12 +681,16 @@ impl PushPull {
                 "operation {id} was already waited for"
             )));
         }
+        // Looked at before every poll: many operations are complete when they start (a
+        // send pushed whole, a receive of a message that waited), and the wait returns
+        // as soon as a message was handled, which may have completed it.
         loop {
-            while self.poll(on)? {}
             if let Some(r) = self.take_if_done(id) {
                 return r;
             }
-            self.wait_message(on)?;
+            if !self.poll(on)? {
+                self.wait_message(on)?;
+            }
         }
     }
 
@@ -666,6 +719,8 @@ struct Handler<'a> {
     rma: &'a Rma,
     /// Messages handled in this drive.
     handled: usize,
+    /// `State::completions` when the drive began.
+    completions: u64,
 }
 
 impl Protocol for Handler<'_> {
@@ -679,6 +734,12 @@ impl Protocol for Handler<'_> {
         self.handled += 1;
         self.handle(from, bytes, out);
         Disposition::Consumed
+    }
+
+    fn wants_more(&self) -> bool {
+        // Back to the application once an operation completed (it may be the one it
+        // waits for); the rest waits for the next drive.
+        self.st.completions == self.completions
     }
 
     fn range_header(&self, key: u64, offset: u64, _len: usize, head: &mut Vec<u8>) {
@@ -703,6 +764,7 @@ impl Protocol for Handler<'_> {
             complete_send(self.st, self.rma, to.rank, msg, key);
         } else {
             s.state = SendState::Failed;
+            self.st.completions += 1;
             self.st.outgoing.remove(&(to.rank, msg));
             self.rma.end_split(to.rank, msg);
         }
@@ -772,7 +834,7 @@ impl Handler<'_> {
                     if pulled {
                         st.stats.pulled_by_request += n;
                     }
-                    if finish_if_complete(r) {
+                    if finish_if_complete(r, &mut st.completions) {
                         st.incoming.remove(&(source, msg));
                     }
                 } else if let Some(u) = st
@@ -858,7 +920,7 @@ fn begin_receive(
         // `More` messages will bring bytes past the buffer.
         st.discarding.insert((from.rank, head.msg), head.pushed);
     }
-    if !finish_if_complete(r) {
+    if !finish_if_complete(r, &mut st.completions) {
         st.incoming.insert((from.rank, head.msg), id);
     }
     if pull_len > 0 {
@@ -881,7 +943,7 @@ fn landed(st: &mut State, op: u64, source: u32, msg: u64, len: u64) {
         if let RecvState::Receiving { landed, .. } = &mut r.state {
             *landed += len;
         }
-        if finish_if_complete(r) {
+        if finish_if_complete(r, &mut st.completions) {
             st.incoming.remove(&(source, msg));
         }
     }
@@ -894,6 +956,7 @@ fn complete_send(st: &mut State, rma: &Rma, dest: u32, msg: u64, id: u64) {
     if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
         if s.state == SendState::Pending {
             s.state = SendState::Done;
+            st.completions += 1;
         }
     }
 }
@@ -907,7 +970,7 @@ fn queue(out: &mut Outbox, stats: &mut TaggedStats, to: Source, msg: &Msg<'_>) {
 }
 
 /// Marks a receive complete once every expected byte has landed; returns whether it is.
-fn finish_if_complete(r: &mut RecvOp) -> bool {
+fn finish_if_complete(r: &mut RecvOp, completions: &mut u64) -> bool {
     if let RecvState::Receiving {
         source,
         tag,
@@ -931,6 +994,7 @@ fn finish_if_complete(r: &mut RecvOp) -> bool {
                     len: total,
                 })
             }));
+            *completions += 1;
             return true;
         }
     }

@@ -18,8 +18,17 @@
 //! stay taken and the sender runs out of credits. Nothing is dropped.
 //!
 //! `QUIVER_OFFLOAD_CPU` pins the engine thread to one CPU.
+//!
+//! The engine thread can also serve a personality's protocol (a [`Service`], a `Send`
+//! [`Protocol`]): every message that arrives over the network is handed to it there,
+//! before delivery, and what it sends leaves from its [`Outbox`] on the same thread, so a
+//! peer is answered while the application computes (the target side of a remote
+//! operation, GAMMA's handlers). Messages from same-node peers travel shared memory to
+//! the application's station and do not reach it.
 
+use super::clock::ProtocolClock;
 use super::driver::{Driver, Ready};
+use super::protocol::{Disposition, Next, Outbox, Protocol};
 use super::stats::EndpointStats;
 use super::wait::{backoff_until, Notifier, Poller};
 use crate::addr::Source;
@@ -34,6 +43,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// A protocol the offload engine's thread serves ([`super::station::Station::open_serving`]).
+pub(crate) type Service = Box<dyn Protocol + Send>;
+
+/// How many messages a served protocol may queue (its outbox's bound): the engine hands
+/// it no more messages while it holds this many.
+const SERVICE_OUTBOX: usize = 4096;
+
+/// A protocol on the engine thread, with its outbox and clock.
+struct Served {
+    protocol: Service,
+    out: Outbox,
+    clock: ProtocolClock,
+    /// A range's chunk joined to its header (the engine's send takes one slice).
+    joined: Vec<u8>,
+    /// The protocol was handed the front ready message and left it for delivery (the
+    /// delivery ring was full): it is not handed again.
+    front_handled: bool,
+}
 
 /// Bytes of the record header the engine and the application put before a message:
 /// kind (1), reserved (1), DPID (2), rank (4).
@@ -137,7 +165,12 @@ impl Offload {
     }
 
     /// Opens the endpoint's network side and starts its engine thread.
-    pub(crate) fn start(job: Arc<JobShared>, dpid: u16) -> Result<Offload> {
+    /// With `service`, the engine thread serves that protocol (module documentation).
+    pub(crate) fn start(
+        job: Arc<JobShared>,
+        dpid: u16,
+        service: Option<Service>,
+    ) -> Result<Offload> {
         let net = Driver::open(job.clone(), dpid)?;
         let transport = net.transport();
         let max_message = job.config.max_message;
@@ -155,27 +188,38 @@ impl Offload {
         poller.add_with(net.fd(), net.caps().edge_triggered)?;
         poller.add(shared.engine_bell.as_raw_fd())?;
         let cpu = job.config.offload_cpu;
-        let engine = Engine {
-            net,
-            commands: cmd_rx,
-            deliveries: delivery_tx,
-            shared: shared.clone(),
-            poller,
-            ready: VecDeque::new(),
-            errors: VecDeque::new(),
-            stats: EndpointStats::default(),
-            blocked_on: None,
-            flush_pending: None,
-            closing: None,
-            reported: HashSet::new(),
-            wait: job.config.wait,
-        };
+        let wait = job.config.wait;
+        let engine_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("quiver-offload-{dpid}"))
             .spawn(move || {
                 if let Some(cpu) = cpu {
                     super::wait::pin_current_thread(cpu);
                 }
+                // Made here: a served protocol's outbox may hold ranges of memory
+                // (raw pointers), which do not cross threads.
+                let engine = Engine {
+                    net,
+                    commands: cmd_rx,
+                    deliveries: delivery_tx,
+                    shared: engine_shared,
+                    poller,
+                    ready: VecDeque::new(),
+                    errors: VecDeque::new(),
+                    stats: EndpointStats::default(),
+                    blocked_on: None,
+                    flush_pending: None,
+                    closing: None,
+                    reported: HashSet::new(),
+                    wait,
+                    served: service.map(|protocol| Served {
+                        protocol,
+                        out: Outbox::new(SERVICE_OUTBOX),
+                        clock: ProtocolClock::new(),
+                        joined: Vec::new(),
+                        front_handled: false,
+                    }),
+                };
                 engine.run();
             })
             .map_err(|e| Error::io("spawning the offload engine thread", e))?;
@@ -415,6 +459,8 @@ struct Engine {
     /// Peers whose failure was already reported.
     reported: HashSet<Source>,
     wait: WaitMode,
+    /// The protocol this thread serves, if any.
+    served: Option<Served>,
 }
 
 impl Engine {
@@ -469,6 +515,12 @@ impl Engine {
         self.shared.engine_wake.reset_after_drain();
         if !self.commands.has_data() {
             let mut timeout = self.net.time_to_deadline();
+            if let Some(s) = &self.served {
+                if let Some(at) = s.protocol.poll_timeout() {
+                    let wait = at.saturating_since(s.clock.now());
+                    timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
+                }
+            }
             if !self.ready.is_empty() || self.closing.is_some() {
                 timeout = Some(timeout.map_or(FULL_RECHECK, |t| t.min(FULL_RECHECK)));
             }
@@ -488,7 +540,9 @@ impl Engine {
         self.net
             .progress(&mut self.ready, &mut self.stats, &mut self.errors, deliver)?;
         work |= self.stats.frames_received != frames;
+        work |= self.serve_timeout();
         work |= self.deliver();
+        work |= self.send_served();
         self.check_channels();
         if let Some(seq) = self.flush_pending {
             if !self.net.unacknowledged() {
@@ -561,6 +615,7 @@ impl Engine {
 
     /// Moves received messages into the delivery ring while it has room. A message read
     /// in place from a pool slot is copied and its slot (a credit) freed at once.
+    /// A served protocol sees each message first: one it consumes is released here.
     fn deliver(&mut self) -> bool {
         let mut moved = false;
         while let Some(r) = self.ready.front() {
@@ -568,6 +623,25 @@ impl Engine {
                 Ready::Slot { source, .. } | Ready::Owned { source, .. } => *source,
             };
             let data = self.net.ready_bytes(r);
+            if let Some(s) = self.served.as_mut() {
+                if !s.front_handled {
+                    if s.out.is_full() {
+                        // The rest waits until the outbox has room (`send_served`).
+                        break;
+                    }
+                    let now = s.clock.now();
+                    match s.protocol.handle_message(now, source, data, &mut s.out) {
+                        Disposition::Consumed => {
+                            moved = true;
+                            if let Some(r) = self.ready.pop_front() {
+                                self.net.release(r);
+                            }
+                            continue;
+                        }
+                        Disposition::Deliver => s.front_handled = true,
+                    }
+                }
+            }
             if !self
                 .deliveries
                 .try_push2(&rec_header(DELIVERY, source), data)
@@ -575,6 +649,9 @@ impl Engine {
                 break;
             }
             moved = true;
+            if let Some(s) = self.served.as_mut() {
+                s.front_handled = false;
+            }
             // Copied into the ring: its slot or buffer goes back at once.
             if let Some(r) = self.ready.pop_front() {
                 self.net.release(r);
@@ -584,6 +661,64 @@ impl Engine {
             self.shared.wake_app();
         }
         moved
+    }
+
+    /// Fires the served protocol's timeout when it is due.
+    fn serve_timeout(&mut self) -> bool {
+        let Some(s) = self.served.as_mut() else {
+            return false;
+        };
+        let Some(at) = s.protocol.poll_timeout() else {
+            return false;
+        };
+        let now = s.clock.now();
+        if at > now {
+            return false;
+        }
+        s.protocol.handle_timeout(now, &mut s.out);
+        true
+    }
+
+    /// Sends what the served protocol's outbox holds, in order per destination, into
+    /// the channels (which queue what their window does not take yet: nothing here
+    /// waits). A message to a peer that cannot be reached is dropped with its error
+    /// reported, a range then ends as not complete. Returns whether anything left.
+    fn send_served(&mut self) -> bool {
+        let Some(mut s) = self.served.take() else {
+            return false;
+        };
+        let before = s.out.sent();
+        let mut over = Vec::new();
+        for i in 0..s.out.destinations() {
+            while let Some((to, next)) = s.out.next(i) {
+                let bytes = match next {
+                    Next::Whole(b) => b,
+                    Next::Chunk { key, offset, bytes } => {
+                        s.joined.clear();
+                        s.protocol
+                            .range_header(key, offset, bytes.len(), &mut s.joined);
+                        s.joined.extend_from_slice(bytes);
+                        &s.joined[..]
+                    }
+                };
+                let sent = self.send(to, bytes);
+                let ended = match sent {
+                    Ok(()) => s.out.advance(i, true).map(|key| (to, key, true)),
+                    Err(e) => {
+                        self.errors.push_back(e);
+                        s.out.advance(i, false).map(|key| (to, key, false))
+                    }
+                };
+                over.extend(ended);
+            }
+        }
+        s.out.forget_empty();
+        for (to, key, complete) in over {
+            s.protocol.range_done(to, key, complete, &mut s.out);
+        }
+        let sent = s.out.sent() != before;
+        self.served = Some(s);
+        sent
     }
 
     /// Failed channels are reported once each.
@@ -610,5 +745,132 @@ impl Engine {
         }
         drop(news);
         self.shared.wake_app();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::protocol::{Disposition, Outbox, Protocol};
+    use super::super::station::Station;
+    use crate::addr::Source;
+    use crate::channel::reliable::Time;
+    use crate::config::{Config, ReliabilityMode, TransportChoice};
+    use crate::error::Error;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    const DPID: u16 = 9;
+
+    /// `add` + a number: adds it and answers `sum` + the running total (consumed);
+    /// anything else goes on to the application. Counts the threads it ran on.
+    struct Counter {
+        sum: u64,
+        threads: mpsc::Sender<std::thread::ThreadId>,
+    }
+
+    impl Protocol for Counter {
+        fn handle_message(
+            &mut self,
+            _now: Time,
+            from: Source,
+            msg: &[u8],
+            out: &mut Outbox,
+        ) -> Disposition {
+            let _ = self.threads.send(std::thread::current().id());
+            let Some(n) = msg.strip_prefix(b"add") else {
+                return Disposition::Deliver;
+            };
+            self.sum += u64::from_le_bytes(n.try_into().expect("8 bytes"));
+            out.send(from, b"sum", &self.sum.to_le_bytes())
+                .expect("room: one answer per request");
+            Disposition::Consumed
+        }
+    }
+
+    fn config(reliability: ReliabilityMode) -> Config {
+        Config {
+            transport: TransportChoice::Udp,
+            reliability,
+            connect_timeout: Duration::from_secs(10),
+            ..Config::default()
+        }
+    }
+
+    /// Rank 1 serves a counter on its offload engine and its application thread then
+    /// only sleeps: rank 0 still gets every running total, in order; the plain messages
+    /// wait for rank 1's application, in order; the handler ran on the engine thread.
+    #[test]
+    fn a_protocol_served_on_the_engine_thread_answers_while_the_application_sleeps() {
+        let (jobs, _server) = crate::test_support::jobs(2, &config(ReliabilityMode::Offload));
+        let [j0, j1]: [crate::Job; 2] = jobs.try_into().ok().unwrap();
+        let adds = 300u64;
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let (threads_tx, threads_rx) = mpsc::channel();
+        let server = std::thread::spawn(move || {
+            let counter = Counter {
+                sum: 0,
+                threads: threads_tx,
+            };
+            let st = Station::open_serving(j1.shared.clone(), DPID, Box::new(counter)).unwrap();
+            // The application is elsewhere until the client has every answer.
+            done_rx.recv().unwrap();
+            let mut plain = 0u64;
+            while plain < adds {
+                let r = st
+                    .wait_for(|| st.poll(), Some(Duration::from_secs(20)))
+                    .unwrap();
+                // SAFETY: valid until the token is released, below.
+                let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
+                plain += 1;
+                assert_eq!(bytes[..3], *b"dm:");
+                assert_eq!(bytes[3..], plain.to_le_bytes(), "plain messages in order");
+                st.release_token(r.token);
+            }
+            (std::thread::current().id(), j1)
+        });
+        let st = Station::open(j0.shared.clone(), DPID).unwrap();
+        let to1 = st
+            .connect(Source {
+                rank: 1,
+                dpid: DPID,
+            })
+            .unwrap();
+        let mut expected = 0;
+        for i in 1..=adds {
+            assert!(st.send(to1, b"add", &i.to_le_bytes(), true).unwrap());
+            assert!(st.send(to1, b"dm:", &i.to_le_bytes(), true).unwrap());
+            let r = st
+                .wait_for(|| st.poll(), Some(Duration::from_secs(20)))
+                .unwrap();
+            // SAFETY: valid until the token is released, below.
+            let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
+            expected += i;
+            assert_eq!(bytes[..3], *b"sum");
+            assert_eq!(bytes[3..], expected.to_le_bytes(), "answer {i}");
+            st.release_token(r.token);
+        }
+        done_tx.send(()).unwrap();
+        let (app_thread, _j1) = server.join().unwrap();
+        let ran_on: std::collections::HashSet<_> = threads_rx.try_iter().collect();
+        assert_eq!(ran_on.len(), 1, "one engine thread");
+        assert!(
+            !ran_on.contains(&app_thread),
+            "the handler ran on the application thread"
+        );
+        st.flush_within(Duration::from_secs(5)).unwrap();
+        drop(j0);
+    }
+
+    /// Serving needs the offload engine and a network side: a typed error otherwise.
+    #[test]
+    fn serving_without_the_offload_engine_is_a_config_error() {
+        let (jobs, _server) = crate::test_support::jobs(1, &config(ReliabilityMode::Host));
+        let (threads, _) = mpsc::channel();
+        let counter = Box::new(Counter { sum: 0, threads });
+        match Station::open_serving(jobs[0].shared.clone(), DPID, counter) {
+            Err(Error::Config(why)) => assert!(why.contains("QUIVER_RELIABILITY=offload"), "{why}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a service without the offload engine was accepted"),
+        }
     }
 }

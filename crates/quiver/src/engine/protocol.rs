@@ -17,10 +17,12 @@
 //! [`Disposition::Deliver`]: then it goes on to the personality's own reader, as a
 //! Directed Point message would.
 //!
-//! Today the station drives a protocol from the application thread, inside the
-//! personality's calls. With the offload engine, a protocol that is `Send` is to move to
-//! the engine's thread, which is what lets a peer be served while its application
-//! computes (`docs/DESIGN-NOTES.md`, "The protocol hook").
+//! Where progress runs, a protocol runs: the station drives one from the application
+//! thread, inside the personality's calls (tagged's Push-Pull); and with the offload
+//! engine a `Send` protocol can be served on the engine's thread
+//! ([`super::station::Station::open_serving`], [`super::offload::Service`]), which is what
+//! lets a peer be answered while its application computes (`docs/DESIGN-NOTES.md`, "The
+//! protocol hook").
 
 use crate::addr::Source;
 use crate::channel::reliable::Time;

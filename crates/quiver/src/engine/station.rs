@@ -110,6 +110,32 @@ impl Station {
     /// with its driver or the offload engine where the job spans nodes or asks for UDP)
     /// and makes the endpoint resolvable by (NID, DPID).
     pub(crate) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Station> {
+        Station::open_with(job, dpid, None)
+    }
+
+    /// Like [`Station::open`], with `service` served on the offload engine's thread:
+    /// every message that arrives over the network is handed to it there, and it
+    /// answers from there, while the application computes; what it leaves for delivery
+    /// (and what same-node peers send over shared memory) reaches this station's
+    /// readers as usual. Needs the offload engine (`QUIVER_RELIABILITY=offload`) and a
+    /// network side (`QUIVER_TRANSPORT=udp`, or a job across nodes): else
+    /// [`Error::Config`].
+    // RMA's target side and GAMMA's ports are to be its users; the tests serve a
+    // counter with it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn open_serving(
+        job: Arc<JobShared>,
+        dpid: u16,
+        service: super::offload::Service,
+    ) -> Result<Station> {
+        Station::open_with(job, dpid, Some(service))
+    }
+
+    fn open_with(
+        job: Arc<JobShared>,
+        dpid: u16,
+        service: Option<super::offload::Service>,
+    ) -> Result<Station> {
         let cfg = &job.config;
         let me = job.rank;
         let shm = match cfg.transport {
@@ -125,13 +151,20 @@ impl Station {
         };
         let needs_udp = cfg.transport == TransportChoice::Udp || job.node_count() > 1;
         let offloaded = cfg.reliability == Mode::Offload;
+        if service.is_some() && !(needs_udp && offloaded) {
+            return Err(Error::Config(
+                "a protocol served on the offload engine needs QUIVER_RELIABILITY=offload \
+                 and a network side (QUIVER_TRANSPORT=udp, or a job across nodes)"
+                    .into(),
+            ));
+        }
         let udp = if needs_udp && !offloaded {
             Some(Driver::open(job.clone(), dpid)?)
         } else {
             None
         };
         let offload = if needs_udp && offloaded {
-            Some(Offload::start(job.clone(), dpid)?)
+            Some(Offload::start(job.clone(), dpid, service)?)
         } else {
             None
         };

@@ -441,6 +441,10 @@ impl PushPull {
                     st.completions += 1;
                 }
             }
+            // Each pull's answer (its `Done`, or the `Pull` request) leaves before the next
+            // pull: a sender waits for it, and several megabytes of pulls in a row kept
+            // a window of senders idle (tagged bw, 1 MiB, -25 %).
+            self.send_outbox(on)?;
         }
     }
 

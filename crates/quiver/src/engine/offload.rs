@@ -45,6 +45,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A protocol the offload engine's thread serves ([`super::station::Station::open_serving`]).
+///
+/// Its messages share the delivery ring with what it leaves for delivery: while the
+/// application does not read, a message it delivered waits at the front once the ring is
+/// full, and the service waits behind it (a service whose peers also send plain messages
+/// needs an application that reads them).
 pub(crate) type Service = Box<dyn Protocol + Send>;
 
 /// How many messages a served protocol may queue (its outbox's bound): the engine hands
@@ -701,9 +706,11 @@ impl Engine {
                         &s.joined[..]
                     }
                 };
-                let sent = self.send(to, bytes);
-                let ended = match sent {
-                    Ok(()) => s.out.advance(i, true).map(|key| (to, key, true)),
+                let ended = match self.send_for_service(to, bytes) {
+                    Ok(Some(())) => s.out.advance(i, true).map(|key| (to, key, true)),
+                    // The window is closed: this destination waits for credits (the
+                    // acknowledgement that brings them wakes the engine).
+                    Ok(None) => break,
                     Err(e) => {
                         self.errors.push_back(e);
                         s.out.advance(i, false).map(|key| (to, key, false))
@@ -713,12 +720,28 @@ impl Engine {
             }
         }
         s.out.forget_empty();
+        let ended_some = !over.is_empty();
         for (to, key, complete) in over {
             s.protocol.range_done(to, key, complete, &mut s.out);
         }
-        let sent = s.out.sent() != before;
+        // What a range's end queued goes in the next round.
+        let sent = s.out.sent() != before || (ended_some && !s.out.is_empty());
         self.served = Some(s);
         sent
+    }
+
+    /// Sends a served protocol's message to `peer` into its channel if the window is
+    /// open (`Some`), else nothing (`None`); the error of a failed channel (reported once
+    /// through the news as well) or of a peer that cannot be reached.
+    fn send_for_service(&mut self, peer: Source, data: &[u8]) -> Result<Option<()>> {
+        let i = self.net.peer(peer, false)?;
+        if self.net.is_blocked(i) && !self.net.peer_at(i).closed {
+            return Ok(None);
+        }
+        if !self.net.send(i, data, &mut self.stats)? {
+            return Err(self.net.failure_of(i));
+        }
+        Ok(Some(()))
     }
 
     /// Failed channels are reported once each.

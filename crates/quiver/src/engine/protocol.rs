@@ -9,8 +9,9 @@
 //! simulator runs it as it is. (The one wait left is the engine's, not the protocol's: a
 //! first message to a peer connects to it, as any first write does.)
 //!
-//! The time is the station's clock (its zero when the station opened), not the one of
-//! the channels' timers.
+//! The time is the clock of whoever drives the protocol (the station's, zero when it
+//! opened; the offload engine's own for a served protocol), not the one of the
+//! channels' timers: compare times only with times from the same calls.
 //!
 //! A message is lent for the call only (it is read in place, in a shared-memory ring or a
 //! link's slot, and released when the call returns) unless the protocol says
@@ -322,6 +323,24 @@ impl Outbox {
             }
         }
         over
+    }
+
+    /// Drops every range not yet sent whole; returns (destination, key) of each (their
+    /// memory is no longer read).
+    pub(crate) fn drop_ranges(&mut self) -> Vec<(Source, u64)> {
+        let mut dropped = Vec::new();
+        for (to, q) in &mut self.queues {
+            q.retain(|item| match item {
+                Item::Whole(_) => true,
+                Item::Range { key, .. } => {
+                    dropped.push((*to, *key));
+                    false
+                }
+            });
+        }
+        self.len -= dropped.len();
+        self.forget_empty();
+        dropped
     }
 
     /// Forgets the queues of destinations nothing waits for.

@@ -195,7 +195,10 @@ impl Tagged {
         self.pp.rma.alloc_shared(len)
     }
 
-    /// The Directed Point endpoint underneath (its statistics, descriptor...).
+    /// The Directed Point endpoint underneath (its statistics, descriptor...). Its
+    /// error handler ([`Endpoint::set_error_handler`]) sees the errors of this tagged
+    /// endpoint's calls too, and runs inside them: it must use neither the endpoint nor
+    /// the tagged endpoint.
     pub fn endpoint(&self) -> &Endpoint {
         &self.ep
     }

@@ -103,6 +103,21 @@ impl State {
     }
 }
 
+#[cfg(test)]
+impl State {
+    /// Whether nothing is left in flight: no operation, pushed message, expected byte,
+    /// pull or truncated message's tail (after every result was taken).
+    pub(super) fn is_quiet(&self) -> bool {
+        self.ops.is_empty()
+            && self.pushed_bytes == 0
+            && self.incoming.is_empty()
+            && self.outgoing.is_empty()
+            && self.discarding.is_empty()
+            && self.to_pull.is_empty()
+            && self.pulls.is_empty()
+    }
+}
+
 /// A send or a receive, from its start until its result is taken.
 pub(super) enum Op {
     Send(SendOp),
@@ -117,6 +132,10 @@ pub(super) struct SendOp {
     ptr: *const u8,
     len: usize,
     state: SendState,
+    /// A range of the buffer answers the receiver's `Pull` (in the outbox): the send
+    /// completes when it is done, not before (a `Done` meanwhile is not believed), and
+    /// a second `Pull` is refused.
+    answering: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +249,7 @@ impl PushPull {
                     ptr: data.as_ptr(),
                     len,
                     state,
+                    answering: false,
                 }),
             );
             if state == SendState::Pending {
@@ -329,9 +349,14 @@ impl PushPull {
         if found.1 {
             // The pull of a message that was waiting starts now, as it would have on
             // arrival, and its answer leaves at once (the receive may be complete
-            // already, and its caller not come back for a while).
-            self.make_pulls(on)?;
-            self.send_outbox(on)?;
+            // already, and its caller not come back for a while). The receive is
+            // registered (and may be under way): its id must reach the caller, whose
+            // wait or scope keeps the buffer until it ends. A failure of this pull ends
+            // the receive itself (`make_pulls`); an error of the outbox (another peer's)
+            // comes back from a later call.
+            if let Err(e) = self.make_pulls(on).and_then(|_| self.send_outbox(on)) {
+                tracing::debug!("tagged receive {}: {e}", found.0);
+            }
         }
         Ok(found.0)
     }
@@ -346,7 +371,7 @@ impl PushPull {
         let completions = st.completions;
         let mut handler = Handler {
             st: &mut st,
-            rma: &self.rma,
+            rma: Some(&self.rma),
             handled: 0,
             completions,
         };
@@ -358,12 +383,24 @@ impl PushPull {
     /// For a closing endpoint: sends what the outbox still holds (answers its peers
     /// wait for), making progress meanwhile, for at most `limit`.
     pub(super) fn linger(&self, on: &impl Footing, limit: std::time::Duration) {
+        // A send still answering a `Pull` here was abandoned by a wait that returned
+        // early with an error: its buffer may be gone. Only whole messages (`Done`,
+        // `Pull`) are worth their peers' waiting.
+        for (to, key) in self.out.borrow_mut().drop_ranges() {
+            let mut st = self.st.borrow_mut();
+            if let Some(Op::Send(s)) = st.ops.get_mut(&key) {
+                s.answering = false;
+                s.state = SendState::Failed;
+                let msg = s.msg;
+                st.outgoing.remove(&(to.rank, msg));
+            }
+        }
         let start = std::time::Instant::now();
         while !self.out.borrow().is_empty() && start.elapsed() < limit {
-            if self.poll(on).is_err() {
-                return;
+            // A failed peer's error does not stop the answers to the others.
+            if !matches!(self.poll(on), Ok(true)) {
+                std::thread::yield_now();
             }
-            std::thread::yield_now();
         }
     }
 
@@ -397,7 +434,7 @@ impl PushPull {
         let completions = st.completions;
         let mut handler = Handler {
             st: &mut st,
-            rma: &self.rma,
+            rma: Some(&self.rma),
             handled: 0,
             completions,
         };
@@ -720,7 +757,8 @@ impl PushPull {
 /// with the endpoint's state (module documentation).
 struct Handler<'a> {
     st: &'a mut State,
-    rma: &'a Rma,
+    /// The sender's side of split copies (`None` in the handler's own tests).
+    rma: Option<&'a Rma>,
     /// Messages handled in this drive.
     handled: usize,
     /// `State::completions` when the drive began.
@@ -763,6 +801,7 @@ impl Protocol for Handler<'_> {
         let Some(Op::Send(s)) = self.st.ops.get_mut(&key) else {
             return;
         };
+        s.answering = false;
         let msg = s.msg;
         if complete {
             complete_send(self.st, self.rma, to.rank, msg, key);
@@ -770,7 +809,9 @@ impl Protocol for Handler<'_> {
             s.state = SendState::Failed;
             self.st.completions += 1;
             self.st.outgoing.remove(&(to.rank, msg));
-            self.rma.end_split(to.rank, msg);
+            if let Some(rma) = self.rma {
+                rma.end_split(to.rank, msg);
+            }
         }
     }
 }
@@ -859,21 +900,24 @@ impl Handler<'_> {
                 }
             }
             Msg::Pull { msg, offset, len } => {
-                let send = st
-                    .outgoing
-                    .get(&(source, msg))
-                    .and_then(|&id| match st.ops.get(&id) {
-                        Some(Op::Send(s)) => Some((id, s.ptr, s.len as u64)),
-                        _ => None,
-                    });
-                let Some((id, ptr, total)) = send else {
+                let send =
+                    st.outgoing
+                        .get(&(source, msg))
+                        .and_then(|&id| match st.ops.get_mut(&id) {
+                            // One answer per send: a repeated `Pull` is a peer's error.
+                            Some(Op::Send(s)) if !s.answering => Some((id, s)),
+                            _ => None,
+                        });
+                let Some((id, s)) = send else {
                     st.stats.dropped += 1;
                     return;
                 };
+                let (ptr, total) = (s.ptr, s.len as u64);
                 let Some(end) = offset.checked_add(len).filter(|&e| e <= total) else {
                     st.stats.dropped += 1;
                     return;
                 };
+                s.answering = true;
                 // Answered with a range of the send buffer, sent in chunks as the route
                 // takes them; the send completes after its last byte (`range_done`).
                 // SAFETY: [offset, end) lies inside the send buffer (checked above), which
@@ -882,11 +926,18 @@ impl Handler<'_> {
                 let queued = unsafe { out.send_range(from, id, ptr, offset, end, st.chunk) };
                 if queued.is_err() {
                     st.stats.dropped += 1;
+                    if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
+                        s.answering = false;
+                    }
                 }
             }
             Msg::Done { msg } => match st.outgoing.get(&(source, msg)).copied() {
-                Some(id) => complete_send(st, self.rma, source, msg, id),
-                None => st.stats.dropped += 1,
+                // While a range of the buffer is being sent, only its end completes
+                // the send (else the caller could free what the outbox still reads).
+                Some(id) if !matches!(st.ops.get(&id), Some(Op::Send(s)) if s.answering) => {
+                    complete_send(st, self.rma, source, msg, id)
+                }
+                _ => st.stats.dropped += 1,
             },
         }
     }
@@ -954,8 +1005,10 @@ fn landed(st: &mut State, op: u64, source: u32, msg: u64, len: u64) {
 }
 
 /// The receiver is done with send `id` (message `msg` to `dest`).
-fn complete_send(st: &mut State, rma: &Rma, dest: u32, msg: u64, id: u64) {
-    rma.end_split(dest, msg);
+fn complete_send(st: &mut State, rma: Option<&Rma>, dest: u32, msg: u64, id: u64) {
+    if let Some(rma) = rma {
+        rma.end_split(dest, msg);
+    }
     st.outgoing.remove(&(dest, msg));
     if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
         if s.state == SendState::Pending {
@@ -1011,5 +1064,117 @@ fn touch_pages(data: &[u8]) {
     for i in (0..data.len()).step_by(4096) {
         // SAFETY: i < data.len(): an in-bounds read of initialized memory.
         unsafe { std::ptr::read_volatile(data.as_ptr().add(i)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A send of 100 bytes to rank 1 waiting for its receiver (as `start_send` leaves it).
+    fn pending_send(buf: &[u8]) -> State {
+        let mut st = State::new(PushMode::Zero, 0, 0, 1024);
+        st.ops.insert(
+            0,
+            Op::Send(SendOp {
+                dest: 1,
+                tag: 3,
+                msg: 7,
+                ptr: buf.as_ptr(),
+                len: buf.len(),
+                state: SendState::Pending,
+                answering: false,
+            }),
+        );
+        st.outgoing.insert((1, 7), 0);
+        st
+    }
+
+    fn message(m: Msg<'_>) -> Vec<u8> {
+        let mut v = m.header().as_bytes().to_vec();
+        v.extend_from_slice(m.data());
+        v
+    }
+
+    fn pending(st: &State) -> bool {
+        matches!(st.ops.get(&0), Some(Op::Send(s)) if s.state == SendState::Pending)
+    }
+
+    /// A lying receiver cannot make the sender give its buffer back while the outbox
+    /// still reads it: a second `Pull` is dropped, and a `Done` during the answer does
+    /// not complete the send; only the answer's end does. The handler runs alone here,
+    /// with no station and no I/O.
+    #[test]
+    fn one_answer_per_send_whatever_the_receiver_sends() {
+        let buf = vec![5u8; 100];
+        let mut st = pending_send(&buf);
+        let mut out = Outbox::new(16);
+        let peer = Source { rank: 1, dpid: 2 };
+        let mut h = Handler {
+            st: &mut st,
+            rma: None,
+            handled: 0,
+            completions: 0,
+        };
+        let pull = message(Msg::Pull {
+            msg: 7,
+            offset: 0,
+            len: 100,
+        });
+        let t = Time::from_duration(std::time::Duration::ZERO);
+        assert_eq!(
+            h.handle_message(t, peer, &pull, &mut out),
+            Disposition::Consumed
+        );
+        assert_eq!(out.len(), 1, "the answer is queued");
+        h.handle_message(t, peer, &pull, &mut out);
+        h.handle_message(t, peer, &message(Msg::Done { msg: 7 }), &mut out);
+        // A Pull beyond the buffer is refused too.
+        let far = message(Msg::Pull {
+            msg: 7,
+            offset: 50,
+            len: 51,
+        });
+        h.handle_message(t, peer, &far, &mut out);
+        assert_eq!(out.len(), 1, "one answer only");
+        assert_eq!(h.st.stats.dropped, 3);
+        assert!(pending(h.st), "the send must wait for its answer's end");
+        // The range ends: now the send completes.
+        let Some((to, crate::engine::protocol::Next::Chunk { key, bytes, .. })) = out.next(0)
+        else {
+            panic!("a range is queued")
+        };
+        assert_eq!((to, key, bytes.len()), (peer, 0, 100));
+        assert_eq!(out.advance(0, true), Some(0));
+        h.range_done(peer, 0, true, &mut out);
+        assert!(matches!(h.st.ops.get(&0), Some(Op::Send(s)) if s.state == SendState::Done));
+        assert!(h.st.outgoing.is_empty());
+        assert!(!h.wants_more(), "a completion returns to the application");
+    }
+
+    /// An answer that cannot be sent fails the send instead of leaving it pending.
+    #[test]
+    fn an_answer_dropped_fails_its_send() {
+        let buf = vec![5u8; 10];
+        let mut st = pending_send(&buf);
+        let mut out = Outbox::new(16);
+        let peer = Source { rank: 1, dpid: 2 };
+        let mut h = Handler {
+            st: &mut st,
+            rma: None,
+            handled: 0,
+            completions: 0,
+        };
+        let pull = message(Msg::Pull {
+            msg: 7,
+            offset: 0,
+            len: 10,
+        });
+        let t = Time::from_duration(std::time::Duration::ZERO);
+        h.handle_message(t, peer, &pull, &mut out);
+        assert_eq!(out.advance(0, false), Some(0));
+        h.range_done(peer, 0, false, &mut out);
+        assert!(matches!(h.st.ops.get(&0), Some(Op::Send(s)) if s.state == SendState::Failed));
+        assert!(h.st.outgoing.is_empty());
     }
 }

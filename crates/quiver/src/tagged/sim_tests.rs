@@ -197,6 +197,7 @@ fn exchange(
             st.matching.probe(Src::Any, Tag::Any).is_none(),
             "rank {r}: a message is left in the pushed buffer"
         );
+        assert!(st.is_quiet(), "rank {r}: something is left in flight");
     }
     let stats = [0, 1].map(|r| (ranks[r].pp.st.borrow().stats.clone(), stations[r].stats()));
     // Wind down: what is still unacknowledged drains before the stations close.

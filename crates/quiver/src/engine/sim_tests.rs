@@ -523,12 +523,12 @@ fn whole_stations_repair_seeded_faults() {
     }
 }
 
-mod properties {
+pub(crate) mod properties {
     use super::*;
     use proptest::prelude::*;
 
     /// Cases per property: 16, or `PROPTEST_CASES` for a longer soak.
-    fn cases() -> u32 {
+    pub(crate) fn cases() -> u32 {
         std::env::var("PROPTEST_CASES")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -544,7 +544,7 @@ mod properties {
         prop::collection::vec(size, 1..80)
     }
 
-    fn arb_faults() -> impl Strategy<Value = FaultConfig> {
+    pub(crate) fn arb_faults() -> impl Strategy<Value = FaultConfig> {
         (
             0.0..0.15f64,
             0.0..0.05f64,

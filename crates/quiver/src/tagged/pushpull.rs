@@ -1096,6 +1096,16 @@ mod tests {
         v
     }
 
+    /// The handler on its own: no station, no `rma`.
+    fn alone(st: &mut State) -> Handler<'_> {
+        Handler {
+            st,
+            rma: None,
+            handled: 0,
+            completions: 0,
+        }
+    }
+
     fn pending(st: &State) -> bool {
         matches!(st.ops.get(&0), Some(Op::Send(s)) if s.state == SendState::Pending)
     }
@@ -1108,14 +1118,8 @@ mod tests {
     fn one_answer_per_send_whatever_the_receiver_sends() {
         let buf = vec![5u8; 100];
         let mut st = pending_send(&buf);
-        let mut out = Outbox::new(16);
-        let peer = Source { rank: 1, dpid: 2 };
-        let mut h = Handler {
-            st: &mut st,
-            rma: None,
-            handled: 0,
-            completions: 0,
-        };
+        let (mut out, peer) = (Outbox::new(16), Source { rank: 1, dpid: 2 });
+        let mut h = alone(&mut st);
         let pull = message(Msg::Pull {
             msg: 7,
             offset: 0,
@@ -1157,14 +1161,8 @@ mod tests {
     fn an_answer_dropped_fails_its_send() {
         let buf = vec![5u8; 10];
         let mut st = pending_send(&buf);
-        let mut out = Outbox::new(16);
-        let peer = Source { rank: 1, dpid: 2 };
-        let mut h = Handler {
-            st: &mut st,
-            rma: None,
-            handled: 0,
-            completions: 0,
-        };
+        let (mut out, peer) = (Outbox::new(16), Source { rank: 1, dpid: 2 });
+        let mut h = alone(&mut st);
         let pull = message(Msg::Pull {
             msg: 7,
             offset: 0,

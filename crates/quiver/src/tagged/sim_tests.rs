@@ -288,15 +288,8 @@ fn push_pull_repairs_seeded_faults() {
 
 mod properties {
     use super::*;
+    use crate::engine::sim_tests::properties::{arb_faults, cases};
     use proptest::prelude::*;
-
-    /// Cases per property: 12, or `PROPTEST_CASES` for a longer soak.
-    fn cases() -> u32 {
-        std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(12)
-    }
 
     fn arb_mode() -> impl Strategy<Value = PushMode> {
         prop_oneof![
@@ -327,23 +320,6 @@ mod properties {
                 btp2,
                 sends: msgs.iter().map(|&(len, tag, _)| (len, tag)).collect(),
                 caps: msgs.iter().map(|&(_, _, cap)| cap).collect(),
-            })
-    }
-
-    fn arb_faults() -> impl Strategy<Value = FaultConfig> {
-        (
-            0.0..0.1f64,
-            0.0..0.05f64,
-            0.0..0.1f64,
-            0.0..0.02f64,
-            any::<u64>(),
-        )
-            .prop_map(|(loss, dup, reorder, corrupt, seed)| {
-                FaultConfig::parse(&format!(
-                    "loss={loss},dup={dup},reorder={reorder},reorder_delay=200us,\
-                     corrupt={corrupt},seed={seed}"
-                ))
-                .unwrap()
             })
     }
 

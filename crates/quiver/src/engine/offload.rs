@@ -28,7 +28,7 @@
 
 use super::clock::ProtocolClock;
 use super::driver::{Driver, Ready};
-use super::protocol::{Disposition, Next, Outbox, Protocol};
+use super::protocol::{Disposition, Outbox, Protocol};
 use super::stats::EndpointStats;
 use super::wait::{backoff_until, Notifier, Poller};
 use crate::addr::Source;
@@ -693,39 +693,31 @@ impl Engine {
             return false;
         };
         let before = s.out.sent();
-        let mut over = Vec::new();
-        for i in 0..s.out.destinations() {
-            while let Some((to, next)) = s.out.next(i) {
-                let bytes = match next {
-                    Next::Whole(b) => b,
-                    Next::Chunk { key, offset, bytes } => {
-                        s.joined.clear();
-                        s.protocol
-                            .range_header(key, offset, bytes.len(), &mut s.joined);
-                        s.joined.extend_from_slice(bytes);
-                        &s.joined[..]
-                    }
+        let mut errors = Vec::new();
+        let joined = &mut s.joined;
+        s.out.flush(
+            &mut *s.protocol,
+            |to, head, body| {
+                // The engine's send takes one slice: a range's chunk is joined to its
+                // header (one copy, on the engine's core).
+                let bytes = if head.is_empty() {
+                    body
+                } else {
+                    joined.clear();
+                    joined.extend_from_slice(head);
+                    joined.extend_from_slice(body);
+                    &joined[..]
                 };
-                let ended = match self.send_for_service(to, bytes) {
-                    Ok(Some(())) => s.out.advance(i, true).map(|key| (to, key, true)),
-                    // The window is closed: this destination waits for credits (the
-                    // acknowledgement that brings them wakes the engine).
-                    Ok(None) => break,
-                    Err(e) => {
-                        self.errors.push_back(e);
-                        s.out.advance(i, false).map(|key| (to, key, false))
-                    }
-                };
-                over.extend(ended);
-            }
-        }
-        s.out.forget_empty();
-        let ended_some = !over.is_empty();
-        for (to, key, complete) in over {
-            s.protocol.range_done(to, key, complete, &mut s.out);
-        }
-        // What a range's end queued goes in the next round.
-        let sent = s.out.sent() != before || (ended_some && !s.out.is_empty());
+                // `None`: the window is closed, this destination waits for credits (the
+                // acknowledgement that brings them wakes the engine).
+                self.send_for_service(to, bytes).map(|sent| sent.is_some())
+            },
+            |e| errors.push(e),
+        );
+        // Work done: something left, or something was dropped (what a dropped range's
+        // end queued then goes in the next round).
+        let sent = s.out.sent() != before || !errors.is_empty();
+        self.errors.extend(errors);
         self.served = Some(s);
         sent
     }

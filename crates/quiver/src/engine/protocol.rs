@@ -343,6 +343,50 @@ impl Outbox {
         dropped
     }
 
+    /// Sends what waits, in order per destination, through `send(to, head, body)`:
+    /// `Ok(true)` it left, `Ok(false)` the destination has no room now (it waits, the
+    /// others go on), `Err` it cannot be sent at all (dropped, a range then ends as not
+    /// complete, and the error goes to `failed`). A range's chunks go behind the header
+    /// the protocol writes; the protocol hears of every range that ended. The one
+    /// sending loop of every driver of a protocol (the station, the offload engine).
+    pub(crate) fn flush<E>(
+        &mut self,
+        protocol: &mut dyn Protocol,
+        mut send: impl FnMut(Source, &[u8], &[u8]) -> Result<bool, E>,
+        mut failed: impl FnMut(E),
+    ) {
+        if self.is_empty() {
+            return;
+        }
+        let mut head = Vec::new();
+        let mut over = Vec::new();
+        for i in 0..self.destinations() {
+            while let Some((to, next)) = self.next(i) {
+                let sent = match next {
+                    Next::Whole(bytes) => send(to, &[], bytes),
+                    Next::Chunk { key, offset, bytes } => {
+                        head.clear();
+                        protocol.range_header(key, offset, bytes.len(), &mut head);
+                        send(to, &head, bytes)
+                    }
+                };
+                let ended = match sent {
+                    Ok(true) => self.advance(i, true).map(|key| (to, key, true)),
+                    Ok(false) => break,
+                    Err(e) => {
+                        failed(e);
+                        self.advance(i, false).map(|key| (to, key, false))
+                    }
+                };
+                over.extend(ended);
+            }
+        }
+        self.forget_empty();
+        for (to, key, complete) in over {
+            protocol.range_done(to, key, complete, self);
+        }
+    }
+
     /// Forgets the queues of destinations nothing waits for.
     pub(crate) fn forget_empty(&mut self) {
         self.queues.retain(|(_, q)| !q.is_empty());

@@ -17,7 +17,7 @@
 use super::clock::{Clock, ProtocolClock};
 use super::driver::{self, Driver, Pace};
 use super::offload::Offload;
-use super::protocol::{Disposition, Next, Outbox, Protocol};
+use super::protocol::{Disposition, Outbox, Protocol};
 use super::route::{self, Polled, Received, Receivers, Route, Token};
 use super::stats::EndpointStats;
 use super::{backoff_until, Poller, Waitable, Waiter};
@@ -655,40 +655,20 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// to a peer connects to it, which waits for the peer to open its endpoint (up to
     /// `QUIVER_CONNECT_TIMEOUT`), as any first write does.
     pub(crate) fn send_outbox(&self, protocol: &mut dyn Protocol, out: &mut Outbox) -> Result<()> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        let mut head = Vec::new();
-        let mut over = Vec::new();
         let mut first_err = None;
-        for i in 0..out.destinations() {
-            while let Some((to, next)) = out.next(i) {
-                let sent = self.connect(to).and_then(|route| match next {
-                    Next::Whole(bytes) => self.send(route, &[], bytes, false),
-                    Next::Chunk { key, offset, bytes } => {
-                        head.clear();
-                        protocol.range_header(key, offset, bytes.len(), &mut head);
-                        self.send(route, &head, bytes, false)
-                    }
-                });
-                let ended = match sent {
-                    Ok(true) => out.advance(i, true).map(|key| (to, key, true)),
-                    Ok(false) => break,
-                    Err(e) => {
-                        if let Error::PeerFailed { rank, .. } = &e {
-                            self.mark_failed(*rank);
-                        }
-                        first_err.get_or_insert(e);
-                        out.advance(i, false).map(|key| (to, key, false))
-                    }
-                };
-                over.extend(ended);
-            }
-        }
-        out.forget_empty();
-        for (to, key, complete) in over {
-            protocol.range_done(to, key, complete, out);
-        }
+        out.flush(
+            protocol,
+            |to, head, body| {
+                self.connect(to)
+                    .and_then(|route| self.send(route, head, body, false))
+            },
+            |e| {
+                if let Error::PeerFailed { rank, .. } = &e {
+                    self.mark_failed(*rank);
+                }
+                first_err.get_or_insert(e);
+            },
+        );
         first_err.map_or(Ok(()), Err)
     }
 

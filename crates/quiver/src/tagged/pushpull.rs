@@ -368,13 +368,7 @@ impl PushPull {
             return Ok(());
         }
         let mut st = self.st.borrow_mut();
-        let completions = st.completions;
-        let mut handler = Handler {
-            st: &mut st,
-            rma: Some(&self.rma),
-            handled: 0,
-            completions,
-        };
+        let mut handler = Handler::new(&mut st, Some(&self.rma));
         on.station()
             .send_outbox(&mut handler, &mut out)
             .map_err(|e| on.report(e))
@@ -431,13 +425,7 @@ impl PushPull {
         let mut st = self.st.borrow_mut();
         let mut out = self.out.borrow_mut();
         let sent = out.sent();
-        let completions = st.completions;
-        let mut handler = Handler {
-            st: &mut st,
-            rma: Some(&self.rma),
-            handled: 0,
-            completions,
-        };
+        let mut handler = Handler::new(&mut st, Some(&self.rma));
         let report = |e| on.report(e);
         let mut delivered = station.drive(&mut handler, &mut out, report)?;
         if delivered.is_none() && handler.handled == 0 && station.rearm_doorbells() {
@@ -522,14 +510,13 @@ impl PushPull {
                     }),
                 }
             };
-            // SAFETY: [from, from + len) lies inside the receive buffer (from + len =
-            // expected <= cap, `begin_receive`), valid until the receive completes, which
-            // is not before the pull is over (a queued one is collected by
-            // `collect_pulls` first); only the pull writes it meanwhile.
-            let got = unsafe {
-                self.rma
-                    .start_get(op, peer, remote, ptr.add(from as usize), len)
-            };
+            // The destination, [from, from + len) of the receive buffer: from + len =
+            // expected <= cap (`begin_receive`).
+            let dst = ptr.wrapping_add(from as usize);
+            // SAFETY: `dst` holds `len` bytes of the receive buffer, valid until the
+            // receive completes, which is not before the pull is over (a queued one is
+            // collected by `collect_pulls` first); only the pull writes it meanwhile.
+            let got = unsafe { self.rma.start_get(op, peer, remote, dst, len) };
             match got {
                 Ok(got) => got,
                 // A shared buffer too short for the message: pulled by request.
@@ -576,11 +563,10 @@ impl PushPull {
                 queue(&mut out, &mut st.stats, source, &pull);
                 // Preparing the destination overlaps the pull request's round trip.
                 // SAFETY: [from, from + len) lies inside the receive buffer (as above),
-                // valid until the receive completes; nothing writes it before the
-                // requested bytes come.
-                touch_pages(unsafe {
-                    std::slice::from_raw_parts(ptr.add(from as usize), len as usize)
-                });
+                // valid until the receive completes; nothing writes it meanwhile.
+                let rest =
+                    unsafe { std::slice::from_raw_parts(ptr.add(from as usize), len as usize) };
+                touch_pages(rest);
             }
         }
         Ok(())
@@ -816,7 +802,18 @@ impl Protocol for Handler<'_> {
     }
 }
 
-impl Handler<'_> {
+impl<'a> Handler<'a> {
+    /// The handler over `st` for one drive (or one send of the outbox).
+    fn new(st: &'a mut State, rma: Option<&'a Rma>) -> Handler<'a> {
+        let completions = st.completions;
+        Handler {
+            st,
+            rma,
+            handled: 0,
+            completions,
+        }
+    }
+
     fn handle(&mut self, from: Source, bytes: &[u8], out: &mut Outbox) {
         let source = from.rank;
         let st = &mut *self.st;
@@ -920,9 +917,8 @@ impl Handler<'_> {
                 s.answering = true;
                 // Answered with a range of the send buffer, sent in chunks as the route
                 // takes them; the send completes after its last byte (`range_done`).
-                // SAFETY: [offset, end) lies inside the send buffer (checked above), which
-                // stays valid until the send completes; it completes, at the earliest,
-                // when the range is done.
+                // SAFETY: [offset, end) lies inside the send buffer (checked above), valid
+                // until the send completes: not before the range is done (`answering`).
                 let queued = unsafe { out.send_range(from, id, ptr, offset, end, st.chunk) };
                 if queued.is_err() {
                     st.stats.dropped += 1;
@@ -1098,12 +1094,7 @@ mod tests {
 
     /// The handler on its own: no station, no `rma`.
     fn alone(st: &mut State) -> Handler<'_> {
-        Handler {
-            st,
-            rma: None,
-            handled: 0,
-            completions: 0,
-        }
+        Handler::new(st, None)
     }
 
     fn pending(st: &State) -> bool {

@@ -54,6 +54,10 @@ pub const DEFAULT_BTP1: usize = 4096;
 /// Default BTP(2) of tagged messages: bytes pushed while the acknowledgement travels
 /// (`QUIVER_BTP2`). Chosen by `quiver bench tune-btp`, like BTP(1).
 pub const DEFAULT_BTP2: usize = 12 * 1024;
+/// Default of [`Config::push_credit`]: 8 MiB of pushed, unmatched bytes per sender (with
+/// the default BTPs, 512 messages waiting for their receives before a sender falls back
+/// to pulls; Push-All messages up to a quarter of it are pushed whole).
+pub const DEFAULT_PUSH_CREDIT: usize = 8 << 20;
 
 impl WaitMode {
     /// Parses `spin`, `block`, `hybrid` or `hybrid:MICROSECONDS`.
@@ -131,6 +135,13 @@ pub struct Config {
     pub btp1: usize,
     /// Bytes of the second push, sent while the acknowledgement travels (`QUIVER_BTP2`).
     pub btp2: usize,
+    /// Pushed bytes of tagged messages that a receiver keeps for each sender before any
+    /// receive has taken them (`QUIVER_PUSH_CREDIT`, default [`DEFAULT_PUSH_CREDIT`]):
+    /// the pushed buffer holds at most this much per sender. A sender whose credit is
+    /// spent pushes nothing (the receiver pulls the whole message once a receive
+    /// matches it) until the receiver gives credit back. Must be the same on every rank:
+    /// a receiver counts pushes beyond it as the sender's protocol error.
+    pub push_credit: usize,
     /// Whether tagged messages inside a node are pulled with one copy across address
     /// spaces (cross-memory attach, `QUIVER_CMA=on|off`); off, or where the kernel
     /// refuses it, they take the two-copy path through shared memory.
@@ -175,6 +186,7 @@ impl Default for Config {
             push: PushMode::Pull,
             btp1: DEFAULT_BTP1,
             btp2: DEFAULT_BTP2,
+            push_credit: DEFAULT_PUSH_CREDIT,
             cma: true,
             split_copy: true,
             udp_gso: true,
@@ -305,7 +317,11 @@ impl Config {
             c.push = PushMode::parse(&v)
                 .ok_or_else(|| invalid("QUIVER_PUSH", &v, "expected zero, all or pull"))?;
         }
-        for (var, field) in [("QUIVER_BTP1", &mut c.btp1), ("QUIVER_BTP2", &mut c.btp2)] {
+        for (var, field) in [
+            ("QUIVER_BTP1", &mut c.btp1),
+            ("QUIVER_BTP2", &mut c.btp2),
+            ("QUIVER_PUSH_CREDIT", &mut c.push_credit),
+        ] {
             if let Some(v) = get(var) {
                 *field =
                     parse_size(&v).ok_or_else(|| invalid(var, &v, "expected a size in bytes"))?;
@@ -519,6 +535,12 @@ impl Config {
     pub fn with_btp(mut self, btp1: usize, btp2: usize) -> Self {
         self.btp1 = btp1;
         self.btp2 = btp2;
+        self
+    }
+    /// Sets the pushed bytes a tagged receiver keeps for each sender
+    /// ([`Config::push_credit`]).
+    pub fn with_push_credit(mut self, bytes: usize) -> Self {
+        self.push_credit = bytes;
         self
     }
     /// Turns single-copy pulls across address spaces (cross-memory attach) on or off.

@@ -625,9 +625,11 @@ fn udp_none_on_a_lossy_link_reports_an_error() {
             let _ = ep.read_timeout(Duration::from_secs(10));
         } else {
             // The error handler runs on every error the endpoint delivers.
-            let handled = std::rc::Rc::new(std::cell::Cell::new(0u32));
+            let handled = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
             let h = handled.clone();
-            ep.set_error_handler(move |_| h.set(h.get() + 1));
+            ep.set_error_handler(move |_| {
+                h.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            });
             let start = std::time::Instant::now();
             let mut failed = None;
             for _ in 0..200 {
@@ -652,7 +654,11 @@ fn udp_none_on_a_lossy_link_reports_an_error() {
                 "loss detected only after {:?}",
                 start.elapsed()
             );
-            assert_eq!(handled.get(), 1, "the error handler did not run once");
+            assert_eq!(
+                handled.load(std::sync::atomic::Ordering::Relaxed),
+                1,
+                "the error handler did not run once"
+            );
             ep.write(b"done").ok();
         }
     });

@@ -571,3 +571,104 @@ fn malformed_and_forged_messages_are_dropped_or_fail_cleanly() {
         }
     });
 }
+
+/// A receive whose wait returns early with an error (here: another rank failed) hands
+/// its buffer back to the application, and nothing writes into it afterwards: the
+/// bytes its sender answers the pull request with later are dropped (issue 28, item 1).
+#[test]
+fn a_receive_whose_wait_failed_writes_nothing_into_the_returned_buffer() {
+    receive_abandoned_by_a_failure(false);
+}
+
+/// The same with the buffer freed as soon as the receive returned: a write into it
+/// would be a use after free, which `.ci/run` checks by running this test under
+/// AddressSanitizer.
+#[test]
+fn a_receive_whose_wait_failed_writes_nothing_into_freed_memory() {
+    receive_abandoned_by_a_failure(true);
+}
+
+/// Rank 2 goes silent after its first message (its endpoint leaked, never polled), so
+/// rank 0's unacknowledged message to it fails it after the peer timeout, while rank 0
+/// waits for rank 1's large message, whose sender holds back its answer to the pull
+/// request until rank 0 has its buffer back (and, with `free`, has freed it).
+fn receive_abandoned_by_a_failure(free: bool) {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    use std::sync::Arc;
+    use std::time::Duration;
+    const PUSHED: u32 = 1;
+    const BUFFER_BACK: u32 = 2;
+    const END: u32 = 3;
+    let step = Arc::new(AtomicU32::new(0));
+    let wait_for = |step: &AtomicU32, at: u32, t: Option<&Tagged>| {
+        let start = std::time::Instant::now();
+        while step.load(SeqCst) < at {
+            // Channel work only (acknowledgements): the tagged protocol is not run, so
+            // a pull request waits unanswered.
+            if let Some(t) = t {
+                t.endpoint().progress().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "step {at} never came"
+            );
+        }
+    };
+    let c = Config {
+        peer_timeout: Duration::from_millis(500),
+        ..config(TransportChoice::Udp)
+    }
+    .with_btp(100, 0);
+    run_ranks(3, c, move |job| {
+        let t = Tagged::open(&job, 43).unwrap();
+        let msg = pattern(1, 7, 1 << 20);
+        match job.rank() {
+            0 => {
+                let mut hello = [0u8; 2];
+                t.recv(&mut hello, 2, 1).unwrap();
+                wait_for(&step, PUSHED, None);
+                t.send(2, 2, &[0u8; 8]).unwrap();
+                let mut buf = vec![0u8; msg.len()];
+                let r = t.recv(&mut buf, 1, 7);
+                assert!(
+                    matches!(r, Err(Error::PeerFailed { rank: 2, .. })),
+                    "rank 0's wait should end with rank 2's failure: {r:?}"
+                );
+                buf.fill(0xEE);
+                if free {
+                    drop(std::mem::take(&mut buf));
+                }
+                step.store(BUFFER_BACK, SeqCst);
+                let mut after = [0u8; 5];
+                t.recv(&mut after, 1, 8).unwrap();
+                assert_eq!(&after, b"after");
+                // Whatever rank 1 sent is in: the buffer is as the application left it.
+                assert!(
+                    buf.iter().all(|&b| b == 0xEE),
+                    "bytes landed in a buffer whose receive had returned"
+                );
+                step.store(END, SeqCst);
+            }
+            1 => {
+                t.scope(|s| {
+                    let req = s.isend(0, 7, &msg)?;
+                    step.store(PUSHED, SeqCst);
+                    wait_for(&step, BUFFER_BACK, Some(&t));
+                    req.wait().map(|_| ())
+                })
+                .unwrap();
+                t.send(0, 8, b"after").unwrap();
+                // Rank 0 hears everything before this rank stops making progress.
+                t.endpoint().flush().unwrap();
+                wait_for(&step, END, None);
+            }
+            _ => {
+                t.send(0, 1, b"hi").unwrap();
+                // Silent from now on: nothing acknowledges rank 0's message.
+                std::mem::forget(t);
+                wait_for(&step, END, None);
+            }
+        }
+    });
+}

@@ -24,12 +24,15 @@ pub struct Endpoint {
     error_handler: RefCell<Option<ErrorHandler>>,
 }
 
-/// A callback for the errors an endpoint reports.
-type ErrorHandler = Box<dyn FnMut(&Error)>;
+/// A callback for the errors an endpoint reports. `Send`, because the endpoint is: a
+/// handler that holds an `Rc` or a `RefCell` shared with other code must not move to
+/// another thread with it.
+type ErrorHandler = Box<dyn FnMut(&Error) + Send>;
 
 // SAFETY: the endpoint owns its mappings, sockets and pool; the raw pointers inside
-// (rings, pool slots) refer to memory that moves with it. It is not Sync: one thread at a
-// time uses it, which is all that moving it to another thread allows.
+// (rings, pool slots) refer to memory that moves with it, and its error handler is `Send`
+// (`ErrorHandler`). It is not Sync: one thread at a time uses it, which is all that
+// moving it to another thread allows.
 unsafe impl Send for Endpoint {}
 
 impl Job {
@@ -258,8 +261,31 @@ impl Endpoint {
     /// Registers a callback that runs on every error this endpoint delivers (from
     /// `read`, `try_read`, `progress`...), before the call returns it: channel failures,
     /// lost frames, failed peers. It runs on the caller's thread and must not use this
-    /// endpoint.
-    pub fn set_error_handler(&self, handler: impl FnMut(&Error) + 'static) {
+    /// endpoint. It is `Send` (the endpoint may move to another thread, taking its
+    /// handler along): count with atomics, not with an `Rc`.
+    ///
+    /// ```
+    /// # fn f(ep: &quiver::Endpoint) {
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::sync::Arc;
+    /// let seen = Arc::new(AtomicU32::new(0));
+    /// let s = seen.clone();
+    /// ep.set_error_handler(move |_| {
+    ///     s.fetch_add(1, Ordering::Relaxed);
+    /// });
+    /// # }
+    /// ```
+    ///
+    /// A handler that is not `Send` is refused at compile time:
+    ///
+    /// ```compile_fail,E0277
+    /// # fn f(ep: &quiver::Endpoint) {
+    /// let seen = std::rc::Rc::new(std::cell::Cell::new(0u32));
+    /// let s = seen.clone();
+    /// ep.set_error_handler(move |_| s.set(s.get() + 1));
+    /// # }
+    /// ```
+    pub fn set_error_handler(&self, handler: impl FnMut(&Error) + Send + 'static) {
         *self.error_handler.borrow_mut() = Some(Box::new(handler));
     }
 

@@ -325,17 +325,19 @@ impl Outbox {
         over
     }
 
-    /// Drops every range not yet sent whole; returns (destination, key) of each (their
-    /// memory is no longer read).
-    pub(crate) fn drop_ranges(&mut self) -> Vec<(Source, u64)> {
+    /// Drops every range not yet sent whole whose key `which` selects; returns
+    /// (destination, key) of each (their memory is no longer read, and the protocol
+    /// hears of none of them through `range_done`).
+    pub(crate) fn drop_ranges(&mut self, which: impl Fn(u64) -> bool) -> Vec<(Source, u64)> {
         let mut dropped = Vec::new();
         for (to, q) in &mut self.queues {
             q.retain(|item| match item {
                 Item::Whole(_) => true,
-                Item::Range { key, .. } => {
+                Item::Range { key, .. } if which(*key) => {
                     dropped.push((*to, *key));
                     false
                 }
+                Item::Range { .. } => true,
             });
         }
         self.len -= dropped.len();
@@ -497,5 +499,33 @@ mod tests {
         assert_eq!(out.advance(0, true), None);
         assert_eq!(out.advance(0, false), Some(9));
         assert!(out.is_empty() && out.next(0).is_none());
+    }
+
+    /// Ranges dropped by key (an operation abandoned half-way) leave nothing more of
+    /// their memory; the other ranges and whole messages stay in order.
+    #[test]
+    fn dropped_ranges_read_nothing_more() {
+        let memory: Vec<u8> = (0..10).collect();
+        let mut out = Outbox::new(8);
+        // SAFETY: `memory` outlives the outbox's use of it (flushed or dropped below).
+        unsafe {
+            out.send_range(peer(1), 7, memory.as_ptr(), 0, 10, 4)
+                .unwrap();
+            out.send_range(peer(2), 8, memory.as_ptr(), 0, 2, 4)
+                .unwrap();
+        }
+        out.send(peer(1), b"after", b"").unwrap();
+        // The first chunk of range 7 has left.
+        assert!(matches!(out.next(0), Some((_, Next::Chunk { key: 7, .. }))));
+        assert_eq!(out.advance(0, true), None);
+        assert_eq!(out.drop_ranges(|key| key == 7), vec![(peer(1), 7)]);
+        let (left, over) = flush(&mut out, &[]);
+        assert_eq!(left, vec![(1, b"after".to_vec()), (2, vec![8, 0, 0, 1])]);
+        assert_eq!(
+            over,
+            vec![8],
+            "a dropped range does not end through range_done"
+        );
+        assert!(out.is_empty());
     }
 }

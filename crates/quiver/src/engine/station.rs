@@ -790,6 +790,11 @@ impl<L: Link, C: Clock> Station<L, C> {
         }
     }
 
+    /// Whether `rank` was found failed (every operation towards it fails).
+    pub(crate) fn has_failed(&self, rank: u32) -> bool {
+        self.inner.borrow().failed.contains(&rank)
+    }
+
     /// Ranks found failed, ascending.
     pub(crate) fn failed_ranks(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.inner.borrow().failed.iter().copied().collect();

@@ -125,6 +125,16 @@ impl<M> Matching<M> {
             .map(|u| &mut u.msg)
     }
 
+    /// Takes the earliest unexpected message from `source` for which `f` holds out of
+    /// the queue (its sender gave it up).
+    pub(super) fn remove_unexpected(&mut self, source: u32, f: impl Fn(&M) -> bool) -> Option<M> {
+        let i = self
+            .unexpected
+            .iter()
+            .position(|u| u.source == source && f(&u.msg))?;
+        self.unexpected.remove(i).map(|u| u.msg)
+    }
+
     /// Receives posted and messages waiting.
     #[cfg(test)]
     fn len(&self) -> (usize, usize) {

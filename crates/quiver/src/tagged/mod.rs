@@ -143,8 +143,12 @@ pub struct TaggedStats {
     pub pulled_split_by_sender: u64,
     /// Bytes this endpoint wrote into its receivers' buffers during split copies.
     pub split_helped: u64,
-    /// Protocol messages dropped because they were malformed or named no known message.
+    /// Protocol messages dropped because they were malformed, named no known message,
+    /// repeated or misplaced bytes, or pushed beyond their sender's credit.
     pub dropped: u64,
+    /// Sends that pushed nothing because their receiver's pushed buffer had no room
+    /// left for this endpoint (`QUIVER_PUSH_CREDIT`): the receiver pulled them whole.
+    pub push_credit_exhausted: u64,
 }
 
 /// A tagged endpoint: a Directed Point endpoint that carries the Push-Pull protocol.
@@ -179,8 +183,7 @@ impl Tagged {
     pub fn open(job: &Job, dpid: u16) -> Result<Tagged> {
         let ep = job.open(dpid)?;
         let rma = Rma::open(job, dpid)?;
-        let cfg = job.config();
-        let st = State::new(cfg.push, cfg.btp1, cfg.btp2, cfg.max_message);
+        let st = State::new(job.config(), job.size());
         Ok(Tagged {
             ep,
             pp: PushPull::new(st, rma, job.rank()),

@@ -27,6 +27,7 @@ use super::wire::{self, Announce, Msg};
 use super::{PushMode, Src, Status, Tag, TaggedStats, SECOND_PUSH_MAX};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
+use crate::config::Config;
 use crate::engine::protocol::{Disposition, Outbox, Protocol};
 use crate::engine::station::Footing;
 use crate::error::{Error, Result};
@@ -75,17 +76,33 @@ pub(super) struct State {
     /// Operations completed so far (a drive of the station returns to the application
     /// after one: it may be the one the application waits for).
     completions: u64,
+    /// Pushed bytes each sender may have in this endpoint's pushed buffer, and each
+    /// receiver in its own (`Config::push_credit`).
+    push_credit: u64,
+    /// Per destination: pushed bytes sent and not yet given back by its receiver
+    /// (`Credit`). A send pushes only while this stays within `push_credit`.
+    push_in_flight: Vec<u64>,
+    /// Per source: pushed bytes received and not yet given back. More than
+    /// `push_credit` is the sender's protocol error.
+    push_owed: Vec<u64>,
+    /// Per source: of `push_owed`, bytes that have left the pushed buffer (or never
+    /// entered it), given back in the next `Credit`.
+    push_freed: Vec<u64>,
+    /// Errors the handler found, for the application's next call (a peer that pushed
+    /// beyond its credit).
+    errors: VecDeque<Error>,
 }
 
 impl State {
-    /// A fresh endpoint's state: push mode `mode` with BTP(1) `btp1` and BTP(2) `btp2`;
-    /// protocol messages of at most `max_message` bytes.
-    pub(super) fn new(mode: PushMode, btp1: usize, btp2: usize, max_message: usize) -> State {
-        let chunk = max_message - wire::MAX_HEADER;
+    /// A fresh endpoint's state in a job of `size` ranks, with the push mode, BTP(1),
+    /// BTP(2), push credit and largest protocol message of `cfg`.
+    pub(super) fn new(cfg: &Config, size: u32) -> State {
+        let chunk = cfg.max_message - wire::MAX_HEADER;
+        let ranks = size as usize;
         State {
-            mode,
-            btp1: btp1.min(chunk),
-            btp2,
+            mode: cfg.push,
+            btp1: cfg.btp1.min(chunk),
+            btp2: cfg.btp2,
             chunk,
             next_op: 0,
             next_msg: 0,
@@ -99,7 +116,69 @@ impl State {
             pulls: HashMap::new(),
             stats: TaggedStats::default(),
             completions: 0,
+            push_credit: cfg.push_credit as u64,
+            push_in_flight: vec![0; ranks],
+            push_owed: vec![0; ranks],
+            push_freed: vec![0; ranks],
+            errors: VecDeque::new(),
         }
+    }
+
+    /// Whether a message pushing `pushed` bytes to `dest` may push them: its receiver
+    /// has credit for them, and they are at most a quarter of the credit (so that
+    /// freed bytes are given back before a sender runs dry: `free_pushed`). Takes
+    /// the credit if so.
+    fn take_push_credit(&mut self, dest: u32, pushed: usize) -> bool {
+        let limit = self.push_credit;
+        let Some(in_flight) = self.push_in_flight.get_mut(dest as usize) else {
+            return false;
+        };
+        let pushed = pushed as u64;
+        if pushed > limit / 4 || *in_flight + pushed > limit {
+            return false;
+        }
+        *in_flight += pushed;
+        true
+    }
+
+    /// `n` pushed bytes from `source` arrived: false (and an error for the application,
+    /// the message dropped) if they exceed the sender's credit.
+    fn charge_push(&mut self, source: u32, n: usize) -> bool {
+        let limit = self.push_credit;
+        let Some(owed) = self.push_owed.get_mut(source as usize) else {
+            self.stats.dropped += 1;
+            return false;
+        };
+        if *owed + n as u64 > limit {
+            self.stats.dropped += 1;
+            self.errors.push_back(Error::Protocol {
+                rank: source,
+                reason: format!(
+                    "it pushed {} bytes beyond its credit of {limit} (QUIVER_PUSH_CREDIT \
+                     must be the same on every rank); the message was dropped",
+                    *owed + n as u64 - limit
+                ),
+            });
+            return false;
+        }
+        *owed += n as u64;
+        true
+    }
+}
+
+/// `n` pushed bytes from `from` left the pushed buffer (or never entered it: they
+/// matched at once, or were dropped): once a quarter of the credit is free, it goes
+/// back to the sender.
+fn free_pushed(st: &mut State, out: &mut Outbox, from: Source, n: usize) {
+    let i = from.rank as usize;
+    let (Some(freed), Some(owed)) = (st.push_freed.get_mut(i), st.push_owed.get_mut(i)) else {
+        return;
+    };
+    *freed += n as u64;
+    if *freed > 0 && *freed >= st.push_credit / 4 {
+        let bytes = std::mem::take(freed);
+        *owed = owed.saturating_sub(bytes);
+        queue(out, &mut st.stats, from, &Msg::Credit { bytes });
     }
 }
 
@@ -115,6 +194,29 @@ impl State {
             && self.discarding.is_empty()
             && self.to_pull.is_empty()
             && self.pulls.is_empty()
+            && self.errors.is_empty()
+    }
+
+    /// Bytes landed so far in receive `id`, once a message matched it and while its
+    /// pull (if any) has been made.
+    pub(super) fn landed_after_pull(&self, id: u64) -> Option<u64> {
+        match self.ops.get(&id) {
+            Some(Op::Recv(RecvOp {
+                state: RecvState::Receiving { landed, .. },
+                ..
+            })) if !self.to_pull.iter().any(|j| j.op == id) => Some(*landed),
+            _ => None,
+        }
+    }
+
+    /// Pushed bytes sent to `dest` that its receiver has not given back.
+    pub(super) fn push_in_flight(&self, dest: u32) -> u64 {
+        self.push_in_flight[dest as usize]
+    }
+
+    /// Pushed bytes received from `source` not given back yet.
+    pub(super) fn push_owed(&self, source: u32) -> u64 {
+        self.push_owed[source as usize]
     }
 }
 
@@ -159,10 +261,22 @@ pub(super) enum RecvState {
     Receiving {
         source: u32,
         tag: u32,
+        msg: u64,
         total: u64,
         /// Bytes that will land in the buffer: min(total, capacity).
         expected: u64,
+        /// Distinct bytes landed in the buffer so far.
         landed: u64,
+        /// Where the next pushed bytes (`More`) must start, and where they end: pushed
+        /// bytes arrive in order, so a repeated or misplaced one is refused.
+        push_next: u64,
+        push_end: u64,
+        /// Where the next pulled bytes (`Data`) must start (they arrive in order, up
+        /// to `expected`).
+        pull_next: u64,
+        /// Whether the sender waits for this receive's word (its message was not
+        /// pushed whole).
+        sender_waits: bool,
     },
     Done(Option<Result<Status>>),
 }
@@ -187,7 +301,7 @@ struct PullJob {
 /// same-node pulls. Every call that moves bytes takes the [`Footing`] it runs on.
 pub(super) struct PushPull {
     pub(super) st: RefCell<State>,
-    out: RefCell<Outbox>,
+    pub(super) out: RefCell<Outbox>,
     /// Same-node pulls (shared buffers, cross-memory attach, split copies, the pull
     /// thread) and the sender's side of split copies.
     pub(super) rma: Rma,
@@ -222,17 +336,23 @@ impl PushPull {
         let len = data.len();
         // Registered before the first write: while a write waits for room, incoming
         // messages are handled, and the receiver's `Pull` or `Done` may be among them.
-        let (msg, id, first, pushed, chunk) = {
+        let (msg, id, first, pushed) = {
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
             let msg = st.next_msg;
             st.next_msg += 1;
-            let (first, pushed) = match st.mode {
+            let (mut first, mut pushed) = match st.mode {
                 PushMode::Zero => (0, 0),
                 PushMode::All => (len.min(st.chunk), len),
                 PushMode::Pull if len > SECOND_PUSH_MAX => (len.min(st.btp1), len.min(st.btp1)),
                 PushMode::Pull => (len.min(st.btp1), len.min(st.btp1.saturating_add(st.btp2))),
             };
+            if pushed > 0 && !st.take_push_credit(dest, pushed) {
+                // The receiver's pushed buffer has no room for this sender: it pulls the
+                // whole message once a receive takes it.
+                (first, pushed) = (0, 0);
+                st.stats.push_credit_exhausted += 1;
+            }
             let id = st.next_op;
             st.next_op += 1;
             let state = if pushed == len {
@@ -255,8 +375,42 @@ impl PushPull {
             if state == SendState::Pending {
                 st.outgoing.insert((dest, msg), id);
             }
-            (msg, id, first, pushed, st.chunk)
+            (msg, id, first, pushed)
         };
+        let mut written = 0;
+        match self.push(on, route, to, msg, tag, data, first, pushed, &mut written) {
+            Ok(()) => Ok(id),
+            Err(e) => {
+                // The pushes that did not leave never reach the receiver's buffer.
+                let mut st = self.st.borrow_mut();
+                if let Some(c) = st.push_in_flight.get_mut(dest as usize) {
+                    *c = c.saturating_sub((pushed - written) as u64);
+                }
+                drop(st);
+                self.abandon(on, id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Pushes the first `pushed` bytes of `data` (message `msg` with `tag`, `first` of
+    /// them with its announcement) on `route` to `to`; `written` counts the pushed
+    /// bytes that left.
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &self,
+        on: &impl Footing,
+        route: usize,
+        to: Source,
+        msg: u64,
+        tag: u32,
+        data: &[u8],
+        first: usize,
+        pushed: usize,
+        written: &mut usize,
+    ) -> Result<()> {
+        let (dest, len) = (to.rank, data.len());
+        let chunk = self.st.borrow().chunk;
         // A buffer from the shared pool is named by its number and the offset in it.
         let (seg, addr) = match self.rma.locate(data) {
             Remote::Shared { window, offset } => (window, offset),
@@ -265,10 +419,10 @@ impl PushPull {
         let rest = &data[pushed..];
         let slot = if seg == 0
             && self.rma.may_split(dest, rest.len() as u64)
-            && station.transport_to(dest)? == Transport::Shm
+            && on.station().transport_to(dest)? == Transport::Shm
         {
             // SAFETY: the send buffer outlives the send, which ends (`complete_send`
-            // calls `end_split`) only after the receiver is done with it.
+            // or `abandon` calls `end_split`) only after the receiver is done with it.
             unsafe { self.rma.offer_split(dest, msg, rest) }.map_or(0, |i| i + 1)
         } else {
             0
@@ -287,21 +441,21 @@ impl PushPull {
             data: &data[..first],
         };
         self.write_progressing(on, route, to, push.header().as_bytes(), push.data())?;
-        let mut off = first;
-        while off < pushed {
-            let end = pushed.min(off + chunk);
+        *written = first;
+        while *written < pushed {
+            let end = pushed.min(*written + chunk);
             let more = Msg::More {
                 msg,
-                offset: off as u64,
-                data: &data[off..end],
+                offset: *written as u64,
+                data: &data[*written..end],
             };
             self.write_progressing(on, route, to, more.header().as_bytes(), more.data())?;
-            off = end;
+            *written = end;
         }
         // Address-translation masking: the pushes are on their way; prepare the part the
         // receiver will pull now, off the critical path.
-        touch_pages(&data[pushed..]);
-        Ok(id)
+        touch_pages(rest);
+        Ok(())
     }
 
     pub(super) fn start_recv(
@@ -335,14 +489,9 @@ impl PushPull {
                     rank: a.source,
                     dpid: on.station().dpid(),
                 };
-                begin_receive(
-                    st,
-                    &mut self.out.borrow_mut(),
-                    id,
-                    from,
-                    &a.msg.head,
-                    &a.msg.data,
-                );
+                let mut out = self.out.borrow_mut();
+                free_pushed(st, &mut out, from, a.msg.data.len());
+                begin_receive(st, &mut out, id, from, &a.msg.head, &a.msg.data);
             }
             (id, found.is_some())
         };
@@ -380,7 +529,7 @@ impl PushPull {
         // A send still answering a `Pull` here was abandoned by a wait that returned
         // early with an error: its buffer may be gone. Only whole messages (`Done`,
         // `Pull`) are worth their peers' waiting.
-        for (to, key) in self.out.borrow_mut().drop_ranges() {
+        for (to, key) in self.out.borrow_mut().drop_ranges(|_| true) {
             let mut st = self.st.borrow_mut();
             if let Some(Op::Send(s)) = st.ops.get_mut(&key) {
                 s.answering = false;
@@ -437,7 +586,11 @@ impl PushPull {
             // The handler delivers nothing; kept for the protocol's contract.
             station.release_token(r.token);
         }
-        Ok(handler.handled > 0 || out.sent() != sent)
+        let handled = handler.handled > 0;
+        if let Some(e) = st.errors.pop_front() {
+            return Err(on.report(e));
+        }
+        Ok(handled || out.sent() != sent)
     }
 
     /// Makes the pulls of matched receives: a get of `rma` where the sender is on this
@@ -663,6 +816,11 @@ impl PushPull {
     /// The result of operation `id` if it is complete (it is then forgotten).
     pub(super) fn take_if_done(&self, id: u64) -> Option<Result<Status>> {
         let mut st = self.st.borrow_mut();
+        if !st.pulls.is_empty() && st.pulls.contains_key(&id) {
+            // The pull thread still writes into its buffer (a receive its sender
+            // abandoned meanwhile): not before `collect_pulls` has its report.
+            return None;
+        }
         let done = match st.ops.get_mut(&id)? {
             Op::Send(s) => match s.state {
                 SendState::Pending => None,
@@ -715,9 +873,79 @@ impl PushPull {
             if let Some(r) = self.take_if_done(id) {
                 return r;
             }
-            if !self.poll(on)? {
-                self.wait_message(on)?;
+            let step = match self.poll(on) {
+                Ok(true) => Ok(()),
+                Ok(false) => self.wait_message(on),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = step {
+                // The buffer goes back to the caller: first nothing may use it any more.
+                // An operation that completed meanwhile gives its own result (the error
+                // went through the error handler, and a failed rank is remembered).
+                if let Some(r) = self.take_if_done(id) {
+                    return r;
+                }
+                self.abandon(on, id);
+                return Err(e);
             }
+        }
+    }
+
+    /// Ends operation `id` before it completed, because its wait returns early with an
+    /// error and hands the buffer back: after this nothing reads or writes the buffer.
+    /// A receive is withdrawn (posted) or let go (matched: its pull is dropped or, on
+    /// the pull thread, waited for; bytes that arrive later are dropped; a sender
+    /// waiting for word gets its `Done`). A send stops answering (the outbox's range of
+    /// its buffer is dropped, its split copy ended) and its receiver hears `Abandon`,
+    /// which fails the receive. A same-node receiver reading the buffer directly at
+    /// that moment may read bytes the application has changed since (its receive
+    /// fails if the `Abandon` comes before its pull ends).
+    pub(super) fn abandon(&self, on: &impl Footing, id: u64) {
+        // The pull thread may be writing into a receive's buffer: wait for its report.
+        while self.st.borrow().pulls.contains_key(&id) {
+            if !self.collect_pulls(on) {
+                std::thread::yield_now();
+            }
+        }
+        let station = on.station();
+        let mut st = self.st.borrow_mut();
+        let st = &mut *st;
+        let mut out = self.out.borrow_mut();
+        let peer = |rank| Source {
+            rank,
+            dpid: station.dpid(),
+        };
+        match st.ops.remove(&id) {
+            Some(Op::Recv(r)) => match r.state {
+                RecvState::Posted => {
+                    st.matching.cancel(id);
+                }
+                RecvState::Receiving {
+                    source,
+                    msg,
+                    sender_waits,
+                    ..
+                } => {
+                    st.incoming.remove(&(source, msg));
+                    st.to_pull.retain(|job| job.op != id);
+                    if sender_waits && !station.has_failed(source) {
+                        queue(&mut out, &mut st.stats, peer(source), &Msg::Done { msg });
+                    }
+                }
+                RecvState::Done(_) => {}
+            },
+            Some(Op::Send(s)) if s.state == SendState::Pending => {
+                st.outgoing.remove(&(s.dest, s.msg));
+                self.rma.end_split(s.dest, s.msg);
+                if s.answering {
+                    out.drop_ranges(|key| key == id);
+                }
+                if !station.has_failed(s.dest) {
+                    let abandon = Msg::Abandon { msg: s.msg };
+                    queue(&mut out, &mut st.stats, peer(s.dest), &abandon);
+                }
+            }
+            Some(Op::Send(_)) | None => {}
         }
     }
 
@@ -827,12 +1055,18 @@ impl<'a> Handler<'a> {
         };
         match msg_in {
             Msg::Push { head, data } => {
+                if !st.charge_push(source, data.len()) {
+                    return;
+                }
                 let matched = st.matching.arrive(source, head.tag, || Unexpected {
                     head,
                     data: data.to_vec(),
                 });
                 match matched {
-                    Some(id) => begin_receive(st, out, id, from, &head, data),
+                    Some(id) => {
+                        free_pushed(st, out, from, data.len());
+                        begin_receive(st, out, id, from, &head, data)
+                    }
                     None => {
                         st.stats.unexpected += 1;
                         st.pushed_bytes += data.len() as u64;
@@ -841,59 +1075,80 @@ impl<'a> Handler<'a> {
                     }
                 }
             }
-            Msg::More { msg, offset, data } | Msg::Data { msg, offset, data } => {
-                let pulled = matches!(msg_in, Msg::Data { .. });
+            Msg::More { msg, offset, data } => {
+                if !st.charge_push(source, data.len()) {
+                    return;
+                }
+                let n = data.len();
                 // Pushed bytes of a truncated receive's message: the last lets it go.
-                let discarded = !pulled
-                    && match st.discarding.get(&(source, msg)) {
-                        Some(&stop) => {
-                            if offset + data.len() as u64 >= stop {
-                                st.discarding.remove(&(source, msg));
-                            }
-                            true
+                let discarded = match st.discarding.get(&(source, msg)) {
+                    Some(&stop) => {
+                        if offset + n as u64 >= stop {
+                            st.discarding.remove(&(source, msg));
                         }
-                        None => false,
-                    };
+                        true
+                    }
+                    None => false,
+                };
                 if let Some(&id) = st.incoming.get(&(source, msg)) {
+                    free_pushed(st, out, from, n);
                     let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
                         return;
                     };
-                    let n = (r.cap as u64).saturating_sub(offset).min(data.len() as u64);
-                    if n > 0 {
-                        // SAFETY: offset + n <= cap; the buffer is valid until the
-                        // receive completes.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                data.as_ptr(),
-                                r.ptr.add(offset as usize),
-                                n as usize,
-                            )
-                        };
-                    }
-                    if let RecvState::Receiving { landed, .. } = &mut r.state {
-                        *landed += n;
-                    }
-                    if pulled {
-                        st.stats.pulled_by_request += n;
+                    if !land(r, Lane::Pushed, offset, data) {
+                        st.stats.dropped += 1;
+                        return;
                     }
                     if finish_if_complete(r, &mut st.completions) {
                         st.incoming.remove(&(source, msg));
                     }
-                } else if let Some(u) = st
-                    .matching
-                    .unexpected_mut(source, |u| u.head.msg == msg && !pulled)
-                {
-                    // More pushed bytes of a message still waiting for its receive.
-                    if offset == u.data.len() as u64 {
+                    return;
+                }
+                // More pushed bytes of a message still waiting for its receive: in
+                // order, and no more than it announced.
+                let kept = match st.matching.unexpected_mut(source, |u| u.head.msg == msg) {
+                    Some(u)
+                        if offset == u.data.len() as u64 && offset + n as u64 <= u.head.pushed =>
+                    {
                         u.data.extend_from_slice(data);
-                        st.pushed_bytes += data.len() as u64;
+                        Some(true)
+                    }
+                    Some(_) => Some(false),
+                    None => None,
+                };
+                match kept {
+                    Some(true) => {
+                        st.pushed_bytes += n as u64;
                         st.stats.pushed_buffer_peak =
                             st.stats.pushed_buffer_peak.max(st.pushed_bytes);
-                    } else {
-                        st.stats.dropped += 1;
                     }
-                } else if !discarded {
+                    Some(false) => {
+                        st.stats.dropped += 1;
+                        free_pushed(st, out, from, n);
+                    }
+                    None => {
+                        free_pushed(st, out, from, n);
+                        if !discarded {
+                            st.stats.dropped += 1;
+                        }
+                    }
+                }
+            }
+            Msg::Data { msg, offset, data } => {
+                let Some(&id) = st.incoming.get(&(source, msg)) else {
                     st.stats.dropped += 1;
+                    return;
+                };
+                let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
+                    return;
+                };
+                if !land(r, Lane::Pulled, offset, data) {
+                    st.stats.dropped += 1;
+                    return;
+                }
+                st.stats.pulled_by_request += data.len() as u64;
+                if finish_if_complete(r, &mut st.completions) {
+                    st.incoming.remove(&(source, msg));
                 }
             }
             Msg::Pull { msg, offset, len } => {
@@ -918,7 +1173,8 @@ impl<'a> Handler<'a> {
                 // Answered with a range of the send buffer, sent in chunks as the route
                 // takes them; the send completes after its last byte (`range_done`).
                 // SAFETY: [offset, end) lies inside the send buffer (checked above), valid
-                // until the send completes: not before the range is done (`answering`).
+                // until the send completes or is abandoned: not before the range is done
+                // (`answering`) or dropped (`PushPull::abandon`).
                 let queued = unsafe { out.send_range(from, id, ptr, offset, end, st.chunk) };
                 if queued.is_err() {
                     st.stats.dropped += 1;
@@ -929,14 +1185,83 @@ impl<'a> Handler<'a> {
             }
             Msg::Done { msg } => match st.outgoing.get(&(source, msg)).copied() {
                 // While a range of the buffer is being sent, only its end completes
-                // the send (else the caller could free what the outbox still reads).
-                Some(id) if !matches!(st.ops.get(&id), Some(Op::Send(s)) if s.answering) => {
-                    complete_send(st, self.rma, source, msg, id)
-                }
-                _ => st.stats.dropped += 1,
+                // the send (else the caller could free what the outbox still reads); a
+                // receiver that gave up after its `Pull` sends this `Done` too.
+                Some(id) if matches!(st.ops.get(&id), Some(Op::Send(s)) if s.answering) => {}
+                Some(id) => complete_send(st, self.rma, source, msg, id),
+                None => st.stats.dropped += 1,
             },
+            Msg::Credit { bytes } => {
+                if let Some(c) = st.push_in_flight.get_mut(source as usize) {
+                    *c = c.saturating_sub(bytes);
+                }
+            }
+            Msg::Abandon { msg } => {
+                if let Some(id) = st.incoming.remove(&(source, msg)) {
+                    st.to_pull.retain(|job| job.op != id);
+                    if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
+                        r.state = RecvState::Done(Some(Err(Error::Protocol {
+                            rank: source,
+                            reason: format!(
+                                "it abandoned message {msg} before it was received whole \
+                                 (its wait returned early with an error)"
+                            ),
+                        })));
+                        st.completions += 1;
+                    }
+                } else if let Some(u) = st.matching.remove_unexpected(source, |u| u.head.msg == msg)
+                {
+                    st.pushed_bytes -= u.data.len() as u64;
+                    free_pushed(st, out, from, u.data.len());
+                }
+            }
         }
     }
+}
+
+/// Which bytes of a message arrive: pushed ones (`Push`, `More`) or pulled ones (`Data`).
+#[derive(Clone, Copy)]
+enum Lane {
+    Pushed,
+    Pulled,
+}
+
+/// Copies bytes `offset..offset + data.len()` of a message into receive `r`, if they
+/// are the next ones of their lane (pushed bytes up to what the push announced, pulled
+/// ones up to what the buffer expects); returns false, landing nothing, if they are not
+/// (repeated, misplaced or too many: a peer's error), so no byte is counted twice.
+fn land(r: &mut RecvOp, lane: Lane, offset: u64, data: &[u8]) -> bool {
+    let RecvState::Receiving {
+        expected,
+        landed,
+        push_next,
+        push_end,
+        pull_next,
+        ..
+    } = &mut r.state
+    else {
+        return false;
+    };
+    let (next, end) = match lane {
+        Lane::Pushed => (push_next, *push_end),
+        Lane::Pulled => (pull_next, *expected),
+    };
+    let len = data.len() as u64;
+    if offset != *next || offset + len > end {
+        return false;
+    }
+    *next += len;
+    // Pushed bytes past the buffer (a truncated receive) are let go.
+    let n = (r.cap as u64).saturating_sub(offset).min(len);
+    if n > 0 {
+        // SAFETY: offset + n <= cap; the buffer is valid until the receive completes or
+        // is abandoned (`PushPull::abandon`, after which nothing lands in it).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), r.ptr.add(offset as usize), n as usize)
+        };
+    }
+    *landed += n;
+    true
 }
 
 /// A message matched receive `id`: copies what was pushed, records the pull of the
@@ -963,9 +1288,14 @@ fn begin_receive(
     r.state = RecvState::Receiving {
         source: from.rank,
         tag: head.tag,
+        msg: head.msg,
         total: head.total,
         expected,
         landed: n as u64,
+        push_next: have.len() as u64,
+        push_end: head.pushed,
+        pull_next: head.pushed,
+        sender_waits: head.total > head.pushed,
     };
     if head.pushed > r.cap as u64 && (have.len() as u64) < head.pushed {
         // `More` messages will bring bytes past the buffer.
@@ -1030,6 +1360,7 @@ fn finish_if_complete(r: &mut RecvOp, completions: &mut u64) -> bool {
         total,
         expected,
         landed,
+        ..
     } = r.state
     {
         if landed >= expected {
@@ -1069,7 +1400,12 @@ mod tests {
 
     /// A send of 100 bytes to rank 1 waiting for its receiver (as `start_send` leaves it).
     fn pending_send(buf: &[u8]) -> State {
-        let mut st = State::new(PushMode::Zero, 0, 0, 1024);
+        let config = Config {
+            push: PushMode::Zero,
+            max_message: 1024,
+            ..Config::default()
+        };
+        let mut st = State::new(&config, 2);
         st.ops.insert(
             0,
             Op::Send(SendOp {
@@ -1132,7 +1468,9 @@ mod tests {
         });
         h.handle_message(t, peer, &far, &mut out);
         assert_eq!(out.len(), 1, "one answer only");
-        assert_eq!(h.st.stats.dropped, 3);
+        // The second `Pull` and the one beyond the buffer are dropped; the `Done` is
+        // ignored (a receiver that gave up after its `Pull` sends one).
+        assert_eq!(h.st.stats.dropped, 2);
         assert!(pending(h.st), "the send must wait for its answer's end");
         // The range ends: now the send completes.
         let Some((to, crate::engine::protocol::Next::Chunk { key, bytes, .. })) = out.next(0)
@@ -1165,5 +1503,162 @@ mod tests {
         h.range_done(peer, 0, false, &mut out);
         assert!(matches!(h.st.ops.get(&0), Some(Op::Send(s)) if s.state == SendState::Failed));
         assert!(h.st.outgoing.is_empty());
+    }
+
+    /// A fresh endpoint's state with `push_credit` bytes of credit per peer.
+    fn fresh(push_credit: usize) -> State {
+        let config = Config {
+            max_message: 1024,
+            push_credit,
+            ..Config::default()
+        };
+        State::new(&config, 2)
+    }
+
+    /// Receive 9 into `buf`, posted for any message (as `start_recv` leaves it).
+    fn posted_recv(st: &mut State, buf: &mut [u8]) -> u64 {
+        st.ops.insert(
+            9,
+            Op::Recv(RecvOp {
+                ptr: buf.as_mut_ptr(),
+                cap: buf.len(),
+                state: RecvState::Posted,
+            }),
+        );
+        assert!(st.matching.post(9, Src::Any, Tag::Any).is_none());
+        9
+    }
+
+    /// The first push of message `msg` (`total` bytes, `pushed` of them pushed).
+    fn push(msg: u64, total: u64, pushed: u64, data: &[u8]) -> Vec<u8> {
+        message(Msg::Push {
+            head: Announce {
+                slot: 0,
+                tag: 3,
+                msg,
+                total,
+                pushed,
+                pid: 1,
+                seg: 0,
+                addr: 0,
+            },
+            data,
+        })
+    }
+
+    fn more(msg: u64, offset: u64, data: &[u8]) -> Vec<u8> {
+        message(Msg::More { msg, offset, data })
+    }
+
+    fn data(msg: u64, offset: u64, data: &[u8]) -> Vec<u8> {
+        message(Msg::Data { msg, offset, data })
+    }
+
+    const PEER: Source = Source { rank: 1, dpid: 2 };
+
+    /// A peer (or a network) that repeats or misplaces bytes cannot complete a receive
+    /// with holes: each lane's bytes land in order, once, and only inside what the push
+    /// announced and the pull asked for.
+    #[test]
+    fn repeated_or_misplaced_bytes_never_count_twice() {
+        let mut st = fresh(8 << 20);
+        let mut buf = vec![0u8; 100];
+        let id = posted_recv(&mut st, &mut buf);
+        let mut out = Outbox::new(16);
+        let mut h = alone(&mut st);
+        // 20 bytes pushed (10 with the announcement), 80 to pull.
+        h.handle(PEER, &push(1, 100, 20, &[1; 10]), &mut out);
+        h.handle(PEER, &more(1, 10, &[2; 10]), &mut out);
+        h.handle(PEER, &more(1, 10, &[2; 10]), &mut out); // repeated
+        h.handle(PEER, &more(1, 20, &[2; 10]), &mut out); // beyond the announced push
+        h.handle(PEER, &data(1, 20, &[3; 40]), &mut out);
+        h.handle(PEER, &data(1, 20, &[3; 40]), &mut out); // repeated
+        h.handle(PEER, &data(1, 70, &[3; 30]), &mut out); // past a gap
+        h.handle(PEER, &data(1, 60, &[3; 41]), &mut out); // beyond the buffer's need
+        assert_eq!(h.st.stats.dropped, 5);
+        assert!(
+            matches!(
+                h.st.ops.get(&id),
+                Some(Op::Recv(RecvOp {
+                    state: RecvState::Receiving { landed: 60, .. },
+                    ..
+                }))
+            ),
+            "the receive must wait for bytes 60..100"
+        );
+        h.handle(PEER, &data(1, 60, &[3; 40]), &mut out);
+        let Some(Op::Recv(RecvOp {
+            state: RecvState::Done(Some(Ok(status))),
+            ..
+        })) = h.st.ops.get(&id)
+        else {
+            panic!("the receive is complete")
+        };
+        assert_eq!(status.len, 100);
+        let want: Vec<u8> = [[1u8; 10].as_slice(), &[2; 10], &[3; 80]].concat();
+        assert_eq!(buf, want);
+    }
+
+    /// A message waiting for its receive grows only by the pushed bytes it announced,
+    /// in order.
+    #[test]
+    fn a_waiting_message_grows_only_as_announced() {
+        let mut st = fresh(8 << 20);
+        let mut out = Outbox::new(16);
+        let mut h = alone(&mut st);
+        h.handle(PEER, &push(1, 1000, 30, &[1; 10]), &mut out);
+        h.handle(PEER, &more(1, 10, &[2; 20]), &mut out);
+        h.handle(PEER, &more(1, 30, &[2; 10]), &mut out); // beyond the announced push
+        h.handle(PEER, &more(1, 5, &[2; 5]), &mut out); // misplaced
+        h.handle(PEER, &more(1, 30, &[2; 1 << 9]), &mut out); // and again, bigger
+        assert_eq!(h.st.pushed_bytes, 30);
+        assert_eq!(h.st.stats.dropped, 3);
+    }
+
+    /// A sender that pushes beyond the credit its receiver gives it (a liar, or a rank
+    /// configured differently) has the message dropped, and the application hears of
+    /// it; the pushed buffer stays within the credit.
+    #[test]
+    fn pushes_beyond_the_credit_are_refused_and_reported() {
+        let mut st = fresh(1000);
+        let mut out = Outbox::new(16);
+        let mut h = alone(&mut st);
+        h.handle(PEER, &push(1, 600, 600, &[1; 600]), &mut out);
+        h.handle(PEER, &push(2, 600, 600, &[1; 600]), &mut out);
+        assert_eq!(h.st.pushed_bytes, 600);
+        assert_eq!(h.st.stats.dropped, 1);
+        assert!(
+            matches!(h.st.errors.front(), Some(Error::Protocol { rank: 1, .. })),
+            "{:?}",
+            h.st.errors
+        );
+    }
+
+    /// Pushed bytes that leave the pushed buffer (here: matched at once) go back to
+    /// their sender as credit once a quarter of it is free; a sender's credit returns
+    /// with it.
+    #[test]
+    fn credit_goes_back_as_the_pushed_buffer_empties() {
+        let mut st = fresh(1000);
+        let mut buf = vec![0u8; 300];
+        posted_recv(&mut st, &mut buf);
+        let mut out = Outbox::new(16);
+        let mut h = alone(&mut st);
+        h.handle(PEER, &push(1, 300, 300, &[1; 300]), &mut out);
+        assert_eq!(out.len(), 1, "a credit is queued");
+        let Some((to, crate::engine::protocol::Next::Whole(bytes))) = out.next(0) else {
+            panic!("a whole message is queued")
+        };
+        assert_eq!(to, PEER);
+        assert_eq!(Msg::decode(bytes), Ok(Msg::Credit { bytes: 300 }));
+        assert_eq!(h.st.push_owed[1], 0);
+        // The sender's side: 700 in flight, 300 come back.
+        h.st.push_in_flight[1] = 700;
+        h.handle(PEER, &message(Msg::Credit { bytes: 300 }), &mut out);
+        assert_eq!(h.st.push_in_flight[1], 400);
+        // Out of credit: 400 + 300 > 1000 - ... and more than a quarter is never pushed.
+        assert!(h.st.take_push_credit(1, 250));
+        assert!(!h.st.take_push_credit(1, 251));
+        assert!(!h.st.take_push_credit(1, 2000));
     }
 }

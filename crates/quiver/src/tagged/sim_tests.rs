@@ -13,11 +13,14 @@
 use super::pushpull::{PushPull, State};
 use super::{PushMode, Src, Status, Tag, TaggedStats};
 use crate::config::{Config, TransportChoice};
-use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, DPID};
+use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, StoreDir, DPID};
 use crate::engine::stats::EndpointStats;
 use crate::error::Error;
 use crate::link::fault::{FaultConfig, SimRng};
+use crate::link::sim::SimNet;
 use crate::rma::Rma;
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
 /// One rank's side of a run: what it sends, and how it treats what it receives.
@@ -59,7 +62,18 @@ fn exchange(
     faults: &FaultConfig,
     schedule_seed: u64,
 ) -> [(TaggedStats, EndpointStats); 2] {
+    exchange_with_credit(sides, faults, schedule_seed, Config::default().push_credit)
+}
+
+/// [`exchange`] with `push_credit` bytes of pushed buffer per sender on both ranks.
+fn exchange_with_credit(
+    sides: &[Side; 2],
+    faults: &FaultConfig,
+    schedule_seed: u64,
+    push_credit: usize,
+) -> [(TaggedStats, EndpointStats); 2] {
     let config = Config {
+        push_credit,
         transport: TransportChoice::Udp,
         connect_timeout: Duration::from_secs(2),
         max_message: 16 << 10,
@@ -72,7 +86,11 @@ fn exchange(
     let mut ranks: Vec<Rank> = (0..2)
         .map(|r| {
             let side = &sides[r];
-            let st = State::new(side.mode, side.btp1, side.btp2, config.max_message);
+            let mine = config
+                .clone()
+                .with_push(side.mode)
+                .with_btp(side.btp1, side.btp2);
+            let st = State::new(&mine, 2);
             Rank {
                 pp: PushPull::new(st, Rma::open(&jobs[r], DPID).unwrap(), r as u32),
                 out_bufs: Vec::new(),
@@ -218,6 +236,15 @@ fn exchange(
             "rank {r}: a message is left in the pushed buffer"
         );
         assert!(st.is_quiet(), "rank {r}: something is left in flight");
+        // Every pushed byte is accounted for: what a sender has not had back is what its
+        // receiver has not given back.
+        let peer = ranks[1 - r].pp.st.borrow();
+        assert_eq!(
+            st.push_in_flight(1 - r as u32),
+            peer.push_owed(r as u32),
+            "rank {r}'s push credit towards rank {}",
+            1 - r
+        );
     }
     stats
 }
@@ -286,6 +313,173 @@ fn push_pull_repairs_seeded_faults() {
     }
 }
 
+/// A pushed buffer of 16 KiB per sender (pushes of at most 4 KiB): senders run out of
+/// credit, fall back to pulls of whole messages, and get credit back as receives take
+/// what waited; nothing is lost, clean and under faults.
+#[test]
+fn push_pull_within_a_small_push_credit() {
+    for seed in 0..3u64 {
+        let faults = if seed == 0 {
+            FaultConfig::none()
+        } else {
+            FaultConfig::parse(&format!("loss=0.03,dup=0.03,reorder=0.03,seed={seed}")).unwrap()
+        };
+        let (mut a, mut b) = (side(seed + 7, 30), side(seed + 70, 30));
+        (a.mode, b.mode) = (PushMode::All, PushMode::Pull);
+        let stats = exchange_with_credit(&[a, b], &faults, seed, 16 << 10);
+        let tagged = |f: fn(&TaggedStats) -> u64| f(&stats[0].0) + f(&stats[1].0);
+        assert!(
+            tagged(|s| s.push_credit_exhausted) > 0,
+            "seed {seed}: no sender ran out of credit ({stats:?})"
+        );
+        assert!(tagged(|s| s.pushed_buffer_peak) <= 2 * (16 << 10));
+    }
+}
+
+/// Two protocol ends over a clean simulated network, pushing 100 bytes of each message
+/// (everything else is pulled by request).
+fn endpoint_pair() -> (
+    Rc<RefCell<SimNet>>,
+    [SimStation; 2],
+    [PushPull; 2],
+    StoreDir,
+) {
+    let config = Config {
+        transport: TransportChoice::Udp,
+        connect_timeout: Duration::from_secs(2),
+        max_message: 16 << 10,
+        cma: false,
+        split_copy: false,
+        ..Config::default()
+    }
+    .with_btp(100, 0);
+    let (net, stations, jobs, store) = station_pair_in(&config, &FaultConfig::none());
+    let pps = [0, 1].map(|r| {
+        PushPull::new(
+            State::new(&config, 2),
+            Rma::open(&jobs[r], DPID).unwrap(),
+            r as u32,
+        )
+    });
+    (net, stations, pps, store)
+}
+
+/// Makes progress on the ranks `which` selects until `until` holds (false if it does
+/// not within the virtual-time bound).
+fn drive_until(
+    net: &Rc<RefCell<SimNet>>,
+    stations: &[SimStation; 2],
+    pps: &[PushPull; 2],
+    which: [bool; 2],
+    until: impl Fn(&[PushPull; 2]) -> bool,
+) -> bool {
+    while !until(pps) {
+        for r in (0..2).filter(|&r| which[r]) {
+            pps[r].progress(&stations[r]).unwrap();
+        }
+        if until(pps) {
+            break;
+        }
+        if !advance_until(
+            net,
+            [stations[0].poll_timeout(), stations[1].poll_timeout()],
+            None,
+        ) {
+            return false;
+        }
+    }
+    true
+}
+
+/// A receive whose wait gave up (an error elsewhere) after its pull request left:
+/// its buffer goes back to the application, and the bytes its sender answers with
+/// later are dropped, never written into it; the sender completes.
+#[test]
+fn an_abandoned_receive_writes_nothing_more_into_its_buffer() {
+    let (net, stations, pps, _store) = endpoint_pair();
+    let msg = payload(1, 0, 200_000);
+    let mut buf = vec![0u8; msg.len()];
+    let recv = pps[0]
+        .start_recv(
+            &stations[0],
+            buf.as_mut_ptr(),
+            buf.len(),
+            Src::Rank(1),
+            Tag::Is(5),
+        )
+        .unwrap();
+    let send = pps[1].start_send(&stations[1], 0, 5, &msg).unwrap();
+    // Rank 0 alone: the push arrives, and its pull request leaves unanswered.
+    assert!(drive_until(&net, &stations, &pps, [true, false], |pps| {
+        pps[0].st.borrow().landed_after_pull(recv).is_some() && pps[0].out.borrow().is_empty()
+    }));
+    pps[0].abandon(&stations[0], recv);
+    buf.fill(0xEE);
+    assert!(drive_until(&net, &stations, &pps, [true, true], |pps| {
+        pps[1].take_if_done(send).is_some_and(|r| r.is_ok())
+    }));
+    // Whatever is still on its way arrives.
+    let later = net.borrow().now() + Duration::from_millis(100);
+    drive_until(&net, &stations, &pps, [true, true], |_| {
+        net.borrow().now() >= later
+    });
+    assert!(
+        buf.iter().all(|&b| b == 0xEE),
+        "a byte landed after the receive was abandoned"
+    );
+    assert!(pps[0].st.borrow().is_quiet() && pps[1].st.borrow().is_quiet());
+    assert!(
+        pps[0].st.borrow().stats.dropped > 0,
+        "the answer's bytes were dropped"
+    );
+}
+
+/// A send whose wait gave up (an error elsewhere) while its receiver's pull request
+/// was on its way: the request finds nothing to answer (the buffer is never read
+/// again: what the application writes into it afterwards never reaches the receiver),
+/// and the receive fails with the sender's word instead of waiting for ever. (Over the
+/// network an answer is handed to the channel whole at once; a range the outbox still
+/// reads is dropped by `Outbox::drop_ranges`, tested with the outbox.)
+#[test]
+fn an_abandoned_send_reads_nothing_more_and_fails_its_receive() {
+    let (net, stations, pps, _store) = endpoint_pair();
+    let mut msg = payload(1, 0, 200_000);
+    msg.iter_mut().for_each(|b| *b &= 0x7f);
+    let mut buf = vec![0u8; msg.len()];
+    let recv = pps[0]
+        .start_recv(
+            &stations[0],
+            buf.as_mut_ptr(),
+            buf.len(),
+            Src::Rank(1),
+            Tag::Is(5),
+        )
+        .unwrap();
+    let send = pps[1].start_send(&stations[1], 0, 5, &msg).unwrap();
+    assert!(drive_until(&net, &stations, &pps, [true, false], |pps| {
+        pps[0].st.borrow().landed_after_pull(recv).is_some() && pps[0].out.borrow().is_empty()
+    }));
+    pps[1].abandon(&stations[1], send);
+    msg.fill(0xFF);
+    let result = RefCell::new(None);
+    assert!(drive_until(&net, &stations, &pps, [true, true], |pps| {
+        if let Some(r) = pps[0].take_if_done(recv) {
+            *result.borrow_mut() = Some(r);
+        }
+        result.borrow().is_some()
+    }));
+    let result = result.into_inner().unwrap();
+    assert!(
+        matches!(&result, Err(Error::Protocol { rank: 1, reason }) if reason.contains("abandoned")),
+        "{result:?}"
+    );
+    assert!(
+        !buf.contains(&0xFF),
+        "a byte was read from the send buffer after it was abandoned"
+    );
+    assert!(pps[0].st.borrow().is_quiet() && pps[1].st.borrow().is_quiet());
+}
+
 mod properties {
     use super::*;
     use crate::engine::sim_tests::properties::{arb_faults, cases};
@@ -334,8 +528,9 @@ mod properties {
             b in arb_side(),
             faults in arb_faults(),
             schedule in any::<u64>(),
+            credit in prop_oneof![Just(8usize << 20), 1usize..(64 << 10)],
         ) {
-            exchange(&[a, b], &faults, schedule);
+            exchange_with_credit(&[a, b], &faults, schedule, credit);
         }
     }
 }

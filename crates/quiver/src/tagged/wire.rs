@@ -8,6 +8,8 @@
 //! Pull  (3): kind, msg, offset, len                   (the acknowledgement: send me these)
 //! Data  (4): kind, msg, offset                        | pulled bytes
 //! Done  (5): kind, msg                                (your buffer is no longer needed)
+//! Credit (6): kind, bytes                             (this many pushed bytes left my buffer)
+//! Abandon (7): kind, msg                              (the sender gave up this message)
 //! ```
 //!
 //! Decoding never panics: a short or unknown message is an error the endpoint counts
@@ -21,6 +23,8 @@ const MORE: u8 = 2;
 const PULL: u8 = 3;
 const DATA: u8 = 4;
 const DONE: u8 = 5;
+const CREDIT: u8 = 6;
+const ABANDON: u8 = 7;
 
 /// What the first push of a message announces: its tag and length, how many bytes the
 /// sender pushes in all (the first push and the `More` that follow), and where the rest
@@ -62,6 +66,12 @@ pub(crate) enum Msg<'a> {
     /// The receiver needs nothing more of `msg` (it pulled the rest itself, or the
     /// message was truncated): the send is complete.
     Done { msg: u64 },
+    /// The receiver's pushed buffer let go of `bytes` pushed bytes of this sender's (they
+    /// were received or dropped): the sender may push that many more.
+    Credit { bytes: u64 },
+    /// The sender gave up `msg` before its receiver was done with it (its wait returned
+    /// early with an error): its buffer is gone, the receive fails.
+    Abandon { msg: u64 },
 }
 
 /// A header, built on the stack.
@@ -116,9 +126,14 @@ impl Msg<'_> {
                 put(&mut h, &offset.to_le_bytes());
                 put(&mut h, &len.to_le_bytes());
             }
-            Msg::Done { msg } => {
-                put(&mut h, &[DONE, 0, 0, 0, 0, 0, 0, 0]);
-                put(&mut h, &msg.to_le_bytes());
+            Msg::Done { msg: v } | Msg::Credit { bytes: v } | Msg::Abandon { msg: v } => {
+                let kind = match self {
+                    Msg::Done { .. } => DONE,
+                    Msg::Credit { .. } => CREDIT,
+                    _ => ABANDON,
+                };
+                put(&mut h, &[kind, 0, 0, 0, 0, 0, 0, 0]);
+                put(&mut h, &v.to_le_bytes());
             }
         }
         h
@@ -185,6 +200,12 @@ impl Msg<'_> {
             DONE => Msg::Done {
                 msg: u64_at(8).ok_or(short)?,
             },
+            CREDIT => Msg::Credit {
+                bytes: u64_at(8).ok_or(short)?,
+            },
+            ABANDON => Msg::Abandon {
+                msg: u64_at(8).ok_or(short)?,
+            },
             _ => return Err("unknown message kind"),
         })
     }
@@ -235,6 +256,8 @@ mod tests {
             data: &[],
         });
         round_trip(Msg::Done { msg: u64::MAX });
+        round_trip(Msg::Credit { bytes: 1 << 33 });
+        round_trip(Msg::Abandon { msg: 17 });
     }
 
     #[test]

@@ -124,6 +124,24 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A shared-memory object this job needs belongs to another user, or others may
+    /// open it: another user took the name first (or changed its mode). quiver neither
+    /// reads nor writes it.
+    #[error(
+        "shared-memory object {name} belongs to uid {uid} with mode {mode:o}, not to this job's \
+         user {expected} with mode 600: another user holds the name; remove it (as root or \
+         as uid {uid}: rm /dev/shm{name}) or run the job under another job id"
+    )]
+    SegmentSquatted {
+        /// The object's name under /dev/shm.
+        name: String,
+        /// Its owner.
+        uid: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// The job's user (this process's).
+        expected: u32,
+    },
     /// A channel detected lost data (a gap in sequence numbers) and dropped the partial message.
     #[error("channel from rank {rank} DPID {dpid} lost {frames} frame(s)")]
     Lost {

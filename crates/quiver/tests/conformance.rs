@@ -560,7 +560,7 @@ fn eth_messages_waiting_to_be_read_move_out_of_a_small_ring() {
 /// both lack it still talk.
 #[test]
 fn eth_without_cap_net_raw_falls_back_to_udp() {
-    run_ranks(2, config(TransportChoice::Eth), |job| {
+    common::run_ranks_allowing_udp(2, config(TransportChoice::Eth), |job| {
         drop_cap_net_raw();
         let ep = job.open(1).unwrap();
         let peer = 1 - job.rank();

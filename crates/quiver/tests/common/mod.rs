@@ -104,6 +104,33 @@ pub fn run_ranks_env<F>(size: u32, config: Config, extra: &[(&str, &str)], body:
 where
     F: Fn(Job) + Send + Sync + 'static,
 {
+    run_ranks_checked(size, config, extra, true, body)
+}
+
+/// Like [`run_ranks`] over [`TransportChoice::Eth`], without checking that Ethernet is
+/// what the ranks use (for the test of the fallback to UDP).
+#[allow(dead_code)]
+pub fn run_ranks_allowing_udp<F>(size: u32, config: Config, body: F)
+where
+    F: Fn(Job) + Send + Sync + 'static,
+{
+    run_ranks_checked(size, config, &[], false, body)
+}
+
+/// The DPID of the endpoint that checks, before a test over Ethernet, that it really
+/// runs over Ethernet (an endpoint that cannot open a raw socket falls back to UDP,
+/// which would pass the test too).
+const ETH_PROBE_DPID: u16 = u16::MAX;
+
+fn run_ranks_checked<F>(
+    size: u32,
+    config: Config,
+    extra: &[(&str, &str)],
+    eth_required: bool,
+    body: F,
+) where
+    F: Fn(Job) + Send + Sync + 'static,
+{
     let cluster = if config.transport == TransportChoice::Eth {
         match TestCluster::up(size) {
             Ok(c) => Some(Arc::new(c)),
@@ -142,6 +169,16 @@ where
                         .map(|(k, v)| (k.as_str(), v.as_str()))
                         .collect();
                     let job = tj.join(rank, config, &extra);
+                    if cluster.is_some() && eth_required {
+                        let probe = job.open(ETH_PROBE_DPID).unwrap();
+                        for peer in (0..job.size()).filter(|&p| p != rank) {
+                            assert_eq!(
+                                probe.transport_to(peer).unwrap(),
+                                quiver::Transport::Eth,
+                                "rank {rank} would reach rank {peer} over another link"
+                            );
+                        }
+                    }
                     body(job)
                 })
                 .unwrap()
@@ -207,8 +244,20 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Builds a cluster of `nodes` nodes, or says why it cannot (not root, no `ip`).
+    /// Builds a cluster of `nodes` nodes, or says why this machine cannot (not root, no
+    /// `ip`). Any other failure of the set-up is a bug or a broken machine, not a reason
+    /// to skip: it panics.
     pub fn up(nodes: u32) -> Result<TestCluster, String> {
+        if let Some(why) = clusters_unsupported() {
+            return Err(why);
+        }
+        match Self::build(nodes) {
+            Ok(c) => Ok(c),
+            Err(e) => panic!("building a test cluster failed unexpectedly (as root, with ip): {e}"),
+        }
+    }
+
+    fn build(nodes: u32) -> Result<TestCluster, String> {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -314,6 +363,27 @@ pub fn remove_stale_clusters() {
     for store in names(&tmp).into_iter().filter(|n| n.ends_with("-store")) {
         let _ = std::fs::remove_dir_all(tmp.join(store));
     }
+}
+
+/// Why this machine cannot build test clusters (not root, no `ip`), if it cannot.
+fn clusters_unsupported() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let caps = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    // CAP_NET_ADMIN (12) for namespaces and links, CAP_SYS_ADMIN (21) for setns.
+    if caps & (1 << 12) == 0 || caps & (1 << 21) == 0 {
+        return Some("not root (CAP_NET_ADMIN and CAP_SYS_ADMIN needed)".into());
+    }
+    let has_ip = std::process::Command::new("ip")
+        .arg("-V")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    (!has_ip).then(|| "the `ip` command is missing".into())
 }
 
 /// Runs `ip ARGS`; the error says what failed.

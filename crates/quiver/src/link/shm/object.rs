@@ -4,7 +4,8 @@
 //! An object is a POSIX shared-memory object of mode 0600, like the job's segments, named
 //! `/quiver-UID-JOB-...` (the job id in 8 hex digits) so that [`super::cleanup_job`]
 //! removes it with them. Its creator
-//! maps it writable; others map it read-only or writable. Every read through
+//! maps it writable; others map it read-only or writable, and only if it is their own
+//! user's with mode 0600 ([`check_owned`]). Every read through
 //! [`Mapping::get`] is checked against the size of the object as mapped: a bad offset
 //! from a peer is an error, not an out-of-bounds read.
 
@@ -41,14 +42,17 @@ impl Mapping {
         // SAFETY: c is a valid NUL-terminated string; the result is checked.
         let fd = unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
         if fd < 0 {
-            return Err(Error::io(
-                format!("shm_open {name}"),
-                io::Error::last_os_error(),
-            ));
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                check_existing(name)?;
+            }
+            return Err(Error::io(format!("shm_open {name}"), e));
         }
         // SAFETY: fd is a fresh descriptor that nothing else owns.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
         use std::os::fd::{AsRawFd, FromRawFd};
+        // Another user's object under this job's name is never mapped.
+        let st = check_owned(fd.as_raw_fd(), name)?;
         let len = match create {
             Some(len) => {
                 // SAFETY: ftruncate on our descriptor.
@@ -60,18 +64,7 @@ impl Mapping {
                 }
                 len
             }
-            None => {
-                // SAFETY: fstat fills a plain-data struct for our descriptor.
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                // SAFETY: as above.
-                if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-                    return Err(Error::io(
-                        format!("fstat {name}"),
-                        io::Error::last_os_error(),
-                    ));
-                }
-                st.st_size as usize
-            }
+            None => st.st_size as usize,
         };
         if len == 0 {
             return Ok(Mapping {
@@ -137,6 +130,49 @@ impl Drop for Mapping {
             unsafe { libc::munmap(self.ptr.cast(), self.len) };
         }
     }
+}
+
+/// Checks that the object open on `fd` (named `name`) is this user's and that nobody
+/// else may open it (mode 0600): an object another user created under the job's name,
+/// or opened to others, is refused ([`Error::SegmentSquatted`]) before anything reads or
+/// writes it. Returns its status.
+pub(crate) fn check_owned(fd: std::os::fd::RawFd, name: &str) -> Result<libc::stat> {
+    // SAFETY: st is plain data, filled by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a descriptor the caller holds open, into a writable struct.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(Error::io(
+            format!("fstat {name}"),
+            io::Error::last_os_error(),
+        ));
+    }
+    refuse_foreign(name, st.st_uid, st.st_mode)?;
+    Ok(st)
+}
+
+/// For an object `name` that already exists where this process wanted to create one:
+/// [`Error::SegmentSquatted`] if another user holds it (this user's own leftover is
+/// `Ok`, for the caller to judge).
+pub(crate) fn check_existing(name: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::symlink_metadata(format!("/dev/shm{name}")) {
+        Ok(m) => refuse_foreign(name, m.uid(), m.mode()),
+        // Gone meanwhile, or /dev/shm elsewhere: the caller's next try says.
+        Err(_) => Ok(()),
+    }
+}
+
+fn refuse_foreign(name: &str, uid: u32, mode: u32) -> Result<()> {
+    let expected = self::uid();
+    if uid != expected || mode & 0o077 != 0 {
+        return Err(Error::SegmentSquatted {
+            name: name.to_string(),
+            uid,
+            mode: mode & 0o7777,
+            expected,
+        });
+    }
+    Ok(())
 }
 
 /// This process's user id, which every object name starts with.

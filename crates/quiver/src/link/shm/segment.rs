@@ -19,6 +19,7 @@
 //! owner process died (crash, `kill -9`) is removed by [`cleanup_stale`], which every job
 //! runs when it starts, and by the launcher at the end of a job.
 
+use super::object;
 use super::ring::{RingMem, TailRef};
 use super::wake::WakeLine;
 use crate::error::{Error, Result};
@@ -135,7 +136,8 @@ unsafe impl Send for Segment {}
 
 impl Segment {
     /// Creates the receive area of endpoint (rank, dpid). A leftover segment of the same
-    /// name whose owner died is replaced; one whose owner lives is [`Error::DpidInUse`].
+    /// name whose owner died is replaced; one whose owner lives is [`Error::DpidInUse`];
+    /// one of another user's is [`Error::SegmentSquatted`] (left alone).
     pub(crate) fn create(
         job_id: u32,
         rank: u32,
@@ -146,6 +148,7 @@ impl Segment {
         let name = segment_name(job_id, rank, dpid);
         let cname = CString::new(name.clone()).expect("segment names contain no NUL");
         let len = geometry.total_len();
+        let mut tries = 0;
         let fd = loop {
             // SAFETY: cname is a valid NUL-terminated string.
             let fd = unsafe {
@@ -162,10 +165,24 @@ impl Segment {
             if err.kind() != io::ErrorKind::AlreadyExists {
                 return Err(Error::io(format!("shm_open {name}"), err));
             }
+            // Another user's object under this name is theirs: refused, never removed.
+            object::check_existing(&name)?;
+            tries += 1;
+            if tries > 3 {
+                return Err(Error::io(
+                    format!("shm_open {name} (still there after removal)"),
+                    err,
+                ));
+            }
             match owner_alive(&name) {
                 Some(false) | None => {
-                    // SAFETY: valid C string; unlinking a dead owner's segment.
-                    unsafe { libc::shm_unlink(cname.as_ptr()) };
+                    // SAFETY: valid C string; unlinking a dead owner's segment (ours).
+                    if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
+                        let e = io::Error::last_os_error();
+                        if e.kind() != io::ErrorKind::NotFound {
+                            return Err(Error::io(format!("removing stale {name}"), e));
+                        }
+                    }
                 }
                 Some(true) => return Err(Error::DpidInUse { dpid }),
             }
@@ -249,15 +266,16 @@ impl Segment {
 
     /// Maps an opened segment and validates it; `Ok(None)` if not yet initialised.
     fn map_existing(fd: i32, name: &str, job_id: u32) -> Result<Option<Segment>> {
-        // SAFETY: st is plain data filled by fstat on a valid descriptor.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fd is valid, st is writable.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            let e = io::Error::last_os_error();
-            // SAFETY: closing our descriptor.
-            unsafe { libc::close(fd) };
-            return Err(Error::io(format!("fstat {name}"), e));
-        }
+        // Another user's segment under this job's name is never mapped, let alone
+        // written.
+        let st = match object::check_owned(fd, name) {
+            Ok(st) => st,
+            Err(e) => {
+                // SAFETY: closing our descriptor.
+                unsafe { libc::close(fd) };
+                return Err(e);
+            }
+        };
         let len = st.st_size as usize;
         if len < PAGE {
             // SAFETY: closing our descriptor.
@@ -618,6 +636,73 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Creates the shared-memory object `name` as another Unix user (`nobody`), readable
+    /// and writable by everyone, as a squatter on a job's name would; false (after saying
+    /// why, or failing under `.ci/run`) where this process cannot switch users.
+    fn squat(name: &str) -> bool {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            crate::test_support::cannot_run("switching to a second user needs root");
+            return false;
+        }
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask 0; printf squat > /dev/shm{name}"))
+            .uid(65534)
+            .gid(65534)
+            .status()
+            .expect("run sh as nobody");
+        assert!(status.success(), "nobody could not create /dev/shm{name}");
+        true
+    }
+
+    /// A job's segment name held by another user: creating the segment fails at once
+    /// with a typed error naming that user (it used to retry for ever), attaching to it
+    /// is refused before anything maps it, and the squatter's object is left as it was.
+    #[test]
+    fn another_users_object_under_a_jobs_name_is_refused() {
+        let j = job();
+        let name = segment_name(j, 0, 9);
+        if !squat(&name) {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(Segment::create(j, 0, 9, G, 1024).map(|_| ()));
+        });
+        let created = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("creating over a squatted name must not retry for ever");
+        assert!(
+            matches!(&created, Err(Error::SegmentSquatted { uid: 65534, .. })),
+            "{created:?}"
+        );
+        let attached = Segment::attach(j, 0, 9, Duration::from_secs(20)).map(|_| ());
+        assert!(
+            matches!(&attached, Err(Error::SegmentSquatted { uid: 65534, .. })),
+            "{attached:?}"
+        );
+        assert!(format!("{}", created.unwrap_err()).contains("uid 65534"));
+        let left = std::fs::read(format!("/dev/shm{name}")).unwrap();
+        assert_eq!(left, b"squat", "the squatter's object was changed");
+        std::fs::remove_file(format!("/dev/shm{name}")).unwrap();
+        // And the job's own objects (shared buffers, boards) are checked the same way.
+        let obj = format!("/quiver-{}-{j:08x}-0-b1", object::uid());
+        assert!(squat(&obj));
+        for made in [
+            object::Mapping::open(&obj, Some(4096)).map(|_| ()),
+            object::Mapping::open(&obj, None).map(|_| ()),
+            object::Mapping::open_writable(&obj).map(|_| ()),
+        ] {
+            assert!(
+                matches!(&made, Err(Error::SegmentSquatted { uid: 65534, .. })),
+                "{made:?}"
+            );
+        }
+        std::fs::remove_file(format!("/dev/shm{obj}")).unwrap();
+    }
 
     fn job() -> u32 {
         let mut b = [0u8; 4];

@@ -1,10 +1,16 @@
 //! Configuration of a job's endpoints: every knob has a default, a `QUIVER_*` variable
-//! and a builder method. An invalid value is an error that names the variable.
+//! and a builder method.
+//!
+//! Every variable has a documented range (the constants below, and README.md's table).
+//! A value that does not parse or lies outside its range is an [`Error::InvalidEnv`] that
+//! names the variable and says what it accepts, never a panic: the ranges are chosen so
+//! that nothing computed from them later can overflow or allocate without bound.
 
 use crate::channel::reliable::Mode;
 pub use crate::channel::reliable::{Mode as ReliabilityMode, ModeParseError, Recovery};
 use crate::error::{Error, Result};
-pub use crate::link::fault::{FaultConfig, FaultConfigError};
+pub use crate::link::fault::{FaultConfig, FaultConfigError, MAX_FAULT_DELAY};
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// Which transport carries traffic between two ranks.
@@ -59,8 +65,13 @@ pub const DEFAULT_BTP2: usize = 12 * 1024;
 /// to pulls; Push-All messages up to a quarter of it are pushed whole).
 pub const DEFAULT_PUSH_CREDIT: usize = 8 << 20;
 
+/// Longest polling time of [`WaitMode::Hybrid`] (`QUIVER_WAIT=hybrid:1000000`): one
+/// second. Polling longer than that before sleeping is what [`WaitMode::Spin`] is for.
+pub const HYBRID_SPIN_MAX: Duration = Duration::from_secs(1);
+
 impl WaitMode {
-    /// Parses `spin`, `block`, `hybrid` or `hybrid:MICROSECONDS`.
+    /// Parses `spin`, `block`, `hybrid` or `hybrid:MICROSECONDS` (0 to 1000000, see
+    /// [`HYBRID_SPIN_MAX`]); `None` for anything else.
     pub fn parse(s: &str) -> Option<WaitMode> {
         match s {
             "spin" => Some(WaitMode::Spin),
@@ -68,7 +79,9 @@ impl WaitMode {
             "hybrid" => Some(WaitMode::Hybrid(DEFAULT_HYBRID_SPIN)),
             _ => {
                 let us = s.strip_prefix("hybrid:")?.parse::<u64>().ok()?;
-                Some(WaitMode::Hybrid(Duration::from_micros(us)))
+                Some(Duration::from_micros(us))
+                    .filter(|d| *d <= HYBRID_SPIN_MAX)
+                    .map(WaitMode::Hybrid)
             }
         }
     }
@@ -196,8 +209,39 @@ impl Default for Config {
 }
 
 pub use crate::link::eth::{ETH_RING_MAX_BYTES, ETH_RING_MIN_WINDOWS};
-/// Accepted values of `QUIVER_ETH_RING`.
-const ETH_RING_FRAMES: std::ops::RangeInclusive<usize> = 8..=1 << 20;
+/// Accepted values of `QUIVER_ETH_RING`, in frames.
+pub const ETH_RING_FRAMES: RangeInclusive<usize> = 8..=1 << 20;
+
+/// Accepted values of `QUIVER_MAX_MESSAGE`, in bytes: 1 KiB to 4 GiB - 65 bytes. A
+/// message's length travels in 32 bits with room for headers; a tagged message is
+/// pulled in pieces of this size less a 48-byte header, which a smaller maximum would
+/// leave almost no room beside.
+pub const MAX_MESSAGE_RANGE: RangeInclusive<usize> = 1 << 10..=u32::MAX as usize - 64;
+/// Largest `QUIVER_POOL_SIZE`, in bytes: 16 GiB, room for two of the largest messages
+/// (what `quiver bench` and `quiver check` ask for). The pool is allocated up front per
+/// endpoint (UDP), and its next power of two once per sender slot (shared memory).
+pub const POOL_SIZE_MAX: usize = 16 << 30;
+/// Accepted values of `QUIVER_SHM_SLOTS`: the slot table and the rings are laid out in
+/// one shared-memory segment of `slots` rings.
+pub const SHM_SLOTS_RANGE: RangeInclusive<u32> = 1..=4096;
+/// Accepted values of `QUIVER_DATAGRAM` (and `QUIVER_UDP_DATAGRAM`), in bytes: a quiver
+/// header plus 8 bytes of payload, to the largest UDP payload of IPv4 (65507).
+pub const DATAGRAM_RANGE: RangeInclusive<usize> = crate::wire::HEADER_LEN + 8..=65507;
+/// Accepted values of `QUIVER_WINDOW`, in frames: at least 2, so that a frame can be in
+/// flight while the previous one is acknowledged; at most the channel's limit.
+pub const WINDOW_RANGE: RangeInclusive<u16> = 2..=crate::channel::reliable::MAX_WINDOW;
+/// Accepted values of `QUIVER_CONNECT_TIMEOUT` and `QUIVER_PEER_TIMEOUT`: 1 ms (a
+/// shorter wait cannot be told apart from none, and heartbeats go out at a tenth of the
+/// peer timeout) to one day (longer is indistinguishable from a hang; a network channel
+/// keeps retransmitting to a silent peer for the whole peer timeout).
+pub const TIMEOUT_RANGE: RangeInclusive<Duration> =
+    Duration::from_millis(1)..=Duration::from_secs(24 * 3600);
+/// CPUs an affinity mask can name: `QUIVER_OFFLOAD_CPU` is below this (1024).
+pub const CPU_SET_SIZE: usize = libc::CPU_SETSIZE as usize;
+/// Largest `QUIVER_BTP1`, `QUIVER_BTP2` and `QUIVER_PUSH_CREDIT`, in bytes: 4 GiB.
+/// Pushing more than a message holds is the same as pushing all of it
+/// (`QUIVER_PUSH=all`).
+pub const BTP_MAX: usize = 1 << 32;
 
 /// How much of a tagged message the sender pushes before the receiver pulls the rest
 /// (`QUIVER_PUSH`; [`crate::tagged`]).
@@ -236,14 +280,55 @@ impl PushMode {
 /// Per-record overhead of the shared-memory ring, in bytes (header plus alignment).
 pub(crate) const SHM_RECORD_OVERHEAD: usize = 16;
 
+/// Every variable [`Config::from_lookup`] reads.
+pub(crate) const VARIABLES: &[&str] = &[
+    "QUIVER_TRANSPORT",
+    "QUIVER_WAIT",
+    "QUIVER_MAX_MESSAGE",
+    "QUIVER_POOL_SIZE",
+    "QUIVER_SHM_SLOTS",
+    "QUIVER_UDP_DATAGRAM",
+    "QUIVER_DATAGRAM",
+    "QUIVER_CLUSTER",
+    "QUIVER_CONNECT_TIMEOUT",
+    "QUIVER_RELIABILITY",
+    "QUIVER_PUSH",
+    "QUIVER_BTP1",
+    "QUIVER_BTP2",
+    "QUIVER_PUSH_CREDIT",
+    "QUIVER_CMA",
+    "QUIVER_SPLIT_COPY",
+    "QUIVER_UDP_GSO",
+    "QUIVER_UDP_GRO",
+    "QUIVER_OFFLOAD_CPU",
+    "QUIVER_RECOVERY",
+    "QUIVER_WINDOW",
+    "QUIVER_ETH_RING",
+    "QUIVER_PEER_TIMEOUT",
+    "QUIVER_FAULTS",
+];
+
 impl Config {
     /// Defaults overridden by the `QUIVER_*` variables of the environment.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Config::from_lookup`], and [`Error::InvalidEnv`] for a variable whose
+    /// value is not valid UTF-8 (which would otherwise look unset).
     pub fn from_env() -> Result<Config> {
+        check_unicode(VARIABLES)?;
         Self::from_lookup(|k| std::env::var(k).ok())
     }
 
     /// Like [`Config::from_env`], reading variables through `get` (for tests). A variable
     /// set to nothing (or only blanks) counts as unset, as `VAR= command` means in a shell.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidEnv`] naming the variable when a value does not parse or lies
+    /// outside its range (the constants of this module); [`Error::Config`] naming the
+    /// variables when values that parse do not fit together ([`Config::validate`]).
+    /// Never panics, whatever the values.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let mut c = Config::default();
@@ -260,54 +345,28 @@ impl Config {
                 invalid(
                     "QUIVER_WAIT",
                     &v,
-                    "expected spin, block, hybrid or hybrid:MICROSECONDS",
+                    "expected spin, block, hybrid or hybrid:MICROSECONDS (0 to 1000000)",
                 )
             })?;
         }
         if let Some(v) = get("QUIVER_MAX_MESSAGE") {
-            c.max_message = parse_size(&v).ok_or_else(|| {
-                invalid(
-                    "QUIVER_MAX_MESSAGE",
-                    &v,
-                    "expected a size in bytes (suffix K, M or G allowed)",
-                )
-            })?;
+            c.max_message = size_in("QUIVER_MAX_MESSAGE", &v, MAX_MESSAGE_RANGE)?;
         }
         if let Some(v) = get("QUIVER_POOL_SIZE") {
-            c.pool_size = parse_size(&v).ok_or_else(|| {
-                invalid(
-                    "QUIVER_POOL_SIZE",
-                    &v,
-                    "expected a size in bytes (suffix K, M or G allowed)",
-                )
-            })?;
+            // The lower bound is the maximum message's, checked by `validate` below.
+            c.pool_size = size_in("QUIVER_POOL_SIZE", &v, 1..=POOL_SIZE_MAX)?;
         }
         if let Some(v) = get("QUIVER_SHM_SLOTS") {
-            c.shm_slots = v
-                .parse()
-                .ok()
-                .filter(|n| (1..=4096).contains(n))
-                .ok_or_else(|| {
-                    invalid("QUIVER_SHM_SLOTS", &v, "expected a number from 1 to 4096")
-                })?;
+            c.shm_slots = number_in("QUIVER_SHM_SLOTS", &v, SHM_SLOTS_RANGE, "sender slots")?;
         }
         for var in ["QUIVER_UDP_DATAGRAM", "QUIVER_DATAGRAM"] {
             if let Some(v) = get(var) {
-                c.datagram = Some(
-                    v.parse()
-                        .ok()
-                        .ok_or_else(|| invalid(var, &v, "expected a datagram size in bytes"))?,
-                );
+                c.datagram = Some(number_in(var, &v, DATAGRAM_RANGE, "bytes")?);
             }
         }
         c.cluster = get("QUIVER_CLUSTER");
         if let Some(v) = get("QUIVER_CONNECT_TIMEOUT") {
-            let secs: f64 = v
-                .parse()
-                .ok()
-                .filter(|s: &f64| s.is_finite() && *s > 0.0)
-                .ok_or_else(|| invalid("QUIVER_CONNECT_TIMEOUT", &v, "expected seconds > 0"))?;
-            c.connect_timeout = Duration::from_secs_f64(secs);
+            c.connect_timeout = seconds_in("QUIVER_CONNECT_TIMEOUT", &v)?;
         }
         if let Some(v) = get("QUIVER_RELIABILITY") {
             c.reliability = Mode::parse(&v)
@@ -323,8 +382,7 @@ impl Config {
             ("QUIVER_PUSH_CREDIT", &mut c.push_credit),
         ] {
             if let Some(v) = get(var) {
-                *field =
-                    parse_size(&v).ok_or_else(|| invalid(var, &v, "expected a size in bytes"))?;
+                *field = size_in(var, &v, 0..=BTP_MAX)?;
             }
         }
         for (var, field) in [
@@ -344,14 +402,18 @@ impl Config {
         if let Some(v) = get("QUIVER_OFFLOAD_CPU") {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
             c.offload_cpu = Some(
-                v.parse::<usize>()
+                v.trim()
+                    .parse::<usize>()
                     .ok()
-                    .filter(|&n| n < libc::CPU_SETSIZE as usize)
+                    .filter(|&n| n < CPU_SET_SIZE)
                     .ok_or_else(|| {
                         invalid(
                             "QUIVER_OFFLOAD_CPU",
                             &v,
-                            &format!("expected a CPU number (this machine has {cpus})"),
+                            &format!(
+                                "expected a CPU number from 0 to {} (this machine has {cpus})",
+                                CPU_SET_SIZE - 1
+                            ),
                         )
                     })?,
             );
@@ -370,47 +432,13 @@ impl Config {
             };
         }
         if let Some(v) = get("QUIVER_WINDOW") {
-            c.window = v
-                .parse()
-                .ok()
-                .filter(|w| (2..=crate::channel::reliable::MAX_WINDOW).contains(w))
-                .map(Some)
-                .ok_or_else(|| {
-                    invalid(
-                        "QUIVER_WINDOW",
-                        &v,
-                        &format!(
-                            "expected 2 to {} frames",
-                            crate::channel::reliable::MAX_WINDOW
-                        ),
-                    )
-                })?;
+            c.window = Some(number_in("QUIVER_WINDOW", &v, WINDOW_RANGE, "frames")?);
         }
         if let Some(v) = get("QUIVER_ETH_RING") {
-            c.eth_ring = v
-                .parse()
-                .ok()
-                .filter(|n| ETH_RING_FRAMES.contains(n))
-                .map(Some)
-                .ok_or_else(|| {
-                    invalid(
-                        "QUIVER_ETH_RING",
-                        &v,
-                        &format!(
-                            "expected {} to {} frames",
-                            ETH_RING_FRAMES.start(),
-                            ETH_RING_FRAMES.end()
-                        ),
-                    )
-                })?;
+            c.eth_ring = Some(number_in("QUIVER_ETH_RING", &v, ETH_RING_FRAMES, "frames")?);
         }
         if let Some(v) = get("QUIVER_PEER_TIMEOUT") {
-            let secs: f64 = v
-                .parse()
-                .ok()
-                .filter(|s: &f64| s.is_finite() && *s > 0.0)
-                .ok_or_else(|| invalid("QUIVER_PEER_TIMEOUT", &v, "expected seconds > 0"))?;
-            c.peer_timeout = Duration::from_secs_f64(secs);
+            c.peer_timeout = seconds_in("QUIVER_PEER_TIMEOUT", &v)?;
         }
         if let Some(v) = get("QUIVER_FAULTS") {
             c.faults = Some(
@@ -474,12 +502,20 @@ impl Config {
     pub(crate) fn reliable(&self) -> crate::channel::reliable::Config {
         let base = crate::channel::reliable::Config::default();
         // The sender gives up after `max_timeouts` consecutive timeouts that double from
-        // the initial timeout up to the maximum: count how many cover the peer timeout.
+        // the initial timeout up to the maximum: count how many cover the peer timeout. A
+        // few double (seven from 10 ms to 1 s), then one per maximum timeout: at most
+        // about 86 400 for the longest peer timeout, a day.
         let (mut waited, mut rto, mut timeouts) = (Duration::ZERO, base.rto_initial, 0u32);
-        while waited < self.peer_timeout && timeouts < 10_000 {
+        while waited < self.peer_timeout && rto < base.rto_max {
             waited += rto;
             rto = (rto * 2).min(base.rto_max);
             timeouts += 1;
+        }
+        if waited < self.peer_timeout {
+            let rest = (self.peer_timeout - waited)
+                .as_nanos()
+                .div_ceil(base.rto_max.as_nanos().max(1));
+            timeouts = timeouts.saturating_add(u32::try_from(rest).unwrap_or(u32::MAX));
         }
         // Idle channels heartbeat; a peer silent for the peer timeout has failed.
         crate::channel::reliable::Config {
@@ -493,9 +529,30 @@ impl Config {
         .with_peer_timeout(self.peer_timeout)
     }
 
-    /// Checks that the settings fit together.
+    /// Checks that every setting lies in its variable's range (for settings made through
+    /// the API; [`Config::from_lookup`] checks the variables as it reads them) and that
+    /// the settings fit together. The error names the variable to change.
     pub fn validate(&self) -> Result<()> {
-        use crate::wire::HEADER_LEN;
+        let out_of_range = |var: &str, value: String, range: String| {
+            Err(Error::Config(format!(
+                "{var} (or the matching Config field) is {value}, outside its range: {range}"
+            )))
+        };
+        // First, so that the sums below cannot overflow.
+        if !MAX_MESSAGE_RANGE.contains(&self.max_message) {
+            return out_of_range(
+                "QUIVER_MAX_MESSAGE",
+                format!("{} bytes", self.max_message),
+                size_range(&MAX_MESSAGE_RANGE),
+            );
+        }
+        if self.pool_size > POOL_SIZE_MAX {
+            return out_of_range(
+                "QUIVER_POOL_SIZE",
+                format!("{} bytes", self.pool_size),
+                size_range(&(1..=POOL_SIZE_MAX)),
+            );
+        }
         if self.pool_size < self.max_message + 2 * SHM_RECORD_OVERHEAD {
             return Err(Error::Config(format!(
                 "token buffer pool of {} bytes cannot hold a maximum-size message of {} bytes; \
@@ -505,23 +562,69 @@ impl Config {
                 self.max_message + 2 * SHM_RECORD_OVERHEAD
             )));
         }
-        if self.max_message > u32::MAX as usize - 64 {
-            return Err(Error::Config(format!(
-                "maximum message size {} exceeds 4 GiB - 64 bytes",
-                self.max_message
-            )));
+        if !SHM_SLOTS_RANGE.contains(&self.shm_slots) {
+            return out_of_range(
+                "QUIVER_SHM_SLOTS",
+                self.shm_slots.to_string(),
+                number_range(&SHM_SLOTS_RANGE, "sender slots"),
+            );
+        }
+        if let Some(d) = self.datagram.filter(|d| !DATAGRAM_RANGE.contains(d)) {
+            return out_of_range(
+                "QUIVER_DATAGRAM",
+                format!("{d} bytes"),
+                number_range(&DATAGRAM_RANGE, "bytes"),
+            );
+        }
+        if let Some(w) = self.window.filter(|w| !WINDOW_RANGE.contains(w)) {
+            return out_of_range(
+                "QUIVER_WINDOW",
+                format!("{w} frames"),
+                number_range(&WINDOW_RANGE, "frames"),
+            );
+        }
+        if let Some(n) = self.eth_ring.filter(|n| !ETH_RING_FRAMES.contains(n)) {
+            return out_of_range(
+                "QUIVER_ETH_RING",
+                format!("{n} frames"),
+                number_range(&ETH_RING_FRAMES, "frames"),
+            );
+        }
+        for (var, t) in [
+            ("QUIVER_CONNECT_TIMEOUT", self.connect_timeout),
+            ("QUIVER_PEER_TIMEOUT", self.peer_timeout),
+        ] {
+            if !TIMEOUT_RANGE.contains(&t) {
+                return out_of_range(var, format!("{t:?}"), SECONDS_RANGE.into());
+            }
+        }
+        for (var, n) in [
+            ("QUIVER_BTP1", self.btp1),
+            ("QUIVER_BTP2", self.btp2),
+            ("QUIVER_PUSH_CREDIT", self.push_credit),
+        ] {
+            if n > BTP_MAX {
+                return out_of_range(var, format!("{n} bytes"), size_range(&(0..=BTP_MAX)));
+            }
+        }
+        if let WaitMode::Hybrid(d) = self.wait {
+            if d > HYBRID_SPIN_MAX {
+                return out_of_range(
+                    "QUIVER_WAIT",
+                    format!("hybrid:{}", d.as_micros()),
+                    "hybrid:0 to hybrid:1000000 microseconds".into(),
+                );
+            }
+        }
+        if let Some(cpu) = self.offload_cpu.filter(|&n| n >= CPU_SET_SIZE) {
+            return out_of_range(
+                "QUIVER_OFFLOAD_CPU",
+                cpu.to_string(),
+                format!("0 to {}", CPU_SET_SIZE - 1),
+            );
         }
         if let Err(e) = self.reliable().validate() {
             return Err(Error::Config(format!("reliable channels: {e}")));
-        }
-        if let Some(d) = self
-            .datagram
-            .filter(|d| !(HEADER_LEN + 8..=65507).contains(d))
-        {
-            return Err(Error::Config(format!(
-                "datagram size {d} must lie between {} and 65507 bytes",
-                HEADER_LEN + 8
-            )));
         }
         Ok(())
     }
@@ -591,6 +694,87 @@ fn invalid(var: &str, value: &str, reason: &str) -> Error {
         value: value.to_string(),
         reason: reason.to_string(),
     }
+}
+
+/// What [`TIMEOUT_RANGE`] accepts, as a user writes it.
+const SECONDS_RANGE: &str = "seconds from 0.001 to 86400 (one day), such as 30 or 2.5";
+
+/// `var`'s value `v` in seconds (a decimal number, exponents allowed) within
+/// [`TIMEOUT_RANGE`]: never panics, unlike `Duration::from_secs_f64`.
+fn seconds_in(var: &str, v: &str) -> Result<Duration> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| TIMEOUT_RANGE.contains(d))
+        .ok_or_else(|| invalid(var, v, &format!("expected {SECONDS_RANGE}")))
+}
+
+/// `var`'s value `v`, a size in bytes ([`parse_size`]) within `range`.
+fn size_in(var: &str, v: &str, range: RangeInclusive<usize>) -> Result<usize> {
+    parse_size(v).filter(|n| range.contains(n)).ok_or_else(|| {
+        invalid(
+            var,
+            v,
+            &format!(
+                "expected a size in bytes (suffix K, M or G allowed) {}",
+                size_range(&range)
+            ),
+        )
+    })
+}
+
+/// `var`'s value `v`, a decimal number of `unit` within `range`.
+fn number_in<T>(var: &str, v: &str, range: RangeInclusive<T>, unit: &str) -> Result<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    v.trim()
+        .parse::<T>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| invalid(var, v, &format!("expected {}", number_range(&range, unit))))
+}
+
+/// "from A to B UNIT".
+fn number_range<T: std::fmt::Display>(range: &RangeInclusive<T>, unit: &str) -> String {
+    format!("from {} to {} {unit}", range.start(), range.end())
+}
+
+/// "from A to B", each in the shortest form [`parse_size`] reads back exactly.
+fn size_range(range: &RangeInclusive<usize>) -> String {
+    fn show(n: usize) -> String {
+        match n {
+            0 => "0".into(),
+            n if n % (1 << 30) == 0 => format!("{}G", n >> 30),
+            n if n % (1 << 20) == 0 => format!("{}M", n >> 20),
+            n if n % (1 << 10) == 0 => format!("{}K", n >> 10),
+            n => n.to_string(),
+        }
+    }
+    format!("from {} to {}", show(*range.start()), show(*range.end()))
+}
+
+/// An [`Error::InvalidEnv`] for the first of `vars` set to something that is not UTF-8:
+/// `std::env::var` would call it unset, and the user's setting would be ignored silently.
+pub(crate) fn check_unicode(vars: &[&str]) -> Result<()> {
+    check_unicode_in(vars, |k| std::env::var_os(k))
+}
+
+/// [`check_unicode`] over the variables `get` finds.
+fn check_unicode_in(vars: &[&str], get: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<()> {
+    for var in vars {
+        if let Some(v) = get(var) {
+            if v.to_str().is_none() {
+                return Err(invalid(
+                    var,
+                    &v.to_string_lossy(),
+                    "the value is not valid UTF-8; set it to plain text",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Parses `4096`, `64K`, `1M`, `2G` (binary multiples).
@@ -753,6 +937,16 @@ mod tests {
         assert!(e.contains("QUIVER_PEER_TIMEOUT"), "{e}");
     }
 
+    /// Issue 28: `QUIVER_PEER_TIMEOUT=1e30 quiver bench pingpong` exited 101 with a
+    /// backtrace (`Duration::from_secs_f64` panics on values it cannot represent).
+    #[test]
+    fn huge_timeouts_are_errors_naming_the_variable() {
+        for var in ["QUIVER_PEER_TIMEOUT", "QUIVER_CONNECT_TIMEOUT"] {
+            let e = cfg(&[(var, "1e30")]).unwrap_err().to_string();
+            assert!(e.contains(var), "{e}");
+        }
+    }
+
     #[test]
     fn the_link_gets_the_larger_window_for_segmented_udp_unless_one_is_set() {
         let d = cfg(&[("QUIVER_TRANSPORT", "udp")]).unwrap().link_params();
@@ -799,6 +993,196 @@ mod tests {
     fn pool_too_small_is_an_error() {
         let e = cfg(&[("QUIVER_MAX_MESSAGE", "4M"), ("QUIVER_POOL_SIZE", "1M")]).unwrap_err();
         assert!(e.to_string().contains("QUIVER_POOL_SIZE"), "{e}");
+    }
+
+    /// Every bound of every numeric variable: the value at the bound is taken, the one
+    /// past it is an error naming the variable.
+    #[test]
+    fn every_numeric_variable_has_a_range() {
+        let big_pool = ("QUIVER_POOL_SIZE", "16G");
+        let cases: &[(&str, &[&str], &[&str])] = &[
+            (
+                "QUIVER_MAX_MESSAGE",
+                &["1K", "4294967231"],
+                &["1023", "4294967232", "0"],
+            ),
+            (
+                "QUIVER_POOL_SIZE",
+                &["16G", "17179869184"],
+                &["17179869185", "17G", "0"],
+            ),
+            ("QUIVER_SHM_SLOTS", &["1", "4096"], &["0", "4097", "-1"]),
+            ("QUIVER_DATAGRAM", &["40", "65507"], &["39", "65508", "1e3"]),
+            ("QUIVER_UDP_DATAGRAM", &["40", "65507"], &["39", "65508"]),
+            ("QUIVER_WINDOW", &["2", "32768"], &["1", "32769", "65536"]),
+            ("QUIVER_ETH_RING", &["8", "1048576"], &["7", "1048577"]),
+            ("QUIVER_BTP1", &["0", "4G"], &["4294967297", "5G", "-1"]),
+            ("QUIVER_BTP2", &["0", "4294967296"], &["4194305K"]),
+            ("QUIVER_OFFLOAD_CPU", &["0", "1023"], &["1024", "-1"]),
+            (
+                "QUIVER_WAIT",
+                &["hybrid:0", "hybrid:1000000"],
+                &["hybrid:1000001", "hybrid:-1"],
+            ),
+            (
+                "QUIVER_FAULTS",
+                &["delay=86400s", "reorder_delay=1ms"],
+                &["delay=86401s", "loss=1.5"],
+            ),
+        ];
+        for (var, good, bad) in cases {
+            // A pool large enough for the largest message, unless the pool is tested.
+            let with = |v: &str| {
+                let pool = Some(big_pool).filter(|_| *var != big_pool.0);
+                cfg(&[(*var, v)].into_iter().chain(pool).collect::<Vec<_>>())
+            };
+            for v in *good {
+                let c = with(v);
+                assert!(c.is_ok(), "{var}={v}: {:?}", c.err());
+            }
+            for v in *bad {
+                let e = with(v).unwrap_err().to_string();
+                assert!(e.contains(var), "{var}={v}: {e}");
+            }
+        }
+        for var in ["QUIVER_CONNECT_TIMEOUT", "QUIVER_PEER_TIMEOUT"] {
+            for v in ["0.001", "1e-3", "86400", "8.64e4", " 30 "] {
+                assert!(cfg(&[(var, v)]).is_ok(), "{var}={v}");
+            }
+            for v in [
+                "0.0009",
+                "86400.001",
+                "1e30",
+                "0",
+                "-0",
+                "-1",
+                "NaN",
+                "inf",
+                "-inf",
+                "1e309",
+                "30s",
+            ] {
+                let e = cfg(&[(var, v)]).unwrap_err().to_string();
+                assert!(e.contains(var) && e.contains("86400"), "{var}={v}: {e}");
+            }
+        }
+    }
+
+    /// Settings made through the API are held to the same ranges, and checking them
+    /// cannot overflow.
+    #[test]
+    fn validate_holds_api_settings_to_the_ranges() {
+        let d = Config::default;
+        let cases = [
+            ("QUIVER_MAX_MESSAGE", d().with_max_message(usize::MAX)),
+            ("QUIVER_MAX_MESSAGE", d().with_max_message(10)),
+            ("QUIVER_POOL_SIZE", d().with_pool_size(usize::MAX)),
+            (
+                "QUIVER_WAIT",
+                d().with_wait(WaitMode::Hybrid(Duration::MAX)),
+            ),
+            ("QUIVER_BTP2", d().with_btp(0, usize::MAX)),
+            (
+                "QUIVER_PEER_TIMEOUT",
+                Config {
+                    peer_timeout: Duration::MAX,
+                    ..d()
+                },
+            ),
+            (
+                "QUIVER_CONNECT_TIMEOUT",
+                Config {
+                    connect_timeout: Duration::ZERO,
+                    ..d()
+                },
+            ),
+            (
+                "QUIVER_DATAGRAM",
+                Config {
+                    datagram: Some(10),
+                    ..d()
+                },
+            ),
+            (
+                "QUIVER_SHM_SLOTS",
+                Config {
+                    shm_slots: 0,
+                    ..d()
+                },
+            ),
+            (
+                "QUIVER_OFFLOAD_CPU",
+                Config {
+                    offload_cpu: Some(usize::MAX),
+                    ..d()
+                },
+            ),
+        ];
+        for (var, c) in cases {
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(var), "{var}: {e}");
+        }
+        assert!(WaitMode::parse("hybrid:1000001").is_none());
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_an_error_naming_the_variable() {
+        use std::os::unix::ffi::OsStringExt;
+        let get = |k: &str| {
+            (k == "QUIVER_WINDOW").then(|| std::ffi::OsString::from_vec(vec![b'6', 0xff]))
+        };
+        let e = check_unicode_in(VARIABLES, get).unwrap_err().to_string();
+        assert!(e.contains("QUIVER_WINDOW") && e.contains("UTF-8"), "{e}");
+        assert!(check_unicode_in(VARIABLES, |_| Some("64".into())).is_ok());
+    }
+
+    #[test]
+    fn the_longest_peer_timeout_keeps_retransmitting_for_a_day() {
+        let c = cfg(&[("QUIVER_PEER_TIMEOUT", "86400")]).unwrap().reliable();
+        // 10 ms doubling to 1 s: 7 timeouts make 1.27 s, then one per second.
+        assert_eq!(c.max_timeouts, 7 + 86399);
+        assert!(c.validate().is_ok());
+    }
+
+    /// The property of issue 28: whatever string a variable holds, reading the
+    /// configuration gives a configuration or an error that names the variable; it never
+    /// panics.
+    mod any_value {
+        use super::*;
+        use crate::test_support::{arb_env_value, env_cases};
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(env_cases()))]
+
+            #[test]
+            fn one_variable_set(value in arb_env_value()) {
+                for var in VARIABLES {
+                    match cfg(&[(var, &value)]) {
+                        Ok(c) => prop_assert!(c.validate().is_ok(), "{var}={value:?}"),
+                        Err(e) => {
+                            let e = e.to_string();
+                            prop_assert!(e.contains(var), "{var}={value:?}: {e}");
+                        }
+                    }
+                }
+            }
+
+            #[test]
+            fn many_variables_set(
+                values in prop::collection::vec(prop::option::of(arb_env_value()), VARIABLES.len())
+            ) {
+                let set: Vec<(&str, &str)> = VARIABLES
+                    .iter()
+                    .zip(&values)
+                    .filter_map(|(var, v)| Some((*var, v.as_deref()?)))
+                    .collect();
+                if let Err(e) = cfg(&set) {
+                    let e = e.to_string();
+                    prop_assert!(set.iter().any(|(var, _)| e.contains(var)), "{set:?}: {e}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -46,3 +46,108 @@ pub(crate) fn jobs(
     let jobs = joins.into_iter().map(|j| j.join().unwrap()).collect();
     (jobs, server)
 }
+
+/// Values a user might put in a variable, for property tests of the parsers: arbitrary
+/// Unicode, numbers of every shape (signs, fractions, exponents, size suffixes, far past
+/// `u64::MAX`), the spellings `f64` parses specially (`NaN`, `inf`), blanks, and the
+/// prefixes of the structured forms (`hybrid:`, `tcp://`, `file://`, fault keys) with
+/// such numbers and units after them.
+pub(crate) fn arb_env_value() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    const NUMBER: &str = "[-+]?[0-9]{0,24}(\\.[0-9]{0,6})?([eE][-+]?[0-9]{1,3})?";
+    const SPECIAL: &[&str] = &[
+        "",
+        " ",
+        "\t",
+        "0",
+        "-0",
+        "+0",
+        "00",
+        "1",
+        "-1",
+        "NaN",
+        "nan",
+        "-NaN",
+        "inf",
+        "-inf",
+        "+infinity",
+        "Infinity",
+        "1e30",
+        "-1e30",
+        "1e-30",
+        "1e308",
+        "1e309",
+        "4e-324",
+        "2147483648",
+        "4294967295",
+        "4294967296",
+        "-4294967295",
+        "18446744073709551615",
+        "18446744073709551616",
+        "99999999999999999999G",
+        "0x10",
+        "1_000",
+        "1,5",
+        "½",
+        "٣",
+        "１２",
+        "\u{0}",
+        "é",
+        "🦀",
+        "on",
+        "off",
+        "auto",
+        "hybrid",
+        "hybrid:",
+        "spin",
+        "tcp://",
+        "tcp://:1",
+        "tcp://[::1]:0",
+        "file://",
+        "file:///",
+        "file://relative",
+        "loss=",
+        "=",
+        ",",
+        "delay=1",
+        "16G",
+        "17G",
+        "4G",
+        "1K",
+        "1023",
+    ];
+    const PREFIXES: &[&str] = &[
+        "",
+        "hybrid:",
+        "tcp://127.0.0.1:",
+        "tcp://[::1]:",
+        "tcp://host:",
+        "file:///tmp/",
+        "loss=",
+        "delay=",
+        "reorder_delay=",
+        "seed=",
+        "loss=0.1,delay=",
+    ];
+    const SUFFIXES: &[&str] = &["", "K", "m", "G", "s", "ms", "us", "ns", "%", "x", " "];
+    prop_oneof![
+        3 => any::<String>(),
+        3 => NUMBER.prop_map(String::from),
+        2 => prop::sample::select(SPECIAL).prop_map(String::from),
+        3 => (
+            prop::sample::select(PREFIXES),
+            NUMBER,
+            prop::sample::select(SUFFIXES)
+        )
+            .prop_map(|(p, n, s)| format!("{p}{n}{s}")),
+    ]
+}
+
+/// Cases per property of the variable parsers: 1024 (a parse takes microseconds), or
+/// `PROPTEST_CASES` for a longer soak.
+pub(crate) fn env_cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
+}

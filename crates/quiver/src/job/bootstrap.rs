@@ -19,12 +19,20 @@
 //!
 //! # Variables
 //!
+//! Each launcher's rank, size, local rank and local size (`QUIVER_RANK`, `QUIVER_SIZE`,
+//! `QUIVER_LOCAL_RANK`, `QUIVER_LOCAL_SIZE`, and Open MPI's, Hydra's and Slurm's
+//! equivalents): decimal numbers, the size from 1 to [`MAX_JOB_SIZE`], the rank below
+//! the size, the local size (where the launcher gives one) from 1 to the size, the local
+//! rank below the local size and the size. Then:
+//!
 //! | variable | meaning |
 //! |---|---|
-//! | `QUIVER_RENDEZVOUS` | `tcp://HOST:PORT` or `file:///DIR` (required) |
-//! | `QUIVER_JOB_ID`, `QUIVER_JOB_TOKEN` | decimal u32 and 16 hex digits, both or neither; set by `quiver run`, which then also serves the tcp store |
-//! | `QUIVER_NODE` | this rank's node name (default: the host name) |
-//! | `QUIVER_ADDR` | this rank's IP address (default: the local address of the connection to the store, or 127.0.0.1) |
+//! | `QUIVER_RENDEZVOUS` | `tcp://HOST:PORT` (port 1 to 65535) or `file:///DIR` (required) |
+//! | `QUIVER_JOB_ID`, `QUIVER_JOB_TOKEN` | decimal u32 (0 to 4294967295) and exactly 16 hex digits, both or neither; set by `quiver run`, which then also serves the tcp store |
+//! | `QUIVER_NODE` | this rank's node name, 1 to 255 printable ASCII characters without whitespace, `\|` or `,` (default: the host name) |
+//! | `QUIVER_ADDR` | this rank's IPv4 or IPv6 address (default: the local address of the connection to the store, or 127.0.0.1) |
+//!
+//! All of them are read and checked before the store is contacted.
 //!
 //! Without `QUIVER_JOB_ID`, rank 0 serves a `tcp://` store itself at `HOST:PORT`, and draws
 //! a random job id and token that it publishes in the store. A `file://` store is then
@@ -83,12 +91,22 @@ pub struct Detected {
     pub launcher: Launcher,
 }
 
+/// Largest job size accepted: 1 048 576 ranks. Every rank keeps tables with an entry
+/// per rank (node names, node ids, addresses), and rank 0 gathers every rank's entry
+/// through the store, so a size read from a mistaken variable must not size them: near
+/// `u32::MAX` the first table alone would take 100 GB. A million ranks is beyond any job
+/// a single rendezvous store serves.
+pub const MAX_JOB_SIZE: u32 = 1 << 20;
+
 /// The variables of one launcher.
 struct Scheme {
     launcher: Launcher,
     rank: &'static str,
     size: &'static str,
     local_rank: &'static str,
+    /// Ranks on this node, if the launcher says so simply (Slurm gives only a compressed
+    /// list of tasks per node).
+    local_size: Option<&'static str>,
 }
 
 /// In order of priority: an MPI launcher run inside a Slurm allocation wins over Slurm.
@@ -98,25 +116,43 @@ const SCHEMES: [Scheme; 4] = [
         rank: "QUIVER_RANK",
         size: "QUIVER_SIZE",
         local_rank: "QUIVER_LOCAL_RANK",
+        local_size: Some("QUIVER_LOCAL_SIZE"),
     },
     Scheme {
         launcher: Launcher::OpenMpi,
         rank: "OMPI_COMM_WORLD_RANK",
         size: "OMPI_COMM_WORLD_SIZE",
         local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
     },
     Scheme {
         launcher: Launcher::Hydra,
         rank: "PMI_RANK",
         size: "PMI_SIZE",
         local_rank: "MPI_LOCALRANKID",
+        local_size: Some("MPI_LOCALNRANKS"),
     },
     Scheme {
         launcher: Launcher::Slurm,
         rank: "SLURM_PROCID",
         size: "SLURM_NTASKS",
         local_rank: "SLURM_LOCALID",
+        local_size: None,
     },
+];
+
+/// The `QUIVER_*` variables [`bootstrap`] reads, beside the other launchers' (for the
+/// UTF-8 check of [`bootstrap_from_env`]).
+pub(crate) const VARIABLES: &[&str] = &[
+    "QUIVER_RANK",
+    "QUIVER_SIZE",
+    "QUIVER_LOCAL_RANK",
+    "QUIVER_LOCAL_SIZE",
+    "QUIVER_RENDEZVOUS",
+    "QUIVER_JOB_ID",
+    "QUIVER_JOB_TOKEN",
+    "QUIVER_NODE",
+    "QUIVER_ADDR",
 ];
 
 /// The variable's value, trimmed; `None` when unset or blank.
@@ -169,8 +205,9 @@ fn parse_token(name: &str, value: &str) -> Result<u64> {
 ///
 /// [`Error::MissingEnv`] naming the missing variable when a rank variable is set without
 /// its size variable or the reverse, or (naming `QUIVER_RANK`) when no launcher is found;
-/// [`Error::InvalidEnv`] naming the variable when a value is not a number, the size is 0,
-/// or the rank (or local rank) is not below the size.
+/// [`Error::InvalidEnv`] naming the variable when a value is not a decimal number, the
+/// size is not from 1 to [`MAX_JOB_SIZE`], the rank (or local rank) is not below the
+/// size, the local size is not from 1 to the size, or the local rank is not below it.
 pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Detected> {
     for s in &SCHEMES {
         let (rank, size) = match (var(get, s.rank), var(get, s.size)) {
@@ -198,8 +235,15 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Detected> {
             }
         };
         let size_n = parse_u32(s.size, &size)?;
-        if size_n == 0 {
-            return Err(invalid(s.size, &size, "the job size must be at least 1"));
+        if !(1..=MAX_JOB_SIZE).contains(&size_n) {
+            return Err(invalid(
+                s.size,
+                &size,
+                format!(
+                    "the job size must be from 1 to {MAX_JOB_SIZE} ranks; is this the \
+                     variable of the launcher that started the job?"
+                ),
+            ));
         }
         let rank_n = parse_u32(s.rank, &rank)?;
         if rank_n >= size_n {
@@ -209,6 +253,25 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Detected> {
                 format!("the rank must be below the job size {size_n} ({})", s.size),
             ));
         }
+        // Read only to be checked: a local size that contradicts the rest means the
+        // launcher's variables are not this job's.
+        let local_size = match s.local_size.and_then(|name| Some((name, var(get, name)?))) {
+            None => None,
+            Some((name, v)) => {
+                let n = parse_u32(name, &v)?;
+                if !(1..=size_n).contains(&n) {
+                    return Err(invalid(
+                        name,
+                        &v,
+                        format!(
+                            "the local size must be from 1 to the job size {size_n} ({})",
+                            s.size
+                        ),
+                    ));
+                }
+                Some((name, n))
+            }
+        };
         let local_rank = match var(get, s.local_rank) {
             None => None,
             Some(v) => {
@@ -220,6 +283,15 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Detected> {
                         format!(
                             "the local rank must be below the job size {size_n} ({})",
                             s.size
+                        ),
+                    ));
+                }
+                if let Some((name, local_size)) = local_size.filter(|&(_, l)| n >= l) {
+                    return Err(invalid(
+                        s.local_rank,
+                        &v,
+                        format!(
+                            "the local rank must be below the local size {local_size} ({name})"
                         ),
                     ));
                 }
@@ -287,26 +359,36 @@ impl fmt::Debug for JobInfo {
     }
 }
 
-/// [`bootstrap`] over the process environment.
+/// [`bootstrap`] over the process environment. A `QUIVER_*` variable set to something
+/// other than UTF-8 is an [`Error::InvalidEnv`] (rather than taken for unset).
 pub fn bootstrap_from_env(timeout: Duration) -> Result<JobInfo> {
+    crate::config::check_unicode(VARIABLES)?;
     bootstrap(&|name| std::env::var(name).ok(), timeout)
 }
 
-/// Joins the job described by the variables looked up with `get` (see the module
-/// documentation), waiting at most `timeout` in all for the store and the other ranks.
+/// The variables of [`bootstrap`] other than the launcher's rank and size, read and
+/// checked before anything is contacted.
+struct Settings {
+    /// `QUIVER_RENDEZVOUS` as given.
+    url_text: String,
+    /// The store; a `file://` one already divided per run.
+    url: RendezvousUrl,
+    /// `QUIVER_JOB_ID` and `QUIVER_JOB_TOKEN`, when set.
+    env_job: Option<(u32, u64)>,
+    /// `QUIVER_NODE`, when set (a valid node name).
+    node: Option<String>,
+    /// `QUIVER_ADDR`, when set.
+    addr: Option<IpAddr>,
+}
+
+/// Reads [`Settings`] through `get`: a pure function of the variables.
 ///
 /// # Errors
 ///
-/// The errors of [`detect`]; [`Error::MissingEnv`] or [`Error::InvalidEnv`] for the
-/// `QUIVER_*` variables of the module documentation; [`Error::Io`] if rank 0 cannot serve
-/// the store at `HOST:PORT`; [`Error::Rendezvous`] if the store cannot be reached, holds
-/// malformed entries, or some rank does not show up within `timeout` (the message says
-/// which).
-pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Result<JobInfo> {
-    let deadline = Deadline::after(timeout);
-    let det = detect(get)?;
-    let (rank, size) = (det.rank, det.size);
-
+/// [`Error::MissingEnv`] or [`Error::InvalidEnv`] naming the variable to fix (for a
+/// `file://` store without any job id, `QUIVER_JOB_ID`; for a launcher's job id too long
+/// to name a directory, the launcher's variable).
+fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
     let url_text = var(get, "QUIVER_RENDEZVOUS").ok_or_else(|| Error::MissingEnv {
         var: "QUIVER_RENDEZVOUS",
         hint: "set QUIVER_RENDEZVOUS=tcp://HOST:PORT (a store served by rank 0, on HOST, or \
@@ -343,16 +425,8 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
             })
         }
     };
-
-    // The store: served by the launcher, by rank 0, or a directory (divided per run).
-    let mut server = None;
+    // A directory store is divided per run, by our job id or the launcher's.
     let url = match url {
-        RendezvousUrl::Tcp(host_port) => {
-            if env_job.is_none() && rank == 0 {
-                server = Some(serve(&host_port, &url_text)?);
-            }
-            RendezvousUrl::Tcp(host_port)
-        }
         RendezvousUrl::File(dir) => {
             let namespace = match env_job {
                 Some((id, _)) => format!("quiver-{id}"),
@@ -360,7 +434,61 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
             };
             RendezvousUrl::File(dir.join(namespace))
         }
+        tcp => tcp,
     };
+
+    let node = var(get, "QUIVER_NODE");
+    if let Some(name) = &node {
+        if let Err(why) = check_node_name(name) {
+            return Err(invalid("QUIVER_NODE", name, format!("a node name {why}")));
+        }
+    }
+    let addr = match var(get, "QUIVER_ADDR") {
+        Some(a) => Some(
+            a.parse::<IpAddr>()
+                .map_err(|_| invalid("QUIVER_ADDR", &a, "expected an IPv4 or IPv6 address"))?,
+        ),
+        None => None,
+    };
+    Ok(Settings {
+        url_text,
+        url,
+        env_job,
+        node,
+        addr,
+    })
+}
+
+/// Joins the job described by the variables looked up with `get` (see the module
+/// documentation), waiting at most `timeout` in all for the store and the other ranks.
+///
+/// # Errors
+///
+/// The errors of [`detect`]; [`Error::MissingEnv`] or [`Error::InvalidEnv`] for the
+/// `QUIVER_*` variables of the module documentation; [`Error::Io`] if rank 0 cannot serve
+/// the store at `HOST:PORT`; [`Error::Rendezvous`] if the store cannot be reached, holds
+/// malformed entries, or some rank does not show up within `timeout` (the message says
+/// which).
+pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Result<JobInfo> {
+    let deadline = Deadline::after(timeout);
+    let det = detect(get)?;
+    let (rank, size) = (det.rank, det.size);
+
+    let Settings {
+        url_text,
+        url,
+        env_job,
+        node,
+        addr,
+    } = settings(get)?;
+
+    // The store: served by the launcher, by rank 0, or a directory.
+    let mut server = None;
+    if let RendezvousUrl::Tcp(host_port) = &url {
+        if env_job.is_none() && rank == 0 {
+            server = Some(serve(host_port, &url_text)?);
+        }
+    }
     let rv = Rendezvous::connect_url(url, deadline.remaining()).map_err(|e| match e {
         Error::Rendezvous { url, reason } if env_job.is_some() => Error::Rendezvous {
             url,
@@ -425,30 +553,24 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
         }
     };
 
-    // This rank's node and address.
-    let (name, name_var) = match var(get, "QUIVER_NODE") {
-        Some(n) => (n, true),
-        None => (
-            hostname().ok_or_else(|| {
+    // This rank's node and address (QUIVER_NODE was checked with the other settings).
+    let name = match node {
+        Some(n) => n,
+        None => {
+            let name = hostname().ok_or_else(|| {
                 Error::Config("cannot determine the host name; set QUIVER_NODE".into())
-            })?,
-            false,
-        ),
+            })?;
+            if let Err(why) = check_node_name(&name) {
+                return Err(invalid(
+                    "QUIVER_NODE",
+                    &name,
+                    format!("QUIVER_NODE is unset and the host name {why}; set QUIVER_NODE to a name without whitespace, '|' or ','"),
+                ));
+            }
+            name
+        }
     };
-    if let Err(why) = check_node_name(&name) {
-        let reason = if name_var {
-            format!("a node name {why}")
-        } else {
-            format!("QUIVER_NODE is unset and the host name {why}; set QUIVER_NODE to a name without whitespace, '|' or ','")
-        };
-        return Err(invalid("QUIVER_NODE", &name, reason));
-    }
-    let addr = match var(get, "QUIVER_ADDR") {
-        Some(a) => a
-            .parse::<IpAddr>()
-            .map_err(|_| invalid("QUIVER_ADDR", &a, "expected an IPv4 or IPv6 address"))?,
-        None => rv.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-    };
+    let addr = addr.unwrap_or_else(|| rv.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)));
 
     let nodes = exchange_nodes(
         &rv,
@@ -511,23 +633,34 @@ fn serve(host_port: &str, url_text: &str) -> Result<KvServerHandle> {
 
 /// The subdirectory of a `file://` store for this run, from the launcher's job id.
 fn launcher_namespace(get: &dyn Fn(&str) -> Option<String>) -> Result<String> {
-    let raw = if let Some(id) = var(get, "OMPI_MCA_ess_base_jobid") {
-        format!("ompi-{id}")
+    let step = || {
+        var(get, "SLURM_STEP_ID")
+            .map(|v| ("SLURM_STEP_ID", v))
+            .or_else(|| var(get, "SLURM_STEPID").map(|v| ("SLURM_STEPID", v)))
+    };
+    // The variable that named the run (for errors), its value, and the directory name.
+    let (var_name, value, raw) = if let Some(id) = var(get, "OMPI_MCA_ess_base_jobid") {
+        let raw = format!("ompi-{id}");
+        ("OMPI_MCA_ess_base_jobid", id, raw)
     } else if let Some(ns) = var(get, "PMIX_NAMESPACE") {
-        format!("pmix-{ns}")
-    } else if let (Some(job), Some(step)) = (
-        var(get, "SLURM_JOB_ID"),
-        var(get, "SLURM_STEP_ID").or_else(|| var(get, "SLURM_STEPID")),
-    ) {
-        format!("slurm-{job}.{step}")
+        let raw = format!("pmix-{ns}");
+        ("PMIX_NAMESPACE", ns, raw)
+    } else if let (Some(job), Some((step_var, step))) = (var(get, "SLURM_JOB_ID"), step()) {
+        let raw = format!("slurm-{job}.{step}");
+        // The longer of the two is the one to blame for a name too long.
+        if step.len() > job.len() {
+            (step_var, step, raw)
+        } else {
+            ("SLURM_JOB_ID", job, raw)
+        }
     } else {
         return Err(Error::MissingEnv {
             var: "QUIVER_JOB_ID",
             hint: "a file:// rendezvous needs a job id unique to this run to name its \
                    subdirectory, and none of OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE, \
-                   SLURM_JOB_ID with SLURM_STEP_ID is set: set QUIVER_JOB_ID (a decimal number \
-                   unique to this run) and QUIVER_JOB_TOKEN (16 hex digits) on every rank, or \
-                   use a tcp:// rendezvous"
+                   SLURM_JOB_ID with SLURM_STEP_ID (or SLURM_STEPID) is set: set \
+                   QUIVER_JOB_ID (a decimal number unique to this run) and QUIVER_JOB_TOKEN \
+                   (16 hex digits) on every rank, or use a tcp:// rendezvous"
                 .into(),
         });
     };
@@ -541,11 +674,13 @@ fn launcher_namespace(get: &dyn Fn(&str) -> Option<String>) -> Result<String> {
         }
     }
     if name.len() > 200 {
-        return Err(Error::Config(format!(
-            "the launcher's job id {} is too long to name a rendezvous directory; set \
-             QUIVER_JOB_ID and QUIVER_JOB_TOKEN",
-            show(&raw)
-        )));
+        return Err(invalid(
+            var_name,
+            &value,
+            "the launcher's job id is too long to name a rendezvous directory (200 \
+             characters, 3 per character other than letters, digits, '-', '_' and '.'); set \
+             QUIVER_JOB_ID and QUIVER_JOB_TOKEN on every rank instead",
+        ));
     }
     Ok(name)
 }
@@ -838,6 +973,197 @@ mod tests {
         // Blank counts as unset.
         let e = err_text(&[("QUIVER_RANK", " "), ("QUIVER_SIZE", "2")]);
         assert!(e.contains("QUIVER_RANK"), "{e}");
+    }
+
+    /// Issue 28: a job size near `u32::MAX` was accepted, and rank 0 then aborted
+    /// allocating a table of that many ranks.
+    #[test]
+    fn a_job_size_near_u32_max_is_an_error_naming_the_variable() {
+        let e = err_text(&[("QUIVER_RANK", "0"), ("QUIVER_SIZE", "4294967295")]);
+        assert!(e.contains("QUIVER_SIZE"), "{e}");
+        let dir = temp_dir("huge");
+        let url = format!("file://{}", dir.display());
+        let e = bootstrap_in(&[
+            ("QUIVER_RANK", "0"),
+            ("QUIVER_SIZE", "4294967295"),
+            ("QUIVER_RENDEZVOUS", &url),
+            ("QUIVER_JOB_ID", "7"),
+            ("QUIVER_JOB_TOKEN", "0123456789abcdef"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("QUIVER_SIZE"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_local_sizes_and_local_ranks_have_ranges() {
+        let max = MAX_JOB_SIZE.to_string();
+        let last = (MAX_JOB_SIZE - 1).to_string();
+        let d = detect_in(&[("QUIVER_RANK", &last), ("QUIVER_SIZE", &max)]).unwrap();
+        assert_eq!((d.rank, d.size), (MAX_JOB_SIZE - 1, MAX_JOB_SIZE));
+        let over = (MAX_JOB_SIZE + 1).to_string();
+        for size in [over.as_str(), "4294967296", "-1", "1e3", "0x10"] {
+            let e = err_text(&[("QUIVER_RANK", "0"), ("QUIVER_SIZE", size)]);
+            assert!(e.contains("QUIVER_SIZE"), "{size}: {e}");
+        }
+        // The local size, where a launcher gives one: 1 to the size, above the local rank.
+        let d = detect_in(&[
+            ("QUIVER_RANK", "3"),
+            ("QUIVER_SIZE", "4"),
+            ("QUIVER_LOCAL_RANK", "1"),
+            ("QUIVER_LOCAL_SIZE", "2"),
+        ])
+        .unwrap();
+        assert_eq!(d.local_rank, Some(1));
+        let base = [("QUIVER_RANK", "0"), ("QUIVER_SIZE", "4")];
+        for (pairs, var, other) in [
+            (
+                &[("QUIVER_LOCAL_SIZE", "5")][..],
+                "QUIVER_LOCAL_SIZE",
+                "QUIVER_SIZE",
+            ),
+            (
+                &[("QUIVER_LOCAL_SIZE", "0")],
+                "QUIVER_LOCAL_SIZE",
+                "QUIVER_SIZE",
+            ),
+            (
+                &[("QUIVER_LOCAL_RANK", "2"), ("QUIVER_LOCAL_SIZE", "2")],
+                "QUIVER_LOCAL_RANK",
+                "QUIVER_LOCAL_SIZE",
+            ),
+            (
+                &[("QUIVER_LOCAL_RANK", "4")],
+                "QUIVER_LOCAL_RANK",
+                "QUIVER_SIZE",
+            ),
+        ] {
+            let all: Vec<_> = base.iter().chain(pairs).copied().collect();
+            let e = err_text(&all);
+            assert!(e.contains(var) && e.contains(other), "{pairs:?}: {e}");
+        }
+        let e = err_text(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+        ]);
+        assert!(e.contains("OMPI_COMM_WORLD_LOCAL_RANK"), "{e}");
+        let e = err_text(&[
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "2"),
+            ("MPI_LOCALNRANKS", "3"),
+        ]);
+        assert!(e.contains("MPI_LOCALNRANKS"), "{e}");
+    }
+
+    /// The property of issue 28 for the job's variables: whatever string one of them
+    /// holds (the others valid), reading them gives settings or an error that names it;
+    /// nothing panics, and nothing is contacted before they are all checked.
+    mod any_value {
+        use super::*;
+        use crate::test_support::{arb_env_value, env_cases};
+        use proptest::prelude::*;
+
+        /// A valid environment of each launcher, with a tcp store and our job id.
+        fn bases() -> Vec<Env> {
+            let store = [
+                ("QUIVER_RENDEZVOUS", "tcp://127.0.0.1:7777"),
+                ("QUIVER_JOB_ID", "7"),
+                ("QUIVER_JOB_TOKEN", "0123456789abcdef"),
+                ("QUIVER_NODE", "n0"),
+                ("QUIVER_ADDR", "127.0.0.1"),
+            ];
+            SCHEMES
+                .iter()
+                .map(|s| {
+                    let mut e = env(&store);
+                    e.insert(s.rank.into(), "1".into());
+                    e.insert(s.size.into(), "4".into());
+                    e.insert(s.local_rank.into(), "1".into());
+                    if let Some(l) = s.local_size {
+                        e.insert(l.into(), "2".into());
+                    }
+                    e
+                })
+                .collect()
+        }
+
+        /// A `file://` store named by each launcher's job id instead of ours.
+        fn namespace_bases() -> Vec<(Env, &'static str)> {
+            let base = env(&[
+                ("QUIVER_RANK", "0"),
+                ("QUIVER_SIZE", "1"),
+                ("QUIVER_RENDEZVOUS", "file:///tmp/quiver-store"),
+            ]);
+            let with = |pairs: &[(&str, &str)]| {
+                let mut e = base.clone();
+                e.extend(env(pairs));
+                e
+            };
+            vec![
+                (
+                    with(&[("OMPI_MCA_ess_base_jobid", "1")]),
+                    "OMPI_MCA_ess_base_jobid",
+                ),
+                (with(&[("PMIX_NAMESPACE", "ns")]), "PMIX_NAMESPACE"),
+                (
+                    with(&[("SLURM_JOB_ID", "1"), ("SLURM_STEP_ID", "0")]),
+                    "SLURM_JOB_ID",
+                ),
+                (
+                    with(&[("SLURM_JOB_ID", "1"), ("SLURM_STEP_ID", "0")]),
+                    "SLURM_STEP_ID",
+                ),
+                (
+                    with(&[("SLURM_JOB_ID", "1"), ("SLURM_STEPID", "0")]),
+                    "SLURM_STEPID",
+                ),
+            ]
+        }
+
+        fn read(e: &Env) -> Result<()> {
+            let get = |k: &str| e.get(k).cloned();
+            detect(&get)?;
+            settings(&get).map(drop)
+        }
+
+        #[test]
+        fn the_bases_are_valid() {
+            for e in bases() {
+                read(&e).unwrap();
+            }
+            for (e, _) in namespace_bases() {
+                read(&e).unwrap();
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(env_cases()))]
+
+            #[test]
+            fn one_variable_set(value in arb_env_value()) {
+                for base in bases() {
+                    for var in base.keys() {
+                        let mut e = base.clone();
+                        e.insert(var.clone(), value.clone());
+                        if let Err(err) = read(&e) {
+                            let err = err.to_string();
+                            prop_assert!(err.contains(var.as_str()), "{var}={value:?}: {err}");
+                        }
+                    }
+                }
+                for (base, var) in namespace_bases() {
+                    let mut e = base;
+                    e.insert(var.into(), value.clone());
+                    if let Err(err) = read(&e) {
+                        let err = err.to_string();
+                        prop_assert!(err.contains(var), "{var}={value:?}: {err}");
+                    }
+                }
+            }
+        }
     }
 
     fn bootstrap_in(pairs: &[(&str, &str)]) -> Result<JobInfo> {

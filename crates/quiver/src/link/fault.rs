@@ -65,8 +65,9 @@ impl SimRng {
 /// The text form (`QUIVER_FAULTS`) is a comma-separated list of `key=value`:
 /// `loss`, `dup`, `reorder`, `corrupt` (probabilities per datagram, from 0 to 1, or a
 /// percentage such as `1%`), `delay` (maximum jitter) and `reorder_delay` (how long a
-/// reordered datagram is held back), both durations with a unit (`ns`, `us`, `ms`, `s`),
-/// and `seed` (an integer). Keys left out are 0 (`reorder_delay`: 100 us; `seed`: 0).
+/// reordered datagram is held back), both durations with a unit (`ns`, `us`, `ms`, `s`)
+/// of at most [`MAX_FAULT_DELAY`], and `seed` (an unsigned 64-bit integer). Keys left out
+/// are 0 (`reorder_delay`: 100 us; `seed`: 0).
 /// Example: `loss=0.01,dup=0.001,reorder=0.01,corrupt=0.001,seed=7`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FaultConfig {
@@ -85,6 +86,11 @@ pub struct FaultConfig {
     /// Seed of the schedule.
     pub seed: u64,
 }
+
+/// Longest `delay` and `reorder_delay` of a fault specification: one day, the longest
+/// peer timeout (`QUIVER_PEER_TIMEOUT`). Holding a datagram longer provokes nothing that
+/// holding it that long does not.
+pub const MAX_FAULT_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 /// The environment variable that configures fault injection on a real transport.
 pub const FAULTS_ENV: &str = "QUIVER_FAULTS";
@@ -249,7 +255,8 @@ fn parse_probability(v: &str) -> Result<f64, &'static str> {
 }
 
 fn parse_duration(v: &str) -> Result<Duration, &'static str> {
-    const FORM: &str = "expected a duration with a unit: ns, us, ms or s (e.g. 50us)";
+    const FORM: &str =
+        "expected a duration with a unit: ns, us, ms or s (e.g. 50us), at most 86400s";
     if v == "0" {
         return Ok(Duration::ZERO);
     }
@@ -265,7 +272,8 @@ fn parse_duration(v: &str) -> Result<Duration, &'static str> {
     };
     n.checked_mul(nanos_per)
         .map(Duration::from_nanos)
-        .ok_or("duration too large")
+        .filter(|d| *d <= MAX_FAULT_DELAY)
+        .ok_or("duration too large: at most 86400s (one day)")
 }
 
 /// How many faults of each kind were injected.
@@ -598,6 +606,14 @@ mod tests {
         assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "loss"));
         let e = FaultConfig::parse("delay=99999999999999999s").unwrap_err();
         assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "delay"));
+        // At most a day.
+        let c = FaultConfig::parse("delay=86400s,reorder_delay=86400000ms").unwrap();
+        assert_eq!(
+            (c.jitter, c.reorder_delay),
+            (MAX_FAULT_DELAY, MAX_FAULT_DELAY)
+        );
+        let e = FaultConfig::parse("reorder_delay=86401s").unwrap_err();
+        assert!(matches!(&e, FaultConfigError::BadValue { key, .. } if key == "reorder_delay"));
     }
 
     #[test]

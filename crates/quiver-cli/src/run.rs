@@ -99,7 +99,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 
-use quiver::admin::KvServer;
+use quiver::admin::{KvServer, StoreKey, KEY_VAR};
 
 use crate::cluster::{self, BadPlacement, Placement};
 
@@ -252,6 +252,9 @@ pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
             netns.push(file);
         }
     }
+    // The store admits only the ranks: they get its key in their environment (readable
+    // by this user only).
+    let store_key = StoreKey::generate();
     let (mut server, store_dir, rendezvous) = if spec.placement.is_some() {
         let dir = StoreDir::create(job_id)?;
         let url = format!("file://{}", dir.0.display());
@@ -259,7 +262,7 @@ pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
     } else {
         let server = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .context("cannot start the rendezvous store")?
-            .spawn();
+            .spawn(store_key.clone());
         let url = format!("tcp://{}", server.local_addr());
         (Some(server), None, url)
     };
@@ -300,6 +303,7 @@ pub fn launch(spec: &LaunchSpec) -> anyhow::Result<i32> {
             .env("QUIVER_JOB_ID", job_id.to_string())
             .env("QUIVER_JOB_TOKEN", format!("{token:016x}"))
             .env("QUIVER_RENDEZVOUS", &rendezvous)
+            .env(KEY_VAR, store_key.to_hex())
             .envs(spec.extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -6,7 +6,7 @@
 //! bootstrap) is private to the crate, so that its layers can change without breaking
 //! programs.
 
-pub use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous};
+pub use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous, StoreKey, KEY_VAR};
 pub use crate::link::shm::{cleanup_job, cleanup_stale, job_segments};
 
 /// Cross-memory attach (`process_vm_readv`/`writev`), which tagged messages use for their

@@ -12,6 +12,11 @@ pub(crate) fn cannot_run(why: &str) {
     eprintln!("skipping: {why}");
 }
 
+/// The key of the stores [`jobs`] serves.
+pub(crate) fn store_key() -> crate::job::rendezvous::StoreKey {
+    crate::job::rendezvous::StoreKey::parse(&"5a".repeat(32)).unwrap()
+}
+
 /// Joins `size` ranks of one job with `config`, each from a thread of this process, with
 /// a store served here; the jobs in rank order, and the store (which lives as long as
 /// the handle).
@@ -21,7 +26,7 @@ pub(crate) fn jobs(
 ) -> (Vec<crate::Job>, crate::job::rendezvous::KvServerHandle) {
     let server = crate::job::rendezvous::KvServer::bind("127.0.0.1:0".parse().unwrap())
         .unwrap()
-        .spawn();
+        .spawn(store_key());
     let url = format!("tcp://{}", server.local_addr());
     let mut id = [0u8; 4];
     getrandom::fill(&mut id).unwrap();
@@ -34,6 +39,7 @@ pub(crate) fn jobs(
                 ("QUIVER_JOB_ID", job_id.clone()),
                 ("QUIVER_JOB_TOKEN", "0123456789abcdef".to_string()),
                 ("QUIVER_RENDEZVOUS", url.clone()),
+                (crate::job::rendezvous::KEY_VAR, store_key().to_hex()),
             ]
             .into_iter()
             .collect();

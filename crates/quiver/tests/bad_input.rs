@@ -45,7 +45,7 @@ fn hostile_datagrams_are_counted_and_dropped() {
     tx.target_rank(1).unwrap();
     let start = std::time::Instant::now();
 
-    let kv = Rendezvous::connect(&tj.url(), Duration::from_secs(5)).unwrap();
+    let kv = Rendezvous::connect(&tj.url(), &tj.key, Duration::from_secs(5)).unwrap();
     // The endpoint's link as published: `udp,ADDR:PORT,MAXDGRAM`.
     let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
     let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();

@@ -28,6 +28,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `QUIVER_RENDEZVOUS` | `tcp://HOST:PORT` (port 1 to 65535) or `file:///DIR` (required) |
+//! | `QUIVER_RENDEZVOUS_KEY` | the `tcp://` store's secret, 64 hex digits; set by `quiver run`, otherwise the user's `~/.quiver/rendezvous.key` ([`super::rendezvous::StoreKey::from_lookup`]) |
 //! | `QUIVER_JOB_ID`, `QUIVER_JOB_TOKEN` | decimal u32 (0 to 4294967295) and exactly 16 hex digits, both or neither; set by `quiver run`, which then also serves the tcp store |
 //! | `QUIVER_NODE` | this rank's node name, 1 to 255 printable ASCII characters without whitespace, `\|` or `,` (default: the host name) |
 //! | `QUIVER_ADDR` | this rank's IPv4 or IPv6 address (default: the local address of the connection to the store, or 127.0.0.1) |
@@ -50,7 +51,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::rendezvous::{
-    parse_url, show, Deadline, KvServer, KvServerHandle, Rendezvous, RendezvousUrl, MAX_ITEM_LEN,
+    parse_url, show, Deadline, KvServer, KvServerHandle, Rendezvous, RendezvousUrl, StoreKey,
+    MAX_ITEM_LEN,
 };
 use crate::error::{Error, Result};
 
@@ -482,23 +484,29 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
         addr,
     } = settings(get)?;
 
-    // The store: served by the launcher, by rank 0, or a directory.
+    // The store: served by the launcher, by rank 0, or a directory. A tcp:// store
+    // admits only the job's processes, which share its key.
+    let key = match &url {
+        RendezvousUrl::Tcp(_) => Some(StoreKey::from_lookup(get)?),
+        RendezvousUrl::File(_) => None,
+    };
     let mut server = None;
-    if let RendezvousUrl::Tcp(host_port) = &url {
+    if let (RendezvousUrl::Tcp(host_port), Some(key)) = (&url, &key) {
         if env_job.is_none() && rank == 0 {
-            server = Some(serve(host_port, &url_text)?);
+            server = Some(serve(host_port, &url_text, key.clone())?);
         }
     }
-    let rv = Rendezvous::connect_url(url, deadline.remaining()).map_err(|e| match e {
-        Error::Rendezvous { url, reason } if env_job.is_some() => Error::Rendezvous {
-            url,
-            reason: format!(
+    let rv =
+        Rendezvous::connect_url(url, key.as_ref(), deadline.remaining()).map_err(|e| match e {
+            Error::Rendezvous { url, reason } if env_job.is_some() => Error::Rendezvous {
+                url,
+                reason: format!(
                 "{reason} (QUIVER_JOB_ID is set, so the launcher is expected to serve the store; \
                  unset QUIVER_JOB_ID and QUIVER_JOB_TOKEN to have rank 0 serve it)"
             ),
-        },
-        e => e,
-    })?;
+            },
+            e => e,
+        })?;
     let waiting = |what: String| {
         let url = rv.url().to_string();
         move |e: Error| match e {
@@ -613,7 +621,7 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
 }
 
 /// Rank 0 serves the store at `host_port` (an address of its own node).
-fn serve(host_port: &str, url_text: &str) -> Result<KvServerHandle> {
+fn serve(host_port: &str, url_text: &str, key: StoreKey) -> Result<KvServerHandle> {
     let context = format!(
         "rank 0 cannot serve the rendezvous store at {url_text} (QUIVER_RENDEZVOUS): HOST must \
          be an address of rank 0's node and PORT free"
@@ -624,7 +632,7 @@ fn serve(host_port: &str, url_text: &str) -> Result<KvServerHandle> {
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "HOST resolves to no address");
     for addr in addrs {
         match KvServer::bind(addr) {
-            Ok(server) => return Ok(server.spawn()),
+            Ok(server) => return Ok(server.spawn(key)),
             Err(e) => last = e,
         }
     }
@@ -836,11 +844,17 @@ mod tests {
 
     type Env = HashMap<String, String>;
 
+    /// The store key of the tests' jobs (every environment below has it).
+    const TEST_KEY: &str = "0707070707070707070707070707070707070707070707070707070707070707";
+
     fn env(pairs: &[(&str, &str)]) -> Env {
-        pairs
+        let mut e: Env = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+            .collect();
+        e.entry(super::super::rendezvous::KEY_VAR.to_string())
+            .or_insert_with(|| TEST_KEY.to_string());
+        e
     }
 
     fn detect_in(pairs: &[(&str, &str)]) -> Result<Detected> {
@@ -1213,7 +1227,7 @@ mod tests {
     fn bad_node_and_addr_are_invalid_env() {
         let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .unwrap()
-            .spawn();
+            .spawn(StoreKey::parse(TEST_KEY).unwrap());
         let url = format!("tcp://{}", srv.local_addr());
         let base = [
             ("QUIVER_RANK", "0"),
@@ -1307,7 +1321,7 @@ mod tests {
     fn four_ranks_against_a_launcher_store() {
         let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .unwrap()
-            .spawn();
+            .spawn(StoreKey::parse(TEST_KEY).unwrap());
         let url = format!("tcp://{}", srv.local_addr());
         let jobs = run_ranks(quiver_envs(&url, &["", "", "", ""]));
         check_agree(&jobs);
@@ -1326,7 +1340,7 @@ mod tests {
     fn two_nodes_from_quiver_node() {
         let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .unwrap()
-            .spawn();
+            .spawn(StoreKey::parse(TEST_KEY).unwrap());
         let url = format!("tcp://{}", srv.local_addr());
         let jobs = run_ranks(quiver_envs(&url, &["n0", "n0", "n1", "n1"]));
         check_agree(&jobs);
@@ -1335,7 +1349,7 @@ mod tests {
         // Numbering by first appearance, on a store of its own.
         let srv2 = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .unwrap()
-            .spawn();
+            .spawn(StoreKey::parse(TEST_KEY).unwrap());
         let url2 = format!("tcp://{}", srv2.local_addr());
         let jobs = run_ranks(quiver_envs(&url2, &["b", "a", "b", "c"]));
         check_agree(&jobs);
@@ -1420,7 +1434,7 @@ mod tests {
     fn many_ranks_spill_the_node_list_over_chunks() {
         let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .unwrap()
-            .spawn();
+            .spawn(StoreKey::parse(TEST_KEY).unwrap());
         let url = format!("tcp://{}", srv.local_addr());
         let long: Vec<String> = (0..24).map(|i| format!("{}{i}", "n".repeat(200))).collect();
         let names: Vec<&str> = long.iter().map(String::as_str).collect();

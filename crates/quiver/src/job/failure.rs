@@ -202,7 +202,8 @@ pub(super) mod tests {
         let (mut jobs, store) = jobs(3);
         // Rank 1's process "died": its published process is one that does not exist.
         let absent = jobs.remove(1);
-        let rv = Rendezvous::connect(&format!("tcp://{}", store.local_addr()), T).unwrap();
+        let url = format!("tcp://{}", store.local_addr());
+        let rv = Rendezvous::connect(&url, &crate::test_support::store_key(), T).unwrap();
         assert_eq!(
             rv.try_get("proc/1")
                 .unwrap()

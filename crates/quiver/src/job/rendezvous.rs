@@ -20,11 +20,26 @@
 //! - Nothing received from the network or read from the directory is trusted: lines are
 //!   length-limited, malformed requests are answered with `ERR`, and malformed replies or
 //!   file contents become [`Error::Rendezvous`]. Nothing here panics on bad input.
+//! - Only the job's processes use a `tcp://` store: every request and every reply carries
+//!   a keyed MAC of the job's [`StoreKey`] (a secret the launcher passes in
+//!   `QUIVER_RENDEZVOUS_KEY`, or the user's own key file, [`StoreKey::from_lookup`]). A
+//!   client without the key can neither read nor write; its connection is closed at its
+//!   first request. The server bounds what anyone can make it hold: at most
+//!   [`MAX_KEYS`] keys and [`MAX_STORED_BYTES`] bytes, [`MAX_UNAUTHENTICATED`]
+//!   connections that have not proved the key (each given [`HANDSHAKE_TIMEOUT`] to do
+//!   so), and idle connections closed after [`IDLE_TIMEOUT`] (clients redial).
+//!   `file://` stores rely on the directory's mode (0700) instead.
 //!
 //! # Line protocol (tcp)
 //!
-//! One request per line and one reply line per request. Fields are separated by a single
-//! space; lines end with `\n` (a `\r` before it is ignored) and hold at most 8448 bytes.
+//! On connecting, the server sends `HELLO nonce` (32 hex digits, fresh per connection).
+//! Then one request per line and one reply line per request, each preceded by its tag:
+//! `TAG request` and `TAG reply`, where TAG is the first 16 bytes (32 hex digits) of
+//! the BLAKE3 keyed hash, under the store key, of a direction label (`req` or `rep`),
+//! the nonce, the request's number on the connection (from 0) and the line. A tag
+//! binds a line to its connection, its place and its direction: replayed, reordered or
+//! reflected lines fail. Fields are separated by a single space; lines end with `\n` (a
+//! `\r` before it is ignored) and hold at most 8448 bytes.
 //!
 //! | request              | reply                                                        |
 //! |----------------------|--------------------------------------------------------------|
@@ -33,6 +48,9 @@
 //! | `GET key timeout_ms` | `VAL value` once the key exists, or `TIMEOUT`                |
 //! | `TRYGET key`         | `VAL value` or `NONE`                                        |
 //! | anything else        | `ERR reason`; the connection goes on serving                 |
+//!
+//! A request whose tag is wrong is answered `ERR not authenticated` (untagged) and the
+//! connection is closed.
 //!
 //! A connection answers its requests in order; the server serves connections in parallel
 //! (a thread each), so a `GET` blocked on one connection delays no other. The client
@@ -69,6 +87,18 @@ pub const MAX_ITEM_LEN: usize = 4096;
 const MAX_LINE: usize = 2 * MAX_ITEM_LEN + 256;
 /// Connections a server serves at once; more are answered `ERR` and closed.
 const MAX_CONNECTIONS: usize = 4096;
+/// Connections that have not yet sent a request with a valid tag, at once; more are
+/// answered `ERR` and closed.
+pub const MAX_UNAUTHENTICATED: usize = 64;
+/// How long a new connection has to send its first (authenticated) request.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an authenticated connection may stay silent between requests before the
+/// server closes it (clients open a new one when they need it).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Keys a store holds at most (a job needs a few per rank and endpoint).
+pub const MAX_KEYS: usize = 1 << 20;
+/// Bytes of keys and values a store holds at most.
+pub const MAX_STORED_BYTES: usize = 256 << 20;
 /// Idle connections a client keeps for reuse.
 const MAX_IDLE: usize = 8;
 /// How much longer than the server's own wait a client waits for a reply.
@@ -269,11 +299,213 @@ fn read_line_limited<R: BufRead>(r: &mut R, buf: &mut Vec<u8>, max: usize) -> io
 }
 
 // ---------------------------------------------------------------------------------------
+// Authentication
+
+/// The secret that admits a process to a job's `tcp://` store: 32 random bytes, written
+/// as 64 hex digits in `QUIVER_RENDEZVOUS_KEY`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreKey([u8; 32]);
+
+impl fmt::Debug for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StoreKey(..)")
+    }
+}
+
+/// The variable that carries a job's store key.
+pub const KEY_VAR: &str = "QUIVER_RENDEZVOUS_KEY";
+/// Where a user's own store key lives (under `$HOME`) when no launcher passes one: for
+/// jobs started by other launchers (`mpirun`, `srun`) whose rank 0 serves the store.
+pub const KEY_FILE: &str = ".quiver/rendezvous.key";
+
+impl StoreKey {
+    /// A fresh random key.
+    pub fn generate() -> StoreKey {
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k).expect("the kernel's random number generator");
+        StoreKey(k)
+    }
+
+    /// The 64 hex digits of `QUIVER_RENDEZVOUS_KEY`.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses 64 hex digits.
+    pub fn parse(s: &str) -> Option<StoreKey> {
+        let s = s.trim();
+        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let mut k = [0u8; 32];
+        for (i, byte) in k.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(StoreKey(k))
+    }
+
+    /// The job's key: `QUIVER_RENDEZVOUS_KEY` if set (`quiver run` sets it), else the
+    /// user's key file `$HOME/.quiver/rendezvous.key`, created (mode 0600, in a
+    /// directory of mode 0700) with a fresh key if it does not exist yet. A key file
+    /// that others may read, or another user's, is refused: anyone who can read it can
+    /// join the user's jobs' stores.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<StoreKey> {
+        if let Some(v) = get(KEY_VAR) {
+            return StoreKey::parse(&v).ok_or_else(|| Error::InvalidEnv {
+                var: KEY_VAR.into(),
+                value: "(not shown)".into(),
+                reason: "expected 64 hex digits (the launcher sets it; `quiver run` does)".into(),
+            });
+        }
+        let home = get("HOME")
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| Error::MissingEnv {
+                var: KEY_VAR,
+                hint: format!(
+                    "a tcp:// store needs the job's secret: set {KEY_VAR} to the same 64 hex \
+                 digits on every rank, or set HOME so that ~/{KEY_FILE} can hold it"
+                ),
+            })?;
+        load_or_create_key_file(&Path::new(&home).join(KEY_FILE))
+    }
+
+    /// The tag of `line`, the `seq`-th of its direction (`req` or `rep`) on the
+    /// connection whose nonce is `nonce`.
+    fn tag(&self, direction: &[u8; 3], nonce: &[u8; 16], seq: u64, line: &[u8]) -> [u8; 16] {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(direction);
+        h.update(nonce);
+        h.update(&seq.to_le_bytes());
+        h.update(line);
+        let mut tag = [0u8; 16];
+        tag.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        tag
+    }
+}
+
+fn hex16(b: &[u8; 16]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hex16(s: &str) -> Option<[u8; 16]> {
+    if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Splits `TAG rest` and checks TAG against `key`'s tag of `rest` (in constant time);
+/// `rest` if it holds.
+fn verified<'a>(
+    key: &StoreKey,
+    direction: &[u8; 3],
+    nonce: &[u8; 16],
+    seq: u64,
+    line: &'a [u8],
+) -> Option<&'a [u8]> {
+    let space = line.iter().position(|&b| b == b' ')?;
+    let (tag, rest) = (&line[..space], &line[space + 1..]);
+    let tag = parse_hex16(std::str::from_utf8(tag).ok()?)?;
+    let want = key.tag(direction, nonce, seq, rest);
+    let diff = tag
+        .iter()
+        .zip(want.iter())
+        .fold(0u8, |d, (a, b)| d | (a ^ b));
+    (diff == 0).then_some(rest)
+}
+
+/// Reads the key in `path`, or creates it with a fresh key (atomically: concurrent ranks
+/// all end with the same key).
+fn load_or_create_key_file(path: &Path) -> Result<StoreKey> {
+    use std::os::unix::fs::MetadataExt;
+    let fail = |what: &str, e: io::Error| Error::io(format!("{what} {}", path.display()), e);
+    if let Some(dir) = path.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| fail("cannot create the directory of", e))?;
+    }
+    if !path.exists() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| fail("cannot create", e))?;
+        f.write_all(format!("{}\n", StoreKey::generate().to_hex()).as_bytes())
+            .and_then(|_| f.sync_all())
+            .map_err(|e| fail("cannot write", e))?;
+        // The first link wins; the others read its key.
+        let linked = fs::hard_link(&tmp, path);
+        let _ = fs::remove_file(&tmp);
+        if let Err(e) = linked {
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(fail("cannot create", e));
+            }
+        }
+    }
+    let meta = fs::metadata(path).map_err(|e| fail("cannot read", e))?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(Error::Config(format!(
+            "{} belongs to uid {} with mode {:o}: the rendezvous key file must be yours \
+             with mode 600 (chmod 600 it, or remove it for a new one)",
+            path.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    let text = fs::read_to_string(path).map_err(|e| fail("cannot read", e))?;
+    StoreKey::parse(&text).ok_or_else(|| {
+        Error::Config(format!(
+            "{} does not hold a rendezvous key (64 hex digits); remove it for a new one",
+            path.display()
+        ))
+    })
+}
+
+const REQUEST: &[u8; 3] = b"req";
+const REPLY: &[u8; 3] = b"rep";
+
+// ---------------------------------------------------------------------------------------
 // Server
 
 /// State shared by the accept thread, the connection threads and the handle.
+/// What a server holds and waits for at most.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    keys: usize,
+    bytes: usize,
+    unauthenticated: usize,
+    handshake: Duration,
+    idle: Duration,
+}
+
+impl Limits {
+    const DEFAULT: Limits = Limits {
+        keys: MAX_KEYS,
+        bytes: MAX_STORED_BYTES,
+        unauthenticated: MAX_UNAUTHENTICATED,
+        handshake: HANDSHAKE_TIMEOUT,
+        idle: IDLE_TIMEOUT,
+    };
+}
+
 struct Shared {
+    key: StoreKey,
+    limits: Limits,
     map: Mutex<HashMap<String, String>>,
+    /// Bytes of the keys and values in `map`.
+    stored: AtomicU64,
+    /// Connections that have not yet proved the key.
+    unauthenticated: AtomicU64,
     changed: Condvar,
     stop: AtomicBool,
     /// A clone of every open connection, to close them on shutdown.
@@ -310,13 +542,21 @@ impl KvServer {
     }
 
     /// Serves the store on background threads (one accepting, one per connection) until
-    /// the returned handle is shut down or dropped.
+    /// the returned handle is shut down or dropped, to the clients that hold `key`.
     ///
     /// # Panics
     ///
     /// If the operating system cannot create the accepting thread.
-    pub fn spawn(self) -> KvServerHandle {
+    pub fn spawn(self, key: StoreKey) -> KvServerHandle {
+        self.spawn_limited(key, Limits::DEFAULT)
+    }
+
+    fn spawn_limited(self, key: StoreKey, limits: Limits) -> KvServerHandle {
         let shared = Arc::new(Shared {
+            key,
+            limits,
+            stored: AtomicU64::new(0),
+            unauthenticated: AtomicU64::new(0),
             map: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -450,10 +690,14 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, id: u64) {
     };
     {
         let mut conns = lock(&shared.conns);
-        if conns.len() >= MAX_CONNECTIONS {
+        if conns.len() >= MAX_CONNECTIONS
+            || shared.unauthenticated.load(Ordering::Acquire)
+                >= shared.limits.unauthenticated as u64
+        {
             let _ = (&stream).write_all(b"ERR too many connections\n");
             return;
         }
+        shared.unauthenticated.fetch_add(1, Ordering::AcqRel);
         conns.insert(id, registered);
     }
     let for_thread = Arc::clone(shared);
@@ -472,20 +716,64 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, id: u64) {
 }
 
 fn serve_conn(shared: &Shared, stream: TcpStream) {
+    let mut authenticated = false;
+    serve_authenticated(shared, stream, &mut authenticated);
+    if !authenticated {
+        shared.unauthenticated.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Greets the client with the connection's nonce and answers its tagged requests until
+/// it hangs up, stays silent too long or sends a request without the key's tag.
+fn serve_authenticated(shared: &Shared, stream: TcpStream, authenticated: &mut bool) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
+    let mut nonce = [0u8; 16];
+    if getrandom::fill(&mut nonce).is_err() {
+        return;
+    }
     let mut reader = BufReader::new(read_half);
     let mut writer = stream;
+    if writer
+        .write_all(format!("HELLO {}\n", hex16(&nonce)).as_bytes())
+        .is_err()
+    {
+        return;
+    }
     let mut line = Vec::with_capacity(256);
-    loop {
-        let mut reply = match read_line_limited(&mut reader, &mut line, MAX_LINE) {
-            Ok(LineRead::Line) => handle_request(shared, &line),
-            Ok(LineRead::TooLong) => "ERR line too long".to_string(),
+    for seq in 0u64.. {
+        let silence = if *authenticated {
+            shared.limits.idle
+        } else {
+            shared.limits.handshake
+        };
+        if writer.set_read_timeout(Some(silence)).is_err() {
+            return;
+        }
+        let reply = match read_line_limited(&mut reader, &mut line, MAX_LINE) {
+            Ok(LineRead::Line) => {
+                let Some(request) = verified(&shared.key, REQUEST, &nonce, seq, &line) else {
+                    // Not the job's: no answer but this, and no second try.
+                    let _ = writer.write_all(b"ERR not authenticated\n");
+                    return;
+                };
+                if !*authenticated {
+                    *authenticated = true;
+                    shared.unauthenticated.fetch_sub(1, Ordering::AcqRel);
+                }
+                handle_request(shared, request)
+            }
+            // Unauthenticated: its tag cannot be checked; the connection ends.
+            Ok(LineRead::TooLong) => {
+                let _ = writer.write_all(b"ERR line too long\n");
+                return;
+            }
             Ok(LineRead::Eof) | Err(_) => return,
         };
-        reply.push('\n');
-        if writer.write_all(reply.as_bytes()).is_err() || shared.stop.load(Ordering::Acquire) {
+        let tag = shared.key.tag(REPLY, &nonce, seq, reply.as_bytes());
+        let out = format!("{} {reply}\n", hex16(&tag));
+        if writer.write_all(out.as_bytes()).is_err() || shared.stop.load(Ordering::Acquire) {
             return;
         }
     }
@@ -521,15 +809,29 @@ fn handle_request(shared: &Shared, line: &[u8]) -> String {
                 return format!("ERR the value {why}");
             }
             let mut map = lock(&shared.map);
+            if cmd == "PUTNX" {
+                if let Some(stored) = map.get(key) {
+                    return format!("VAL {stored}");
+                }
+            }
+            // The store's bounds: what a new value would bring beyond what it replaces.
+            let old = map.get(key).map_or(0, |v| key.len() + v.len()) as u64;
+            let new = (key.len() + value.len()) as u64;
+            let stored = shared.stored.load(Ordering::Relaxed);
+            let Limits { keys, bytes, .. } = shared.limits;
+            if (old == 0 && map.len() >= keys) || stored - old + new > bytes as u64 {
+                return format!(
+                    "ERR the store is full ({} keys, {stored} bytes; at most {keys} keys and \
+                     {bytes} bytes)",
+                    map.len()
+                );
+            }
+            shared.stored.store(stored - old + new, Ordering::Relaxed);
+            map.insert(key.to_string(), value.to_string());
+            shared.changed.notify_all();
             if cmd == "PUT" {
-                map.insert(key.to_string(), value.to_string());
-                shared.changed.notify_all();
                 "OK".into()
-            } else if let Some(stored) = map.get(key) {
-                format!("VAL {stored}")
             } else {
-                map.insert(key.to_string(), value.to_string());
-                shared.changed.notify_all();
                 format!("VAL {value}")
             }
         }
@@ -577,16 +879,39 @@ fn wait_get(shared: &Shared, key: &str, timeout: Duration) -> String {
 struct Conn {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
+    key: StoreKey,
+    /// The server's nonce for this connection, and the number of the next request.
+    nonce: [u8; 16],
+    seq: u64,
 }
 
 impl Conn {
-    fn new(stream: TcpStream) -> io::Result<Conn> {
+    /// Opens the connection: reads the server's greeting within `timeout`.
+    fn new(stream: TcpStream, key: &StoreKey, timeout: Duration) -> io::Result<Conn> {
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(REPLY_SLACK))?;
-        let reader = BufReader::new(stream.try_clone()?);
+        stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut line = Vec::with_capacity(64);
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        if !matches!(
+            read_line_limited(&mut reader, &mut line, MAX_LINE)?,
+            LineRead::Line
+        ) {
+            return Err(bad("the store closed the connection without a greeting"));
+        }
+        let greeting = String::from_utf8_lossy(&line);
+        let nonce = match greeting.strip_prefix("HELLO ").and_then(parse_hex16) {
+            Some(n) => n,
+            None if greeting.starts_with("ERR ") => return Err(bad(&greeting)),
+            None => return Err(bad("this is not a quiver store (no HELLO greeting)")),
+        };
         Ok(Conn {
             reader,
             writer: stream,
+            key: key.clone(),
+            nonce,
+            seq: 0,
         })
     }
 
@@ -594,13 +919,31 @@ impl Conn {
     fn roundtrip(&mut self, request: &str, server_wait: Duration) -> io::Result<String> {
         let read_timeout = server_wait.checked_add(REPLY_SLACK);
         self.writer.set_read_timeout(read_timeout)?;
-        let mut line = Vec::with_capacity(request.len() + 1);
-        line.extend_from_slice(request.as_bytes());
-        line.push(b'\n');
+        let seq = self.seq;
+        self.seq += 1;
+        let tag = self.key.tag(REQUEST, &self.nonce, seq, request.as_bytes());
+        let mut line = format!("{} {request}\n", hex16(&tag)).into_bytes();
         self.writer.write_all(&line)?;
+        let not_ours = |why: &str| io::Error::new(io::ErrorKind::PermissionDenied, why.to_string());
         match read_line_limited(&mut self.reader, &mut line, MAX_LINE)? {
-            LineRead::Line => String::from_utf8(line)
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "the reply is not ASCII")),
+            LineRead::Line => {
+                let reply = String::from_utf8(line).map_err(|_| {
+                    io::Error::new(io::ErrorKind::InvalidData, "the reply is not ASCII")
+                })?;
+                if reply == "ERR not authenticated" {
+                    return Err(not_ours(&format!(
+                        "the store refused this process's key: {KEY_VAR} (or ~/{KEY_FILE}) \
+                         differs from the store's"
+                    )));
+                }
+                match verified(&self.key, REPLY, &self.nonce, seq, reply.as_bytes()) {
+                    Some(body) => Ok(String::from_utf8_lossy(body).into_owned()),
+                    None => Err(not_ours(&format!(
+                        "the store's reply is not signed with this job's key ({KEY_VAR}): \
+                         another process answers at that address"
+                    ))),
+                }
+            }
             LineRead::TooLong => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the reply line is too long",
@@ -614,12 +957,12 @@ impl Conn {
 }
 
 /// Connects once to every address `host_port` resolves to, in turn.
-fn dial_once(host_port: &str, timeout: Duration) -> io::Result<Conn> {
+fn dial_once(host_port: &str, key: &StoreKey, timeout: Duration) -> io::Result<Conn> {
     let timeout = timeout.max(Duration::from_millis(1));
     let mut last = io::Error::new(io::ErrorKind::NotFound, "the host resolves to no address");
     for addr in host_port.to_socket_addrs()? {
         match TcpStream::connect_timeout(&addr, timeout) {
-            Ok(stream) => return Conn::new(stream),
+            Ok(stream) => return Conn::new(stream, key, HANDSHAKE_TIMEOUT),
             Err(e) => last = e,
         }
     }
@@ -628,9 +971,17 @@ fn dial_once(host_port: &str, timeout: Duration) -> io::Result<Conn> {
 
 /// Connects, retrying every [`DIAL_RETRY`] until `deadline`; the error is the last
 /// attempt's.
-fn dial(host_port: &str, deadline: Deadline) -> std::result::Result<Conn, io::Error> {
+fn dial(
+    host_port: &str,
+    key: &StoreKey,
+    deadline: Deadline,
+) -> std::result::Result<Conn, io::Error> {
     loop {
-        let err = match dial_once(host_port, deadline.remaining().min(Duration::from_secs(1))) {
+        let err = match dial_once(
+            host_port,
+            key,
+            deadline.remaining().min(Duration::from_secs(1)),
+        ) {
             Ok(conn) => return Ok(conn),
             Err(e) => e,
         };
@@ -644,37 +995,53 @@ fn dial(host_port: &str, deadline: Deadline) -> std::result::Result<Conn, io::Er
 
 struct TcpClient {
     host_port: String,
+    key: StoreKey,
     idle: Mutex<Vec<Conn>>,
     local_ip: Option<IpAddr>,
 }
 
 impl TcpClient {
     /// Sends one request on an idle connection (or a new one) and returns the reply line.
+    /// Every request is idempotent (a `PUT` of the same value, a `PUTNX` that returns
+    /// what is stored, reads), so one that failed on a pooled connection (closed by the
+    /// server after [`IDLE_TIMEOUT`]) is sent again on a new one.
     fn request(&self, url: &str, request: &str, server_wait: Duration) -> Result<String> {
-        let idle = lock(&self.idle).pop();
-        let mut conn = match idle {
-            Some(conn) => conn,
-            None => dial(&self.host_port, Deadline::after(REDIAL_TIMEOUT)).map_err(|e| {
-                Error::Rendezvous {
-                    url: url.to_string(),
-                    reason: format!("cannot open another connection to the store: {e}"),
-                }
-            })?,
+        let failed = |e: io::Error| Error::Rendezvous {
+            url: url.to_string(),
+            reason: format!("request to the store failed: {e}"),
         };
-        match conn.roundtrip(request, server_wait) {
-            Ok(reply) => {
-                let mut idle = lock(&self.idle);
-                if idle.len() < MAX_IDLE {
-                    idle.push(conn);
-                }
-                Ok(reply)
-            }
-            // The connection is dropped: its state is unknown.
-            Err(e) => Err(Error::Rendezvous {
-                url: url.to_string(),
-                reason: format!("request to the store failed: {e}"),
-            }),
+        let pooled = lock(&self.idle).pop();
+        let reply = match pooled {
+            Some(mut conn) => match conn.roundtrip(request, server_wait) {
+                Ok(reply) => Ok((conn, reply)),
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(failed(e)),
+                Err(_) => self.request_on_new(url, request, server_wait),
+            },
+            None => self.request_on_new(url, request, server_wait),
+        };
+        let (conn, reply) = reply.map_err(failed)?;
+        let mut idle = lock(&self.idle);
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
         }
+        Ok(reply)
+    }
+
+    fn request_on_new(
+        &self,
+        url: &str,
+        request: &str,
+        server_wait: Duration,
+    ) -> io::Result<(Conn, String)> {
+        let mut conn =
+            dial(&self.host_port, &self.key, Deadline::after(REDIAL_TIMEOUT)).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot open another connection to the store at {url}: {e}"),
+                )
+            })?;
+        let reply = conn.roundtrip(request, server_wait)?;
+        Ok((conn, reply))
     }
 }
 
@@ -820,26 +1187,37 @@ impl Rendezvous {
     /// For `tcp://` it retries every 20 ms until `timeout`, since the store (served by
     /// rank 0) may start later than this process. For `file://` it creates the directory
     /// (mode 0700) if missing.
-    pub fn connect(url: &str, timeout: Duration) -> Result<Rendezvous> {
-        Rendezvous::connect_url(parse_url(url)?, timeout)
+    pub fn connect(url: &str, key: &StoreKey, timeout: Duration) -> Result<Rendezvous> {
+        Rendezvous::connect_url(parse_url(url)?, Some(key), timeout)
     }
 
-    /// Like [`Rendezvous::connect`], from a parsed URL.
-    pub fn connect_url(url: RendezvousUrl, timeout: Duration) -> Result<Rendezvous> {
+    /// Like [`Rendezvous::connect`], from a parsed URL; a `tcp://` store needs the job's
+    /// `key` (a `file://` store none).
+    pub fn connect_url(
+        url: RendezvousUrl,
+        key: Option<&StoreKey>,
+        timeout: Duration,
+    ) -> Result<Rendezvous> {
         let url_string = url.to_string();
         let store = match url {
             RendezvousUrl::Tcp(host_port) => {
-                let conn =
-                    dial(&host_port, Deadline::after(timeout)).map_err(|e| Error::Rendezvous {
+                let key = key.ok_or_else(|| Error::Rendezvous {
+                    url: url_string.clone(),
+                    reason: format!("a tcp:// store needs the job's key ({KEY_VAR})"),
+                })?;
+                let conn = dial(&host_port, key, Deadline::after(timeout)).map_err(|e| {
+                    Error::Rendezvous {
                         url: url_string.clone(),
                         reason: format!(
                             "no store answered within {timeout:?} (last attempt: {e}); is it \
                              served at that address?"
                         ),
-                    })?;
+                    }
+                })?;
                 let local_ip = conn.writer.local_addr().ok().map(|a| a.ip());
                 Store::Tcp(TcpClient {
                     host_port,
+                    key: key.clone(),
                     idle: Mutex::new(vec![conn]),
                     local_ip,
                 })
@@ -1063,6 +1441,11 @@ impl Rendezvous {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The store key of the tests' stores.
+    fn key() -> StoreKey {
+        StoreKey([7; 32])
+    }
     use std::collections::HashSet;
     use std::net::Ipv4Addr;
     use std::sync::Barrier;
@@ -1072,7 +1455,7 @@ mod tests {
     fn server() -> KvServerHandle {
         KvServer::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
             .unwrap()
-            .spawn()
+            .spawn(key())
     }
 
     fn tcp_url(h: &KvServerHandle) -> String {
@@ -1117,8 +1500,8 @@ mod tests {
     fn a_get_arriving_during_the_shutdown_is_answered() {
         let mut srv = server();
         let url = tcp_url(&srv);
-        let late = Rendezvous::connect(&url, T).unwrap();
-        let host = Rendezvous::connect(&url, T).unwrap();
+        let late = Rendezvous::connect(&url, &key(), T).unwrap();
+        let host = Rendezvous::connect(&url, &key(), T).unwrap();
         host.put("done", "1").unwrap();
         drop(host);
         let waiter = thread::spawn(move || {
@@ -1178,7 +1561,7 @@ mod tests {
     #[test]
     fn invalid_items_rejected_before_sending() {
         let srv = server();
-        let rv = Rendezvous::connect(&tcp_url(&srv), T).unwrap();
+        let rv = Rendezvous::connect(&tcp_url(&srv), &key(), T).unwrap();
         let long = "x".repeat(MAX_ITEM_LEN + 1);
         for (k, v) in [
             ("", "v"),
@@ -1198,7 +1581,7 @@ mod tests {
     }
 
     fn put_get_across_threads(url: &str) {
-        let rv = Arc::new(Rendezvous::connect(url, T).unwrap());
+        let rv = Arc::new(Rendezvous::connect(url, &key(), T).unwrap());
         let writers: Vec<_> = (0..4)
             .map(|i| {
                 let rv = Arc::clone(&rv);
@@ -1208,7 +1591,7 @@ mod tests {
         for w in writers {
             w.join().unwrap();
         }
-        let other = Rendezvous::connect(url, T).unwrap();
+        let other = Rendezvous::connect(url, &key(), T).unwrap();
         for i in 0..4 {
             assert_eq!(
                 other.get(&format!("key/{i}"), T).unwrap(),
@@ -1229,7 +1612,7 @@ mod tests {
     }
 
     fn get_blocks_until_put(url: &str) {
-        let rv = Arc::new(Rendezvous::connect(url, T).unwrap());
+        let rv = Arc::new(Rendezvous::connect(url, &key(), T).unwrap());
         let reader = {
             let rv = Arc::clone(&rv);
             thread::spawn(move || {
@@ -1247,7 +1630,7 @@ mod tests {
     }
 
     fn get_times_out(url: &str) {
-        let rv = Rendezvous::connect(url, T).unwrap();
+        let rv = Rendezvous::connect(url, &key(), T).unwrap();
         let start = Instant::now();
         let e = rv.get("never", Duration::from_millis(100)).unwrap_err();
         assert!(matches!(e, Error::Timeout(_)), "{e}");
@@ -1268,7 +1651,7 @@ mod tests {
                 let url = url.to_string();
                 let start = Arc::clone(&start);
                 thread::spawn(move || {
-                    let rv = Rendezvous::connect(&url, T).unwrap();
+                    let rv = Rendezvous::connect(&url, &key(), T).unwrap();
                     start.wait();
                     let mine = format!("racer-{i}");
                     let stored = rv.put_if_absent("race", &mine).unwrap();
@@ -1280,7 +1663,7 @@ mod tests {
         assert_eq!(results.iter().filter(|(won, _)| *won).count(), 1);
         let seen: HashSet<_> = results.iter().map(|(_, v)| v.clone()).collect();
         assert_eq!(seen.len(), 1, "{seen:?}");
-        let rv = Rendezvous::connect(url, T).unwrap();
+        let rv = Rendezvous::connect(url, &key(), T).unwrap();
         assert_eq!(&rv.get("race", T).unwrap(), seen.iter().next().unwrap());
     }
 
@@ -1291,7 +1674,7 @@ mod tests {
                 let url = url.to_string();
                 let arrived = Arc::clone(&arrived);
                 thread::spawn(move || {
-                    let rv = Rendezvous::connect(&url, T).unwrap();
+                    let rv = Rendezvous::connect(&url, &key(), T).unwrap();
                     for round in 0..3 {
                         thread::sleep(Duration::from_millis(u64::from(rank) * 10));
                         arrived.fetch_add(1, Ordering::SeqCst);
@@ -1305,7 +1688,7 @@ mod tests {
         for r in ranks {
             r.join().unwrap();
         }
-        let rv = Rendezvous::connect(url, T).unwrap();
+        let rv = Rendezvous::connect(url, &key(), T).unwrap();
         let e = rv
             .barrier("lonely", 1, 2, Duration::from_millis(50))
             .unwrap_err();
@@ -1384,7 +1767,7 @@ mod tests {
     #[test]
     fn file_store_rejects_garbage_and_long_keys() {
         let dir = TempDir::new("garbage");
-        let rv = Rendezvous::connect(&dir.url(), T).unwrap();
+        let rv = Rendezvous::connect(&dir.url(), &key(), T).unwrap();
         fs::write(dir.0.join("k.bad"), b"two words").unwrap();
         assert!(matches!(rv.try_get("bad"), Err(Error::Rendezvous { .. })));
         assert!(matches!(
@@ -1406,9 +1789,9 @@ mod tests {
             thread::sleep(Duration::from_millis(100));
             KvServer::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
                 .unwrap()
-                .spawn()
+                .spawn(key())
         });
-        let rv = Rendezvous::connect(&format!("tcp://127.0.0.1:{port}"), T).unwrap();
+        let rv = Rendezvous::connect(&format!("tcp://127.0.0.1:{port}"), &key(), T).unwrap();
         let _srv = late.join().unwrap();
         rv.put("k", "v").unwrap();
         assert_eq!(rv.local_ip(), Some(IpAddr::V4(Ipv4Addr::LOCALHOST)));
@@ -1420,80 +1803,182 @@ mod tests {
             .port();
         let e = Rendezvous::connect(
             &format!("tcp://127.0.0.1:{free}"),
+            &key(),
             Duration::from_millis(60),
         )
         .unwrap_err();
         assert!(matches!(e, Error::Rendezvous { .. }), "{e}");
     }
 
-    fn raw_exchange(
-        reader: &mut BufReader<TcpStream>,
-        writer: &mut TcpStream,
-        send: &[u8],
-    ) -> String {
-        writer.write_all(send).unwrap();
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        line
+    /// A hand-made client of the line protocol: it tags its lines with `key`.
+    struct Raw {
+        reader: BufReader<TcpStream>,
+        writer: TcpStream,
+        key: StoreKey,
+        nonce: [u8; 16],
+        seq: u64,
+    }
+
+    impl Raw {
+        fn connect(srv: &KvServerHandle, key: StoreKey) -> Raw {
+            let stream = TcpStream::connect(srv.local_addr()).unwrap();
+            stream.set_read_timeout(Some(T)).unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut hello = String::new();
+            reader.read_line(&mut hello).unwrap();
+            let nonce = parse_hex16(hello.trim_end().strip_prefix("HELLO ").unwrap()).unwrap();
+            Raw {
+                reader,
+                writer: stream,
+                key,
+                nonce,
+                seq: 0,
+            }
+        }
+
+        /// Sends raw bytes; the reply line as it came.
+        fn send(&mut self, bytes: &[u8]) -> String {
+            self.writer.write_all(bytes).unwrap();
+            let mut line = String::new();
+            self.reader.read_line(&mut line).unwrap();
+            line
+        }
+
+        /// Sends `request` (bytes, then `end`) tagged; the reply's body, its tag checked.
+        fn tagged(&mut self, request: &[u8], end: &str) -> String {
+            let tag = self.key.tag(REQUEST, &self.nonce, self.seq, request);
+            let mut line = format!("{} ", hex16(&tag)).into_bytes();
+            line.extend_from_slice(request);
+            line.extend_from_slice(end.as_bytes());
+            let reply = self.send(&line);
+            let body = verified(
+                &self.key,
+                REPLY,
+                &self.nonce,
+                self.seq,
+                reply.trim_end().as_bytes(),
+            )
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_else(|| panic!("reply {reply:?} is not tagged"));
+            self.seq += 1;
+            body
+        }
     }
 
     #[test]
     fn malformed_lines_get_err_and_the_connection_goes_on() {
         let srv = server();
-        let stream = TcpStream::connect(srv.local_addr()).unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut writer = stream;
-        let long = format!("PUT k {}\n", "v".repeat(3 * MAX_LINE));
-        let bad: Vec<Vec<u8>> = vec![
-            b"\n".to_vec(),
-            b"HELLO\n".to_vec(),
-            b"PUT onlykey\n".to_vec(),
-            b"PUT k v extra\n".to_vec(),
-            b"PUT  k v\n".to_vec(),
-            b"GET k soon\n".to_vec(),
-            b"GET k -1\n".to_vec(),
-            b"TRYGET\n".to_vec(),
-            b"put k v\n".to_vec(),
-            b"PUT k \xff\xfe\n".to_vec(),
-            long.into_bytes(),
+        let mut raw = Raw::connect(&srv, key());
+        let bad: Vec<&[u8]> = vec![
+            b"",
+            b"HELLO",
+            b"PUT onlykey",
+            b"PUT k v extra",
+            b"PUT  k v",
+            b"GET k soon",
+            b"GET k -1",
+            b"TRYGET",
+            b"put k v",
+            b"PUT k \xff\xfe",
         ];
         for b in &bad {
-            let reply = raw_exchange(&mut reader, &mut writer, b);
+            let reply = raw.tagged(b, "\n");
             assert!(
                 reply.starts_with("ERR "),
                 "{:?} -> {reply:?}",
                 String::from_utf8_lossy(b)
             );
-            assert!(reply.ends_with('\n'));
         }
-        assert_eq!(raw_exchange(&mut reader, &mut writer, b"PUT k v\n"), "OK\n");
+        assert_eq!(raw.tagged(b"PUT k v", "\n"), "OK");
+        assert_eq!(raw.tagged(b"GET k 0", "\r\n"), "VAL v");
+        assert_eq!(raw.tagged(b"TRYGET nope", "\n"), "NONE");
+        assert_eq!(raw.tagged(b"GET nope 10", "\n"), "TIMEOUT");
+        assert_eq!(raw.tagged(b"PUTNX k w", "\n"), "VAL v");
+        assert_eq!(raw.tagged(b"PUTNX j w", "\n"), "VAL w");
+        // A line too long cannot be authenticated: refused, and the connection ends.
+        let long = format!("PUT k {}\n", "v".repeat(3 * MAX_LINE));
+        assert_eq!(raw.send(long.as_bytes()), "ERR line too long\n");
+        assert_eq!(raw.send(b"x\n"), "");
+    }
+
+    /// Issue 28, item 5: a client that does not hold the job's key (another local user,
+    /// a host on the network) can neither read nor write, nor replay another
+    /// connection's requests; its connection ends at its first request.
+    #[test]
+    fn a_client_without_the_key_reads_and_writes_nothing() {
+        let srv = server();
+        let rv = Rendezvous::connect(&tcp_url(&srv), &key(), T).unwrap();
+        rv.put("secret", "token").unwrap();
+        // Untagged, as before the store had keys.
+        let mut plain = Raw::connect(&srv, key());
+        assert_eq!(plain.send(b"TRYGET secret\n"), "ERR not authenticated\n");
         assert_eq!(
-            raw_exchange(&mut reader, &mut writer, b"GET k 0\r\n"),
-            "VAL v\n"
+            plain.send(b"PUT secret mine\n"),
+            "",
+            "the connection must be closed"
         );
-        assert_eq!(
-            raw_exchange(&mut reader, &mut writer, b"TRYGET nope\n"),
-            "NONE\n"
-        );
-        assert_eq!(
-            raw_exchange(&mut reader, &mut writer, b"GET nope 10\n"),
-            "TIMEOUT\n"
-        );
-        assert_eq!(
-            raw_exchange(&mut reader, &mut writer, b"PUTNX k w\n"),
-            "VAL v\n"
-        );
-        assert_eq!(
-            raw_exchange(&mut reader, &mut writer, b"PUTNX j w\n"),
-            "VAL w\n"
-        );
+        // Tagged with another key.
+        let mut wrong = Raw::connect(&srv, StoreKey([8; 32]));
+        let tag = wrong.key.tag(REQUEST, &wrong.nonce, 0, b"PUT secret mine");
+        let line = format!("{} PUT secret mine\n", hex16(&tag));
+        assert_eq!(wrong.send(line.as_bytes()), "ERR not authenticated\n");
+        // A valid line of one connection replayed on another.
+        let first = Raw::connect(&srv, key());
+        let tag = first.key.tag(REQUEST, &first.nonce, 0, b"PUT secret mine");
+        let line = format!("{} PUT secret mine\n", hex16(&tag));
+        let mut second = Raw::connect(&srv, key());
+        assert_eq!(second.send(line.as_bytes()), "ERR not authenticated\n");
+        // The library's client with the wrong key says what is wrong.
+        let e = Rendezvous::connect(&tcp_url(&srv), &StoreKey([8; 32]), T)
+            .and_then(|r| r.try_get("secret"))
+            .unwrap_err();
+        assert!(e.to_string().contains(KEY_VAR), "{e}");
+        assert_eq!(rv.try_get("secret").unwrap().as_deref(), Some("token"));
+    }
+
+    /// The server bounds what a client can make it hold or wait for: connections that
+    /// have not proved the key, their time to do so, keys and bytes stored.
+    #[test]
+    fn the_store_bounds_connections_keys_and_bytes() {
+        let limits = Limits {
+            keys: 3,
+            bytes: 40,
+            unauthenticated: 2,
+            handshake: Duration::from_millis(300),
+            idle: Duration::from_millis(300),
+        };
+        let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .unwrap()
+            .spawn_limited(key(), limits);
+        let silent: Vec<_> = (0..2).map(|_| Raw::connect(&srv, key())).collect();
+        let mut third = TcpStream::connect(srv.local_addr()).unwrap();
+        let mut refused = String::new();
+        third.set_read_timeout(Some(T)).unwrap();
+        BufReader::new(&mut third).read_line(&mut refused).unwrap();
+        assert_eq!(refused, "ERR too many connections\n");
+        // The silent ones are cut off after the handshake time; then others get in.
+        for mut s in silent {
+            assert_eq!(s.send(b""), "");
+        }
+        let rv = Rendezvous::connect(&tcp_url(&srv), &key(), T).unwrap();
+        rv.put("a", "1").unwrap();
+        rv.put("b", "2").unwrap();
+        rv.put("a", "3").unwrap(); // a replacement needs no new key
+        rv.put("c", "4").unwrap();
+        let full = rv.put("d", "5").unwrap_err();
+        assert!(full.to_string().contains("full"), "{full}");
+        let too_big = rv.put("a", &"x".repeat(40)).unwrap_err();
+        assert!(too_big.to_string().contains("full"), "{too_big}");
+        // An idle connection is closed by the server; the client redials.
+        thread::sleep(Duration::from_millis(600));
+        assert_eq!(rv.try_get("a").unwrap().as_deref(), Some("3"));
     }
 
     #[test]
     fn shutdown_stops_listener_and_wakes_getters() {
         let mut srv = server();
         let addr = srv.local_addr();
-        let rv = Arc::new(Rendezvous::connect(&tcp_url(&srv), T).unwrap());
+        let rv = Arc::new(Rendezvous::connect(&tcp_url(&srv), &key(), T).unwrap());
         let waiter = {
             let rv = Arc::clone(&rv);
             thread::spawn(move || rv.get("never", Duration::from_secs(60)))

@@ -2,7 +2,7 @@
 //! served by the test, so that whole-stack tests need no launcher.
 #![allow(dead_code)]
 
-use quiver::admin::{KvServer, KvServerHandle};
+use quiver::admin::{KvServer, KvServerHandle, StoreKey, KEY_VAR};
 use quiver::{Config, Job, TransportChoice, WaitMode};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,13 +16,16 @@ pub struct TestJob {
     pub size: u32,
     /// A store other than the server's (a `file://` store for ranks in namespaces).
     pub url: Option<String>,
+    /// The key of the job's store.
+    pub key: StoreKey,
 }
 
 impl TestJob {
     pub fn new(size: u32) -> TestJob {
+        let key = StoreKey::generate();
         let server = KvServer::bind("127.0.0.1:0".parse().unwrap())
             .expect("bind rendezvous")
-            .spawn();
+            .spawn(key.clone());
         let mut b = [0u8; 12];
         getrandom_fill(&mut b);
         TestJob {
@@ -31,6 +34,7 @@ impl TestJob {
             token: u64::from_le_bytes(b[4..].try_into().unwrap()),
             size,
             url: None,
+            key,
         }
     }
 
@@ -58,6 +62,7 @@ impl TestJob {
             ("QUIVER_JOB_ID", self.job_id.to_string()),
             ("QUIVER_JOB_TOKEN", format!("{:016x}", self.token)),
             ("QUIVER_RENDEZVOUS", self.url()),
+            (KEY_VAR, self.key.to_hex()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

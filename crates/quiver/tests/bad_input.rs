@@ -165,3 +165,59 @@ fn hostile_datagrams_are_counted_and_dropped() {
         start.elapsed()
     );
 }
+
+/// Issue 28, item 6: a frame with this job's id and token, naming a real rank and
+/// endpoint, sent from another address than the one that rank published (127.0.0.2
+/// here, still loopback) is dropped and counted, whatever its checksum; the endpoint
+/// goes on.
+#[test]
+fn frames_from_another_address_than_the_ranks_are_dropped() {
+    let tj = TestJob::new(2);
+    let cfg = config(TransportChoice::Udp);
+    let (job0, job1) = std::thread::scope(|s| {
+        let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
+        let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let rx = job1.open(1).unwrap();
+    let tx = job0.open(1).unwrap();
+    tx.target_rank(1).unwrap();
+    // Rank 0 is known to rank 1 before the impostor speaks.
+    tx.write(b"first").unwrap();
+    assert_eq!(
+        &*rx.read_timeout(Duration::from_secs(10)).unwrap(),
+        b"first"
+    );
+    let kv = Rendezvous::connect(&tj.url(), &tj.key, Duration::from_secs(5)).unwrap();
+    let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
+    let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();
+    let impostor = UdpSocket::bind("127.0.0.2:0").unwrap();
+    let forged = Header {
+        kind: FrameKind::Data,
+        flags: Flags::FIRST | Flags::LAST,
+        src_dpid: 1,
+        dst_dpid: 1,
+        credits: 0,
+        src_rank: 0,
+        job_id: tj.job_id,
+        token: tj.token as u32,
+        seq: 1,
+        ack: 0,
+        checksum: 0,
+    };
+    impostor.send_to(&sealed(&forged, b"forged"), addr).unwrap();
+    // And a corrupted one, which must not be charged to rank 0's channel either.
+    let mut corrupt = sealed(&Header { seq: 2, ..forged }, b"corrupt");
+    *corrupt.last_mut().unwrap() ^= 1;
+    impostor.send_to(&corrupt, addr).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    tx.write(b"second").unwrap();
+    assert_eq!(
+        &*rx.read_timeout(Duration::from_secs(10)).unwrap(),
+        b"second"
+    );
+    let st = rx.stats();
+    assert_eq!(st.dropped_spoofed, 1, "{st:?}");
+    assert_eq!(st.checksum_failures, 0, "{st:?}");
+    assert!(rx.try_read().unwrap().is_none());
+}

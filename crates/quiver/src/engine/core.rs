@@ -150,10 +150,11 @@ pub(crate) enum Checked {
     Frame(Header, RxFrame),
     /// Dropped and counted: the caller gives the slot back to the link.
     Dropped,
-    /// Dropped as corrupted, and the channel of the peer it names was told: the caller
-    /// gives the slot back to the link, and the round runs the channels (the one told
-    /// may want to answer).
-    Corrupted,
+    /// Dropped as corrupted (its checksum failed), with the header it came with, which
+    /// names this job, its token and this endpoint: the caller gives the slot back to the
+    /// link and, if the header names a known peer whose address the datagram came from,
+    /// tells that peer's channel ([`Core::report_corrupted`]).
+    Corrupted(Header),
 }
 
 /// What [`Core::poll_transmit`] has for the driver to send to one peer.
@@ -230,70 +231,65 @@ impl<D> Core<D> {
         &self.me
     }
 
-    /// Decodes a datagram and checks that it belongs here: this job, its token, this
-    /// endpoint and a rank of the job. Counts and drops what does not; a corrupted frame
-    /// from a known peer is reported to that peer's channel (mode `none` reports it,
-    /// `host` lets retransmission repair it).
+    /// Checks that a datagram belongs here (this job, its token, this endpoint, a rank
+    /// of the job) and only then decodes it (checksum, body). Counts and drops what does
+    /// not belong or does not decode: a foreign frame costs no checksum and no peer
+    /// hears of it. A corrupted frame whose header names this job, token and endpoint
+    /// comes back as [`Checked::Corrupted`], for the caller to report (mode `none`
+    /// reports it, `host` lets retransmission repair it).
     #[inline]
-    pub(crate) fn check(
-        &mut self,
-        now: Time,
-        slot: u32,
-        bytes: &[u8],
-        stats: &mut EndpointStats,
-    ) -> Checked {
-        let (h, rxf) = match wire::decode(bytes) {
+    pub(crate) fn check(&mut self, slot: u32, bytes: &[u8], stats: &mut EndpointStats) -> Checked {
+        let h = match Header::parse(bytes) {
+            Ok(h) => h,
+            Err(_) => {
+                stats.dropped_malformed += 1;
+                return Checked::Dropped;
+            }
+        };
+        if h.job_id != self.me.job_id {
+            stats.dropped_foreign_job += 1;
+            return Checked::Dropped;
+        } else if h.token != self.me.token {
+            stats.dropped_bad_token += 1;
+            return Checked::Dropped;
+        } else if h.dst_dpid != self.me.dpid || h.src_rank >= self.me.size {
+            stats.dropped_misaddressed += 1;
+            return Checked::Dropped;
+        }
+        let rxf = match wire::decode_parsed(h, bytes) {
             Ok(frame) => {
                 let data = frame.data();
-                let rx = RxFrame {
+                RxFrame {
                     slot,
                     seq: frame.header.seq,
                     flags: frame.header.flags,
                     total_len: frame.total_len(),
                     data_off: (data.as_ptr() as usize - bytes.as_ptr() as usize) as u32,
                     data_len: data.len() as u32,
-                };
-                (frame.header, rx)
+                }
             }
             Err(e) => {
                 stats.dropped_malformed += 1;
                 if let DecodeError::Checksum { .. } = e {
-                    if self.corrupted(now, bytes) {
-                        return Checked::Corrupted;
-                    }
+                    return Checked::Corrupted(h);
                 }
                 return Checked::Dropped;
             }
         };
-        if h.job_id != self.me.job_id {
-            stats.dropped_foreign_job += 1;
-        } else if h.token != self.me.token {
-            stats.dropped_bad_token += 1;
-        } else if h.dst_dpid != self.me.dpid || h.src_rank >= self.me.size {
-            stats.dropped_misaddressed += 1;
-        } else {
-            return Checked::Frame(h, rxf);
-        }
-        Checked::Dropped
+        Checked::Frame(h, rxf)
     }
 
-    /// A frame that failed its checksum: if its header still names a known peer of this
-    /// job, that peer's channel hears of it (true).
+    /// Peer `i` sent a frame that failed its checksum ([`Checked::Corrupted`]): its
+    /// channel hears of it.
     #[cold]
-    fn corrupted(&mut self, now: Time, bytes: &[u8]) -> bool {
-        let Some(h) = Header::parse(bytes)
-            .ok()
-            .filter(|h| h.job_id == self.me.job_id)
-        else {
-            return false;
-        };
-        match self.find_peer(source_of(&h)) {
-            Some(i) => {
-                self.peers[i].duplex.handle_invalid(now);
-                true
-            }
-            None => false,
-        }
+    pub(crate) fn report_corrupted(&mut self, now: Time, i: usize) {
+        self.peers[i].duplex.handle_invalid(now);
+    }
+
+    /// Where peer `i` lives.
+    #[inline]
+    pub(crate) fn peer_dest(&self, i: usize) -> &D {
+        &self.peers[i].dest
     }
 }
 
@@ -977,14 +973,17 @@ mod tests {
         let mut touched = false;
         for f in frames {
             let slot = mem.put(f);
-            match to.check(now, slot, f, stats) {
+            match to.check(slot, f, stats) {
                 Checked::Frame(h, rxf) => {
                     let i = to.find_peer(source_of(&h)).expect("a known peer");
                     touched |= to.handle_frame(i, &h, rxf, ready, mem);
                 }
                 Checked::Dropped => mem.free_slot(slot),
-                Checked::Corrupted => {
-                    touched = true;
+                Checked::Corrupted(h) => {
+                    if let Some(i) = to.find_peer(source_of(&h)) {
+                        to.report_corrupted(now, i);
+                        touched = true;
+                    }
                     mem.free_slot(slot);
                 }
             }
@@ -1083,14 +1082,43 @@ mod tests {
         *frame.last_mut().unwrap() ^= 0x40;
         let (mut mem, mut stats) = (Memory::default(), EndpointStats::default());
         let slot = mem.put(&frame);
-        assert!(matches!(
-            b.check(at(2), slot, &frame, &mut stats),
-            Checked::Corrupted
-        ));
+        let Checked::Corrupted(h) = b.check(slot, &frame, &mut stats) else {
+            panic!("a corrupted frame of this job, token and endpoint")
+        };
+        b.report_corrupted(at(2), b.find_peer(source_of(&h)).expect("a known peer"));
         assert_eq!(stats.dropped_malformed, 1);
         let mut counters = EndpointStats::default();
         b.add_counters(&mut counters);
         assert_eq!(counters.checksum_failures, 1);
+    }
+
+    /// Issue 28, item 6: a corrupted frame that names this job but not its token (or
+    /// not this endpoint) is nobody's: it is dropped as what it is, and no channel hears
+    /// of it (with reliability `none`, hearing of it fails the channel).
+    #[test]
+    fn a_corrupted_frame_without_the_token_is_charged_to_no_peer() {
+        let (mut a, mut b) = pair();
+        let good = a.send_lone(0, at(1), b"", b"payload").unwrap().1.to_vec();
+        let (mut mem, mut stats) = (Memory::default(), EndpointStats::default());
+        for (field, counter) in [(16..20, "token"), (4..6, "endpoint")] {
+            let mut frame = good.clone();
+            frame[field.start] ^= 1;
+            *frame.last_mut().unwrap() ^= 0x40;
+            let slot = mem.put(&frame);
+            assert!(
+                matches!(b.check(slot, &frame, &mut stats), Checked::Dropped),
+                "a frame with another {counter}"
+            );
+            mem.free_slot(slot);
+        }
+        assert_eq!(
+            (stats.dropped_bad_token, stats.dropped_misaddressed),
+            (1, 1)
+        );
+        assert_eq!(stats.dropped_malformed, 0, "no checksum was spent on them");
+        let mut counters = EndpointStats::default();
+        b.add_counters(&mut counters);
+        assert_eq!(counters.checksum_failures, 0);
     }
 
     #[test]

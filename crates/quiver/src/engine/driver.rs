@@ -201,14 +201,20 @@ impl<L: Link, C: Clock> Driver<L, C> {
         for d in &batch {
             stats.frames_received += 1;
             let bytes = &self.link.slot(d.slot)[..d.len];
-            let (h, rxf) = match self.core.check(now, d.slot, bytes, stats) {
+            let (h, rxf) = match self.core.check(d.slot, bytes, stats) {
                 Checked::Frame(h, rxf) => (h, rxf),
                 Checked::Dropped => {
                     self.link.free_slot(d.slot);
                     continue;
                 }
-                Checked::Corrupted => {
-                    touched = true;
+                Checked::Corrupted(h) => {
+                    // Charged to a known peer only if it came from that peer's address.
+                    if let Some(i) = self.core.find_peer(source_of(&h)) {
+                        if self.link.sent_from(d.slot, self.core.peer_dest(i)) {
+                            self.core.report_corrupted(now, i);
+                            touched = true;
+                        }
+                    }
                     self.link.free_slot(d.slot);
                     continue;
                 }
@@ -222,6 +228,12 @@ impl<L: Link, C: Clock> Driver<L, C> {
                     continue;
                 }
             };
+            if !self.link.sent_from(d.slot, self.core.peer_dest(i)) {
+                // Right job, token and rank, wrong sender: someone speaks in its name.
+                stats.dropped_spoofed += 1;
+                self.link.free_slot(d.slot);
+                continue;
+            }
             touched |= self.core.handle_frame(i, &h, rxf, ready, &mut self.link);
         }
         self.scratch = batch;

@@ -33,6 +33,9 @@ pub struct EndpointStats {
     pub dropped_bad_token: u64,
     /// Frames dropped because they name another endpoint or an unknown rank.
     pub dropped_misaddressed: u64,
+    /// Frames of this job, with its token, dropped because they did not come from the
+    /// address the rank they name published (udp: its IP address).
+    pub dropped_spoofed: u64,
     /// Messages dropped because they exceed this endpoint's maximum.
     pub dropped_oversized: u64,
     /// Duplicate frames ignored.

@@ -468,6 +468,10 @@ impl<L: Link> Link for Faulty<L> {
         self.inner.max_datagram_to(to)
     }
 
+    fn sent_from(&self, slot: u32, to: &L::Dest) -> bool {
+        self.inner.sent_from(slot, to)
+    }
+
     #[inline]
     fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> crate::error::Result<()> {
         self.inner.recv_batch(out)

@@ -166,6 +166,14 @@ pub(crate) trait Link {
     fn resolve(&self, advertised: &str) -> std::result::Result<Self::Dest, String>;
     /// Largest datagram to send to `to`: the smaller of its maximum and ours.
     fn max_datagram_to(&self, to: &Self::Dest) -> usize;
+    /// Whether the datagram in `slot` came from where `to` lives, as far as the link
+    /// can tell (udp: the sender's IP address is `to`'s; its port is not checked, since
+    /// a peer sends from a connected socket of its own). A link that cannot tell says
+    /// true.
+    fn sent_from(&self, slot: u32, to: &Self::Dest) -> bool {
+        let _ = (slot, to);
+        true
+    }
     /// Appends the datagrams that have arrived, without blocking.
     fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> error::Result<()>;
     /// The bytes of received slot `slot` (the datagram is its first `len` bytes).

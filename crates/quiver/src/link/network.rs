@@ -227,6 +227,14 @@ impl Link for NetLink {
         to.max_datagram
     }
 
+    fn sent_from(&self, slot: u32, to: &NetDest) -> bool {
+        match (self, &to.to) {
+            (NetLink::Udp { pool, .. }, DestAddr::Udp(a)) => pool.source(slot) == a.ip(),
+            (NetLink::Faulty(f), _) => f.sent_from(slot, to),
+            _ => true,
+        }
+    }
+
     #[inline]
     fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> Result<()> {
         match self {

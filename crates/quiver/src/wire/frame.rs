@@ -58,12 +58,18 @@ impl<'a> Frame<'a> {
 /// Decodes one datagram: validates the header, then the checksum if the CHECKSUM flag is
 /// set, then the body against the rules of its kind. Never panics.
 pub fn decode(datagram: &[u8]) -> Result<Frame<'_>, DecodeError> {
+    decode_parsed(Header::parse(datagram)?, datagram)
+}
+
+/// [`decode`] for a datagram whose header was parsed already (`header`, by
+/// [`Header::parse`] of the same bytes): a receiver checks whom a frame is from and for
+/// before it spends a checksum on it. Never panics.
+pub fn decode_parsed(header: Header, datagram: &[u8]) -> Result<Frame<'_>, DecodeError> {
     let Some((head, body)) = datagram.split_first_chunk::<HEADER_LEN>() else {
         return Err(DecodeError::Truncated {
             len: datagram.len(),
         });
     };
-    let header = Header::parse(head)?;
     if header.flags.contains(Flags::CHECKSUM) {
         let expected = checksum(head, &[body]);
         if expected != header.checksum {

@@ -50,7 +50,7 @@ mod tests;
 
 pub use error::DecodeError;
 pub use fragment::{fragment_count, fragments, Fragment, Fragments, MAX_MESSAGE, MIN_DATAGRAM};
-pub use frame::{checksum, decode, seal, Frame, LENGTH_PREFIX_LEN};
+pub use frame::{checksum, decode, decode_parsed, seal, Frame, LENGTH_PREFIX_LEN};
 pub use header::{Flags, FrameKind, FrameView, Header};
 
 /// Length of the fixed frame header in bytes.

@@ -61,6 +61,9 @@ pub(crate) struct SlotPool {
     buf: Box<[u8]>,
     slot_size: usize,
     free: Vec<u32>,
+    /// The address each slot's datagram came from (its sender is checked against the
+    /// address its frame's rank published).
+    sources: Vec<IpAddr>,
 }
 
 impl SlotPool {
@@ -70,7 +73,13 @@ impl SlotPool {
             buf: vec![0u8; slots * slot_size].into_boxed_slice(),
             slot_size,
             free: (0..slots as u32).rev().collect(),
+            sources: vec![IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED); slots],
         }
+    }
+
+    /// The address slot `i`'s datagram came from.
+    pub(crate) fn source(&self, i: u32) -> IpAddr {
+        self.sources[i as usize]
     }
 
     /// Bytes per slot: the largest datagram the pool receives.
@@ -125,6 +134,8 @@ struct Staged {
     len: usize,
     seg: usize,
     at: usize,
+    /// Where the staged run came from.
+    from: IpAddr,
 }
 
 impl UdpLink {
@@ -147,6 +158,7 @@ impl UdpLink {
             streak: 0,
             gso: AtomicBool::new(gso),
             gro: gro.then(|| Staged {
+                from: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
                 buf: vec![0u8; GRO_BYTES].into_boxed_slice(),
                 len: 0,
                 seg: 0,
@@ -221,14 +233,18 @@ impl UdpLink {
             iov_base: unsafe { base.add(slots[i] as usize * pool.slot_size) } as *mut libc::c_void,
             iov_len: pool.slot_size,
         });
-        // SAFETY: mmsghdr is plain data; zero is a valid initial state.
+        // SAFETY: mmsghdr and sockaddr_storage are plain data; zero is a valid state.
         let mut msgs: [libc::mmsghdr; RECV_BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut names: [libc::sockaddr_storage; RECV_BATCH] = unsafe { std::mem::zeroed() };
         for i in 0..n {
             msgs[i].msg_hdr.msg_iov = &mut iov[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
+            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
         }
         // SAFETY: msgs[..n] point to iovecs over distinct free slots of the pool, which
-        // stays borrowed mutably for the duration of the call.
+        // stays borrowed mutably for the duration of the call, and to `names[..n]`.
         let got = unsafe {
             libc::recvmmsg(
                 self.sock.as_raw_fd(),
@@ -253,6 +269,7 @@ impl UdpLink {
             let len = m.msg_len as usize;
             let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             pool.free.pop();
+            pool.sources[slots[i] as usize] = ip_of(&names[i]);
             // A truncated datagram is longer than any quiver frame: hand it on with a
             // length that the decoder rejects (the slot is freed by the caller).
             out.push(Datagram {
@@ -285,6 +302,7 @@ impl UdpLink {
                 let len = if n > pool.slot_size { 0 } else { n };
                 let at = slot as usize * pool.slot_size;
                 pool.buf[at..at + len].copy_from_slice(&st.buf[st.at..st.at + len]);
+                pool.sources[slot as usize] = st.from;
                 out.push(Datagram { slot, len });
                 st.at += n;
                 handed += 1;
@@ -300,12 +318,16 @@ impl UdpLink {
             let mut control = [0u64; 8];
             // SAFETY: msghdr is plain data; zero is a valid initial state.
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            msg.msg_name = &mut name as *mut _ as *mut libc::c_void;
+            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
             msg.msg_iov = &mut iov;
             msg.msg_iovlen = 1;
             msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
             msg.msg_controllen = std::mem::size_of_val(&control);
-            // SAFETY: msg points to an iovec over the staging buffer and to `control`,
-            // both alive and exclusively borrowed for the call.
+            // SAFETY: msg points to an iovec over the staging buffer, to `control` and to
+            // `name`, all alive and exclusively borrowed for the call.
             let got = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
             if got < 0 {
                 let e = io::Error::last_os_error();
@@ -316,6 +338,7 @@ impl UdpLink {
                 };
             }
             let got = got as usize;
+            st.from = ip_of(&name);
             let mut seg = got;
             // SAFETY: the kernel filled msg_control with msg_controllen bytes of cmsgs;
             // CMSG_FIRSTHDR/CMSG_NXTHDR stay inside them and UDP_GRO carries an int.
@@ -350,14 +373,20 @@ impl UdpLink {
         };
         let at = slot as usize * pool.slot_size;
         let buf = &mut pool.buf[at..at + pool.slot_size];
-        // SAFETY: buf is a writable slot of slot_size bytes; MSG_TRUNC makes the call
-        // return the datagram's real length, so an oversized one is recognised.
+        // SAFETY: sockaddr_storage is plain data; zero is a valid initial state.
+        let mut name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: buf is a writable slot of slot_size bytes and `name` a writable
+        // sockaddr_storage of `namelen` bytes; MSG_TRUNC makes the call return the
+        // datagram's real length, so an oversized one is recognised.
         let got = unsafe {
-            libc::recv(
+            libc::recvfrom(
                 self.sock.as_raw_fd(),
                 buf.as_mut_ptr() as *mut libc::c_void,
                 buf.len(),
                 libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                &mut name as *mut _ as *mut libc::sockaddr,
+                &mut namelen,
             )
         };
         if got < 0 {
@@ -371,6 +400,7 @@ impl UdpLink {
             };
         }
         pool.free.pop();
+        pool.sources[slot as usize] = ip_of(&name);
         let len = got as usize;
         out.push(Datagram {
             slot,
@@ -655,6 +685,25 @@ impl AsRawFd for UdpLink {
     }
 }
 
+/// The IP address in a sender's socket address (the unspecified address if the kernel
+/// gave none); an IPv4-mapped IPv6 address as IPv4.
+fn ip_of(name: &libc::sockaddr_storage) -> IpAddr {
+    match name.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is large
+            // enough and aligned for.
+            let sin = unsafe { &*(name as *const _ as *const libc::sockaddr_in) };
+            IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6, as above.
+            let sin6 = unsafe { &*(name as *const _ as *const libc::sockaddr_in6) };
+            IpAddr::V6(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)).to_canonical()
+        }
+        _ => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+    }
+}
+
 /// A destination in the C layout, converted once per connection, with the socket that
 /// sends to it.
 pub(crate) struct SockAddr {
@@ -688,6 +737,11 @@ impl Clone for SockAddr {
 }
 
 impl SockAddr {
+    /// The destination's IP address (an IPv4-mapped IPv6 address as IPv4).
+    pub(crate) fn ip(&self) -> IpAddr {
+        self.addr.ip().to_canonical()
+    }
+
     fn ptr(&self) -> *mut libc::c_void {
         &self.storage as *const _ as *mut libc::c_void
     }

@@ -176,6 +176,11 @@ pub struct Config {
     /// while traffic streams and off while it is sparse (it would cost a ping-pong about
     /// half a microsecond per message).
     pub udp_gro: bool,
+    /// Whether network frames carry a keyed MAC of the job's (`QUIVER_AUTH=on|off`,
+    /// default off): for networks shared with hosts that are not trusted. Costs a BLAKE3
+    /// hash per datagram on each side and 16 bytes of each (`docs/PERFORMANCE.md`,
+    /// "Authenticated frames"). The same on every rank.
+    pub auth: bool,
 }
 
 impl Default for Config {
@@ -204,6 +209,7 @@ impl Default for Config {
             split_copy: true,
             udp_gso: true,
             udp_gro: true,
+            auth: false,
         }
     }
 }
@@ -300,6 +306,7 @@ pub(crate) const VARIABLES: &[&str] = &[
     "QUIVER_SPLIT_COPY",
     "QUIVER_UDP_GSO",
     "QUIVER_UDP_GRO",
+    "QUIVER_AUTH",
     "QUIVER_OFFLOAD_CPU",
     "QUIVER_RECOVERY",
     "QUIVER_WINDOW",
@@ -390,6 +397,7 @@ impl Config {
             ("QUIVER_SPLIT_COPY", &mut c.split_copy),
             ("QUIVER_UDP_GSO", &mut c.udp_gso),
             ("QUIVER_UDP_GRO", &mut c.udp_gro),
+            ("QUIVER_AUTH", &mut c.auth),
         ] {
             if let Some(v) = get(var) {
                 *field = match v.as_str() {
@@ -494,6 +502,8 @@ impl Config {
             window_segmented: self.channel_window(true),
             eth_ring: self.eth_ring,
             faults: self.faults.clone(),
+            // The job's key is the job's: the endpoint fills it in when `auth` is on.
+            auth_key: None,
         }
     }
 
@@ -644,6 +654,11 @@ impl Config {
     /// ([`Config::push_credit`]).
     pub fn with_push_credit(mut self, bytes: usize) -> Self {
         self.push_credit = bytes;
+        self
+    }
+    /// Turns authenticated network frames on or off ([`Config::auth`]).
+    pub fn with_auth(mut self, on: bool) -> Self {
+        self.auth = on;
         self
     }
     /// Turns single-copy pulls across address spaces (cross-memory attach) on or off.

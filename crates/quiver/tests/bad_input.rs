@@ -221,3 +221,56 @@ fn frames_from_another_address_than_the_ranks_are_dropped() {
     assert_eq!(st.checksum_failures, 0, "{st:?}");
     assert!(rx.try_read().unwrap().is_none());
 }
+
+/// Issue 28, item 6: with authenticated frames (`QUIVER_AUTH=on`), a frame that has
+/// everything the job's frames have (id, token, a real rank and endpoint, a valid
+/// checksum, the ranks' own address) but not the job's key is dropped and counted; the
+/// job's own frames flow.
+#[test]
+fn with_authenticated_frames_a_forged_frame_is_dropped() {
+    let tj = TestJob::new(2);
+    let cfg = config(TransportChoice::Udp).with_auth(true);
+    let (job0, job1) = std::thread::scope(|s| {
+        let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
+        let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let rx = job1.open(1).unwrap();
+    let tx = job0.open(1).unwrap();
+    tx.target_rank(1).unwrap();
+    tx.write(b"first").unwrap();
+    assert_eq!(
+        &*rx.read_timeout(Duration::from_secs(10)).unwrap(),
+        b"first"
+    );
+    let kv = Rendezvous::connect(&tj.url(), &tj.key, Duration::from_secs(5)).unwrap();
+    let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
+    let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();
+    let forger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let forged = Header {
+        kind: FrameKind::Data,
+        flags: Flags::FIRST | Flags::LAST,
+        src_dpid: 1,
+        dst_dpid: 1,
+        credits: 0,
+        src_rank: 0,
+        job_id: tj.job_id,
+        token: tj.token as u32,
+        seq: 1,
+        ack: 0,
+        checksum: 0,
+    };
+    let mut with_tag = sealed(&forged, b"forged");
+    with_tag.extend_from_slice(&[0u8; 16]);
+    forger.send_to(&sealed(&forged, b"forged"), addr).unwrap();
+    forger.send_to(&with_tag, addr).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    tx.write(b"second").unwrap();
+    assert_eq!(
+        &*rx.read_timeout(Duration::from_secs(10)).unwrap(),
+        b"second"
+    );
+    let st = rx.stats();
+    assert_eq!(st.dropped_unauthenticated, 2, "{st:?}");
+    assert!(rx.try_read().unwrap().is_none());
+}

@@ -367,6 +367,16 @@ conformance!(udp_without_gro_lossy, {
     c
 });
 
+// UDP with authenticated frames (QUIVER_AUTH=on: a keyed MAC on every datagram), and
+// through the fault injector, whose corruptions must now fail the tag.
+conformance!(udp_auth, config(TransportChoice::Udp).with_auth(true));
+conformance!(
+    udp_auth_lossy,
+    config(TransportChoice::Udp)
+        .with_auth(true)
+        .with_faults(Some(lossy()))
+);
+
 // UDP run by the offload engine's progress thread (LCI's RX_ni).
 conformance!(
     udp_offload,

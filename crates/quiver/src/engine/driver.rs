@@ -63,7 +63,8 @@ impl Driver {
             remote_ranks,
             alone_on_node: remote_ranks + 1 == job.nids.len(),
         };
-        let params = job.config.link_params();
+        let mut params = job.config.link_params();
+        params.auth_key = job.config.auth.then_some(job.frame_key);
         let link = NetLink::open(&params, at, dpid)?;
         let window = link.channel_window(&params);
         Driver::with_link(job, dpid, link, ProtocolClock::new(), window)
@@ -298,6 +299,7 @@ impl<L: Link, C: Clock> Driver<L, C> {
         let link = self.link.counters();
         st.ring_drops = link.ring_drops;
         st.dropped_misaddressed += link.misaddressed;
+        st.dropped_unauthenticated = link.unauthenticated;
         st.faults_lost = link.faults.lost;
         st.faults_duplicated = link.faults.duplicated;
         st.faults_reordered = link.faults.reordered;

@@ -36,6 +36,8 @@ pub struct EndpointStats {
     /// Frames of this job, with its token, dropped because they did not come from the
     /// address the rank they name published (udp: its IP address).
     pub dropped_spoofed: u64,
+    /// Datagrams dropped because their tag was wrong or missing (`QUIVER_AUTH=on`).
+    pub dropped_unauthenticated: u64,
     /// Messages dropped because they exceed this endpoint's maximum.
     pub dropped_oversized: u64,
     /// Duplicate frames ignored.

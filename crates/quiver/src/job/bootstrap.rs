@@ -328,6 +328,10 @@ pub struct JobInfo {
     pub job_id: u32,
     /// The job's secret token, the same on every rank.
     pub token: u64,
+    /// The key that signs the job's network frames when `QUIVER_AUTH` is on, the same
+    /// on every rank: derived from the `tcp://` store's key (which never travels), or
+    /// drawn by the first rank and kept in a `file://` store (readable by the user only).
+    pub frame_key: [u8; 32],
     /// The launcher that started the job.
     pub launcher: Launcher,
     /// The node name of every rank, indexed by rank.
@@ -600,6 +604,24 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
         addrs.push(ip);
     }
 
+    // The key of authenticated frames: derived from the tcp store's key, which never
+    // travels, or drawn by the first rank to get here and kept in the file store.
+    let frame_key = match &key {
+        Some(k) => k.derive(
+            "quiver frame key v1",
+            &[&job_id.to_le_bytes()[..], &token.to_le_bytes()].concat(),
+        ),
+        None => {
+            let kept = rv.put_if_absent("job/frame-key", &StoreKey::generate().to_hex())?;
+            StoreKey::parse(&kept)
+                .ok_or_else(|| Error::Rendezvous {
+                    url: rv.url().to_string(),
+                    reason: "the store's job/frame-key is not 64 hex digits".into(),
+                })?
+                .bytes()
+        }
+    };
+
     rv.barrier("bootstrap", rank, size, deadline.remaining())
         .map_err(waiting(
             "every rank to finish bootstrapping (barrier)".into(),
@@ -611,6 +633,7 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
         local_rank: det.local_rank,
         job_id,
         token,
+        frame_key,
         launcher: det.launcher,
         node_names,
         nids,

@@ -29,6 +29,8 @@ pub(crate) struct JobShared {
     pub size: u32,
     pub job_id: u32,
     pub token: u64,
+    /// The key of the job's authenticated frames (`Config::auth`).
+    pub frame_key: [u8; 32],
     pub nids: Vec<u32>,
     pub addrs: Vec<IpAddr>,
     pub config: Config,
@@ -138,6 +140,7 @@ impl Job {
                 size: info.size,
                 job_id: info.job_id,
                 token: info.token,
+                frame_key: info.frame_key,
                 nids: info.nids,
                 addrs: info.addrs,
                 config,

@@ -326,6 +326,19 @@ impl StoreKey {
         StoreKey(k)
     }
 
+    /// A key for another purpose, named by `context`, derived from this one and
+    /// `material` (BLAKE3's key derivation): knowing it tells nothing of this key.
+    pub(crate) fn derive(&self, context: &str, material: &[u8]) -> [u8; 32] {
+        let mut input = self.0.to_vec();
+        input.extend_from_slice(material);
+        blake3::derive_key(context, &input)
+    }
+
+    /// The key's bytes.
+    pub(crate) fn bytes(&self) -> [u8; 32] {
+        self.0
+    }
+
     /// The 64 hex digits of `QUIVER_RENDEZVOUS_KEY`.
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()

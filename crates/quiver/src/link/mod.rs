@@ -12,6 +12,8 @@
 //!   distinguishes them is written in [`LinkCaps`], so that the engine asks instead of
 //!   matching on the transport.
 #[cfg(not(loom))]
+pub(crate) mod auth;
+#[cfg(not(loom))]
 pub mod cma;
 #[cfg(not(loom))]
 pub(crate) mod eth;
@@ -61,6 +63,8 @@ pub(crate) struct LinkParams {
     /// Faults to inject into what the link sends ([`fault::Faulty`]).
     #[cfg(not(loom))]
     pub faults: Option<fault::FaultConfig>,
+    /// The job's frame key, when frames are signed and checked (`auth::Authed`).
+    pub auth_key: Option<[u8; 32]>,
 }
 
 #[cfg(not(loom))]
@@ -79,6 +83,7 @@ impl LinkParams {
             window_segmented: 128,
             eth_ring: None,
             faults: None,
+            auth_key: None,
         }
     }
 
@@ -139,6 +144,8 @@ pub(crate) struct LinkCounters {
     pub misaddressed: u64,
     /// What an injector did, when the link is wrapped in [`fault::Faulty`].
     pub faults: fault::FaultCounters,
+    /// Datagrams dropped because their tag was wrong or missing (`auth::Authed`).
+    pub unauthenticated: u64,
 }
 
 #[cfg(not(loom))]

@@ -18,6 +18,7 @@
 //! datagrams no longer than the smaller of its own and the receiver's maximum, which
 //! follow the MTU of each side's interface (jumbo frames included).
 
+use super::auth::Authed;
 use super::eth::{self, EthDest, EthLink, Interface, MacAddr};
 use super::fault::Faulty;
 use super::udp::{SlotPool, SockAddr, UdpLink};
@@ -49,8 +50,95 @@ pub(crate) enum NetLink {
     Udp { sock: UdpLink, pool: SlotPool },
     /// An `AF_PACKET` socket with memory-mapped rings.
     Eth(EthLink),
-    /// Either of them behind a fault injector (`QUIVER_FAULTS`).
-    Faulty(Box<Faulty<NetLink>>),
+    /// Either of them behind a wrapper: a fault injector (`QUIVER_FAULTS`), frame
+    /// authentication (`QUIVER_AUTH`), or both (authentication outside: what the
+    /// injector corrupts must fail the tag).
+    Wrapped(Box<Wrapped>),
+}
+
+/// A network link behind a wrapper ([`NetLink::Wrapped`]).
+pub(crate) enum Wrapped {
+    Faulty(Faulty<NetLink>),
+    Authed(Authed<NetLink>),
+}
+
+impl Wrapped {
+    /// The wrapped link.
+    pub(crate) fn inner(&self) -> &NetLink {
+        match self {
+            Wrapped::Faulty(f) => f.inner(),
+            Wrapped::Authed(a) => a.inner(),
+        }
+    }
+}
+
+/// Each call goes to the wrapper, which calls the link inside.
+macro_rules! wrapped {
+    ($self:ident, $w:ident => $call:expr) => {
+        match $self {
+            Wrapped::Faulty($w) => $call,
+            Wrapped::Authed($w) => $call,
+        }
+    };
+}
+
+impl Link for Wrapped {
+    type Dest = NetDest;
+
+    fn caps(&self) -> LinkCaps {
+        wrapped!(self, w => w.caps())
+    }
+    fn advertise(&self) -> String {
+        wrapped!(self, w => w.advertise())
+    }
+    fn resolve(&self, advertised: &str) -> std::result::Result<NetDest, String> {
+        wrapped!(self, w => w.resolve(advertised))
+    }
+    fn max_datagram_to(&self, to: &NetDest) -> usize {
+        wrapped!(self, w => w.max_datagram_to(to))
+    }
+    fn sent_from(&self, slot: u32, to: &NetDest) -> bool {
+        wrapped!(self, w => w.sent_from(slot, to))
+    }
+    fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> Result<()> {
+        wrapped!(self, w => w.recv_batch(out))
+    }
+    fn slot(&self, slot: u32) -> &[u8] {
+        wrapped!(self, w => w.slot(slot))
+    }
+    fn free_slot(&mut self, slot: u32) {
+        wrapped!(self, w => w.free_slot(slot))
+    }
+    fn send(&mut self, now: Duration, to: &NetDest, datagram: &[u8]) -> Result<()> {
+        wrapped!(self, w => w.send(now, to, datagram))
+    }
+    fn send_batch(
+        &mut self,
+        now: Duration,
+        to: &NetDest,
+        datagrams: &[&[u8]],
+        max_run: usize,
+    ) -> Result<()> {
+        wrapped!(self, w => w.send_batch(now, to, datagrams, max_run))
+    }
+    fn blocked_slot(&self) -> Option<u32> {
+        wrapped!(self, w => w.blocked_slot())
+    }
+    fn next_approaching(&mut self) -> Option<u32> {
+        wrapped!(self, w => w.next_approaching())
+    }
+    fn send_unfaulted(&mut self, now: Duration, to: &NetDest, datagram: &[u8]) -> Result<()> {
+        wrapped!(self, w => w.send_unfaulted(now, to, datagram))
+    }
+    fn poll_timeout(&self) -> Option<Duration> {
+        wrapped!(self, w => w.poll_timeout())
+    }
+    fn handle_timeout(&mut self, now: Duration) -> Result<()> {
+        wrapped!(self, w => w.handle_timeout(now))
+    }
+    fn counters(&self) -> LinkCounters {
+        wrapped!(self, w => w.counters())
+    }
 }
 
 /// Where one peer endpoint's frames go, and the largest datagram it accepts.
@@ -84,11 +172,14 @@ pub(crate) struct Placement {
 impl NetLink {
     /// Opens the link `params` ask for, for endpoint `dpid` of a rank placed `at`.
     pub(crate) fn open(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
-        let link = Self::open_plain(params, at, dpid)?;
-        Ok(match &params.faults {
-            Some(cfg) => NetLink::Faulty(Box::new(Faulty::new(link, cfg.clone()))),
-            None => link,
-        })
+        let mut link = Self::open_plain(params, at, dpid)?;
+        if let Some(cfg) = &params.faults {
+            link = NetLink::Wrapped(Box::new(Wrapped::Faulty(Faulty::new(link, cfg.clone()))));
+        }
+        if let Some(key) = params.auth_key {
+            link = NetLink::Wrapped(Box::new(Wrapped::Authed(Authed::new(link, key))));
+        }
+        Ok(link)
     }
 
     fn open_plain(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
@@ -121,7 +212,7 @@ impl NetLink {
         match self {
             NetLink::Udp { .. } => Transport::Udp,
             NetLink::Eth(_) => Transport::Eth,
-            NetLink::Faulty(f) => f.inner().transport(),
+            NetLink::Wrapped(f) => f.inner().transport(),
         }
     }
 
@@ -132,7 +223,7 @@ impl NetLink {
     pub(crate) fn channel_window(&self, params: &LinkParams) -> u16 {
         match self {
             NetLink::Udp { sock, .. } if sock.segments() => params.window_segmented,
-            NetLink::Faulty(f) => f.inner().channel_window(params),
+            NetLink::Wrapped(f) => f.inner().channel_window(params),
             _ => params.window,
         }
     }
@@ -169,7 +260,7 @@ impl Link for NetLink {
                 segments: false,
                 broadcast: false,
             },
-            NetLink::Faulty(f) => f.caps(),
+            NetLink::Wrapped(f) => f.caps(),
         }
     }
 
@@ -179,7 +270,7 @@ impl Link for NetLink {
                 format!("udp,{},{}", sock.local_addr(), pool.slot_size())
             }
             NetLink::Eth(e) => format!("eth,{},{},{}", e.mac(), e.port(), e.max_datagram()),
-            NetLink::Faulty(f) => f.advertise(),
+            NetLink::Wrapped(f) => f.advertise(),
         }
     }
 
@@ -193,7 +284,7 @@ impl Link for NetLink {
                 .ok_or_else(|| format!("bad maximum datagram {s:?}"))
         };
         let dest = match (self, fields.as_slice()) {
-            (NetLink::Faulty(f), _) => return f.resolve(advertised),
+            (NetLink::Wrapped(f), _) => return f.resolve(advertised),
             (NetLink::Udp { pool, .. }, ["udp", addr, max]) => {
                 let a: SocketAddr = addr
                     .parse()
@@ -224,13 +315,17 @@ impl Link for NetLink {
     }
 
     fn max_datagram_to(&self, to: &NetDest) -> usize {
-        to.max_datagram
+        match self {
+            // A wrapper may take room of its own (an authentication tag).
+            NetLink::Wrapped(w) => w.max_datagram_to(to),
+            _ => to.max_datagram,
+        }
     }
 
     fn sent_from(&self, slot: u32, to: &NetDest) -> bool {
         match (self, &to.to) {
             (NetLink::Udp { pool, .. }, DestAddr::Udp(a)) => pool.source(slot) == a.ip(),
-            (NetLink::Faulty(f), _) => f.sent_from(slot, to),
+            (NetLink::Wrapped(f), _) => f.sent_from(slot, to),
             _ => true,
         }
     }
@@ -240,7 +335,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { sock, pool } => sock.recv_batch(pool, out),
             NetLink::Eth(e) => e.recv_batch(out),
-            NetLink::Faulty(f) => cold::recv_batch(f, out),
+            NetLink::Wrapped(f) => cold::recv_batch(f, out),
         }
     }
 
@@ -249,7 +344,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { pool, .. } => pool.slot(slot),
             NetLink::Eth(e) => e.slot(slot),
-            NetLink::Faulty(f) => cold::slot(f, slot),
+            NetLink::Wrapped(f) => cold::slot(f, slot),
         }
     }
 
@@ -263,7 +358,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { pool, .. } => pool.free_slot(slot),
             NetLink::Eth(e) => e.free_slot(slot),
-            NetLink::Faulty(f) => cold::free_slot(f, slot),
+            NetLink::Wrapped(f) => cold::free_slot(f, slot),
         }
     }
 
@@ -272,7 +367,7 @@ impl Link for NetLink {
         match (self, &dest.to) {
             (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_datagram(a, frame),
             (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_datagram(d, frame),
-            (NetLink::Faulty(f), _) => cold::send(f, now, dest, frame),
+            (NetLink::Wrapped(f), _) => cold::send(f, now, dest, frame),
             _ => Err(mismatch()),
         }
     }
@@ -289,7 +384,7 @@ impl Link for NetLink {
         match (self, &dest.to) {
             (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_batch(a, datagrams, max_run),
             (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_batch(d, datagrams),
-            (NetLink::Faulty(f), _) => cold::send_batch(f, now, dest, datagrams, max_run),
+            (NetLink::Wrapped(f), _) => cold::send_batch(f, now, dest, datagrams, max_run),
             _ => Err(mismatch()),
         }
     }
@@ -301,7 +396,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { .. } => None,
             NetLink::Eth(e) => e.blocked_slot(),
-            NetLink::Faulty(f) => cold::blocked_slot(f),
+            NetLink::Wrapped(f) => cold::blocked_slot(f),
         }
     }
 
@@ -311,13 +406,13 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { .. } => None,
             NetLink::Eth(e) => e.next_approaching(),
-            NetLink::Faulty(f) => cold::next_approaching(f),
+            NetLink::Wrapped(f) => cold::next_approaching(f),
         }
     }
 
     fn send_unfaulted(&mut self, now: Duration, dest: &NetDest, frame: &[u8]) -> Result<()> {
         match self {
-            NetLink::Faulty(f) => f.send_unfaulted(now, dest, frame),
+            NetLink::Wrapped(f) => f.send_unfaulted(now, dest, frame),
             plain => plain.send(now, dest, frame),
         }
     }
@@ -325,14 +420,14 @@ impl Link for NetLink {
     #[inline]
     fn poll_timeout(&self) -> Option<Duration> {
         match self {
-            NetLink::Faulty(f) => f.poll_timeout(),
+            NetLink::Wrapped(f) => f.poll_timeout(),
             _ => None,
         }
     }
 
     fn handle_timeout(&mut self, now: Duration) -> Result<()> {
         match self {
-            NetLink::Faulty(f) => f.handle_timeout(now),
+            NetLink::Wrapped(f) => f.handle_timeout(now),
             _ => Ok(()),
         }
     }
@@ -345,7 +440,7 @@ impl Link for NetLink {
                 misaddressed: e.misaddressed(),
                 ..LinkCounters::default()
             },
-            NetLink::Faulty(f) => f.counters(),
+            NetLink::Wrapped(f) => f.counters(),
         }
     }
 }
@@ -356,54 +451,49 @@ impl Link for NetLink {
 /// release took 104 instructions with the recursion inline, 93 without, and 88 once
 /// the enum also had an explicit tag, as before the third variant).
 mod cold {
-    use super::{Datagram, Faulty, Link, NetDest, NetLink, Result};
+    use super::{Datagram, Link, NetDest, Result, Wrapped};
     use std::time::Duration;
 
     #[cold]
     #[inline(never)]
-    pub(super) fn recv_batch(f: &mut Faulty<NetLink>, out: &mut Vec<Datagram>) -> Result<()> {
+    pub(super) fn recv_batch(f: &mut Wrapped, out: &mut Vec<Datagram>) -> Result<()> {
         f.recv_batch(out)
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn slot(f: &Faulty<NetLink>, slot: u32) -> &[u8] {
+    pub(super) fn slot(f: &Wrapped, slot: u32) -> &[u8] {
         f.slot(slot)
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn free_slot(f: &mut Faulty<NetLink>, slot: u32) {
+    pub(super) fn free_slot(f: &mut Wrapped, slot: u32) {
         f.free_slot(slot)
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn blocked_slot(f: &Faulty<NetLink>) -> Option<u32> {
+    pub(super) fn blocked_slot(f: &Wrapped) -> Option<u32> {
         f.blocked_slot()
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn next_approaching(f: &mut Faulty<NetLink>) -> Option<u32> {
+    pub(super) fn next_approaching(f: &mut Wrapped) -> Option<u32> {
         f.next_approaching()
     }
 
     #[cold]
     #[inline(never)]
-    pub(super) fn send(
-        f: &mut Faulty<NetLink>,
-        now: Duration,
-        dest: &NetDest,
-        frame: &[u8],
-    ) -> Result<()> {
+    pub(super) fn send(f: &mut Wrapped, now: Duration, dest: &NetDest, frame: &[u8]) -> Result<()> {
         f.send(now, dest, frame)
     }
 
     #[cold]
     #[inline(never)]
     pub(super) fn send_batch(
-        f: &mut Faulty<NetLink>,
+        f: &mut Wrapped,
         now: Duration,
         dest: &NetDest,
         frames: &[&[u8]],
@@ -422,7 +512,7 @@ impl AsRawFd for NetLink {
         match self {
             NetLink::Udp { sock, .. } => sock.as_raw_fd(),
             NetLink::Eth(e) => e.as_raw_fd(),
-            NetLink::Faulty(f) => f.inner().as_raw_fd(),
+            NetLink::Wrapped(f) => f.inner().as_raw_fd(),
         }
     }
 }

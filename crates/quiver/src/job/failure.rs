@@ -15,7 +15,8 @@
 //!
 //! Every rank also publishes its process (`proc/{rank}` = `PID.START`, when it joins), so
 //! that a live barrier can see for itself that a rank of its node died, even one that no
-//! endpoint was talking to.
+//! endpoint was talking to, and so that `rma` can name a same-node peer's process as the
+//! one allowed to attach to this one ([`JobShared::published_process`]).
 //!
 //! A declaration is a statement, not a vote: any rank may declare any other rank failed,
 //! and the others believe it. Declare only what an endpoint reported (or what you know
@@ -23,10 +24,11 @@
 //! waited for.
 
 use super::barrier::{Barrier, Fate};
-use super::Job;
 use super::Progress;
+use super::{Job, JobShared};
 use crate::error::{Error, Result};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// The value of `proc/{rank}`: this process's pid and start time.
 pub(crate) fn process_tag() -> String {
@@ -41,6 +43,16 @@ pub(crate) fn process_tag() -> String {
 pub(super) fn parse_process_tag(tag: &str) -> Option<(u32, u64)> {
     let (pid, start) = tag.split_once('.')?;
     Some((pid.parse().ok()?, start.parse().ok()?))
+}
+
+impl JobShared {
+    /// The process `rank` published when it joined (`proc/{rank}`: its pid and start
+    /// time), waiting at most `timeout` for it; `None` if it did not publish in time or
+    /// published something else.
+    pub(crate) fn published_process(&self, rank: u32, timeout: Duration) -> Option<(u32, u64)> {
+        let tag = self.kv.get(&format!("proc/{rank}"), timeout).ok()?;
+        parse_process_tag(&tag)
+    }
 }
 
 impl Job {

@@ -40,7 +40,12 @@ impl Rma {
         if let Remote::Memory { addr, .. } = remote {
             let mut puller = self.puller.borrow_mut();
             if let Some(p) = puller.as_mut() {
-                if len >= puller::MIN_OFFLOADED && self.attachable(peer) {
+                if len >= puller::MIN_OFFLOADED {
+                    // Checked once (a refused pid is counted once): get_now would say
+                    // the same.
+                    if !self.attachable(peer) {
+                        return Ok(Got::Unreachable);
+                    }
                     p.submit(puller::Job {
                         op,
                         pid: peer.pid,

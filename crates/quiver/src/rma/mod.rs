@@ -16,13 +16,17 @@
 //!   transfer ([`Rma::offer_split`]) and writing the units the receiver leaves to it
 //!   ([`Rma::help`]);
 //! - [`puller`]: the pull phase on a core of its own, for the offload engine's users;
-//! - [`reach`]: whether cross-memory attach reaches a peer, proved by a published nonce.
+//! - [`reach`]: whether cross-memory attach reaches a peer, proved by a published nonce,
+//!   and only at the pid it proved; what this process lets its peers do under Yama.
 //!
 //! What it guarantees: no input from a peer (a window number, an offset, an address, a
 //! board slot) makes it panic or touch memory outside the destination it was given; a
 //! range outside a peer's window is [`GetError::OutOfBounds`], a transfer that the
 //! kernel fails is [`GetError::Attach`], and a refusal of cross-memory attach (logged
-//! once) makes later gets [`Got::Unreachable`] rather than errors. A get that returns has
+//! once) makes later gets [`Got::Unreachable`] rather than errors. No process is read or
+//! written but the one a peer rank proved to be: a get naming another pid for that rank
+//! is [`Got::Unreachable`] (counted in [`RmaStats::pids_refused`]), and so is a split
+//! copy's write into another. A get that returns has
 //! finished writing its destination (a peer helping with a split copy included), except
 //! a [`Got::Queued`] one, whose end [`Rma::completed`] reports.
 //!
@@ -35,13 +39,13 @@ pub(crate) mod puller;
 pub(crate) mod reach;
 pub(crate) mod split;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 pub(crate) mod window;
 
 use crate::config::ReliabilityMode;
 use crate::error::Result;
 use crate::job::{Job, JobShared};
-use crate::link::cma::{self, CmaError};
+use crate::link::cma::CmaError;
 use reach::Reach;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -122,6 +126,9 @@ pub(crate) struct RmaStats {
     pub written_by_peers: u64,
     /// Bytes this endpoint wrote into its peers' destinations (split copies).
     pub written_for_peers: u64,
+    /// Pulls and split-copy writes refused because the peer named a process other than
+    /// the one it proved to be ([`reach`]): nothing of that process was read or written.
+    pub pids_refused: u64,
 }
 
 /// One endpoint's one-sided access to its same-node peers, and theirs to it.
@@ -153,23 +160,19 @@ pub(crate) struct Rma {
 
 impl Rma {
     /// Sets up one-sided access for endpoint `dpid` of this rank: lets same-node peers
-    /// attach to this process (where Yama asks for it), publishes the nonce they probe,
+    /// attach to this process (where Yama asks for it: [`reach::permit_peers`]; with
+    /// cross-memory attach on), publishes the nonce they probe,
     /// creates the split-copy board and, with the offload engine, starts the pull thread.
     pub(crate) fn open(job: &Job, dpid: u16) -> Result<Rma> {
         let cfg = job.config();
-        if cfg.cma {
-            // Where Yama restricts ptrace to descendants, let the job's sibling ranks read
-            // our buffers (as Open MPI's shared-memory transport does): any process of
-            // this user may then attach to this one.
-            match cma::allow_peers() {
-                Ok(true) => tracing::debug!("cross-memory attach: peers allowed (Yama)"),
-                Ok(false) => {}
-                Err(e) => tracing::debug!("cross-memory attach: PR_SET_PTRACER: {e}"),
-            }
-        }
+        // Where Yama restricts ptrace to descendants, let the job's same-node peers read
+        // and write our buffers: the one peer process by name, any process of this user
+        // only when there are several; where Yama forbids attach, turn it off. Nothing
+        // is changed with `QUIVER_CMA=off`.
+        let cma_on = cfg.cma && reach::permit_peers(&job.shared);
         // What a peer reading from us checks first.
         let reach = Reach::publish(&job.shared.kv, job.rank(), dpid)?;
-        let split_on = cfg.split_copy && cfg.cma;
+        let split_on = cfg.split_copy && cma_on;
         let board = if split_on {
             split::Board::create(job.shared.job_id, job.rank(), dpid)
                 .map_err(|e| tracing::debug!("split-copy board: {e}; pulls are not split"))
@@ -185,7 +188,7 @@ impl Rma {
         Ok(Rma {
             rank: job.rank(),
             dpid,
-            cma_on: cfg.cma,
+            cma_on,
             reach,
             puller: RefCell::new(puller),
             windows: window::Windows::new(job.shared.job_id, job.rank()),
@@ -225,7 +228,10 @@ impl Rma {
 
     /// What this endpoint moved in split copies so far.
     pub(crate) fn stats(&self) -> RmaStats {
-        self.stats.get()
+        RmaStats {
+            pids_refused: self.reach.refused(),
+            ..self.stats.get()
+        }
     }
 
     fn count(&self, f: impl FnOnce(&mut RmaStats)) {
@@ -234,8 +240,9 @@ impl Rma {
         self.stats.set(s);
     }
 
-    /// Whether cross-memory attach reads the memory of `rank` at `pid`: checked once per
-    /// peer by reading the nonce it published.
+    /// Whether cross-memory attach reads and writes the memory of `rank` at `pid`: `pid`
+    /// must be the process that rank proved to be by the nonce it published (read once
+    /// per rank; later a comparison). Another pid is refused and counted.
     fn reaches(&self, rank: u32, pid: u32) -> bool {
         self.reach.reaches(&self.job.kv, rank, pid)
     }

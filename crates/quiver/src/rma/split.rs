@@ -12,8 +12,10 @@
 //! objects), created zero-filled by its endpoint and mapped writable by each getter on
 //! first use. A slot number from a peer is checked against [`SLOTS`]; a slot that serves
 //! another transfer is not opened (the getter then reads alone). The offering side writes
-//! only into a process that proves to be the rank it offered to (its published nonce),
-//! and only inside the length it offered.
+//! only into the process that the rank it offered to proved to be (its published nonce,
+//! at the pid published with it): a slot naming another pid is refused and counted
+//! (`RmaStats::pids_refused`), and the getter reads those units itself. It writes only
+//! inside the length it offered.
 
 use super::{Offer, Peer, Rma};
 use crate::error::Result;
@@ -190,8 +192,8 @@ impl Rma {
                 did = true;
                 let bytes = split::byte_range(&units, d.len);
                 let n = (bytes.end - bytes.start) as usize;
-                // The getter names the process to write into: only one that proves to
-                // be that rank (its published nonce) is written.
+                // The getter names the process to write into: only the one that rank
+                // proved to be (its published nonce) is written; another is refused.
                 let written = d.len <= h.avail && self.reaches(h.dest, d.pid) && {
                     let start = bytes.start as usize;
                     // SAFETY: bytes.end <= d.len <= avail: inside the offered bytes,

@@ -6,7 +6,10 @@
 use super::*;
 use crate::config::Config;
 use crate::job::rendezvous::KvServerHandle;
+use crate::link::cma;
+use crate::link::cma::yama::PeerProcesses;
 use crate::test_support::{cannot_run, jobs};
+use reach::peer_processes;
 use split::SPLIT_MIN;
 
 const DPID: u16 = 31;
@@ -207,27 +210,253 @@ fn plain_memory_is_read_by_attach_to_its_edges() {
     );
 }
 
+/// A child forked from this process: a copy of it, rank 1's published nonce included
+/// (at the same address, so it passes the nonce check at its own pid), whose copy of a
+/// buffer holds other bytes. Killed when dropped.
+pub(crate) struct Forked {
+    pid: libc::pid_t,
+    quit: libc::c_int,
+}
+
+impl Forked {
+    /// Forks a child that fills its copy of `buf` with `fill`, then waits to be killed.
+    pub(crate) fn start(buf: &mut [u8], fill: u8) -> Forked {
+        let (addr, len) = (buf.as_mut_ptr(), buf.len());
+        let (mut ready, mut quit) = ([-1; 2], [-1; 2]);
+        // SAFETY: each array has room for the two descriptors.
+        let piped = unsafe {
+            libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) == 0
+                && libc::pipe2(quit.as_mut_ptr(), libc::O_CLOEXEC) == 0
+        };
+        assert!(piped, "pipe2: {}", std::io::Error::last_os_error());
+        // SAFETY: the child runs only async-signal-safe code (memory stores, read, write,
+        // close, _exit) and never returns into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: in the child: `addr` is its copy of `buf` (same virtual address
+            // after fork), `len` bytes; the descriptors are its copies of the pipes.
+            unsafe {
+                libc::close(ready[0]);
+                libc::close(quit[1]);
+                std::ptr::write_bytes(addr, fill, len);
+                let one = 1u8;
+                libc::write(ready[1], (&one as *const u8).cast(), 1);
+                // Until the parent closes its end (or dies, or kills this process).
+                let mut b = 0u8;
+                loop {
+                    let n = libc::read(quit[0], (&mut b as *mut u8).cast(), 1);
+                    if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                        break;
+                    }
+                }
+                libc::_exit(0);
+            }
+        }
+        let mut b = 0u8;
+        // SAFETY: the parent's ends of the pipes: the child's are closed, one byte is
+        // read into a local once the child has filled its buffer.
+        let started = unsafe {
+            libc::close(ready[1]);
+            libc::close(quit[0]);
+            let n = libc::read(ready[0], (&mut b as *mut u8).cast(), 1);
+            libc::close(ready[0]);
+            n == 1
+        };
+        let child = Forked { pid, quit: quit[1] };
+        assert!(started, "the child did not start");
+        child
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+}
+
+impl Drop for Forked {
+    fn drop(&mut self) {
+        let mut status = 0;
+        // SAFETY: our child, not reaped yet (so the pid is still its), killed and waited
+        // for once; our end of its pipe, closed once.
+        unsafe {
+            libc::close(self.quit);
+            libc::kill(self.pid, libc::SIGKILL);
+            while libc::waitpid(self.pid, &mut status, 0) < 0
+                && *libc::__errno_location() == libc::EINTR
+            {}
+        }
+    }
+}
+
+/// Issue 28, item 7: the pid a peer names (the sender's, in every `Push`) is checked
+/// against the process that rank proved to be, not once per rank. A child forked after
+/// rank 1 published its nonce holds that very nonce at the same address, so the probe
+/// alone would take it for rank 1; named as rank 1 it is still not read.
 #[test]
 fn a_process_that_is_not_the_peer_is_not_read() {
     let (a, _b, _store) = pair(&Config::default());
-    let src = pattern(64, 1);
-    if !attach_works(&a, &src) {
+    let len = SPLIT_MIN as usize;
+    let mut held = pattern(len, 1);
+    let want = held.clone();
+    let child = Forked::start(&mut held, 0xc4);
+    // This process may read the child (its parent), and the child holds rank 1's nonce.
+    let mut direct = vec![0u8; len];
+    match cma::read_from(child.pid(), &[cma::Piece::of(&held)], &mut direct) {
+        Ok(_) => assert!(direct.iter().all(|&b| b == 0xc4), "the child's bytes"),
+        Err(e) => return cannot_run(&format!("cross-memory attach to a child: {e}")),
+    }
+    let published = a.job.kv.try_get(&format!("cma/1/{DPID}")).unwrap().unwrap();
+    let nonce: Vec<u64> = published.split(':').map(|f| f.parse().unwrap()).collect();
+    let target = cma::ProbeTarget {
+        addr: nonce[1],
+        value: nonce[2],
+    };
+    assert_eq!(nonce[0], u64::from(std::process::id()));
+    assert!(
+        cma::probe(child.pid(), target).is_ok(),
+        "a forked child passes the probe"
+    );
+
+    // Rank 1 proved to be this process: the common case reads it.
+    if !attach_works(&a, &held) {
         return;
     }
-    // Rank 1 published this process's pid with its nonce: asked to read another
-    // process as rank 1, the get reads nothing (and leaves rank 1 to the two-copy path).
+    let forged = Peer {
+        rank: 1,
+        pid: child.pid(),
+    };
+    let mut dst = vec![0u8; len];
+    for _ in 0..2 {
+        assert_eq!(
+            a.get(forged, memory(&held), &mut dst).unwrap(),
+            Got::Unreachable,
+            "a pid rank 1 did not prove: pulled by request"
+        );
+        assert!(dst.iter().all(|&b| b == 0), "nothing read from the child");
+    }
+    assert_eq!(a.stats().pids_refused, 2, "every refusal counted");
+    // The rank is not spoilt: its own pid is read as before.
+    assert_eq!(
+        a.get(rank1(), memory(&held), &mut dst).unwrap(),
+        Got::Attached
+    );
+    assert!(dst == want, "rank 1's bytes");
+
+    // The forged pid first, before rank 1 was ever proved; and a pid of another user's
+    // or no process: refused alike, without reading, and the rank's own pid still works.
     let (a, _b, _store) = pair(&Config::default());
-    let other = Peer { rank: 1, pid: 1 };
-    let mut dst = [0u8; 64];
+    for pid in [child.pid(), 1, 0, u32::MAX] {
+        dst.fill(0);
+        let peer = Peer { rank: 1, pid };
+        assert_eq!(
+            a.get(peer, memory(&held), &mut dst).unwrap(),
+            Got::Unreachable,
+            "pid {pid}"
+        );
+        assert!(dst.iter().all(|&b| b == 0), "pid {pid}: nothing read");
+    }
+    assert_eq!(a.stats().pids_refused, 4);
     assert_eq!(
-        a.get(other, memory(&src), &mut dst).unwrap(),
-        Got::Unreachable
+        a.get(rank1(), memory(&held), &mut dst).unwrap(),
+        Got::Attached
     );
-    assert_eq!(dst, [0u8; 64], "nothing read");
+    assert!(dst == want);
+
+    // With the pull thread, a large get naming the child is not handed over either.
+    let config = Config::default().with_reliability(ReliabilityMode::Offload);
+    let (a, _b, _store) = pair(&config);
+    assert!(attach_works(&a, &held));
+    dst.fill(0);
+    // SAFETY: dst is valid for its length and untouched until the get is over (it is
+    // not queued: a queued one would be collected below).
+    let got = unsafe { a.start_get(5, forged, memory(&held), dst.as_mut_ptr(), len as u64) };
+    assert_eq!(got.unwrap(), Got::Unreachable);
+    assert!(a.completed().is_none() && !a.busy());
+    assert!(dst.iter().all(|&b| b == 0), "nothing read from the child");
+    assert_eq!(a.stats().pids_refused, 1);
+}
+
+/// The split copy's side of the same rule: the receiver names, in the board slot, the
+/// process to write into; a pid other than the one that rank proved is not written.
+#[test]
+fn a_split_copy_does_not_write_into_a_process_that_is_not_the_receiver() {
+    let (jobs, _store) = jobs(2, &Config::default());
+    let _a = Rma::open(&jobs[0], DPID).unwrap();
+    let b = Rma::open(&jobs[1], DPID).unwrap();
+    let len = SPLIT_MIN as usize;
+    let src = pattern(len, 7);
+    let mut held = vec![0u8; len];
+    let child = Forked::start(&mut held, 0xc4);
+    // Rank 1 (b) has proved rank 0 to be this process.
+    let rank0 = Peer {
+        rank: 0,
+        pid: std::process::id(),
+    };
+    let mut one = [0u8; 1];
+    match b.get(rank0, memory(&src[..1]), &mut one) {
+        Ok(Got::Attached) => {}
+        other => return cannot_run(&format!("cross-memory attach: {other:?}")),
+    }
+    // SAFETY: src outlives the transfer, ended below.
+    let slot = unsafe { b.offer_split(0, 9, &src) }.unwrap();
+    // Rank 0 opens the slot naming the child as the process to write into.
+    let board = split::Board::open_peer(jobs[1].shared.job_id, 1, DPID).unwrap();
+    let units = crate::link::shm::split::units_for(len as u64).unwrap();
+    let dest = crate::link::shm::split::Destination {
+        dst: held.as_ptr() as u64,
+        len: len as u64,
+        pid: child.pid(),
+    };
+    assert!(board.slot(slot).unwrap().open(9, units, dest).is_some());
+    assert!(b.help(), "the helper claimed units");
+    let stats = b.stats();
+    assert_eq!((stats.pids_refused, stats.written_for_peers), (1, 0));
+    let mut now = vec![0u8; len];
+    cma::read_from(child.pid(), &[cma::Piece::of(&held)], &mut now).unwrap();
+    assert!(
+        now.iter().all(|&b| b == 0xc4),
+        "nothing written into the child"
+    );
+    // The receiver reads the refused units itself: they are recorded as failed.
+    let s = board.slot(slot).unwrap();
+    while s.claim_front(units).is_some() {}
+    let failed = s.sender_finished(s.sender_share(units));
+    assert!(failed.as_ref().is_some_and(|f| !f.is_empty()), "{failed:?}");
+    b.end_split(0, 9);
+}
+
+/// What an endpoint lets its peers do under Yama depends on the processes the job's
+/// same-node ranks published: none but this one (ranks as threads), one, or several.
+#[test]
+fn the_peer_processes_are_the_ones_the_ranks_published() {
+    let (jobs, _store) = jobs(3, &Config::default());
+    let s = &jobs[0].shared;
+    let wait = std::time::Duration::from_secs(5);
     assert_eq!(
-        a.get(rank1(), memory(&src), &mut dst).unwrap(),
-        Got::Unreachable
+        peer_processes(s, wait),
+        PeerProcesses::None,
+        "all threads here"
     );
+    let mut buf = [0u8; 8];
+    let (c1, c2) = (Forked::start(&mut buf, 1), Forked::start(&mut buf, 2));
+    let tag = |pid: u32, start: &str| format!("{pid}.{start}");
+    s.kv.put("proc/2", &tag(c1.pid(), "0")).unwrap();
+    assert_eq!(peer_processes(s, wait), PeerProcesses::One(c1.pid()));
+    s.kv.put("proc/1", &tag(c1.pid(), "0")).unwrap();
+    assert_eq!(
+        peer_processes(s, wait),
+        PeerProcesses::One(c1.pid()),
+        "two ranks, one process"
+    );
+    // Not the process that started then (another pid namespace, or a reused pid): left
+    // out rather than named.
+    s.kv.put("proc/1", &tag(c2.pid(), "1")).unwrap();
+    assert_eq!(peer_processes(s, wait), PeerProcesses::One(c1.pid()));
+    s.kv.put("proc/1", &tag(c2.pid(), "0")).unwrap();
+    assert_eq!(peer_processes(s, wait), PeerProcesses::Several);
+    // A rank whose process is unknown may be anyone.
+    s.kv.put("proc/1", "garbage").unwrap();
+    assert_eq!(peer_processes(s, wait), PeerProcesses::Several);
 }
 
 #[test]

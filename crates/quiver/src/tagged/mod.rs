@@ -46,8 +46,11 @@
 //! (`engine::protocol`, driven by the endpoint's station, answering through the
 //! engine's outbox), the rest starts operations, makes pulls through `rma` and waits;
 //! `wire` the protocol's messages. `sim_tests` runs the protocol over the simulated
-//! network under seeded faults.
+//! network under seeded faults; `forged_pid_tests` has a rank forge a `Push` that names
+//! another process than its own.
 
+#[cfg(test)]
+mod forged_pid_tests;
 mod matching;
 mod pushpull;
 #[cfg(test)]
@@ -143,6 +146,12 @@ pub struct TaggedStats {
     pub pulled_split_by_sender: u64,
     /// Bytes this endpoint wrote into its receivers' buffers during split copies.
     pub split_helped: u64,
+    /// Same-node transfers refused because the peer named a process other than the one
+    /// it proved to be (the nonce it published): a sender's `Push` whose pid is not its
+    /// own (the pull went by request), or a receiver's split-copy slot naming another
+    /// process (it read that part itself). Nothing of the named process was read or
+    /// written; an honest peer never causes one.
+    pub foreign_pids_refused: u64,
     /// Protocol messages dropped because they were malformed, named no known message,
     /// repeated or misplaced bytes, or pushed beyond their sender's credit.
     pub dropped: u64,
@@ -231,6 +240,7 @@ impl Tagged {
         let split = self.pp.rma.stats();
         stats.pulled_split_by_sender = split.written_by_peers;
         stats.split_helped = split.written_for_peers;
+        stats.foreign_pids_refused = split.pids_refused;
         stats
     }
 

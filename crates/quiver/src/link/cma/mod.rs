@@ -23,8 +23,10 @@
 //! - [`CmaState`]: remembers per peer (or per process) that CMA is unavailable after
 //!   the first refusal, logs that once (`tracing::warn!`), and refuses later transfers
 //!   cheaply, so that the caller falls back to its two-copy path.
-//! - [`allow_peers`]: the `PR_SET_PTRACER_ANY` exception that lets same-user peers read
-//!   this process under Yama `ptrace_scope = 1`.
+//! - [`yama`]: who may attach to this process: the ptracer exception Yama's
+//!   `ptrace_scope = 1` asks for (the one peer process named, else any process of the
+//!   user), or attach turned off where Yama forbids it (2 without `CAP_SYS_PTRACE`, 3);
+//!   and [`allow_peers`], the explicit `PR_SET_PTRACER_ANY`.
 //!
 //! What it guarantees:
 //!
@@ -56,8 +58,8 @@
 //!   non-dumpable, and the caller lacks `CAP_SYS_PTRACE`;
 //! - Yama's `kernel.yama.ptrace_scope` is 1 and the target is not a descendant of the
 //!   caller (as with ranks started side by side by a launcher) and has not named a
-//!   ptracer: the target can call [`allow_peers`]; 2 (admin only) needs
-//!   `CAP_SYS_PTRACE`; 3 forbids it for everyone;
+//!   ptracer (quiver names one when it opens a tagged endpoint, see [`yama`]; or
+//!   [`allow_peers`]); 2 (admin only) needs `CAP_SYS_PTRACE`; 3 forbids it for everyone;
 //! - a container runtime's seccomp profile blocks the system calls (older Docker
 //!   defaults), or the container lacks `CAP_SYS_PTRACE` where that is required:
 //!   `--cap-add=SYS_PTRACE` or a profile that allows `process_vm_readv`/`writev`.
@@ -70,8 +72,8 @@
 //! # Use
 //!
 //! ```ignore
-//! // Each process, at start-up: let same-user peers read it, publish its probe word.
-//! let _ = cma::allow_peers();
+//! // Each process, at start-up: let its peers read it, publish its probe word.
+//! cma::yama::apply(cma::yama::decide(scope, cap, || peers));
 //! publish(std::process::id(), cma::probe_target());
 //! // Towards each same-node peer, once: detect (and log) whether CMA works.
 //! let state = cma::CmaState::new();
@@ -83,6 +85,8 @@
 //!     // two-copy path
 //! }
 //! ```
+
+pub mod yama;
 
 use std::fmt;
 use std::io;
@@ -204,12 +208,12 @@ pub enum CmaError {
     #[error(
         "cross-memory attach to process {pid} not permitted ({source}): the kernel's ptrace \
          access check failed (peer of another user or non-dumpable, Yama \
-         kernel.yama.ptrace_scope >= 1 with a peer that did not call allow_peers(), or a \
+         kernel.yama.ptrace_scope >= 1 with a peer that named another tracer or none, or a \
          container without CAP_SYS_PTRACE or with a seccomp profile blocking \
-         process_vm_readv/process_vm_writev); have every process call \
-         quiver::admin::cma::allow_peers() (prctl PR_SET_PTRACER_ANY), or set \
-         kernel.yama.ptrace_scope=0, or run the container with --cap-add=SYS_PTRACE; \
-         until then large messages take the two-copy path"
+         process_vm_readv/process_vm_writev); quiver names the tracer itself under \
+         ptrace_scope 1 (a program may call quiver::admin::cma::allow_peers(), prctl \
+         PR_SET_PTRACER_ANY), else set kernel.yama.ptrace_scope=0, or run the container with \
+         --cap-add=SYS_PTRACE; until then large messages take the two-copy path"
     )]
     NotPermitted {
         /// The peer.
@@ -613,30 +617,15 @@ pub fn probe(pid: u32, target: ProbeTarget) -> Result<(), CmaError> {
 /// and read or change all its memory, as on a system without Yama. It does not help
 /// under `ptrace_scope` 2 or 3, across users, or against seccomp.
 ///
+/// Quiver does not need this call: opening a tagged endpoint names the job's one other
+/// process on the node as the tracer, or any process only when there are several
+/// (`docs/DESIGN-NOTES.md`, "What quiver changes in your process"). After this call
+/// quiver never narrows the exception again.
+///
 /// Returns `Ok(true)` when the exception was set, `Ok(false)` when the kernel has no
 /// Yama (`EINVAL`: nothing restricts same-user access then).
 pub fn allow_peers() -> io::Result<bool> {
-    let zero: libc::c_ulong = 0;
-    // SAFETY: PR_SET_PTRACER takes an integer argument (a pid or PR_SET_PTRACER_ANY);
-    // no memory is passed, the trailing arguments are unused zeros.
-    let r = unsafe {
-        libc::prctl(
-            libc::PR_SET_PTRACER,
-            libc::PR_SET_PTRACER_ANY,
-            zero,
-            zero,
-            zero,
-        )
-    };
-    if r == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EINVAL) {
-        Ok(false)
-    } else {
-        Err(err)
-    }
+    yama::allow_any()
 }
 
 const UNKNOWN: u8 = 0;

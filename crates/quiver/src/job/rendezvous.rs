@@ -66,7 +66,7 @@ use crate::error::{Error, Result};
 pub const MAX_ITEM_LEN: usize = 4096;
 
 /// The longest request or reply line, without its `\n`.
-const MAX_LINE: usize = 2 * MAX_ITEM_LEN + 256;
+pub(crate) const MAX_LINE: usize = 2 * MAX_ITEM_LEN + 256;
 /// Connections a server serves at once; more are answered `ERR` and closed.
 const MAX_CONNECTIONS: usize = 4096;
 /// Idle connections a client keeps for reuse.
@@ -222,7 +222,8 @@ fn parse_url_inner(s: &str) -> std::result::Result<RendezvousUrl, String> {
 // ---------------------------------------------------------------------------------------
 // Line reading shared by the server and the client
 
-enum LineRead {
+/// What [`read_line_limited`] read.
+pub enum LineRead {
     /// A complete line is in the buffer (without `\n` or `\r\n`).
     Line,
     /// The line was longer than allowed; it was consumed and discarded.
@@ -232,7 +233,11 @@ enum LineRead {
 }
 
 /// Reads one line of at most `max` bytes into `buf`, never buffering more than that.
-fn read_line_limited<R: BufRead>(r: &mut R, buf: &mut Vec<u8>, max: usize) -> io::Result<LineRead> {
+pub(crate) fn read_line_limited<R: BufRead>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<LineRead> {
     buf.clear();
     let mut too_long = false;
     loop {
@@ -491,10 +496,42 @@ fn serve_conn(shared: &Shared, stream: TcpStream) {
     }
 }
 
-/// Answers one request line (without its `\n`).
-fn handle_request(shared: &Shared, line: &[u8]) -> String {
+/// A request of the line protocol, as [`parse_request`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `PUT key value`.
+    Put {
+        /// The key.
+        key: &'a str,
+        /// The value.
+        value: &'a str,
+    },
+    /// `PUTNX key value`.
+    PutNx {
+        /// The key.
+        key: &'a str,
+        /// The value.
+        value: &'a str,
+    },
+    /// `GET key timeout_ms`.
+    Get {
+        /// The key.
+        key: &'a str,
+        /// How long to wait for it.
+        timeout: Duration,
+    },
+    /// `TRYGET key`.
+    TryGet {
+        /// The key.
+        key: &'a str,
+    },
+}
+
+/// Parses one request line (without its `\n`): the request, or why it is malformed (the
+/// text of the `ERR` reply). Touches no state.
+pub fn parse_request(line: &[u8]) -> std::result::Result<Request<'_>, String> {
     let Ok(line) = std::str::from_utf8(line) else {
-        return "ERR the request is not ASCII".into();
+        return Err("the request is not ASCII".into());
     };
     let mut fields = line.split(' ');
     let cmd = fields.next().unwrap_or("");
@@ -504,28 +541,58 @@ fn handle_request(shared: &Shared, line: &[u8]) -> String {
         "PUTNX" => ("PUTNX key value", 2),
         "GET" => ("GET key timeout_ms", 2),
         "TRYGET" => ("TRYGET key", 1),
-        "" => return "ERR empty request".into(),
-        _ => return "ERR unknown command (expected PUT, PUTNX, GET or TRYGET)".into(),
+        "" => return Err("empty request".into()),
+        _ => return Err("unknown command (expected PUT, PUTNX, GET or TRYGET)".into()),
     };
     if args.len() != arity {
-        return format!("ERR usage: {usage}");
+        return Err(format!("usage: {usage}"));
     }
     let key = args[0];
     if let Err(why) = check_item(key) {
-        return format!("ERR the key {why}");
+        return Err(format!("the key {why}"));
     }
     match cmd {
         "PUT" | "PUTNX" => {
             let value = args[1];
             if let Err(why) = check_item(value) {
-                return format!("ERR the value {why}");
+                return Err(format!("the value {why}"));
             }
+            Ok(if cmd == "PUT" {
+                Request::Put { key, value }
+            } else {
+                Request::PutNx { key, value }
+            })
+        }
+        "GET" => {
+            let ms = args[1];
+            match ms.parse::<u64>() {
+                Ok(ms_n) if ms.bytes().all(|b| b.is_ascii_digit()) => Ok(Request::Get {
+                    key,
+                    timeout: Duration::from_millis(ms_n),
+                }),
+                _ => Err("timeout_ms must be a decimal number of milliseconds".into()),
+            }
+        }
+        _ => Ok(Request::TryGet { key }),
+    }
+}
+
+/// Answers one request line (without its `\n`).
+fn handle_request(shared: &Shared, line: &[u8]) -> String {
+    let request = match parse_request(line) {
+        Ok(request) => request,
+        Err(why) => return format!("ERR {why}"),
+    };
+    match request {
+        Request::Put { key, value } => {
             let mut map = lock(&shared.map);
-            if cmd == "PUT" {
-                map.insert(key.to_string(), value.to_string());
-                shared.changed.notify_all();
-                "OK".into()
-            } else if let Some(stored) = map.get(key) {
+            map.insert(key.to_string(), value.to_string());
+            shared.changed.notify_all();
+            "OK".into()
+        }
+        Request::PutNx { key, value } => {
+            let mut map = lock(&shared.map);
+            if let Some(stored) = map.get(key) {
                 format!("VAL {stored}")
             } else {
                 map.insert(key.to_string(), value.to_string());
@@ -533,15 +600,8 @@ fn handle_request(shared: &Shared, line: &[u8]) -> String {
                 format!("VAL {value}")
             }
         }
-        "GET" => {
-            let ms = args[1];
-            let timeout = match ms.parse::<u64>() {
-                Ok(ms_n) if ms.bytes().all(|b| b.is_ascii_digit()) => Duration::from_millis(ms_n),
-                _ => return "ERR timeout_ms must be a decimal number of milliseconds".into(),
-            };
-            wait_get(shared, key, timeout)
-        }
-        _ => match lock(&shared.map).get(key) {
+        Request::Get { key, timeout } => wait_get(shared, key, timeout),
+        Request::TryGet { key } => match lock(&shared.map).get(key) {
             Some(v) => format!("VAL {v}"),
             None => "NONE".into(),
         },

@@ -60,6 +60,9 @@ pub mod dm;
 pub(crate) mod engine;
 #[cfg(not(loom))]
 mod error;
+#[cfg(all(any(test, feature = "fuzzing"), not(loom)))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(not(loom))]
 pub(crate) mod job;
 pub(crate) mod link;

@@ -84,7 +84,7 @@ use crate::error::{Error, Result};
 pub const MAX_ITEM_LEN: usize = 4096;
 
 /// The longest request or reply line, without its `\n`.
-const MAX_LINE: usize = 2 * MAX_ITEM_LEN + 256;
+pub(crate) const MAX_LINE: usize = 2 * MAX_ITEM_LEN + 256;
 /// Connections a server serves at once; more are answered `ERR` and closed.
 const MAX_CONNECTIONS: usize = 4096;
 /// Connections that have not yet sent a request with a valid tag, at once; more are
@@ -252,7 +252,8 @@ fn parse_url_inner(s: &str) -> std::result::Result<RendezvousUrl, String> {
 // ---------------------------------------------------------------------------------------
 // Line reading shared by the server and the client
 
-enum LineRead {
+/// What [`read_line_limited`] read.
+pub enum LineRead {
     /// A complete line is in the buffer (without `\n` or `\r\n`).
     Line,
     /// The line was longer than allowed; it was consumed and discarded.
@@ -262,7 +263,11 @@ enum LineRead {
 }
 
 /// Reads one line of at most `max` bytes into `buf`, never buffering more than that.
-fn read_line_limited<R: BufRead>(r: &mut R, buf: &mut Vec<u8>, max: usize) -> io::Result<LineRead> {
+pub(crate) fn read_line_limited<R: BufRead>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<LineRead> {
     buf.clear();
     let mut too_long = false;
     loop {
@@ -792,10 +797,42 @@ fn serve_authenticated(shared: &Shared, stream: TcpStream, authenticated: &mut b
     }
 }
 
-/// Answers one request line (without its `\n`).
-fn handle_request(shared: &Shared, line: &[u8]) -> String {
+/// A request of the line protocol, as [`parse_request`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `PUT key value`.
+    Put {
+        /// The key.
+        key: &'a str,
+        /// The value.
+        value: &'a str,
+    },
+    /// `PUTNX key value`.
+    PutNx {
+        /// The key.
+        key: &'a str,
+        /// The value.
+        value: &'a str,
+    },
+    /// `GET key timeout_ms`.
+    Get {
+        /// The key.
+        key: &'a str,
+        /// How long to wait for it.
+        timeout: Duration,
+    },
+    /// `TRYGET key`.
+    TryGet {
+        /// The key.
+        key: &'a str,
+    },
+}
+
+/// Parses one request line (without its `\n`): the request, or why it is malformed (the
+/// text of the `ERR` reply). Touches no state.
+pub fn parse_request(line: &[u8]) -> std::result::Result<Request<'_>, String> {
     let Ok(line) = std::str::from_utf8(line) else {
-        return "ERR the request is not ASCII".into();
+        return Err("the request is not ASCII".into());
     };
     let mut fields = line.split(' ');
     let cmd = fields.next().unwrap_or("");
@@ -805,62 +842,90 @@ fn handle_request(shared: &Shared, line: &[u8]) -> String {
         "PUTNX" => ("PUTNX key value", 2),
         "GET" => ("GET key timeout_ms", 2),
         "TRYGET" => ("TRYGET key", 1),
-        "" => return "ERR empty request".into(),
-        _ => return "ERR unknown command (expected PUT, PUTNX, GET or TRYGET)".into(),
+        "" => return Err("empty request".into()),
+        _ => return Err("unknown command (expected PUT, PUTNX, GET or TRYGET)".into()),
     };
     if args.len() != arity {
-        return format!("ERR usage: {usage}");
+        return Err(format!("usage: {usage}"));
     }
     let key = args[0];
     if let Err(why) = check_item(key) {
-        return format!("ERR the key {why}");
+        return Err(format!("the key {why}"));
     }
     match cmd {
         "PUT" | "PUTNX" => {
             let value = args[1];
             if let Err(why) = check_item(value) {
-                return format!("ERR the value {why}");
+                return Err(format!("the value {why}"));
             }
-            let mut map = lock(&shared.map);
-            if cmd == "PUTNX" {
-                if let Some(stored) = map.get(key) {
-                    return format!("VAL {stored}");
-                }
-            }
-            // The store's bounds: what a new value would bring beyond what it replaces.
-            let old = map.get(key).map_or(0, |v| key.len() + v.len()) as u64;
-            let new = (key.len() + value.len()) as u64;
-            let stored = shared.stored.load(Ordering::Relaxed);
-            let Limits { keys, bytes, .. } = shared.limits;
-            if (old == 0 && map.len() >= keys) || stored - old + new > bytes as u64 {
-                return format!(
-                    "ERR the store is full ({} keys, {stored} bytes; at most {keys} keys and \
-                     {bytes} bytes)",
-                    map.len()
-                );
-            }
-            shared.stored.store(stored - old + new, Ordering::Relaxed);
-            map.insert(key.to_string(), value.to_string());
-            shared.changed.notify_all();
-            if cmd == "PUT" {
-                "OK".into()
+            Ok(if cmd == "PUT" {
+                Request::Put { key, value }
             } else {
-                format!("VAL {value}")
-            }
+                Request::PutNx { key, value }
+            })
         }
         "GET" => {
             let ms = args[1];
-            let timeout = match ms.parse::<u64>() {
-                Ok(ms_n) if ms.bytes().all(|b| b.is_ascii_digit()) => Duration::from_millis(ms_n),
-                _ => return "ERR timeout_ms must be a decimal number of milliseconds".into(),
-            };
-            wait_get(shared, key, timeout)
+            match ms.parse::<u64>() {
+                Ok(ms_n) if ms.bytes().all(|b| b.is_ascii_digit()) => Ok(Request::Get {
+                    key,
+                    timeout: Duration::from_millis(ms_n),
+                }),
+                _ => Err("timeout_ms must be a decimal number of milliseconds".into()),
+            }
         }
-        _ => match lock(&shared.map).get(key) {
+        _ => Ok(Request::TryGet { key }),
+    }
+}
+
+/// Answers one request line (without its `\n`).
+fn handle_request(shared: &Shared, line: &[u8]) -> String {
+    let request = match parse_request(line) {
+        Ok(request) => request,
+        Err(why) => return format!("ERR {why}"),
+    };
+    match request {
+        Request::Put { key, value } => store(shared, &mut lock(&shared.map), key, value)
+            .map_or_else(|full| full, |()| "OK".into()),
+        Request::PutNx { key, value } => {
+            let mut map = lock(&shared.map);
+            if let Some(stored) = map.get(key) {
+                return format!("VAL {stored}");
+            }
+            store(shared, &mut map, key, value)
+                .map_or_else(|full| full, |()| format!("VAL {value}"))
+        }
+        Request::Get { key, timeout } => wait_get(shared, key, timeout),
+        Request::TryGet { key } => match lock(&shared.map).get(key) {
             Some(v) => format!("VAL {v}"),
             None => "NONE".into(),
         },
     }
+}
+
+/// Stores `value` under `key` within the store's bounds (what a new value brings beyond
+/// what it replaces); the `ERR` reply if it does not fit.
+fn store(
+    shared: &Shared,
+    map: &mut HashMap<String, String>,
+    key: &str,
+    value: &str,
+) -> std::result::Result<(), String> {
+    let old = map.get(key).map_or(0, |v| key.len() + v.len()) as u64;
+    let new = (key.len() + value.len()) as u64;
+    let stored = shared.stored.load(Ordering::Relaxed);
+    let Limits { keys, bytes, .. } = shared.limits;
+    if (old == 0 && map.len() >= keys) || stored - old + new > bytes as u64 {
+        return Err(format!(
+            "ERR the store is full ({} keys, {stored} bytes; at most {keys} keys and {bytes} \
+             bytes)",
+            map.len()
+        ));
+    }
+    shared.stored.store(stored - old + new, Ordering::Relaxed);
+    map.insert(key.to_string(), value.to_string());
+    shared.changed.notify_all();
+    Ok(())
 }
 
 fn wait_get(shared: &Shared, key: &str, timeout: Duration) -> String {

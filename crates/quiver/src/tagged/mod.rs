@@ -55,7 +55,7 @@ mod matching;
 mod pushpull;
 #[cfg(test)]
 mod sim_tests;
-mod wire;
+pub(crate) mod wire;
 
 /// Bytes of the largest protocol header: a protocol message carries at most
 /// `QUIVER_MAX_MESSAGE` minus this of payload.

@@ -16,7 +16,7 @@
 //! and drops.
 
 /// Bytes of the largest header (`Push`).
-pub(crate) const MAX_HEADER: usize = 48;
+pub const MAX_HEADER: usize = 48;
 
 const PUSH: u8 = 1;
 const MORE: u8 = 2;
@@ -33,20 +33,30 @@ const ABANDON: u8 = 7;
 /// slot of the sender's split-copy board where the two may share the pull (`slot` - 1;
 /// 0: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Announce {
+pub struct Announce {
+    /// The split-copy board's slot plus one (0: none).
     pub slot: u16,
+    /// The message's tag.
     pub tag: u32,
+    /// The sender's number for the message.
     pub msg: u64,
+    /// The message's length.
     pub total: u64,
+    /// Bytes pushed in all (this push and the `More` that follow).
     pub pushed: u64,
+    /// The sender's process id.
     pub pid: u32,
+    /// The sender's shared buffer (0: none).
     pub seg: u32,
+    /// The buffer's address, or the offset in the shared buffer.
     pub addr: u64,
 }
 
 /// One protocol message; `data` borrows the payload that follows the header.
+// The fields are the header's, as the module's table names them.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Msg<'a> {
+pub enum Msg<'a> {
     /// The first push of a message: what it announces, and its first BTP(1) bytes.
     Push { head: Announce, data: &'a [u8] },
     /// Pushed bytes of `msg` from `offset`.
@@ -75,13 +85,14 @@ pub(crate) enum Msg<'a> {
 }
 
 /// A header, built on the stack.
-pub(crate) struct Header {
+pub struct Header {
     bytes: [u8; MAX_HEADER],
     len: usize,
 }
 
 impl Header {
-    pub(crate) fn as_bytes(&self) -> &[u8] {
+    /// The header's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
 }
@@ -93,7 +104,7 @@ fn put(h: &mut Header, v: &[u8]) {
 
 impl Msg<'_> {
     /// The header of this message (its payload is sent after it, unchanged).
-    pub(crate) fn header(&self) -> Header {
+    pub fn header(&self) -> Header {
         let mut h = Header {
             bytes: [0; MAX_HEADER],
             len: 0,
@@ -140,7 +151,7 @@ impl Msg<'_> {
     }
 
     /// The payload that follows the header.
-    pub(crate) fn data(&self) -> &[u8] {
+    pub fn data(&self) -> &[u8] {
         match self {
             Msg::Push { data, .. } | Msg::More { data, .. } | Msg::Data { data, .. } => data,
             _ => &[],
@@ -148,7 +159,7 @@ impl Msg<'_> {
     }
 
     /// Decodes one message.
-    pub(crate) fn decode(b: &[u8]) -> Result<Msg<'_>, &'static str> {
+    pub fn decode(b: &[u8]) -> Result<Msg<'_>, &'static str> {
         let u32_at = |o: usize| {
             b.get(o..o + 4)
                 .map(|s| u32::from_le_bytes(s.try_into().unwrap_or_default()))

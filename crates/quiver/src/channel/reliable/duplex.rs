@@ -381,7 +381,7 @@ impl<B> Duplex<B> {
         &self.sender
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     /// The incoming channel's state.
     pub fn receiver(&self) -> &Receiver<B> {
         &self.receiver

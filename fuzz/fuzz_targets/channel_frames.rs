@@ -366,14 +366,9 @@ impl World {
         }
         let now = self.now;
         let side = &mut self.sides[s];
-        if side.d.is_failed() {
-            // Not continued: `send_part` on a failed channel re-arms the sender's probe
-            // (mode none, or a closed window with nothing in flight), a deadline that
-            // `handle_timeout` never clears, since a failed sender ignores timeouts, so
-            // `poll_timeout` stays in the past (found by this target; not fixed yet).
-            side.partial = None;
-            return;
-        }
+        // Continued even on a failed channel: that once re-armed the sender's probe, a
+        // deadline a failed sender never clears (found by this target, fixed; the input
+        // is `fuzz/corpus/channel_frames/regression-failed-probe`).
         let Some((msg, cut, part)) = side.partial.as_mut() else {
             return;
         };

@@ -601,7 +601,7 @@ impl Sender {
                 sacked: false,
                 queued: false,
             });
-            if self.rto_deadline.is_none() {
+            if self.rto_deadline.is_none() && !self.failed {
                 self.rto_deadline = Some(now + self.rto);
             }
             self.update_probe(now);
@@ -610,7 +610,7 @@ impl Sender {
         let old = std::mem::replace(&mut self.scratch, bytes);
         self.recycle(old);
         // A tail probe follows a quiet period after the last frame.
-        if self.probe_timeouts == 0 {
+        if self.probe_timeouts == 0 && !self.failed {
             self.probe_deadline = Some(now + self.probe_interval);
         }
         self.update_probe(now);
@@ -815,6 +815,13 @@ impl Sender {
     /// window is closed; in the retransmitting modes while the window is closed with
     /// nothing in flight (the retransmission timer covers the rest).
     fn update_probe(&mut self, now: Time) {
+        if self.failed {
+            // A failed sender ignores timeouts: a deadline armed now would stay in the
+            // past for ever, and a driver waiting on it would spin (found by the
+            // `channel_frames` fuzz target: `send_part` continuing a message after the
+            // failure).
+            return;
+        }
         let needed = if self.retransmit {
             self.unacked.is_empty() && self.is_blocked()
         } else {

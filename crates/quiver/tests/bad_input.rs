@@ -166,14 +166,13 @@ fn hostile_datagrams_are_counted_and_dropped() {
     );
 }
 
-/// Issue 28, item 6: a frame with this job's id and token, naming a real rank and
-/// endpoint, sent from another address than the one that rank published (127.0.0.2
-/// here, still loopback) is dropped and counted, whatever its checksum; the endpoint
-/// goes on.
-#[test]
-fn frames_from_another_address_than_the_ranks_are_dropped() {
-    let tj = TestJob::new(2);
-    let cfg = config(TransportChoice::Udp);
+/// Two ranks over udp with `cfg`: rank 0's endpoint 1 (targeting rank 1) has sent one
+/// message to rank 1's endpoint 1, so each knows the other. The endpoints, the address
+/// rank 1's endpoint published, and the header a frame of rank 0's next message has.
+fn a_pair_that_talks(
+    tj: &TestJob,
+    cfg: quiver::Config,
+) -> (quiver::Endpoint, quiver::Endpoint, SocketAddr, Header) {
     let (job0, job1) = std::thread::scope(|s| {
         let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
         let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
@@ -182,17 +181,14 @@ fn frames_from_another_address_than_the_ranks_are_dropped() {
     let rx = job1.open(1).unwrap();
     let tx = job0.open(1).unwrap();
     tx.target_rank(1).unwrap();
-    // Rank 0 is known to rank 1 before the impostor speaks.
     tx.write(b"first").unwrap();
-    assert_eq!(
-        &*rx.read_timeout(Duration::from_secs(10)).unwrap(),
-        b"first"
-    );
+    let first = rx.read_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(&*first, b"first");
+    drop(first);
     let kv = Rendezvous::connect(&tj.url(), &tj.key, Duration::from_secs(5)).unwrap();
     let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
     let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();
-    let impostor = UdpSocket::bind("127.0.0.2:0").unwrap();
-    let forged = Header {
+    let next = Header {
         kind: FrameKind::Data,
         flags: Flags::FIRST | Flags::LAST,
         src_dpid: 1,
@@ -205,6 +201,20 @@ fn frames_from_another_address_than_the_ranks_are_dropped() {
         ack: 0,
         checksum: 0,
     };
+    // The endpoints keep their jobs' shared state alive.
+    drop((job0, job1));
+    (tx, rx, addr, next)
+}
+
+/// Issue 28, item 6: a frame with this job's id and token, naming a real rank and
+/// endpoint, sent from another address than the one that rank published (127.0.0.2
+/// here, still loopback) is dropped and counted, whatever its checksum; the endpoint
+/// goes on.
+#[test]
+fn frames_from_another_address_than_the_ranks_are_dropped() {
+    let tj = TestJob::new(2);
+    let (tx, rx, addr, forged) = a_pair_that_talks(&tj, config(TransportChoice::Udp));
+    let impostor = UdpSocket::bind("127.0.0.2:0").unwrap();
     impostor.send_to(&sealed(&forged, b"forged"), addr).unwrap();
     // And a corrupted one, which must not be charged to rank 0's channel either.
     let mut corrupt = sealed(&Header { seq: 2, ..forged }, b"corrupt");
@@ -230,36 +240,8 @@ fn frames_from_another_address_than_the_ranks_are_dropped() {
 fn with_authenticated_frames_a_forged_frame_is_dropped() {
     let tj = TestJob::new(2);
     let cfg = config(TransportChoice::Udp).with_auth(true);
-    let (job0, job1) = std::thread::scope(|s| {
-        let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
-        let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    let rx = job1.open(1).unwrap();
-    let tx = job0.open(1).unwrap();
-    tx.target_rank(1).unwrap();
-    tx.write(b"first").unwrap();
-    assert_eq!(
-        &*rx.read_timeout(Duration::from_secs(10)).unwrap(),
-        b"first"
-    );
-    let kv = Rendezvous::connect(&tj.url(), &tj.key, Duration::from_secs(5)).unwrap();
-    let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
-    let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();
+    let (tx, rx, addr, forged) = a_pair_that_talks(&tj, cfg);
     let forger = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let forged = Header {
-        kind: FrameKind::Data,
-        flags: Flags::FIRST | Flags::LAST,
-        src_dpid: 1,
-        dst_dpid: 1,
-        credits: 0,
-        src_rank: 0,
-        job_id: tj.job_id,
-        token: tj.token as u32,
-        seq: 1,
-        ack: 0,
-        checksum: 0,
-    };
     let mut with_tag = sealed(&forged, b"forged");
     with_tag.extend_from_slice(&[0u8; 16]);
     forger.send_to(&sealed(&forged, b"forged"), addr).unwrap();

@@ -391,14 +391,22 @@ fn drive_until(
     true
 }
 
-/// A receive whose wait gave up (an error elsewhere) after its pull request left:
-/// its buffer goes back to the application, and the bytes its sender answers with
-/// later are dropped, never written into it; the sender completes.
-#[test]
-fn an_abandoned_receive_writes_nothing_more_into_its_buffer() {
-    let (net, stations, pps, _store) = endpoint_pair();
-    let msg = payload(1, 0, 200_000);
-    let mut buf = vec![0u8; msg.len()];
+/// Rank 0 posts a receive into `buf` (for tag 5 from rank 1), rank 1 starts sending
+/// `msg`, and rank 0 alone makes progress until the push has arrived and its pull
+/// request has left (unanswered: rank 1 has not run). The pair, the receive and the send.
+#[allow(clippy::type_complexity)]
+fn pull_requested(
+    msg: &[u8],
+    buf: &mut [u8],
+) -> (
+    Rc<RefCell<SimNet>>,
+    [SimStation; 2],
+    [PushPull; 2],
+    StoreDir,
+    u64,
+    u64,
+) {
+    let (net, stations, pps, store) = endpoint_pair();
     let recv = pps[0]
         .start_recv(
             &stations[0],
@@ -408,11 +416,21 @@ fn an_abandoned_receive_writes_nothing_more_into_its_buffer() {
             Tag::Is(5),
         )
         .unwrap();
-    let send = pps[1].start_send(&stations[1], 0, 5, &msg).unwrap();
-    // Rank 0 alone: the push arrives, and its pull request leaves unanswered.
+    let send = pps[1].start_send(&stations[1], 0, 5, msg).unwrap();
     assert!(drive_until(&net, &stations, &pps, [true, false], |pps| {
         pps[0].st.borrow().landed_after_pull(recv).is_some() && pps[0].out.borrow().is_empty()
     }));
+    (net, stations, pps, store, recv, send)
+}
+
+/// A receive whose wait gave up (an error elsewhere) after its pull request left:
+/// its buffer goes back to the application, and the bytes its sender answers with
+/// later are dropped, never written into it; the sender completes.
+#[test]
+fn an_abandoned_receive_writes_nothing_more_into_its_buffer() {
+    let msg = payload(1, 0, 200_000);
+    let mut buf = vec![0u8; msg.len()];
+    let (net, stations, pps, _store, recv, send) = pull_requested(&msg, &mut buf);
     pps[0].abandon(&stations[0], recv);
     buf.fill(0xEE);
     assert!(drive_until(&net, &stations, &pps, [true, true], |pps| {
@@ -442,23 +460,10 @@ fn an_abandoned_receive_writes_nothing_more_into_its_buffer() {
 /// reads is dropped by `Outbox::drop_ranges`, tested with the outbox.)
 #[test]
 fn an_abandoned_send_reads_nothing_more_and_fails_its_receive() {
-    let (net, stations, pps, _store) = endpoint_pair();
     let mut msg = payload(1, 0, 200_000);
     msg.iter_mut().for_each(|b| *b &= 0x7f);
     let mut buf = vec![0u8; msg.len()];
-    let recv = pps[0]
-        .start_recv(
-            &stations[0],
-            buf.as_mut_ptr(),
-            buf.len(),
-            Src::Rank(1),
-            Tag::Is(5),
-        )
-        .unwrap();
-    let send = pps[1].start_send(&stations[1], 0, 5, &msg).unwrap();
-    assert!(drive_until(&net, &stations, &pps, [true, false], |pps| {
-        pps[0].st.borrow().landed_after_pull(recv).is_some() && pps[0].out.borrow().is_empty()
-    }));
+    let (net, stations, pps, _store, recv, send) = pull_requested(&msg, &mut buf);
     pps[1].abandon(&stations[1], send);
     msg.fill(0xFF);
     let result = RefCell::new(None);

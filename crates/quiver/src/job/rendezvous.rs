@@ -32,12 +32,14 @@
 //!
 //! # Line protocol (tcp)
 //!
-//! On connecting, the server sends `HELLO nonce` (32 hex digits, fresh per connection).
+//! On connecting, the server sends `HELLO nonce` and the client answers `HI nonce` (32
+//! hex digits each, fresh per connection; the connection's nonce is the two together).
 //! Then one request per line and one reply line per request, each preceded by its tag:
 //! `TAG request` and `TAG reply`, where TAG is the first 16 bytes (32 hex digits) of
 //! the BLAKE3 keyed hash, under the store key, of a direction label (`req` or `rep`),
 //! the nonce, the request's number on the connection (from 0) and the line. A tag
-//! binds a line to its connection, its place and its direction: replayed, reordered or
+//! binds a line to its connection (chosen by both ends: a recorded conversation cannot
+//! be played back to either), its place and its direction: replayed, reordered or
 //! reflected lines fail. Fields are separated by a single space; lines end with `\n` (a
 //! `\r` before it is ignored) and hold at most 8448 bytes.
 //!
@@ -389,7 +391,7 @@ impl StoreKey {
 
     /// The tag of `line`, the `seq`-th of its direction (`req` or `rep`) on the
     /// connection whose nonce is `nonce`.
-    fn tag(&self, direction: &[u8; 3], nonce: &[u8; 16], seq: u64, line: &[u8]) -> [u8; 16] {
+    fn tag(&self, direction: &[u8; 3], nonce: &[u8; 32], seq: u64, line: &[u8]) -> [u8; 16] {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(direction);
         h.update(nonce);
@@ -421,7 +423,7 @@ fn parse_hex16(s: &str) -> Option<[u8; 16]> {
 fn verified<'a>(
     key: &StoreKey,
     direction: &[u8; 3],
-    nonce: &[u8; 16],
+    nonce: &[u8; 32],
     seq: u64,
     line: &'a [u8],
 ) -> Option<&'a [u8]> {
@@ -449,7 +451,15 @@ fn load_or_create_key_file(path: &Path) -> Result<StoreKey> {
             .map_err(|e| fail("cannot create the directory of", e))?;
     }
     if !path.exists() {
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Unique across the nodes that may share this home directory.
+        let mut salt = [0u8; 8];
+        getrandom::fill(&mut salt)
+            .map_err(|e| fail("cannot draw a name for", io::Error::other(e.to_string())))?;
+        let tmp = path.with_extension(format!(
+            "tmp{}-{:016x}",
+            std::process::id(),
+            u64::from_le_bytes(salt)
+        ));
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -726,7 +736,9 @@ fn admit(shared: &Arc<Shared>, stream: TcpStream, id: u64) {
             lock(&for_thread.conns).remove(&id);
         });
     if spawned.is_err() {
-        // The closure, and the stream with it, is dropped: close our clone too.
+        // The closure, and the stream with it, is dropped: close our clone too, and the
+        // connection no longer counts as waiting to authenticate.
+        shared.unauthenticated.fetch_sub(1, Ordering::AcqRel);
         if let Some(conn) = lock(&shared.conns).remove(&id) {
             let _ = conn.shutdown(Shutdown::Both);
         }
@@ -741,33 +753,70 @@ fn serve_conn(shared: &Shared, stream: TcpStream) {
     }
 }
 
-/// Greets the client with the connection's nonce and answers its tagged requests until
-/// it hangs up, stays silent too long or sends a request without the key's tag.
+/// The read half of a server's connection: every read gives up at `deadline`, so a
+/// client that trickles bytes holds its connection no longer than a silent one.
+struct Deadlined {
+    stream: TcpStream,
+    deadline: Instant,
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took too long",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// Greets the client with the server's half of the connection's nonce, takes the
+/// client's half (`HI nonce`), and answers its tagged requests until it hangs up, stays
+/// silent too long or sends a request without the key's tag. Until its first valid
+/// request a connection has the handshake time in all, however it spends it.
 fn serve_authenticated(shared: &Shared, stream: TcpStream, authenticated: &mut bool) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
-    let mut nonce = [0u8; 16];
-    if getrandom::fill(&mut nonce).is_err() {
+    let mut nonce = [0u8; 32];
+    if getrandom::fill(&mut nonce[..16]).is_err() {
         return;
     }
-    let mut reader = BufReader::new(read_half);
+    let accepted = Instant::now();
+    let mut reader = BufReader::new(Deadlined {
+        stream: read_half,
+        deadline: accepted + shared.limits.handshake,
+    });
     let mut writer = stream;
+    let server_half: [u8; 16] = nonce[..16].try_into().expect("16 bytes");
     if writer
-        .write_all(format!("HELLO {}\n", hex16(&nonce)).as_bytes())
+        .write_all(format!("HELLO {}\n", hex16(&server_half)).as_bytes())
         .is_err()
     {
         return;
     }
     let mut line = Vec::with_capacity(256);
+    // The client's half of the nonce: replies are then bound to a connection the client
+    // chose too, so that a recorded conversation cannot be played back to it.
+    let client_half = match read_line_limited(&mut reader, &mut line, MAX_LINE) {
+        Ok(LineRead::Line) => std::str::from_utf8(&line)
+            .ok()
+            .and_then(|l| l.strip_prefix("HI "))
+            .and_then(parse_hex16),
+        _ => None,
+    };
+    let Some(client_half) = client_half else {
+        let _ = writer.write_all(b"ERR not authenticated\n");
+        return;
+    };
+    nonce[16..].copy_from_slice(&client_half);
     for seq in 0u64.. {
-        let silence = if *authenticated {
-            shared.limits.idle
-        } else {
-            shared.limits.handshake
-        };
-        if writer.set_read_timeout(Some(silence)).is_err() {
-            return;
+        if *authenticated {
+            reader.get_mut().deadline = Instant::now() + shared.limits.idle;
         }
         let reply = match read_line_limited(&mut reader, &mut line, MAX_LINE) {
             Ok(LineRead::Line) => {
@@ -958,8 +1007,9 @@ struct Conn {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
     key: StoreKey,
-    /// The server's nonce for this connection, and the number of the next request.
-    nonce: [u8; 16],
+    /// The connection's nonce (the server's half, then this client's), and the number of
+    /// the next request.
+    nonce: [u8; 32],
     seq: u64,
 }
 
@@ -979,11 +1029,17 @@ impl Conn {
             return Err(bad("the store closed the connection without a greeting"));
         }
         let greeting = String::from_utf8_lossy(&line);
-        let nonce = match greeting.strip_prefix("HELLO ").and_then(parse_hex16) {
+        let server_half = match greeting.strip_prefix("HELLO ").and_then(parse_hex16) {
             Some(n) => n,
             None if greeting.starts_with("ERR ") => return Err(bad(&greeting)),
             None => return Err(bad("this is not a quiver store (no HELLO greeting)")),
         };
+        let mut client_half = [0u8; 16];
+        getrandom::fill(&mut client_half).map_err(|e| io::Error::other(e.to_string()))?;
+        (&stream).write_all(format!("HI {}\n", hex16(&client_half)).as_bytes())?;
+        let mut nonce = [0u8; 32];
+        nonce[..16].copy_from_slice(&server_half);
+        nonce[16..].copy_from_slice(&client_half);
         Ok(Conn {
             reader,
             writer: stream,
@@ -1893,18 +1949,33 @@ mod tests {
         reader: BufReader<TcpStream>,
         writer: TcpStream,
         key: StoreKey,
-        nonce: [u8; 16],
+        nonce: [u8; 32],
         seq: u64,
     }
 
     impl Raw {
+        /// Connects and gives the server a client nonce, as the library's client does.
         fn connect(srv: &KvServerHandle, key: StoreKey) -> Raw {
+            let mut raw = Raw::greeted(srv, key);
+            (&raw.writer)
+                .write_all(b"HI 0123456789abcdef0123456789abcdef\n")
+                .unwrap();
+            raw.nonce[16..]
+                .copy_from_slice(&parse_hex16("0123456789abcdef0123456789abcdef").unwrap());
+            raw
+        }
+
+        /// Connects and reads the server's greeting only.
+        fn greeted(srv: &KvServerHandle, key: StoreKey) -> Raw {
             let stream = TcpStream::connect(srv.local_addr()).unwrap();
             stream.set_read_timeout(Some(T)).unwrap();
             let mut reader = BufReader::new(stream.try_clone().unwrap());
             let mut hello = String::new();
             reader.read_line(&mut hello).unwrap();
-            let nonce = parse_hex16(hello.trim_end().strip_prefix("HELLO ").unwrap()).unwrap();
+            let mut nonce = [0u8; 32];
+            nonce[..16].copy_from_slice(
+                &parse_hex16(hello.trim_end().strip_prefix("HELLO ").unwrap()).unwrap(),
+            );
             Raw {
                 reader,
                 writer: stream,
@@ -1927,7 +1998,15 @@ mod tests {
         fn is_closed(&mut self, bytes: &[u8]) -> bool {
             let _ = self.writer.write_all(bytes);
             let mut line = String::new();
-            !matches!(self.reader.read_line(&mut line), Ok(n) if n > 0)
+            // A connection cut off before it authenticated says so first.
+            if matches!(self.reader.read_line(&mut line), Ok(n) if n > 0) {
+                if line != "ERR not authenticated\n" {
+                    return false;
+                }
+                line.clear();
+                return !matches!(self.reader.read_line(&mut line), Ok(n) if n > 0);
+            }
+            true
         }
 
         /// Sends `request` (bytes, then `end`) tagged; the reply's body, its tag checked.
@@ -2035,16 +2114,23 @@ mod tests {
         let srv = KvServer::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .unwrap()
             .spawn_limited(key(), limits);
-        let silent: Vec<_> = (0..2).map(|_| Raw::connect(&srv, key())).collect();
+        // One silent, one that trickles a byte of a line every 50 ms (each read comes
+        // well within the handshake time; the whole line never does).
+        let mut silent = Raw::greeted(&srv, key());
+        let mut trickler = Raw::connect(&srv, key());
         let mut third = TcpStream::connect(srv.local_addr()).unwrap();
         let mut refused = String::new();
         third.set_read_timeout(Some(T)).unwrap();
         BufReader::new(&mut third).read_line(&mut refused).unwrap();
         assert_eq!(refused, "ERR too many connections\n");
-        // The silent ones are cut off after the handshake time; then others get in.
-        for mut s in silent {
-            assert!(s.is_closed(b""));
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(600) {
+            let _ = (&trickler.writer).write_all(b"x");
+            thread::sleep(Duration::from_millis(50));
         }
+        // Both are cut off after the handshake time; then others get in.
+        assert!(silent.is_closed(b""));
+        assert!(trickler.is_closed(b"\n"));
         let rv = Rendezvous::connect(&tcp_url(&srv), &key(), T).unwrap();
         rv.put("a", "1").unwrap();
         rv.put("b", "2").unwrap();

@@ -386,6 +386,13 @@ impl PushPull {
                 if let Some(c) = st.push_in_flight.get_mut(dest as usize) {
                     *c = c.saturating_sub((pushed - written) as u64);
                 }
+                if written < pushed {
+                    // Not whole after all: its receiver must hear `Abandon`, or a receive
+                    // matching the pushes that left would wait for the rest for ever.
+                    if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
+                        s.state = SendState::Pending;
+                    }
+                }
                 drop(st);
                 self.abandon(on, id);
                 Err(e)
@@ -927,6 +934,7 @@ impl PushPull {
                     ..
                 } => {
                     st.incoming.remove(&(source, msg));
+                    st.discarding.remove(&(source, msg));
                     st.to_pull.retain(|job| job.op != id);
                     if sender_waits && !station.has_failed(source) {
                         queue(&mut out, &mut st.stats, peer(source), &Msg::Done { msg });
@@ -1083,7 +1091,7 @@ impl<'a> Handler<'a> {
                 // Pushed bytes of a truncated receive's message: the last lets it go.
                 let discarded = match st.discarding.get(&(source, msg)) {
                     Some(&stop) => {
-                        if offset + n as u64 >= stop {
+                        if offset.saturating_add(n as u64) >= stop {
                             st.discarding.remove(&(source, msg));
                         }
                         true
@@ -1197,6 +1205,7 @@ impl<'a> Handler<'a> {
                 }
             }
             Msg::Abandon { msg } => {
+                st.discarding.remove(&(source, msg));
                 if let Some(id) = st.incoming.remove(&(source, msg)) {
                     st.to_pull.retain(|job| job.op != id);
                     if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
@@ -1321,8 +1330,16 @@ fn begin_receive(
 /// `len` more bytes of message `msg` from `source` landed in receive `op`.
 fn landed(st: &mut State, op: u64, source: u32, msg: u64, len: u64) {
     if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
-        if let RecvState::Receiving { landed, .. } = &mut r.state {
+        if let RecvState::Receiving {
+            landed,
+            pull_next,
+            expected,
+            ..
+        } = &mut r.state
+        {
             *landed += len;
+            // The pulled lane is complete: no `Data` may land in it any more.
+            *pull_next = *expected;
         }
         if finish_if_complete(r, &mut st.completions) {
             st.incoming.remove(&(source, msg));

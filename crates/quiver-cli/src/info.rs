@@ -521,7 +521,9 @@ pub fn check_cma() -> CmaCheck {
             let mut detail = format!("a child reading this process: {said}");
             if result == "not-permitted" && yama_ptrace_scope == Some(1) {
                 detail.push_str(
-                    " (Yama ptrace_scope 1: ranks would need quiver::admin::cma::allow_peers())",
+                    " (Yama ptrace_scope 1: this probe asks for no exception; a job's \
+                     endpoints give their same-node peers one themselves, PR_SET_PTRACER, \
+                     see docs/DESIGN-NOTES.md, \"What quiver changes in your process\")",
                 );
             }
             check(false, result, detail)

@@ -29,15 +29,11 @@ fn sealed(h: &Header, body: &[u8]) -> Vec<u8> {
 
 #[test]
 fn hostile_datagrams_are_counted_and_dropped() {
-    let tj = TestJob::new(2);
+    let tj = &TestJob::new(2);
     let cfg = config(TransportChoice::Udp)
         .with_max_message(4096)
         .with_pool_size(64 << 10);
-    let (job0, job1) = std::thread::scope(|s| {
-        let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
-        let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
-        (a.join().unwrap(), b.join().unwrap())
-    });
+    let (job0, job1) = join_pair(tj, &cfg);
     let rx = job1.open(1).unwrap();
     let tx = job0.open(1).unwrap();
     // An endpoint of this job that never sends: the attacker below speaks in its name.
@@ -45,24 +41,9 @@ fn hostile_datagrams_are_counted_and_dropped() {
     tx.target_rank(1).unwrap();
     let start = std::time::Instant::now();
 
-    let kv = Rendezvous::connect(&tj.url(), &tj.key, Duration::from_secs(5)).unwrap();
-    // The endpoint's link as published: `udp,ADDR:PORT,MAXDGRAM`.
-    let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
-    let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();
+    let addr = rank1_endpoint1(tj);
     let attacker = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let good = Header {
-        kind: FrameKind::Data,
-        flags: Flags::FIRST | Flags::LAST,
-        src_dpid: 1,
-        dst_dpid: 1,
-        credits: 0,
-        src_rank: 0,
-        job_id: tj.job_id,
-        token: tj.token as u32,
-        seq: 0,
-        ack: 0,
-        checksum: 0,
-    };
+    let good = data_of_rank0(tj, 0);
     let send = |bytes: &[u8]| {
         attacker.send_to(bytes, addr).unwrap();
     };
@@ -166,29 +147,17 @@ fn hostile_datagrams_are_counted_and_dropped() {
     );
 }
 
-/// Two ranks over udp with `cfg`: rank 0's endpoint 1 (targeting rank 1) has sent one
-/// message to rank 1's endpoint 1, so each knows the other. The endpoints, the address
-/// rank 1's endpoint published, and the header a frame of rank 0's next message has.
-fn a_pair_that_talks(
-    tj: &TestJob,
-    cfg: quiver::Config,
-) -> (quiver::Endpoint, quiver::Endpoint, SocketAddr, Header) {
-    let (job0, job1) = std::thread::scope(|s| {
-        let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
-        let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    let rx = job1.open(1).unwrap();
-    let tx = job0.open(1).unwrap();
-    tx.target_rank(1).unwrap();
-    tx.write(b"first").unwrap();
-    let first = rx.read_timeout(Duration::from_secs(10)).unwrap();
-    assert_eq!(&*first, b"first");
-    drop(first);
+/// Where rank 1's endpoint 1 receives: its link as published in the job's store
+/// (`udp,ADDR:PORT,MAXDGRAM`).
+fn rank1_endpoint1(tj: &TestJob) -> SocketAddr {
     let kv = Rendezvous::connect(&tj.url(), &tj.key, Duration::from_secs(5)).unwrap();
     let published = kv.get("net/1/1", Duration::from_secs(5)).unwrap();
-    let addr: SocketAddr = published.split(',').nth(1).unwrap().parse().unwrap();
-    let next = Header {
+    published.split(',').nth(1).unwrap().parse().unwrap()
+}
+
+/// The header of a one-frame message from rank 0's endpoint 1 to rank 1's, number `seq`.
+fn data_of_rank0(tj: &TestJob, seq: u32) -> Header {
+    Header {
         kind: FrameKind::Data,
         flags: Flags::FIRST | Flags::LAST,
         src_dpid: 1,
@@ -197,10 +166,38 @@ fn a_pair_that_talks(
         src_rank: 0,
         job_id: tj.job_id,
         token: tj.token as u32,
-        seq: 1,
+        seq,
         ack: 0,
         checksum: 0,
-    };
+    }
+}
+
+/// Ranks 0 and 1 of `tj` with `cfg`, joined at once (each waits for the other).
+fn join_pair(tj: &TestJob, cfg: &quiver::Config) -> (quiver::Job, quiver::Job) {
+    std::thread::scope(|s| {
+        let a = s.spawn(|| tj.join(0, cfg.clone(), &[]));
+        let b = s.spawn(|| tj.join(1, cfg.clone(), &[]));
+        (a.join().unwrap(), b.join().unwrap())
+    })
+}
+
+/// Two ranks over udp with `cfg`: rank 0's endpoint 1 (targeting rank 1) has sent one
+/// message to rank 1's endpoint 1, so each knows the other. The endpoints, the address
+/// rank 1's endpoint published, and the header a frame of rank 0's next message has.
+fn a_pair_that_talks(
+    tj: &TestJob,
+    cfg: quiver::Config,
+) -> (quiver::Endpoint, quiver::Endpoint, SocketAddr, Header) {
+    let (job0, job1) = join_pair(tj, &cfg);
+    let rx = job1.open(1).unwrap();
+    let tx = job0.open(1).unwrap();
+    tx.target_rank(1).unwrap();
+    tx.write(b"first").unwrap();
+    let first = rx.read_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(&*first, b"first");
+    drop(first);
+    let addr = rank1_endpoint1(tj);
+    let next = data_of_rank0(tj, 1);
     // The endpoints keep their jobs' shared state alive.
     drop((job0, job1));
     (tx, rx, addr, next)

@@ -1462,7 +1462,7 @@ mod tests {
     fn one_answer_per_send_whatever_the_receiver_sends() {
         let buf = vec![5u8; 100];
         let mut st = pending_send(&buf);
-        let (mut out, peer) = (Outbox::new(16), Source { rank: 1, dpid: 2 });
+        let (mut out, peer) = (Outbox::new(16), PEER);
         let mut h = alone(&mut st);
         let pull = message(Msg::Pull {
             msg: 7,
@@ -1507,7 +1507,7 @@ mod tests {
     fn an_answer_dropped_fails_its_send() {
         let buf = vec![5u8; 10];
         let mut st = pending_send(&buf);
-        let (mut out, peer) = (Outbox::new(16), Source { rank: 1, dpid: 2 });
+        let (mut out, peer) = (Outbox::new(16), PEER);
         let mut h = alone(&mut st);
         let pull = message(Msg::Pull {
             msg: 7,

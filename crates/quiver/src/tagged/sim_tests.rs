@@ -54,6 +54,19 @@ struct Rank {
     recvs: Vec<(Vec<u8>, Option<u64>)>,
 }
 
+/// The configuration of the simulated pair: two nodes over udp, messages of 16 KiB.
+fn two_nodes() -> Config {
+    Config {
+        transport: TransportChoice::Udp,
+        connect_timeout: Duration::from_secs(2),
+        max_message: 16 << 10,
+        // Two nodes: neither applies, and the split board is a named object per job.
+        cma: false,
+        split_copy: false,
+        ..Config::default()
+    }
+}
+
 /// Runs `sides` against each other over a simulated network with `faults`; `rng`
 /// decides, step by step, whether each rank starts its next send and posts its next
 /// receive.
@@ -74,13 +87,7 @@ fn exchange_with_credit(
 ) -> [(TaggedStats, EndpointStats); 2] {
     let config = Config {
         push_credit,
-        transport: TransportChoice::Udp,
-        connect_timeout: Duration::from_secs(2),
-        max_message: 16 << 10,
-        // Two nodes: neither applies, and the split board is a named object per job.
-        cma: false,
-        split_copy: false,
-        ..Config::default()
+        ..two_nodes()
     };
     let (net, stations, jobs, _store) = station_pair_in(&config, faults);
     let mut ranks: Vec<Rank> = (0..2)
@@ -344,15 +351,7 @@ fn endpoint_pair() -> (
     [PushPull; 2],
     StoreDir,
 ) {
-    let config = Config {
-        transport: TransportChoice::Udp,
-        connect_timeout: Duration::from_secs(2),
-        max_message: 16 << 10,
-        cma: false,
-        split_copy: false,
-        ..Config::default()
-    }
-    .with_btp(100, 0);
+    let config = two_nodes().with_btp(100, 0);
     let (net, stations, jobs, store) = station_pair_in(&config, &FaultConfig::none());
     let pps = [0, 1].map(|r| {
         PushPull::new(

@@ -295,6 +295,68 @@ fn a_posted_receive_can_be_cancelled() {
     });
 }
 
+/// The requests of the bindings (no scope): a bounded wait that times out leaves the
+/// receive pending; an abandoned receive takes no message (the next receive does); a
+/// receive the endpoint still holds when dropped is abandoned, not written later; a
+/// request of another endpoint is refused.
+#[test]
+fn raw_requests_complete_time_out_and_are_abandoned() {
+    for (name, c) in transports() {
+        run_ranks(2, c, move |job| {
+            let t = Tagged::open(&job, 47).unwrap();
+            if job.rank() == 0 {
+                let mut go = [0u8; 2];
+                t.recv(&mut go, 1, 0).unwrap(); // rank 1 has abandoned its first receive
+                let big = pattern(0, 3, 1 << 20);
+                // SAFETY: `big` lives, untouched, until the request is waited for below.
+                let r = unsafe { t.isend_raw(1, 7, big.as_ptr(), big.len()) }.unwrap();
+                let s = t.wait_raw(r).unwrap();
+                assert_eq!(s.len, big.len() as u64, "{name}");
+                t.recv(&mut go, 1, 0).unwrap(); // rank 1 holds a receive and drops
+            } else {
+                let mut never = vec![0u8; 1 << 20];
+                // SAFETY: `never` outlives the request, which is abandoned below.
+                let r = unsafe { t.irecv_raw(never.as_mut_ptr(), never.len(), 0, 7) }.unwrap();
+                let waited = t.wait_raw_within(&r, std::time::Duration::from_millis(20));
+                assert!(waited.is_none(), "{name}: nothing was sent yet");
+                t.abandon_raw(r);
+                t.send(0, 0, b"go").unwrap();
+                let mut b = vec![0u8; 1 << 20];
+                // SAFETY: `b` outlives the request, waited for below.
+                let r = unsafe { t.irecv_raw(b.as_mut_ptr(), b.len(), 0, 7) }.unwrap();
+                let s = loop {
+                    match t.wait_raw_within(&r, std::time::Duration::from_millis(5)) {
+                        Some(s) => break s.unwrap(),
+                        None => continue,
+                    }
+                };
+                assert_eq!(s.len, 1 << 20, "{name}");
+                assert!(b == pattern(0, 3, 1 << 20), "{name}");
+                assert!(
+                    never.iter().all(|&x| x == 0),
+                    "{name}: abandoned, yet written"
+                );
+                assert!(
+                    matches!(t.wait_raw(r), Err(Error::Config(_))),
+                    "{name}: a spent request"
+                );
+                let other = Tagged::open(&job, 48).unwrap();
+                let mut x = [0u8; 1];
+                // SAFETY: `x` outlives `other`, whose drop abandons the request.
+                let foreign =
+                    unsafe { other.irecv_raw(x.as_mut_ptr(), 1, Src::Any, Tag::Any) }.unwrap();
+                assert!(
+                    matches!(t.test_raw(&foreign), Err(Error::Config(_))),
+                    "{name}"
+                );
+                assert!(!t.cancel_raw(&foreign), "{name}");
+                drop(other);
+                t.send(0, 0, b"go").unwrap();
+            }
+        });
+    }
+}
+
 #[test]
 fn probe_reports_without_receiving() {
     run_ranks(2, config(TransportChoice::Udp), |job| {

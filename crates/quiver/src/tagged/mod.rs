@@ -81,6 +81,8 @@ use crate::rma::{self, puller, Rma};
 use pushpull::{PushPull, State};
 use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Which sender a receive accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,7 +170,13 @@ pub struct Tagged {
     ep: Endpoint,
     /// The protocol, on the station's hook.
     pp: PushPull,
+    /// Tells this endpoint's [`RawRequest`]s from other endpoints' (unique in the
+    /// process).
+    serial: u64,
 }
+
+/// The next [`Tagged::serial`].
+static SERIALS: AtomicU64 = AtomicU64::new(0);
 
 pub use crate::rma::window::SharedBuf;
 
@@ -196,6 +204,7 @@ impl Tagged {
         Ok(Tagged {
             ep,
             pp: PushPull::new(st, rma, job.rank()),
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -281,7 +290,7 @@ impl Tagged {
             if let Some(s) = self.iprobe(src, tag)? {
                 return Ok(s);
             }
-            self.pp.wait_message(&self.ep)?;
+            self.pp.wait_message(&self.ep, None)?;
         }
     }
 
@@ -313,11 +322,163 @@ impl Tagged {
     }
 }
 
+/// Non-blocking operations without a scope, for bindings to languages whose buffers
+/// Rust's borrows cannot follow (the C library, Python). The caller promises what a
+/// scope would check: a buffer stays valid, and untouched by anyone else, until its
+/// operation is complete (its wait or [`Tagged::abandon_raw`] returned, or
+/// [`Tagged::test_raw`] said so) or the tagged endpoint is dropped, which first
+/// abandons every pending operation.
+impl Tagged {
+    fn raw(&self, id: u64) -> RawRequest {
+        RawRequest {
+            endpoint: self.serial,
+            id,
+        }
+    }
+
+    fn own(&self, req: &RawRequest) -> Result<u64> {
+        if req.endpoint != self.serial {
+            return Err(Error::Config(
+                "the request belongs to another tagged endpoint".into(),
+            ));
+        }
+        Ok(req.id)
+    }
+
+    /// Starts sending `len` bytes at `data` to `dest` with `tag`.
+    ///
+    /// # Safety
+    ///
+    /// `data..data + len` is readable, and nothing writes it, until the request is
+    /// complete or the endpoint dropped (see the block's documentation).
+    pub unsafe fn isend_raw(
+        &self,
+        dest: u32,
+        tag: u32,
+        data: *const u8,
+        len: usize,
+    ) -> Result<RawRequest> {
+        let data = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the caller promises `len` readable bytes at `data` for as long as
+            // the operation may read them; the slice lives only during this call, after
+            // which the protocol keeps the range as a raw pointer.
+            unsafe { std::slice::from_raw_parts(data, len) }
+        };
+        self.start_send(dest, tag, data).map(|id| self.raw(id))
+    }
+
+    /// Posts a receive of the first message matching (`src`, `tag`) into the `cap`
+    /// bytes at `buf`.
+    ///
+    /// # Safety
+    ///
+    /// `buf..buf + cap` is writable, and nobody else reads or writes it, until the
+    /// request is complete or the endpoint dropped.
+    pub unsafe fn irecv_raw(
+        &self,
+        buf: *mut u8,
+        cap: usize,
+        src: impl Into<Src>,
+        tag: impl Into<Tag>,
+    ) -> Result<RawRequest> {
+        let buf = if cap == 0 {
+            std::ptr::NonNull::dangling().as_ptr()
+        } else {
+            buf
+        };
+        self.start_recv(buf, cap, src.into(), tag.into())
+            .map(|id| self.raw(id))
+    }
+
+    /// Makes progress and says whether the operation is complete (its wait then returns
+    /// at once, and its buffer is no longer used).
+    pub fn test_raw(&self, req: &RawRequest) -> Result<bool> {
+        let id = self.own(req)?;
+        self.pp.test_op(&self.ep, id)
+    }
+
+    /// Waits for the operation to complete.
+    pub fn wait_raw(&self, req: RawRequest) -> Result<Status> {
+        let id = self.own(&req)?;
+        self.wait_op(id)
+    }
+
+    /// Waits at most `limit` for the operation: `None` if it is still pending then (wait
+    /// again, or abandon it), otherwise its result (the request is then spent: a later
+    /// wait of it is an error). Lets a binding check for interrupts while it waits.
+    pub fn wait_raw_within(&self, req: &RawRequest, limit: Duration) -> Option<Result<Status>> {
+        let id = match self.own(req) {
+            Ok(id) => id,
+            Err(e) => return Some(Err(e)),
+        };
+        let deadline = Instant::now().checked_add(limit);
+        self.pp.wait_op_until(&self.ep, id, deadline)
+    }
+
+    /// Waits for one of `reqs` to complete and returns its index and result; that
+    /// request is spent.
+    pub fn wait_any_raw(&self, reqs: &[&RawRequest]) -> Result<(usize, Result<Status>)> {
+        let ids = reqs
+            .iter()
+            .map(|r| self.own(r))
+            .collect::<Result<Vec<u64>>>()?;
+        self.wait_any_id(&ids)
+    }
+
+    /// Cancels a receive that no message has matched yet; returns whether it did
+    /// (waiting for it then gives [`Error::Cancelled`]).
+    pub fn cancel_raw(&self, req: &RawRequest) -> bool {
+        self.own(req).is_ok_and(|id| self.pp.cancel_op(id))
+    }
+
+    /// Ends the operation whether or not it is complete, so that its buffer may be
+    /// reused at once: a receive is withdrawn (its sender, if matched, is answered), a
+    /// send stops and its receiver's receive fails. For a wait interrupted by the user.
+    pub fn abandon_raw(&self, req: RawRequest) {
+        if let Ok(id) = self.own(&req) {
+            if self.pp.take_if_done(id).is_none() {
+                self.pp.abandon(&self.ep, id);
+            }
+        }
+    }
+
+    fn wait_any_id(&self, ids: &[u64]) -> Result<(usize, Result<Status>)> {
+        if ids.is_empty() {
+            return Err(Error::Config("wait_any on no requests".into()));
+        }
+        loop {
+            while self.pp.poll(&self.ep)? {}
+            for (i, &id) in ids.iter().enumerate() {
+                if let Some(r) = self.pp.take_if_done(id) {
+                    return Ok((i, r));
+                }
+            }
+            self.pp.wait_message(&self.ep, None)?;
+        }
+    }
+}
+
+/// A pending operation started by [`Tagged::isend_raw`] or [`Tagged::irecv_raw`].
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "an operation's buffer is in use until it is waited for or abandoned"]
+pub struct RawRequest {
+    /// The [`Tagged::serial`] of the endpoint that started it.
+    endpoint: u64,
+    id: u64,
+}
+
 /// A closing tagged endpoint first sends the answers its peers wait for (a `Done` for a
 /// message it received, the bytes a receiver asked for), for up to two seconds; then its
 /// endpoint lingers for the network's acknowledgements.
 impl Drop for Tagged {
     fn drop(&mut self) {
+        // Operations started without a scope and never waited for: their buffers are
+        // the caller's again once the endpoint is gone.
+        for id in self.pp.pending_ops() {
+            self.pp.abandon(&self.ep, id);
+        }
         self.pp.linger(&self.ep, LINGER);
     }
 }
@@ -365,19 +526,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     /// Waits for one of `reqs` to complete, removes it and returns its index (in `reqs`
     /// before removal) and result.
     pub fn wait_any(&self, reqs: &mut Vec<Request<'scope>>) -> Result<(usize, Result<Status>)> {
-        if reqs.is_empty() {
-            return Err(Error::Config("wait_any on no requests".into()));
-        }
-        loop {
-            while self.t.pp.poll(&self.t.ep)? {}
-            for i in 0..reqs.len() {
-                if let Some(r) = self.t.pp.take_if_done(reqs[i].id) {
-                    drop(reqs.remove(i));
-                    return Ok((i, r));
-                }
-            }
-            self.t.pp.wait_message(&self.t.ep)?;
-        }
+        let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
+        let (i, r) = self.t.wait_any_id(&ids)?;
+        drop(reqs.remove(i));
+        Ok((i, r))
     }
 
     /// Waits for every request; the results in order.

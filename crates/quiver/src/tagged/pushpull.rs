@@ -773,8 +773,12 @@ impl PushPull {
     }
 
     /// Waits for the next protocol message (or pull completion, or room for the
-    /// outbox) and handles it.
-    pub(super) fn wait_message(&self, on: &impl Footing) -> Result<()> {
+    /// outbox), at most `timeout` ([`Error::Timeout`] then), and handles it.
+    pub(super) fn wait_message(
+        &self,
+        on: &impl Footing,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<()> {
         let busy = self.rma.busy()
             || !self.out.borrow().is_empty()
             || !self.st.borrow().to_pull.is_empty();
@@ -789,7 +793,7 @@ impl PushPull {
         // Sleeps per the wait mode until a poll does something (a receiver may open a
         // split copy meanwhile: every poll helps).
         on.station()
-            .wait_for(|| Ok(self.poll(on)?.then_some(())), None)
+            .wait_for(|| Ok(self.poll(on)?.then_some(())), timeout)
     }
 
     /// Writes an application-initiated message (a push) on route `route` to `to`,
@@ -868,21 +872,46 @@ impl PushPull {
     }
 
     pub(super) fn wait_op(&self, on: &impl Footing, id: u64) -> Result<Status> {
+        match self.wait_op_until(on, id, None) {
+            Some(r) => r,
+            None => unreachable!("a wait without a deadline returns only when done"),
+        }
+    }
+
+    /// Waits for operation `id` until `deadline` at most: its result when it completed
+    /// (it is then forgotten), `None` when the deadline passed first (it stays pending).
+    /// A wait that fails abandons the operation ([`PushPull::abandon`]).
+    pub(super) fn wait_op_until(
+        &self,
+        on: &impl Footing,
+        id: u64,
+        deadline: Option<std::time::Instant>,
+    ) -> Option<Result<Status>> {
         if !self.st.borrow().ops.contains_key(&id) {
-            return Err(Error::Config(format!(
+            return Some(Err(Error::Config(format!(
                 "operation {id} was already waited for"
-            )));
+            ))));
         }
         // Looked at before every poll: many operations are complete when they start (a
         // send pushed whole, a receive of a message that waited), and the wait returns
         // as soon as a message was handled, which may have completed it.
         loop {
             if let Some(r) = self.take_if_done(id) {
-                return r;
+                return Some(r);
             }
+            let left = match deadline {
+                None => None,
+                Some(at) => match at.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return None,
+                },
+            };
             let step = match self.poll(on) {
                 Ok(true) => Ok(()),
-                Ok(false) => self.wait_message(on),
+                Ok(false) => match self.wait_message(on, left) {
+                    Err(Error::Timeout(_)) => Ok(()),
+                    other => other,
+                },
                 Err(e) => Err(e),
             };
             if let Err(e) = step {
@@ -890,12 +919,17 @@ impl PushPull {
                 // An operation that completed meanwhile gives its own result (the error
                 // went through the error handler, and a failed rank is remembered).
                 if let Some(r) = self.take_if_done(id) {
-                    return r;
+                    return Some(r);
                 }
                 self.abandon(on, id);
-                return Err(e);
+                return Some(Err(e));
             }
         }
+    }
+
+    /// The ids of every operation not yet waited for.
+    pub(super) fn pending_ops(&self) -> Vec<u64> {
+        self.st.borrow().ops.keys().copied().collect()
     }
 
     /// Ends operation `id` before it completed, because its wait returns early with an

@@ -172,7 +172,8 @@ pub fn main(args: CheckArgs) -> i32 {
     if !crate::bench::in_job() {
         eprintln!(
             "quiver check: not inside a job (none of {} is set); start it with \
-             `quiver run -n 2 -- quiver check` or under mpirun with QUIVER_RENDEZVOUS set",
+             `quiver run -n 2 -- quiver check`, `mpirun -n 2 quiver check`, `mpiexec -n 2 \
+             quiver check` or `srun --mpi=pmix -n 2 quiver check`",
             crate::bench::JOB_RANK_VARS.join(", ")
         );
         return 1;
@@ -602,8 +603,11 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
         );
         if failed.is_empty() {
             println!(
-                "quiver check: {size} ranks, pattern {}, transport {transport}, {traffic} verified",
+                "quiver check: {size} ranks, pattern {}, transport {transport}, {traffic} verified \
+                 (started by {}, met through {})",
                 args.pattern.name(),
+                job.launcher(),
+                job.bootstrap(),
             );
         } else {
             let which = match failed.len() {

@@ -143,6 +143,9 @@ pub struct Info {
     pub split_copy: bool,
     /// The path of tagged messages by size, in the push mode in force.
     pub tagged_paths: Vec<PathRange>,
+    /// How a program started here would join its job: the launcher found and the store
+    /// or launcher service it would use (`QUIVER_RENDEZVOUS`, `QUIVER_BOOTSTRAP`).
+    pub bootstrap: String,
 }
 
 /// Entry point of `quiver info`; returns the exit code.
@@ -205,6 +208,7 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
         split_copy: cfg.split_copy,
         cma_check,
         tagged_paths: paths(cfg.push, btp1, cfg.btp2, cma_used),
+        bootstrap: quiver::admin::bootstrap_plan(),
     }
 }
 
@@ -293,6 +297,12 @@ pub fn render(info: &Info) -> String {
         "auto" => "auto (shared memory within a node, UDP between nodes)".to_string(),
         t => format!("{t} (UDP between every pair of ranks)"),
     };
+    row(
+        &mut out,
+        "bootstrap",
+        info.bootstrap.clone(),
+        "QUIVER_BOOTSTRAP",
+    );
     row(&mut out, "transport", transport, "QUIVER_TRANSPORT");
     row(&mut out, "wait", info.wait.clone(), "QUIVER_WAIT");
     row(

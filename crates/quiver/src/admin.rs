@@ -6,6 +6,12 @@
 //! bootstrap) is private to the crate, so that its layers can change without breaking
 //! programs.
 
+/// How a process started here would join its job (the launcher found, and the store or
+/// the launcher's key-value service it would use), in words: for `quiver info`.
+pub fn bootstrap_plan() -> String {
+    crate::job::launcher_kv::describe(&|name| std::env::var(name).ok())
+}
+
 pub use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous, StoreKey, KEY_VAR};
 pub use crate::link::shm::{cleanup_job, cleanup_stale, job_segments};
 

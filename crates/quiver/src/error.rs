@@ -40,6 +40,16 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// The launcher's key-value service (PMIx, PMI-2, PMI-1), through which the ranks
+    /// of a job started by `mpirun`, `mpiexec` or `srun` find each other, failed or
+    /// answered badly.
+    #[error("launcher service {service}: {reason}")]
+    Launcher {
+        /// The service and how it was reached (`PMI-2 over descriptor 6 (PMI_FD)`).
+        service: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A message larger than the configured maximum.
     #[error("message of {len} bytes exceeds the maximum message size of {max} bytes (raise QUIVER_MAX_MESSAGE on every rank)")]
     MessageTooLarge {

@@ -42,11 +42,13 @@ pub mod suite;
 pub mod tune_btp;
 
 /// Environment variables that say a process is a rank of a job.
-pub const JOB_RANK_VARS: [&str; 4] = [
+pub const JOB_RANK_VARS: [&str; 5] = [
     "QUIVER_RANK",
     "OMPI_COMM_WORLD_RANK",
     "PMI_RANK",
     "SLURM_PROCID",
+    // Hydra's `mpiexec -pmi-port` names only the PMI server; the rank comes from it.
+    "PMI_ID",
 ];
 
 /// Arguments of `quiver bench`.

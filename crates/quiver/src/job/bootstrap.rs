@@ -50,6 +50,7 @@ use std::net::{IpAddr, Ipv4Addr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::launcher_kv::{self, Kv, Plan, Service};
 use super::rendezvous::{
     parse_url, show, Deadline, KvServer, KvServerHandle, Rendezvous, RendezvousUrl, StoreKey,
     MAX_ITEM_LEN,
@@ -300,11 +301,22 @@ pub fn detect(get: &dyn Fn(&str) -> Option<String>) -> Result<Detected> {
                 Some(n)
             }
         };
+        // `srun --mpi=pmi2` sets PMI_RANK and PMI_SIZE to Slurm's own rank and size, and
+        // not Hydra's MPI_LOCALRANKID.
+        let launcher = if s.launcher == Launcher::Hydra
+            && var(get, "MPI_LOCALRANKID").is_none()
+            && var(get, "SLURM_PROCID").as_deref() == Some(rank.as_str())
+            && var(get, "SLURM_NTASKS").as_deref() == Some(size.as_str())
+        {
+            Launcher::Slurm
+        } else {
+            s.launcher
+        };
         return Ok(Detected {
             rank: rank_n,
             size: size_n,
             local_rank,
-            launcher: s.launcher,
+            launcher,
         });
     }
     Err(Error::MissingEnv {
@@ -334,6 +346,9 @@ pub struct JobInfo {
     pub frame_key: [u8; 32],
     /// The launcher that started the job.
     pub launcher: Launcher,
+    /// How the ranks met: the store's URL, or the launcher's service that told them
+    /// where rank 0 serves it.
+    pub bootstrap: String,
     /// The node name of every rank, indexed by rank.
     pub node_names: Vec<String>,
     /// The node id of every rank, indexed by rank (dense, by first appearance).
@@ -356,6 +371,7 @@ impl fmt::Debug for JobInfo {
             .field("job_id", &self.job_id)
             .field("token", &"<secret>")
             .field("launcher", &self.launcher)
+            .field("bootstrap", &self.bootstrap)
             .field("node_names", &self.node_names)
             .field("nids", &self.nids)
             .field("addrs", &self.addrs)
@@ -375,10 +391,9 @@ pub fn bootstrap_from_env(timeout: Duration) -> Result<JobInfo> {
 /// The variables of [`bootstrap`] other than the launcher's rank and size, read and
 /// checked before anything is contacted.
 struct Settings {
-    /// `QUIVER_RENDEZVOUS` as given.
-    url_text: String,
-    /// The store; a `file://` one already divided per run.
-    url: RendezvousUrl,
+    /// `QUIVER_RENDEZVOUS` as given, and the store it names (a `file://` one already
+    /// divided per run); `None` when unset.
+    store: Option<(String, RendezvousUrl)>,
     /// `QUIVER_JOB_ID` and `QUIVER_JOB_TOKEN`, when set.
     env_job: Option<(u32, u64)>,
     /// `QUIVER_NODE`, when set (a valid node name).
@@ -395,18 +410,14 @@ struct Settings {
 /// `file://` store without any job id, `QUIVER_JOB_ID`; for a launcher's job id too long
 /// to name a directory, the launcher's variable).
 fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
-    let url_text = var(get, "QUIVER_RENDEZVOUS").ok_or_else(|| Error::MissingEnv {
-        var: "QUIVER_RENDEZVOUS",
-        hint: "set QUIVER_RENDEZVOUS=tcp://HOST:PORT (a store served by rank 0, on HOST, or \
-               by the launcher) or file:///SHARED/DIR (a directory every node sees) on every \
-               rank; with Open MPI: mpirun -x QUIVER_RENDEZVOUS=tcp://127.0.0.1:7777 ...; \
-               `quiver run` sets it"
-            .into(),
-    })?;
-    let url = parse_url(&url_text).map_err(|e| match e {
-        Error::Rendezvous { reason, .. } => invalid("QUIVER_RENDEZVOUS", &url_text, reason),
-        e => e,
-    })?;
+    let url_text = var(get, "QUIVER_RENDEZVOUS");
+    let url = match &url_text {
+        None => None,
+        Some(text) => Some(parse_url(text).map_err(|e| match e {
+            Error::Rendezvous { reason, .. } => invalid("QUIVER_RENDEZVOUS", text, reason),
+            e => e,
+        })?),
+    };
 
     let env_job = match (var(get, "QUIVER_JOB_ID"), var(get, "QUIVER_JOB_TOKEN")) {
         (Some(id), Some(token)) => Some((
@@ -433,12 +444,12 @@ fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
     };
     // A directory store is divided per run, by our job id or the launcher's.
     let url = match url {
-        RendezvousUrl::File(dir) => {
+        Some(RendezvousUrl::File(dir)) => {
             let namespace = match env_job {
                 Some((id, _)) => format!("quiver-{id}"),
                 None => launcher_namespace(get)?,
             };
-            RendezvousUrl::File(dir.join(namespace))
+            Some(RendezvousUrl::File(dir.join(namespace)))
         }
         tcp => tcp,
     };
@@ -457,8 +468,7 @@ fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
         None => None,
     };
     Ok(Settings {
-        url_text,
-        url,
+        store: url_text.zip(url),
         env_job,
         node,
         addr,
@@ -477,40 +487,42 @@ fn settings(get: &dyn Fn(&str) -> Option<String>) -> Result<Settings> {
 /// which).
 pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Result<JobInfo> {
     let deadline = Deadline::after(timeout);
-    let det = detect(get)?;
-    let (rank, size) = (det.rank, det.size);
-
+    let plan = launcher_kv::plan(get)?;
+    let detected = detect(get);
     let Settings {
-        url_text,
-        url,
+        store,
         env_job,
         node,
         addr,
     } = settings(get)?;
 
-    // The store: served by the launcher, by rank 0, or a directory. A tcp:// store
-    // admits only the job's processes, which share its key.
-    let key = match &url {
-        RendezvousUrl::Tcp(_) => Some(StoreKey::from_lookup(get)?),
-        RendezvousUrl::File(_) => None,
-    };
-    let mut server = None;
-    if let (RendezvousUrl::Tcp(host_port), Some(key)) = (&url, &key) {
-        if env_job.is_none() && rank == 0 {
-            server = Some(serve(host_port, &url_text, key.clone())?);
+    let Joined {
+        det,
+        rv,
+        key,
+        server,
+        service,
+    } = match (plan, store) {
+        (Plan::Store, Some((url_text, url))) => {
+            join_store(detected?, &url_text, url, env_job, get, deadline)?
         }
-    }
-    let rv =
-        Rendezvous::connect_url(url, key.as_ref(), deadline.remaining()).map_err(|e| match e {
-            Error::Rendezvous { url, reason } if env_job.is_some() => Error::Rendezvous {
-                url,
-                reason: format!(
-                "{reason} (QUIVER_JOB_ID is set, so the launcher is expected to serve the store; \
-                 unset QUIVER_JOB_ID and QUIVER_JOB_TOKEN to have rank 0 serve it)"
-            ),
-            },
-            e => e,
-        })?;
+        (Plan::Launcher(services), _) => {
+            join_through_launcher(detected, &services, get, addr, deadline)?
+        }
+        (Plan::Nothing | Plan::Store, _) => {
+            detected?;
+            return Err(Error::MissingEnv {
+                var: "QUIVER_RENDEZVOUS",
+                hint: "the launcher offers no key-value service quiver can use (no PMIx, \
+                       PMI_FD or PMI_PORT variables: under Slurm, use srun --mpi=pmix or \
+                       --mpi=pmi2): set QUIVER_RENDEZVOUS=tcp://HOST:PORT (a store served by \
+                       rank 0, on HOST, or by the launcher) or file:///SHARED/DIR (a directory \
+                       every node sees) on every rank; `quiver run` sets it"
+                    .into(),
+            });
+        }
+    };
+    let (rank, size) = (det.rank, det.size);
     let waiting = |what: String| {
         let url = rv.url().to_string();
         move |e: Error| match e {
@@ -635,11 +647,152 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
         token,
         frame_key,
         launcher: det.launcher,
+        bootstrap: service,
         node_names,
         nids,
         addrs,
         rendezvous: Arc::new(rv),
         server,
+    })
+}
+
+/// A rank that reached its job's store.
+struct Joined {
+    det: Detected,
+    rv: Rendezvous,
+    /// The store's key (a `tcp://` store's), from which the frame key derives.
+    key: Option<StoreKey>,
+    /// The store, when this rank serves it.
+    server: Option<KvServerHandle>,
+    /// How: the store's URL, or the launcher service that named it.
+    service: String,
+}
+
+/// Joins the store `QUIVER_RENDEZVOUS` names: served by the launcher (`QUIVER_JOB_ID`
+/// set), by rank 0 (a `tcp://` store otherwise), or a directory.
+fn join_store(
+    det: Detected,
+    url_text: &str,
+    url: RendezvousUrl,
+    env_job: Option<(u32, u64)>,
+    get: &dyn Fn(&str) -> Option<String>,
+    deadline: Deadline,
+) -> Result<Joined> {
+    // A tcp:// store admits only the job's processes, which share its key.
+    let key = match &url {
+        RendezvousUrl::Tcp(_) => Some(StoreKey::from_lookup(get)?),
+        RendezvousUrl::File(_) => None,
+    };
+    let mut server = None;
+    if let (RendezvousUrl::Tcp(host_port), Some(key)) = (&url, &key) {
+        if env_job.is_none() && det.rank == 0 {
+            server = Some(serve(host_port, url_text, key.clone())?);
+        }
+    }
+    let rv =
+        Rendezvous::connect_url(url, key.as_ref(), deadline.remaining()).map_err(|e| match e {
+            Error::Rendezvous { url, reason } if env_job.is_some() => Error::Rendezvous {
+                url,
+                reason: format!(
+                "{reason} (QUIVER_JOB_ID is set, so the launcher is expected to serve the store; \
+                 unset QUIVER_JOB_ID and QUIVER_JOB_TOKEN to have rank 0 serve it)"
+            ),
+            },
+            e => e,
+        })?;
+    let service = format!("the store {} (QUIVER_RENDEZVOUS)", rv.url());
+    Ok(Joined {
+        det,
+        rv,
+        key,
+        server,
+        service,
+    })
+}
+
+/// Joins through the launcher's key-value service ([`launcher_kv`]): rank 0 serves the
+/// store (at `addr` if `QUIVER_ADDR` gives one), every rank learns where and its key.
+/// Where the environment names no rank (Hydra's `-pmi-port`), the service says it.
+fn join_through_launcher(
+    detected: Result<Detected>,
+    services: &[Service],
+    get: &dyn Fn(&str) -> Option<String>,
+    addr: Option<IpAddr>,
+    deadline: Deadline,
+) -> Result<Joined> {
+    let known = match detected {
+        Ok(d) => Some(d),
+        // No launcher variables, but a service that may say (checked below).
+        Err(Error::MissingEnv {
+            var: "QUIVER_RANK", ..
+        }) => None,
+        Err(e) => return Err(e),
+    };
+    let job = var(get, "PMI_JOBID");
+    let kv = Kv::connect(services, job.as_deref(), known.map(|d| d.rank), deadline)?;
+    let service = kv.describe();
+    let det = match (known, kv.rank_size()) {
+        (Some(d), None) => d,
+        (Some(d), Some((rank, size))) => {
+            if rank != d.rank || size.is_some_and(|s| s != d.size) {
+                return Err(Error::Launcher {
+                    service,
+                    reason: format!(
+                        "it says this process is rank {rank}{}, but the environment says rank \
+                         {} of {} ({}): are the variables of another job inherited?",
+                        size.map_or(String::new(), |s| format!(" of {s}")),
+                        d.rank,
+                        d.size,
+                        d.launcher
+                    ),
+                });
+            }
+            d
+        }
+        (None, Some((rank, Some(size)))) if size <= MAX_JOB_SIZE => Detected {
+            rank,
+            size,
+            local_rank: None,
+            launcher: Launcher::Hydra,
+        },
+        (None, _) => {
+            return Err(detect(get).err().unwrap_or(Error::Config(
+                "no launcher variables name this process's rank".into(),
+            )))
+        }
+    };
+    let met = launcher_kv::meet(kv, det.rank, addr)?;
+    // Addresses other nodes reach come first; a try that fails leaves time for the next.
+    let mut failures = Vec::new();
+    for (i, url) in met.urls.iter().enumerate() {
+        let last = i + 1 == met.urls.len();
+        let left = deadline.remaining();
+        let slice = if last {
+            left
+        } else {
+            left.min(Duration::from_secs(2))
+        };
+        let parsed = parse_url(url)?;
+        match Rendezvous::connect_url(parsed, Some(&met.key), slice) {
+            Ok(rv) => {
+                return Ok(Joined {
+                    det,
+                    rv,
+                    key: Some(met.key),
+                    server: met.server,
+                    service: format!("{service}, then the store rank 0 serves at {url}"),
+                })
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    Err(Error::Rendezvous {
+        url: met.urls.join(","),
+        reason: format!(
+            "no address of rank 0's store answered ({}); set QUIVER_ADDR on rank 0 to an \
+             address the other nodes reach",
+            failures.join("; ")
+        ),
     })
 }
 
@@ -966,6 +1119,16 @@ mod tests {
         assert_eq!(d.launcher, Launcher::Quiver);
         let d = detect_in(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("SLURM_PROCID", "0")]).unwrap();
         assert_eq!(d.launcher, Launcher::Hydra);
+        // srun --mpi=pmi2: PMI_RANK is Slurm's rank, and no MPI_LOCALRANKID.
+        let pmi2 = [
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "2"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+        ];
+        assert_eq!(detect_in(&pmi2).unwrap().launcher, Launcher::Slurm);
+        let hydra = [&pmi2[..], &[("MPI_LOCALRANKID", "1")]].concat();
+        assert_eq!(detect_in(&hydra).unwrap().launcher, Launcher::Hydra);
     }
 
     fn err_text(pairs: &[(&str, &str)]) -> String {

@@ -8,6 +8,9 @@
 mod barrier;
 pub mod bootstrap;
 mod failure;
+pub(crate) mod launcher_kv;
+mod pmi;
+mod pmix;
 pub mod rendezvous;
 
 use self::bootstrap::{JobInfo, Launcher};
@@ -36,6 +39,8 @@ pub(crate) struct JobShared {
     pub config: Config,
     pub kv: Arc<Rendezvous>,
     pub launcher: Launcher,
+    /// How the ranks met ([`Job::bootstrap`]).
+    pub bootstrap: String,
     open_dpids: Mutex<HashSet<u16>>,
     barriers: AtomicU64,
     /// Calls of [`Job::barrier_live`] so far (named apart from [`Job::barrier`]'s).
@@ -146,6 +151,7 @@ impl Job {
                 config,
                 kv: info.rendezvous,
                 launcher: info.launcher,
+                bootstrap: info.bootstrap,
                 open_dpids: Mutex::new(HashSet::new()),
                 barriers: AtomicU64::new(0),
                 live_barriers: AtomicU64::new(0),
@@ -194,6 +200,13 @@ impl Job {
     /// Which launcher started the job.
     pub fn launcher(&self) -> Launcher {
         self.shared.launcher
+    }
+
+    /// How the ranks met: the store `QUIVER_RENDEZVOUS` names, or the launcher's
+    /// key-value service (PMIx, PMI-2, PMI-1) through which they found the store rank 0
+    /// serves. For people and logs; the wording may change.
+    pub fn bootstrap(&self) -> &str {
+        &self.shared.bootstrap
     }
 
     /// The configuration in force.

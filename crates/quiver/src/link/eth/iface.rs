@@ -84,46 +84,10 @@ impl Interface {
     /// The interface that carries IP address `ip` (getifaddrs), with its index, MAC
     /// (SIOCGIFHWADDR) and MTU (SIOCGIFMTU); Ok(None) if no interface has it.
     pub(crate) fn with_addr(ip: IpAddr) -> Result<Option<Interface>> {
-        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: getifaddrs writes a list head into `list`; checked below.
-        if unsafe { libc::getifaddrs(&mut list) } != 0 {
-            return Err(Error::io("getifaddrs", io::Error::last_os_error()));
-        }
-        let mut found = None;
-        let mut at = list;
-        while !at.is_null() {
-            // SAFETY: `at` is a node of the list getifaddrs returned, not yet freed.
-            let ifa = unsafe { &*at };
-            at = ifa.ifa_next;
-            if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-                continue;
-            }
-            // SAFETY: ifa_addr points to a sockaddr whose family says its real type; the
-            // sockaddr_in/_in6 casts below are made only for the matching family.
-            let family = unsafe { (*ifa.ifa_addr).sa_family } as libc::c_int;
-            let matches = match ip {
-                IpAddr::V4(v4) if family == libc::AF_INET => {
-                    // SAFETY: family AF_INET: the address is a sockaddr_in.
-                    let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                    sin.sin_addr.s_addr == u32::from_ne_bytes(v4.octets())
-                }
-                IpAddr::V6(v6) if family == libc::AF_INET6 => {
-                    // SAFETY: family AF_INET6: the address is a sockaddr_in6.
-                    let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                    sin6.sin6_addr.s6_addr == v6.octets()
-                }
-                _ => false,
-            };
-            if matches {
-                // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-                let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
-                found = Some(name.to_string_lossy().into_owned());
-                break;
-            }
-        }
-        // SAFETY: `list` came from getifaddrs and is freed once; no reference into it
-        // outlives this point (the name was copied).
-        unsafe { libc::freeifaddrs(list) };
+        let found = ip_addresses()?
+            .into_iter()
+            .find(|a| a.ip == ip)
+            .map(|a| a.interface);
         match found {
             Some(name) => Interface::by_name(&name).map(Some),
             None => Ok(None),
@@ -198,4 +162,62 @@ impl Interface {
             mtu: mtu.max(0) as usize,
         })
     }
+}
+
+/// An IP address of this host and the interface that carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IfAddr {
+    /// The interface's name.
+    pub interface: String,
+    /// The address.
+    pub ip: IpAddr,
+    /// Whether the interface is up.
+    pub up: bool,
+}
+
+/// Every IPv4 and IPv6 address of this host's interfaces (getifaddrs), in the kernel's
+/// order.
+pub(crate) fn ip_addresses() -> Result<Vec<IfAddr>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `list`; checked below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(Error::io("getifaddrs", io::Error::last_os_error()));
+    }
+    let mut found = Vec::new();
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*at };
+        at = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family says its real type; the
+        // sockaddr_in/_in6 casts below are made only for the matching family.
+        let family = unsafe { (*ifa.ifa_addr).sa_family } as libc::c_int;
+        let ip = match family {
+            libc::AF_INET => {
+                // SAFETY: family AF_INET: the address is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes())
+            }
+            libc::AF_INET6 => {
+                // SAFETY: family AF_INET6: the address is a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::from(sin6.sin6_addr.s6_addr)
+            }
+            _ => continue,
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
+        found.push(IfAddr {
+            interface: name.to_string_lossy().into_owned(),
+            ip,
+            up: ifa.ifa_flags & libc::IFF_UP as libc::c_uint != 0,
+        });
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once; no reference into it
+    // outlives this point (names and addresses were copied).
+    unsafe { libc::freeifaddrs(list) };
+    Ok(found)
 }

@@ -119,7 +119,7 @@ mod tests;
 pub(crate) static LO_RAW_TRAFFIC: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 use self::filter::{attach_filter, ProcessLinks, PROCESS_LINKS};
-pub(crate) use self::iface::{Interface, MacAddr, MacParseError};
+pub(crate) use self::iface::{ip_addresses, Interface, MacAddr, MacParseError};
 use self::ring::{layouts, Ring};
 pub(crate) use self::ring::{ring_frames, rx_frame_bytes};
 pub use self::ring::{ETH_RING_MAX_BYTES, ETH_RING_MIN_WINDOWS};

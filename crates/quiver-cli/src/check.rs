@@ -603,11 +603,13 @@ fn run(job: &Job, args: &CheckArgs, sizes: &[usize]) -> Result<(), String> {
         );
         if failed.is_empty() {
             println!(
-                "quiver check: {size} ranks, pattern {}, transport {transport}, {traffic} verified \
-                 (started by {}, met through {})",
+                "quiver check: {size} ranks, pattern {}, transport {transport}, {traffic} verified",
                 args.pattern.name(),
+            );
+            println!(
+                "  started by {}; the ranks met through {}",
                 job.launcher(),
-                job.bootstrap(),
+                job.bootstrap()
             );
         } else {
             let which = match failed.len() {

@@ -11,6 +11,7 @@
 mod common;
 
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::Mutex;
 use std::thread;
@@ -86,7 +87,7 @@ macro_rules! require_root {
     };
 }
 
-fn command(program: &str) -> Command {
+fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
     for var in CLEAN_ENV {
         cmd.env_remove(var);
@@ -444,10 +445,38 @@ fn invalid_arguments_are_refused_before_anything_is_built() {
     assert!(namespaces_of("x").is_empty());
 }
 
-/// `quiver ARGS` as user `nobody`, without any capability.
-fn quiver_unprivileged(args: &[&str]) -> Output {
-    let mut cmd = command(QUIVER);
-    cmd.args(args);
+/// A copy of the `quiver` binary that user `nobody` can execute, in a fresh directory
+/// of the temporary directory: the build's own may lie under a directory other users
+/// cannot enter (a clone in `/root`, or under `mktemp -d`). Removed when dropped.
+struct ReachableCopy(PathBuf);
+
+impl ReachableCopy {
+    fn new() -> ReachableCopy {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("quiver-as-nobody-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory in the temporary directory");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let bin = dir.join("quiver");
+        std::fs::copy(QUIVER, &bin).expect("copy the quiver binary");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        ReachableCopy(dir)
+    }
+
+    fn binary(&self) -> PathBuf {
+        self.0.join("quiver")
+    }
+}
+
+impl Drop for ReachableCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `quiver ARGS` as user `nobody`, without any capability, from `copy`.
+fn quiver_unprivileged(copy: &ReachableCopy, args: &[&str]) -> Output {
+    let mut cmd = command(copy.binary());
+    cmd.current_dir("/").args(args);
     // SAFETY: between fork and exec the hook makes only async-signal-safe system calls
     // (setgroups, setgid, setuid) on constants.
     unsafe {
@@ -470,13 +499,14 @@ fn without_root_one_line_says_so() {
     let _one = serial();
     let name = unique("user");
     let _down = Down(name.clone());
+    let copy = ReachableCopy::new();
     for args in [
         &["cluster", "up", &name, "--nodes", "2"][..],
         &["cluster", "down", &name],
         &["cluster", "list"],
         &["run", "--cluster", &name, "-n", "2", "--", "true"],
     ] {
-        let out = quiver_unprivileged(args);
+        let out = quiver_unprivileged(&copy, args);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", describe(&out));
         let err = text(&out.stderr);
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");

@@ -1,6 +1,5 @@
 //! Multi-process tests of whole jobs: `quiver check` started by `quiver run` over shared
-//! memory and UDP, `quiver bench` and `quiver check` started by Open MPI's `mpirun` (skipped
-//! when it is not installed), and the removal of the shared-memory segments of crashed
+//! memory and UDP (other launchers: `launchers.rs`), and the removal of the shared-memory segments of crashed
 //! jobs (by the launcher, and by the next job for segments no launcher cleaned up), and
 //! ranks that survive a rank killed with SIGKILL (`quiver check --tolerate-failures`).
 //!
@@ -9,128 +8,17 @@
 
 mod common;
 
-use std::io::Read;
+use common::jobs::{command, kill_group, reader, run_limited, serial, summary, Finished};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
-use std::thread::{self, JoinHandle};
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus, Stdio};
+use std::thread;
 use std::time::{Duration, Instant};
 
 const QUIVER: &str = env!("CARGO_BIN_EXE_quiver");
 
 /// Deadline of one job; generous for a loaded two-core machine.
 const LIMIT: Duration = Duration::from_secs(300);
-
-/// One job at a time: several ranks per job already fill a small machine.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Variables of the test's own environment that would change what a job does.
-const CLEAN_ENV: [&str; 18] = [
-    "QUIVER_RANK",
-    "QUIVER_SIZE",
-    "QUIVER_LOCAL_RANK",
-    "QUIVER_LOCAL_SIZE",
-    "QUIVER_JOB_ID",
-    "QUIVER_JOB_TOKEN",
-    "QUIVER_RENDEZVOUS",
-    "QUIVER_TRANSPORT",
-    "QUIVER_WAIT",
-    "QUIVER_MAX_MESSAGE",
-    "QUIVER_POOL_SIZE",
-    "QUIVER_NODE",
-    "QUIVER_ADDR",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "SLURM_PROCID",
-];
-
-fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new(program);
-    for var in CLEAN_ENV {
-        cmd.env_remove(var);
-    }
-    cmd
-}
-
-/// What a finished command left.
-struct Finished {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn describe(&self) -> String {
-        format!(
-            "status {}\n--- stdout:\n{}\n--- stderr:\n{}",
-            self.status, self.stdout, self.stderr
-        )
-    }
-}
-
-fn reader(mut src: impl Read + Send + 'static) -> JoinHandle<String> {
-    thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = src.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
-}
-
-/// Kills the process group of `child` (it leads one of its own).
-fn kill_group(child: &Child) {
-    // SAFETY: kill has no memory-safety preconditions; the group is ours.
-    unsafe {
-        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
-    }
-}
-
-/// Runs `cmd` in a process group of its own with its output captured; past `limit` the
-/// group is killed and the test fails with what the command printed.
-fn run_limited(mut cmd: Command, limit: Duration) -> Finished {
-    let what = format!("{cmd:?}");
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    let out = reader(child.stdout.take().expect("piped stdout"));
-    let err = reader(child.stderr.take().expect("piped stderr"));
-    let start = Instant::now();
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for the command") {
-            break status;
-        }
-        if start.elapsed() > limit {
-            timed_out = true;
-            kill_group(&child);
-            break child.wait().expect("wait for the killed command");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    // Whatever the command left behind in its group must not hold the pipes open.
-    kill_group(&child);
-    let finished = Finished {
-        status,
-        stdout: out.join().expect("stdout reader"),
-        stderr: err.join().expect("stderr reader"),
-    };
-    assert!(
-        !timed_out,
-        "{what} still ran after {limit:?} and was killed\n{}",
-        finished.describe()
-    );
-    finished
-}
 
 /// Runs `quiver run -n N -- quiver check ARGS` with extra environment; expects success and
 /// returns the summary line.
@@ -156,23 +44,6 @@ fn check_job(n: u32, args: &[&str], env: &[(&str, &str)]) -> String {
         done.describe()
     );
     summary(&done)
-}
-
-/// The one summary line of a successful check (printed by rank 0 only).
-fn summary(done: &Finished) -> String {
-    let lines: Vec<&str> = done
-        .stdout
-        .lines()
-        .filter(|l| l.contains("quiver check:"))
-        .collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "expected one summary line\n{}",
-        done.describe()
-    );
-    assert!(lines[0].ends_with("verified"), "{}", done.describe());
-    lines[0].to_string()
 }
 
 #[test]
@@ -353,112 +224,6 @@ fn check_outside_a_job_says_how_to_start_it() {
         done.stderr.contains("quiver run -n 2"),
         "{}",
         done.describe()
-    );
-}
-
-// ---------------------------------------------------------------------------------------
-// Open MPI
-// ---------------------------------------------------------------------------------------
-
-/// `mpirun` of Open MPI, or why it cannot be used.
-fn open_mpi() -> Result<PathBuf, String> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mpirun = std::env::split_paths(&path)
-        .map(|dir| dir.join("mpirun"))
-        .find(|p| p.is_file())
-        .ok_or("mpirun is not installed (install openmpi-bin)")?;
-    let out = Command::new(&mpirun)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    if !text.contains("Open MPI") && !text.contains("OpenRTE") {
-        return Err(format!("{} is not Open MPI's", mpirun.display()));
-    }
-    Ok(mpirun)
-}
-
-/// A TCP port that was free a moment ago.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local address").port()
-}
-
-/// Runs `mpirun -n N -x QUIVER_RENDEZVOUS=... quiver ARGS` (rank 0 serves the store).
-fn mpirun(mpirun: &Path, n: u32, args: &[&str]) -> Finished {
-    let _one = serial();
-    let mut cmd = command(mpirun);
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-n",
-        &n.to_string(),
-    ])
-    .arg("-x")
-    .arg(format!("QUIVER_RENDEZVOUS=tcp://127.0.0.1:{}", free_port()))
-    .arg(QUIVER)
-    .args(args);
-    let done = run_limited(cmd, Duration::from_secs(120));
-    assert!(
-        done.status.success(),
-        "mpirun quiver {args:?} failed\n{}",
-        done.describe()
-    );
-    done
-}
-
-#[test]
-fn bench_pingpong_under_mpirun() {
-    let mpi = match open_mpi() {
-        Ok(p) => p,
-        Err(why) => {
-            common::cannot_run(&why);
-            return;
-        }
-    };
-    let done = mpirun(
-        &mpi,
-        2,
-        &[
-            "bench", "pingpong", "--sizes", "0,8,1K", "--iters", "100", "--format", "json",
-        ],
-    );
-    let lines: Vec<serde_json::Value> = done
-        .stdout
-        .lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
-        .collect();
-    let sizes: Vec<u64> = lines
-        .iter()
-        .map(|v| v["size"].as_u64().expect("size"))
-        .collect();
-    assert_eq!(sizes, [0, 8, 1024], "{}", done.describe());
-    for v in &lines {
-        assert_eq!(v["bench"], "pingpong", "{v}");
-        let median = v["latency_us_median"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("latency_us_median missing in {v}"));
-        assert!(median > 0.0 && median.is_finite(), "{v}");
-    }
-}
-
-#[test]
-fn check_under_mpirun() {
-    let mpi = match open_mpi() {
-        Ok(p) => p,
-        Err(why) => {
-            common::cannot_run(&why);
-            return;
-        }
-    };
-    let done = mpirun(&mpi, 4, &["check", "--pattern", "all-to-all"]);
-    let line = summary(&done);
-    assert!(
-        line.contains("quiver check: 4 ranks, pattern all-to-all, transport shm, 360 messages"),
-        "{line}"
     );
 }
 

@@ -1,6 +1,8 @@
 //! What the CLI's integration tests share.
 #![allow(dead_code)]
 
+pub mod jobs;
+
 /// Skips a test that needs what this machine lacks (root, a command, a package), with one
 /// line saying why; under `.ci/run` (`QUIVER_CI` set), which runs as root and installs
 /// every tool, fails instead, so that CI never passes a test it did not run.

@@ -250,7 +250,9 @@ impl Kv {
         let mut failures = Vec::new();
         for s in services {
             let r = match s {
-                Service::Pmix { library } => Pmix::init(library.as_deref()).map(|p| Kv::Pmix(Box::new(p))),
+                Service::Pmix { library } => {
+                    Pmix::init(library.as_deref()).map(|p| Kv::Pmix(Box::new(p)))
+                }
                 Service::Pmi { via, version } => {
                     Pmi::connect(via.clone(), *version, job, rank, deadline).map(Kv::Pmi)
                 }

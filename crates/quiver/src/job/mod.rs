@@ -9,6 +9,8 @@ mod barrier;
 pub mod bootstrap;
 mod failure;
 pub(crate) mod launcher_kv;
+#[cfg(test)]
+mod launcher_tests;
 mod pmi;
 mod pmix;
 pub mod rendezvous;

@@ -5,7 +5,9 @@
 //! (`QUIVER_RANK`, `QUIVER_SIZE`), Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`), MPICH's
 //! Hydra (`PMI_RANK`, `PMI_SIZE`) or Slurm's `srun` (`SLURM_PROCID`, `SLURM_NTASKS`), in
 //! that order of priority. The ranks then meet in the rendezvous store named by
-//! `QUIVER_RENDEZVOUS` (see [`super::rendezvous`]) and exchange the rest ([`bootstrap`]).
+//! `QUIVER_RENDEZVOUS` (see [`super::rendezvous`]), or, without it, in the store rank 0
+//! serves, which they find through the launcher's key-value service (PMIx, PMI-2, PMI-1:
+//! `super::launcher_kv`), and exchange the rest ([`bootstrap`]).
 //!
 //! # Guarantees
 //!
@@ -27,7 +29,9 @@
 //!
 //! | variable | meaning |
 //! |---|---|
-//! | `QUIVER_RENDEZVOUS` | `tcp://HOST:PORT` (port 1 to 65535) or `file:///DIR` (required) |
+//! | `QUIVER_RENDEZVOUS` | `tcp://HOST:PORT` (port 1 to 65535) or `file:///DIR`; required unless the launcher offers a key-value service |
+//! | `QUIVER_BOOTSTRAP` | `auto` (default), `store`, `pmix`, `pmi2`, `pmi1` (`super::launcher_kv`) |
+//! | `QUIVER_PMIX_LIB` | the PMIx client library to load (default `libpmix.so.2`) |
 //! | `QUIVER_RENDEZVOUS_KEY` | the `tcp://` store's secret, 64 hex digits; set by `quiver run`, otherwise the user's `~/.quiver/rendezvous.key` ([`super::rendezvous::StoreKey::from_lookup`]) |
 //! | `QUIVER_JOB_ID`, `QUIVER_JOB_TOKEN` | decimal u32 (0 to 4294967295) and exactly 16 hex digits, both or neither; set by `quiver run`, which then also serves the tcp store |
 //! | `QUIVER_NODE` | this rank's node name, 1 to 255 printable ASCII characters without whitespace, `\|` or `,` (default: the host name) |
@@ -156,6 +160,8 @@ pub(crate) const VARIABLES: &[&str] = &[
     "QUIVER_JOB_TOKEN",
     "QUIVER_NODE",
     "QUIVER_ADDR",
+    "QUIVER_BOOTSTRAP",
+    "QUIVER_PMIX_LIB",
 ];
 
 /// The variable's value, trimmed; `None` when unset or blank.

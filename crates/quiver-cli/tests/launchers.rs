@@ -127,6 +127,28 @@ fn mpirun_without_configuration_meets_through_pmix() {
     // Four ranks too: every rank learns the store from rank 0 after one fence.
     let done = launch(mpirun(&mpi, 4), &["check", "--pattern", "all-to-all"]);
     assert!(met_through(&done).contains("PMIx"), "{}", done.describe());
+    // `quiver info` says what a program started there would use.
+    let done = launch(mpirun(&mpi, 1), &["info"]);
+    let line = done
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("bootstrap"))
+        .unwrap_or_else(|| panic!("no bootstrap row\n{}", done.describe()));
+    assert!(
+        line.contains("PMIx (libpmix.so.2)") && line.contains("Open MPI (mpirun), rank 0 of 1"),
+        "{line}"
+    );
+    // Without the PMIx library, an error says what to install.
+    let _one = serial();
+    let mut cmd = mpirun(&mpi, 2);
+    cmd.args(["-x", "QUIVER_PMIX_LIB=libpmix-absent.so.9", QUIVER, "check"]);
+    let done = run_limited(cmd, LIMIT);
+    assert!(!done.status.success(), "{}", done.describe());
+    assert!(
+        done.stderr.contains("libpmix-absent.so.9") && done.stderr.contains("libpmix2"),
+        "{}",
+        done.describe()
+    );
 }
 
 #[test]

@@ -31,3 +31,64 @@ pub mod channel {
         MAX_WINDOW,
     };
 }
+
+/// The PMI-1 and PMI-2 clients (`job::pmi`), against a server whose replies are given.
+pub mod pmi {
+    use crate::job::pmi::{Pmi, Version, Via};
+    use crate::job::rendezvous::Deadline;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::time::Duration;
+
+    /// Connects as `choice` says (0: auto, 1: PMI-1, 2: PMI-2; over a port when `port`,
+    /// which adds the `initack` exchange), then puts, fences, gets and finalizes, while
+    /// the server's side of the socket holds `replies` and then closes. Returns how far
+    /// it got (0 to 5 steps) and the error that stopped it, if any.
+    pub fn converse(replies: &[u8], choice: u8, port: bool) -> (usize, Option<crate::Error>) {
+        let (client, mut server) = UnixStream::pair().expect("a socket pair");
+        // The replies fit the socket's buffer (the target bounds them); the client's
+        // commands are read by nobody and fit it too.
+        server.write_all(replies).expect("replies written");
+        drop(server.shutdown(std::net::Shutdown::Write));
+        let want = match choice % 3 {
+            1 => Some(Version::One),
+            2 => Some(Version::Two),
+            _ => None,
+        };
+        let via = Via::Fd(client.as_raw_fd());
+        let deadline = Deadline::after(Duration::from_secs(2));
+        let mut steps = 0;
+        let run = || -> crate::Result<()> {
+            let mut pmi = if port {
+                Pmi::connect_stream(
+                    client
+                        .try_clone()
+                        .map_err(|e| crate::Error::io("clone", e))?,
+                    Via::Port {
+                        host_port: "fuzz:1".into(),
+                        id: 0,
+                    },
+                    want,
+                    None,
+                    None,
+                    deadline,
+                )?
+            } else {
+                Pmi::connect(via, want, Some("1.0"), Some(0), deadline)?
+            };
+            steps += 1;
+            pmi.put("quiver-store", "tcp://127.0.0.1:1")?;
+            steps += 1;
+            pmi.fence()?;
+            steps += 1;
+            let _ = pmi.get(0, "quiver-store")?;
+            steps += 1;
+            pmi.finalize()?;
+            steps += 1;
+            Ok(())
+        };
+        let err = run().err();
+        (steps, err)
+    }
+}

@@ -11,7 +11,7 @@ mod failure;
 pub(crate) mod launcher_kv;
 #[cfg(test)]
 mod launcher_tests;
-mod pmi;
+pub(crate) mod pmi;
 mod pmix;
 pub mod rendezvous;
 

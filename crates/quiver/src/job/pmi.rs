@@ -219,6 +219,18 @@ impl Pmi {
             Via::Fd(fd) => adopt_socket(*fd)?,
             Via::Port { host_port, .. } => connect_port(host_port, deadline)?,
         };
+        Pmi::connect_stream(conn, via, want, job, rank, deadline)
+    }
+
+    /// [`Pmi::connect`] over a stream already connected to the server `via` names.
+    pub(crate) fn connect_stream(
+        conn: UnixStream,
+        via: Via,
+        want: Option<Version>,
+        job: Option<&str>,
+        rank: Option<u32>,
+        deadline: Deadline,
+    ) -> Result<Pmi> {
         let mut pmi = Pmi {
             conn,
             version: want.unwrap_or(Version::Two),

@@ -250,7 +250,7 @@ typedef struct quiver_message {
  * The counters of an endpoint (`quiver_endpoint_stats`); the fields of the Rust
  * `EndpointStats`, documented there.
  */
-typedef struct quiver_endpoint_stats {
+typedef struct quiver_endpoint_counters {
   /**
    * Messages written.
    */
@@ -371,7 +371,7 @@ typedef struct quiver_endpoint_stats {
    * Datagrams the fault injector corrupted.
    */
   uint64_t faults_corrupted;
-} quiver_endpoint_stats;
+} quiver_endpoint_counters;
 
 /**
  * A function that sees every error an endpoint delivers (see
@@ -415,7 +415,7 @@ typedef uint64_t quiver_request;
  * The counters of a tagged endpoint (`quiver_tagged_stats`); the fields of the Rust
  * `TaggedStats`, documented there.
  */
-typedef struct quiver_tagged_stats {
+typedef struct quiver_tagged_counters {
   /**
    * Messages whose first push found no posted receive.
    */
@@ -460,7 +460,7 @@ typedef struct quiver_tagged_stats {
    * Sends that pushed nothing for lack of push credit.
    */
   uint64_t push_credit_exhausted;
-} quiver_tagged_stats;
+} quiver_tagged_counters;
 
 /**
  * No request.
@@ -778,7 +778,7 @@ enum quiver_error quiver_endpoint_flush_timeout(const struct quiver_endpoint *ep
  * `ep` is NULL or a live endpoint handle; `stats` is NULL or writable.
  */
 enum quiver_error quiver_endpoint_stats(const struct quiver_endpoint *ep,
-                                        struct quiver_endpoint_stats *stats);
+                                        struct quiver_endpoint_counters *stats);
 
 /**
  * The ranks this endpoint found failed, ascending: the first `cap` at `ranks`, their
@@ -1327,7 +1327,7 @@ enum quiver_error quiver_tagged_push(const struct quiver_tagged *t,
  * `t` is NULL or a live tagged handle; `stats` is NULL or writable.
  */
 enum quiver_error quiver_tagged_stats(const struct quiver_tagged *t,
-                                      struct quiver_tagged_stats *stats);
+                                      struct quiver_tagged_counters *stats);
 
 /**
  * The counters of the Directed Point endpoint under the tagged endpoint, at `*stats`.
@@ -1339,7 +1339,7 @@ enum quiver_error quiver_tagged_stats(const struct quiver_tagged *t,
  * `t` is NULL or a live tagged handle; `stats` is NULL or writable.
  */
 enum quiver_error quiver_tagged_endpoint_stats(const struct quiver_tagged *t,
-                                               struct quiver_endpoint_stats *stats);
+                                               struct quiver_endpoint_counters *stats);
 
 /**
  * The descriptor of the endpoint under the tagged endpoint, at `*fd`: readable when

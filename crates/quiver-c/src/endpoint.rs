@@ -52,7 +52,7 @@ pub const QUIVER_TRANSPORT_ETH: u32 = 2;
 #[repr(C)]
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct quiver_endpoint_stats {
+pub struct quiver_endpoint_counters {
     /// Messages written.
     pub msgs_sent: u64,
     /// Payload bytes written.
@@ -115,7 +115,7 @@ pub struct quiver_endpoint_stats {
     pub faults_corrupted: u64,
 }
 
-impl From<EndpointStats> for quiver_endpoint_stats {
+impl From<EndpointStats> for quiver_endpoint_counters {
     fn from(s: EndpointStats) -> Self {
         // Destructured without `..`: a counter added to `EndpointStats` fails to compile
         // here until the C struct has it too.
@@ -151,7 +151,7 @@ impl From<EndpointStats> for quiver_endpoint_stats {
             faults_reordered,
             faults_corrupted,
         } = s;
-        quiver_endpoint_stats {
+        quiver_endpoint_counters {
             msgs_sent,
             bytes_sent,
             msgs_received,
@@ -728,7 +728,7 @@ pub unsafe extern "C" fn quiver_endpoint_flush_timeout(
 #[no_mangle]
 pub unsafe extern "C" fn quiver_endpoint_stats(
     ep: *const quiver_endpoint,
-    stats: *mut quiver_endpoint_stats,
+    stats: *mut quiver_endpoint_counters,
 ) -> quiver_error {
     // SAFETY: the contract is the caller's.
     unsafe { get(ep, stats, "stats", |e| Ok(e.stats().into())) }

@@ -13,7 +13,7 @@
 //! endpoint (`QUIVER_ERR_WRONG_THREAD` otherwise) before touching anything but that
 //! thread's number.
 
-use crate::endpoint::quiver_endpoint_stats;
+use crate::endpoint::quiver_endpoint_counters;
 use crate::error::{bytes, check_buffer, ffi, handle, quiver_error, Failure, Out, Outcome};
 use crate::job::quiver_job;
 use quiver_rs::tagged::{PushMode, RawRequest, Src, Status, Tag, Tagged, TaggedStats};
@@ -67,7 +67,7 @@ pub struct quiver_status {
 #[repr(C)]
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct quiver_tagged_stats {
+pub struct quiver_tagged_counters {
     /// Messages whose first push found no posted receive.
     pub unexpected: u64,
     /// Most bytes the pushed buffer held at once.
@@ -92,7 +92,7 @@ pub struct quiver_tagged_stats {
     pub push_credit_exhausted: u64,
 }
 
-impl From<TaggedStats> for quiver_tagged_stats {
+impl From<TaggedStats> for quiver_tagged_counters {
     fn from(s: TaggedStats) -> Self {
         // Destructured without `..`: a counter added to `TaggedStats` fails to compile
         // here until the C struct has it too.
@@ -109,7 +109,7 @@ impl From<TaggedStats> for quiver_tagged_stats {
             dropped,
             push_credit_exhausted,
         } = s;
-        quiver_tagged_stats {
+        quiver_tagged_counters {
             unexpected,
             pushed_buffer_peak,
             pulled_direct,
@@ -1001,7 +1001,7 @@ pub unsafe extern "C" fn quiver_tagged_push(
 #[no_mangle]
 pub unsafe extern "C" fn quiver_tagged_stats(
     t: *const quiver_tagged,
-    stats: *mut quiver_tagged_stats,
+    stats: *mut quiver_tagged_counters,
 ) -> quiver_error {
     let body = |h: &quiver_tagged| -> Outcome {
         // SAFETY: `stats` is NULL or writable (the contract).
@@ -1023,7 +1023,7 @@ pub unsafe extern "C" fn quiver_tagged_stats(
 #[no_mangle]
 pub unsafe extern "C" fn quiver_tagged_endpoint_stats(
     t: *const quiver_tagged,
-    stats: *mut quiver_endpoint_stats,
+    stats: *mut quiver_endpoint_counters,
 ) -> quiver_error {
     let body = |h: &quiver_tagged| -> Outcome {
         // SAFETY: `stats` is NULL or writable (the contract).

@@ -34,7 +34,10 @@ fn the_checked_in_header_is_up_to_date() {
             .lines()
             .zip(fresh.lines())
             .position(|(a, b)| a != b)
-            .map_or(current.lines().count().min(fresh.lines().count()) + 1, |i| i + 1);
+            .map_or(
+                current.lines().count().min(fresh.lines().count()) + 1,
+                |i| i + 1,
+            );
         panic!(
             "{} is stale (first difference at line {line}): regenerate it with\n    \
              QUIVER_BLESS=1 cargo test -p quiver-c --test header\nand commit it",
@@ -68,9 +71,25 @@ fn the_header_declares_every_exported_function() {
     assert!(exported.len() > 50, "found only {exported:?}");
     let header = generate();
     for name in &exported {
-        assert!(header.contains(&format!(" {name}(")), "{name} is missing from the header");
+        assert!(
+            header.contains(&format!(" {name}(")),
+            "{name} is missing from the header"
+        );
     }
     let declared = header.matches("quiver_error quiver_").count();
-    let returning_codes = exported.iter().filter(|n| !["quiver_strerror", "quiver_last_error_message", "quiver_version"].contains(&n.as_str())).count();
-    assert_eq!(declared, returning_codes, "the header declares functions the sources do not export");
+    let returning_codes = exported
+        .iter()
+        .filter(|n| {
+            ![
+                "quiver_strerror",
+                "quiver_last_error_message",
+                "quiver_version",
+            ]
+            .contains(&n.as_str())
+        })
+        .count();
+    assert_eq!(
+        declared, returning_codes,
+        "the header declares functions the sources do not export"
+    );
 }

@@ -3,11 +3,12 @@
  *
  *   ./errors outside               outside a job: NULL handles and outputs, bad
  *                                  arguments, codes and their strings, QUIVER_ERR_ENV
- *   quiver run -n 2 -- ./errors    in a job of two ranks (with QUIVER_CONNECT_TIMEOUT=1
+ *   quiver run -n 2 -- ./errors    in a job of two ranks (with QUIVER_CONNECT_TIMEOUT=2
  *                                  and QUIVER_MAX_MESSAGE=65536): bad ranks, DPIDs in
- *                                  use, no target, too large, timeouts, missing
- *                                  endpoints, truncation, cancelled and unknown requests,
- *                                  the wrong thread, double closes, the error handler
+ *                                  use, no target, too large, timeouts, missing or
+ *                                  closed endpoints, truncation, cancelled and unknown
+ *                                  requests, the wrong thread, double closes, the
+ *                                  error handler
  *
  * Prints one line per failed check and, at the end, "errors: N checks, M failed";
  * exits 1 when a check failed.
@@ -305,7 +306,7 @@ static void in_a_job(void) {
     EXPECT(QUIVER_OK, quiver_endpoint_fd(ep, &fd));
     ASSERT(fd >= 0);
 
-    /* Endpoints nobody opens: not found after QUIVER_CONNECT_TIMEOUT (1 s here). */
+    /* Endpoints nobody opens: not found after QUIVER_CONNECT_TIMEOUT (2 s here). */
     EXPECT(QUIVER_ERR_NO_SUCH_ENDPOINT, quiver_endpoint_target_endpoint(ep, peer, 999));
     EXPECT(QUIVER_ERR_NO_SUCH_ENDPOINT, quiver_endpoint_target(ep, 0, 998));
 
@@ -327,6 +328,19 @@ static void in_a_job(void) {
     ASSERT(sz == 1);
     EXPECT(QUIVER_OK, quiver_endpoint_release(ep, 5, &sz));
     ASSERT(sz == 1);
+    /* A receiver that closed its endpoint: rank 1 closes DPID 4, rank 0 writes to it. */
+    quiver_endpoint *ep4 = NULL;
+    MUST(quiver_endpoint_open(job, 4, &ep4));
+    MUST(quiver_endpoint_target_rank(ep4, peer));
+    MUST(quiver_job_barrier(job));
+    if (rank == 1)
+        EXPECT(QUIVER_OK, quiver_endpoint_close(&ep4));
+    MUST(quiver_job_barrier(job));
+    if (rank == 0) {
+        EXPECT(QUIVER_ERR_PEER_CLOSED, quiver_endpoint_write(ep4, buf, 8));
+        LAST_SAYS("was closed by its owner");
+        EXPECT(QUIVER_OK, quiver_endpoint_close(&ep4));
+    }
     MUST(quiver_job_barrier(job));
     EXPECT(QUIVER_OK, quiver_endpoint_close(&ep));
     ASSERT(ep == NULL);

@@ -3,7 +3,8 @@
  * small ones pushed whole, large ones pulled with a single copy on one node), check
  * every byte and report the round-trip time; then both exchange a large message at
  * once with non-blocking operations (two blocking sends of that size would wait for
- * each other for ever). Other ranks only take part in the barriers.
+ * each other for ever), and rank 0 sends one from the job's shared pool, which rank 1
+ * reads in place. Other ranks only take part in the barriers.
  *
  *   cc pingpong.c -o pingpong $(pkg-config --cflags --libs quiver)
  *   quiver run -n 2 -- ./pingpong [ITERATIONS]
@@ -132,6 +133,33 @@ int main(int argc, char **argv) {
         if (rank == 0) {
             printf("pingpong: exchanged %d bytes both ways at once with isend/irecv, verified\n",
                    LARGEST);
+            fflush(stdout);
+        }
+
+        /* From the job's shared pool: a receiver on the same node reads it in place. */
+        if (rank == 0) {
+            void *shared = NULL;
+            CHECK(quiver_tagged_alloc_shared(t, LARGEST, &shared));
+            fill(shared, LARGEST, rank, 2000000);
+            CHECK(quiver_tagged_send(t, peer, TAG + 2, shared, LARGEST));
+            CHECK(quiver_tagged_free_shared(t, shared));
+        } else {
+            quiver_status st;
+            CHECK(quiver_tagged_recv(t, in, LARGEST, peer, TAG + 2, &st));
+            size_t wrong = first_wrong(in, LARGEST, peer, 2000000);
+            if (st.len != LARGEST || wrong != LARGEST)
+                FAIL("rank 1: the message from the shared pool is wrong at byte %zu", wrong);
+            quiver_tagged_counters c;
+            CHECK(quiver_tagged_stats(t, &c));
+            uint32_t nid0, nid1;
+            CHECK(quiver_job_nid_of(job, 0, &nid0));
+            CHECK(quiver_job_nid_of(job, 1, &nid1));
+            if (nid0 == nid1 && c.pulled_shared == 0)
+                FAIL("rank 1: the message from the shared pool was not read in place");
+        }
+        CHECK(quiver_job_barrier(job));
+        if (rank == 0) {
+            printf("pingpong: sent %d bytes from the shared pool, verified\n", LARGEST);
             fflush(stdout);
         }
     }

@@ -1355,6 +1355,37 @@ enum quiver_error quiver_tagged_endpoint_stats(const struct quiver_tagged *t,
  */
 enum quiver_error quiver_tagged_fd(const struct quiver_tagged *t, int *fd);
 
+/**
+ * Allocates `len` bytes (zero-filled) from the job's shared pool and stores their
+ * address at `*data`. A message sent from them to a rank of the same node is read in
+ * place by the receiver (one copy, no cross-memory attach needed). Free them with
+ * `quiver_tagged_free_shared`; closing the endpoint frees what is left.
+ * `QUIVER_ERR_INVALID_ARGUMENT` when `len` is 0.
+ *
+ * Thread safety: only the thread that opened the endpoint (the memory itself is the
+ * caller's to share as it likes).
+ *
+ * # Safety
+ *
+ * `t` is NULL or a live tagged handle; `data` is NULL or writable.
+ */
+enum quiver_error quiver_tagged_alloc_shared(const struct quiver_tagged *t,
+                                             size_t len,
+                                             void **data);
+
+/**
+ * Frees the shared buffer at `data` (an address `quiver_tagged_alloc_shared` gave).
+ * `QUIVER_ERR_INVALID_ARGUMENT` for any other address, or one freed already. No
+ * operation may still use it.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `t` is NULL or a live tagged handle; no pending operation uses the buffer.
+ */
+enum quiver_error quiver_tagged_free_shared(const struct quiver_tagged *t, void *data);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -16,7 +16,7 @@
 use crate::endpoint::quiver_endpoint_counters;
 use crate::error::{bytes, check_buffer, ffi, handle, quiver_error, Failure, Out, Outcome};
 use crate::job::quiver_job;
-use quiver_rs::tagged::{PushMode, RawRequest, Src, Status, Tag, Tagged, TaggedStats};
+use quiver_rs::tagged::{PushMode, RawRequest, SharedBuf, Src, Status, Tag, Tagged, TaggedStats};
 use quiver_rs::Error;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -133,7 +133,23 @@ pub struct quiver_tagged {
     thread: u64,
     /// The pending operations the caller holds requests for, by request number.
     requests: RefCell<HashMap<u64, RawRequest>>,
+    /// The buffers of `quiver_tagged_alloc_shared`, by address. Their lifetime is
+    /// `tagged`'s in truth: the handle is boxed (`tagged` never moves) and `Drop` empties
+    /// this table before `tagged` goes.
+    shared: RefCell<HashMap<usize, SharedBuf<'static>>>,
     tagged: Tagged,
+}
+
+/// Closing: pending operations are abandoned (nothing reads or writes their buffers any
+/// more), then the shared buffers are freed, then the endpoint itself goes (its drop
+/// lingers for its peers' answers).
+impl Drop for quiver_tagged {
+    fn drop(&mut self) {
+        for (_, raw) in self.requests.get_mut().drain() {
+            self.tagged.abandon_raw(raw);
+        }
+        self.shared.get_mut().clear();
+    }
 }
 
 /// Numbers of threads and of requests, unique in the process (0 is no request).
@@ -277,6 +293,7 @@ pub unsafe extern "C" fn quiver_tagged_open(
         out.put(Box::into_raw(Box::new(quiver_tagged {
             thread: this_thread(),
             requests: RefCell::new(HashMap::new()),
+            shared: RefCell::new(HashMap::new()),
             tagged,
         })));
         Ok(())
@@ -1052,6 +1069,74 @@ pub unsafe extern "C" fn quiver_tagged_fd(t: *const quiver_tagged, fd: *mut c_in
         let out = unsafe { Out::new(fd, "fd") }?;
         out.put(h.tagged.endpoint().as_raw_fd());
         Ok(())
+    };
+    // SAFETY: `t` is NULL or a live handle (the contract).
+    unsafe { with(t, body) }
+}
+
+/// Allocates `len` bytes (zero-filled) from the job's shared pool and stores their
+/// address at `*data`. A message sent from them to a rank of the same node is read in
+/// place by the receiver (one copy, no cross-memory attach needed). Free them with
+/// `quiver_tagged_free_shared`; closing the endpoint frees what is left.
+/// `QUIVER_ERR_INVALID_ARGUMENT` when `len` is 0.
+///
+/// Thread safety: only the thread that opened the endpoint (the memory itself is the
+/// caller's to share as it likes).
+///
+/// # Safety
+///
+/// `t` is NULL or a live tagged handle; `data` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn quiver_tagged_alloc_shared(
+    t: *const quiver_tagged,
+    len: usize,
+    data: *mut *mut c_void,
+) -> quiver_error {
+    let body = |h: &quiver_tagged| -> Outcome {
+        // SAFETY: `data` is NULL or writable (the contract).
+        let out = unsafe { Out::new(data, "data") }?;
+        if len == 0 {
+            return Err(Failure::invalid("a shared buffer of 0 bytes"));
+        }
+        let mut buf = h.tagged.alloc_shared(len)?;
+        let at = buf.as_mut_ptr();
+        // SAFETY: the buffer borrows `h.tagged`, which lives in the boxed handle and never
+        // moves; the table that keeps the buffer is emptied before `tagged` is dropped
+        // (`quiver_tagged`'s Drop), so the extended borrow never outlives it.
+        let buf = unsafe { std::mem::transmute::<SharedBuf<'_>, SharedBuf<'static>>(buf) };
+        h.shared.borrow_mut().insert(at as usize, buf);
+        out.put(at.cast());
+        Ok(())
+    };
+    // SAFETY: `t` is NULL or a live handle (the contract).
+    unsafe { with(t, body) }
+}
+
+/// Frees the shared buffer at `data` (an address `quiver_tagged_alloc_shared` gave).
+/// `QUIVER_ERR_INVALID_ARGUMENT` for any other address, or one freed already. No
+/// operation may still use it.
+///
+/// Thread safety: only the thread that opened the endpoint.
+///
+/// # Safety
+///
+/// `t` is NULL or a live tagged handle; no pending operation uses the buffer.
+#[no_mangle]
+pub unsafe extern "C" fn quiver_tagged_free_shared(
+    t: *const quiver_tagged,
+    data: *mut c_void,
+) -> quiver_error {
+    let body = |h: &quiver_tagged| -> Outcome {
+        let buf = h.shared.borrow_mut().remove(&(data as usize));
+        match buf {
+            Some(buf) => {
+                drop(buf);
+                Ok(())
+            }
+            None => Err(Failure::invalid(format!(
+                "{data:p} is not a shared buffer of this tagged endpoint"
+            ))),
+        }
     };
     // SAFETY: `t` is NULL or a live handle (the contract).
     unsafe { with(t, body) }

@@ -481,10 +481,11 @@ fn ring_linked_statically_under_quiver_run() {
     );
 }
 
-/// The ping-pong printed every size and the exchange, each verified.
+/// The ping-pong printed every size, the exchange and the send from the shared pool,
+/// each verified.
 fn check_pingpong(done: &Finished, iters: u32) {
     let lines = lines_with(&done.stdout, "pingpong:");
-    assert_eq!(lines.len(), 6, "{}", done.describe());
+    assert_eq!(lines.len(), 7, "{}", done.describe());
     for (line, size) in lines.iter().zip([0, 8, 1024, 65536, 1048576]) {
         let fields: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(fields.get(1), Some(&size.to_string().as_str()), "{line}");
@@ -500,6 +501,12 @@ fn check_pingpong(done: &Finished, iters: u32) {
     assert_eq!(
         lines[5],
         "pingpong: exchanged 1048576 bytes both ways at once with isend/irecv, verified",
+        "{}",
+        done.describe()
+    );
+    assert_eq!(
+        lines[6],
+        "pingpong: sent 1048576 bytes from the shared pool, verified",
         "{}",
         done.describe()
     );

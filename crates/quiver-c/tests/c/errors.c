@@ -153,6 +153,9 @@ static void null_handles(void) {
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_stats(NULL, &tc));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_endpoint_stats(NULL, &ec));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_fd(NULL, &fd));
+    void *shared;
+    EXPECT(QUIVER_ERR_NULL, quiver_tagged_alloc_shared(NULL, 64, &shared));
+    EXPECT(QUIVER_ERR_NULL, quiver_tagged_free_shared(NULL, buf));
 }
 
 /* Every code has its own string; unknown codes one too; the version agrees. */
@@ -367,6 +370,19 @@ static void in_a_job(void) {
     uint32_t mode = 99;
     EXPECT(QUIVER_OK, quiver_tagged_push(t, &mode, NULL, NULL));
     ASSERT(mode == QUIVER_PUSH_PULL);
+
+    /* Shared buffers: none of 0 bytes, no freeing of what was not allocated, or twice. */
+    void *shared = NULL;
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_tagged_alloc_shared(t, 0, &shared));
+    EXPECT(QUIVER_ERR_NULL, quiver_tagged_alloc_shared(t, 64, NULL));
+    EXPECT(QUIVER_OK, quiver_tagged_alloc_shared(t, 64, &shared));
+    ASSERT(shared != NULL && ((unsigned char *)shared)[63] == 0);
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_tagged_free_shared(t2, shared));
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_tagged_free_shared(t, buf));
+    EXPECT(QUIVER_OK, quiver_tagged_free_shared(t, shared));
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_tagged_free_shared(t, shared));
+    /* One left for the close to free. */
+    EXPECT(QUIVER_OK, quiver_tagged_alloc_shared(t2, 4096, &shared));
 
     /* Truncation: rank 0 sends 100 bytes, rank 1 receives them into 10. */
     if (rank == 0) {

@@ -5,6 +5,7 @@
  *
  *   cc ring.c -o ring $(pkg-config --cflags --libs quiver)
  *   quiver run -n 4 -- ./ring [LAPS]
+ *   QUIVER_TRANSPORT=udp quiver run -n 4 -- ./ring [LAPS]     (over UDP)
  */
 #include <quiver.h>
 #include <stdint.h>
@@ -51,6 +52,12 @@ int main(int argc, char **argv) {
     CHECK(quiver_endpoint_open(job, 1, &ep));
     uint32_t next = (rank + 1) % size, prev = (rank + size - 1) % size;
     CHECK(quiver_endpoint_target_rank(ep, next)); /* waits for `next` to open DPID 1 */
+
+    uint32_t transport;
+    CHECK(quiver_endpoint_transport_to(ep, next, &transport));
+    const char *over = transport == QUIVER_TRANSPORT_SHM   ? "shm"
+                       : transport == QUIVER_TRANSPORT_UDP ? "udp"
+                                                           : "eth";
 
     size_t cap = sizeof(struct token) + (size_t)laps * size + 1;
     unsigned char *out = malloc(cap);
@@ -99,9 +106,9 @@ int main(int argc, char **argv) {
         if (released != 1)
             FAIL("rank %u: released %zu messages, not 1", rank, released);
         if (rank == 0 && lap + 1 == laps) {
-            printf("ring: %u ranks, %u laps, the token came back after %u hops, every hop "
-                   "verified\n",
-                   size, laps, t.hops);
+            printf("ring: %u ranks, %u laps over %s, the token came back after %u hops, "
+                   "every hop verified\n",
+                   size, laps, over, t.hops);
             fflush(stdout);
         }
     }
@@ -117,8 +124,10 @@ int main(int argc, char **argv) {
     if (held != 0)
         FAIL("rank %u: %zu messages still held", rank, held);
     free(out);
-    /* Everyone has read its last token before anyone closes its endpoint. */
-    CHECK(quiver_job_barrier(job));
+    /* Everyone has read its last token before anyone closes its endpoint; meanwhile the
+     * endpoint goes on acknowledging what it received (over UDP its peers wait for that). */
+    const quiver_endpoint *progressing[1] = {ep};
+    CHECK(quiver_job_barrier_progressing(job, progressing, 1));
     CHECK(quiver_endpoint_close(&ep));
     CHECK(quiver_job_free(&job));
     return 0;

@@ -438,10 +438,11 @@ fn hello_under_quiver_run() {
     );
 }
 
-/// The ring's summary line for `n` ranks and `laps` laps.
-fn ring_line(n: u32, laps: u32) -> String {
+/// The ring's summary line for `n` ranks and `laps` laps over `transport`.
+fn ring_line(n: u32, laps: u32, transport: &str) -> String {
     format!(
-        "ring: {n} ranks, {laps} laps, the token came back after {} hops, every hop verified",
+        "ring: {n} ranks, {laps} laps over {transport}, the token came back after {} hops, \
+         every hop verified",
         n * laps
     )
 }
@@ -453,7 +454,21 @@ fn ring_under_quiver_run() {
     let done = quiver_run(inst, 4, &ring, &["20"], &[]).ok("quiver run ring");
     assert_eq!(
         lines_with(&done.stdout, "ring:"),
-        [ring_line(4, 20)],
+        [ring_line(4, 20, "shm")],
+        "{}",
+        done.describe()
+    );
+}
+
+#[test]
+fn ring_over_udp_under_quiver_run() {
+    let Some(inst) = installed() else { return };
+    let ring = compile(inst, "examples/c/ring.c", "ring_udp", Link::Shared);
+    let env = [("QUIVER_TRANSPORT", "udp")];
+    let done = quiver_run(inst, 3, &ring, &["10"], &env).ok("quiver run ring over udp");
+    assert_eq!(
+        lines_with(&done.stdout, "ring:"),
+        [ring_line(3, 10, "udp")],
         "{}",
         done.describe()
     );
@@ -475,7 +490,7 @@ fn ring_linked_statically_under_quiver_run() {
     let done = quiver_run(inst, 3, &ring, &["5"], &[]).ok("quiver run ring (static)");
     assert_eq!(
         lines_with(&done.stdout, "ring:"),
-        [ring_line(3, 5)],
+        [ring_line(3, 5, "shm")],
         "{}",
         done.describe()
     );
@@ -540,7 +555,7 @@ fn ring_under_mpirun() {
     let done = done.ok("mpirun ring");
     assert_eq!(
         lines_with(&done.stdout, "ring:"),
-        [ring_line(3, 10)],
+        [ring_line(3, 10, "shm")],
         "{}",
         done.describe()
     );

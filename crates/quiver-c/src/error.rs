@@ -382,10 +382,13 @@ pub(crate) unsafe fn put_ranks(
 /// Thread safety: any thread, at any time.
 #[no_mangle]
 pub extern "C" fn quiver_strerror(code: c_int) -> *const c_char {
-    let known = quiver_error::ALL.iter().find(|c| **c as c_int == code);
-    known
-        .map_or(c"unknown quiver error code", |c| c.describe())
-        .as_ptr()
+    // Under catch_unwind like every entry point (nothing here is expected to panic).
+    catch_unwind(|| {
+        let known = quiver_error::ALL.iter().find(|c| **c as c_int == code);
+        known.map_or(c"unknown quiver error code", |c| c.describe())
+    })
+    .unwrap_or(c"unknown quiver error code")
+    .as_ptr()
 }
 
 /// The message of the last call on the calling thread that failed (what failed, with
@@ -395,12 +398,16 @@ pub extern "C" fn quiver_strerror(code: c_int) -> *const c_char {
 /// Thread safety: any thread; each thread has its own message.
 #[no_mangle]
 pub extern "C" fn quiver_last_error_message() -> *const c_char {
-    LAST.try_with(|last| match last.try_borrow() {
-        Ok(s) => s.as_ptr(),
-        Err(_) => c"".as_ptr(),
+    // Under catch_unwind like every entry point (nothing here is expected to panic).
+    catch_unwind(|| {
+        LAST.try_with(|last| match last.try_borrow() {
+            Ok(s) => s.as_ptr(),
+            Err(_) => c"".as_ptr(),
+        })
+        // The CString's buffer stays where it is until the next `set_last` on this
+        // thread replaces it.
+        .unwrap_or(c"".as_ptr())
     })
-    // The CString's buffer stays where it is until the next `set_last` on this thread
-    // replaces it.
     .unwrap_or(c"".as_ptr())
 }
 

@@ -39,6 +39,7 @@ pub const QUIVER_VERSION: u32 =
 /// Thread safety: any thread, at any time.
 #[no_mangle]
 pub extern "C" fn quiver_version() -> u32 {
+    // A constant: the one entry point without `catch_unwind`, having nothing to catch.
     QUIVER_VERSION
 }
 

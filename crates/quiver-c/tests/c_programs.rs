@@ -247,6 +247,9 @@ enum Link {
     Shared,
     /// With `libquiver.a` (`pkg-config --static` for what it needs).
     Static,
+    /// With `libquiver.so`, the program built with AddressSanitizer and
+    /// UndefinedBehaviorSanitizer (what the library frees, the C side's memory).
+    Sanitized,
 }
 
 /// Compiles `source` (relative to the repository) into the work directory as `name`,
@@ -266,8 +269,15 @@ fn compile(inst: &Installed, source: &str, name: &str, link: Link) -> PathBuf {
     .arg("-o")
     .arg(&out)
     .args(inst.pkg_config(&["--cflags"]));
+    if link == Link::Sanitized {
+        cc.args([
+            "-g",
+            "-fsanitize=address,undefined",
+            "-fno-omit-frame-pointer",
+        ]);
+    }
     match link {
-        Link::Shared => {
+        Link::Shared | Link::Sanitized => {
             cc.args(inst.pkg_config(&["--libs"]))
                 .arg(format!("-Wl,-rpath,{}", inst.prefix.join("lib").display()));
         }
@@ -602,6 +612,31 @@ fn every_error_path_returns_its_code_outside_a_job() {
     assert!(
         counts.len() == 1 && counts[0] > 100,
         "{counts:?}\n{}",
+        done.describe()
+    );
+}
+
+#[test]
+fn every_error_path_under_the_sanitizers() {
+    let Some(inst) = installed() else { return };
+    let errors = compile(
+        inst,
+        "crates/quiver-c/tests/c/errors.c",
+        "errors_asan",
+        Link::Sanitized,
+    );
+    // The Rust side leaks on purpose at exit (thread-locals, the store's threads).
+    let env = [
+        ("QUIVER_CONNECT_TIMEOUT", "2"),
+        ("QUIVER_MAX_MESSAGE", "65536"),
+        ("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1"),
+        ("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1"),
+    ];
+    let done = quiver_run(inst, 2, &errors, &[], &env).ok("quiver run errors (sanitized)");
+    assert_eq!(checks_passed(&done).len(), 2, "{}", done.describe());
+    assert!(
+        !done.stderr.contains("runtime error"),
+        "{}",
         done.describe()
     );
 }

@@ -55,9 +55,12 @@ fn have(program: &str) -> bool {
 }
 
 /// A command whose environment has no variable that would tell a program it is inside
-/// a job (the test's own, or those of a launcher that started the test).
+/// a job (the test's own, or those of a launcher that started the test), and no
+/// `LD_LIBRARY_PATH` (cargo points it at the build tree, whose `libquiver.so` would
+/// win over the installed one the programs' rpath names).
 fn command(program: impl AsRef<OsStr>) -> Command {
     let mut cmd = Command::new(program);
+    cmd.env_remove("LD_LIBRARY_PATH");
     for (var, _) in std::env::vars_os() {
         let v = var.to_string_lossy();
         if [
@@ -415,7 +418,7 @@ fn the_header_compiles_alone_as_c99_and_as_cpp() {
         .args(inst.pkg_config(&["--cflags", "--libs"]))
         .arg(format!("-Wl,-rpath,{}", inst.prefix.join("lib").display()));
     run(cc).ok("compiling the header as C99");
-    run(Command::new(&out)).ok("the header's version is the library's");
+    run(command(&out)).ok("the header's version is the library's");
     if !have("c++") {
         cannot_run("c++ is not installed (apt-get install g++)");
         return;

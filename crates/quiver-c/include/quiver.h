@@ -201,6 +201,11 @@ typedef enum quiver_error {
    * An error of a kind this version of the C library has no code for yet.
    */
   QUIVER_ERR_OTHER = 30,
+  /**
+   * The launcher's key-value service (PMIx, PMI-2, PMI-1), through which the ranks
+   * of a job started by `mpirun`, `mpiexec` or `srun` find each other, failed.
+   */
+  QUIVER_ERR_LAUNCHER = 31,
 } quiver_error;
 
 /**

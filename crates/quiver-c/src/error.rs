@@ -79,13 +79,16 @@ pub enum quiver_error {
     QUIVER_ERR_IO = 29,
     /// An error of a kind this version of the C library has no code for yet.
     QUIVER_ERR_OTHER = 30,
+    /// The launcher's key-value service (PMIx, PMI-2, PMI-1), through which the ranks
+    /// of a job started by `mpirun`, `mpiexec` or `srun` find each other, failed.
+    QUIVER_ERR_LAUNCHER = 31,
 }
 
 use quiver_error::*;
 
 impl quiver_error {
     /// Every code, for `quiver_strerror` and the tests.
-    pub(crate) const ALL: [quiver_error; 26] = [
+    pub(crate) const ALL: [quiver_error; 27] = [
         QUIVER_OK,
         QUIVER_ERR_NULL,
         QUIVER_ERR_INVALID_ARGUMENT,
@@ -112,6 +115,7 @@ impl quiver_error {
         QUIVER_ERR_CLOSED,
         QUIVER_ERR_IO,
         QUIVER_ERR_OTHER,
+        QUIVER_ERR_LAUNCHER,
     ];
 
     /// The code's description (`quiver_strerror`).
@@ -145,6 +149,7 @@ impl quiver_error {
             QUIVER_ERR_CLOSED => c"the endpoint is closed",
             QUIVER_ERR_IO => c"an operating-system call failed",
             QUIVER_ERR_OTHER => c"an error this version of the C library has no code for",
+            QUIVER_ERR_LAUNCHER => c"the launcher's key-value service (PMIx, PMI) failed",
         }
     }
 
@@ -154,6 +159,7 @@ impl quiver_error {
             Error::MissingEnv { .. } | Error::InvalidEnv { .. } => QUIVER_ERR_ENV,
             Error::Config(_) => QUIVER_ERR_CONFIG,
             Error::Rendezvous { .. } => QUIVER_ERR_RENDEZVOUS,
+            Error::Launcher { .. } => QUIVER_ERR_LAUNCHER,
             Error::MessageTooLarge { .. } => QUIVER_ERR_MESSAGE_TOO_LARGE,
             Error::NoTarget => QUIVER_ERR_NO_TARGET,
             Error::NoSuchRank { .. } => QUIVER_ERR_NO_SUCH_RANK,
@@ -478,7 +484,7 @@ mod tests {
             let s = unsafe { CStr::from_ptr(quiver_strerror(c as c_int)) };
             assert!(seen.insert(s.to_owned()), "{c:?} shares its description");
         }
-        for bad in [-1, 5, 9, 31, 1000, c_int::MIN, c_int::MAX] {
+        for bad in [-1, 5, 9, 32, 1000, c_int::MIN, c_int::MAX] {
             // SAFETY: as above.
             let s = unsafe { CStr::from_ptr(quiver_strerror(bad)) };
             assert_eq!(s, c"unknown quiver error code", "{bad}");
@@ -490,7 +496,7 @@ mod tests {
         // The values are part of the ABI: a change here breaks compiled programs.
         let values: Vec<c_int> = quiver_error::ALL.iter().map(|c| *c as c_int).collect();
         let mut expected = vec![0, 1, 2, 3, 4];
-        expected.extend(10..=30);
+        expected.extend(10..=31);
         assert_eq!(values, expected);
     }
 

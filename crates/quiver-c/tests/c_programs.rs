@@ -2,7 +2,7 @@
 //! (libraries, header, `quiver.pc`, the `quiver` launcher), C programs compiled against
 //! that prefix by the system compiler with `pkg-config --cflags --libs quiver` (once
 //! linked statically), and run as real jobs under the installed `quiver run` and under
-//! Open MPI's `mpirun`: the examples of `examples/c/` (hello, ring, pingpong) and
+//! Open MPI's `mpirun` (with no `QUIVER_*` variable: the ranks meet through PMIx): the examples of `examples/c/` (hello, ring, pingpong) and
 //! `tests/c/errors.c`, which checks that every error path returns its code.
 //!
 //! The install runs cargo once more (`make install` builds the release libraries and the
@@ -316,13 +316,18 @@ fn quiver_run(
     run(cmd)
 }
 
-/// `mpirun` of Open MPI, or why it cannot be used.
+/// `mpirun` of Open MPI (`mpirun.openmpi` first: with MPICH installed too, `mpirun` may
+/// be Hydra's), or why it cannot be used.
 fn open_mpi() -> Result<PathBuf, String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let mpirun = std::env::split_paths(&path)
-        .map(|dir| dir.join("mpirun"))
-        .find(|p| p.is_file())
-        .ok_or("mpirun is not installed (apt-get install openmpi-bin)")?;
+    let mpirun = ["mpirun.openmpi", "mpirun"]
+        .iter()
+        .find_map(|name| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
+        })
+        .ok_or("Open MPI's mpirun is not installed (apt-get install openmpi-bin)")?;
     let out = Command::new(&mpirun)
         .arg("--version")
         .stdin(Stdio::null())
@@ -336,15 +341,9 @@ fn open_mpi() -> Result<PathBuf, String> {
     Ok(mpirun)
 }
 
-/// A TCP port that was free a moment ago.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local address").port()
-}
-
-/// Runs `prog ARGS` as `n` ranks under Open MPI's `mpirun`; `None` (the test skips) when
-/// there is no Open MPI. The ranks meet through a rendezvous store that rank 0 serves
-/// (`QUIVER_RENDEZVOUS`) until quiver speaks mpirun's own PMIx: then the `-x` line goes.
+/// Runs `prog ARGS` as `n` ranks under Open MPI's `mpirun`, with no `QUIVER_*` variable
+/// (the ranks meet through mpirun's PMIx); `None` (the test skips) when there is no
+/// Open MPI.
 fn mpirun(n: u32, prog: &Path, args: &[&str]) -> Option<Finished> {
     let mpi = match open_mpi() {
         Ok(p) => p,
@@ -361,8 +360,6 @@ fn mpirun(n: u32, prog: &Path, args: &[&str]) -> Option<Finished> {
         "-n",
         &n.to_string(),
     ])
-    .arg("-x")
-    .arg(format!("QUIVER_RENDEZVOUS=tcp://127.0.0.1:{}", free_port()))
     .arg(prog)
     .args(args);
     Some(run(cmd))

@@ -187,6 +187,7 @@ static void codes(void) {
         QUIVER_ERR_CLOSED,
         QUIVER_ERR_IO,
         QUIVER_ERR_OTHER,
+        QUIVER_ERR_LAUNCHER,
     };
     size_t n = sizeof all / sizeof all[0];
     const char *unknown = quiver_strerror(-1);

@@ -5,8 +5,8 @@
 //! Open MPI's `mpirun` (with no `QUIVER_*` variable: the ranks meet through PMIx): the examples of `examples/c/` (hello, ring, pingpong) and
 //! `tests/c/errors.c`, which checks that every error path returns its code.
 //!
-//! The install runs cargo once more (`make install` builds the release libraries and the
-//! launcher as a user would); its prefix lives under the target directory
+//! The install runs cargo once more (`make all install` builds the release libraries and
+//! the launcher as a user would); its prefix lives under the target directory
 //! (`<profile>/c-tests`). Without `cc`, `make`, `pkg-config` or `mpirun` a test says
 //! why in one line and passes; under `.ci/run` (`QUIVER_CI` set) it fails instead. Every
 //! job runs under a deadline after which its process group is killed, one at a time.
@@ -191,7 +191,7 @@ fn tools() -> Result<(), String> {
     Ok(())
 }
 
-/// `make install PREFIX=...` once per test run, for the profile and target directory of
+/// `make all install PREFIX=...` once per test run, for the profile and target directory of
 /// this test binary; `None` (the test then skips) when a tool is missing.
 fn installed() -> Option<&'static Installed> {
     static ONCE: OnceLock<Result<Installed, String>> = OnceLock::new();
@@ -217,7 +217,7 @@ fn installed() -> Option<&'static Installed> {
         let mut make = command("make");
         make.arg("-C")
             .arg(repo().join("crates/quiver-c"))
-            .arg("install")
+            .args(["all", "install"])
             .arg(format!("PREFIX={}", prefix.display()))
             .arg(format!("PROFILE={profile}"))
             .arg(format!("TARGET_DIR={}", target.display()))

@@ -357,6 +357,80 @@ fn raw_requests_complete_time_out_and_are_abandoned() {
     }
 }
 
+/// A receive abandoned while its message is in flight, and one whose endpoint is
+/// dropped meanwhile, take no byte afterwards: the buffer, refilled with a sentinel at
+/// once, still holds it after the sender has finished. Same-node pulls with and without
+/// the pull thread (offload engine), and requested bytes over UDP. (Each receive is
+/// posted once a probe saw its message, so that it matches at once and its sender is
+/// answered when it is let go: a receive withdrawn before it matched leaves its sender
+/// waiting, as MPI's would.)
+#[test]
+fn abandoned_and_dropped_receives_take_no_byte_afterwards() {
+    let shm = config(TransportChoice::Auto);
+    // Bytes, and how long the receive runs before it is let go (a same-node pull of
+    // 64 MiB takes about a millisecond here).
+    let us = std::time::Duration::from_micros;
+    for (name, c, n, slice) in [
+        ("shm", shm.clone(), 64 << 20, us(50)),
+        (
+            "shm, pull thread",
+            shm.with_reliability(quiver::ReliabilityMode::Offload),
+            64 << 20,
+            us(300),
+        ),
+        ("udp", config(TransportChoice::Udp), 4 << 20, us(300)),
+    ] {
+        run_ranks(2, c, move |job| {
+            let first = Tagged::open(&job, 49).unwrap();
+            let second = Tagged::open(&job, 50).unwrap();
+            if job.rank() == 0 {
+                let data = pattern(0, 9, n);
+                // Each ends, one way or another, once the receiver let go.
+                let _ = first.send(1, 1, &data);
+                let _ = second.send(1, 2, &data);
+                job.barrier().unwrap();
+            } else {
+                let in_flight = |t: &Tagged, buf: &mut Vec<u8>, tag: u32| {
+                    t.probe(0, tag).unwrap();
+                    // SAFETY: `buf` outlives the request, which the caller abandons or
+                    // drops with its endpoint before touching `buf`.
+                    let r = unsafe { t.irecv_raw(buf.as_mut_ptr(), n, 0, tag) }.unwrap();
+                    for _ in 0..3 {
+                        if let Some(done) = t.wait_raw_within(&r, slice) {
+                            // Over before it could be let go: nothing left to check.
+                            done.unwrap();
+                            return None;
+                        }
+                    }
+                    Some(r)
+                };
+                let mut a = vec![0u8; n];
+                if let Some(r) = in_flight(&first, &mut a, 1) {
+                    first.abandon_raw(r);
+                }
+                a.fill(0xA5);
+                let mut b = vec![0u8; n];
+                if let Some(r) = in_flight(&second, &mut b, 2) {
+                    std::mem::forget(r);
+                }
+                drop(second);
+                b.fill(0xA5);
+                job.barrier().unwrap();
+                // The sender is done; whatever was still under way has had its time.
+                for _ in 0..20 {
+                    first.progress().unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                assert!(
+                    a.iter().all(|&x| x == 0xA5),
+                    "{name}: abandoned, yet written"
+                );
+                assert!(b.iter().all(|&x| x == 0xA5), "{name}: dropped, yet written");
+            }
+        });
+    }
+}
+
 #[test]
 fn probe_reports_without_receiving() {
     run_ranks(2, config(TransportChoice::Udp), |job| {

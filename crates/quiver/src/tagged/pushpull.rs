@@ -864,6 +864,11 @@ impl PushPull {
     pub(super) fn test_op(&self, on: &impl Footing, id: u64) -> Result<bool> {
         self.progress(on)?;
         let st = self.st.borrow();
+        if st.pulls.contains_key(&id) {
+            // The pull thread may still write into the buffer (a receive whose sender
+            // abandoned it meanwhile is done, but not yet its buffer's).
+            return Ok(false);
+        }
         Ok(match st.ops.get(&id) {
             Some(Op::Send(s)) => s.state != SendState::Pending,
             Some(Op::Recv(r)) => matches!(r.state, RecvState::Done(_)),
@@ -899,19 +904,26 @@ impl PushPull {
             if let Some(r) = self.take_if_done(id) {
                 return Some(r);
             }
-            let left = match deadline {
-                None => None,
-                Some(at) => match at.checked_duration_since(std::time::Instant::now()) {
-                    Some(left) if !left.is_zero() => Some(left),
-                    _ => return None,
-                },
-            };
+            // Polled at least once whatever the deadline: a wait of zero still makes
+            // progress, so that polling with it completes the operation.
             let step = match self.poll(on) {
-                Ok(true) => Ok(()),
-                Ok(false) => match self.wait_message(on, left) {
-                    Err(Error::Timeout(_)) => Ok(()),
-                    other => other,
-                },
+                Ok(busy) => {
+                    let left = match deadline {
+                        None => None,
+                        Some(at) => match at.checked_duration_since(std::time::Instant::now()) {
+                            Some(left) if !left.is_zero() => Some(left),
+                            _ => return self.take_if_done(id),
+                        },
+                    };
+                    if busy {
+                        Ok(())
+                    } else {
+                        match self.wait_message(on, left) {
+                            Err(Error::Timeout(_)) => Ok(()),
+                            other => other,
+                        }
+                    }
+                }
                 Err(e) => Err(e),
             };
             if let Err(e) = step {
@@ -948,47 +960,53 @@ impl PushPull {
                 std::thread::yield_now();
             }
         }
-        let station = on.station();
-        let mut st = self.st.borrow_mut();
-        let st = &mut *st;
-        let mut out = self.out.borrow_mut();
-        let peer = |rank| Source {
-            rank,
-            dpid: station.dpid(),
-        };
-        match st.ops.remove(&id) {
-            Some(Op::Recv(r)) => match r.state {
-                RecvState::Posted => {
-                    st.matching.cancel(id);
-                }
-                RecvState::Receiving {
-                    source,
-                    msg,
-                    sender_waits,
-                    ..
-                } => {
-                    st.incoming.remove(&(source, msg));
-                    st.discarding.remove(&(source, msg));
-                    st.to_pull.retain(|job| job.op != id);
-                    if sender_waits && !station.has_failed(source) {
-                        queue(&mut out, &mut st.stats, peer(source), &Msg::Done { msg });
+        {
+            let station = on.station();
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            let mut out = self.out.borrow_mut();
+            let peer = |rank| Source {
+                rank,
+                dpid: station.dpid(),
+            };
+            match st.ops.remove(&id) {
+                Some(Op::Recv(r)) => match r.state {
+                    RecvState::Posted => {
+                        st.matching.cancel(id);
+                    }
+                    RecvState::Receiving {
+                        source,
+                        msg,
+                        sender_waits,
+                        ..
+                    } => {
+                        st.incoming.remove(&(source, msg));
+                        st.discarding.remove(&(source, msg));
+                        st.to_pull.retain(|job| job.op != id);
+                        if sender_waits && !station.has_failed(source) {
+                            queue(&mut out, &mut st.stats, peer(source), &Msg::Done { msg });
+                        }
+                    }
+                    RecvState::Done(_) => {}
+                },
+                Some(Op::Send(s)) if s.state == SendState::Pending => {
+                    st.outgoing.remove(&(s.dest, s.msg));
+                    self.rma.end_split(s.dest, s.msg);
+                    if s.answering {
+                        out.drop_ranges(|key| key == id);
+                    }
+                    if !station.has_failed(s.dest) {
+                        let abandon = Msg::Abandon { msg: s.msg };
+                        queue(&mut out, &mut st.stats, peer(s.dest), &abandon);
                     }
                 }
-                RecvState::Done(_) => {}
-            },
-            Some(Op::Send(s)) if s.state == SendState::Pending => {
-                st.outgoing.remove(&(s.dest, s.msg));
-                self.rma.end_split(s.dest, s.msg);
-                if s.answering {
-                    out.drop_ranges(|key| key == id);
-                }
-                if !station.has_failed(s.dest) {
-                    let abandon = Msg::Abandon { msg: s.msg };
-                    queue(&mut out, &mut st.stats, peer(s.dest), &abandon);
-                }
+                Some(Op::Send(_)) | None => {}
             }
-            Some(Op::Send(_)) | None => {}
         }
+        // The peer waits for the answer queued above: on its way now, as far as the
+        // routes take it, not at the endpoint's next call (which may be long: the
+        // caller may go on with other endpoints). A failure surfaces at the next call.
+        let _ = self.send_outbox(on);
     }
 
     /// Cancels receive `id` if nothing has matched it yet.

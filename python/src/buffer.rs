@@ -30,10 +30,15 @@ impl Buffer {
     #[inline]
     pub fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> PyResult<Buffer> {
         let mut view = Box::new(ffi::Py_buffer::new());
+        let flags = if writable {
+            ffi::PyBUF_STRIDES | ffi::PyBUF_WRITABLE
+        } else {
+            ffi::PyBUF_STRIDES
+        };
         // SAFETY: `obj` is a live object (the GIL is held, we have a `Bound`); `view`
         // points to an empty Py_buffer that PyObject_GetBuffer fills, or leaves unset
         // when it fails (it is then never released).
-        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_STRIDES) };
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
         if rc != 0 {
             let err = PyErr::fetch(obj.py());
             if err.is_instance_of::<PyTypeError>(obj.py()) {
@@ -42,6 +47,15 @@ impl Buffer {
                      memoryview, numpy array), not {}",
                     type_name(obj)
                 )));
+            }
+            if writable {
+                let e = PyBufferError::new_err(format!(
+                    "{what} receives into its buffer, and this {} is read-only (use a \
+                     bytearray or a writable array)",
+                    type_name(obj)
+                ));
+                e.set_cause(obj.py(), Some(err));
+                return Err(e);
             }
             return Err(err);
         }

@@ -119,10 +119,11 @@ def objects(comm):
         assert [comm.recv(0) for _ in range(20)] == list(range(20))
 
 
-def nonblocking(comm):
+def nonblocking(comm, job):
     """Isend/Irecv of arrays and isend/irecv of objects in flight together; waitall,
-    waitany, test; inactive requests; a request keeps its buffer alive; a request dropped
-    while pending still completes."""
+    waitany (also over two endpoints' requests, and over object and buffer receives
+    together), test; inactive requests; a request keeps its buffer alive; a request
+    dropped while pending still completes."""
     me, peer = comm.rank, 1 - comm.rank
     sizes = [0, 3, 5000, 100_000, 3 << 20]
     arrays_out = [array_of(np.int32, n, 1000 + i) for i, n in enumerate(sizes)]
@@ -166,6 +167,23 @@ def nonblocking(comm):
             seen.append((i, obj))
         assert sorted(seen) == [(0, 1), (1, 2), (2, 3)], seen
         assert quiver.Request.Waitany(reqs) == quiver.UNDEFINED
+
+    # waitany over the requests of two endpoints, object and buffer receives together.
+    with job.tagged(12) as other:
+        if me == 0:
+            comm.Recv(bytearray(2), 1, 13)  # rank 1 waits already
+            other.Send(b"second", 1, 1)
+            time.sleep(0.05)
+            comm.send("first", 1, 2)
+        else:
+            b = bytearray(6)
+            reqs = [comm.irecv(0, 2), other.Irecv(b, 0, 1)]
+            comm.Send(b"go", 0, 13)
+            order = [quiver.Request.waitany(reqs) for _ in range(2)]
+            assert order == [(1, None), (0, "first")], order
+            assert b == b"second"
+        comm.Send(b"", peer, 14)  # both are done with `other`
+        comm.Recv(bytearray(), peer, 14)
 
     # A request keeps its buffer alive: the only other reference goes before the data
     # arrives.

@@ -206,7 +206,10 @@ pub struct Orphan {
 impl Inner {
     /// Lets go of the orphans that completed.
     fn reap(&self, t: &Tagged) {
-        let list = std::mem::take(&mut *self.orphans.borrow_mut());
+        let list = match self.orphans.try_borrow_mut() {
+            Ok(mut list) => std::mem::take(&mut *list),
+            Err(_) => return, // a reap under way further up this thread's stack
+        };
         let mut left = Vec::new();
         for o in list {
             match t.test_raw(&o.raw) {
@@ -227,8 +230,8 @@ impl Inner {
         }
     }
 
-    /// Adopts a request dropped while pending; `false` (the caller must then keep its
-    /// memory for ever) when the list is in use.
+    /// Adopts a request dropped while pending; gives it back (the caller must then keep
+    /// its memory for ever) when the list is in use.
     pub fn adopt(&self, o: Orphan) -> Result<(), Orphan> {
         match self.orphans.try_borrow_mut() {
             Ok(mut list) => {
@@ -305,7 +308,7 @@ impl PyTagged {
         let inner = self.inner.get(WHAT)?;
         let guard = inner.t.try_borrow().map_err(|_| busy())?;
         let t = guard.as_ref().ok_or_else(|| errors::closed(WHAT))?;
-        if !inner.orphans.borrow().is_empty() {
+        if inner.orphans.try_borrow().is_ok_and(|o| !o.is_empty()) {
             inner.reap(t);
         }
         f(inner, t)
@@ -643,8 +646,12 @@ impl PyTagged {
         if let Some(t) = t {
             close_tagged(t);
         }
-        let orphans = std::mem::take(&mut *inner.orphans.borrow_mut());
-        drop(orphans);
+        // The endpoint abandoned what they wait for: their memory is free.
+        if let Ok(mut orphans) = inner.orphans.try_borrow_mut() {
+            let gone = std::mem::take(&mut *orphans);
+            drop(orphans);
+            drop(gone);
+        }
         Ok(())
     }
 

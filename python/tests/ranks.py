@@ -13,6 +13,7 @@ import select
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -201,11 +202,18 @@ def nonblocking(comm, job):
         comm.Recv(bytearray(2), 1, 78)
         comm.Send(pattern(77, n), 1, 77)
 
-    # A request dropped while pending completes all the same (its endpoint keeps it).
+    # A request dropped while pending completes all the same (its endpoint keeps it and
+    # its buffer), and a later call lets the buffer go.
     if me == 0:
-        comm.Isend(pattern(88, 4 << 20), 1, tag=88)  # dropped at once
+        payload = pattern(88, 4 << 20)
+        alive = weakref.ref(payload)
+        comm.Isend(payload, 1, tag=88)  # the request is dropped at once
+        del payload
         gc.collect()
+        assert alive() is not None, "the buffer of a pending send was let go"
         comm.Recv(bytearray(2), 1, 89)  # rank 1 received it
+        comm.Iprobe()
+        assert alive() is None, "a completed orphan kept its buffer"
     else:
         got = np.empty(4 << 20, dtype=np.uint8)
         comm.Recv(got, 0, 88)

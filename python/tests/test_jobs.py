@@ -98,4 +98,3 @@ def test_pingpong_under_mpirun():
                  "--warmup", "20", "--json")
     assert job.returncode == 0, job.describe()
     assert job.stdout.count('"bench": "pingpong"') == 2, job.describe()
-    assert "Open MPI" not in job.stderr or "error" not in job.stderr.lower(), job.describe()

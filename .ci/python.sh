@@ -29,7 +29,7 @@ cargo clippy --manifest-path python/Cargo.toml --all-targets --release -- -D war
 venv="$repo/target/python/venv"
 rm -rf "$venv"
 python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check maturin numpy pytest
+"$venv/bin/pip" install -q --disable-pip-version-check maturin numpy pytest mypy
 
 wheels="$repo/target/python/wheels"
 rm -rf "$wheels"

@@ -28,8 +28,27 @@ Every error of the library is a :class:`quiver.Error` (see ``quiver._errors``).
 
 import atexit as _atexit
 
-from ._errors import *  # noqa: F401,F403  (the exception classes)
-from ._errors import __all__ as _error_names
+from ._errors import (
+    Error,
+    ConfigError,
+    RendezvousError,
+    RankError,
+    MessageTooLargeError,
+    NoTargetError,
+    DpidInUseError,
+    PeerNotFoundError,
+    PeerClosedError,
+    PeerFailedError,
+    ChannelError,
+    SharedMemoryError,
+    ProtocolError,
+    TruncatedError,
+    CancelledError,
+    ClosedError,
+    TimeoutError,
+    IoError,
+    ThreadError,
+)
 from ._quiver import (
     ANY_SOURCE,
     ANY_TAG,
@@ -59,4 +78,23 @@ __all__ = [
     "Status",
     "Tagged",
     "__version__",
-] + list(_error_names)
+    "Error",
+    "ConfigError",
+    "RendezvousError",
+    "RankError",
+    "MessageTooLargeError",
+    "NoTargetError",
+    "DpidInUseError",
+    "PeerNotFoundError",
+    "PeerClosedError",
+    "PeerFailedError",
+    "ChannelError",
+    "SharedMemoryError",
+    "ProtocolError",
+    "TruncatedError",
+    "CancelledError",
+    "ClosedError",
+    "TimeoutError",
+    "IoError",
+    "ThreadError",
+]

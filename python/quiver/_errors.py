@@ -90,8 +90,27 @@ class ThreadError(Error):
     opened it. Open one endpoint per thread (each with its own DPID)."""
 
 
-__all__ = [name for name, value in globals().items()
-           if isinstance(value, type) and issubclass(value, Error)]
+__all__ = [
+    "Error",
+    "ConfigError",
+    "RendezvousError",
+    "RankError",
+    "MessageTooLargeError",
+    "NoTargetError",
+    "DpidInUseError",
+    "PeerNotFoundError",
+    "PeerClosedError",
+    "PeerFailedError",
+    "ChannelError",
+    "SharedMemoryError",
+    "ProtocolError",
+    "TruncatedError",
+    "CancelledError",
+    "ClosedError",
+    "TimeoutError",
+    "IoError",
+    "ThreadError",
+]
 
 # Shown as quiver.Error, quiver.TruncatedError... (the package re-exports them).
 for _name in __all__:

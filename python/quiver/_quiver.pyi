@@ -1,22 +1,37 @@
 """Type stubs of the extension module (re-exported by ``quiver``)."""
 
+import sys
 from types import TracebackType
-from typing import Any, Iterable, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Iterable, Literal, Optional, Sequence, Tuple, Type, final
 
-try:
-    from collections.abc import Buffer as _Buffer  # Python 3.12+
-except ImportError:  # pragma: no cover
-    _Buffer = Any  # type: ignore[misc,assignment]
+# A buffer: any object with the buffer protocol (``bytes``, ``bytearray``,
+# ``memoryview``, numpy arrays...), contiguous, writable to receive into. Before Python
+# 3.12 numpy's stubs do not declare ``__buffer__``, so anything is accepted there.
+if sys.version_info >= (3, 12):
+    from collections.abc import Buffer as _Buffer
+else:
+    _Buffer = Any
 
-#: Any object with the buffer protocol: ``bytes``, ``bytearray``, ``memoryview``, numpy
-#: arrays... (contiguous; writable to receive into).
-BufferLike = Union[_Buffer, bytes, bytearray, memoryview]
+__all__ = [
+    "Job",
+    "Endpoint",
+    "Source",
+    "Tagged",
+    "Status",
+    "Request",
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "UNDEFINED",
+    "__version__",
+    "_close_all",
+]
 
 ANY_SOURCE: int
 ANY_TAG: int
 UNDEFINED: int
 __version__: str
 
+@final
 class Job:
     """The process's membership in a job."""
 
@@ -39,17 +54,19 @@ class Job:
     def open(self, dpid: int) -> Endpoint: ...
     def tagged(self, dpid: int) -> Tagged: ...
 
+@final
 class Source:
     """The sender of a message an endpoint read."""
 
-    def __init__(self, rank: int, dpid: int) -> None: ...
+    def __new__(cls, rank: int, dpid: int) -> Source: ...
     @property
     def rank(self) -> int: ...
     @property
     def dpid(self) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class Endpoint:
     """A Directed Point endpoint, used by the thread that opened it."""
 
@@ -63,7 +80,7 @@ class Endpoint:
     def fd(self) -> int: ...
     def target(self, nid: int, dpid: int) -> None: ...
     def target_rank(self, rank: int) -> None: ...
-    def write(self, buf: BufferLike) -> None: ...
+    def write(self, buf: _Buffer) -> None: ...
     def read(self, timeout: Optional[float] = None) -> Tuple[bytes, Source]: ...
     def try_read(self) -> Optional[Tuple[bytes, Source]]: ...
     def progress(self) -> None: ...
@@ -79,6 +96,7 @@ class Endpoint:
         tb: Optional[TracebackType],
     ) -> Literal[False]: ...
 
+@final
 class Status:
     """What a receive or probe found: source, tag, count (bytes), cancelled."""
 
@@ -92,6 +110,7 @@ class Status:
     def Get_count(self) -> int: ...
     def Is_cancelled(self) -> bool: ...
 
+@final
 class Request:
     """A non-blocking operation of a tagged endpoint."""
 
@@ -118,10 +137,11 @@ class Request:
         requests: Sequence[Request], status: Optional[Status] = None
     ) -> Tuple[int, Any]: ...
 
+@final
 class Tagged:
     """A tagged endpoint, used by the thread that opened it."""
 
-    def __init__(self, job: Job, dpid: int) -> None: ...
+    def __new__(cls, job: Job, dpid: int) -> Tagged: ...
     @property
     def rank(self) -> int: ...
     @property
@@ -132,16 +152,16 @@ class Tagged:
     def closed(self) -> bool: ...
     def Get_rank(self) -> int: ...
     def Get_size(self) -> int: ...
-    def Send(self, buf: BufferLike, dest: int, tag: int = 0) -> None: ...
+    def Send(self, buf: _Buffer, dest: int, tag: int = 0) -> None: ...
     def Recv(
         self,
-        buf: BufferLike,
+        buf: _Buffer,
         source: int = ANY_SOURCE,
         tag: int = ANY_TAG,
         status: Optional[Status] = None,
     ) -> None: ...
-    def Isend(self, buf: BufferLike, dest: int, tag: int = 0) -> Request: ...
-    def Irecv(self, buf: BufferLike, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request: ...
+    def Isend(self, buf: _Buffer, dest: int, tag: int = 0) -> Request: ...
+    def Irecv(self, buf: _Buffer, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request: ...
     def Probe(
         self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None
     ) -> Status: ...

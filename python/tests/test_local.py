@@ -32,6 +32,10 @@ def test_exception_hierarchy():
     assert issubclass(quiver.RankError, ValueError)
     assert issubclass(quiver.IoError, OSError)
     assert not issubclass(quiver.Error, (ValueError, OSError))
+    # Every class of quiver._errors is listed, and re-exported.
+    defined = {n for n, v in vars(quiver._errors).items()
+               if isinstance(v, type) and issubclass(v, quiver.Error)}
+    assert defined == set(quiver._errors.__all__) <= set(quiver.__all__)
 
 
 def test_status():

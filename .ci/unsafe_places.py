@@ -5,8 +5,10 @@ The list is the one between `<!-- unsafe:begin -->` and `<!-- unsafe:end -->`: a
 `crate-name: ...` names that crate's modules (in backquotes, `a::b` for a nested one);
 text in parentheses is commentary, whatever it quotes. A source file may use `unsafe`
 when its module is a listed one or lies inside one. Comments and string literals do not
-count. Checked: every `src/` tree of the workspace's crates. Not checked: integration
-tests, benchmarks and fuzz targets (they set up what they exercise).
+count. Checked: every `src/` tree of the workspace's crates (named by their folder under
+`crates/`), and `python/src` (the Python package's crate, outside the workspace, named
+`python`). Not checked: integration tests, benchmarks and fuzz targets (they set up what
+they exercise).
 
 Usage: python3 .ci/unsafe_places.py [REPO]      (exit 1 and one line per file)
        python3 .ci/unsafe_places.py --self-test (checks that the checker bites)
@@ -59,8 +61,9 @@ def check(repo):
     places = read_places(os.path.join(repo, "docs", "ARCHITECTURE.md"))
     found = []
     crates = os.path.join(repo, "crates")
-    for crate in sorted(os.listdir(crates)):
-        src = os.path.join(crates, crate, "src")
+    roots = [(crate, os.path.join(crates, crate, "src")) for crate in sorted(os.listdir(crates))]
+    roots.append(("python", os.path.join(repo, "python", "src")))
+    for crate, src in roots:
         if not os.path.isdir(src):
             continue
         allowed = [p.split("::") for p in places.get(crate, ())]
@@ -101,6 +104,14 @@ def self_test():
             os.makedirs(os.path.dirname(os.path.join(src, name)), exist_ok=True)
             open(os.path.join(src, name), "w").write(text)
         assert check(repo) == [], check(repo)
+        # python/src is checked too, under the name `python`.
+        py = os.path.join(repo, "python", "src")
+        os.makedirs(py)
+        open(os.path.join(py, "lib.rs"), "w").write("mod ffi;\n")
+        open(os.path.join(py, "ffi.rs"), "w").write("fn f() { unsafe { g() } }\n")
+        found = check(repo)
+        assert len(found) == 1 and "python's ffi" in found[0], found
+        os.remove(os.path.join(py, "ffi.rs"))
         for name, text in [
             ("high.rs", "fn h() { unsafe { x() } }\n"),
             ("mid/mod.rs", "unsafe impl Send for X {}\n"),

@@ -449,6 +449,51 @@ fn probe_reports_without_receiving() {
     });
 }
 
+/// The bounded waits of the bindings: a probe and a wait for any of several requests
+/// that find nothing within their limit say so and leave everything pending; once the
+/// message is there they report it.
+#[test]
+fn bounded_probe_and_wait_any() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let t = Tagged::open(&job, 49).unwrap();
+        let short = std::time::Duration::from_millis(20);
+        if job.rank() == 0 {
+            let mut go = [0u8; 2];
+            t.recv(&mut go, 1, 0).unwrap();
+            t.send(1, 5, &pattern(0, 5, 700)).unwrap();
+            t.send(1, 6, &pattern(0, 6, 9)).unwrap();
+        } else {
+            assert_eq!(t.probe_within(0, 5, short).unwrap(), None);
+            let mut a = vec![0u8; 9];
+            let mut b = vec![0u8; 9];
+            // SAFETY: `a` and `b` outlive their requests, which are waited for below.
+            let ra = unsafe { t.irecv_raw(a.as_mut_ptr(), a.len(), 0, 6) }.unwrap();
+            // SAFETY: as above.
+            let rb = unsafe { t.irecv_raw(b.as_mut_ptr(), b.len(), 0, 7) }.unwrap();
+            assert!(t.wait_any_raw_within(&[&ra, &rb], short).unwrap().is_none());
+            t.send(0, 0, b"go").unwrap();
+            let st = loop {
+                if let Some(st) = t.probe_within(Src::Any, 5, short).unwrap() {
+                    break st;
+                }
+            };
+            assert_eq!((st.peer, st.tag, st.len), (0, 5, 700));
+            let (i, r) = loop {
+                if let Some(done) = t.wait_any_raw_within(&[&ra, &rb], short).unwrap() {
+                    break done;
+                }
+            };
+            assert_eq!((i, r.unwrap().len), (0, 9));
+            assert!(a == pattern(0, 6, 9));
+            assert!(t.cancel_raw(&rb));
+            assert!(matches!(t.wait_raw(rb), Err(Error::Cancelled)));
+            let mut c = vec![0u8; 700];
+            t.recv(&mut c, 0, 5).unwrap();
+            assert!(c == pattern(0, 5, 700));
+        }
+    });
+}
+
 /// A receiver that starts late and reads slowly loses nothing: pushes wait in the pushed
 /// buffer, and a sender whose channel is full waits.
 #[test]

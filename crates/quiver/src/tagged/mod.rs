@@ -285,12 +285,37 @@ impl Tagged {
 
     /// Waits for a message that matches and returns its status without receiving it.
     pub fn probe(&self, src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Status> {
-        let (src, tag) = (src.into(), tag.into());
+        match self.probe_until(src.into(), tag.into(), None)? {
+            Some(s) => Ok(s),
+            None => unreachable!("a probe without a deadline returns only with a status"),
+        }
+    }
+
+    /// Like [`Tagged::probe`], waiting at most `limit`: `None` if no message matched by
+    /// then. Lets a binding check for interrupts while it waits.
+    pub fn probe_within(
+        &self,
+        src: impl Into<Src>,
+        tag: impl Into<Tag>,
+        limit: Duration,
+    ) -> Result<Option<Status>> {
+        let deadline = Instant::now().checked_add(limit);
+        self.probe_until(src.into(), tag.into(), deadline)
+    }
+
+    fn probe_until(&self, src: Src, tag: Tag, deadline: Option<Instant>) -> Result<Option<Status>> {
         loop {
             if let Some(s) = self.iprobe(src, tag)? {
-                return Ok(s);
+                return Ok(Some(s));
             }
-            self.pp.wait_message(&self.ep, None)?;
+            let left = match left_until(deadline) {
+                Ok(left) => left,
+                Err(Passed) => return Ok(None),
+            };
+            match self.pp.wait_message(&self.ep, left) {
+                Ok(()) | Err(Error::Timeout(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -427,6 +452,20 @@ impl Tagged {
         self.wait_any_id(&ids)
     }
 
+    /// Like [`Tagged::wait_any_raw`], waiting at most `limit`: `None` if none of `reqs`
+    /// completed by then (they all stay pending).
+    pub fn wait_any_raw_within(
+        &self,
+        reqs: &[&RawRequest],
+        limit: Duration,
+    ) -> Result<Option<(usize, Result<Status>)>> {
+        let ids = reqs
+            .iter()
+            .map(|r| self.own(r))
+            .collect::<Result<Vec<u64>>>()?;
+        self.wait_any_until(&ids, Instant::now().checked_add(limit))
+    }
+
     /// Cancels a receive that no message has matched yet; returns whether it did
     /// (waiting for it then gives [`Error::Cancelled`]).
     pub fn cancel_raw(&self, req: &RawRequest) -> bool {
@@ -445,6 +484,17 @@ impl Tagged {
     }
 
     fn wait_any_id(&self, ids: &[u64]) -> Result<(usize, Result<Status>)> {
+        match self.wait_any_until(ids, None)? {
+            Some(done) => Ok(done),
+            None => unreachable!("a wait without a deadline returns only when one is done"),
+        }
+    }
+
+    fn wait_any_until(
+        &self,
+        ids: &[u64],
+        deadline: Option<Instant>,
+    ) -> Result<Option<(usize, Result<Status>)>> {
         if ids.is_empty() {
             return Err(Error::Config("wait_any on no requests".into()));
         }
@@ -452,11 +502,32 @@ impl Tagged {
             while self.pp.poll(&self.ep)? {}
             for (i, &id) in ids.iter().enumerate() {
                 if let Some(r) = self.pp.take_if_done(id) {
-                    return Ok((i, r));
+                    return Ok(Some((i, r)));
                 }
             }
-            self.pp.wait_message(&self.ep, None)?;
+            let left = match left_until(deadline) {
+                Ok(left) => left,
+                Err(Passed) => return Ok(None),
+            };
+            match self.pp.wait_message(&self.ep, left) {
+                Ok(()) | Err(Error::Timeout(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
+    }
+}
+
+/// A deadline that has passed.
+struct Passed;
+
+/// The time left until `deadline` (`None`: no deadline, wait as long as it takes).
+fn left_until(deadline: Option<Instant>) -> std::result::Result<Option<Duration>, Passed> {
+    match deadline {
+        None => Ok(None),
+        Some(at) => match at.checked_duration_since(Instant::now()) {
+            Some(left) if !left.is_zero() => Ok(Some(left)),
+            _ => Err(Passed),
+        },
     }
 }
 

@@ -1,0 +1,100 @@
+"""quiver for Python: the ranks of a job, Directed Point endpoints, and tagged send and
+receive with mpi4py's names.
+
+Started as a job (``quiver run -n 2 python3 prog.py``, or ``mpirun -n 2 python3 prog.py``)::
+
+    import numpy as np
+    import quiver
+
+    job = quiver.Job.from_env()
+    with job.tagged(1) as comm:              # every rank opens the same DPID
+        if comm.rank == 0:
+            comm.Send(np.arange(10.0), dest=1, tag=7)
+            comm.send({"any": "picklable"}, dest=1)
+        else:
+            a = np.empty(10)
+            comm.Recv(a, source=0, tag=7)    # received in place, no copy in Python
+            obj = comm.recv(source=0)
+
+Upper-case calls (``Send``, ``Recv``, ``Isend``, ``Irecv``, ``Probe``, ``Iprobe``) move
+the bytes of any contiguous object with the buffer protocol (numpy arrays, ``bytearray``,
+``memoryview``, ``bytes`` for sending) where they lie; lower-case ones (``send``,
+``recv``, ``isend``, ``irecv``) pickle. Blocking calls release the GIL and answer Ctrl-C
+(``KeyboardInterrupt``; the interrupted operation is abandoned first). An endpoint, and
+its requests, belong to the thread that opened it (``ThreadError`` elsewhere).
+
+Every error of the library is a :class:`quiver.Error` (see ``quiver._errors``).
+"""
+
+import atexit as _atexit
+
+from ._errors import (
+    Error,
+    ConfigError,
+    RendezvousError,
+    RankError,
+    MessageTooLargeError,
+    NoTargetError,
+    DpidInUseError,
+    PeerNotFoundError,
+    PeerClosedError,
+    PeerFailedError,
+    ChannelError,
+    SharedMemoryError,
+    ProtocolError,
+    TruncatedError,
+    CancelledError,
+    ClosedError,
+    TimeoutError,
+    IoError,
+    ThreadError,
+)
+from ._quiver import (
+    ANY_SOURCE,
+    ANY_TAG,
+    UNDEFINED,
+    Endpoint,
+    Job,
+    Request,
+    Source,
+    Status,
+    Tagged,
+    __version__,
+    _close_all,
+)
+
+# Endpoints still open when the interpreter exits are closed (a tagged endpoint's close
+# sends the answers its peers may still wait for).
+_atexit.register(_close_all)
+
+__all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "UNDEFINED",
+    "Endpoint",
+    "Job",
+    "Request",
+    "Source",
+    "Status",
+    "Tagged",
+    "__version__",
+    "Error",
+    "ConfigError",
+    "RendezvousError",
+    "RankError",
+    "MessageTooLargeError",
+    "NoTargetError",
+    "DpidInUseError",
+    "PeerNotFoundError",
+    "PeerClosedError",
+    "PeerFailedError",
+    "ChannelError",
+    "SharedMemoryError",
+    "ProtocolError",
+    "TruncatedError",
+    "CancelledError",
+    "ClosedError",
+    "TimeoutError",
+    "IoError",
+    "ThreadError",
+]

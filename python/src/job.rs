@@ -1,0 +1,98 @@
+//! `quiver.Job`: the process's place in its job (rank, size, node), its barrier, and
+//! where endpoints are opened.
+
+use pyo3::prelude::*;
+
+use crate::endpoint::PyEndpoint;
+use crate::errors::IntoPy;
+use crate::tagged::PyTagged;
+use crate::wait::on_helper_thread;
+
+/// The process's membership in a job (``quiver.Job.from_env()``).
+#[pyclass(module = "quiver", name = "Job", frozen)]
+pub struct PyJob {
+    pub job: quiver::Job,
+}
+
+#[pymethods]
+impl PyJob {
+    /// Joins the job this process was started in: by ``quiver run``, Open MPI's
+    /// ``mpirun``, MPICH's Hydra or Slurm, configured by the ``QUIVER_*`` variables.
+    /// Waits (interruptible) for the rendezvous store.
+    #[staticmethod]
+    fn from_env(py: Python<'_>) -> PyResult<PyJob> {
+        let job = on_helper_thread(py, "Job.from_env", quiver::Job::from_env)?.py()?;
+        Ok(PyJob { job })
+    }
+
+    /// This process's rank, ``0 .. size-1``.
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.job.rank()
+    }
+
+    /// Number of ranks in the job.
+    #[getter]
+    fn size(&self) -> u32 {
+        self.job.size()
+    }
+
+    /// This rank's node id.
+    #[getter]
+    fn nid(&self) -> u32 {
+        self.job.nid()
+    }
+
+    /// The job's id (shared by its ranks).
+    #[getter]
+    fn job_id(&self) -> u32 {
+        self.job.job_id()
+    }
+
+    /// Number of nodes the job spans.
+    #[getter]
+    fn node_count(&self) -> usize {
+        self.job.node_count()
+    }
+
+    /// What started the job (``"quiver run"``, ``"Open MPI (mpirun)"``, ...).
+    #[getter]
+    fn launcher(&self) -> String {
+        self.job.launcher().to_string()
+    }
+
+    /// The node id of ``rank``.
+    fn nid_of(&self, rank: u32) -> PyResult<u32> {
+        self.job.nid_of(rank).py()
+    }
+
+    /// Waits until every rank has called ``barrier`` as often (through the rendezvous
+    /// store: for set-up, not for speed). Ctrl-C interrupts the wait (the job's barriers
+    /// are then out of step: end the job).
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        let job = self.job.clone();
+        on_helper_thread(py, "Job.barrier", move || job.barrier())?.py()
+    }
+
+    /// Opens the Directed Point endpoint ``dpid`` of this rank (a DPID is open once per
+    /// rank at a time). The endpoint belongs to the calling thread.
+    fn open(&self, py: Python<'_>, dpid: u16) -> PyResult<Py<PyEndpoint>> {
+        PyEndpoint::open(py, &self.job, dpid)
+    }
+
+    /// Opens the tagged endpoint ``dpid`` (every rank opens the same DPID); the same as
+    /// ``quiver.Tagged(job, dpid)``. It belongs to the calling thread.
+    fn tagged(&self, py: Python<'_>, dpid: u16) -> PyResult<Py<PyTagged>> {
+        PyTagged::open(py, &self.job, dpid)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Job(rank={}, size={}, nid={}, launcher={:?})",
+            self.job.rank(),
+            self.job.size(),
+            self.job.nid(),
+            self.job.launcher().to_string()
+        )
+    }
+}

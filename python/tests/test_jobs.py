@@ -1,0 +1,100 @@
+"""The Python package in real jobs: two ranks started by ``quiver run`` (and Open MPI's
+``mpirun``) run the scenarios of ``ranks.py``, which check every byte they receive; the
+tests here check that each rank passed, and drive what needs an outside hand (Ctrl-C).
+"""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from conftest import EXAMPLES, RANKS, Streaming, mpirun, quiver_run
+
+
+@pytest.mark.parametrize("transport", ["shm", "shm-no-cma", "udp"])
+def test_arrays_of_every_dtype_and_size(transport):
+    """numpy arrays of 8 dtypes, 0 B to 6 MiB, both directions, byte for byte, over
+    shared memory (pulled by cross-memory attach or by request) and UDP."""
+    env = {"shm": {}, "shm-no-cma": {"QUIVER_CMA": "off"},
+           "udp": {"QUIVER_TRANSPORT": "udp"}}[transport]
+    quiver_run(2, RANKS, "arrays", env=env).expect_pass(["arrays"])
+
+
+def test_pickled_objects():
+    quiver_run(2, RANKS, "objects").expect_pass(["objects"])
+
+
+def test_nonblocking_requests():
+    quiver_run(2, RANKS, "nonblocking").expect_pass(["nonblocking"])
+
+
+def test_probe():
+    quiver_run(2, RANKS, "probe").expect_pass(["probe"])
+
+
+def test_cancel():
+    quiver_run(2, RANKS, "cancel").expect_pass(["cancel"])
+
+
+def test_errors_are_typed():
+    quiver_run(2, RANKS, "errors").expect_pass(["errors"])
+
+
+def test_endpoint_api():
+    quiver_run(2, RANKS, "endpoint").expect_pass(["endpoint"])
+
+
+def test_blocking_calls_release_the_gil():
+    quiver_run(2, RANKS, "threads").expect_pass(["threads"])
+
+
+def test_ctrl_c_interrupts_blocking_calls():
+    """SIGINT to a rank blocked in Recv, Probe and Request.wait raises KeyboardInterrupt
+    within a second each (the wait's slice is 50 ms); the rank then goes on using its
+    endpoint, and the abandoned receive never wrote its buffer (checked by the rank)."""
+    job = Streaming(2, RANKS, "interrupt")
+    try:
+        for what in ("Recv", "Probe", "wait"):
+            line, _ = job.wait_for(f"BLOCKED {what} ")
+            pid = int(re.search(r"pid=(\d+)", line).group(1))
+            time.sleep(0.3)  # well inside the call by now
+            sent = time.monotonic()
+            os.kill(pid, signal.SIGINT)
+            _, seen = job.wait_for(f"INTERRUPTED {what} ")
+            assert seen - sent < 1.0, f"{what}: KeyboardInterrupt after {seen - sent:.3f} s"
+        done = job.finish()
+    finally:
+        job.kill()
+    done.expect_pass(["interrupt"])
+
+
+def test_hello_example():
+    job = quiver_run(3, EXAMPLES / "hello.py")
+    assert job.returncode == 0, job.describe()
+    for r in range(3):
+        assert f"hello from rank {r} of 3" in job.stdout, job.describe()
+    assert "the greeting came back through [0, 1, 2]" in job.stdout, job.describe()
+
+
+def test_pingpong_example():
+    job = quiver_run(2, EXAMPLES / "pingpong.py", "--sizes", "0,8,1K,1M", "--iters", "200",
+                     "--warmup", "20")
+    assert job.returncode == 0, job.describe()
+    rows = re.findall(r"^\[0\]\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s*$", job.stdout, re.M)
+    assert [int(r[0]) for r in rows] == [0, 8, 1024, 1 << 20], job.describe()
+    assert all(0 < float(r[2]) <= float(r[1]) for r in rows), job.describe()
+
+
+def test_under_mpirun():
+    """The same scenarios under Open MPI's mpirun."""
+    job = mpirun(2, RANKS, "arrays", "objects", "nonblocking", "probe")
+    job.expect_pass(["arrays", "objects", "nonblocking", "probe"])
+
+
+def test_pingpong_under_mpirun():
+    job = mpirun(2, EXAMPLES / "pingpong.py", "--sizes", "8,64K", "--iters", "200",
+                 "--warmup", "20", "--json")
+    assert job.returncode == 0, job.describe()
+    assert job.stdout.count('"bench": "pingpong"') == 2, job.describe()

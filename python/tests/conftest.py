@@ -1,12 +1,12 @@
 """What the Python tests share: starting real jobs (``quiver run``, Open MPI's
-``mpirun``) under a deadline, and the rule for tests that need a tool this machine may
+``mpirun``, MPICH's ``mpiexec.hydra``, ``srun`` on a Slurm of the session's own) under a
+deadline, and the rule for tests that need a tool this machine may
 lack (skip with one line saying why; fail instead under CI, ``QUIVER_CI`` set).
 """
 
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +22,9 @@ EXAMPLES = REPO / "examples" / "python"
 #: Deadline of one job on a loaded two-core machine.
 LIMIT = 240
 
-#: Variables of the test's own environment that would change what a job does.
-CLEAN_ENV = [
-    "QUIVER_RANK", "QUIVER_SIZE", "QUIVER_LOCAL_RANK", "QUIVER_LOCAL_SIZE",
-    "QUIVER_JOB_ID", "QUIVER_JOB_TOKEN", "QUIVER_RENDEZVOUS", "QUIVER_TRANSPORT",
-    "QUIVER_WAIT", "QUIVER_NODE", "QUIVER_ADDR", "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
-]
+#: Prefixes of the test's own environment variables that would change what a job does
+#: (its configuration, or a launcher's variables that would make it think it is a rank).
+CLEAN_PREFIXES = ("QUIVER_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "MPI_LOCAL")
 
 
 def cannot_run(why):
@@ -50,7 +46,7 @@ def quiver_bin():
 
 
 def environment(extra=None):
-    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(CLEAN_PREFIXES)}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -95,15 +91,10 @@ def quiver_run(n, program, *args, env=None, limit=LIMIT):
     return run(argv, env, limit)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def open_mpi():
-    """Open MPI's `mpirun`, or why it cannot be used."""
-    mpirun = shutil.which("mpirun")
+    """Open MPI's `mpirun`, or why it cannot be used (`mpirun.openmpi` first: with MPICH
+    installed too, `mpirun` may be Hydra's)."""
+    mpirun = shutil.which("mpirun.openmpi") or shutil.which("mpirun")
     if not mpirun:
         return None, "mpirun is not installed (install openmpi-bin)"
     out = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
@@ -114,18 +105,47 @@ def open_mpi():
 
 
 def mpirun(n, program, *args, limit=LIMIT):
-    """`mpirun -n N python3 PROGRAM ARGS` as a user starts it today. Until quiver finds
-    Open MPI's PMIx service by itself, the job gets a rendezvous address (rank 0 serves
-    the store), as crates/quiver-cli/tests/jobs.rs does: this helper is the one place
-    to drop that once it does."""
+    """`mpirun -n N python3 PROGRAM ARGS` as a user starts it: no QUIVER_* variable, the
+    ranks meet through Open MPI's PMIx service."""
     path, why = open_mpi()
     if path is None:
         cannot_run(why)
     argv = [path, "--allow-run-as-root", "--oversubscribe", "-n", str(n),
-            "-x", f"QUIVER_RENDEZVOUS=tcp://127.0.0.1:{free_port()}",
             "-x", "PYTHONUNBUFFERED=1",
             sys.executable, str(program), *map(str, args)]
     return run(argv, None, limit)
+
+
+def mpiexec_hydra(n, program, *args, limit=LIMIT):
+    """`mpiexec.hydra -n N python3 PROGRAM ARGS` (MPICH): the ranks meet through PMI."""
+    path = shutil.which("mpiexec.hydra")
+    if path is None:
+        cannot_run("MPICH's mpiexec.hydra is not installed (install mpich)")
+    return run([path, "-n", str(n), sys.executable, str(program), *map(str, args)], None,
+               limit)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """A single-node Slurm of the session's own (tests/slurm-single-node.sh); yields a
+    function that runs `srun --mpi=MPI -n N python3 PROGRAM ARGS`."""
+    if os.geteuid() != 0:
+        cannot_run("starting a Slurm of the test's own needs root")
+    script = REPO / "tests" / "slurm-single-node.sh"
+    d = tmp_path_factory.mktemp("slurm") / "node"
+    out = subprocess.run([str(script), "start", str(d)], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        cannot_run(f"no Slurm for the test: {out.stderr.strip()}")
+    conf = out.stdout.strip()
+
+    def srun(mpi, n, program, *args, limit=LIMIT):
+        argv = [shutil.which("srun") or "srun", f"--mpi={mpi}", "-n", str(n),
+                sys.executable, str(program), *map(str, args)]
+        return run(argv, {"SLURM_CONF": conf}, limit)
+
+    yield srun
+    subprocess.run([str(script), "stop", str(d)], stdin=subprocess.DEVNULL)
 
 
 class Streaming:

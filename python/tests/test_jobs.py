@@ -1,4 +1,4 @@
-"""The Python package in real jobs: two ranks started by ``quiver run`` (and Open MPI's
+"""The Python package in real jobs: two ranks started by ``quiver run`` (and by Open MPI's
 ``mpirun``) run the scenarios of ``ranks.py``, which check every byte they receive; the
 tests here check that each rank passed, and drive what needs an outside hand (Ctrl-C).
 """
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import EXAMPLES, RANKS, Streaming, mpirun, quiver_run
+from conftest import EXAMPLES, RANKS, Streaming, mpiexec_hydra, mpirun, quiver_run
 
 
 @pytest.mark.parametrize("transport", ["shm", "shm-no-cma", "udp"])
@@ -93,8 +93,26 @@ def test_under_mpirun():
     job.expect_pass(["arrays", "objects", "nonblocking", "probe"])
 
 
-def test_pingpong_under_mpirun():
-    job = mpirun(2, EXAMPLES / "pingpong.py", "--sizes", "8,64K", "--iters", "200",
-                 "--warmup", "20", "--json")
+PINGPONG = (EXAMPLES / "pingpong.py", "--sizes", "8,64K", "--iters", "200", "--warmup",
+            "20", "--json")
+
+
+def pingpong_ran(job):
     assert job.returncode == 0, job.describe()
     assert job.stdout.count('"bench": "pingpong"') == 2, job.describe()
+
+
+def test_pingpong_under_mpirun():
+    """`mpirun -n 2 python3 examples/python/pingpong.py` with no configuration (PMIx)."""
+    pingpong_ran(mpirun(2, *PINGPONG))
+
+
+def test_pingpong_under_mpiexec_hydra():
+    """The same under MPICH's Hydra (PMI-2)."""
+    pingpong_ran(mpiexec_hydra(2, *PINGPONG))
+
+
+@pytest.mark.parametrize("mpi", ["pmix", "pmi2"])
+def test_pingpong_under_srun(slurm, mpi):
+    """The same under `srun --mpi=pmix` and `--mpi=pmi2`."""
+    pingpong_ran(slurm(mpi, 2, *PINGPONG))

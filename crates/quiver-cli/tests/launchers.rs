@@ -10,8 +10,8 @@ mod common;
 
 use common::jobs::{command, run_limited, serial, summary, Finished};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const QUIVER: &str = env!("CARGO_BIN_EXE_quiver");
 
@@ -221,185 +221,46 @@ fn mpiexec_hydra_without_configuration_meets_through_pmi() {
 // Slurm (PMIx, PMI-2)
 // ---------------------------------------------------------------------------------------
 
-/// A single-node Slurm of the test's own: munged, slurmctld and slurmd, stopped (and
-/// their directory removed) when dropped.
+/// A single-node Slurm of the test's own (`tests/slurm-single-node.sh`: munged,
+/// slurmctld and slurmd in a directory of their own, on free ports), stopped and removed
+/// when dropped.
 struct Slurm {
     dir: PathBuf,
     conf: PathBuf,
-    daemons: Vec<Child>,
 }
 
 impl Slurm {
+    fn script() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/slurm-single-node.sh")
+    }
+
     fn start() -> Result<Slurm, String> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err("starting a Slurm of the test's own needs root".into());
         }
-        let tool = |n: &str| {
-            find(&[n]).ok_or(format!(
-                "{n} is not installed (install slurmd, slurmctld, slurm-client and munge)"
-            ))
-        };
-        let (munged, slurmctld, slurmd) = (tool("munged")?, tool("slurmctld")?, tool("slurmd")?);
-        tool("srun")?;
-        let dir = std::env::temp_dir().join(format!("quiver-slurm-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        for sub in ["spool", "state", "log"] {
-            std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
-        }
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| e.to_string())?;
-        let key = dir.join("munge.key");
-        let mut bytes = vec![0u8; 1024];
-        getrandom::fill(&mut bytes).map_err(|e| e.to_string())?;
-        std::fs::write(&key, &bytes).map_err(|e| e.to_string())?;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| e.to_string())?;
-        let mut slurm = Slurm {
-            conf: dir.join("slurm.conf"),
-            dir: dir.clone(),
-            daemons: Vec::new(),
-        };
-        let socket = dir.join("munge.sock");
-        let p = |name: &str| dir.join(name).display().to_string();
-        slurm.daemon(Command::new(&munged).args([
-            "-F",
-            "--force",
-            &format!("--socket={}", socket.display()),
-            &format!("--key-file={}", key.display()),
-            &format!("--log-file={}", p("log/munged.log")),
-            &format!("--pid-file={}", p("munged.pid")),
-            &format!("--seed-file={}", p("munged.seed")),
-        ]))?;
-        slurm.wait_for("munged's socket", || socket.exists())?;
-
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map_err(|e| e.to_string())?
-            .trim()
-            .split('.')
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let port = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .map_err(|e| e.to_string())
-        };
-        let (ctld_port, d_port) = (port()?, port()?);
-        let conf = format!(
-            "ClusterName=quivertest\n\
-             SlurmctldHost={host}(127.0.0.1)\n\
-             SlurmctldPort={ctld_port}\n\
-             SlurmdPort={d_port}\n\
-             SlurmUser=root\n\
-             SlurmdUser=root\n\
-             AuthType=auth/munge\n\
-             AuthInfo=socket={socket}\n\
-             CredType=cred/munge\n\
-             StateSaveLocation={state}\n\
-             SlurmdSpoolDir={spool}\n\
-             SlurmctldPidFile={ctld_pid}\n\
-             SlurmdPidFile={d_pid}\n\
-             SlurmctldLogFile={ctld_log}\n\
-             SlurmdLogFile={d_log}\n\
-             ProctrackType=proctrack/linuxproc\n\
-             TaskPlugin=task/none\n\
-             JobAcctGatherType=jobacct_gather/none\n\
-             AccountingStorageType=accounting_storage/none\n\
-             SchedulerType=sched/builtin\n\
-             SelectType=select/cons_tres\n\
-             SelectTypeParameters=CR_Core\n\
-             MpiDefault=none\n\
-             ReturnToService=2\n\
-             NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN\n\
-             PartitionName=quiver Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n",
-            socket = socket.display(),
-            state = p("state"),
-            spool = p("spool"),
-            ctld_pid = p("slurmctld.pid"),
-            d_pid = p("slurmd.pid"),
-            ctld_log = p("log/slurmctld.log"),
-            d_log = p("log/slurmd.log"),
-        );
-        std::fs::write(&slurm.conf, conf).map_err(|e| e.to_string())?;
-        let conf_path = slurm.conf.clone();
-        slurm.daemon(
-            Command::new(&slurmctld)
-                .args(["-D", "-i", "-f"])
-                .arg(&conf_path),
-        )?;
-        slurm.daemon(Command::new(&slurmd).args(["-D", "-f"]).arg(&conf_path))?;
-        let sinfo = find(&["sinfo"]).ok_or("sinfo is not installed (install slurm-client)")?;
-        let conf_env = slurm.conf.clone();
-        slurm.wait_for("the Slurm node to be idle", || {
-            Command::new(&sinfo)
-                .args(["-h", "-o", "%T"])
-                .env("SLURM_CONF", &conf_env)
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
-        })?;
-        Ok(slurm)
-    }
-
-    fn daemon(&mut self, cmd: &mut Command) -> Result<(), String> {
-        let log = std::fs::File::create(
-            self.dir
-                .join(format!("log/daemon{}.out", self.daemons.len())),
-        )
-        .map_err(|e| e.to_string())?;
-        let child = cmd
+        let dir = std::env::temp_dir().join(format!(
+            "quiver-slurm-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        let out = Command::new(Self::script())
+            .arg("start")
+            .arg(&dir)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-        self.daemons.push(child);
-        Ok(())
-    }
-
-    fn wait_for(&mut self, what: &str, ready: impl Fn() -> bool) -> Result<(), String> {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(60) {
-            if ready() {
-                return Ok(());
-            }
-            if let Some(i) = self
-                .daemons
-                .iter_mut()
-                .position(|c| matches!(c.try_wait(), Ok(Some(_))))
-            {
-                return Err(format!(
-                    "a Slurm daemon (#{i}) exited while waiting for {what}; its logs are in {}:\n{}",
-                    self.dir.display(),
-                    self.logs()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", Self::script().display()))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
         }
-        Err(format!("timed out waiting for {what}:\n{}", self.logs()))
-    }
-
-    fn logs(&self) -> String {
-        let mut out = String::new();
-        if let Ok(entries) = std::fs::read_dir(self.dir.join("log")) {
-            for e in entries.flatten() {
-                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                out += &format!("--- {}\n", e.path().display());
-                for l in tail.into_iter().rev() {
-                    out += l;
-                    out.push('\n');
-                }
-            }
-        }
-        out
+        let conf = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        Ok(Slurm { dir, conf })
     }
 
     fn srun(&self, n: u32, mpi: &str) -> Command {
-        let mut cmd = command(find(&["srun"]).expect("srun"));
+        let mut cmd = command("srun");
         cmd.env("SLURM_CONF", &self.conf)
             .args(["-n", &n.to_string(), &format!("--mpi={mpi}")]);
         cmd
@@ -408,20 +269,11 @@ impl Slurm {
 
 impl Drop for Slurm {
     fn drop(&mut self) {
-        for child in self.daemons.iter_mut().rev() {
-            // SAFETY: kill has no memory-safety preconditions; the daemon is our child.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-            let start = Instant::now();
-            while !matches!(child.try_wait(), Ok(Some(_))) {
-                if start.elapsed() > Duration::from_secs(10) {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = Command::new(Self::script())
+            .arg("stop")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .status();
     }
 }
 

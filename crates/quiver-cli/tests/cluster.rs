@@ -445,16 +445,24 @@ fn invalid_arguments_are_refused_before_anything_is_built() {
     assert!(namespaces_of("x").is_empty());
 }
 
-/// A copy of the `quiver` binary that user `nobody` can execute, in a fresh directory
-/// of the temporary directory: the build's own may lie under a directory other users
-/// cannot enter (a clone in `/root`, or under `mktemp -d`). Removed when dropped.
+/// A copy of the `quiver` binary that user `nobody` can execute, in a new directory of
+/// /tmp (not `TMPDIR`, which may itself be private): the build's own may lie under a
+/// directory other users cannot enter (a clone in `/root`, or under `mktemp -d`).
+/// Removed when dropped.
 struct ReachableCopy(PathBuf);
 
 impl ReachableCopy {
     fn new() -> ReachableCopy {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("quiver-as-nobody-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory in the temporary directory");
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = PathBuf::from(format!(
+            "/tmp/quiver-as-nobody-{}-{nanos}",
+            std::process::id()
+        ));
+        // A new directory: one that exists (or a link planted there) is refused.
+        std::fs::create_dir(&dir).expect("a new directory in /tmp");
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let bin = dir.join("quiver");
         std::fs::copy(QUIVER, &bin).expect("copy the quiver binary");
@@ -473,8 +481,30 @@ impl Drop for ReachableCopy {
     }
 }
 
+/// Whether user `nobody` can execute `copy` at all (/tmp may be mounted `noexec`).
+fn quiver_unprivileged_runs(copy: &ReachableCopy) -> Result<(), String> {
+    match unprivileged(copy, &["--version"])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "user nobody cannot run a copy of quiver in /tmp: {}",
+            describe(&out)
+        )),
+        Err(e) => Err(format!(
+            "user nobody cannot run a copy of quiver in /tmp ({e}): is /tmp noexec?"
+        )),
+    }
+}
+
 /// `quiver ARGS` as user `nobody`, without any capability, from `copy`.
 fn quiver_unprivileged(copy: &ReachableCopy, args: &[&str]) -> Output {
+    run(unprivileged(copy, args))
+}
+
+/// The command `quiver ARGS` of `copy`, to run as user `nobody` without any capability.
+fn unprivileged(copy: &ReachableCopy, args: &[&str]) -> Command {
     let mut cmd = command(copy.binary());
     cmd.current_dir("/").args(args);
     // SAFETY: between fork and exec the hook makes only async-signal-safe system calls
@@ -490,7 +520,7 @@ fn quiver_unprivileged(copy: &ReachableCopy, args: &[&str]) -> Output {
             Ok(())
         });
     }
-    run(cmd)
+    cmd
 }
 
 #[test]
@@ -500,6 +530,9 @@ fn without_root_one_line_says_so() {
     let name = unique("user");
     let _down = Down(name.clone());
     let copy = ReachableCopy::new();
+    if let Err(why) = quiver_unprivileged_runs(&copy) {
+        return common::cannot_run(&why);
+    }
     for args in [
         &["cluster", "up", &name, "--nodes", "2"][..],
         &["cluster", "down", &name],

@@ -2,7 +2,8 @@
  * errors: every error path of the C library returns its code (tests/c_programs.rs).
  *
  *   ./errors outside               outside a job: NULL handles and outputs, bad
- *                                  arguments, codes and their strings, QUIVER_ERR_ENV
+ *                                  arguments, codes and their strings, QUIVER_ERR_ENV,
+ *                                  QUIVER_ERR_LAUNCHER (a PMI server answering garbage)
  *   quiver run -n 2 -- ./errors    in a job of two ranks (with QUIVER_CONNECT_TIMEOUT=2
  *                                  and QUIVER_MAX_MESSAGE=65536): bad ranks, DPIDs in
  *                                  use, no target, too large, timeouts, missing or
@@ -19,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static int checks, failures;
 
@@ -205,12 +208,34 @@ static void codes(void) {
            QUIVER_VERSION_MAJOR * 10000 + QUIVER_VERSION_MINOR * 100 + QUIVER_VERSION_PATCH);
 }
 
-/* Outside a job: joining fails with QUIVER_ERR_ENV and says what to do. */
+/* Outside a job: joining fails with QUIVER_ERR_ENV and says what to do; a launcher's
+ * PMI server that answers garbage gives QUIVER_ERR_LAUNCHER. */
 static void outside(void) {
     quiver_job *job = NULL;
     EXPECT(QUIVER_ERR_ENV, quiver_job_from_env(&job));
     ASSERT(job == NULL);
     ASSERT(strlen(quiver_last_error_message()) > 10);
+
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) {
+        failed(__LINE__, "socketpair", "failed");
+        return;
+    }
+    static const char garbage[] = "this is not PMI\n";
+    ASSERT(write(pair[1], garbage, sizeof garbage - 1) == (ssize_t)(sizeof garbage - 1));
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", pair[0]);
+    setenv("PMI_FD", fd, 1);
+    setenv("PMI_RANK", "0", 1);
+    setenv("PMI_SIZE", "2", 1);
+    EXPECT(QUIVER_ERR_LAUNCHER, quiver_job_from_env(&job));
+    ASSERT(job == NULL);
+    LAST_SAYS("PMI_FD");
+    unsetenv("PMI_FD");
+    unsetenv("PMI_RANK");
+    unsetenv("PMI_SIZE");
+    close(pair[0]);
+    close(pair[1]);
 }
 
 /* The error handler: sees each error an endpoint delivers, with its code. */

@@ -347,7 +347,8 @@ pub struct JobInfo {
     /// The job's secret token, the same on every rank.
     pub token: u64,
     /// The key that signs the job's network frames when `QUIVER_AUTH` is on, the same
-    /// on every rank: derived from the `tcp://` store's key (which never travels), or
+    /// on every rank: derived from the `tcp://` store's key (which quiver never sends;
+    /// under a launcher's service the launcher carries it once), or
     /// drawn by the first rank and kept in a `file://` store (readable by the user only).
     pub frame_key: [u8; 32],
     /// The launcher that started the job.
@@ -622,8 +623,9 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
         addrs.push(ip);
     }
 
-    // The key of authenticated frames: derived from the tcp store's key, which never
-    // travels, or drawn by the first rank to get here and kept in the file store.
+    // The key of authenticated frames: derived from the tcp store's key, which quiver's
+    // connections never carry, or drawn by the first rank to get here and kept in the
+    // file store.
     let frame_key = match &key {
         Some(k) => k.derive(
             "quiver frame key v1",
@@ -767,7 +769,7 @@ fn join_through_launcher(
             )))
         }
     };
-    let met = launcher_kv::meet(kv, det.rank, addr)?;
+    let met = launcher_kv::meet(kv, det.rank, addr, deadline)?;
     // Addresses other nodes reach come first; a try that fails leaves time for the next.
     let mut failures = Vec::new();
     for (i, url) in met.urls.iter().enumerate() {

@@ -25,9 +25,10 @@
 //! # Guarantees
 //!
 //! - [`plan`] is a pure function of the variables; every error names the variable.
-//! - The key travels only through the launcher's service, which only the job's own
-//!   processes reach (a descriptor the launcher passed, or a PMIx server that checks
-//!   its clients).
+//! - The key travels only through the launcher's service, which each process reaches
+//!   through a descriptor the launcher passed or a PMIx server that checks its clients
+//!   (between nodes, the launcher's own channels carry it); a PMI port other hosts
+//!   reach (`PMI_PORT`) is used only when `QUIVER_BOOTSTRAP` asks for PMI by name.
 //! - A service that cannot be used (PMIx library missing, server refusing) is skipped
 //!   for the next one in `auto`; the error lists why each failed.
 
@@ -308,16 +309,18 @@ impl Kv {
         }
     }
 
-    fn fence(&mut self) -> Result<()> {
+    /// A fence, waiting at most until `deadline` (PMI's own reads are bounded by the
+    /// deadline it was connected with).
+    fn fence(&mut self, deadline: Deadline) -> Result<()> {
         match self {
-            Kv::Pmix(p) => p.fence(),
+            Kv::Pmix(p) => p.fence(deadline.remaining()),
             Kv::Pmi(p) => p.fence(),
         }
     }
 
-    fn get(&mut self, rank: u32, key: &str) -> Result<Option<String>> {
+    fn get(&mut self, rank: u32, key: &str, deadline: Deadline) -> Result<Option<String>> {
         match self {
-            Kv::Pmix(p) => p.get(rank, key),
+            Kv::Pmix(p) => p.get(rank, key, deadline.remaining()),
             Kv::Pmi(p) => p.get(rank, key),
         }
     }
@@ -340,21 +343,42 @@ pub(crate) struct Met {
     pub server: Option<KvServerHandle>,
 }
 
+/// What rank 0 publishes instead of the store's addresses when it cannot serve it, so
+/// that the others stop at once with the reason (instead of waiting out their timeout).
+const FAILED: &str = "failed:";
+
 /// The ranks meet through `kv` (module documentation), which is then finalized. Rank 0
 /// serves the store at `addr` if given, else on every address of its node.
-pub(crate) fn meet(mut kv: Kv, rank: u32, addr: Option<IpAddr>) -> Result<Met> {
+pub(crate) fn meet(mut kv: Kv, rank: u32, addr: Option<IpAddr>, deadline: Deadline) -> Result<Met> {
     let service = kv.describe();
     let mut server = None;
     let mut mine = None;
     if rank == 0 {
         let key = StoreKey::generate();
-        let (handle, urls) = serve(addr, key.clone())?;
-        kv.put(STORE_KEY, &urls.join(","))?;
-        kv.put(KEY_KEY, &key.to_hex())?;
-        server = Some(handle);
-        mine = Some((urls, key));
+        let published = serve(addr, key.clone()).and_then(|(handle, urls)| {
+            kv.put(STORE_KEY, &urls.join(","))?;
+            kv.put(KEY_KEY, &key.to_hex())?;
+            Ok((handle, urls))
+        });
+        match published {
+            Ok((handle, urls)) => {
+                server = Some(handle);
+                mine = Some((urls, key));
+            }
+            Err(e) => {
+                // The others learn of it through the same fence they wait in.
+                let why = match &e {
+                    Error::Io { source, .. } => format!("{FAILED}{:?}", source.kind()),
+                    _ => format!("{FAILED}publishing"),
+                };
+                let _ = kv.put(STORE_KEY, &why.replace(' ', "_"));
+                let _ = kv.fence(deadline);
+                finalize(kv);
+                return Err(e);
+            }
+        }
     }
-    kv.fence()?;
+    kv.fence(deadline)?;
     let (urls, key) = match mine {
         Some(m) => m,
         None => {
@@ -370,9 +394,20 @@ pub(crate) fn meet(mut kv: Kv, rank: u32, addr: Option<IpAddr>) -> Result<Met> {
                 ),
             };
             let urls_text = kv
-                .get(0, STORE_KEY)?
+                .get(0, STORE_KEY, deadline)?
                 .ok_or_else(|| absent("store address"))?;
-            let key_text = kv.get(0, KEY_KEY)?.ok_or_else(|| absent("store key"))?;
+            if let Some(why) = urls_text.strip_prefix(FAILED) {
+                return Err(Error::Launcher {
+                    service,
+                    reason: format!(
+                        "rank 0 could not serve the job's rendezvous store ({why}; its own \
+                         error says more)"
+                    ),
+                });
+            }
+            let key_text = kv
+                .get(0, KEY_KEY, deadline)?
+                .ok_or_else(|| absent("store key"))?;
             let key = StoreKey::parse(&key_text).ok_or_else(|| bad("store key", "(hidden)"))?;
             let urls: Vec<String> = urls_text.split(',').map(str::to_string).collect();
             let well_formed = |u: &String| {
@@ -385,8 +420,17 @@ pub(crate) fn meet(mut kv: Kv, rank: u32, addr: Option<IpAddr>) -> Result<Met> {
             (urls, key)
         }
     };
-    kv.finalize()?;
+    finalize(kv);
     Ok(Met { urls, key, server })
+}
+
+/// Ends the use of the service; the ranks have met, so a failure here only matters to
+/// the launcher (logged, not returned: rank 0's store must not go away over it).
+fn finalize(kv: Kv) {
+    let service = kv.describe();
+    if let Err(e) = kv.finalize() {
+        tracing::warn!("finalizing {service}: {e}");
+    }
 }
 
 /// Serves a store at `addr`, or on every address of this node; returns it and the URLs
@@ -412,19 +456,40 @@ fn serve(addr: Option<IpAddr>, key: StoreKey) -> Result<(KvServerHandle, Vec<Str
     Ok((server.spawn(key), urls))
 }
 
-/// The IPv4 addresses of this node's interfaces that are up, others before loopback,
-/// at most [`MAX_URLS`] of them, and 127.0.0.1 last.
+/// The IPv4 addresses of this node's interfaces that are up, in the order other nodes
+/// most likely reach them: those of the interfaces that carry a default route first
+/// (where the node's traffic to elsewhere goes), then the others but link-local ones,
+/// at most [`MAX_URLS`] of them, and 127.0.0.1 last (for a job on one node).
 fn node_addresses() -> Vec<IpAddr> {
-    let mut ips: Vec<IpAddr> = crate::link::eth::ip_addresses()
+    let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    let by_default = default_route_interfaces(&routes);
+    let mut ips: Vec<(bool, IpAddr)> = crate::link::eth::ip_addresses()
         .unwrap_or_default()
         .into_iter()
-        .filter(|a| a.up && a.ip.is_ipv4() && !a.ip.is_loopback())
-        .map(|a| a.ip)
+        .filter(|a| a.up && !a.ip.is_loopback())
+        .filter(|a| matches!(a.ip, IpAddr::V4(v4) if !v4.is_link_local()))
+        .map(|a| (!by_default.contains(&a.interface), a.ip))
         .collect();
+    // Stable: the kernel's order within each group.
+    ips.sort_by_key(|&(elsewhere, _)| elsewhere);
+    let mut ips: Vec<IpAddr> = ips.into_iter().map(|(_, ip)| ip).collect();
     ips.dedup();
     ips.truncate(MAX_URLS);
     ips.push(IpAddr::V4(Ipv4Addr::LOCALHOST));
     ips
+}
+
+/// The interfaces of the IPv4 default routes in `/proc/net/route`'s text.
+fn default_route_interfaces(routes: &str) -> Vec<String> {
+    routes
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (iface, dest) = (f.next()?, f.next()?);
+            (dest == "00000000").then(|| iface.to_string())
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -504,6 +569,15 @@ mod tests {
             var_of(plan_in(&[("QUIVER_BOOTSTRAP", "store")])),
             "QUIVER_RENDEZVOUS"
         );
+    }
+
+    #[test]
+    fn default_routes_are_read_from_the_kernels_table() {
+        let table = "Iface\tDestination\tGateway \tFlags\n\
+                     eth1\t0000A8C0\t00000000\t0001\n\
+                     eth0\t00000000\t0102A8C0\t0003\n";
+        assert_eq!(default_route_interfaces(table), ["eth0"]);
+        assert!(default_route_interfaces("").is_empty());
     }
 
     #[test]

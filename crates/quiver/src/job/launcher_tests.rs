@@ -30,6 +30,8 @@ enum Lie {
     BadStoreAddress,
     /// It never answers the fence.
     Silent,
+    /// It speaks PMI-1 only: it refuses a PMI-2 `init`.
+    OnlyV1,
 }
 
 /// The server's fence: waits for every rank, or gives up after a few seconds (a rank
@@ -72,7 +74,18 @@ fn serve_rank(
         let _ = w.write_all(b"\x00\xffhello there\n");
         return;
     }
-    let v2 = line.contains("pmi_version=2");
+    let mut v2 = line.contains("pmi_version=2");
+    if v2 && lie == Lie::OnlyV1 {
+        let _ = writeln!(
+            w,
+            "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=-1"
+        );
+        line.clear();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || !line.contains("pmi_version=1") {
+            return;
+        }
+        v2 = false;
+    }
     let version = if v2 {
         "2 pmi_subversion=0"
     } else {
@@ -187,6 +200,16 @@ fn serve_rank(
 /// Bootstraps `size` ranks (threads) through a PMI server that behaves as `lie` says,
 /// with `QUIVER_BOOTSTRAP` = `bootstrap_var`; every rank's result.
 fn job_through_pmi(size: u32, lie: Lie, bootstrap_var: &str) -> Vec<Result<JobInfo>> {
+    job_through_pmi_at(size, lie, bootstrap_var, "127.0.0.1")
+}
+
+/// [`job_through_pmi`] with rank 0's `QUIVER_ADDR` = `addr0`.
+fn job_through_pmi_at(
+    size: u32,
+    lie: Lie,
+    bootstrap_var: &str,
+    addr0: &str,
+) -> Vec<Result<JobInfo>> {
     let kv = Arc::new(Mutex::new(HashMap::new()));
     let fence = Arc::new(Fence {
         arrived: Mutex::new(0),
@@ -202,13 +225,14 @@ fn job_through_pmi(size: u32, lie: Lie, bootstrap_var: &str) -> Vec<Result<JobIn
             serve_rank(server, rank, size, lie, kv, fence)
         }));
         let choice = bootstrap_var.to_string();
+        let addr = if rank == 0 { addr0 } else { "127.0.0.1" }.to_string();
         ranks.push(thread::spawn(move || {
             let env: HashMap<&str, String> = HashMap::from([
                 ("PMI_FD", client.as_raw_fd().to_string()),
                 ("PMI_RANK", rank.to_string()),
                 ("PMI_SIZE", size.to_string()),
                 ("MPI_LOCALRANKID", rank.to_string()),
-                ("QUIVER_ADDR", "127.0.0.1".to_string()),
+                ("QUIVER_ADDR", addr),
                 ("QUIVER_BOOTSTRAP", choice),
             ]);
             let r = bootstrap(&|k| env.get(k).cloned(), Duration::from_secs(2));
@@ -225,8 +249,14 @@ fn job_through_pmi(size: u32, lie: Lie, bootstrap_var: &str) -> Vec<Result<JobIn
 
 #[test]
 fn ranks_meet_through_pmi_2_and_pmi_1() {
-    for (choice, says) in [("auto", "PMI-2"), ("pmi2", "PMI-2"), ("pmi1", "PMI-1")] {
-        let infos: Vec<JobInfo> = job_through_pmi(3, Lie::Honest, choice)
+    for (choice, lie, says) in [
+        ("auto", Lie::Honest, "PMI-2"),
+        ("pmi2", Lie::Honest, "PMI-2"),
+        ("pmi1", Lie::Honest, "PMI-1"),
+        // A server that refuses PMI-2 is spoken to in PMI-1 on the same connection.
+        ("auto", Lie::OnlyV1, "PMI-1"),
+    ] {
+        let infos: Vec<JobInfo> = job_through_pmi(3, lie, choice)
             .into_iter()
             .map(|r| r.unwrap())
             .collect();
@@ -309,6 +339,77 @@ fn a_stale_pmi_fd_is_named() {
         Err(Error::InvalidEnv { var, reason, .. }) => {
             assert_eq!(var, "PMI_FD");
             assert!(reason.contains("not a socket"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Rank 0 that cannot serve the store says so through the fence: the others stop at
+/// once with the reason, not at their timeout.
+#[test]
+fn rank_0_that_cannot_serve_stops_the_others_at_once() {
+    let start = std::time::Instant::now();
+    // An address of no interface here (TEST-NET-1): the bind fails.
+    let results = job_through_pmi_at(3, Lie::Honest, "auto", "192.0.2.231");
+    assert!(
+        matches!(results[0], Err(Error::Io { .. })),
+        "{:?}",
+        results[0]
+    );
+    for r in &results[1..] {
+        match r {
+            Err(Error::Launcher { reason, .. }) => {
+                assert!(reason.contains("rank 0 could not serve"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// A second bootstrap over a PMI connection this process already finalized (a second
+/// `Job::from_env` under mpiexec) is an error that says so.
+#[test]
+fn a_finalized_pmi_connection_is_not_used_twice() {
+    let (client, server) = UnixStream::pair().unwrap();
+    let kv = Arc::new(Mutex::new(HashMap::new()));
+    let fence = Arc::new(Fence {
+        arrived: Mutex::new(0),
+        all: Condvar::new(),
+        size: 1,
+    });
+    let serving = thread::spawn(move || serve_rank(server, 0, 1, Lie::Honest, kv, fence));
+    let env: HashMap<&str, String> = HashMap::from([
+        ("PMI_FD", client.as_raw_fd().to_string()),
+        ("PMI_RANK", "0".to_string()),
+        ("PMI_SIZE", "1".to_string()),
+        ("QUIVER_ADDR", "127.0.0.1".to_string()),
+    ]);
+    let first = bootstrap(&|k| env.get(k).cloned(), Duration::from_secs(2));
+    assert!(first.is_ok(), "{first:?}");
+    serving.join().unwrap();
+    match bootstrap(&|k| env.get(k).cloned(), Duration::from_secs(2)) {
+        Err(Error::Launcher { reason, .. }) => assert!(reason.contains("closed"), "{reason}"),
+        Err(Error::Io { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A PMI port other hosts reach is not used unless asked for by name (whoever reaches
+/// it could read the store's key).
+#[test]
+fn a_pmi_port_on_the_network_needs_to_be_asked_for() {
+    let env: HashMap<&str, String> = HashMap::from([
+        ("PMI_PORT", "192.0.2.77:5".to_string()),
+        ("PMI_ID", "0".to_string()),
+    ]);
+    match bootstrap(&|k| env.get(k).cloned(), Duration::from_secs(1)) {
+        Err(Error::Launcher { reason, .. }) => {
+            assert!(reason.contains("QUIVER_BOOTSTRAP=pmi2"), "{reason}")
         }
         other => panic!("{other:?}"),
     }

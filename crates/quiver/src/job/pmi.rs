@@ -119,13 +119,14 @@ pub(crate) fn parse_v1(line: &[u8]) -> std::result::Result<Reply, String> {
     Ok(Reply { cmd, attrs })
 }
 
-/// A PMI-2 command: its length in six characters, then `cmd=NAME;k=v;...;`.
+/// A PMI-2 command: its length in six characters (right-aligned, as MPICH writes it),
+/// then `cmd=NAME;k=v;...;`.
 pub(crate) fn encode_v2(cmd: &str, attrs: &[(&str, &str)]) -> Vec<u8> {
     let mut body = format!("cmd={cmd};");
     for (k, v) in attrs {
         body.push_str(&format!("{k}={v};"));
     }
-    let mut out = format!("{:<6}", body.len()).into_bytes();
+    let mut out = format!("{:>6}", body.len()).into_bytes();
     out.extend_from_slice(body.as_bytes());
     out
 }
@@ -217,7 +218,7 @@ impl Pmi {
     ) -> Result<Pmi> {
         let conn = match &via {
             Via::Fd(fd) => adopt_socket(*fd)?,
-            Via::Port { host_port, .. } => connect_port(host_port, deadline)?,
+            Via::Port { host_port, .. } => connect_port(host_port, want.is_some(), deadline)?,
         };
         Pmi::connect_stream(conn, via, want, job, rank, deadline)
     }
@@ -513,10 +514,7 @@ impl Pmi {
     }
 
     fn read_some(&mut self, cmd: &str, buf: &mut [u8]) -> Result<usize> {
-        let left = self.left(cmd)?;
-        self.conn
-            .set_read_timeout(Some(left))
-            .map_err(|e| Error::io("setting the PMI socket's timeout", e))?;
+        self.ready(cmd, libc::POLLIN)?;
         match self.conn.read(buf) {
             Ok(0) => Err(Error::Launcher {
                 service: self.service(),
@@ -526,26 +524,54 @@ impl Pmi {
                 ),
             }),
             Ok(n) => Ok(n),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                Err(self.timed_out(cmd))
-            }
             Err(e) => Err(Error::io(format!("reading the PMI reply to {cmd}"), e)),
         }
     }
 
     fn send(&mut self, bytes: &[u8]) -> Result<()> {
-        let left = self.left("a command")?;
-        self.conn
-            .set_write_timeout(Some(left))
-            .map_err(|e| Error::io("setting the PMI socket's timeout", e))?;
-        self.conn
-            .write_all(bytes)
-            .map_err(|e| Error::io("writing a PMI command", e))
+        let mut at = 0;
+        while at < bytes.len() {
+            self.ready("a command", libc::POLLOUT)?;
+            match self.conn.write(&bytes[at..]) {
+                Ok(0) => {
+                    return Err(Error::io(
+                        "writing a PMI command",
+                        std::io::ErrorKind::WriteZero.into(),
+                    ))
+                }
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io("writing a PMI command", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the socket is ready for `events`, at most until the deadline. With
+    /// poll(2), not socket timeouts: the socket may be the launcher's, shared with an MPI
+    /// library in the same process, whose options must stay as they were.
+    fn ready(&self, cmd: &str, events: libc::c_short) -> Result<()> {
+        loop {
+            let left = self.left(cmd)?;
+            let mut pfd = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&self.conn),
+                events,
+                revents: 0,
+            };
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as libc::c_int;
+            // SAFETY: `pfd` is one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            match n {
+                1.. => return Ok(()),
+                0 => continue,
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(Error::io("waiting for the PMI socket", e));
+                    }
+                }
+            }
+        }
     }
 
     /// Time left before the deadline, or the error saying it passed.
@@ -617,21 +643,59 @@ fn adopt_socket(fd: i32) -> Result<UnixStream> {
     {
         return Err(invalid("not a socket"));
     }
+    // Hydra and Slurm pass one end of a Unix stream socket pair: a descriptor of another
+    // kind is one of the program's own that took a stale PMI_FD's number.
+    let option = |name: libc::c_int| -> Option<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for writes of an int and its length.
+        let rc = unsafe {
+            libc::getsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&owned),
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0).then_some(v)
+    };
+    if option(libc::SO_DOMAIN) != Some(libc::AF_UNIX)
+        || option(libc::SO_TYPE) != Some(libc::SOCK_STREAM)
+    {
+        return Err(invalid(
+            "not a Unix stream socket, as launchers pass (a descriptor of this program that \
+             took a stale PMI_FD's number?)",
+        ));
+    }
     // Reads and writes on any connected stream socket; the timeouts are socket options.
     Ok(UnixStream::from(owned))
 }
 
 /// Connects to `HOST:PORT`, as a stream like [`adopt_socket`]'s.
-fn connect_port(host_port: &str, deadline: Deadline) -> Result<UnixStream> {
+/// A port other hosts can reach is used only when asked for by name (`allow_remote`):
+/// whoever reaches a PMI port can read what the job's processes put there, the store's
+/// key among it (Hydra admits any `initack`).
+fn connect_port(host_port: &str, allow_remote: bool, deadline: Deadline) -> Result<UnixStream> {
     use std::net::{TcpStream, ToSocketAddrs};
     let invalid = |reason: String| Error::InvalidEnv {
         var: "PMI_PORT".into(),
         value: host_port.into(),
         reason,
     };
-    let addrs = host_port
+    let addrs: Vec<_> = host_port
         .to_socket_addrs()
-        .map_err(|e| invalid(format!("expected HOST:PORT ({e})")))?;
+        .map_err(|e| invalid(format!("expected HOST:PORT ({e})")))?
+        .collect();
+    if !allow_remote && addrs.iter().any(|a| !a.ip().is_loopback()) {
+        return Err(Error::Launcher {
+            service: format!("PMI over {host_port} (PMI_PORT)"),
+            reason: "the PMI port is reachable from other hosts, and whoever reaches it can \
+                     read the job's store key: set QUIVER_BOOTSTRAP=pmi2 (or pmi1) to use it \
+                     anyway, or QUIVER_RENDEZVOUS"
+                .into(),
+        });
+    }
     let mut last = None;
     for a in addrs {
         let left = deadline
@@ -664,7 +728,7 @@ mod tests {
         );
         assert_eq!(
             encode_v2("kvs-put", &[("key", "a"), ("value", "b")]),
-            b"26    cmd=kvs-put;key=a;value=b;"
+            b"    26cmd=kvs-put;key=a;value=b;"
         );
     }
 

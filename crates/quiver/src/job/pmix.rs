@@ -8,8 +8,10 @@
 //!
 //! # Guarantees
 //!
-//! - Only the six calls of the bootstrap are used, through C types laid out as PMIx
-//!   4's `pmix_common.h` declares them (their sizes are checked at compile time).
+//! - Only the calls of the bootstrap are used (init, put, commit, fence and get with a
+//!   timeout, finalize, and those that report errors and release values), through C
+//!   types laid out as PMIx 4's `pmix_common.h` declares them (their sizes are checked
+//!   at compile time).
 //! - A value read back is copied out and freed at once; a value that is not a string is
 //!   an [`Error::Launcher`].
 //! - [`Pmix::finalize`] ends the library's use: its progress thread stops, and the
@@ -44,6 +46,7 @@ struct Proc {
 #[derive(Clone, Copy)]
 union Data {
     string: *mut c_char,
+    integer: c_int,
     _size: [u64; 3],
 }
 
@@ -54,8 +57,42 @@ struct Value {
     data: Data,
 }
 
+/// `pmix_info_t`: a key, directives, a value.
+#[repr(C)]
+struct Info {
+    key: [c_char; KEY_LEN],
+    flags: u32,
+    value: Value,
+}
+
+/// `PMIX_MAX_KEYLEN + 1`.
+const KEY_LEN: usize = 512;
+/// `PMIX_INT`.
+const TYPE_INT: u16 = 6;
+
 const _: () = assert!(std::mem::size_of::<Proc>() == 260);
 const _: () = assert!(std::mem::size_of::<Value>() == 32);
+const _: () = assert!(std::mem::size_of::<Info>() == 552);
+
+impl Info {
+    /// `PMIX_TIMEOUT` = `seconds` (an `int`; 0 would mean for ever, so at least 1).
+    fn timeout(seconds: u64) -> Info {
+        let mut key = [0 as c_char; KEY_LEN];
+        for (k, b) in key.iter_mut().zip(b"pmix.timeout") {
+            *k = *b as c_char;
+        }
+        let mut data = Data { _size: [0; 3] };
+        data.integer = seconds.clamp(1, i32::MAX as u64) as c_int;
+        Info {
+            key,
+            flags: 0,
+            value: Value {
+                kind: TYPE_INT,
+                data,
+            },
+        }
+    }
+}
 
 type InitFn = unsafe extern "C" fn(*mut Proc, *mut std::ffi::c_void, usize) -> c_int;
 type PutFn = unsafe extern "C" fn(u8, *const c_char, *mut Value) -> c_int;
@@ -70,6 +107,7 @@ type GetFn = unsafe extern "C" fn(
 ) -> c_int;
 type FinalizeFn = unsafe extern "C" fn(*const std::ffi::c_void, usize) -> c_int;
 type ErrorStringFn = unsafe extern "C" fn(c_int) -> *const c_char;
+type ValueDestructFn = unsafe extern "C" fn(*mut Value);
 
 /// The library's entry points, resolved once.
 struct Api {
@@ -80,6 +118,7 @@ struct Api {
     get: GetFn,
     finalize: FinalizeFn,
     error_string: ErrorStringFn,
+    value_destruct: ValueDestructFn,
 }
 
 /// An initialised PMIx client.
@@ -120,6 +159,9 @@ impl Pmix {
                 finalize: std::mem::transmute::<*const (), FinalizeFn>(sym(b"PMIx_Finalize\0")?),
                 error_string: std::mem::transmute::<*const (), ErrorStringFn>(sym(
                     b"PMIx_Error_string\0",
+                )?),
+                value_destruct: std::mem::transmute::<*const (), ValueDestructFn>(sym(
+                    b"PMIx_Value_destruct\0",
                 )?),
             }
         };
@@ -174,25 +216,37 @@ impl Pmix {
         self.check("PMIx_Commit", rc)
     }
 
-    /// Waits for every process of the job: what they committed is then visible.
-    pub(crate) fn fence(&mut self) -> Result<()> {
-        // SAFETY: no processes (all of the caller's namespace) and no info: null arrays
-        // with zero lengths, as pmix.h allows.
-        let rc = unsafe { (self.api.fence)(std::ptr::null(), 0, std::ptr::null(), 0) };
+    /// Waits for every process of the job, at most `limit`: what they committed is
+    /// then visible.
+    pub(crate) fn fence(&mut self, limit: std::time::Duration) -> Result<()> {
+        let info = Info::timeout(limit.as_secs());
+        // SAFETY: no processes (all of the caller's namespace: a null array with zero
+        // length, as pmix.h allows) and one valid info, alive across the call.
+        let rc = unsafe { (self.api.fence)(std::ptr::null(), 0, (&info as *const Info).cast(), 1) };
         self.check("PMIx_Fence", rc)
     }
 
-    /// The string `key` put by `rank` of this job; `None` if it put none.
-    pub(crate) fn get(&mut self, rank: u32, key: &str) -> Result<Option<String>> {
+    /// The string `key` put by `rank` of this job, waiting at most `limit` for it;
+    /// `None` if it put none.
+    pub(crate) fn get(
+        &mut self,
+        rank: u32,
+        key: &str,
+        limit: std::time::Duration,
+    ) -> Result<Option<String>> {
+        let info = Info::timeout(limit.as_secs());
         let ckey = self.cstring(key)?;
         let proc_ = Proc {
             nspace: self.me.nspace,
             rank,
         };
         let mut out: *mut Value = std::ptr::null_mut();
-        // SAFETY: `proc_` and `ckey` are valid for the call; `out` receives a value the
-        // library allocated (or stays null on failure).
-        let rc = unsafe { (self.api.get)(&proc_, ckey.as_ptr(), std::ptr::null(), 0, &mut out) };
+        // SAFETY: `proc_`, `ckey` and the one info are valid for the call; `out` receives
+        // a value the library allocated (or stays null on failure).
+        let rc = unsafe {
+            let info = (&info as *const Info).cast();
+            (self.api.get)(&proc_, ckey.as_ptr(), info, 1, &mut out)
+        };
         /// `PMIX_ERR_NOT_FOUND`.
         const NOT_FOUND: c_int = -46;
         if rc == NOT_FOUND {
@@ -203,17 +257,17 @@ impl Pmix {
             return Ok(None);
         }
         // SAFETY: on success `out` points to a `pmix_value_t` the library malloc'ed for
-        // the caller, who frees it (PMIX_VALUE_RELEASE: the string, then the value).
+        // the caller, who releases it (PMIX_VALUE_RELEASE: PMIx_Value_destruct frees what
+        // it holds, then the value itself is freed); the string is copied out first.
         let text = unsafe {
             let v = &*out;
             let text = if v.kind == TYPE_STRING && !v.data.string.is_null() {
-                let s = CStr::from_ptr(v.data.string).to_string_lossy().into_owned();
-                libc::free(v.data.string.cast());
-                Some(s)
+                Some(CStr::from_ptr(v.data.string).to_string_lossy().into_owned())
             } else {
                 None
             };
             let kind = v.kind;
+            (self.api.value_destruct)(out);
             libc::free(out.cast());
             text.ok_or_else(|| Error::Launcher {
                 service: self.service(),
@@ -258,9 +312,13 @@ impl Pmix {
     }
 }
 
-/// Which library file [`Pmix::init`] would load, if one loads (it is unloaded again).
+/// Which library file [`Pmix::init`] would load, if one loads (it stays loaded, as
+/// PMIx must).
 pub(crate) fn loadable(lib_override: Option<&str>) -> Result<String> {
-    load(lib_override).map(|(_, name)| name)
+    load(lib_override).map(|(lib, name)| {
+        std::mem::forget(lib);
+        name
+    })
 }
 
 /// Loads the PMIx library; the error says which files were tried and why they failed.

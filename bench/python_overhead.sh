@@ -63,7 +63,8 @@ for rep in $(seq "$REPS"); do
 done
 # The median over the repetitions of each column.
 for api in tagged endpoint; do
-    awk -v api="$api" '$2 == api { r[n] = $3; p[n] = $4; a[n] = $5; n++ }
+    awk -v api="$api" 'BEGIN { n = 0 }  # (unset, n would index "" at first)
+        $2 == api { r[n] = $3; p[n] = $4; a[n] = $5; n++ }
         function med(x,   i, j, t) {
             for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (x[j] < x[i]) { t = x[i]; x[i] = x[j]; x[j] = t }
             return n % 2 ? x[int(n / 2)] : (x[n / 2 - 1] + x[n / 2]) / 2

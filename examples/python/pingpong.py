@@ -74,12 +74,18 @@ def run(args, job, sizes, Send, Recv, got=None):
         # Large messages: fewer rounds, so that each size takes about as long.
         iters = max(20, min(args.iters, (256 << 20) // max(size, 1)))
         warmup = max(2, min(args.warmup, iters // 10))
-        ping = np.full(size, 0x5A, dtype=np.uint8)
+        # Each rank sends its own pattern and checks that it received the other's.
+        mine = np.full(size, 0x5A + job.rank, dtype=np.uint8)
+        theirs = np.full(size, 0x5A + peer, dtype=np.uint8).tobytes()
+        ping = mine
         pong = np.empty(size, dtype=np.uint8)
         if job.rank == 1:
             for _ in range(warmup + iters):
                 Recv(pong, peer, TAG)
                 Send(ping, peer, TAG)
+            received = got["last"] if got is not None else pong.tobytes()
+            if received != theirs:
+                sys.exit(f"size {size}: the ping differs from what rank 0 sent")
             continue
         clock = time.perf_counter_ns
         samples = []
@@ -90,8 +96,8 @@ def run(args, job, sizes, Send, Recv, got=None):
             Recv(pong, peer, TAG)
             append(clock() - t0)
         received = got["last"] if got is not None else pong.tobytes()
-        if received != ping.tobytes():
-            sys.exit(f"size {size}: the pong differs from the ping")
+        if received != theirs:
+            sys.exit(f"size {size}: the pong differs from what rank 1 sent")
         timed = sorted(samples[warmup:])
         median = timed[len(timed) // 2] / 2e3
         least = timed[0] / 2e3

@@ -20,8 +20,11 @@ Upper-case calls (``Send``, ``Recv``, ``Isend``, ``Irecv``, ``Probe``, ``Iprobe`
 the bytes of any contiguous object with the buffer protocol (numpy arrays, ``bytearray``,
 ``memoryview``, ``bytes`` for sending) where they lie; lower-case ones (``send``,
 ``recv``, ``isend``, ``irecv``) pickle. Blocking calls release the GIL and answer Ctrl-C
-(``KeyboardInterrupt``; the interrupted operation is abandoned first). An endpoint, and
-its requests, belong to the thread that opened it (``ThreadError`` elsewhere).
+(``KeyboardInterrupt``; ``Send``/``Recv``/``send``/``recv`` abandon their operation
+first, ``Request.wait`` leaves it pending; ``target`` and a first send to a rank, which
+wait for the peer's endpoint, notice it when they return). An endpoint, and its
+requests, belong to the thread that opened it, in the process that opened it
+(``ThreadError`` elsewhere, also in a child made by ``fork()``).
 
 Every error of the library is a :class:`quiver.Error` (see ``quiver._errors``).
 """

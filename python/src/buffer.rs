@@ -35,10 +35,20 @@ impl Buffer {
         } else {
             ffi::PyBUF_STRIDES
         };
+        // With its format first, to refuse memory that holds Python objects; some
+        // exporters refuse to describe their format (numpy's datetime64), then without.
+        let mut with_format = true;
         // SAFETY: `obj` is a live object (the GIL is held, we have a `Bound`); `view`
         // points to an empty Py_buffer that PyObject_GetBuffer fills, or leaves unset
-        // when it fails (it is then never released).
-        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+        // when it fails (it is then never released, and may be filled again).
+        let mut rc =
+            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags | ffi::PyBUF_FORMAT) };
+        if rc != 0 {
+            drop(PyErr::fetch(obj.py()));
+            with_format = false;
+            // SAFETY: as above; the failed attempt left `view` unset.
+            rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+        }
         if rc != 0 {
             let err = PyErr::fetch(obj.py());
             if err.is_instance_of::<PyTypeError>(obj.py()) {
@@ -60,6 +70,25 @@ impl Buffer {
             return Err(err);
         }
         let buf = Buffer { view };
+        let holds_objects = if with_format && !buf.view.format.is_null() {
+            // SAFETY: a successful export with PyBUF_FORMAT sets `format` to a
+            // NUL-terminated struct-module format string that lives as long as the view.
+            let format = unsafe { std::ffi::CStr::from_ptr(buf.view.format) };
+            format_holds_objects(&format.to_string_lossy())
+        } else {
+            obj.getattr("dtype")
+                .and_then(|d| d.getattr("hasobject"))
+                .and_then(|h| h.extract::<bool>())
+                .unwrap_or(false)
+        };
+        if holds_objects {
+            return Err(PyTypeError::new_err(format!(
+                "{what} moves bytes, and this {} holds Python objects (numpy dtype object): \
+                 their bytes are addresses in this process, meaningless in another (send the \
+                 objects with the lowercase send/recv, which pickle them)",
+                type_name(obj)
+            )));
+        }
         // SAFETY: the view was filled by a successful PyObject_GetBuffer.
         let contiguous = unsafe { ffi::PyBuffer_IsContiguous(&*buf.view, b'A' as c_char) } != 0;
         if !contiguous {
@@ -102,6 +131,20 @@ impl Drop for Buffer {
     }
 }
 
+/// Whether a struct-module format string describes Python objects (`O`), outside the
+/// field names of a structure (`T{i:count:O:name:}`).
+fn format_holds_objects(format: &str) -> bool {
+    let mut in_name = false;
+    format.chars().any(|c| {
+        if c == ':' {
+            in_name = !in_name;
+            false
+        } else {
+            !in_name && c == 'O'
+        }
+    })
+}
+
 /// The name of `obj`'s type, for messages.
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -127,4 +170,19 @@ pub fn new_bytes(py: Python<'_>, len: usize) -> PyResult<(Py<PyBytes>, *mut u8)>
     // SAFETY: `obj` is a bytes object; its storage lives as long as the object.
     let ptr = unsafe { ffi::PyBytes_AsString(obj) }.cast::<u8>();
     Ok((bytes, ptr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_holds_objects;
+
+    #[test]
+    fn formats_of_objects_are_told_from_the_others() {
+        for f in ["O", "<O", "T{i:a:O:b:}", "2O"] {
+            assert!(format_holds_objects(f), "{f}");
+        }
+        for f in ["B", "<d", "T{i:Oslo:d:b:}", "Zd", "?"] {
+            assert!(!format_holds_objects(f), "{f}");
+        }
+    }
 }

@@ -46,6 +46,8 @@ pub struct PyEndpoint {
     ep: ThreadBound<RefCell<Option<Endpoint>>>,
     dpid: u16,
     rank: u32,
+    /// The job's `QUIVER_CONNECT_TIMEOUT`: how long `flush` waits in all.
+    connect_timeout: Duration,
 }
 
 const WHAT: &str = "endpoint";
@@ -59,6 +61,7 @@ impl PyEndpoint {
                 ep: ThreadBound::new(RefCell::new(Some(ep))),
                 dpid,
                 rank: job.rank(),
+                connect_timeout: job.config().connect_timeout,
             },
         )?;
         crate::register(py, obj.bind(py).as_any())?;
@@ -174,7 +177,8 @@ impl PyEndpoint {
     fn read(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<(Py<PyBytes>, PySource)> {
         let until = match timeout {
             None => None,
-            Some(s) => Some(Instant::now() + seconds(s)?),
+            // Further than an Instant reaches: no deadline.
+            Some(s) => Instant::now().checked_add(seconds(s)?),
         };
         self.with(|ep| {
             if let Some(m) = ep.try_read().py()? {
@@ -213,12 +217,29 @@ impl PyEndpoint {
         self.with(|ep| ep.progress().py())
     }
 
-    /// Waits until everything sent over the network is acknowledged (up to
-    /// ``QUIVER_CONNECT_TIMEOUT``).
+    /// Waits (interruptible) until everything sent over the network is acknowledged, up
+    /// to ``QUIVER_CONNECT_TIMEOUT`` (``quiver.TimeoutError`` then).
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let until = Instant::now().checked_add(self.connect_timeout);
         self.with(|ep| {
-            // SAFETY: as in `target`.
-            unsafe { detached(py, ep, |ep| ep.flush()) }.py()
+            // SAFETY: the step carries this thread's endpoint and numbers, nothing of
+            // Python's; it returns a quiver result.
+            let r = unsafe {
+                sliced(py, ep, |ep, slice| {
+                    let left = until.map_or(slice, |u| {
+                        u.saturating_duration_since(Instant::now()).min(slice)
+                    });
+                    match ep.flush_within(left) {
+                        Err(quiver::Error::Timeout(_))
+                            if until.is_none_or(|u| Instant::now() < u) =>
+                        {
+                            None
+                        }
+                        other => Some(other),
+                    }
+                })
+            }?;
+            r.py()
         })
     }
 
@@ -243,6 +264,10 @@ impl PyEndpoint {
     /// Closes the endpoint (its receive area goes; later writes to it fail). Closing
     /// twice does nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.ep.forked_away() {
+            // The parent's endpoint, in a child made by fork(): left to the parent.
+            return Ok(());
+        }
         let cell = self.ep.get(WHAT)?;
         let ep = cell.try_borrow_mut().map_err(|_| busy())?.take();
         if let Some(ep) = ep {

@@ -37,7 +37,7 @@ pub fn to_py(e: Error) -> PyErr {
         let int = |v: u64| v.into_pyobject(py).map(|o| o.into_any().unbind());
         let class = match &e {
             Error::MissingEnv { .. } | Error::InvalidEnv { .. } | Error::Config(_) => "ConfigError",
-            Error::Rendezvous { .. } => "RendezvousError",
+            Error::Rendezvous { .. } | Error::Launcher { .. } => "RendezvousError",
             Error::NoSuchRank { .. } => "RankError",
             Error::MessageTooLarge { .. } => "MessageTooLargeError",
             Error::NoTarget => "NoTargetError",
@@ -95,7 +95,8 @@ pub fn thread_error(what: &str) -> PyErr {
             py,
             "ThreadError",
             format!(
-                "this {what} belongs to the thread that opened it; open one endpoint per thread \
+                "this {what} belongs to the thread (of the process) that opened it; open one \
+                 endpoint per thread, and in a child made by fork() endpoints of its own \
                  (each with its own DPID)"
             ),
             &[],

@@ -39,14 +39,15 @@ fn register(py: Python<'_>, endpoint: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
-/// Closes every endpoint still open that belongs to this thread (at exit).
+/// Closes every endpoint still open that belongs to this thread of this process (at
+/// exit). The set's order is arbitrary; each close stands on its own. Endpoints of other
+/// threads (and, in a child made by `fork()`, the parent's) raise `ThreadError` and are
+/// left as they are: their peers learn of their end from their liveness watch.
 #[pyfunction]
 fn _close_all(py: Python<'_>) -> PyResult<()> {
     let all =
         pyo3::types::PyList::new(py, open_set(py)?.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
-    // Newest first: a tagged endpoint may stand on what was opened before it.
-    for ep in all.iter().rev() {
-        // Another thread's endpoint raises ThreadError: it is left as it is.
+    for ep in all.iter() {
         let _ = ep.call_method0("close");
     }
     Ok(())

@@ -141,10 +141,15 @@ impl PyStatus {
 }
 
 /// A rank to receive from: `ANY_SOURCE` or `0..`.
-pub fn src_arg(source: i64) -> PyResult<Src> {
+pub fn src_arg(source: i64, size: u32) -> PyResult<Src> {
     match source {
         ANY_SOURCE => Ok(Src::Any),
-        0..=0xffff_ffff => Ok(Src::Rank(source as u32)),
+        0..=0xffff_ffff if source < i64::from(size) => Ok(Src::Rank(source as u32)),
+        // No message ever comes from a rank the job does not have: mpi4py's ERR_RANK.
+        0..=0xffff_ffff => Err(errors::to_py(quiver::Error::NoSuchRank {
+            rank: source as u32,
+            size,
+        })),
         _ => Err(errors::bad_arg(format!(
             "source must be a rank (>= 0) or ANY_SOURCE ({ANY_SOURCE}), not {source}"
         ))),
@@ -319,21 +324,28 @@ impl PyTagged {
         self.inner.try_get()
     }
 
-    /// Starts a send of `len` bytes at `ptr`.
+    /// Starts a send of `len` bytes at `ptr`, with the GIL released: the first send to a
+    /// rank connects to it, which waits for the peer's endpoint to open (up to
+    /// `QUIVER_CONNECT_TIMEOUT`), and a full ring makes the push wait for room; other
+    /// Python threads run meanwhile.
     ///
     /// # Safety
     ///
     /// The bytes stay readable, and unwritten, until the request completes or is
     /// abandoned (or the endpoint is dropped).
     unsafe fn start_send(
+        py: Python<'_>,
         t: &Tagged,
         dest: u32,
         tag: u32,
         ptr: *const u8,
         len: usize,
     ) -> PyResult<RawRequest> {
-        // SAFETY: the caller's promise.
-        unsafe { t.isend_raw(dest, tag, ptr, len) }.py()
+        // SAFETY: the closure carries an `&Tagged`, numbers and a pointer: nothing of
+        // Python's. The pointer's bytes: the caller's promise.
+        let started =
+            unsafe { detached(py, (t, ptr), |(t, ptr)| t.isend_raw(dest, tag, ptr, len)) };
+        started.py()
     }
 }
 
@@ -455,7 +467,7 @@ impl PyTagged {
         self.with(|_, t| {
             // SAFETY: `b` keeps the bytes alive and in place until `finish` has
             // completed or abandoned the send.
-            let req = unsafe { Self::start_send(t, dest, tag, b.ptr(), b.len()) }?;
+            let req = unsafe { Self::start_send(py, t, dest, tag, b.ptr(), b.len()) }?;
             finish(py, t, req).map(drop)
         })
     }
@@ -472,7 +484,7 @@ impl PyTagged {
         tag: i64,
         status: Option<&Bound<'_, PyStatus>>,
     ) -> PyResult<()> {
-        let (src, tag) = (src_arg(source)?, tag_arg(tag)?);
+        let (src, tag) = (src_arg(source, self.size)?, tag_arg(tag)?);
         let b = Buffer::get(buf, true, "Recv")?;
         let st = self.with(|_, t| {
             // SAFETY: `b` keeps the bytes alive, writable and in place until `finish`
@@ -500,7 +512,7 @@ impl PyTagged {
         let raw = slf.get().with(|_, t| {
             // SAFETY: the request made below holds `b` until the send is complete or
             // abandoned (by the request, its endpoint's orphan list, or the endpoint).
-            unsafe { Self::start_send(t, dest, tag, b.ptr(), b.len()) }
+            unsafe { Self::start_send(slf.py(), t, dest, tag, b.ptr(), b.len()) }
         })?;
         PyRequest::pending(slf, raw, Keep::Buffer(b), Kind::Send)
     }
@@ -514,7 +526,7 @@ impl PyTagged {
         source: i64,
         tag: i64,
     ) -> PyResult<Py<PyRequest>> {
-        let (src, tag) = (src_arg(source)?, tag_arg(tag)?);
+        let (src, tag) = (src_arg(source, slf.get().size)?, tag_arg(tag)?);
         let b = Buffer::get(buf, true, "Irecv")?;
         let raw = slf.get().with(|_, t| {
             // SAFETY: as in `Isend`; nothing else uses the bytes meanwhile.
@@ -533,7 +545,7 @@ impl PyTagged {
         tag: i64,
         status: Option<&Bound<'_, PyStatus>>,
     ) -> PyResult<PyStatus> {
-        let (src, tag) = (src_arg(source)?, tag_arg(tag)?);
+        let (src, tag) = (src_arg(source, self.size)?, tag_arg(tag)?);
         let st = PyStatus::of(self.with(|_, t| probe(py, t, src, tag))?);
         st.fill(status)?;
         Ok(st)
@@ -548,7 +560,7 @@ impl PyTagged {
         tag: i64,
         status: Option<&Bound<'_, PyStatus>>,
     ) -> PyResult<Option<PyStatus>> {
-        let (src, tag) = (src_arg(source)?, tag_arg(tag)?);
+        let (src, tag) = (src_arg(source, self.size)?, tag_arg(tag)?);
         let st = self.with(|_, t| t.iprobe(src, tag).py())?.map(PyStatus::of);
         if let Some(s) = &st {
             s.fill(status)?;
@@ -564,7 +576,7 @@ impl PyTagged {
         let bytes = data.as_bytes();
         self.with(|_, t| {
             // SAFETY: `data` (immutable, alive in this frame) outlives `finish`.
-            let req = unsafe { Self::start_send(t, dest, tag, bytes.as_ptr(), bytes.len()) }?;
+            let req = unsafe { Self::start_send(py, t, dest, tag, bytes.as_ptr(), bytes.len()) }?;
             finish(py, t, req).map(drop)
         })
     }
@@ -579,7 +591,7 @@ impl PyTagged {
         tag: i64,
         status: Option<&Bound<'_, PyStatus>>,
     ) -> PyResult<Py<PyAny>> {
-        let (src, tag) = (src_arg(source)?, tag_arg(tag)?);
+        let (src, tag) = (src_arg(source, self.size)?, tag_arg(tag)?);
         let (bytes, st) = self.with(|_, t| recv_bytes(py, t, src, tag))?;
         PyStatus::of(st).fill(status)?;
         loads(py, &bytes)
@@ -599,7 +611,7 @@ impl PyTagged {
         let raw = slf.get().with(|_, t| {
             // SAFETY: the request made below holds `data` until the send is complete or
             // abandoned.
-            unsafe { Self::start_send(t, dest, tag, bytes.as_ptr(), bytes.len()) }
+            unsafe { Self::start_send(slf.py(), t, dest, tag, bytes.as_ptr(), bytes.len()) }
         })?;
         PyRequest::pending(slf, raw, Keep::Bytes(data.unbind()), Kind::Send)
     }
@@ -609,7 +621,7 @@ impl PyTagged {
     /// whatever its length): receives posted meanwhile may take a message first.
     #[pyo3(signature = (source=ANY_SOURCE, tag=ANY_TAG))]
     fn irecv(slf: &Bound<'_, Self>, source: i64, tag: i64) -> PyResult<Py<PyRequest>> {
-        let (src, tag) = (src_arg(source)?, tag_arg(tag)?);
+        let (src, tag) = (src_arg(source, slf.get().size)?, tag_arg(tag)?);
         slf.get().with(|_, _| Ok(()))?;
         PyRequest::lazy(slf, src, tag)
     }
@@ -641,6 +653,11 @@ impl PyTagged {
     /// ``quiver.ClosedError``), and it lingers up to two seconds to send the answers its
     /// peers wait for. Closing twice does nothing.
     fn close(&self) -> PyResult<()> {
+        if self.inner.forked_away() {
+            // The parent's endpoint, in a child made by fork(): not ours to close (a
+            // `with` block that ends in the child leaves it to the parent).
+            return Ok(());
+        }
         let inner = self.inner.get(WHAT)?;
         let t = inner.t.try_borrow_mut().map_err(|_| busy())?.take();
         if let Some(t) = t {

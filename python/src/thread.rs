@@ -36,9 +36,13 @@ fn current() -> Option<ThreadId> {
     ID.try_with(|id| *id).ok()
 }
 
-/// A value that only the thread that made it reaches (module documentation).
+/// A value that only the thread that made it reaches (module documentation), in the
+/// process that made it: a child made by `fork()` has a copy of the thread, with the
+/// same id, but its endpoints are the parent's (their shared memory, their peers), so
+/// in the child they are neither used nor closed.
 pub struct ThreadBound<T> {
     owner: ThreadId,
+    pid: u32,
     value: ManuallyDrop<T>,
 }
 
@@ -56,35 +60,50 @@ impl<T> ThreadBound<T> {
         let owner = current().unwrap_or_else(|| std::thread::current().id());
         ThreadBound {
             owner,
+            pid: std::process::id(),
             value: ManuallyDrop::new(value),
         }
+    }
+
+    /// Whether the caller may reach the value: its thread, in its process.
+    #[inline]
+    fn here(&self) -> bool {
+        current() == Some(self.owner) && std::process::id() == self.pid
     }
 
     /// The value, on its owner thread; [`ThreadError`](crate::errors) on any other.
     #[inline]
     pub fn get(&self, what: &str) -> PyResult<&T> {
-        if current() == Some(self.owner) {
+        if self.here() {
             Ok(&self.value)
         } else {
             Err(crate::errors::thread_error(what))
         }
     }
 
+    /// Whether this is a child made by `fork()` after the value was made: the value is
+    /// the parent's, to be left alone.
+    #[inline]
+    pub fn forked_away(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
     /// The value, on its owner thread only.
     #[inline]
     pub fn try_get(&self) -> Option<&T> {
-        (current() == Some(self.owner)).then_some(&*self.value)
+        self.here().then_some(&*self.value)
     }
 }
 
 impl<T> Drop for ThreadBound<T> {
     fn drop(&mut self) {
-        if current() == Some(self.owner) {
+        if self.here() {
             // SAFETY: dropped once, here, and never reached again (we are in its drop).
             unsafe { ManuallyDrop::drop(&mut self.value) }
         }
         // Elsewhere the value leaks: its pending operations keep their buffers, whose
-        // exports leak with it; nothing is freed while quiver may still use it.
+        // exports leak with it; nothing is freed while quiver may still use it. In a
+        // forked child, the parent's endpoints are left alone.
     }
 }
 

@@ -341,7 +341,29 @@ def errors(comm, job):
         assert (e.count, e.capacity, e.source, e.tag) == (100, 10, 0, 3), vars(e)
         assert small == bytes(range(10))
     # Unpicklable objects and messages that are no pickle.
-    expect(Exception, comm.send, lambda: None, peer)
+    expect((pickle.PicklingError, AttributeError), comm.send, lambda: None, peer)
+    # Arrays of Python objects hold addresses, not values: refused both ways.
+    e = expect(TypeError, comm.Send, np.array([object(), 1], dtype=object), peer)
+    assert "pickle" in str(e), e
+    expect(TypeError, comm.Recv, np.empty(2, dtype=object), peer)
+    expect(TypeError, comm.Irecv, np.zeros(2, dtype=[("a", "i4"), ("b", "O")]), peer)
+    # A rank the job does not have sends nothing: RankError, not a wait for ever.
+    expect(quiver.RankError, comm.Recv, bytearray(1), job.size)
+    expect(quiver.RankError, comm.Probe, job.size + 5)
+    # A child made by fork() may not use (nor, at its exit, close) its parent's endpoints.
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            comm.Send(b"x", peer)
+            code = 3
+        except quiver.ThreadError:
+            pass
+        except BaseException:
+            code = 4
+        sys.exit(code)  # a normal exit: atexit's close must leave the parent's alone
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
     if me == 0:
         comm.Send(b"not a pickle", 1, 4)
     else:

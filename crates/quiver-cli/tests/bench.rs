@@ -124,6 +124,48 @@ fn bw_over_udp() {
     check_bw("udp");
 }
 
+/// `rate`: 8-byte windows counted in messages per second, for endpoints and tagged
+/// messages over shm and udp; every per-window sample is window / time, and the byte
+/// rate size x window / time, so their means agree.
+#[test]
+fn message_rate_of_endpoints_and_tagged() {
+    for (api, transport) in [
+        ("dm", "shm"),
+        ("tagged", "shm"),
+        ("dm", "udp"),
+        ("tagged", "udp"),
+    ] {
+        let out = quiver_bench(&[
+            "rate",
+            "--api",
+            api,
+            "--transport",
+            transport,
+            "--iters",
+            "20",
+        ]);
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let v = &lines[0];
+        assert_eq!(v["bench"], "rate", "{v}");
+        assert_eq!(v["size"], 8, "{v}");
+        // Tagged over udp caps its window to a quarter of the channel's (bw.rs).
+        let window = if (api, transport) == ("tagged", "udp") {
+            16
+        } else {
+            64
+        };
+        assert_eq!(v["window"], window, "{v}");
+        let rate = positive(v, "messages_per_s");
+        positive(v, "messages_per_s_median");
+        let from_bytes = positive(v, "bandwidth_MBps") * 1e6 / 8.0;
+        assert!(
+            (rate - from_bytes).abs() <= 0.01 * rate,
+            "{api} over {transport}: {rate} messages/s, {from_bytes} from the byte rate"
+        );
+    }
+}
+
 #[test]
 fn bibw_over_shm() {
     let out = quiver_bench(&["bibw", "--sizes", "64K", "--iters", "10"]);

@@ -17,8 +17,11 @@
 //! rank 1 receives first: a blocking send may wait for its receiver). Tags: data
 //! [`DATA_TAG`], acknowledgements [`CONTROL_TAG`].
 //!
-//! One sample per window: bytes / window time, in MB/s (10^6 bytes/s); the result is the
-//! mean of the middle 80 % of the samples.
+//! - `rate`: `bw`'s exchange (8 B messages by default), counted in messages per second,
+//!   as OSU's `osu_mbw_mr` with one pair.
+//!
+//! One sample per window: bytes / window time, in MB/s (10^6 bytes/s), and messages /
+//! window time; the result is the mean of the middle 80 % of the samples.
 //!
 //! Windows are capped where the transport cannot hold them: over UDP, to
 //! [`UDP_WINDOW_BYTES`]; for `bibw`, to half the receive pool, so that both windows in
@@ -96,6 +99,7 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
         _ => Vec::new(),
     };
     let mut samples = Vec::with_capacity(usize::try_from(iters).unwrap_or(0));
+    let mut rates = Vec::with_capacity(samples.capacity());
     let bytes = size as f64 * f64::from(window) * if bench == Bench::Bibw { 2.0 } else { 1.0 };
     for i in 0..warmup + iters {
         let t0 = Instant::now();
@@ -120,6 +124,7 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
         let secs = t0.elapsed().as_secs_f64();
         if i >= warmup && secs > 0.0 {
             samples.push(bytes / secs / 1e6);
+            rates.push(f64::from(window) / secs);
         }
     }
     if ctx.rank != 0 {
@@ -133,6 +138,11 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
         3,
     ));
     r.bandwidth_mbps_median = stats::median_sorted(&samples).map(|v| round(v, 3));
+    if bench == Bench::Rate {
+        stats::sort(&mut rates);
+        r.messages_per_s = avg80(&rates).map(|v| v.round());
+        r.messages_per_s_median = stats::median_sorted(&rates).map(|v| v.round());
+    }
     Ok(Some(r))
 }
 
@@ -177,7 +187,8 @@ fn tagged_window_exchange(
     let peer = 1 - rank;
     let sends = bench == Bench::Bibw || rank == 0;
     let receives = bench == Bench::Bibw;
-    if bench == Bench::Bw && rank == 1 {
+    // `rate` is `bw`'s exchange, counted in messages.
+    if matches!(bench, Bench::Bw | Bench::Rate) && rank == 1 {
         for _ in 0..window {
             let st = t
                 .recv(&mut rbufs[..size], peer, DATA_TAG)

@@ -31,6 +31,7 @@ pub fn child_args(
         Some(BenchCmd::Pingpong) => a.push("pingpong".into()),
         Some(BenchCmd::Bw) => a.push("bw".into()),
         Some(BenchCmd::Bibw) => a.push("bibw".into()),
+        Some(BenchCmd::Rate) => a.push("rate".into()),
         Some(BenchCmd::Logp) => a.push("logp".into()),
         Some(BenchCmd::EarlyLate) => a.push("early-late".into()),
         Some(BenchCmd::TuneBtp) => a.push("tune-btp".into()),

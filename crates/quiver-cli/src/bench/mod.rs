@@ -80,6 +80,9 @@ pub enum BenchCmd {
     Bw,
     /// Bi-directional bandwidth: both ranks send a window at the same time.
     Bibw,
+    /// Message rate, as OSU's osu_mbw_mr with one pair: windows of --window messages
+    /// (default 64) of 8 B (default), each window acknowledged; messages per second.
+    Rate,
     /// LogP parameters: send and receive overhead, gap, latency and L (default size 8).
     Logp,
     /// Early and late receiver tests of Push-Pull (tagged; default sizes 0..64K).
@@ -112,7 +115,7 @@ pub struct BenchOpts {
     /// Warm-up iterations per size; default a tenth of the iterations.
     #[arg(long, global = true)]
     pub warmup: Option<u64>,
-    /// Messages per window (bw, bibw).
+    /// Messages per window (bw, bibw, rate).
     #[arg(long, default_value_t = 64, global = true,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub window: u32,
@@ -296,6 +299,8 @@ pub enum Bench {
     Bw,
     /// Bi-directional bandwidth.
     Bibw,
+    /// Message rate (uni-directional windows, counted in messages).
+    Rate,
     /// LogP parameters (o_s, o_r, g, L, latency).
     Logp,
     /// Early and late receiver tests (Push-Pull paper, section 5.3).
@@ -313,6 +318,7 @@ impl Bench {
             Bench::Pingpong => "pingpong",
             Bench::Bw => "bw",
             Bench::Bibw => "bibw",
+            Bench::Rate => "rate",
             Bench::Logp => "logp",
             Bench::EarlyLate => "early-late",
             Bench::TuneBtp => "tune-btp",
@@ -344,6 +350,7 @@ impl From<BenchCmd> for Bench {
             BenchCmd::Pingpong => Bench::Pingpong,
             BenchCmd::Bw => Bench::Bw,
             BenchCmd::Bibw => Bench::Bibw,
+            BenchCmd::Rate => Bench::Rate,
             BenchCmd::Logp => Bench::Logp,
             BenchCmd::EarlyLate => Bench::EarlyLate,
             BenchCmd::TuneBtp => Bench::TuneBtp,
@@ -352,13 +359,13 @@ impl From<BenchCmd> for Bench {
 }
 
 /// Default sizes of each benchmark: `pingpong` 0 and the powers of two up to 4 MiB,
-/// `bw` and `bibw` 1 KiB to 4 MiB, `logp` 8 B, `early-late` 0 to 64 KiB; `tune-btp`
+/// `bw` and `bibw` 1 KiB to 4 MiB, `logp` and `rate` 8 B, `early-late` 0 to 64 KiB; `tune-btp`
 /// measures the sizes of its two steps ([`tune_btp::sizes`]).
 pub fn default_sizes(bench: Bench) -> Vec<usize> {
     let (lo, hi) = match bench {
         Bench::Pingpong => (0, 4 << 20),
         Bench::Bw | Bench::Bibw => (1 << 10, 4 << 20),
-        Bench::Logp => return vec![8],
+        Bench::Logp | Bench::Rate => return vec![8],
         Bench::EarlyLate => (0, 64 << 10),
         Bench::TuneBtp => return tune_btp::sizes(),
     };
@@ -376,7 +383,7 @@ pub fn suite_sizes(bench: Bench) -> Vec<usize> {
     match bench {
         Bench::Pingpong => vec![0, 8, 64, 1 << 10, 4 << 10, 64 << 10, 1 << 20],
         Bench::Bw | Bench::Bibw => vec![4 << 10, 64 << 10, 1 << 20],
-        Bench::Logp => vec![8],
+        Bench::Logp | Bench::Rate => vec![8],
         Bench::EarlyLate | Bench::TuneBtp => default_sizes(bench),
     }
 }

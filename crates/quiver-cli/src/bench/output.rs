@@ -102,6 +102,13 @@ pub struct BenchResult {
         skip_serializing_if = "Option::is_none"
     )]
     pub bandwidth_mbps_median: Option<f64>,
+    /// Message rate, mean of the middle 80 % of the per-window samples, messages/s
+    /// (rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages_per_s: Option<f64>,
+    /// Message rate, median of the per-window samples, messages/s (rate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages_per_s_median: Option<f64>,
     /// Send overhead per message, mean of the middle 80 %, us (logp).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub o_s_us: Option<f64>,
@@ -173,6 +180,8 @@ impl BenchResult {
             latency_us_max: None,
             bandwidth_mbps: None,
             bandwidth_mbps_median: None,
+            messages_per_s: None,
+            messages_per_s_median: None,
             o_s_us: None,
             o_r_us: None,
             g_us: None,
@@ -221,7 +230,7 @@ pub fn round(v: f64, decimals: i32) -> f64 {
 }
 
 /// CSV columns, in order.
-pub const CSV_COLUMNS: [&str; 25] = [
+pub const CSV_COLUMNS: [&str; 27] = [
     "bench",
     "transport",
     "wait",
@@ -247,6 +256,8 @@ pub const CSV_COLUMNS: [&str; 25] = [
     "btp1",
     "btp2",
     "compute_us",
+    "messages_per_s",
+    "messages_per_s_median",
 ];
 
 /// What a table groups rows by: benchmark, transport, wait mode, API, push mode,
@@ -332,6 +343,8 @@ impl Reporter {
                     r.btp1.map(|v| v.to_string()).unwrap_or_default(),
                     r.btp2.map(|v| v.to_string()).unwrap_or_default(),
                     csv_num(r.compute_us),
+                    csv_num(r.messages_per_s),
+                    csv_num(r.messages_per_s_median),
                 ];
                 out.push_str(&cells.join(","));
                 out.push('\n');
@@ -380,6 +393,19 @@ impl Reporter {
                         num(r.ping_late_fraction, 2),
                         r.iters
                     );
+                } else if r.bench == Bench::Rate {
+                    let _ = writeln!(
+                        out,
+                        "{:>10} {:>14} {:>14} {:>10} {:>8} {:>8}",
+                        r.size,
+                        num(r.messages_per_s, 0),
+                        num(r.messages_per_s_median, 0),
+                        num(r.bandwidth_mbps, 1),
+                        r.window
+                            .map(|w| w.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        r.iters
+                    );
                 } else if r.bench.is_bandwidth() {
                     let _ = writeln!(
                         out,
@@ -414,6 +440,7 @@ fn table_title(r: &BenchResult) -> String {
         Bench::Pingpong => "one-way latency (round trip / 2)",
         Bench::Bw => "uni-directional bandwidth, MB/s = 10^6 B/s",
         Bench::Bibw => "bi-directional bandwidth (both directions), MB/s = 10^6 B/s",
+        Bench::Rate => "message rate (windows of messages, each acknowledged), messages/s",
         Bench::Logp => "LogP parameters per message, us (L = latency - o_s - o_r)",
         Bench::EarlyLate => {
             "time of an iteration less its compute on the critical path (2x early, x+y late), \
@@ -458,6 +485,11 @@ fn table_header(bench: Bench) -> String {
         format!(
             "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n",
             "size(B)", "o_s(us)", "o_r(us)", "g(us)", "L(us)", "latency(us)", "iters"
+        )
+    } else if bench == Bench::Rate {
+        format!(
+            "{:>10} {:>14} {:>14} {:>10} {:>8} {:>8}\n",
+            "size(B)", "avg80 msg/s", "median msg/s", "MB/s", "window", "iters"
         )
     } else if bench.is_bandwidth() {
         format!(

@@ -211,7 +211,7 @@ fn run_plan(ctx: &Ctx<'_>, plan: &Plan, mut sink: Option<&mut Sink>) -> anyhow::
         }
         let result = match plan.bench {
             Bench::Pingpong => pingpong::run(ctx, size),
-            Bench::Bw | Bench::Bibw => bw::run(ctx, plan.bench, size),
+            Bench::Bw | Bench::Bibw | Bench::Rate => bw::run(ctx, plan.bench, size),
             Bench::Logp => logp::run(ctx, size),
             Bench::EarlyLate | Bench::TuneBtp => {
                 bail!("{} runs through its own module", plan.bench)

@@ -741,9 +741,9 @@ mod tests {
         let text = rep.render(&logp(8));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[1].split(',').count(), CSV_COLUMNS.len());
-        // The logp columns, then the empty columns of the tagged API.
+        // The logp columns, then the empty columns of the tagged API and of the rate.
         assert!(
-            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500,,,,,,"),
+            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500,,,,,,,,"),
             "{}",
             lines[1]
         );

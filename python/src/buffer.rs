@@ -38,16 +38,11 @@ impl Buffer {
         // With its format first, to refuse memory that holds Python objects; some
         // exporters refuse to describe their format (numpy's datetime64), then without.
         let mut with_format = true;
-        // SAFETY: `obj` is a live object (the GIL is held, we have a `Bound`); `view`
-        // points to an empty Py_buffer that PyObject_GetBuffer fills, or leaves unset
-        // when it fails (it is then never released, and may be filled again).
-        let mut rc =
-            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags | ffi::PyBUF_FORMAT) };
+        let mut rc = export(obj, &mut view, flags | ffi::PyBUF_FORMAT);
         if rc != 0 {
             drop(PyErr::fetch(obj.py()));
             with_format = false;
-            // SAFETY: as above; the failed attempt left `view` unset.
-            rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+            rc = export(obj, &mut view, flags);
         }
         if rc != 0 {
             let err = PyErr::fetch(obj.py());
@@ -129,6 +124,18 @@ impl Drop for Buffer {
             unsafe { ffi::PyBuffer_Release(&mut *self.view) }
         });
     }
+}
+
+/// `PyObject_GetBuffer(obj, view, flags)`: 0 when `view` was filled, else -1 with the
+/// exception set (and `view` left unset, to be filled again or dropped unreleased).
+fn export(
+    obj: &Bound<'_, PyAny>,
+    view: &mut ffi::Py_buffer,
+    flags: std::ffi::c_int,
+) -> std::ffi::c_int {
+    // SAFETY: `obj` is a live object (the GIL is held, we have a `Bound`); `view` is a
+    // Py_buffer that is not a live export (new, or left unset by a failed attempt).
+    unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), view, flags) }
 }
 
 /// Whether a struct-module format string describes Python objects (`O`), outside the

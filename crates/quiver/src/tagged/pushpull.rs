@@ -864,7 +864,7 @@ impl PushPull {
     pub(super) fn test_op(&self, on: &impl Footing, id: u64) -> Result<bool> {
         self.progress(on)?;
         let st = self.st.borrow();
-        if st.pulls.contains_key(&id) {
+        if !st.pulls.is_empty() && st.pulls.contains_key(&id) {
             // The pull thread may still write into the buffer (a receive whose sender
             // abandoned it meanwhile is done, but not yet its buffer's).
             return Ok(false);

@@ -90,3 +90,9 @@ pub use job::bootstrap::Launcher;
 pub use job::{Job, Progress};
 #[cfg(not(loom))]
 pub use link::Transport;
+
+/// The hash map of the data path (operations, messages in flight, routes): foldhash's
+/// fast hasher, several times cheaper than std's SipHash on the small integer keys used
+/// there, and seeded per map, so peers that choose keys (message numbers) cannot aim at
+/// collisions.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

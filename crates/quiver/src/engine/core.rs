@@ -43,7 +43,8 @@ use crate::error::{Error, Result};
 use crate::link::udp;
 use crate::link::Link;
 use crate::wire::{self, DecodeError, Flags, FrameKind, Header};
-use std::collections::{HashMap, VecDeque};
+use crate::FastMap;
+use std::collections::VecDeque;
 
 /// Marks the slot number of a frame copied out of the link's ring ([`Core::evacuate`]):
 /// the low bits index the core's copies instead of the link's slots.
@@ -184,7 +185,7 @@ enum BatchFrame {
 pub(crate) struct Core<D> {
     me: Identity,
     peers: Vec<Peer<D>>,
-    peer_index: HashMap<Source, usize>,
+    peer_index: FastMap<Source, usize>,
     /// When the next round is needed: the earliest channel timer, or the link's when it
     /// holds frames back.
     next_deadline: Option<Time>,
@@ -212,7 +213,7 @@ impl<D> Core<D> {
         Core {
             me,
             peers: Vec::new(),
-            peer_index: HashMap::new(),
+            peer_index: FastMap::default(),
             next_deadline: None,
             last_now: Time::ZERO,
             delivering: true,

@@ -29,8 +29,9 @@ use crate::job::JobShared;
 use crate::link::network::NetLink;
 use crate::link::shm::{ShmRx, ShmTx};
 use crate::link::{Link, Transport};
+use crate::FastMap;
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,7 +67,7 @@ struct Inner<L: Link, C: Clock> {
     /// The receive side: shared memory, the driver or the offload engine.
     rx: Receivers<L, C>,
     routes: Vec<(Source, Route)>,
-    route_index: HashMap<Source, usize>,
+    route_index: FastMap<Source, usize>,
     /// Tokens of messages the application keeps (`Message::hold`), oldest first.
     held: VecDeque<Token>,
     errors: VecDeque<Error>,
@@ -238,7 +239,7 @@ impl<L: Link, C: Clock> Station<L, C> {
             inner: RefCell::new(Inner {
                 rx,
                 routes: Vec::new(),
-                route_index: HashMap::new(),
+                route_index: FastMap::default(),
                 held: VecDeque::new(),
                 errors: VecDeque::new(),
                 stats: EndpointStats::default(),

@@ -16,21 +16,42 @@
 //! - Never both a posted receive and an unexpected message that match each other.
 //!
 //! The unexpected messages carry a payload `M` of the caller's (for `pushpull`, the
-//! announced header and the pushed bytes); it is built only when a message has to wait
+//! announced header and the pushed bytes) and a key the caller names them by (the
+//! sender's message number); it is built only when a message has to wait
 //! ([`Matching::arrive`] takes a closure), so a message that matches a posted receive
 //! costs no allocation here.
+//!
+//! How it stays fast with many receives or messages outstanding (as MPICH's and UCX's
+//! tag matching): receives naming one sender and one tag wait in one of a fixed number
+//! of queues chosen by a hash of (sender, tag), the others (a wildcard) in one queue;
+//! each receive has a posting number, and an arriving message takes the earlier of the
+//! first receive for its (sender, tag) in its hash queue and the first wildcard receive
+//! that accepts it. Messages wait in arrival order and are also queued by the same hash.
+//! So the common cases cost a hash and a look at the front of a queue, whatever is
+//! outstanding: a receive for one sender and tag, a message for which one is posted,
+//! the first of several messages of one sender and tag. Only wildcards search, and only
+//! among the wildcard receives (for an arriving message) or the waiting messages (for a
+//! wildcard receive); (sender, tag) pairs that share a hash queue search it. The queues
+//! keep their memory, so a message that matches allocates nothing.
 
 use super::{Src, Tag};
-use std::collections::VecDeque;
+use crate::FastMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::hash::BuildHasher;
+
+/// Queues of the hash of (sender, tag), for posted receives and for waiting messages.
+const QUEUES: usize = 256;
 
 /// Whether a receive for (`src`, `tag`) accepts a message from `source` with tag `t`.
 pub(super) fn accepts(src: Src, tag: Tag, source: u32, t: u32) -> bool {
     (src == Src::Any || src == Src::Rank(source)) && (tag == Tag::Any || tag == Tag::Is(t))
 }
 
-/// A receive waiting for a message.
+/// A receive with a wildcard, waiting for a message.
 #[derive(Debug, Clone, Copy)]
-struct Posted {
+struct Wild {
+    /// Its posting number.
+    order: u64,
     id: u64,
     src: Src,
     tag: Tag,
@@ -41,44 +62,140 @@ struct Posted {
 pub(super) struct Arrived<M> {
     pub source: u32,
     pub tag: u32,
+    /// The caller's name for it (unique per sender while it waits).
+    pub key: u64,
     pub msg: M,
 }
 
 /// The posted and unexpected queues of one tagged endpoint.
 #[derive(Debug)]
 pub(super) struct Matching<M> {
-    /// Receives posted and not matched yet, in posting order.
-    posted: VecDeque<Posted>,
-    /// Messages no receive has taken yet, in arrival order.
-    unexpected: VecDeque<Arrived<M>>,
+    /// Receives for one (sender, tag), in posting order, in the queue of their hash.
+    exact: Vec<VecDeque<Exact>>,
+    /// Receives with a wildcard, in posting order.
+    wild: VecDeque<Wild>,
+    /// Receives posted in all.
+    posted: usize,
+    /// The next posting number.
+    next_post: u64,
+    /// Messages no receive has taken yet, by arrival number.
+    unexpected: BTreeMap<u64, Arrived<M>>,
+    /// Their arrival numbers, in order, in the queue of the hash of their (sender, tag).
+    arrivals: Vec<VecDeque<Pair<u64>>>,
+    /// Their arrival numbers by (sender, key).
+    by_key: FastMap<(u32, u64), u64>,
+    /// The next arrival number.
+    next_arrival: u64,
+    /// Chooses the queues (seeded per endpoint: a sender choosing tags cannot aim them all
+    /// at one queue, except by chance).
+    hash: foldhash::fast::RandomState,
+}
+
+/// A value of one (sender, tag), in a queue of their hash.
+#[derive(Debug, Clone, Copy)]
+struct Pair<T> {
+    source: u32,
+    tag: u32,
+    value: T,
+}
+
+/// A receive for one sender and tag: its posting number and id.
+type Exact = Pair<(u64, u64)>;
+
+/// Takes the first value of (`source`, `tag`) out of queue `q`.
+fn take_first<T: Copy>(q: &mut VecDeque<Pair<T>>, source: u32, tag: u32) -> Option<T> {
+    let i = first_of(q, source, tag)?;
+    take_at(q, i).map(|p| p.value)
+}
+
+/// Takes item `i` out of `q` (the front, usually: cheaper than a removal).
+fn take_at<T>(q: &mut VecDeque<T>, i: usize) -> Option<T> {
+    if i == 0 {
+        q.pop_front()
+    } else {
+        q.remove(i)
+    }
+}
+
+/// Where the first value of (`source`, `tag`) is in queue `q` (usually its front).
+fn first_of<T>(q: &VecDeque<Pair<T>>, source: u32, tag: u32) -> Option<usize> {
+    q.iter().position(|p| p.source == source && p.tag == tag)
 }
 
 impl<M> Matching<M> {
     pub(super) fn new() -> Matching<M> {
         Matching {
-            posted: VecDeque::new(),
-            unexpected: VecDeque::new(),
+            exact: (0..QUEUES).map(|_| VecDeque::new()).collect(),
+            wild: VecDeque::new(),
+            posted: 0,
+            next_post: 0,
+            unexpected: BTreeMap::new(),
+            arrivals: (0..QUEUES).map(|_| VecDeque::new()).collect(),
+            by_key: FastMap::default(),
+            next_arrival: 0,
+            hash: foldhash::fast::RandomState::default(),
         }
     }
 
-    /// A message from `source` with `tag` arrived: the posted receive it matches (no
-    /// longer posted), or `None`, and then the message, built by `msg`, waits in the
-    /// unexpected queue.
-    pub(super) fn arrive(&mut self, source: u32, tag: u32, msg: impl FnOnce() -> M) -> Option<u64> {
-        let i = self
-            .posted
-            .iter()
-            .position(|p| accepts(p.src, p.tag, source, tag));
-        match i.and_then(|i| self.posted.remove(i)) {
-            Some(p) => Some(p.id),
-            None => {
-                self.unexpected.push_back(Arrived {
-                    source,
-                    tag,
-                    msg: msg(),
-                });
-                None
+    /// The queue of (`source`, `tag`).
+    fn queue(&self, source: u32, tag: u32) -> usize {
+        self.hash.hash_one((source, tag)) as usize % QUEUES
+    }
+
+    /// A message from `source` with `tag`, named `key`, arrived: the posted receive it
+    /// matches (no longer posted), or `None`, and then the message, built by `msg`,
+    /// waits in the unexpected queue.
+    pub(super) fn arrive(
+        &mut self,
+        source: u32,
+        tag: u32,
+        key: u64,
+        msg: impl FnOnce() -> M,
+    ) -> Option<u64> {
+        if self.posted > 0 {
+            if let Some(id) = self.take_posted(source, tag) {
+                self.posted -= 1;
+                return Some(id);
             }
+        }
+        let n = self.next_arrival;
+        self.next_arrival += 1;
+        let q = self.queue(source, tag);
+        self.arrivals[q].push_back(Pair {
+            source,
+            tag,
+            value: n,
+        });
+        self.by_key.insert((source, key), n);
+        self.unexpected.insert(
+            n,
+            Arrived {
+                source,
+                tag,
+                key,
+                msg: msg(),
+            },
+        );
+        None
+    }
+
+    /// The earliest posted receive that accepts a message from `source` with `tag`,
+    /// taken out of its queue.
+    fn take_posted(&mut self, source: u32, tag: u32) -> Option<u64> {
+        let q = self.queue(source, tag);
+        let exact = first_of(&self.exact[q], source, tag);
+        let wild = self
+            .wild
+            .iter()
+            .position(|w| accepts(w.src, w.tag, source, tag));
+        let exact_first = match (exact, wild) {
+            (Some(e), Some(w)) => self.exact[q][e].value.0 < self.wild[w].order,
+            (exact, _) => exact.is_some(),
+        };
+        if exact_first {
+            take_at(&mut self.exact[q], exact?).map(|p| p.value.1)
+        } else {
+            take_at(&mut self.wild, wild?).map(|w| w.id)
         }
     }
 
@@ -86,59 +203,113 @@ impl<M> Matching<M> {
     /// longer queued), or `None`, and then the receive waits in the posted queue. `id`
     /// must not be posted already.
     pub(super) fn post(&mut self, id: u64, src: Src, tag: Tag) -> Option<Arrived<M>> {
-        let i = self
-            .unexpected
-            .iter()
-            .position(|u| accepts(src, tag, u.source, u.tag));
-        let found = i.and_then(|i| self.unexpected.remove(i));
-        if found.is_none() {
-            self.posted.push_back(Posted { id, src, tag });
+        if let Some(n) = self.first_unexpected(src, tag) {
+            let a = self.unexpected.remove(&n)?;
+            // The earliest message a receive accepts is the earliest of its own sender
+            // and tag.
+            let q = self.queue(a.source, a.tag);
+            take_first(&mut self.arrivals[q], a.source, a.tag);
+            self.by_key.remove(&(a.source, a.key));
+            return Some(a);
         }
-        found
+        let order = self.next_post;
+        self.next_post += 1;
+        self.posted += 1;
+        match (src, tag) {
+            (Src::Rank(s), Tag::Is(t)) => {
+                let q = self.queue(s, t);
+                self.exact[q].push_back(Pair {
+                    source: s,
+                    tag: t,
+                    value: (order, id),
+                });
+            }
+            _ => self.wild.push_back(Wild {
+                order,
+                id,
+                src,
+                tag,
+            }),
+        }
+        None
+    }
+
+    /// The arrival number of the earliest unexpected message a receive for (`src`,
+    /// `tag`) accepts.
+    fn first_unexpected(&self, src: Src, tag: Tag) -> Option<u64> {
+        if self.unexpected.is_empty() {
+            return None;
+        }
+        match (src, tag) {
+            (Src::Rank(s), Tag::Is(t)) => {
+                let q = &self.arrivals[self.queue(s, t)];
+                first_of(q, s, t).map(|i| q[i].value)
+            }
+            _ => self
+                .unexpected
+                .iter()
+                .find(|(_, u)| accepts(src, tag, u.source, u.tag))
+                .map(|(&n, _)| n),
+        }
     }
 
     /// The unexpected message a receive for (`src`, `tag`) would take now, left queued.
     pub(super) fn probe(&self, src: Src, tag: Tag) -> Option<&Arrived<M>> {
-        self.unexpected
-            .iter()
-            .find(|u| accepts(src, tag, u.source, u.tag))
+        self.unexpected.get(&self.first_unexpected(src, tag)?)
     }
 
     /// Withdraws posted receive `id`; false if it is not posted (matched, cancelled, or
-    /// never posted).
+    /// never posted). Searches every posted receive: cancelling is rare.
     pub(super) fn cancel(&mut self, id: u64) -> bool {
-        match self.posted.iter().position(|p| p.id == id) {
-            Some(i) => {
-                self.posted.remove(i);
-                true
-            }
-            None => false,
+        if self.posted == 0 {
+            return false;
         }
+        if let Some(i) = self.wild.iter().position(|w| w.id == id) {
+            self.wild.remove(i);
+            self.posted -= 1;
+            return true;
+        }
+        for q in &mut self.exact {
+            if let Some(at) = q.iter().position(|p| p.value.1 == id) {
+                q.remove(at);
+                self.posted -= 1;
+                return true;
+            }
+        }
+        false
     }
 
-    /// The payload of the earliest unexpected message from `source` for which `f` holds
-    /// (to add bytes that followed it).
-    pub(super) fn unexpected_mut(&mut self, source: u32, f: impl Fn(&M) -> bool) -> Option<&mut M> {
-        self.unexpected
-            .iter_mut()
-            .find(|u| u.source == source && f(&u.msg))
-            .map(|u| &mut u.msg)
+    /// The payload of the unexpected message `key` from `source` (to add bytes that
+    /// followed it).
+    pub(super) fn unexpected_mut(&mut self, source: u32, key: u64) -> Option<&mut M> {
+        let n = self.by_key.get(&(source, key))?;
+        self.unexpected.get_mut(n).map(|u| &mut u.msg)
     }
 
-    /// Takes the earliest unexpected message from `source` for which `f` holds out of
-    /// the queue (its sender gave it up).
-    pub(super) fn remove_unexpected(&mut self, source: u32, f: impl Fn(&M) -> bool) -> Option<M> {
-        let i = self
-            .unexpected
-            .iter()
-            .position(|u| u.source == source && f(&u.msg))?;
-        self.unexpected.remove(i).map(|u| u.msg)
+    /// Takes the unexpected message `key` from `source` out of the queue (its sender gave
+    /// it up).
+    pub(super) fn remove_unexpected(&mut self, source: u32, key: u64) -> Option<M> {
+        let n = self.by_key.remove(&(source, key))?;
+        let a = self.unexpected.remove(&n)?;
+        let q = self.queue(a.source, a.tag);
+        if let Some(at) = self.arrivals[q].iter().position(|p| p.value == n) {
+            self.arrivals[q].remove(at);
+        }
+        Some(a.msg)
     }
 
     /// Receives posted and messages waiting.
     #[cfg(test)]
     fn len(&self) -> (usize, usize) {
-        (self.posted.len(), self.unexpected.len())
+        (self.posted, self.unexpected.len())
+    }
+
+    /// Whether the indexes hold exactly what is posted and waiting.
+    #[cfg(test)]
+    fn indexes_are_tight(&self) -> bool {
+        self.by_key.len() == self.unexpected.len()
+            && self.arrivals.iter().map(VecDeque::len).sum::<usize>() == self.unexpected.len()
+            && self.exact.iter().map(VecDeque::len).sum::<usize>() + self.wild.len() == self.posted
     }
 }
 
@@ -149,10 +320,16 @@ mod tests {
 
     type M = Matching<&'static str>;
 
+    /// A fresh key for each message of a test.
+    fn k() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     #[test]
     fn a_message_waits_for_its_receive_and_a_receive_for_its_message() {
         let mut m = M::new();
-        assert_eq!(m.arrive(1, 5, || "a"), None);
+        assert_eq!(m.arrive(1, 5, k(), || "a"), None);
         assert_eq!(m.len(), (0, 1));
         assert!(
             m.post(10, Src::Rank(2), Tag::Is(5)).is_none(),
@@ -166,11 +343,11 @@ mod tests {
         assert_eq!((got.source, got.tag, got.msg), (1, 5, "a"));
         assert_eq!(m.len(), (2, 0));
         assert_eq!(
-            m.arrive(1, 6, || unreachable!("matched: not built")),
+            m.arrive(1, 6, k(), || unreachable!("matched: not built")),
             Some(11)
         );
         assert_eq!(
-            m.arrive(2, 5, || unreachable!("matched: not built")),
+            m.arrive(2, 5, k(), || unreachable!("matched: not built")),
             Some(10)
         );
         assert_eq!(m.len(), (0, 0));
@@ -183,23 +360,23 @@ mod tests {
         assert!(m.post(2, Src::Rank(4), Tag::Any).is_none());
         assert!(m.post(3, Src::Any, Tag::Any).is_none());
         assert_eq!(
-            m.arrive(4, 3, || "x"),
+            m.arrive(4, 3, k(), || "x"),
             Some(1),
             "the earliest that accepts it"
         );
-        assert_eq!(m.arrive(4, 9, || "x"), Some(2));
-        assert_eq!(m.arrive(0, 0, || "x"), Some(3));
-        assert_eq!(m.arrive(0, 0, || "y"), None);
+        assert_eq!(m.arrive(4, 9, k(), || "x"), Some(2));
+        assert_eq!(m.arrive(0, 0, k(), || "x"), Some(3));
+        assert_eq!(m.arrive(0, 0, k(), || "y"), None);
         assert_eq!(m.post(5, Src::Any, Tag::Any).unwrap().msg, "y");
     }
 
     #[test]
     fn one_senders_messages_are_taken_in_send_order() {
         let mut m = M::new();
-        m.arrive(1, 7, || "first");
-        m.arrive(2, 7, || "other sender");
-        m.arrive(1, 8, || "second");
-        m.arrive(1, 7, || "third");
+        m.arrive(1, 7, k(), || "first");
+        m.arrive(2, 7, k(), || "other sender");
+        m.arrive(1, 8, k(), || "second");
+        m.arrive(1, 7, k(), || "third");
         let take = |m: &mut M, src, tag| m.post(0, src, tag).map(|a| a.msg);
         assert_eq!(take(&mut m, Src::Rank(1), Tag::Any), Some("first"));
         assert_eq!(take(&mut m, Src::Rank(1), Tag::Is(7)), Some("third"));
@@ -212,16 +389,16 @@ mod tests {
         let mut m = M::new();
         m.post(1, Src::Any, Tag::Any);
         m.post(2, Src::Rank(1), Tag::Is(1));
-        assert_eq!(m.arrive(1, 1, || ""), Some(1));
-        assert_eq!(m.arrive(1, 1, || ""), Some(2));
+        assert_eq!(m.arrive(1, 1, k(), || ""), Some(1));
+        assert_eq!(m.arrive(1, 1, k(), || ""), Some(2));
     }
 
     #[test]
     fn probe_looks_without_taking() {
         let mut m = M::new();
         assert!(m.probe(Src::Any, Tag::Any).is_none());
-        m.arrive(3, 1, || "a");
-        m.arrive(2, 2, || "b");
+        m.arrive(3, 1, k(), || "a");
+        m.arrive(2, 2, k(), || "b");
         let p = m.probe(Src::Any, Tag::Is(2)).unwrap();
         assert_eq!((p.source, p.tag, p.msg), (2, 2, "b"));
         assert_eq!(m.probe(Src::Any, Tag::Any).unwrap().msg, "a");
@@ -238,7 +415,7 @@ mod tests {
         assert!(!m.cancel(1), "twice");
         assert!(!m.cancel(9), "never posted");
         assert_eq!(
-            m.arrive(0, 0, || ""),
+            m.arrive(0, 0, k(), || ""),
             Some(2),
             "the cancelled one is skipped"
         );
@@ -248,13 +425,62 @@ mod tests {
 
     #[test]
     fn bytes_that_follow_reach_the_waiting_message() {
-        let mut m: Matching<(u64, Vec<u8>)> = Matching::new();
-        m.arrive(1, 0, || (7, vec![1]));
-        m.arrive(2, 0, || (7, vec![2]));
-        m.unexpected_mut(2, |u| u.0 == 7).unwrap().1.push(3);
-        assert!(m.unexpected_mut(1, |u| u.0 == 8).is_none());
-        assert!(m.unexpected_mut(3, |u| u.0 == 7).is_none());
-        assert_eq!(m.post(0, Src::Rank(2), Tag::Any).unwrap().msg.1, vec![2, 3]);
+        let mut m: Matching<Vec<u8>> = Matching::new();
+        m.arrive(1, 0, 7, || vec![1]);
+        m.arrive(2, 0, 7, || vec![2]);
+        m.unexpected_mut(2, 7).unwrap().push(3);
+        assert!(m.unexpected_mut(1, 8).is_none());
+        assert!(m.unexpected_mut(3, 7).is_none());
+        assert_eq!(m.post(0, Src::Rank(2), Tag::Any).unwrap().msg, vec![2, 3]);
+        assert!(m.unexpected_mut(2, 7).is_none(), "taken");
+        assert_eq!(m.remove_unexpected(1, 7), Some(vec![1]));
+        assert_eq!(m.remove_unexpected(1, 7), None);
+        assert_eq!(m.len(), (0, 0));
+        assert!(m.indexes_are_tight());
+    }
+
+    #[test]
+    fn a_receive_for_one_sender_and_tag_is_not_overtaken_by_a_later_wildcard() {
+        let mut m = M::new();
+        assert!(m.post(1, Src::Rank(0), Tag::Is(4)).is_none());
+        assert!(m.post(2, Src::Any, Tag::Any).is_none());
+        assert!(m.post(3, Src::Rank(0), Tag::Is(4)).is_none());
+        assert_eq!(m.arrive(0, 4, k(), || ""), Some(1));
+        assert_eq!(
+            m.arrive(0, 4, k(), || ""),
+            Some(2),
+            "the wildcard came before 3"
+        );
+        assert_eq!(m.arrive(0, 4, k(), || ""), Some(3));
+        assert!(m.post(4, Src::Rank(1), Tag::Is(1)).is_none());
+        assert!(m.post(5, Src::Rank(1), Tag::Is(2)).is_none());
+        assert!(m.cancel(4), "a receive for one sender and tag is cancelled");
+        assert_eq!(m.arrive(1, 1, k(), || "late"), None);
+        assert_eq!(m.len(), (1, 1));
+        assert!(m.indexes_are_tight());
+    }
+
+    /// Many receives outstanding for other tags cost the matching nothing: the one that
+    /// matches is found among thousands (a hash lookup; the property test checks the
+    /// order, this checks the answer at a scale the property test does not reach).
+    #[test]
+    fn thousands_outstanding_in_any_order() {
+        let mut m = M::new();
+        for t in 0..4096u32 {
+            assert!(m.post(u64::from(t), Src::Rank(t % 3), Tag::Is(t)).is_none());
+        }
+        for t in (0..4096u32).rev() {
+            assert_eq!(m.arrive(t % 3, t, k(), || ""), Some(u64::from(t)));
+        }
+        for t in 0..4096u32 {
+            assert_eq!(m.arrive(t % 3, t, u64::from(t), || ""), None);
+        }
+        for t in (0..4096u32).rev() {
+            let a = m.post(0, Src::Rank(t % 3), Tag::Is(t)).unwrap();
+            assert_eq!((a.source, a.tag, a.key), (t % 3, t, u64::from(t)));
+        }
+        assert_eq!(m.len(), (0, 0));
+        assert!(m.indexes_are_tight());
     }
 
     #[derive(Debug, Clone)]
@@ -319,7 +545,7 @@ mod tests {
                             let (s, g, _) = recvs[r as usize];
                             accepts(s, g, source, tag)
                         });
-                        match m.arrive(source, tag, || i) {
+                        match m.arrive(source, tag, i as u64, || i) {
                             Some(r) => {
                                 prop_assert_eq!(Some(r), first, "the earliest posted receive");
                                 pending_recvs.retain(|&p| p != r);
@@ -373,6 +599,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(m.len(), (pending_recvs.len(), pending_msgs.len()));
+                prop_assert!(m.indexes_are_tight());
             }
             // Nothing lost: every message was taken once or still waits, in arrival order.
             let waiting: Vec<usize> = std::iter::from_fn(|| m.post(u64::MAX, Src::Any, Tag::Any).map(|a| a.msg)).collect();

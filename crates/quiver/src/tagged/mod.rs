@@ -52,6 +52,7 @@
 #[cfg(test)]
 mod forged_pid_tests;
 mod matching;
+mod ops;
 mod pushpull;
 #[cfg(test)]
 mod sim_tests;
@@ -183,7 +184,8 @@ pub use crate::rma::window::SharedBuf;
 /// The application's calls, on the protocol.
 impl Tagged {
     fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<u64> {
-        self.pp.start_send(&self.ep, dest, tag, data)
+        let id = self.pp.start_send(&self.ep, dest, tag, data, true)?;
+        Ok(id.expect("a send recorded whole has an id"))
     }
 
     fn start_recv(&self, ptr: *mut u8, cap: usize, src: Src, tag: Tag) -> Result<u64> {
@@ -259,8 +261,11 @@ impl Tagged {
     /// the receiver to post a matching receive: two ranks that both `send` such a message
     /// to each other before receiving wait for ever. Use [`Scope::isend`] there.
     pub fn send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<()> {
-        let id = self.start_send(dest, tag, data)?;
-        self.wait_op(id).map(|_| ())
+        match self.pp.start_send(&self.ep, dest, tag, data, false)? {
+            Some(id) => self.wait_op(id).map(|_| ()),
+            // Left whole in its first push: complete.
+            None => Ok(()),
+        }
     }
 
     /// Receives the first message that matches (`src`, `tag`) into `buf`.

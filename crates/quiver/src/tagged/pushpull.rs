@@ -23,6 +23,7 @@
 //! capacity and only while its operation is pending.
 
 use super::matching::Matching;
+use super::ops::Ops;
 use super::wire::{self, Announce, Msg};
 use super::{PushMode, Src, Status, Tag, TaggedStats, SECOND_PUSH_MAX};
 use crate::addr::Source;
@@ -33,8 +34,9 @@ use crate::engine::station::Footing;
 use crate::error::{Error, Result};
 use crate::link::Transport;
 use crate::rma::{GetError, Got, Offer, Peer, Remote, Rma};
+use crate::FastMap;
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// The outbox's bound. Every item answers one operation of the application's (a `Pull`
 /// of one of its sends, a `Pull` or `Done` of one of its receives), so the
@@ -49,29 +51,28 @@ pub(super) struct State {
     pub(super) btp2: usize,
     /// Largest payload of one protocol message.
     pub(super) chunk: usize,
-    next_op: u64,
     next_msg: u64,
-    pub(super) ops: HashMap<u64, Op>,
+    pub(super) ops: Ops<Op>,
     /// Receives posted and not matched yet, and first pushes that found no posted
     /// receive (the pushed buffer).
     pub(super) matching: Matching<Unexpected>,
     /// Bytes the pushed buffer holds.
     pushed_bytes: u64,
     /// Matched receives still expecting bytes: (source, message) → operation.
-    incoming: HashMap<(u32, u64), u64>,
+    incoming: FastMap<(u32, u64), u64>,
     /// Sends waiting for their receiver's `Pull` or `Done`: (destination, message) →
     /// operation.
-    outgoing: HashMap<(u32, u64), u64>,
+    outgoing: FastMap<(u32, u64), u64>,
     /// Matched receives too short for what their sender pushes: (source, message) → the
     /// end of the pushed bytes. Pushed bytes past the buffer are let go (not counted
     /// dropped) until the last of them has come.
-    discarding: HashMap<(u32, u64), u64>,
+    discarding: FastMap<(u32, u64), u64>,
     /// Matched receives whose rest is still to be pulled (`PushPull::make_pulls`), in
     /// the order they matched.
     to_pull: VecDeque<PullJob>,
     /// Receives whose pull the pull thread makes: operation → (source, message, offset,
     /// length).
-    pulls: HashMap<u64, (u32, u64, u64, u64)>,
+    pulls: FastMap<u64, (u32, u64, u64, u64)>,
     pub(super) stats: TaggedStats,
     /// Operations completed so far (a drive of the station returns to the application
     /// after one: it may be the one the application waits for).
@@ -104,16 +105,15 @@ impl State {
             btp1: cfg.btp1.min(chunk),
             btp2: cfg.btp2,
             chunk,
-            next_op: 0,
             next_msg: 0,
-            ops: HashMap::new(),
+            ops: Ops::new(),
             matching: Matching::new(),
             pushed_bytes: 0,
-            incoming: HashMap::new(),
-            outgoing: HashMap::new(),
-            discarding: HashMap::new(),
+            incoming: FastMap::default(),
+            outgoing: FastMap::default(),
+            discarding: FastMap::default(),
             to_pull: VecDeque::new(),
-            pulls: HashMap::new(),
+            pulls: FastMap::default(),
             stats: TaggedStats::default(),
             completions: 0,
             push_credit: cfg.push_credit as u64,
@@ -306,6 +306,9 @@ pub(super) struct PushPull {
     /// thread) and the sender's side of split copies.
     pub(super) rma: Rma,
     rank: u32,
+    /// This process's id, which a `Push` names for same-node pulls (read once: getpid
+    /// is a system call).
+    pid: u32,
 }
 
 impl PushPull {
@@ -316,16 +319,22 @@ impl PushPull {
             out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
             rma,
             rank,
+            pid: std::process::id(),
         }
     }
 
+    /// Starts sending `data` to `dest` with `tag`: the id of the operation, or `None`
+    /// when `record_whole` is false and the message left whole in its first push (an
+    /// eager message: complete when it leaves, nothing to answer, so a blocking send
+    /// keeps no record of it).
     pub(super) fn start_send(
         &self,
         on: &impl Footing,
         dest: u32,
         tag: u32,
         data: &[u8],
-    ) -> Result<u64> {
+        record_whole: bool,
+    ) -> Result<Option<u64>> {
         let station = on.station();
         let to = Source {
             rank: dest,
@@ -353,16 +362,15 @@ impl PushPull {
                 (first, pushed) = (0, 0);
                 st.stats.push_credit_exhausted += 1;
             }
-            let id = st.next_op;
-            st.next_op += 1;
             let state = if pushed == len {
                 SendState::Done
             } else {
                 SendState::Pending
             };
-            st.ops.insert(
-                id,
-                Op::Send(SendOp {
+            if first == len && !record_whole {
+                (msg, None, first, pushed)
+            } else {
+                let id = st.ops.insert(Op::Send(SendOp {
                     dest,
                     tag,
                     msg,
@@ -370,17 +378,26 @@ impl PushPull {
                     len,
                     state,
                     answering: false,
-                }),
-            );
-            if state == SendState::Pending {
-                st.outgoing.insert((dest, msg), id);
+                }));
+                if state == SendState::Pending {
+                    st.outgoing.insert((dest, msg), id);
+                }
+                (msg, Some(id), first, pushed)
             }
-            (msg, id, first, pushed)
         };
         let mut written = 0;
         match self.push(on, route, to, msg, tag, data, first, pushed, &mut written) {
             Ok(()) => Ok(id),
             Err(e) => {
+                let Some(id) = id else {
+                    // An eager message: its one push did not leave; nothing to undo but
+                    // its credit.
+                    let mut st = self.st.borrow_mut();
+                    if let Some(c) = st.push_in_flight.get_mut(dest as usize) {
+                        *c = c.saturating_sub(pushed as u64);
+                    }
+                    return Err(e);
+                };
                 // The pushes that did not leave never reach the receiver's buffer.
                 let mut st = self.st.borrow_mut();
                 if let Some(c) = st.push_in_flight.get_mut(dest as usize) {
@@ -441,7 +458,7 @@ impl PushPull {
                 msg,
                 total: len as u64,
                 pushed: pushed as u64,
-                pid: std::process::id(),
+                pid: self.pid,
                 seg,
                 addr,
             },
@@ -473,22 +490,18 @@ impl PushPull {
         src: Src,
         tag: Tag,
     ) -> Result<u64> {
-        // Take in what has arrived first: a message already waiting must match before
-        // this receive is queued behind it.
-        self.progress(on)?;
+        // Messages that arrived and were not handled yet need not be taken in first:
+        // handled later, they meet the posted receives in posting order, and this one
+        // last, as they would have met it here. A message already in the unexpected
+        // queue is matched here.
         let found = {
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
-            let id = st.next_op;
-            st.next_op += 1;
-            st.ops.insert(
-                id,
-                Op::Recv(RecvOp {
-                    ptr,
-                    cap,
-                    state: RecvState::Posted,
-                }),
-            );
+            let id = st.ops.insert(Op::Recv(RecvOp {
+                ptr,
+                cap,
+                state: RecvState::Posted,
+            }));
             let found = st.matching.post(id, src, tag);
             if let Some(a) = &found {
                 st.pushed_bytes -= a.msg.data.len() as u64;
@@ -941,7 +954,7 @@ impl PushPull {
 
     /// The ids of every operation not yet waited for.
     pub(super) fn pending_ops(&self) -> Vec<u64> {
-        self.st.borrow().ops.keys().copied().collect()
+        self.st.borrow().ops.keys().collect()
     }
 
     /// Ends operation `id` before it completed, because its wait returns early with an
@@ -1012,7 +1025,15 @@ impl PushPull {
     /// Cancels receive `id` if nothing has matched it yet.
     pub(super) fn cancel_op(&self, id: u64) -> bool {
         let mut st = self.st.borrow_mut();
-        if !st.matching.cancel(id) {
+        // Only a posted receive is in the matching's queues (searched: cancels are rare).
+        let posted = matches!(
+            st.ops.get(&id),
+            Some(Op::Recv(RecvOp {
+                state: RecvState::Posted,
+                ..
+            }))
+        );
+        if !posted || !st.matching.cancel(id) {
             return false;
         }
         if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
@@ -1118,10 +1139,12 @@ impl<'a> Handler<'a> {
                 if !st.charge_push(source, data.len()) {
                     return;
                 }
-                let matched = st.matching.arrive(source, head.tag, || Unexpected {
-                    head,
-                    data: data.to_vec(),
-                });
+                let matched = st
+                    .matching
+                    .arrive(source, head.tag, head.msg, || Unexpected {
+                        head,
+                        data: data.to_vec(),
+                    });
                 match matched {
                     Some(id) => {
                         free_pushed(st, out, from, data.len());
@@ -1166,7 +1189,7 @@ impl<'a> Handler<'a> {
                 }
                 // More pushed bytes of a message still waiting for its receive: in
                 // order, and no more than it announced.
-                let kept = match st.matching.unexpected_mut(source, |u| u.head.msg == msg) {
+                let kept = match st.matching.unexpected_mut(source, msg) {
                     Some(u)
                         if offset == u.data.len() as u64 && offset + n as u64 <= u.head.pushed =>
                     {
@@ -1270,8 +1293,7 @@ impl<'a> Handler<'a> {
                         })));
                         st.completions += 1;
                     }
-                } else if let Some(u) = st.matching.remove_unexpected(source, |u| u.head.msg == msg)
-                {
+                } else if let Some(u) = st.matching.remove_unexpected(source, msg) {
                     st.pushed_bytes -= u.data.len() as u64;
                     free_pushed(st, out, from, u.data.len());
                 }
@@ -1475,19 +1497,17 @@ mod tests {
             ..Config::default()
         };
         let mut st = State::new(&config, 2);
-        st.ops.insert(
-            0,
-            Op::Send(SendOp {
-                dest: 1,
-                tag: 3,
-                msg: 7,
-                ptr: buf.as_ptr(),
-                len: buf.len(),
-                state: SendState::Pending,
-                answering: false,
-            }),
-        );
-        st.outgoing.insert((1, 7), 0);
+        let id = st.ops.insert(Op::Send(SendOp {
+            dest: 1,
+            tag: 3,
+            msg: 7,
+            ptr: buf.as_ptr(),
+            len: buf.len(),
+            state: SendState::Pending,
+            answering: false,
+        }));
+        assert_eq!(id, 0, "the tests name the first operation 0");
+        st.outgoing.insert((1, 7), id);
         st
     }
 
@@ -1584,18 +1604,15 @@ mod tests {
         State::new(&config, 2)
     }
 
-    /// Receive 9 into `buf`, posted for any message (as `start_recv` leaves it).
+    /// A receive into `buf`, posted for any message (as `start_recv` leaves it).
     fn posted_recv(st: &mut State, buf: &mut [u8]) -> u64 {
-        st.ops.insert(
-            9,
-            Op::Recv(RecvOp {
-                ptr: buf.as_mut_ptr(),
-                cap: buf.len(),
-                state: RecvState::Posted,
-            }),
-        );
-        assert!(st.matching.post(9, Src::Any, Tag::Any).is_none());
-        9
+        let id = st.ops.insert(Op::Recv(RecvOp {
+            ptr: buf.as_mut_ptr(),
+            cap: buf.len(),
+            state: RecvState::Posted,
+        }));
+        assert!(st.matching.post(id, Src::Any, Tag::Any).is_none());
+        id
     }
 
     /// The first push of message `msg` (`total` bytes, `pushed` of them pushed).

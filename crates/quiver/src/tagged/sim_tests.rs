@@ -129,7 +129,11 @@ fn exchange_with_credit(
                 let (len, tag) = sides[r].sends[i];
                 rank.out_bufs.push(payload(r as u32, i, len));
                 let data = rank.out_bufs.last().unwrap();
-                let id = rank.pp.start_send(station, peer, tag, data).unwrap();
+                let id = rank
+                    .pp
+                    .start_send(station, peer, tag, data, true)
+                    .unwrap()
+                    .unwrap();
                 rank.sends.push((id, false));
                 moved = true;
             }
@@ -415,7 +419,10 @@ fn pull_requested(
             Tag::Is(5),
         )
         .unwrap();
-    let send = pps[1].start_send(&stations[1], 0, 5, msg).unwrap();
+    let send = pps[1]
+        .start_send(&stations[1], 0, 5, msg, true)
+        .unwrap()
+        .unwrap();
     assert!(drive_until(&net, &stations, &pps, [true, false], |pps| {
         pps[0].st.borrow().landed_after_pull(recv).is_some() && pps[0].out.borrow().is_empty()
     }));

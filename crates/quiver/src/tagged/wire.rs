@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! Push  (1): kind, slot, tag, msg, total, pushed, pid, seg, addr | first BTP(1) bytes
+//! Eager (8): kind, tag, msg                           | the whole message
 //! More  (2): kind, msg, offset                        | more pushed bytes (BTP(2), Push-All)
 //! Pull  (3): kind, msg, offset, len                   (the acknowledgement: send me these)
 //! Data  (4): kind, msg, offset                        | pulled bytes
@@ -11,6 +12,10 @@
 //! Credit (6): kind, bytes                             (this many pushed bytes left my buffer)
 //! Abandon (7): kind, msg                              (the sender gave up this message)
 //! ```
+//!
+//! An `Eager` message is the compact form of a `Push` that carries its whole message
+//! (it decodes as that `Push`, with nothing to pull): 16 bytes of header instead of 48,
+//! so a small message and its header share a cache line.
 //!
 //! Decoding never panics: a short or unknown message is an error the endpoint counts
 //! and drops.
@@ -25,6 +30,9 @@ const DATA: u8 = 4;
 const DONE: u8 = 5;
 const CREDIT: u8 = 6;
 const ABANDON: u8 = 7;
+const EAGER: u8 = 8;
+/// Bytes of an `Eager` header.
+const EAGER_HEADER: usize = 16;
 
 /// What the first push of a message announces: its tag and length, how many bytes the
 /// sender pushes in all (the first push and the `More` that follow), and where the rest
@@ -50,6 +58,16 @@ pub struct Announce {
     pub seg: u32,
     /// The buffer's address, or the offset in the shared buffer.
     pub addr: u64,
+}
+
+impl Announce {
+    /// Whether a first push of `first` bytes with this announcement carries the whole
+    /// message and nothing more is to be known: it goes as an `Eager` message. (The
+    /// sender's pid and address matter only to a pull; a message pushed whole has
+    /// nothing to pull.)
+    fn is_whole(&self, first: usize) -> bool {
+        self.total == first as u64 && self.pushed == self.total && self.slot == 0
+    }
 }
 
 /// One protocol message; `data` borrows the payload that follows the header.
@@ -110,6 +128,11 @@ impl Msg<'_> {
             len: 0,
         };
         match *self {
+            Msg::Push { head: a, data } if a.is_whole(data.len()) => {
+                put(&mut h, &[EAGER, 0, 0, 0]);
+                put(&mut h, &a.tag.to_le_bytes());
+                put(&mut h, &a.msg.to_le_bytes());
+            }
             Msg::Push { head: a, .. } => {
                 put(&mut h, &[PUSH, 0]);
                 put(&mut h, &a.slot.to_le_bytes());
@@ -191,6 +214,24 @@ impl Msg<'_> {
                 }
                 Msg::Push { head, data }
             }
+            EAGER => {
+                let (tag, msg) = (u32_at(4).ok_or(short)?, u64_at(8).ok_or(short)?);
+                let data = &b[EAGER_HEADER..];
+                let len = data.len() as u64;
+                Msg::Push {
+                    head: Announce {
+                        slot: 0,
+                        tag,
+                        msg,
+                        total: len,
+                        pushed: len,
+                        pid: 0,
+                        seg: 0,
+                        addr: 0,
+                    },
+                    data,
+                }
+            }
             MORE | DATA => {
                 let (msg, offset) = (u64_at(8).ok_or(short)?, u64_at(16).ok_or(short)?);
                 let data = &b[24..];
@@ -269,6 +310,64 @@ mod tests {
         round_trip(Msg::Done { msg: u64::MAX });
         round_trip(Msg::Credit { bytes: 1 << 33 });
         round_trip(Msg::Abandon { msg: 17 });
+    }
+
+    #[test]
+    fn a_push_of_the_whole_message_goes_compact() {
+        let head = Announce {
+            slot: 0,
+            tag: 9,
+            msg: 77,
+            total: 8,
+            pushed: 8,
+            pid: 4242,
+            seg: 3,
+            addr: 0xdead_beef,
+        };
+        let m = Msg::Push {
+            head,
+            data: &[1; 8],
+        };
+        assert_eq!(m.header().as_bytes().len(), EAGER_HEADER);
+        let mut bytes = m.header().as_bytes().to_vec();
+        bytes.extend_from_slice(m.data());
+        let Ok(Msg::Push { head: got, data }) = Msg::decode(&bytes) else {
+            panic!("an eager message decodes as a push");
+        };
+        assert_eq!((got.tag, got.msg, got.total, got.pushed), (9, 77, 8, 8));
+        assert_eq!(
+            (got.pid, got.seg, got.addr, got.slot),
+            (0, 0, 0, 0),
+            "nothing to pull"
+        );
+        assert_eq!(data, &[1; 8]);
+        for cut in 0..EAGER_HEADER {
+            assert!(Msg::decode(&bytes[..cut]).is_err());
+        }
+        // A message with bytes still to come, or a split-copy slot, keeps the full header.
+        for head in [
+            Announce {
+                pushed: 16,
+                total: 16,
+                ..head
+            },
+            Announce { slot: 1, ..head },
+        ] {
+            let m = Msg::Push {
+                head,
+                data: &[1; 8],
+            };
+            assert_eq!(m.header().as_bytes().len(), MAX_HEADER);
+        }
+        round_trip(Msg::Push {
+            head: Announce {
+                pid: 0,
+                seg: 0,
+                addr: 0,
+                ..head
+            },
+            data: &[1; 8],
+        });
     }
 
     #[test]

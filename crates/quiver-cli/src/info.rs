@@ -30,7 +30,7 @@ use clap::{Args, ValueEnum};
 use quiver::admin::cma;
 use quiver::tagged::PushMode;
 use quiver::ReliabilityMode as Mode;
-use quiver::{Config, TransportChoice, WaitMode};
+use quiver::{Config, Transport, TransportChoice, WaitMode};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::process::Command;
@@ -143,9 +143,73 @@ pub struct Info {
     pub split_copy: bool,
     /// The path of tagged messages by size, in the push mode in force.
     pub tagged_paths: Vec<PathRange>,
+    /// Longest message pushed whole in a pipeline, inside a node and between nodes
+    /// (`QUIVER_PIPELINE_MAX`, else the cost function's choice), bytes.
+    pub pipeline_max_shm: u64,
+    /// Between nodes.
+    pub pipeline_max_net: u64,
+    /// Whether `QUIVER_PIPELINE_MAX` set them.
+    pub pipeline_max_set: bool,
+    /// The cost function's estimates and choice for sizes from 4 KiB to 1 MiB.
+    pub selection: Vec<Selection>,
     /// How a program started here would join its job: the launcher found and the store
     /// or launcher service it would use (`QUIVER_RENDEZVOUS`, `QUIVER_BOOTSTRAP`).
     pub bootstrap: String,
+}
+
+/// One size of the protocol selection, for one kind of transport.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Selection {
+    /// `shm` (inside a node) or `network` (udp, eth).
+    pub transport: &'static str,
+    pub size: u64,
+    /// Estimated µs of the message pushed whole in a pipeline, and pushed in part and
+    /// pulled.
+    pub pipelined_us: f64,
+    pub push_pull_us: f64,
+    /// The way chosen (`eager`, `pipelined`, `push-pull`).
+    pub way: &'static str,
+}
+
+/// Sizes of the selection table.
+const SELECTION_SIZES: [usize; 9] = [
+    4 << 10,
+    8 << 10,
+    16 << 10,
+    32 << 10,
+    64 << 10,
+    128 << 10,
+    256 << 10,
+    512 << 10,
+    1 << 20,
+];
+
+/// The protocol selection of push mode `pull`: (shm, network) longest pipelined messages
+/// and the table.
+fn selection(cfg: &Config, btp1: usize, cma: bool) -> (usize, usize, Vec<Selection>) {
+    use quiver::admin::select::{way, Costs};
+    let mut rows = Vec::new();
+    let mut maxima = [0; 2];
+    for (i, (name, t)) in [("shm", Transport::Shm), ("network", Transport::Udp)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = Costs::of(t, cma && t == Transport::Shm);
+        let max = cfg
+            .pipeline_max
+            .unwrap_or_else(|| c.pipeline_max(btp1, cfg.push_credit));
+        maxima[i] = max;
+        for n in SELECTION_SIZES {
+            rows.push(Selection {
+                transport: name,
+                size: n as u64,
+                pipelined_us: (c.pipelined_us(n) * 100.0).round() / 100.0,
+                push_pull_us: (c.push_pull_us(n, btp1) * 100.0).round() / 100.0,
+                way: way(n, btp1, max, c.chunk).name(),
+            });
+        }
+    }
+    (maxima[0], maxima[1], rows)
 }
 
 /// Entry point of `quiver info`; returns the exit code.
@@ -187,6 +251,8 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
     let chunk = cfg.max_message.saturating_sub(TAGGED_HEADER);
     let btp1 = cfg.btp1.min(chunk);
     let cma_used = cfg.cma && cma_check.works && cfg.transport != TransportChoice::Udp;
+    let (pipeline_max_shm, pipeline_max_net, selection) = selection(cfg, btp1, cma_used);
+    let pipe = (pipeline_max_shm, pipeline_max_net);
     Info {
         transport: match cfg.transport {
             TransportChoice::Auto => "auto".into(),
@@ -207,14 +273,26 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
         cma: cfg.cma,
         split_copy: cfg.split_copy,
         cma_check,
-        tagged_paths: paths(cfg.push, btp1, cfg.btp2, cma_used),
+        tagged_paths: paths(cfg.push, btp1, cfg.btp2, cma_used, pipe),
+        pipeline_max_shm: pipeline_max_shm as u64,
+        pipeline_max_net: pipeline_max_net as u64,
+        pipeline_max_set: cfg.pipeline_max.is_some(),
+        selection,
         bootstrap: quiver::admin::bootstrap_plan(),
     }
 }
 
 /// The size ranges of tagged messages and their paths in push mode `mode` with
-/// (effective) BTP(1) and BTP(2); `cma` tells whether same-node pulls are single copies.
-pub fn paths(mode: PushMode, btp1: usize, btp2: usize, cma: bool) -> Vec<PathRange> {
+/// (effective) BTP(1) and BTP(2); `cma` tells whether same-node pulls are single copies;
+/// `pipe` holds the longest messages pushed whole in a pipeline inside a node and
+/// between nodes.
+pub fn paths(
+    mode: PushMode,
+    btp1: usize,
+    btp2: usize,
+    cma: bool,
+    pipe: (usize, usize),
+) -> Vec<PathRange> {
     let same = if cma { "cma" } else { "request" };
     let range =
         |from: usize, to: Option<usize>, kind, pulled: bool, description: String| PathRange {
@@ -246,7 +324,6 @@ pub fn paths(mode: PushMode, btp1: usize, btp2: usize, cma: bool) -> Vec<PathRan
             ),
         ],
         PushMode::Pull => {
-            let pushed = btp1.saturating_add(btp2);
             let mut v = vec![range(
                 0,
                 Some(btp1),
@@ -254,9 +331,30 @@ pub fn paths(mode: PushMode, btp1: usize, btp2: usize, cma: bool) -> Vec<PathRan
                 false,
                 "eager: the whole message pushed with its header".into(),
             )];
-            if btp2 > 0 {
+            let (shm, net) = pipe;
+            let longest = shm.max(net);
+            if longest > btp1 {
+                let which = if shm == net {
+                    String::new()
+                } else {
+                    format!(" (inside a node up to {shm} B, between nodes up to {net} B)")
+                };
                 v.push(range(
                     btp1 + 1,
+                    Some(longest),
+                    "pipelined",
+                    false,
+                    format!(
+                        "pipelined: pushed whole in chunks, nothing pulled{which}; the \
+                         cost function below chose the end (QUIVER_PIPELINE_MAX)"
+                    ),
+                ));
+            }
+            let pushed = btp1.saturating_add(btp2);
+            let mut from = longest.max(btp1) + 1;
+            if btp2 > 0 && from <= pushed && pushed <= quiver::tagged::SECOND_PUSH_MAX {
+                v.push(range(
+                    from,
                     Some(pushed),
                     "pushed",
                     false,
@@ -264,20 +362,19 @@ pub fn paths(mode: PushMode, btp1: usize, btp2: usize, cma: bool) -> Vec<PathRan
                      nothing pulled"
                         .into(),
                 ));
+                from = pushed + 1;
             }
-            if pushed < usize::MAX {
-                v.push(range(
-                    pushed + 1,
-                    None,
-                    "pushed+pulled",
-                    true,
-                    format!(
-                        "{pushed} bytes pushed (BTP(1) + BTP(2)), the rest pulled when a \
-                         receive matches; beyond {} KiB only BTP(1) is pushed",
-                        quiver::tagged::SECOND_PUSH_MAX >> 10
-                    ),
-                ));
-            }
+            v.push(range(
+                from,
+                None,
+                "pushed+pulled",
+                true,
+                format!(
+                    "{pushed} bytes pushed (BTP(1) + BTP(2)), the rest pulled when a \
+                     receive matches; beyond {} KiB only BTP(1) is pushed",
+                    quiver::tagged::SECOND_PUSH_MAX >> 10
+                ),
+            ));
             v
         }
     }
@@ -433,6 +530,38 @@ pub fn render(info: &Info) -> String {
             );
         }
     }
+    if info.push == "pull" {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "protocol selection in push mode pull (estimated µs to land in a posted buffer; \
+             pipelined up to the largest size where it is no slower than push-pull, at most \
+             {} KiB; QUIVER_PIPELINE_MAX{}):",
+            quiver::admin::select::PIPELINE_CAP >> 10,
+            if info.pipeline_max_set {
+                " set: its value rules"
+            } else {
+                " overrides"
+            }
+        );
+        let _ = writeln!(
+            out,
+            "  {:<10} {:<9} {:>12} {:>12}  chosen",
+            "size", "transport", "pipelined", "push-pull"
+        );
+        for r in &info.selection {
+            let size = if r.size >= 1 << 20 {
+                format!("{} MiB", r.size >> 20)
+            } else {
+                format!("{} KiB", r.size >> 10)
+            };
+            let _ = writeln!(
+                out,
+                "  {size:<10} {:<9} {:>12.2} {:>12.2}  {}",
+                r.transport, r.pipelined_us, r.push_pull_us, r.way
+            );
+        }
+    }
     if info.reliability == Mode::Offload.to_string()
         && info.tagged_paths.iter().any(|r| r.pull_same_node == "cma")
     {
@@ -577,32 +706,44 @@ mod tests {
     #[test]
     fn paths_follow_the_push_mode() {
         assert_eq!(
-            kinds(&paths(PushMode::Pull, 1024, 7168, true)),
+            kinds(&paths(PushMode::Pull, 1024, 7168, true, (65536, 65536))),
+            vec![
+                (0, Some(1024), "eager", "none", "none"),
+                (1025, Some(65536), "pipelined", "none", "none"),
+                (65537, None, "pushed+pulled", "cma", "request"),
+            ]
+        );
+        // No pipeline: eager, pushed in two parts, then pulled.
+        assert_eq!(
+            kinds(&paths(PushMode::Pull, 1024, 7168, true, (0, 0))),
             vec![
                 (0, Some(1024), "eager", "none", "none"),
                 (1025, Some(8192), "pushed", "none", "none"),
                 (8193, None, "pushed+pulled", "cma", "request"),
             ]
         );
-        // No second push: eager, then pulled.
         assert_eq!(
-            kinds(&paths(PushMode::Pull, 80, 0, false)),
+            kinds(&paths(PushMode::Pull, 80, 0, false, (0, 0))),
             vec![
                 (0, Some(80), "eager", "none", "none"),
                 (81, None, "pushed+pulled", "request", "request"),
             ]
         );
         // BTP(1) = 0: only the empty message is eager.
-        assert_eq!(paths(PushMode::Pull, 0, 680, true)[1].from, 1);
+        assert_eq!(paths(PushMode::Pull, 0, 680, true, (0, 0))[1].from, 1);
+        // Pipelines of two lengths: the longer ends the range, the text names both.
+        let p = paths(PushMode::Pull, 4096, 0, true, (65536, 262144));
+        assert_eq!(p[1].to, Some(262144));
+        assert!(p[1].description.contains("65536"), "{}", p[1].description);
         assert_eq!(
-            kinds(&paths(PushMode::Zero, 1024, 7168, true)),
+            kinds(&paths(PushMode::Zero, 1024, 7168, true, (0, 0))),
             vec![
                 (0, Some(0), "eager", "none", "none"),
                 (1, None, "pulled", "cma", "request"),
             ]
         );
         assert_eq!(
-            kinds(&paths(PushMode::All, 1024, 7168, true)),
+            kinds(&paths(PushMode::All, 1024, 7168, true, (0, 0))),
             vec![(0, None, "pushed", "none", "none")]
         );
     }
@@ -631,6 +772,23 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("QUIVER_SPLIT_COPY    off"), "{text}");
+        // The cost function's table, and the override named.
+        assert!(text.contains("protocol selection"), "{text}");
+        assert_eq!(info.selection.len(), 2 * SELECTION_SIZES.len());
+        assert!(!info.pipeline_max_set);
+        let set = gather(
+            &Config::default().with_pipeline_max(Some(8192)),
+            info.cma_check.clone(),
+        );
+        assert_eq!((set.pipeline_max_shm, set.pipeline_max_net), (8192, 8192));
+        let way_of = |size: u64| {
+            set.selection
+                .iter()
+                .find(|r| r.size == size && r.transport == "shm")
+                .unwrap()
+                .way
+        };
+        assert_eq!((way_of(8192), way_of(16384)), ("pipelined", "push-pull"));
         let v: serde_json::Value = serde_json::to_value(&info).unwrap();
         assert_eq!(v["push"], "pull");
         assert_eq!(v["cma"], false);

@@ -542,11 +542,36 @@ fn info_reports_configuration_and_paths() {
     assert!(v["window"].is_null() && v["eth_ring"].is_null(), "{v}");
     let paths = v["tagged_paths"].as_array().expect("tagged_paths");
     let kinds: Vec<&str> = paths.iter().map(|p| p["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["eager", "pushed", "pushed+pulled"], "{v}");
-    let (b1, b2) = (quiver::config::DEFAULT_BTP1, quiver::config::DEFAULT_BTP2);
+    assert_eq!(kinds, ["eager", "pipelined", "pushed+pulled"], "{v}");
+    let b1 = quiver::config::DEFAULT_BTP1;
     assert_eq!(paths[0]["to"], b1);
-    assert_eq!(paths[2]["from"], b1 + b2 + 1);
+    let pipe = |v: &serde_json::Value| {
+        let max = |k: &str| v[k].as_u64().unwrap();
+        max("pipeline_max_shm").max(max("pipeline_max_net"))
+    };
+    assert!(pipe(&v) > b1 as u64, "{v}");
+    assert_eq!(paths[1]["to"], pipe(&v));
+    assert_eq!(paths[2]["from"], pipe(&v) + 1);
     assert!(paths[2]["to"].is_null());
+    assert!(
+        v["selection"].as_array().is_some_and(|s| !s.is_empty()),
+        "{v}"
+    );
+    // QUIVER_PIPELINE_MAX is read: 0, no pipeline.
+    let out = quiver(
+        &["info", "--format", "json"],
+        &[("QUIVER_PIPELINE_MAX", "0")],
+    );
+    let v0: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let kinds: Vec<&str> = v0["tagged_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["eager", "pushed", "pushed+pulled"], "{v0}");
+    assert_eq!(v0["pipeline_max_set"], true);
     assert_eq!(paths[2]["pull_other_node"], "request");
     let cma_works = v["cma_check"]["works"] == true;
     assert_eq!(
@@ -573,7 +598,14 @@ fn info_reports_configuration_and_paths() {
     assert_eq!(paths.last().unwrap()["kind"], "pulled");
     assert_eq!(paths.last().unwrap()["pull_same_node"], "request");
 
-    let out = quiver(&["info"], &[("QUIVER_BTP1", "80"), ("QUIVER_BTP2", "680")]);
+    let out = quiver(
+        &["info"],
+        &[
+            ("QUIVER_BTP1", "80"),
+            ("QUIVER_BTP2", "680"),
+            ("QUIVER_PIPELINE_MAX", "0"),
+        ],
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("QUIVER_BTP1") && text.contains("80 B"),

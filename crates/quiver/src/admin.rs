@@ -12,6 +12,12 @@ pub fn bootstrap_plan() -> String {
     crate::job::launcher_kv::describe(&|name| std::env::var(name).ok())
 }
 
+/// The protocol selection of tagged messages (`tagged::select`): the cost function's
+/// estimates and choices, for `quiver info`.
+pub mod select {
+    pub use crate::tagged::select::{way, Costs, Way, PIPELINE_CAP};
+}
+
 pub use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous, StoreKey, KEY_VAR};
 pub use crate::link::shm::{cleanup_job, cleanup_stale, job_segments};
 

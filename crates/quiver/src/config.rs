@@ -155,6 +155,12 @@ pub struct Config {
     /// matches it) until the receiver gives credit back. Must be the same on every rank:
     /// a receiver counts pushes beyond it as the sender's protocol error.
     pub push_credit: usize,
+    /// Tagged messages longer than BTP(1) and at most this long are pushed whole, in a
+    /// pipeline of chunks, instead of pushed in part and pulled (`QUIVER_PIPELINE_MAX`,
+    /// bytes; `auto` or unset: chosen per transport by the cost function of
+    /// `tagged::select`, which `quiver info` prints; 0: never). Applies in push mode
+    /// `pull`.
+    pub pipeline_max: Option<usize>,
     /// Whether tagged messages inside a node are pulled with one copy across address
     /// spaces (cross-memory attach, `QUIVER_CMA=on|off`); off, or where the kernel
     /// refuses it, they take the two-copy path through shared memory.
@@ -205,6 +211,7 @@ impl Default for Config {
             btp1: DEFAULT_BTP1,
             btp2: DEFAULT_BTP2,
             push_credit: DEFAULT_PUSH_CREDIT,
+            pipeline_max: None,
             cma: true,
             split_copy: true,
             udp_gso: true,
@@ -302,6 +309,7 @@ pub(crate) const VARIABLES: &[&str] = &[
     "QUIVER_BTP1",
     "QUIVER_BTP2",
     "QUIVER_PUSH_CREDIT",
+    "QUIVER_PIPELINE_MAX",
     "QUIVER_CMA",
     "QUIVER_SPLIT_COPY",
     "QUIVER_UDP_GSO",
@@ -382,6 +390,12 @@ impl Config {
         if let Some(v) = get("QUIVER_PUSH") {
             c.push = PushMode::parse(&v)
                 .ok_or_else(|| invalid("QUIVER_PUSH", &v, "expected zero, all or pull"))?;
+        }
+        if let Some(v) = get("QUIVER_PIPELINE_MAX") {
+            c.pipeline_max = match v.as_str() {
+                "auto" => None,
+                _ => Some(size_in("QUIVER_PIPELINE_MAX", &v, 0..=BTP_MAX)?),
+            };
         }
         for (var, field) in [
             ("QUIVER_BTP1", &mut c.btp1),
@@ -642,6 +656,12 @@ impl Config {
     /// Sets the push mode of tagged messages.
     pub fn with_push(mut self, mode: PushMode) -> Self {
         self.push = mode;
+        self
+    }
+    /// Sets the longest tagged message pushed whole in a pipeline
+    /// ([`Config::pipeline_max`]; `None`: the cost function's choice).
+    pub fn with_pipeline_max(mut self, bytes: Option<usize>) -> Self {
+        self.pipeline_max = bytes;
         self
     }
     /// Sets BTP(1) and BTP(2) of tagged messages.

@@ -119,16 +119,24 @@ fn every_size(c: Config, early: bool, what: &'static str) {
 
 fn all_modes(early: bool) {
     for (name, c) in transports() {
-        for mode in [PushMode::Zero, PushMode::All, PushMode::Pull] {
+        // Push mode pull with the cost function's pipeline, and with none (every
+        // message longer than BTP(1) + BTP(2) pulled).
+        for (mode, pipeline) in [
+            (PushMode::Zero, None),
+            (PushMode::All, None),
+            (PushMode::Pull, None),
+            (PushMode::Pull, Some(0)),
+        ] {
             let what: &'static str = Box::leak(
                 format!(
-                    "{name}, push {}, {}",
+                    "{name}, push {}, pipeline {pipeline:?}, {}",
                     mode.name(),
                     if early { "early" } else { "late" }
                 )
                 .into_boxed_str(),
             );
-            every_size(c.clone().with_push(mode), early, what);
+            let c = c.clone().with_push(mode).with_pipeline_max(pipeline);
+            every_size(c, early, what);
         }
     }
 }
@@ -141,6 +149,40 @@ fn every_size_every_mode_receiver_first() {
 #[test]
 fn every_size_every_mode_sender_first() {
     all_modes(false);
+}
+
+/// In push mode pull, a message up to the pipeline's end is pushed whole (nothing
+/// pulled) and a longer one pushes BTP(1) + BTP(2) and is pulled, on every transport.
+#[test]
+fn the_pipeline_pushes_whole_up_to_its_end_and_pulls_beyond() {
+    let end = 50_000;
+    for (name, c) in transports() {
+        run_ranks(2, c.with_pipeline_max(Some(end)), move |job| {
+            let t = Tagged::open(&job, 42).unwrap();
+            let sizes = [BTP1 + 1, end, end + 1, 200_000];
+            if job.rank() == 0 {
+                for (i, &n) in sizes.iter().enumerate() {
+                    t.send(1, i as u32, &pattern(0, i as u32, n)).unwrap();
+                }
+            } else {
+                let mut pulled = 0;
+                for (i, &n) in sizes.iter().enumerate() {
+                    let mut buf = vec![0; n];
+                    t.recv(&mut buf, 0, i as u32).unwrap();
+                    assert!(buf == pattern(0, i as u32, n), "{name}: message {i}");
+                    let st = t.stats();
+                    let now = st.pulled_direct + st.pulled_by_request + st.pulled_shared;
+                    let expected = if n <= end {
+                        0
+                    } else {
+                        pulled_of(n, BTP1, BTP2)
+                    };
+                    assert_eq!(now - pulled, expected, "{name}: {n} B: {st:?}");
+                    pulled = now;
+                }
+            }
+        });
+    }
 }
 
 #[test]
@@ -594,7 +636,8 @@ fn two_gib_plus_one_inside_a_node() {
 fn large_pulls_run_on_the_pull_thread_with_the_offload_engine() {
     let c = config(TransportChoice::Auto)
         .with_reliability(quiver::ReliabilityMode::Offload)
-        .with_btp(BTP1, BTP2);
+        .with_btp(BTP1, BTP2)
+        .with_pipeline_max(Some(0));
     run_ranks(2, c, |job| {
         let t = Tagged::open(&job, 49).unwrap();
         let n = 8 << 20;
@@ -632,7 +675,7 @@ fn large_pulls_run_on_the_pull_thread_with_the_offload_engine() {
 #[test]
 fn shared_buffers_are_read_in_place_inside_a_node() {
     for (name, c) in transports() {
-        let c = c.with_cma(false);
+        let c = c.with_cma(false).with_pipeline_max(Some(0));
         run_ranks(2, c, move |job| {
             let t = Tagged::open(&job, 50).unwrap();
             let n = 3 << 20;

@@ -29,6 +29,7 @@
 //! too); with the tagged API, to [`TAGGED_WINDOW_BYTES`] of receive buffers and, over
 //! UDP, to a quarter of the network channel's window ([`tagged_window`]).
 
+use super::buffer::PageAligned;
 use super::ctx::{check_len, Ctx, CONTROL_TAG, DATA_TAG, RECORD_SLACK};
 use super::output::{round, BenchResult};
 use super::stats::{self, avg80};
@@ -89,28 +90,31 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
         window = tagged_window(window, size, ctx.network(), ctx.net_window);
     }
     let (iters, warmup) = ctx.iterations(bench, size, window);
-    let buf = vec![0xa5u8; size];
+    let buf = PageAligned::new(size, 0xa5);
+    let buf = buf.as_slice();
     // Receive buffers of the tagged API: one per message of a window for bibw (its
     // receives are all posted before its sends); bw's receiver takes the messages one
     // by one into a single buffer, as the MPI benchmarks do.
-    let mut rbufs = match ctx.tagged {
-        Some(_) if bench == Bench::Bibw => vec![0u8; size * window as usize],
-        Some(_) if ctx.rank == 1 => vec![0u8; size],
-        _ => Vec::new(),
-    };
+    let mut rbufs = PageAligned::new(
+        match ctx.tagged {
+            Some(_) if bench == Bench::Bibw => size * window as usize,
+            Some(_) if ctx.rank == 1 => size,
+            _ => 0,
+        },
+        0,
+    );
+    let rbufs = rbufs.as_mut_slice();
     let mut samples = Vec::with_capacity(usize::try_from(iters).unwrap_or(0));
     let mut rates = Vec::with_capacity(samples.capacity());
     let bytes = size as f64 * f64::from(window) * if bench == Bench::Bibw { 2.0 } else { 1.0 };
     for i in 0..warmup + iters {
         let t0 = Instant::now();
         match (bench, ctx.rank, ctx.tagged) {
-            (_, _, Some(t)) => {
-                tagged_window_exchange(t, ctx.rank, bench, &buf, &mut rbufs, window)?
-            }
-            (Bench::Bibw, _, None) => bibw_window(ctx, &buf, window)?,
+            (_, _, Some(t)) => tagged_window_exchange(t, ctx.rank, bench, buf, rbufs, window)?,
+            (Bench::Bibw, _, None) => bibw_window(ctx, buf, window)?,
             (_, 0, None) => {
                 for _ in 0..window {
-                    ctx.send(&buf, "data")?;
+                    ctx.send(buf, "data")?;
                 }
                 ctx.recv_expect(1, "acknowledgement")?;
             }

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod buffer;
 pub mod bw;
 pub mod ctx;
 pub mod early_late;

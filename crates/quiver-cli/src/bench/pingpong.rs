@@ -11,6 +11,7 @@
 //! the message's size, in the push mode in force (`--push`, `QUIVER_PUSH`); a send
 //! returns when the receiver has what was not pushed.
 
+use super::buffer::PageAligned;
 use super::ctx::{check_len, Ctx, DATA_TAG};
 use super::output::{round, BenchResult};
 use super::stats::Summary;
@@ -21,10 +22,10 @@ use quiver::tagged::Tagged;
 /// Runs one size; rank 0 returns the result, rank 1 `None`.
 pub fn run(ctx: &Ctx<'_>, size: usize) -> anyhow::Result<Option<BenchResult>> {
     let (iters, warmup) = ctx.iterations(Bench::Pingpong, size, 1);
-    let buf = vec![0x5au8; size];
+    let buf = PageAligned::new(size, 0x5a);
     let samples = match ctx.tagged {
-        Some(t) => tagged_one_way_samples(t, ctx.rank, &buf, warmup, iters)?,
-        None => one_way_samples(ctx, &buf, warmup, iters)?,
+        Some(t) => tagged_one_way_samples(t, ctx.rank, buf.as_slice(), warmup, iters)?,
+        None => one_way_samples(ctx, buf.as_slice(), warmup, iters)?,
     };
     if ctx.rank != 0 {
         return Ok(None);
@@ -87,12 +88,11 @@ pub fn tagged_one_way_samples(
     let size = buf.len();
     let total = warmup + iters;
     let peer = 1 - rank;
-    let mut rbuf = vec![0u8; size];
+    let mut rbuf = PageAligned::new(size, 0);
+    let rbuf = rbuf.as_mut_slice();
     if rank != 0 {
         for _ in 0..total {
-            let st = t
-                .recv(&mut rbuf, peer, DATA_TAG)
-                .context("receiving ping")?;
+            let st = t.recv(rbuf, peer, DATA_TAG).context("receiving ping")?;
             check_len(st.len as usize, size, "ping")?;
             t.send(peer, DATA_TAG, buf).context("sending pong")?;
         }
@@ -103,9 +103,7 @@ pub fn tagged_one_way_samples(
     for i in 0..total {
         let t0 = clock.raw();
         t.send(peer, DATA_TAG, buf).context("sending ping")?;
-        let st = t
-            .recv(&mut rbuf, peer, DATA_TAG)
-            .context("receiving pong")?;
+        let st = t.recv(rbuf, peer, DATA_TAG).context("receiving pong")?;
         let rtt = clock.delta(t0, clock.raw());
         check_len(st.len as usize, size, "pong")?;
         if i >= warmup {

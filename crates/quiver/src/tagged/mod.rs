@@ -54,6 +54,7 @@ mod forged_pid_tests;
 mod matching;
 mod ops;
 mod pushpull;
+pub(crate) mod select;
 #[cfg(test)]
 mod sim_tests;
 pub(crate) mod wire;

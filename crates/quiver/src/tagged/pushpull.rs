@@ -24,6 +24,7 @@
 
 use super::matching::Matching;
 use super::ops::Ops;
+use super::select::{self, Costs, Way};
 use super::wire::{self, Announce, Msg};
 use super::{PushMode, Src, Status, Tag, TaggedStats, SECOND_PUSH_MAX};
 use crate::addr::Source;
@@ -51,6 +52,12 @@ pub(super) struct State {
     pub(super) btp2: usize,
     /// Largest payload of one protocol message.
     pub(super) chunk: usize,
+    /// Messages longer than BTP(1) and at most this long are pushed whole in a pipeline
+    /// (`select`), inside a node and between nodes; and the pipeline's chunks.
+    pipeline_max_shm: usize,
+    pipeline_max_net: usize,
+    pipeline_chunk_shm: usize,
+    pipeline_chunk_net: usize,
     next_msg: u64,
     pub(super) ops: Ops<Op>,
     /// Receives posted and not matched yet, and first pushes that found no posted
@@ -100,9 +107,22 @@ impl State {
     pub(super) fn new(cfg: &Config, size: u32) -> State {
         let chunk = cfg.max_message - wire::MAX_HEADER;
         let ranks = size as usize;
+        let btp1 = cfg.btp1.min(chunk);
+        let (shm, net) = (
+            Costs::of(Transport::Shm, cfg.cma),
+            Costs::of(Transport::Udp, false),
+        );
+        let pipeline_max = |c: &Costs| {
+            cfg.pipeline_max
+                .unwrap_or_else(|| c.pipeline_max(btp1, cfg.push_credit))
+        };
         State {
+            pipeline_max_shm: pipeline_max(&shm),
+            pipeline_max_net: pipeline_max(&net),
+            pipeline_chunk_shm: shm.chunk.min(chunk),
+            pipeline_chunk_net: net.chunk.min(chunk),
             mode: cfg.push,
-            btp1: cfg.btp1.min(chunk),
+            btp1,
             btp2: cfg.btp2,
             chunk,
             next_msg: 0,
@@ -287,6 +307,15 @@ pub(super) struct Unexpected {
     data: Vec<u8>,
 }
 
+/// What a send pushes: `first` bytes with the announcement, then up to `pushed` in
+/// `More` messages of `step` bytes.
+#[derive(Clone, Copy)]
+struct Pushes {
+    first: usize,
+    pushed: usize,
+    step: usize,
+}
+
 /// The rest of a matched message, to pull into receive `op`: bytes `from..from + len`
 /// of message `head.msg` from `source`.
 struct PullJob {
@@ -342,7 +371,10 @@ impl PushPull {
         };
         // Connected (and checked) before anything is registered.
         let route = station.connect(to).map_err(|e| on.report(e))?;
+        let transport = station.transport_to(dest).map_err(|e| on.report(e))?;
         let len = data.len();
+        // Bytes of each `More` after the first push.
+        let mut step = self.st.borrow().chunk;
         // Registered before the first write: while a write waits for room, incoming
         // messages are handled, and the receiver's `Pull` or `Done` may be among them.
         let (msg, id, first, pushed) = {
@@ -350,11 +382,23 @@ impl PushPull {
             let st = &mut *st;
             let msg = st.next_msg;
             st.next_msg += 1;
+            let (pipeline_max, pipe) = if transport == Transport::Shm {
+                (st.pipeline_max_shm, st.pipeline_chunk_shm)
+            } else {
+                (st.pipeline_max_net, st.pipeline_chunk_net)
+            };
             let (mut first, mut pushed) = match st.mode {
                 PushMode::Zero => (0, 0),
                 PushMode::All => (len.min(st.chunk), len),
-                PushMode::Pull if len > SECOND_PUSH_MAX => (len.min(st.btp1), len.min(st.btp1)),
-                PushMode::Pull => (len.min(st.btp1), len.min(st.btp1.saturating_add(st.btp2))),
+                PushMode::Pull => match select::way(len, st.btp1, pipeline_max, pipe) {
+                    Way::Eager => (len, len),
+                    Way::Pipelined(c) => {
+                        step = c;
+                        (c.min(len), len)
+                    }
+                    Way::PushPull if len > SECOND_PUSH_MAX => (st.btp1, st.btp1),
+                    Way::PushPull => (st.btp1, len.min(st.btp1.saturating_add(st.btp2))),
+                },
             };
             if pushed > 0 && !st.take_push_credit(dest, pushed) {
                 // The receiver's pushed buffer has no room for this sender: it pulls the
@@ -386,7 +430,12 @@ impl PushPull {
             }
         };
         let mut written = 0;
-        match self.push(on, route, to, msg, tag, data, first, pushed, &mut written) {
+        let pushes = Pushes {
+            first,
+            pushed,
+            step,
+        };
+        match self.push(on, route, to, msg, tag, data, pushes, &mut written) {
             Ok(()) => Ok(id),
             Err(e) => {
                 let Some(id) = id else {
@@ -418,8 +467,8 @@ impl PushPull {
     }
 
     /// Pushes the first `pushed` bytes of `data` (message `msg` with `tag`, `first` of
-    /// them with its announcement) on `route` to `to`; `written` counts the pushed
-    /// bytes that left.
+    /// them with its announcement, the rest in `More` of `step` bytes) on `route` to
+    /// `to`; `written` counts the pushed bytes that left.
     #[allow(clippy::too_many_arguments)]
     fn push(
         &self,
@@ -429,12 +478,14 @@ impl PushPull {
         msg: u64,
         tag: u32,
         data: &[u8],
-        first: usize,
-        pushed: usize,
+        Pushes {
+            first,
+            pushed,
+            step,
+        }: Pushes,
         written: &mut usize,
     ) -> Result<()> {
         let (dest, len) = (to.rank, data.len());
-        let chunk = self.st.borrow().chunk;
         // A buffer from the shared pool is named by its number and the offset in it.
         let (seg, addr) = match self.rma.locate(data) {
             Remote::Shared { window, offset } => (window, offset),
@@ -467,7 +518,7 @@ impl PushPull {
         self.write_progressing(on, route, to, push.header().as_bytes(), push.data())?;
         *written = first;
         while *written < pushed {
-            let end = pushed.min(*written + chunk);
+            let end = pushed.min(*written + step);
             let more = Msg::More {
                 msg,
                 offset: *written as u64,

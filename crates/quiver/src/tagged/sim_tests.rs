@@ -29,6 +29,8 @@ struct Side {
     mode: PushMode,
     btp1: usize,
     btp2: usize,
+    /// `Config::pipeline_max` (push mode pull).
+    pipeline_max: Option<usize>,
     /// Messages it sends: (length, tag).
     sends: Vec<(usize, u32)>,
     /// Per message of the peer, the receive buffer's capacity as a share of the message
@@ -96,7 +98,8 @@ fn exchange_with_credit(
             let mine = config
                 .clone()
                 .with_push(side.mode)
-                .with_btp(side.btp1, side.btp2);
+                .with_btp(side.btp1, side.btp2)
+                .with_pipeline_max(side.pipeline_max);
             let st = State::new(&mine, 2);
             Rank {
                 pp: PushPull::new(st, Rma::open(&jobs[r], DPID).unwrap(), r as u32),
@@ -278,10 +281,19 @@ fn side(seed: u64, n: usize) -> Side {
     let caps = (0..n)
         .map(|_| if rng.below(6) == 0 { 60 } else { 100 })
         .collect();
+    let btp1 = rng.below(2048) as usize;
+    let btp2 = rng.below(8192) as usize;
+    // The cost function's pipeline, none, or one of any length.
+    let pipeline_max = match rng.below(3) {
+        0 => None,
+        1 => Some(0),
+        _ => Some(rng.below(100_000) as usize),
+    };
     Side {
         mode,
-        btp1: rng.below(2048) as usize,
-        btp2: rng.below(8192) as usize,
+        btp1,
+        btp2,
+        pipeline_max,
         sends,
         caps,
     }
@@ -294,6 +306,9 @@ fn push_pull_over_a_clean_simulated_network() {
         let mut b = side(seed + 100, 24);
         a.mode = mode;
         b.mode = mode;
+        // No pipeline: in push mode pull, the longer messages are pulled.
+        a.pipeline_max = Some(0);
+        b.pipeline_max = Some(0);
         let stats = exchange(&[a, b], &FaultConfig::none(), seed);
         // Both paths of the protocol ran: messages that waited for their receive, and
         // (but in Push-All) bytes pulled by request.
@@ -355,7 +370,7 @@ fn endpoint_pair() -> (
     [PushPull; 2],
     StoreDir,
 ) {
-    let config = two_nodes().with_btp(100, 0);
+    let config = two_nodes().with_btp(100, 0).with_pipeline_max(Some(0));
     let (net, stations, jobs, store) = station_pair_in(&config, &FaultConfig::none());
     let pps = [0, 1].map(|r| {
         PushPull::new(
@@ -514,15 +529,17 @@ mod properties {
             arb_mode(),
             0usize..20_000,
             0usize..20_000,
+            prop_oneof![Just(None), Just(Some(0)), (0usize..300_000).prop_map(Some)],
             prop::collection::vec(
                 (len, 0u32..3, prop_oneof![5 => Just(100u8), 1 => 0u8..100]),
                 1..24,
             ),
         )
-            .prop_map(|(mode, btp1, btp2, msgs)| Side {
+            .prop_map(|(mode, btp1, btp2, pipeline_max, msgs)| Side {
                 mode,
                 btp1,
                 btp2,
+                pipeline_max,
                 sends: msgs.iter().map(|&(len, tag, _)| (len, tag)).collect(),
                 caps: msgs.iter().map(|&(_, _, cap)| cap).collect(),
             })

@@ -186,26 +186,25 @@ const SELECTION_SIZES: [usize; 9] = [
 
 /// The protocol selection of push mode `pull`: (shm, network) longest pipelined messages
 /// and the table.
-fn selection(cfg: &Config, btp1: usize, cma: bool) -> (usize, usize, Vec<Selection>) {
-    use quiver::admin::select::{way, Costs};
+fn selection(cfg: &Config, btp1: usize, chunk: usize, cma: bool) -> (usize, usize, Vec<Selection>) {
+    use quiver::admin::select::{way, Costs, Pipeline};
     let mut rows = Vec::new();
     let mut maxima = [0; 2];
     for (i, (name, t)) in [("shm", Transport::Shm), ("network", Transport::Udp)]
         .into_iter()
         .enumerate()
     {
-        let c = Costs::of(t, cma && t == Transport::Shm);
-        let max = cfg
-            .pipeline_max
-            .unwrap_or_else(|| c.pipeline_max(btp1, cfg.push_credit));
-        maxima[i] = max;
+        let single_copy = cma && t == Transport::Shm;
+        let c = Costs::of(t, single_copy);
+        let pipe = Pipeline::of(cfg, t, single_copy, btp1, chunk);
+        maxima[i] = pipe.max;
         for n in SELECTION_SIZES {
             rows.push(Selection {
                 transport: name,
                 size: n as u64,
                 pipelined_us: (c.pipelined_us(n) * 100.0).round() / 100.0,
                 push_pull_us: (c.push_pull_us(n, btp1) * 100.0).round() / 100.0,
-                way: way(n, btp1, max, c.chunk).name(),
+                way: way(n, btp1, pipe.max, pipe.chunk).name(),
             });
         }
     }
@@ -251,7 +250,7 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
     let chunk = cfg.max_message.saturating_sub(TAGGED_HEADER);
     let btp1 = cfg.btp1.min(chunk);
     let cma_used = cfg.cma && cma_check.works && cfg.transport != TransportChoice::Udp;
-    let (pipeline_max_shm, pipeline_max_net, selection) = selection(cfg, btp1, cma_used);
+    let (pipeline_max_shm, pipeline_max_net, selection) = selection(cfg, btp1, chunk, cma_used);
     let pipe = (pipeline_max_shm, pipeline_max_net);
     Info {
         transport: match cfg.transport {

@@ -15,7 +15,7 @@ pub fn bootstrap_plan() -> String {
 /// The protocol selection of tagged messages (`tagged::select`): the cost function's
 /// estimates and choices, for `quiver info`.
 pub mod select {
-    pub use crate::tagged::select::{way, Costs, Way, PIPELINE_CAP};
+    pub use crate::tagged::select::{way, Costs, Pipeline, Way, PIPELINE_CAP};
 }
 
 pub use crate::job::rendezvous::{KvServer, KvServerHandle, Rendezvous, StoreKey, KEY_VAR};

@@ -460,9 +460,9 @@ mod tests {
         assert!(m.indexes_are_tight());
     }
 
-    /// Many receives outstanding for other tags cost the matching nothing: the one that
-    /// matches is found among thousands (a hash lookup; the property test checks the
-    /// order, this checks the answer at a scale the property test does not reach).
+    /// With thousands of receives (then messages) outstanding for other tags, each
+    /// arrival (then receive) still finds its own: the hash queues at a scale the
+    /// property test does not reach (which checks the order; speed is not tested).
     #[test]
     fn thousands_outstanding_in_any_order() {
         let mut m = M::new();

@@ -24,7 +24,7 @@
 
 use super::matching::Matching;
 use super::ops::Ops;
-use super::select::{self, Costs, Way};
+use super::select::{self, Pipeline, Way};
 use super::wire::{self, Announce, Msg};
 use super::{PushMode, Src, Status, Tag, TaggedStats, SECOND_PUSH_MAX};
 use crate::addr::Source;
@@ -52,12 +52,9 @@ pub(super) struct State {
     pub(super) btp2: usize,
     /// Largest payload of one protocol message.
     pub(super) chunk: usize,
-    /// Messages longer than BTP(1) and at most this long are pushed whole in a pipeline
-    /// (`select`), inside a node and between nodes; and the pipeline's chunks.
-    pipeline_max_shm: usize,
-    pipeline_max_net: usize,
-    pipeline_chunk_shm: usize,
-    pipeline_chunk_net: usize,
+    /// The pipelines (`select`) inside a node and between nodes.
+    pipeline_shm: Pipeline,
+    pipeline_net: Pipeline,
     next_msg: u64,
     pub(super) ops: Ops<Op>,
     /// Receives posted and not matched yet, and first pushes that found no posted
@@ -108,19 +105,9 @@ impl State {
         let chunk = cfg.max_message - wire::MAX_HEADER;
         let ranks = size as usize;
         let btp1 = cfg.btp1.min(chunk);
-        let (shm, net) = (
-            Costs::of(Transport::Shm, cfg.cma),
-            Costs::of(Transport::Udp, false),
-        );
-        let pipeline_max = |c: &Costs| {
-            cfg.pipeline_max
-                .unwrap_or_else(|| c.pipeline_max(btp1, cfg.push_credit))
-        };
         State {
-            pipeline_max_shm: pipeline_max(&shm),
-            pipeline_max_net: pipeline_max(&net),
-            pipeline_chunk_shm: shm.chunk.min(chunk),
-            pipeline_chunk_net: net.chunk.min(chunk),
+            pipeline_shm: Pipeline::of(cfg, Transport::Shm, cfg.cma, btp1, chunk),
+            pipeline_net: Pipeline::of(cfg, Transport::Udp, false, btp1, chunk),
             mode: cfg.push,
             btp1,
             btp2: cfg.btp2,
@@ -371,8 +358,22 @@ impl PushPull {
         };
         // Connected (and checked) before anything is registered.
         let route = station.connect(to).map_err(|e| on.report(e))?;
-        let transport = station.transport_to(dest).map_err(|e| on.report(e))?;
         let len = data.len();
+        // The pipeline of the route's transport, looked up only where it can matter
+        // (push mode pull, longer than BTP(1)).
+        let pipe = {
+            let st = self.st.borrow();
+            if st.mode == PushMode::Pull && len > st.btp1 {
+                let transport = station.transport_to(dest).map_err(|e| on.report(e))?;
+                if transport == Transport::Shm {
+                    st.pipeline_shm
+                } else {
+                    st.pipeline_net
+                }
+            } else {
+                st.pipeline_shm
+            }
+        };
         // Bytes of each `More` after the first push.
         let mut step = self.st.borrow().chunk;
         // Registered before the first write: while a write waits for room, incoming
@@ -382,15 +383,10 @@ impl PushPull {
             let st = &mut *st;
             let msg = st.next_msg;
             st.next_msg += 1;
-            let (pipeline_max, pipe) = if transport == Transport::Shm {
-                (st.pipeline_max_shm, st.pipeline_chunk_shm)
-            } else {
-                (st.pipeline_max_net, st.pipeline_chunk_net)
-            };
             let (mut first, mut pushed) = match st.mode {
                 PushMode::Zero => (0, 0),
                 PushMode::All => (len.min(st.chunk), len),
-                PushMode::Pull => match select::way(len, st.btp1, pipeline_max, pipe) {
+                PushMode::Pull => match select::way(len, st.btp1, pipe.max, pipe.chunk) {
                     Way::Eager => (len, len),
                     Way::Pipelined(c) => {
                         step = c;
@@ -438,20 +434,15 @@ impl PushPull {
         match self.push(on, route, to, msg, tag, data, pushes, &mut written) {
             Ok(()) => Ok(id),
             Err(e) => {
-                let Some(id) = id else {
-                    // An eager message: its one push did not leave; nothing to undo but
-                    // its credit.
-                    let mut st = self.st.borrow_mut();
-                    if let Some(c) = st.push_in_flight.get_mut(dest as usize) {
-                        *c = c.saturating_sub(pushed as u64);
-                    }
-                    return Err(e);
-                };
                 // The pushes that did not leave never reach the receiver's buffer.
                 let mut st = self.st.borrow_mut();
                 if let Some(c) = st.push_in_flight.get_mut(dest as usize) {
                     *c = c.saturating_sub((pushed - written) as u64);
                 }
+                // An eager message's one push did not leave: nothing else to undo.
+                let Some(id) = id else {
+                    return Err(e);
+                };
                 if written < pushed {
                     // Not whole after all: its receiver must hear `Abandon`, or a receive
                     // matching the pushes that left would wait for the rest for ever.

@@ -26,10 +26,46 @@
 //! receive is posted: large messages are pulled, as MPI's rendezvous does) nor beyond a
 //! quarter of the push credit. `QUIVER_PIPELINE_MAX` overrides the choice.
 //!
-//! The rates are this machine's, measured (`docs/PERFORMANCE.md`, "Protocol selection");
-//! they place the switch, not the speed.
+//! The rates place the switch, not the speed. Inside a node they are rounded from this
+//! machine's measurements (session 25: `process_vm_readv` of 64 KiB at 7.4-8.7 GB/s by
+//! `cma_bw`, a pipelined 64 KiB message in 3-5 µs one way, a protocol message about
+//! 0.15 µs); between nodes they are round figures for a 1 GB/s link with a 10 µs round
+//! trip, not measured: there a pull always costs a round trip more than the pipeline,
+//! so only the cap decides.
 
+use crate::config::Config;
 use crate::link::Transport;
+
+/// The pipeline of one transport under a configuration: the longest message pushed whole
+/// (`Config::pipeline_max`, else the cost function's choice) and its chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pipeline {
+    /// The longest message pushed whole, bytes.
+    pub max: usize,
+    /// Bytes of each chunk.
+    pub chunk: usize,
+}
+
+impl Pipeline {
+    /// The pipeline towards `transport` under `cfg`, with BTP(1) `btp1` in force and
+    /// protocol messages of at most `largest` bytes; `single_copy` as for
+    /// [`Costs::of`].
+    pub fn of(
+        cfg: &Config,
+        transport: Transport,
+        single_copy: bool,
+        btp1: usize,
+        largest: usize,
+    ) -> Pipeline {
+        let costs = Costs::of(transport, single_copy);
+        Pipeline {
+            max: cfg
+                .pipeline_max
+                .unwrap_or_else(|| costs.pipeline_max(btp1, cfg.push_credit)),
+            chunk: costs.chunk.min(largest),
+        }
+    }
+}
 
 /// The longest message pushed whole in a pipeline, whatever the estimates.
 pub const PIPELINE_CAP: usize = 256 << 10;

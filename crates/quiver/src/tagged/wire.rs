@@ -195,7 +195,7 @@ impl Msg<'_> {
         let kind = *b.first().ok_or("empty message")?;
         Ok(match kind {
             PUSH => {
-                let head = Announce {
+                let mut head = Announce {
                     slot: b
                         .get(2..4)
                         .map(|s| u16::from_le_bytes([s[0], s[1]]))
@@ -211,6 +211,11 @@ impl Msg<'_> {
                 let data = &b[48..];
                 if head.pushed > head.total || (data.len() as u64) > head.pushed {
                     return Err("push longer than its message");
+                }
+                if head.is_whole(data.len()) {
+                    // Nothing to pull: where the sender's buffer is means nothing, and
+                    // the message is the `Eager` one it re-encodes as.
+                    (head.pid, head.seg, head.addr) = (0, 0, 0);
                 }
                 Msg::Push { head, data }
             }
@@ -368,6 +373,18 @@ mod tests {
             },
             data: &[1; 8],
         });
+        // The same message in the full form (a peer may send it so) decodes to the same
+        // push: where the sender's buffer is means nothing when nothing is to be pulled.
+        let mut full = vec![1u8, 0, 0, 0];
+        full.extend_from_slice(&9u32.to_le_bytes());
+        for v in [77u64, 8, 8] {
+            full.extend_from_slice(&v.to_le_bytes());
+        }
+        full.extend_from_slice(&4242u32.to_le_bytes());
+        full.extend_from_slice(&3u32.to_le_bytes());
+        full.extend_from_slice(&0xdead_beefu64.to_le_bytes());
+        full.extend_from_slice(&[1; 8]);
+        assert_eq!(Msg::decode(&full), Msg::decode(&bytes));
     }
 
     #[test]
@@ -397,6 +414,11 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..128)) {
             if let Ok(m) = Msg::decode(&bytes) {
                 proptest::prop_assert!(m.data().len() <= bytes.len());
+                // Re-encoding gives a message that decodes to the same one (a whole
+                // push in its full form comes back compact).
+                let mut again = m.header().as_bytes().to_vec();
+                again.extend_from_slice(m.data());
+                proptest::prop_assert_eq!(Msg::decode(&again), Ok(m));
             }
         }
     }

@@ -13,16 +13,24 @@
  *        (k = 1, 2, 4, ...; the first one is the warm-up window) until one takes
  *        >= SECONDS/20, then N = clamp(SECONDS / est, 2, 10^7) timed windows after a
  *        barrier. MBps = N*W*S / time / 10^6.
+ *   match: lat at 8 B while each rank holds N operations the ping-pong does not match,
+ *        in QUEUE: posted (N MPI_Irecv from the peer, tags 1000..), wildcard (N MPI_Irecv
+ *        from MPI_ANY_SOURCE, tags 1000..) or unexpected (N 8-byte MPI_Isend to the peer,
+ *        tags 1000.., followed by a control message each way so they have arrived).
+ *        Afterwards the receives are cancelled, the messages received (last first).
+ *        As `quiver bench match`.
  *   Send and receive buffers (page aligned) are allocated once for the largest size and
  *   touched; all messages of a window use the same buffer (as OSU does).
  *
  * Usage:  mpirun -n 2 osu_mpi lat SIZES SECONDS
  *         mpirun -n 2 osu_mpi bw  SIZES SECONDS WINDOW_BYTES
+ *         mpirun -n 2 osu_mpi match posted|wildcard|unexpected N SECONDS
  *         SIZES: comma-separated byte counts, each 1 .. 1073741824 (e.g. 8,1024,65536)
  *         SECONDS: target time per size (0 < SECONDS <= 3600)   WINDOW_BYTES: >= 1
  * Output (stdout of rank 0, one line per size, in the order given):
  *         lat size=S oneway_us_median=X oneway_us_mean=Y iters=N    (us, 3 decimals)
  *         bw size=S MBps=X window=W iters=N                          (N = timed windows)
+ *         match queue=Q outstanding=N, then the lat line of size 8
  * Errors: message (and usage) on stderr from rank 0, every rank exits 1.
  */
 #define _GNU_SOURCE
@@ -32,6 +40,7 @@
 #define PROG_USAGE \
     "usage: mpirun -n 2 osu_mpi lat SIZES SECONDS\n" \
     "       mpirun -n 2 osu_mpi bw SIZES SECONDS WINDOW_BYTES\n" \
+    "       mpirun -n 2 osu_mpi match posted|wildcard|unexpected N SECONDS\n" \
     "  SIZES: comma-separated byte counts (1..1073741824), e.g. 8,1024,65536\n" \
     "  SECONDS: target time per size (> 0)\n" \
     "output: lat size=S oneway_us_median=X oneway_us_mean=Y iters=N\n" \
@@ -141,6 +150,49 @@ static void bw_size(int s, double seconds, unsigned long long window_bytes) {
     if (rank == 0) print_bw((size_t)s, w, n, t);
 }
 
+/* lat at 8 B with n operations outstanding in queue q (see the top of the file) */
+static int match_test(const char *q, long n, double seconds) {
+    int peer = 1 - rank, posted = !strcmp(q, "posted"), wild = !strcmp(q, "wildcard");
+    if (!posted && !wild && strcmp(q, "unexpected")) return fail("QUEUE must be posted, wildcard or unexpected", 1);
+    char *idle = calloc((size_t)n + 1, 8);
+    MPI_Request *reqs = calloc((size_t)n + 1, sizeof(MPI_Request));
+    if (!idle || !reqs) return fail("out of memory", 0);
+    if (posted || wild) {
+        for (long i = 0; i < n; i++)
+            MPI_Irecv(idle + 8 * i, 8, MPI_CHAR, wild ? MPI_ANY_SOURCE : peer, 1000 + (int)i, MPI_COMM_WORLD, &reqs[i]);
+    } else {
+        char ctl = 0;
+        memset(idle, 0x33, (size_t)n * 8);
+        if (rank == 1) MPI_Recv(&ctl, 1, MPI_CHAR, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        for (long i = 0; i < n; i++)
+            MPI_Isend(idle + 8 * i, 8, MPI_CHAR, peer, 1000 + (int)i, MPI_COMM_WORLD, &reqs[i]);
+        MPI_Send(&ctl, 1, MPI_CHAR, peer, 2, MPI_COMM_WORLD);
+        if (rank == 0) MPI_Recv(&ctl, 1, MPI_CHAR, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    if (rank == 0) printf("match queue=%s outstanding=%ld\n", q, n);
+    lat_size(8, seconds);
+    if (posted || wild) {
+        for (long i = 0; i < n; i++) {
+            MPI_Cancel(&reqs[i]);
+            MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+        }
+    } else {
+        char got[8];
+        for (long i = n - 1; i >= 0; i--) {
+            MPI_Recv(got, 8, MPI_CHAR, peer, 1000 + (int)i, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            if (memcmp(got, "33333333", 8) != 0) {
+                fprintf(stderr, "osu_mpi: rank %d: outstanding message %ld corrupted\n", rank, i);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+        }
+        for (long i = 0; i < n; i++) MPI_Wait(&reqs[i], MPI_STATUS_IGNORE);
+    }
+    free(idle);
+    free(reqs);
+    MPI_Finalize();
+    return 0;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int np;
@@ -148,10 +200,20 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (np != 2) return fail("needs exactly 2 ranks (mpirun -n 2)", 0);
     if (argc < 2) return fail("missing test", 1);
+    if (!strcmp(argv[1], "match")) {
+        unsigned long long n;
+        double seconds;
+        if (argc != 5) return fail("wrong number of arguments", 1);
+        if (parse_ull(argv[3], 0, 1000000, &n)) return fail("bad N", 1);
+        if (parse_seconds(argv[4], &seconds)) return fail("bad SECONDS", 1);
+        if (posix_memalign((void **)&sbuf, 4096, 8) || posix_memalign((void **)&rbuf, 4096, 8))
+            return fail("out of memory", 0);
+        return match_test(argv[2], (long)n, seconds);
+    }
     int bw;
     if (!strcmp(argv[1], "lat")) bw = 0;
     else if (!strcmp(argv[1], "bw")) bw = 1;
-    else return fail("test must be lat or bw", 1);
+    else return fail("test must be lat, bw or match", 1);
     if (argc != (bw ? 5 : 4)) return fail("wrong number of arguments", 1);
     static size_t sizes[MAX_SIZES];
     int nsizes;

@@ -166,6 +166,46 @@ fn message_rate_of_endpoints_and_tagged() {
     }
 }
 
+/// `match`: the tagged ping-pong with N operations outstanding in each queue, over shm
+/// and udp and in every push mode (zero makes the unexpected messages' sends wait for
+/// their receives); one row per queue and N, in order; the run checks the outstanding
+/// messages' contents and that no outstanding receive was matched.
+#[test]
+fn matching_with_operations_outstanding() {
+    for (transport, push) in [("shm", "pull"), ("shm", "zero"), ("udp", "all")] {
+        let out = quiver_bench(&[
+            "match",
+            "--transport",
+            transport,
+            "--push",
+            push,
+            "--outstanding",
+            "0,5,300",
+            "--iters",
+            "50",
+        ]);
+        let lines = json_lines(&out);
+        let got: Vec<(String, u64)> = lines
+            .iter()
+            .map(|v| {
+                assert_eq!(v["bench"], "match", "{v}");
+                assert_eq!(v["size"], 8, "{v}");
+                assert_eq!(v["push"], push, "{v}");
+                positive(v, "latency_us_median");
+                (
+                    v["queue"].as_str().unwrap_or_default().to_string(),
+                    v["outstanding"].as_u64().unwrap_or(u64::MAX),
+                )
+            })
+            .collect();
+        let want: Vec<(String, u64)> = ["posted", "wildcard", "unexpected"]
+            .iter()
+            .flat_map(|q| [0, 5, 300].map(|n| (q.to_string(), n)))
+            .collect();
+        assert_eq!(got, want, "{transport}, push {push}");
+    }
+}
+
 #[test]
 fn bibw_over_shm() {
     let out = quiver_bench(&["bibw", "--sizes", "64K", "--iters", "10"]);

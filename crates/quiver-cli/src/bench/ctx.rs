@@ -91,7 +91,7 @@ impl<'a> Ctx<'a> {
     /// Measured and warm-up iterations of `bench` at `size` (windows for bandwidth).
     pub fn iterations(&self, bench: Bench, size: usize, window: u32) -> (u64, u64) {
         let iters = self.opts.iters.unwrap_or_else(|| match bench {
-            Bench::Pingpong => super::pingpong_iters(size),
+            Bench::Pingpong | Bench::Match => super::pingpong_iters(size),
             Bench::Bw | Bench::Bibw | Bench::Rate => super::bw_iters(size, window),
             Bench::Logp => super::logp_iters(size),
             Bench::EarlyLate => super::early_late_iters(size),

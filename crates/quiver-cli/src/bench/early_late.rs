@@ -350,11 +350,7 @@ fn run_one(
     let mut r = ctx.result(Bench::EarlyLate, size, iters, warmup);
     r.mode = r.push.clone();
     r.receiver = Some(receiver.name().into());
-    r.latency_us_median = Some(round(s.median / 1e3, 4));
-    r.latency_us_avg80 = Some(round(s.avg80 / 1e3, 4));
-    r.latency_us_p99 = Some(round(s.p99 / 1e3, 4));
-    r.latency_us_min = Some(round(s.min / 1e3, 4));
-    r.latency_us_max = Some(round(s.max / 1e3, 4));
+    r.set_latency(&s);
     r.compute_x_us = Some(round(x.as_nanos() as f64 / 1e3, 3));
     r.compute_y_us = Some(round(y.as_nanos() as f64 / 1e3, 3));
     r.compute_us = Some(round(compute.as_nanos() as f64 / 1e3, 3));

@@ -33,6 +33,7 @@ pub fn child_args(
         Some(BenchCmd::Bibw) => a.push("bibw".into()),
         Some(BenchCmd::Rate) => a.push("rate".into()),
         Some(BenchCmd::Logp) => a.push("logp".into()),
+        Some(BenchCmd::Match) => a.push("match".into()),
         Some(BenchCmd::EarlyLate) => a.push("early-late".into()),
         Some(BenchCmd::TuneBtp) => a.push("tune-btp".into()),
         None => {}
@@ -53,6 +54,10 @@ pub fn child_args(
     }
     if let Some(n) = opts.warmup {
         opt("--warmup", n.to_string());
+    }
+    if !opts.outstanding.is_empty() {
+        let list: Vec<String> = opts.outstanding.iter().map(u32::to_string).collect();
+        opt("--outstanding", list.join(","));
     }
     if let Some(api) = opts.api {
         opt("--api", api.name().into());
@@ -157,6 +162,7 @@ mod tests {
             timeout: Some(Duration::from_secs(5)),
             cluster: None,
             ppn: None,
+            outstanding: Vec::new(),
         };
         let a: Vec<String> = child_args(&opts, Some(BenchCmd::Bw), TransportArg::Udp, false)
             .into_iter()
@@ -183,6 +189,17 @@ mod tests {
                 .collect();
         assert_eq!(a[1], "early-late");
         assert!(a.join(" ").ends_with("--api tagged --push all"), "{a:?}");
+        let matching = BenchOpts {
+            outstanding: vec![0, 64],
+            ..tagged.clone()
+        };
+        let a = child_args(&matching, Some(BenchCmd::Match), TransportArg::Shm, false);
+        let a: Vec<String> = a
+            .into_iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(a[1], "match");
+        assert!(a.join(" ").contains("--outstanding 0,64"), "{a:?}");
         let env = child_env(&opts, TransportArg::Udp);
         assert!(env.contains(&("QUIVER_TRANSPORT".into(), "udp".into())));
         assert!(env.contains(&("QUIVER_WAIT".into(), "hybrid:20".into())));

@@ -10,12 +10,12 @@
 //!   `SLURM_PROCID`), `quiver bench` re-launches itself as a two-rank job ([`launch`]); the
 //!   default suite launches one job per transport and summarizes ([`suite`]);
 //! - inside a job, rank 0 and rank 1 run the benchmarks ([`runner`], [`pingpong`],
-//!   [`bw`], [`logp`], [`early_late`], [`tune_btp`]); rank 0 reports.
+//!   [`bw`], [`logp`], [`matching`], [`early_late`], [`tune_btp`]); rank 0 reports.
 //!
 //! Two message APIs are measured (`--api`): Directed Point endpoints (`dm`, the default:
 //! `write` / `read`) and tagged send/receive with the Push-Pull protocol (`tagged`:
-//! [`quiver::tagged::Tagged`], with `--push zero|all|pull`). `early-late` and `tune-btp`
-//! always use the tagged API.
+//! [`quiver::tagged::Tagged`], with `--push zero|all|pull`). `match`, `early-late` and
+//! `tune-btp` always use the tagged API.
 //!
 //! Submodules: [`sizes`] (size lists), [`stats`] (avg80, percentiles), [`output`] (every
 //! table, CSV and JSON format), [`progress`] (progress bar), [`plot`] (PNG charts).
@@ -32,6 +32,7 @@ pub mod ctx;
 pub mod early_late;
 pub mod launch;
 pub mod logp;
+pub mod matching;
 pub mod output;
 pub mod pingpong;
 pub mod plot;
@@ -55,7 +56,7 @@ pub const JOB_RANK_VARS: [&str; 5] = [
 /// Arguments of `quiver bench`.
 #[derive(Args, Debug, Clone)]
 #[command(after_long_help = "\
-Default sizes: pingpong 0..4M; bw and bibw 1K..4M; logp 8; early-late 0..64K (tune-btp has its \
+Default sizes: pingpong 0..4M; bw and bibw 1K..4M; logp, rate and match 8; early-late 0..64K (tune-btp has its \
 own). The suite (no subcommand) runs pingpong \
 (0,8,64,1K,4K,64K,1M) and bw (4K,64K,1M) over shm, then over udp, and summarizes.
 
@@ -86,6 +87,13 @@ pub enum BenchCmd {
     Rate,
     /// LogP parameters: send and receive overhead, gap, latency and L (default size 8).
     Logp,
+    /// Tag matching with other operations outstanding (tagged; default size 8).
+    ///
+    /// The tagged ping-pong while each rank holds N receives posted from the peer
+    /// (posted), N receives posted from any source (wildcard) or N arrived messages not
+    /// yet received (unexpected), none of which the ping-pong matches; N from
+    /// --outstanding (default 0,1,64,1024).
+    Match,
     /// Early and late receiver tests of Push-Pull (tagged; default sizes 0..64K).
     ///
     /// A compute-then-communicate ping-pong for every push mode (zero, all, pull; or
@@ -116,6 +124,10 @@ pub struct BenchOpts {
     /// Warm-up iterations per size; default a tenth of the iterations.
     #[arg(long, global = true)]
     pub warmup: Option<u64>,
+    /// Numbers of outstanding operations (match): comma list, e.g. `0,1,64,1024`.
+    #[arg(long, value_delimiter = ',', global = true,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub outstanding: Vec<u32>,
     /// Messages per window (bw, bibw, rate).
     #[arg(long, default_value_t = 64, global = true,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -304,6 +316,8 @@ pub enum Bench {
     Rate,
     /// LogP parameters (o_s, o_r, g, L, latency).
     Logp,
+    /// Ping-pong with other operations outstanding (tag matching).
+    Match,
     /// Early and late receiver tests (Push-Pull paper, section 5.3).
     #[serde(rename = "early-late")]
     EarlyLate,
@@ -321,6 +335,7 @@ impl Bench {
             Bench::Bibw => "bibw",
             Bench::Rate => "rate",
             Bench::Logp => "logp",
+            Bench::Match => "match",
             Bench::EarlyLate => "early-late",
             Bench::TuneBtp => "tune-btp",
         }
@@ -331,11 +346,14 @@ impl Bench {
     }
     /// True for the benchmarks whose headline is a latency (`latency_us_median`).
     pub fn is_latency(self) -> bool {
-        matches!(self, Bench::Pingpong | Bench::EarlyLate | Bench::TuneBtp)
+        matches!(
+            self,
+            Bench::Pingpong | Bench::Match | Bench::EarlyLate | Bench::TuneBtp
+        )
     }
     /// True for the benchmarks that only exist on the tagged API.
     pub fn tagged_only(self) -> bool {
-        matches!(self, Bench::EarlyLate | Bench::TuneBtp)
+        matches!(self, Bench::Match | Bench::EarlyLate | Bench::TuneBtp)
     }
 }
 
@@ -353,6 +371,7 @@ impl From<BenchCmd> for Bench {
             BenchCmd::Bibw => Bench::Bibw,
             BenchCmd::Rate => Bench::Rate,
             BenchCmd::Logp => Bench::Logp,
+            BenchCmd::Match => Bench::Match,
             BenchCmd::EarlyLate => Bench::EarlyLate,
             BenchCmd::TuneBtp => Bench::TuneBtp,
         }
@@ -360,13 +379,13 @@ impl From<BenchCmd> for Bench {
 }
 
 /// Default sizes of each benchmark: `pingpong` 0 and the powers of two up to 4 MiB,
-/// `bw` and `bibw` 1 KiB to 4 MiB, `logp` and `rate` 8 B, `early-late` 0 to 64 KiB; `tune-btp`
+/// `bw` and `bibw` 1 KiB to 4 MiB, `logp`, `rate` and `match` 8 B, `early-late` 0 to 64 KiB; `tune-btp`
 /// measures the sizes of its two steps ([`tune_btp::sizes`]).
 pub fn default_sizes(bench: Bench) -> Vec<usize> {
     let (lo, hi) = match bench {
         Bench::Pingpong => (0, 4 << 20),
         Bench::Bw | Bench::Bibw => (1 << 10, 4 << 20),
-        Bench::Logp | Bench::Rate => return vec![8],
+        Bench::Logp | Bench::Rate | Bench::Match => return vec![8],
         Bench::EarlyLate => (0, 64 << 10),
         Bench::TuneBtp => return tune_btp::sizes(),
     };
@@ -384,7 +403,7 @@ pub fn suite_sizes(bench: Bench) -> Vec<usize> {
     match bench {
         Bench::Pingpong => vec![0, 8, 64, 1 << 10, 4 << 10, 64 << 10, 1 << 20],
         Bench::Bw | Bench::Bibw => vec![4 << 10, 64 << 10, 1 << 20],
-        Bench::Logp | Bench::Rate => vec![8],
+        Bench::Logp | Bench::Rate | Bench::Match => vec![8],
         Bench::EarlyLate | Bench::TuneBtp => default_sizes(bench),
     }
 }
@@ -485,11 +504,21 @@ pub fn effective_wait(opts: &BenchOpts) -> String {
         .unwrap_or_else(|| "spin".to_string())
 }
 
-/// The message API `command` uses: tagged for `early-late` and `tune-btp`, else `--api`
-/// (default dm).
+/// The numbers of outstanding operations of `match`: `--outstanding`, else
+/// [`matching::DEFAULT_OUTSTANDING`].
+pub fn outstanding(opts: &BenchOpts) -> Vec<u32> {
+    if opts.outstanding.is_empty() {
+        matching::DEFAULT_OUTSTANDING.to_vec()
+    } else {
+        opts.outstanding.clone()
+    }
+}
+
+/// The message API `command` uses: tagged for `match`, `early-late` and `tune-btp`,
+/// else `--api` (default dm).
 pub fn effective_api(command: Option<BenchCmd>, opts: &BenchOpts) -> ApiArg {
     match command {
-        Some(BenchCmd::EarlyLate | BenchCmd::TuneBtp) => ApiArg::Tagged,
+        Some(BenchCmd::Match | BenchCmd::EarlyLate | BenchCmd::TuneBtp) => ApiArg::Tagged,
         _ => opts.api.unwrap_or(ApiArg::Dm),
     }
 }
@@ -509,6 +538,9 @@ pub fn check_api(command: Option<BenchCmd>, opts: &BenchOpts) -> Result<(), Stri
     }
     if opts.push.is_some() && api == ApiArg::Dm {
         return Err("--push selects the push mode of tagged messages; add --api tagged".into());
+    }
+    if !opts.outstanding.is_empty() && command != Some(BenchCmd::Match) {
+        return Err("--outstanding sets the outstanding operations of match only".into());
     }
     if command == Some(BenchCmd::TuneBtp) && opts.sizes.is_some() {
         return Err("tune-btp measures sizes of its own; drop --sizes".into());
@@ -629,6 +661,16 @@ mod tests {
         assert!(bad(&["early-late", "--api", "dm"]));
         assert!(bad(&["tune-btp", "--push", "zero"]));
         assert!(bad(&["tune-btp", "--sizes", "8"]));
+        assert!(bad(&["pingpong", "--outstanding", "64"]));
+        assert!(bad(&["match", "--api", "dm"]));
+        assert!(!bad(&["match", "--outstanding", "0,1,1024"]));
+        let m = parse(&["match", "--outstanding", "0,1,1024"]).unwrap();
+        assert_eq!(outstanding(&m.opts), [0, 1, 1024]);
+        assert_eq!(
+            outstanding(&parse(&["match"]).unwrap().opts),
+            [0, 1, 64, 1024]
+        );
+        assert_eq!(effective_api(m.command, &m.opts), ApiArg::Tagged);
         assert!(!bad(&["tune-btp", "--push", "pull"]));
         assert!(!bad(&["--api", "tagged"])); // the suite
                                              // Names in results.

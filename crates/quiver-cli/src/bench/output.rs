@@ -55,6 +55,12 @@ pub struct BenchResult {
     /// the message arrives) or `late` (after).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receiver: Option<String>,
+    /// Queue of the outstanding operations (match): `posted`, `wildcard` or `unexpected`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// Operations outstanding in that queue on each rank during the ping-pong (match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outstanding: Option<u32>,
     /// Step of tune-btp: 1 (BTP(2) varied, BTP(1) = 0) or 2 (BTP(1) varied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<u8>,
@@ -148,6 +154,17 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
+    /// Sets the latency figures (median, avg80, p99, min, max; us) from a summary of
+    /// one-way samples in ns.
+    pub fn set_latency(&mut self, s: &super::stats::Summary) {
+        let us = |ns: f64| Some(round(ns / 1e3, 4));
+        self.latency_us_median = us(s.median);
+        self.latency_us_avg80 = us(s.avg80);
+        self.latency_us_p99 = us(s.p99);
+        self.latency_us_min = us(s.min);
+        self.latency_us_max = us(s.max);
+    }
+
     /// A record with the identifying fields set and no measurements.
     pub fn new(
         bench: Bench,
@@ -166,6 +183,8 @@ impl BenchResult {
             push: None,
             mode: None,
             receiver: None,
+            queue: None,
+            outstanding: None,
             step: None,
             btp1: None,
             btp2: None,
@@ -230,7 +249,7 @@ pub fn round(v: f64, decimals: i32) -> f64 {
 }
 
 /// CSV columns, in order.
-pub const CSV_COLUMNS: [&str; 27] = [
+pub const CSV_COLUMNS: [&str; 29] = [
     "bench",
     "transport",
     "wait",
@@ -258,10 +277,12 @@ pub const CSV_COLUMNS: [&str; 27] = [
     "compute_us",
     "messages_per_s",
     "messages_per_s_median",
+    "queue",
+    "outstanding",
 ];
 
 /// What a table groups rows by: benchmark, transport, wait mode, API, push mode,
-/// receiver, BTP values.
+/// receiver or queue, BTP values.
 type GroupKey = (
     Bench,
     String,
@@ -345,6 +366,8 @@ impl Reporter {
                     csv_num(r.compute_us),
                     csv_num(r.messages_per_s),
                     csv_num(r.messages_per_s_median),
+                    r.queue.clone().unwrap_or_default(),
+                    r.outstanding.map(|n| n.to_string()).unwrap_or_default(),
                 ];
                 out.push_str(&cells.join(","));
                 out.push('\n');
@@ -356,7 +379,7 @@ impl Reporter {
                     r.wait.clone(),
                     r.api.clone(),
                     r.push.clone(),
-                    r.receiver.clone(),
+                    r.receiver.clone().or_else(|| r.queue.clone()),
                     r.btp1.zip(r.btp2),
                 );
                 if self.last.as_ref() != Some(&key) {
@@ -391,6 +414,19 @@ impl Reporter {
                         num(r.compute_y_us, 1),
                         num(r.pong_late_fraction, 2),
                         num(r.ping_late_fraction, 2),
+                        r.iters
+                    );
+                } else if r.bench == Bench::Match {
+                    let _ = writeln!(
+                        out,
+                        "{:>10} {:>11} {:>12} {:>12} {:>12} {:>8}",
+                        r.size,
+                        r.outstanding
+                            .map(|n| n.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        num(r.latency_us_median, 3),
+                        num(r.latency_us_avg80, 3),
+                        num(r.latency_us_p99, 3),
                         r.iters
                     );
                 } else if r.bench == Bench::Rate {
@@ -447,6 +483,9 @@ fn table_title(r: &BenchResult) -> String {
              us; late = fraction of receives that found the message arrived"
         }
         Bench::TuneBtp => "one-way latency (round trip / 2)",
+        Bench::Match => {
+            "one-way latency (round trip / 2) with other operations outstanding on each rank"
+        }
     };
     let mut api = String::new();
     if let Some(a) = &r.api {
@@ -460,6 +499,9 @@ fn table_title(r: &BenchResult) -> String {
     }
     if let Some(rcv) = &r.receiver {
         let _ = write!(api, ", {rcv} receiver");
+    }
+    if let Some(q) = &r.queue {
+        let _ = write!(api, ", {q} queue");
     }
     format!(
         "# {} over {}, wait {}{}: {}\n",
@@ -485,6 +527,11 @@ fn table_header(bench: Bench) -> String {
         format!(
             "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n",
             "size(B)", "o_s(us)", "o_r(us)", "g(us)", "L(us)", "latency(us)", "iters"
+        )
+    } else if bench == Bench::Match {
+        format!(
+            "{:>10} {:>11} {:>12} {:>12} {:>12} {:>8}\n",
+            "size(B)", "outstanding", "median(us)", "avg80(us)", "p99(us)", "iters"
         )
     } else if bench == Bench::Rate {
         format!(
@@ -741,9 +788,10 @@ mod tests {
         let text = rep.render(&logp(8));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[1].split(',').count(), CSV_COLUMNS.len());
-        // The logp columns, then the empty columns of the tagged API and of the rate.
+        // The logp columns, then the empty columns of the tagged API, of the rate and of
+        // match.
         assert!(
-            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500,,,,,,,,"),
+            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500,,,,,,,,,,"),
             "{}",
             lines[1]
         );

@@ -13,7 +13,7 @@
 
 use super::buffer::PageAligned;
 use super::ctx::{check_len, Ctx, DATA_TAG};
-use super::output::{round, BenchResult};
+use super::output::BenchResult;
 use super::stats::Summary;
 use super::Bench;
 use anyhow::Context as _;
@@ -32,11 +32,7 @@ pub fn run(ctx: &Ctx<'_>, size: usize) -> anyhow::Result<Option<BenchResult>> {
     }
     let s = Summary::of_nanos(samples).context("no samples to summarize")?;
     let mut r = ctx.result(Bench::Pingpong, size, iters, warmup);
-    r.latency_us_median = Some(round(s.median / 1e3, 4));
-    r.latency_us_avg80 = Some(round(s.avg80 / 1e3, 4));
-    r.latency_us_p99 = Some(round(s.p99 / 1e3, 4));
-    r.latency_us_min = Some(round(s.min / 1e3, 4));
-    r.latency_us_max = Some(round(s.max / 1e3, 4));
+    r.set_latency(&s);
     Ok(Some(r))
 }
 

@@ -58,6 +58,9 @@ pub fn series(results: &[BenchResult]) -> (Vec<Series>, Vec<Series>) {
         if let Some(rcv) = &r.receiver {
             label = format!("{label} {rcv}");
         }
+        if let (Some(q), Some(n)) = (&r.queue, r.outstanding) {
+            label = format!("{label} {n} {q}");
+        }
         if let (Some(step), Some(b1), Some(b2)) = (r.step, r.btp1, r.btp2) {
             label = format!("{label} step {step} btp {b1}/{b2}");
         }

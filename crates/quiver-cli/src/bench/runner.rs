@@ -9,8 +9,8 @@ use super::ctx::{Ctx, Sink};
 use super::output;
 use super::sizes::fmt_size;
 use super::{
-    bw, early_late, logp, pingpong, plot, tune_btp, ApiArg, Bench, BenchArgs, BenchCmd, BenchOpts,
-    Plan, TransportArg,
+    bw, early_late, logp, matching, pingpong, plot, tune_btp, ApiArg, Bench, BenchArgs, BenchCmd,
+    BenchOpts, Plan, TransportArg,
 };
 use anyhow::{bail, Context as _};
 use quiver::tagged::Tagged;
@@ -168,6 +168,7 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let steps: u64 = match args.command {
         Some(BenchCmd::EarlyLate) => early_late::steps(opts, &plans[0].sizes),
         Some(BenchCmd::TuneBtp) => tune_btp::steps(),
+        Some(BenchCmd::Match) => matching::steps(&plans[0].sizes, &super::outstanding(opts)),
         _ => plans.iter().map(|p| p.sizes.len() as u64).sum(),
     };
     let mut sink = if rank == 0 {
@@ -178,6 +179,12 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
     match args.command {
         Some(BenchCmd::EarlyLate) => early_late::run(&ctx, &plans[0].sizes, sink.as_mut())?,
         Some(BenchCmd::TuneBtp) => tune_btp::run(&ctx, sink.as_mut())?,
+        Some(BenchCmd::Match) => matching::run(
+            &ctx,
+            &plans[0].sizes,
+            &super::outstanding(opts),
+            sink.as_mut(),
+        )?,
         _ => {
             for plan in &plans {
                 run_plan(&ctx, plan, sink.as_mut())?;
@@ -213,7 +220,7 @@ fn run_plan(ctx: &Ctx<'_>, plan: &Plan, mut sink: Option<&mut Sink>) -> anyhow::
             Bench::Pingpong => pingpong::run(ctx, size),
             Bench::Bw | Bench::Bibw | Bench::Rate => bw::run(ctx, plan.bench, size),
             Bench::Logp => logp::run(ctx, size),
-            Bench::EarlyLate | Bench::TuneBtp => {
+            Bench::Match | Bench::EarlyLate | Bench::TuneBtp => {
                 bail!("{} runs through its own module", plan.bench)
             }
         }

@@ -219,11 +219,7 @@ fn rows(
             };
             r.btp1 = Some(b1 as u64);
             r.btp2 = Some(b2 as u64);
-            r.latency_us_median = Some(round(sum.median / 1e3, 4));
-            r.latency_us_avg80 = Some(round(sum.avg80 / 1e3, 4));
-            r.latency_us_p99 = Some(round(sum.p99 / 1e3, 4));
-            r.latency_us_min = Some(round(sum.min / 1e3, 4));
-            r.latency_us_max = Some(round(sum.max / 1e3, 4));
+            r.set_latency(&sum);
             r.score = Some(round(sc[c], 4));
             out.push(r);
         }

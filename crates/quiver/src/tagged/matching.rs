@@ -22,17 +22,19 @@
 //! costs no allocation here.
 //!
 //! How it stays fast with many receives or messages outstanding (as MPICH's and UCX's
-//! tag matching): receives naming one sender and one tag wait in one of a fixed number
-//! of queues chosen by a hash of (sender, tag), the others (a wildcard) in one queue;
-//! each receive has a posting number, and an arriving message takes the earlier of the
-//! first receive for its (sender, tag) in its hash queue and the first wildcard receive
-//! that accepts it. Messages wait in arrival order and are also queued by the same hash.
-//! So the common cases cost a hash and a look at the front of a queue, whatever is
-//! outstanding: a receive for one sender and tag, a message for which one is posted,
-//! the first of several messages of one sender and tag. Only wildcards search, and only
-//! among the wildcard receives (for an arriving message) or the waiting messages (for a
-//! wildcard receive); (sender, tag) pairs that share a hash queue search it. The queues
-//! keep their memory, so a message that matches allocates nothing.
+//! hashed tag matching, with the four-pattern split of Flajslik et al., "Mitigating MPI
+//! message matching misery", ISC 2016): a receive waits in one of a fixed number of
+//! queues chosen by a hash of its pattern, (sender, tag) with either or both possibly a
+//! wildcard, and has a posting number. An arriving message can match receives of four
+//! patterns only: (its sender, its tag), (any, its tag), (its sender, any) and (any,
+//! any); it looks at the first receive of each pattern that has receives posted and
+//! takes the earliest posted. Messages wait in arrival order and are also queued by the
+//! hash of their (sender, tag). So these cost a hash and a look at the front of a queue,
+//! whatever is outstanding: a receive for one sender and tag, a message for which any
+//! receive is posted, the first of several messages of one sender and tag. Only a
+//! wildcard receive searches, among the waiting messages; patterns and pairs that share
+//! a hash queue search it. The queues keep their memory, so a message that matches
+//! allocates nothing.
 
 use super::{Src, Tag};
 use crate::FastMap;
@@ -47,14 +49,19 @@ pub(super) fn accepts(src: Src, tag: Tag, source: u32, t: u32) -> bool {
     (src == Src::Any || src == Src::Rank(source)) && (tag == Tag::Any || tag == Tag::Is(t))
 }
 
-/// A receive with a wildcard, waiting for a message.
+/// A posted receive, waiting for a message.
 #[derive(Debug, Clone, Copy)]
-struct Wild {
+struct Posted {
+    src: Src,
+    tag: Tag,
     /// Its posting number.
     order: u64,
     id: u64,
-    src: Src,
-    tag: Tag,
+}
+
+/// The four patterns of a receive: sender and tag named, or either or both a wildcard.
+fn pattern(src: Src, tag: Tag) -> usize {
+    usize::from(src == Src::Any) | usize::from(tag == Tag::Any) << 1
 }
 
 /// A message that arrived before any receive accepted it.
@@ -70,10 +77,10 @@ pub(super) struct Arrived<M> {
 /// The posted and unexpected queues of one tagged endpoint.
 #[derive(Debug)]
 pub(super) struct Matching<M> {
-    /// Receives for one (sender, tag), in posting order, in the queue of their hash.
-    exact: Vec<VecDeque<Exact>>,
-    /// Receives with a wildcard, in posting order.
-    wild: VecDeque<Wild>,
+    /// Posted receives, in posting order, in the queue of the hash of their pattern.
+    receives: Vec<VecDeque<Posted>>,
+    /// Receives posted of each pattern (see [`pattern`]).
+    patterns: [usize; 4],
     /// Receives posted in all.
     posted: usize,
     /// The next posting number.
@@ -99,9 +106,6 @@ struct Pair<T> {
     value: T,
 }
 
-/// A receive for one sender and tag: its posting number and id.
-type Exact = Pair<(u64, u64)>;
-
 /// Takes the first value of (`source`, `tag`) out of queue `q`.
 fn take_first<T: Copy>(q: &mut VecDeque<Pair<T>>, source: u32, tag: u32) -> Option<T> {
     let i = first_of(q, source, tag)?;
@@ -125,8 +129,8 @@ fn first_of<T>(q: &VecDeque<Pair<T>>, source: u32, tag: u32) -> Option<usize> {
 impl<M> Matching<M> {
     pub(super) fn new() -> Matching<M> {
         Matching {
-            exact: (0..QUEUES).map(|_| VecDeque::new()).collect(),
-            wild: VecDeque::new(),
+            receives: (0..QUEUES).map(|_| VecDeque::new()).collect(),
+            patterns: [0; 4],
             posted: 0,
             next_post: 0,
             unexpected: BTreeMap::new(),
@@ -137,9 +141,22 @@ impl<M> Matching<M> {
         }
     }
 
-    /// The queue of (`source`, `tag`).
+    /// The queue of (`source`, `tag`) (messages, and receives naming both).
     fn queue(&self, source: u32, tag: u32) -> usize {
-        self.hash.hash_one((source, tag)) as usize % QUEUES
+        self.pattern_queue(Src::Rank(source), Tag::Is(tag))
+    }
+
+    /// The queue of the receives of pattern (`src`, `tag`).
+    fn pattern_queue(&self, src: Src, tag: Tag) -> usize {
+        let src = match src {
+            Src::Rank(s) => u64::from(s),
+            Src::Any => u64::MAX,
+        };
+        let tag = match tag {
+            Tag::Is(t) => u64::from(t),
+            Tag::Any => u64::MAX,
+        };
+        self.hash.hash_one((src, tag)) as usize % QUEUES
     }
 
     /// A message from `source` with `tag`, named `key`, arrived: the posted receive it
@@ -180,23 +197,35 @@ impl<M> Matching<M> {
     }
 
     /// The earliest posted receive that accepts a message from `source` with `tag`,
-    /// taken out of its queue.
+    /// taken out of its queue: the earliest of the first receives of the four patterns
+    /// that accept it.
     fn take_posted(&mut self, source: u32, tag: u32) -> Option<u64> {
-        let q = self.queue(source, tag);
-        let exact = first_of(&self.exact[q], source, tag);
-        let wild = self
-            .wild
-            .iter()
-            .position(|w| accepts(w.src, w.tag, source, tag));
-        let exact_first = match (exact, wild) {
-            (Some(e), Some(w)) => self.exact[q][e].value.0 < self.wild[w].order,
-            (exact, _) => exact.is_some(),
-        };
-        if exact_first {
-            take_at(&mut self.exact[q], exact?).map(|p| p.value.1)
-        } else {
-            take_at(&mut self.wild, wild?).map(|w| w.id)
+        let mut best: Option<(u64, usize, usize)> = None;
+        for (src, t) in [
+            (Src::Rank(source), Tag::Is(tag)),
+            (Src::Any, Tag::Is(tag)),
+            (Src::Rank(source), Tag::Any),
+            (Src::Any, Tag::Any),
+        ] {
+            if self.patterns[pattern(src, t)] == 0 {
+                continue;
+            }
+            let q = self.pattern_queue(src, t);
+            let Some(i) = self.receives[q]
+                .iter()
+                .position(|r| r.src == src && r.tag == t)
+            else {
+                continue;
+            };
+            let order = self.receives[q][i].order;
+            if best.is_none_or(|(o, _, _)| order < o) {
+                best = Some((order, q, i));
+            }
         }
+        let (_, q, i) = best?;
+        let r = take_at(&mut self.receives[q], i)?;
+        self.patterns[pattern(r.src, r.tag)] -= 1;
+        Some(r.id)
     }
 
     /// Receive `id` for (`src`, `tag`) is posted: the unexpected message it takes (no
@@ -215,22 +244,14 @@ impl<M> Matching<M> {
         let order = self.next_post;
         self.next_post += 1;
         self.posted += 1;
-        match (src, tag) {
-            (Src::Rank(s), Tag::Is(t)) => {
-                let q = self.queue(s, t);
-                self.exact[q].push_back(Pair {
-                    source: s,
-                    tag: t,
-                    value: (order, id),
-                });
-            }
-            _ => self.wild.push_back(Wild {
-                order,
-                id,
-                src,
-                tag,
-            }),
-        }
+        self.patterns[pattern(src, tag)] += 1;
+        let q = self.pattern_queue(src, tag);
+        self.receives[q].push_back(Posted {
+            src,
+            tag,
+            order,
+            id,
+        });
         None
     }
 
@@ -264,16 +285,13 @@ impl<M> Matching<M> {
         if self.posted == 0 {
             return false;
         }
-        if let Some(i) = self.wild.iter().position(|w| w.id == id) {
-            self.wild.remove(i);
-            self.posted -= 1;
-            return true;
-        }
-        for q in &mut self.exact {
-            if let Some(at) = q.iter().position(|p| p.value.1 == id) {
-                q.remove(at);
-                self.posted -= 1;
-                return true;
+        for q in &mut self.receives {
+            if let Some(at) = q.iter().position(|r| r.id == id) {
+                if let Some(r) = q.remove(at) {
+                    self.patterns[pattern(r.src, r.tag)] -= 1;
+                    self.posted -= 1;
+                    return true;
+                }
             }
         }
         false
@@ -309,7 +327,8 @@ impl<M> Matching<M> {
     fn indexes_are_tight(&self) -> bool {
         self.by_key.len() == self.unexpected.len()
             && self.arrivals.iter().map(VecDeque::len).sum::<usize>() == self.unexpected.len()
-            && self.exact.iter().map(VecDeque::len).sum::<usize>() + self.wild.len() == self.posted
+            && self.receives.iter().map(VecDeque::len).sum::<usize>() == self.posted
+            && self.patterns.iter().sum::<usize>() == self.posted
     }
 }
 
@@ -479,6 +498,30 @@ mod tests {
             let a = m.post(0, Src::Rank(t % 3), Tag::Is(t)).unwrap();
             assert_eq!((a.source, a.tag, a.key), (t % 3, t, u64::from(t)));
         }
+        assert_eq!(m.len(), (0, 0));
+        assert!(m.indexes_are_tight());
+    }
+
+    #[test]
+    fn thousands_of_wildcard_receives_of_every_pattern() {
+        // Receives from any sender with a tag each, for a sender with any tag, and a few
+        // that accept anything, posted in one order; messages arrive in another and each
+        // takes the earliest posted receive that accepts it.
+        let mut m = M::new();
+        for t in 0..2048u32 {
+            assert!(m.post(u64::from(t), Src::Any, Tag::Is(t)).is_none());
+        }
+        assert!(m.post(5000, Src::Rank(7), Tag::Any).is_none());
+        assert!(m.post(5001, Src::Any, Tag::Any).is_none());
+        assert!(m.post(5002, Src::Rank(7), Tag::Is(3)).is_none());
+        for t in (0..2048u32).rev() {
+            assert_eq!(m.arrive(t % 5, t, k(), || ""), Some(u64::from(t)));
+        }
+        // Sender 7, tag 3: the receive for sender 7 and any tag came before the one that
+        // names both; then the one for anything; then the one naming both.
+        assert_eq!(m.arrive(7, 3, k(), || ""), Some(5000));
+        assert_eq!(m.arrive(7, 3, k(), || ""), Some(5001));
+        assert_eq!(m.arrive(7, 3, k(), || ""), Some(5002));
         assert_eq!(m.len(), (0, 0));
         assert!(m.indexes_are_tight());
     }

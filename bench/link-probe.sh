@@ -12,8 +12,11 @@
 # quiver eth: 1464 B), median (min-max) over the repetitions.
 #
 # usage: bash bench/link-probe.sh        (REPS=3; root; ~1 min)
+#        LINK=unlimited bash bench/link-probe.sh   (another --link of quiver cluster up:
+#        100mbit, 1gbit, 10gbit or unlimited; unlimited has no payload limit to compare with)
 set -euo pipefail
 REPS=${REPS:-3}
+LINK=${LINK:-1gbit}
 root=$(cd "$(dirname "$0")/.." && pwd)
 Q=$root/target/release/quiver
 [ "$(id -u)" = 0 ] || { echo "bench/link-probe.sh: needs root (emulated clusters)" >&2; exit 1; }
@@ -27,7 +30,7 @@ c=qvl$$
 out=$(mktemp /tmp/qv-link-probe.XXXXXX)
 cleanup() { "$Q" cluster down "$c" >/dev/null 2>&1 || true; rm -f "$out"; }
 trap cleanup EXIT
-"$Q" cluster up "$c" --nodes 2 --link 1gbit --mtu 1500 >/dev/null
+"$Q" cluster up "$c" --nodes 2 --link "$LINK" --mtu 1500 >/dev/null
 n0=qv-$c-n0 n1=qv-$c-n1
 mac1=$("$Q" cluster list --format json | python3 -c "
 import json, sys
@@ -51,20 +54,23 @@ for rep in $(seq "$REPS"); do
 done
 echo "## timer re-arm cost (core 0)"
 flock -x /tmp/bench.lock "$bin/timer_rearm" 0
-python3 - "$out" "$REPS" <<'PY'
+python3 - "$out" "$REPS" "$LINK" <<'PY'
 import collections, statistics, sys
 d = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     k, v = line.split()
     d[k].append(int(v) / 1e6)
-link = 125e6 / 1e6
-limits = {"raw": link * 1500 / 1514, "eth": link * 1464 / 1514}
+link = {"100mbit": 12.5, "1gbit": 125.0, "10gbit": 1250.0}.get(sys.argv[3])
+limits = {"raw": link and link * 1500 / 1514, "eth": link and link * 1464 / 1514}
 names = {"raw": "raw AF_PACKET stream (afpacket_blast)", "eth": "quiver eth (bench bw 16 MiB)"}
-print(f"\n## 1 Gbit/s, MTU 1500: median (min-max) over {sys.argv[2]} repetitions\n")
+print(f"\n## {sys.argv[3]}, MTU 1500: median (min-max) over {sys.argv[2]} repetitions\n")
 print("| stream | MB/s of payload | payload limit | % of limit |")
 print("|---|---|---|---|")
 for k in ("raw", "eth"):
     v = d[k]
+    if not limits[k]:
+        print(f"| {names[k]} | {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) | - | - |")
+        continue
     pct = [100 * x / limits[k] for x in v]
     print(f"| {names[k]} | {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f}) | {limits[k]:.3f} "
           f"| {statistics.median(pct):.2f} ({min(pct):.2f}-{max(pct):.2f}) |")

@@ -56,6 +56,14 @@ pub(crate) trait Protocol {
         out: &mut Outbox,
     ) -> Disposition;
 
+    /// Whether the protocol reads the time [`handle_message`](Self::handle_message) is
+    /// handed. A protocol without timers says false: it is handed [`Time::ZERO`] and
+    /// the engine reads no clock for it (a clock read per message is a tenth of a small
+    /// message's time inside a node).
+    fn uses_time(&self) -> bool {
+        true
+    }
+
     /// The time [`poll_timeout`](Self::poll_timeout) asked for has come.
     fn handle_timeout(&mut self, _now: Time, _out: &mut Outbox) {}
 

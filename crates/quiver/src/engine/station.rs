@@ -22,6 +22,7 @@ use super::route::{self, Polled, Received, Receivers, Route, Token};
 use super::stats::EndpointStats;
 use super::{backoff_until, Poller, Waitable, Waiter};
 use crate::addr::Source;
+use crate::channel::reliable::Time;
 use crate::config::ReliabilityMode as Mode;
 use crate::config::TransportChoice;
 use crate::error::{Error, Result};
@@ -632,7 +633,13 @@ impl<L: Link, C: Clock> Station<L, C> {
                 // released (`route::Received`), which happens after this borrow ends.
                 unsafe { std::slice::from_raw_parts(r.ptr, r.len) }
             };
-            let now = *now.get_or_insert_with(|| self.clock.now());
+            let now = *now.get_or_insert_with(|| {
+                if protocol.uses_time() {
+                    self.clock.now()
+                } else {
+                    Time::ZERO
+                }
+            });
             match protocol.handle_message(now, r.source, msg, out) {
                 Disposition::Consumed => self.release_token(r.token),
                 // Its answers leave with the next call's first step.

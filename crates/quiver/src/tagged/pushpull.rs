@@ -1115,6 +1115,11 @@ impl Protocol for Handler<'_> {
         Disposition::Consumed
     }
 
+    fn uses_time(&self) -> bool {
+        // No timers: a peer that fails is found by the engine's channels.
+        false
+    }
+
     fn wants_more(&self) -> bool {
         // Back to the application once an operation completed (it may be the one it
         // waits for); the rest waits for the next drive.

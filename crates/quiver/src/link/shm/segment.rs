@@ -563,14 +563,12 @@ fn read_prefix(path: &str, n: usize) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// Removes this user's quiver segments whose owner process is dead (left by a crashed
-/// job). Returns how many were removed.
+/// Removes this user's quiver objects whose owner process is dead (left by a crashed
+/// job): see [`remove_dead`]. Returns how many were removed.
 pub fn cleanup_stale() -> usize {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    remove_matching(&format!("quiver-{uid}-"), |name| {
-        owner_alive(name) == Some(false)
-    })
+    remove_dead(&format!("quiver-{uid}-"))
 }
 
 /// Removes every segment of job `job_id` owned by this user (after the job ended).
@@ -580,17 +578,58 @@ pub fn cleanup_job(job_id: u32) -> usize {
     remove_matching(&format!("quiver-{uid}-{job_id:08x}-"), |_| true)
 }
 
-/// Removes the segments of rank `rank` of job `job_id` (owned by this user) whose owner
+/// Removes the objects of rank `rank` of job `job_id` (owned by this user) whose owner
 /// process is dead: what a rank killed without a launcher to clean up after it left
-/// behind. Segments of a live owner are kept, so a wrong guess about `rank` is harmless.
-/// Returns how many were removed.
+/// behind ([`remove_dead`]). Objects of a live owner are kept, so a wrong guess about
+/// `rank` is harmless. Returns how many were removed.
 pub fn cleanup_dead_rank(job_id: u32, rank: u32) -> usize {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    // The trailing '-' keeps rank 1 from matching rank 10's segments.
-    remove_matching(&format!("quiver-{uid}-{job_id:08x}-{rank}-"), |name| {
-        owner_alive(name) == Some(false)
-    })
+    // The trailing '-' keeps rank 1 from matching rank 10's objects.
+    remove_dead(&format!("quiver-{uid}-{job_id:08x}-{rank}-"))
+}
+
+/// Removes the dead among the objects whose names start with `prefix`. An endpoint's
+/// segment names its owner in its header: it is dead when that process is. A split-copy
+/// board (`…-RANK-sDPID`) and a shared window (`…-RANK-bID`) have no header: they are
+/// dead when their rank's segments are (at least one dead, none alive), since the
+/// process that made them made its endpoint's segment first. Anything else that cannot
+/// be read is kept. Returns how many were removed.
+fn remove_dead(prefix: &str) -> usize {
+    let names = list_segments(prefix);
+    let owners: Vec<(String, Option<bool>)> = names
+        .into_iter()
+        .map(|n| {
+            let alive = owner_alive(&format!("/{n}"));
+            (n, alive)
+        })
+        .collect();
+    // Per rank (the name less its last part): whether a dead and a live segment exist.
+    let rank_of = |n: &str| n.rsplit_once('-').map(|(rank, _)| rank.to_string());
+    let mut ranks: std::collections::HashMap<String, (bool, bool)> = Default::default();
+    for (n, alive) in &owners {
+        if let (Some(rank), Some(alive)) = (rank_of(n), alive) {
+            let e = ranks.entry(rank).or_default();
+            if *alive {
+                e.1 = true;
+            } else {
+                e.0 = true;
+            }
+        }
+    }
+    let headerless = |n: &str| {
+        n.rsplit_once('-')
+            .is_some_and(|(_, last)| last.starts_with('s') || last.starts_with('b'))
+    };
+    let dead: std::collections::HashSet<String> = owners
+        .into_iter()
+        .filter(|(n, alive)| match alive {
+            Some(alive) => !alive,
+            None => headerless(n) && rank_of(n).and_then(|r| ranks.get(&r)) == Some(&(true, false)),
+        })
+        .map(|(n, _)| format!("/{n}"))
+        .collect();
+    remove_matching(prefix, |name| dead.contains(name))
 }
 
 /// Names of this user's segments of job `job_id` that exist now (for tests and tools).
@@ -831,6 +870,29 @@ mod tests {
         let mut left = job_segments(j);
         left.sort();
         assert_eq!(left.len(), 2, "{left:?}");
+        // Objects without an owner header (a split-copy board, a shared window) go with
+        // their rank's dead segments, and stay with its live ones.
+        let dead = Segment::create(j, 3, 1, G, 1024).unwrap();
+        // SAFETY: test-only edit of our own segment's plain header fields.
+        unsafe { (*dead.header_mut_raw()).owner_pid = 0x7fff_fff0 };
+        std::mem::forget(dead);
+        let uid = object::uid();
+        let raw = |rank: u32, last: &str| format!("/dev/shm/quiver-{uid}-{j:08x}-{rank}-{last}");
+        for (rank, last) in [(3, "s1"), (3, "b7"), (2, "s1"), (2, "b7"), (4, "s1")] {
+            std::fs::write(raw(rank, last), b"").unwrap();
+        }
+        assert_eq!(cleanup_dead_rank(j, 2), 0, "rank 2's segment is alive");
+        assert_eq!(
+            cleanup_dead_rank(j, 4),
+            0,
+            "rank 4 has no segment: nothing says it is dead"
+        );
+        assert_eq!(cleanup_dead_rank(j, 3), 3, "its segment, board and window");
+        assert!(std::path::Path::new(&raw(2, "s1")).exists());
+        assert!(!std::path::Path::new(&raw(3, "b7")).exists());
+        for (rank, last) in [(2, "s1"), (2, "b7"), (4, "s1")] {
+            std::fs::remove_file(raw(rank, last)).unwrap();
+        }
         assert!(
             left.iter()
                 .all(|n| n.ends_with("-10-1") || n.ends_with("-2-1")),

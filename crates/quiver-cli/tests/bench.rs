@@ -179,8 +179,9 @@ fn matching_with_operations_outstanding() {
             transport,
             "--push",
             push,
+            // Largest first: a run's receives must be gone before the next run sends.
             "--outstanding",
-            "0,5,300",
+            "300,0,5",
             "--iters",
             "50",
         ]);
@@ -200,7 +201,7 @@ fn matching_with_operations_outstanding() {
             .collect();
         let want: Vec<(String, u64)> = ["posted", "wildcard", "unexpected"]
             .iter()
-            .flat_map(|q| [0, 5, 300].map(|n| (q.to_string(), n)))
+            .flat_map(|q| [300, 0, 5].map(|n| (q.to_string(), n)))
             .collect();
         assert_eq!(got, want, "{transport}, push {push}");
     }

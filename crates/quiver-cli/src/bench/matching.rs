@@ -13,8 +13,10 @@
 //! is the plain ping-pong, measured the same way. Before the timed ping-pong the ranks
 //! exchange a control message so that the peer's N messages have arrived; afterwards the
 //! posted receives are cancelled (when their scope ends) and the unexpected messages
-//! are received and their lengths checked. The unexpected messages are sent without
-//! blocking, so push mode zero (where a send waits for its receiver) works too.
+//! are received and their lengths checked, and the ranks exchange a control message
+//! again, so that no receive of this run is still posted when the next run's messages
+//! come. The unexpected messages are sent without blocking, so push mode zero (where a
+//! send waits for its receiver) works too.
 
 use super::buffer::PageAligned;
 use super::ctx::{Ctx, Sink, CONTROL_TAG};
@@ -126,6 +128,10 @@ fn run_one(
                 }
             }
             let samples = tagged_one_way_samples(t, ctx.rank, buf, warmup, iters);
+            if samples.is_err() {
+                // The ping-pong's error is the one to report; the scope cancels the rest.
+                return Ok(samples);
+            }
             if queue == "unexpected" {
                 // Receive the peer's messages (last first) and finish the sends.
                 let mut got = [0u8; 8];
@@ -152,6 +158,15 @@ fn run_one(
             Ok(samples)
         })
         .context("ping-pong with outstanding operations")??;
+    // Every receive of this run is withdrawn on both sides before the next run sends.
+    let mut ctl = [0u8; 0];
+    if ctx.rank == 0 {
+        t.send(peer, CONTROL_TAG, &[]).context("end of run")?;
+        t.recv(&mut ctl, peer, CONTROL_TAG).context("end of run")?;
+    } else {
+        t.recv(&mut ctl, peer, CONTROL_TAG).context("end of run")?;
+        t.send(peer, CONTROL_TAG, &[]).context("end of run")?;
+    }
     if ctx.rank != 0 {
         return Ok(None);
     }

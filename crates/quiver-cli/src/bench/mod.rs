@@ -124,9 +124,10 @@ pub struct BenchOpts {
     /// Warm-up iterations per size; default a tenth of the iterations.
     #[arg(long, global = true)]
     pub warmup: Option<u64>,
-    /// Numbers of outstanding operations (match): comma list, e.g. `0,1,64,1024`.
+    /// Numbers of operations outstanding on each rank, in each queue (match): comma
+    /// list [default: 0,1,64,1024; at most 65536 each].
     #[arg(long, value_delimiter = ',', global = true,
-          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+          value_parser = clap::value_parser!(u32).range(0..=65_536))]
     pub outstanding: Vec<u32>,
     /// Messages per window (bw, bibw, rate).
     #[arg(long, default_value_t = 64, global = true,

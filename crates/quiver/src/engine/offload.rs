@@ -32,6 +32,7 @@ use super::protocol::{Disposition, Outbox, Protocol};
 use super::stats::EndpointStats;
 use super::wait::{backoff_until, Notifier, Poller};
 use crate::addr::Source;
+use crate::channel::reliable::Time;
 use crate::config::WaitMode;
 use crate::error::{Error, Result};
 use crate::job::JobShared;
@@ -634,7 +635,11 @@ impl Engine {
                         // The rest waits until the outbox has room (`send_served`).
                         break;
                     }
-                    let now = s.clock.now();
+                    let now = if s.protocol.uses_time() {
+                        s.clock.now()
+                    } else {
+                        Time::ZERO
+                    };
                     match s.protocol.handle_message(now, source, data, &mut s.out) {
                         Disposition::Consumed => {
                             moved = true;

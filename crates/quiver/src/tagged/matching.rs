@@ -29,12 +29,13 @@
 //! patterns only: (its sender, its tag), (any, its tag), (its sender, any) and (any,
 //! any); it looks at the first receive of each pattern that has receives posted and
 //! takes the earliest posted. Messages wait in arrival order and are also queued by the
-//! hash of their (sender, tag). So these cost a hash and a look at the front of a queue,
-//! whatever is outstanding: a receive for one sender and tag, a message for which any
-//! receive is posted, the first of several messages of one sender and tag. Only a
-//! wildcard receive searches, among the waiting messages; patterns and pairs that share
-//! a hash queue search it. The queues keep their memory, so a message that matches
-//! allocates nothing.
+//! hash of their (sender, tag). So these cost a hash and a search of one of 256 queues,
+//! which holds the entries of the other patterns or pairs that share its hash (N / 256
+//! on average with N outstanding; the first entry of its own is usually the one taken):
+//! a receive for one sender and tag, a message for which any receive is posted, the
+//! first of several messages of one sender and tag, a cancel. Only a wildcard receive
+//! searches all the waiting messages. The queues keep their memory, so a message that
+//! matches allocates nothing.
 
 use super::{Src, Tag};
 use crate::FastMap;
@@ -279,22 +280,23 @@ impl<M> Matching<M> {
         self.unexpected.get(&self.first_unexpected(src, tag)?)
     }
 
-    /// Withdraws posted receive `id`; false if it is not posted (matched, cancelled, or
-    /// never posted). Searches every posted receive: cancelling is rare.
-    pub(super) fn cancel(&mut self, id: u64) -> bool {
+    /// Withdraws receive `id`, posted for (`src`, `tag`); false if it is not posted
+    /// (matched, cancelled, or never posted). Searches the queue of its pattern.
+    pub(super) fn cancel(&mut self, id: u64, src: Src, tag: Tag) -> bool {
         if self.posted == 0 {
             return false;
         }
-        for q in &mut self.receives {
-            if let Some(at) = q.iter().position(|r| r.id == id) {
-                if let Some(r) = q.remove(at) {
-                    self.patterns[pattern(r.src, r.tag)] -= 1;
-                    self.posted -= 1;
-                    return true;
-                }
-            }
+        let q = self.pattern_queue(src, tag);
+        let q = &mut self.receives[q];
+        let Some(at) = q.iter().position(|r| r.id == id) else {
+            return false;
+        };
+        if q.remove(at).is_none() {
+            return false;
         }
-        false
+        self.patterns[pattern(src, tag)] -= 1;
+        self.posted -= 1;
+        true
     }
 
     /// The payload of the unexpected message `key` from `source` (to add bytes that
@@ -430,15 +432,16 @@ mod tests {
         let mut m = M::new();
         m.post(1, Src::Any, Tag::Any);
         m.post(2, Src::Any, Tag::Any);
-        assert!(m.cancel(1));
-        assert!(!m.cancel(1), "twice");
-        assert!(!m.cancel(9), "never posted");
+        let any = (Src::Any, Tag::Any);
+        assert!(m.cancel(1, any.0, any.1));
+        assert!(!m.cancel(1, any.0, any.1), "twice");
+        assert!(!m.cancel(9, any.0, any.1), "never posted");
         assert_eq!(
             m.arrive(0, 0, k(), || ""),
             Some(2),
             "the cancelled one is skipped"
         );
-        assert!(!m.cancel(2), "matched");
+        assert!(!m.cancel(2, any.0, any.1), "matched");
         assert_eq!(m.len(), (0, 0));
     }
 
@@ -473,7 +476,10 @@ mod tests {
         assert_eq!(m.arrive(0, 4, k(), || ""), Some(3));
         assert!(m.post(4, Src::Rank(1), Tag::Is(1)).is_none());
         assert!(m.post(5, Src::Rank(1), Tag::Is(2)).is_none());
-        assert!(m.cancel(4), "a receive for one sender and tag is cancelled");
+        assert!(
+            m.cancel(4, Src::Rank(1), Tag::Is(1)),
+            "a receive for one sender and tag is cancelled"
+        );
         assert_eq!(m.arrive(1, 1, k(), || "late"), None);
         assert_eq!(m.len(), (1, 1));
         assert!(m.indexes_are_tight());
@@ -626,12 +632,13 @@ mod tests {
                     }
                     Step::Cancel { nth } => {
                         if recvs.is_empty() {
-                            prop_assert!(!m.cancel(0));
+                            prop_assert!(!m.cancel(0, Src::Any, Tag::Any));
                             continue;
                         }
                         let r = (nth % recvs.len()) as u64;
                         let was_pending = pending_recvs.contains(&r);
-                        prop_assert_eq!(m.cancel(r), was_pending);
+                        let (src, tag, _) = recvs[r as usize];
+                        prop_assert_eq!(m.cancel(r, src, tag), was_pending);
                         pending_recvs.retain(|&p| p != r);
                     }
                     Step::Probe { src, tag } => {

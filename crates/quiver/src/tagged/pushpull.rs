@@ -264,7 +264,11 @@ pub(super) struct RecvOp {
 }
 
 pub(super) enum RecvState {
-    Posted,
+    /// Waiting in the matching's queues for a message from `src` with `tag`.
+    Posted {
+        src: Src,
+        tag: Tag,
+    },
     Receiving {
         source: u32,
         tag: u32,
@@ -542,7 +546,7 @@ impl PushPull {
             let id = st.ops.insert(Op::Recv(RecvOp {
                 ptr,
                 cap,
-                state: RecvState::Posted,
+                state: RecvState::Posted { src, tag },
             }));
             let found = st.matching.post(id, src, tag);
             if let Some(a) = &found {
@@ -1026,8 +1030,8 @@ impl PushPull {
             };
             match st.ops.remove(&id) {
                 Some(Op::Recv(r)) => match r.state {
-                    RecvState::Posted => {
-                        st.matching.cancel(id);
+                    RecvState::Posted { src, tag } => {
+                        st.matching.cancel(id, src, tag);
                     }
                     RecvState::Receiving {
                         source,
@@ -1067,15 +1071,16 @@ impl PushPull {
     /// Cancels receive `id` if nothing has matched it yet.
     pub(super) fn cancel_op(&self, id: u64) -> bool {
         let mut st = self.st.borrow_mut();
-        // Only a posted receive is in the matching's queues (searched: cancels are rare).
-        let posted = matches!(
-            st.ops.get(&id),
-            Some(Op::Recv(RecvOp {
-                state: RecvState::Posted,
-                ..
-            }))
-        );
-        if !posted || !st.matching.cancel(id) {
+        // Only a posted receive is in the matching's queues.
+        let Some(Op::Recv(RecvOp {
+            state: RecvState::Posted { src, tag },
+            ..
+        })) = st.ops.get(&id)
+        else {
+            return false;
+        };
+        let (src, tag) = (*src, *tag);
+        if !st.matching.cancel(id, src, tag) {
             return false;
         }
         if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
@@ -1656,7 +1661,10 @@ mod tests {
         let id = st.ops.insert(Op::Recv(RecvOp {
             ptr: buf.as_mut_ptr(),
             cap: buf.len(),
-            state: RecvState::Posted,
+            state: RecvState::Posted {
+                src: Src::Any,
+                tag: Tag::Any,
+            },
         }));
         assert!(st.matching.post(id, Src::Any, Tag::Any).is_none());
         id

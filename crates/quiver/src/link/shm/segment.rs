@@ -211,9 +211,10 @@ impl Segment {
         };
         let h = seg.header_mut_raw();
         // SAFETY: we own the fresh mapping; no other process uses it before `ready` is
-        // set (attachers wait for it with Acquire). Plain fields are written first.
+        // set (attachers wait for it with Acquire). Plain fields are written first, the
+        // magic last: a cleanup that reads the header (`owner_alive`) takes a segment
+        // without its magic for one it cannot judge, never for a dead owner's (pid 0).
         unsafe {
-            (*h).magic = MAGIC;
             (*h).version = VERSION;
             (*h).layout = layout_word();
             (*h).job_id = job_id;
@@ -224,6 +225,8 @@ impl Segment {
             (*h).slots = geometry.slots;
             (*h).ring_capacity = geometry.ring_capacity as u64;
             (*h).max_message = max_message as u64;
+            std::sync::atomic::fence(Ordering::Release);
+            (*h).magic = MAGIC;
         }
         // Release: the fields above are visible to any attacher that sees ready == 1.
         seg.header().ready.store(1, Ordering::Release);
@@ -563,12 +566,17 @@ fn read_prefix(path: &str, n: usize) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// Removes this user's quiver objects whose owner process is dead (left by a crashed
-/// job): see [`remove_dead`]. Returns how many were removed.
+/// Removes this user's quiver segments whose owner process is dead (left by a crashed
+/// job). Returns how many were removed. (Boards and shared buffers name no owner: a
+/// live one of a rank without a segment, `QUIVER_TRANSPORT=udp`, of a job whose id an
+/// earlier crashed run also used, cannot be told from a dead one; they go with their
+/// rank in [`cleanup_dead_rank`], where the job knows the rank failed.)
 pub fn cleanup_stale() -> usize {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    remove_dead(&format!("quiver-{uid}-"))
+    remove_matching(&format!("quiver-{uid}-"), |name| {
+        owner_alive(name) == Some(false)
+    })
 }
 
 /// Removes every segment of job `job_id` owned by this user (after the job ended).
@@ -579,9 +587,9 @@ pub fn cleanup_job(job_id: u32) -> usize {
 }
 
 /// Removes the objects of rank `rank` of job `job_id` (owned by this user) whose owner
-/// process is dead: what a rank killed without a launcher to clean up after it left
-/// behind ([`remove_dead`]). Objects of a live owner are kept, so a wrong guess about
-/// `rank` is harmless. Returns how many were removed.
+/// process is dead: what a rank the job declared failed left behind when it was killed
+/// without a launcher to clean up after it ([`remove_dead`]). Objects of a live owner
+/// are kept, so a wrong guess about `rank` is harmless. Returns how many were removed.
 pub fn cleanup_dead_rank(job_id: u32, rank: u32) -> usize {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -596,11 +604,21 @@ pub fn cleanup_dead_rank(job_id: u32, rank: u32) -> usize {
 /// process that made them made its endpoint's segment first. Anything else that cannot
 /// be read is kept. Returns how many were removed.
 fn remove_dead(prefix: &str) -> usize {
-    let names = list_segments(prefix);
-    let owners: Vec<(String, Option<bool>)> = names
+    // A board's or buffer's bytes are not a header, whatever they hold.
+    let headerless = |n: &str| {
+        n.rsplit_once('-').is_some_and(|(_, last)| {
+            let digits = last.strip_prefix('s').or_else(|| last.strip_prefix('b'));
+            digits.is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    let owners: Vec<(String, Option<bool>)> = list_segments(prefix)
         .into_iter()
         .map(|n| {
-            let alive = owner_alive(&format!("/{n}"));
+            let alive = if headerless(&n) {
+                None
+            } else {
+                owner_alive(&format!("/{n}"))
+            };
             (n, alive)
         })
         .collect();
@@ -617,10 +635,6 @@ fn remove_dead(prefix: &str) -> usize {
             }
         }
     }
-    let headerless = |n: &str| {
-        n.rsplit_once('-')
-            .is_some_and(|(_, last)| last.starts_with('s') || last.starts_with('b'))
-    };
     let dead: std::collections::HashSet<String> = owners
         .into_iter()
         .filter(|(n, alive)| match alive {

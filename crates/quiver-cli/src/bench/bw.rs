@@ -18,7 +18,9 @@
 //! [`DATA_TAG`], acknowledgements [`CONTROL_TAG`].
 //!
 //! - `rate`: `bw`'s exchange (8 B messages by default), counted in messages per second,
-//!   as OSU's `osu_mbw_mr` with one pair.
+//!   as OSU's `osu_mbw_mr` with one pair; with the tagged API rank 1 posts the window's W
+//!   receives first (into W slices of one buffer) and waits for all of them, as
+//!   `osu_mbw_mr` does.
 //!
 //! One sample per window: bytes / window time, in MB/s (10^6 bytes/s), and messages /
 //! window time; the result is the mean of the middle 80 % of the samples.
@@ -98,6 +100,7 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
     let mut rbufs = PageAligned::new(
         match ctx.tagged {
             Some(_) if bench == Bench::Bibw => size * window as usize,
+            Some(_) if bench == Bench::Rate && ctx.rank == 1 => size * window as usize,
             Some(_) if ctx.rank == 1 => size,
             _ => 0,
         },
@@ -190,9 +193,9 @@ fn tagged_window_exchange(
     let size = buf.len();
     let peer = 1 - rank;
     let sends = bench == Bench::Bibw || rank == 0;
-    let receives = bench == Bench::Bibw;
-    // `rate` is `bw`'s exchange, counted in messages.
-    if matches!(bench, Bench::Bw | Bench::Rate) && rank == 1 {
+    // `rate`'s receiver posts the window's receives first, as osu_mbw_mr.
+    let receives = bench == Bench::Bibw || (bench == Bench::Rate && rank == 1);
+    if bench == Bench::Bw && rank == 1 {
         for _ in 0..window {
             let st = t
                 .recv(&mut rbufs[..size], peer, DATA_TAG)

@@ -570,7 +570,7 @@ fn read_prefix(path: &str, n: usize) -> Option<Vec<u8>> {
 /// job). Returns how many were removed. (Boards and shared buffers name no owner: a
 /// live one of a rank without a segment, `QUIVER_TRANSPORT=udp`, of a job whose id an
 /// earlier crashed run also used, cannot be told from a dead one; they go with their
-/// rank in [`cleanup_dead_rank`], where the job knows the rank failed.)
+/// rank in `cleanup_dead_rank`, where the job knows the rank failed.)
 pub fn cleanup_stale() -> usize {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
@@ -588,7 +588,7 @@ pub fn cleanup_job(job_id: u32) -> usize {
 
 /// Removes the objects of rank `rank` of job `job_id` (owned by this user) whose owner
 /// process is dead: what a rank the job declared failed left behind when it was killed
-/// without a launcher to clean up after it ([`remove_dead`]). Objects of a live owner
+/// without a launcher to clean up after it (`remove_dead`). Objects of a live owner
 /// are kept, so a wrong guess about `rank` is harmless. Returns how many were removed.
 pub fn cleanup_dead_rank(job_id: u32, rank: u32) -> usize {
     // SAFETY: getuid has no preconditions.

@@ -1391,9 +1391,7 @@ fn land(r: &mut RecvOp, lane: Lane, offset: u64, data: &[u8]) -> bool {
     if n > 0 {
         // SAFETY: offset + n <= cap; the buffer is valid until the receive completes or
         // is abandoned (`PushPull::abandon`, after which nothing lands in it).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), r.ptr.add(offset as usize), n as usize)
-        };
+        unsafe { crate::link::copy_bytes(data.as_ptr(), r.ptr.add(offset as usize), n as usize) };
     }
     *landed += n;
     true

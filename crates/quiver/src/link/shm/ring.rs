@@ -107,7 +107,7 @@ impl RingMem {
         // calling), in free space that the consumer does not read until the record's
         // header is published with Release; `data` cannot overlap shared memory we own.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(idx), data.len())
+            crate::link::copy_bytes(data.as_ptr(), self.base.add(idx), data.len())
         };
         #[cfg(loom)]
         for (i, chunk) in data.chunks(8).enumerate() {

@@ -283,10 +283,7 @@ impl std::fmt::Display for Transport {
 /// `len` bytes, the two ranges not overlapping.
 #[inline]
 pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    let distance = (dst as usize).wrapping_sub(src as usize) & 4095;
-    if !(2 * SHORT_DISTANCE_PIECE..SHORT_DISTANCE_MAX).contains(&len)
-        || !(1..64).contains(&distance)
-    {
+    if !in_pieces(src, dst, len) {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
@@ -300,6 +297,15 @@ pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
+/// Whether [`copy_bytes`] copies `len` bytes from `src` to `dst` in pieces: the
+/// destination 1 to 63 bytes after the source modulo 4 KiB, at least two pieces long and
+/// shorter than [`SHORT_DISTANCE_MAX`].
+#[inline]
+fn in_pieces(src: *const u8, dst: *const u8, len: usize) -> bool {
+    let distance = (dst as usize).wrapping_sub(src as usize) & 4095;
+    (2 * SHORT_DISTANCE_PIECE..SHORT_DISTANCE_MAX).contains(&len) && (1..64).contains(&distance)
+}
+
 /// Pieces [`copy_bytes`] copies in where `rep movsb` would be slow.
 pub(crate) const SHORT_DISTANCE_PIECE: usize = 2048;
 /// From this length on [`copy_bytes`] copies whole.
@@ -309,21 +315,36 @@ pub(crate) const SHORT_DISTANCE_MAX: usize = 1 << 20;
 mod copy_tests {
     #[test]
     fn copies_are_exact_at_every_distance_and_length() {
-        let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
-        let mut dst = vec![0u8; 20_000 + 4096];
-        for off in [0usize, 1, 16, 31, 32, 63, 64, 100, 4095] {
+        // Source and destination in one buffer, so that their distance modulo 4 KiB is
+        // the one chosen: inside the slow window (copied in pieces) and outside it.
+        let mut buf = vec![0u8; 64 << 10];
+        for (i, b) in buf[..20_000].iter_mut().enumerate() {
+            *b = (i * 7 + i / 251) as u8;
+        }
+        let src_end = 20_000;
+        let want = buf[..src_end].to_vec();
+        let base = 24 << 10; // a multiple of 4 KiB past the source
+        for distance in [0usize, 1, 16, 31, 32, 63, 64, 100, 4095] {
             for len in [0usize, 1, 100, 4095, 4096, 4097, 10_000, 16_000] {
-                dst.fill(0);
-                // The destination's distance from the source varies with `off`.
-                // SAFETY: both ranges lie inside their vectors, which do not overlap.
-                unsafe { super::copy_bytes(src.as_ptr(), dst.as_mut_ptr().add(off), len) };
+                let dst = base + distance;
+                buf[src_end..].fill(0);
+                let pieces = super::in_pieces(buf.as_ptr(), buf[dst..].as_ptr(), len);
                 assert_eq!(
-                    &dst[off..off + len],
-                    &src[..len],
-                    "offset {off}, {len} bytes"
+                    pieces,
+                    (1..64).contains(&distance) && len >= 2 * super::SHORT_DISTANCE_PIECE,
+                    "distance {distance}, {len} bytes"
                 );
-                assert!(dst[..off].iter().all(|&b| b == 0));
-                assert!(dst[off + len..].iter().all(|&b| b == 0));
+                let p = buf.as_mut_ptr();
+                // SAFETY: [0, len) and [dst, dst + len) lie inside `buf` and do not
+                // overlap (len <= 20 000 < 24 KiB <= dst).
+                unsafe { super::copy_bytes(p, p.add(dst), len) };
+                assert_eq!(
+                    &buf[dst..dst + len],
+                    &want[..len],
+                    "distance {distance}, {len} bytes"
+                );
+                assert!(buf[src_end..dst].iter().all(|&b| b == 0));
+                assert!(buf[dst + len..].iter().all(|&b| b == 0));
             }
         }
     }

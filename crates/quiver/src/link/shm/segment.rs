@@ -210,10 +210,10 @@ impl Segment {
             owner: true,
         };
         let h = seg.header_mut_raw();
+        // The magic goes last: a cleanup that reads the header (`owner_alive`) takes a
+        // segment without it for one it cannot judge, never for a dead owner's (pid 0).
         // SAFETY: we own the fresh mapping; no other process uses it before `ready` is
-        // set (attachers wait for it with Acquire). Plain fields are written first, the
-        // magic last: a cleanup that reads the header (`owner_alive`) takes a segment
-        // without its magic for one it cannot judge, never for a dead owner's (pid 0).
+        // set (attachers wait for it with Acquire).
         unsafe {
             (*h).version = VERSION;
             (*h).layout = layout_word();

@@ -50,6 +50,7 @@ from ._errors import (
     ClosedError,
     TimeoutError,
     IoError,
+    PortError,
     ThreadError,
 )
 from ._quiver import (
@@ -99,5 +100,6 @@ __all__ = [
     "ClosedError",
     "TimeoutError",
     "IoError",
+    "PortError",
     "ThreadError",
 ]

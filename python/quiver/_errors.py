@@ -85,6 +85,12 @@ class IoError(Error, builtins.OSError):
     """An operating-system call failed."""
 
 
+class PortError(Error):
+    """A port could not take a message or send one (no buffer bound, a message longer
+    than the buffer, no destination bound, a failed destination) and no error handler
+    took the error."""
+
+
 class ThreadError(Error):
     """An endpoint (or one of its requests) was used from a thread other than the one that
     opened it. Open one endpoint per thread (each with its own DPID)."""
@@ -109,6 +115,7 @@ __all__ = [
     "ClosedError",
     "TimeoutError",
     "IoError",
+    "PortError",
     "ThreadError",
 ]
 

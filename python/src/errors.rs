@@ -82,6 +82,7 @@ pub fn to_py(e: Error) -> PyErr {
             Error::Closed => "ClosedError",
             Error::Timeout(_) => "TimeoutError",
             Error::Io { .. } => "IoError",
+            Error::Port(_) => "PortError",
             _ => "Error",
         };
         raise(py, class, msg, &[])

@@ -206,6 +206,12 @@ typedef enum quiver_error {
    * of a job started by `mpirun`, `mpiexec` or `srun` find each other, failed.
    */
   QUIVER_ERR_LAUNCHER = 31,
+  /**
+   * A port could not take a message or send one (GAMMA's ports: no buffer bound, a
+   * message longer than the buffer, no destination bound, a failed destination) and
+   * no error handler took the error.
+   */
+  QUIVER_ERR_PORT = 32,
 } quiver_error;
 
 /**

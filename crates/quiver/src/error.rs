@@ -205,6 +205,10 @@ pub enum Error {
     /// The endpoint is closed.
     #[error("the endpoint is closed")]
     Closed,
+    /// A port error no error handler took (GAMMA's ports: a message for a port without
+    /// a buffer or too long for it, a send through a port without a destination...).
+    #[error(transparent)]
+    Port(PortError),
     /// An operating-system call failed.
     #[error("{context}: {source}")]
     Io {
@@ -228,5 +232,100 @@ impl Error {
     /// True for errors after which the same call may succeed later (timeouts).
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::Timeout(_))
+    }
+}
+
+/// Who sent a message: the rank and the port it sent through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// The sender's rank.
+    pub rank: u32,
+    /// The port it sent through.
+    pub port: u8,
+}
+
+/// What goes to a port's error handler (GAMMA's ports, `crate::ports`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PortError {
+    /// A message arrived on a port with no buffer bound; it was not delivered.
+    #[error("a message of {len} bytes from rank {} (port {}) arrived on port {port}, which has no buffer bound", from.rank, from.port)]
+    NoBuffer {
+        /// The port.
+        port: u8,
+        /// The sender.
+        from: Origin,
+        /// The message's length.
+        len: usize,
+    },
+    /// A message longer than the port's buffer arrived; it was not delivered and the
+    /// buffer is unchanged.
+    #[error("a message of {len} bytes from rank {} (port {}) does not fit port {port}'s buffer of {capacity} bytes", from.rank, from.port)]
+    Overflow {
+        /// The port.
+        port: u8,
+        /// The sender.
+        from: Origin,
+        /// The message's length.
+        len: usize,
+        /// The buffer's length.
+        capacity: usize,
+    },
+    /// A peer sent to the library's reserved port.
+    #[error("rank {} (port {}) sent {len} bytes to the reserved port {port}", from.rank, from.port)]
+    Reserved {
+        /// The port.
+        port: u8,
+        /// The sender.
+        from: Origin,
+        /// The message's length.
+        len: usize,
+    },
+    /// A send through a port that has no destination bound.
+    #[error("port {port} has no destination bound")]
+    NoDestination {
+        /// The port.
+        port: u8,
+    },
+    /// The port's destination failed or closed: what was sent to it may not have been
+    /// delivered, and sends through the port fail.
+    #[error("the destination of port {port}, rank {rank}, failed or closed")]
+    DestinationFailed {
+        /// The port.
+        port: u8,
+        /// The destination's rank.
+        rank: u32,
+    },
+    /// A send through the port failed for another reason (the call returned the error).
+    #[error("a send through port {port} to rank {rank} failed: {reason}")]
+    SendFailed {
+        /// The port.
+        port: u8,
+        /// The destination's rank.
+        rank: u32,
+        /// What failed.
+        reason: String,
+    },
+    /// A handler's answer found the outbox full (it holds answers until their routes
+    /// have room); the answer was not sent.
+    #[error("an answer through port {port} found the outbox full")]
+    OutboxFull {
+        /// The port.
+        port: u8,
+    },
+}
+
+impl PortError {
+    /// The port the error is about.
+    pub fn port(&self) -> u8 {
+        match self {
+            PortError::NoBuffer { port, .. }
+            | PortError::Overflow { port, .. }
+            | PortError::Reserved { port, .. }
+            | PortError::NoDestination { port }
+            | PortError::DestinationFailed { port, .. }
+            | PortError::SendFailed { port, .. }
+            | PortError::OutboxFull { port } => *port,
+        }
     }
 }

@@ -24,6 +24,8 @@
 //!   ([`Endpoint`], [`Message`]).
 //! - [`tagged`]: tagged send/receive with the Push-Pull protocol (pushed buffer,
 //!   single-copy pulls across address spaces inside a node).
+//! - [`ports`]: GAMMA's active-message ports (a destination, a receive buffer, a
+//!   receiver handler and an error handler per port; wait and signal).
 //! - [`config`]: every `QUIVER_*` setting, with its default ([`Config`]).
 //! - [`admin`]: what launchers and tools need (the rendezvous store, clean-up of a job's
 //!   shared memory, the cross-memory-attach probe).
@@ -66,6 +68,8 @@ pub mod fuzzing;
 #[cfg(not(loom))]
 pub(crate) mod job;
 pub(crate) mod link;
+#[cfg(not(loom))]
+pub mod ports;
 #[cfg(not(loom))]
 pub(crate) mod rma;
 pub(crate) mod sync;

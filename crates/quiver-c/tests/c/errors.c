@@ -191,6 +191,7 @@ static void codes(void) {
         QUIVER_ERR_IO,
         QUIVER_ERR_OTHER,
         QUIVER_ERR_LAUNCHER,
+        QUIVER_ERR_PORT,
     };
     size_t n = sizeof all / sizeof all[0];
     const char *unknown = quiver_strerror(-1);

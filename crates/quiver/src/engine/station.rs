@@ -598,6 +598,17 @@ impl<L: Link, C: Clock> Station<L, C> {
         self.waiter.wait(&ReadWait { at: self, poll }, timeout)
     }
 
+    /// [`Station::wait_for`] with wait mode `mode` instead of the endpoint's (GAMMA's
+    /// ports poll for their own time before they sleep).
+    pub(crate) fn wait_for_in<T>(
+        &self,
+        mode: crate::config::WaitMode,
+        poll: impl Fn() -> Result<Option<T>>,
+        timeout: Option<Duration>,
+    ) -> Result<T> {
+        Waiter { mode }.wait(&ReadWait { at: self, poll }, timeout)
+    }
+
     /// The protocol hook, where progress runs ([`super::protocol`]): fires `protocol`'s
     /// timeout when it is due, hands it the messages waiting for this endpoint (each
     /// one it consumes released at once) while its outbox has room, and sends what `out`

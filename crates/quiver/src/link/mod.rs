@@ -265,6 +265,16 @@ impl std::fmt::Display for Transport {
     }
 }
 
+/// [`copy_bytes`] between slices: copies all of `src` to the start of `dst`, which must
+/// be at least as long (a shorter one panics, as `copy_from_slice` does).
+#[inline]
+pub(crate) fn copy_into(dst: &mut [u8], src: &[u8]) {
+    let dst = &mut dst[..src.len()];
+    // SAFETY: `dst` and `src` are two live slices of `src.len()` bytes; `dst` is borrowed
+    // mutably, so they cannot overlap.
+    unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+}
+
 /// Copies `len` bytes from `src` to `dst` as `std::ptr::copy_nonoverlapping` does, but
 /// around a slow case of the CPU's string copy: glibc's `memcpy` copies from a few KiB
 /// on with `rep movsb`, which on this machine's AMD EPYC runs at a fraction of its speed

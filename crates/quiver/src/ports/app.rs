@@ -1,0 +1,250 @@
+//! The application's side of the ports: binding destinations (the route and header
+//! computed once), sending through a port, progress (the table's [`Handler`] on the
+//! station's hook) and waiting on a port's semaphore. It reaches the engine through a
+//! [`Footing`]: the ports' endpoint in production, a bare station in the simulator.
+
+use super::table::{Bound, Handler, Table};
+use super::wire::Header;
+use super::{PortError, RESERVED_PORT};
+use crate::addr::Source;
+use crate::config::WaitMode;
+use crate::engine::protocol::Outbox;
+use crate::engine::station::Footing;
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+/// The outbox's bound: it holds only what handlers send, each message one handler's
+/// answer to a delivery (the engine hands the handlers no more messages while it is
+/// full, so a slow destination holds its senders back instead of losing anything).
+const OUTBOX_ITEMS: usize = 1024;
+
+/// The port table and the outbox of one process's ports.
+pub(super) struct App {
+    pub table: RefCell<Table>,
+    pub out: RefCell<Outbox>,
+}
+
+impl App {
+    pub(super) fn new() -> App {
+        App {
+            table: RefCell::new(Table::new()),
+            out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
+        }
+    }
+
+    /// Binds `port` to send to port `dest_port` of `rank` (connecting to it first).
+    pub(super) fn bind_dest(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        rank: u32,
+        dest_port: u8,
+    ) -> Result<()> {
+        if dest_port == RESERVED_PORT {
+            return Err(Error::Config(format!(
+                "port {RESERVED_PORT} is reserved for the library; bind to ports 0 to {}",
+                RESERVED_PORT - 1
+            )));
+        }
+        let station = on.station();
+        let to = Source {
+            rank,
+            dpid: station.dpid(),
+        };
+        let route = station.connect(to).map_err(|e| on.report(e))?;
+        let head = Header {
+            dest_port,
+            src_port: port,
+        }
+        .encode();
+        self.table.borrow_mut().slots[usize::from(port)].dest = Some(Bound { to, head, route });
+        Ok(())
+    }
+
+    /// Sends `data` through `port`; with `block`, waits for room (making progress
+    /// meanwhile, so two processes that both send never wait for each other), else
+    /// returns `Ok(false)` when the route has none now. The buffer is reusable when this
+    /// returns. A failure to reach the destination goes to the port's error handler too.
+    pub(super) fn send(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        data: &[u8],
+        block: bool,
+    ) -> Result<bool> {
+        let bound = self.table.borrow().slots[usize::from(port)].dest;
+        let Some(Bound {
+            to, route, head, ..
+        }) = bound
+        else {
+            return Err(Error::Port(PortError::NoDestination { port }));
+        };
+        let station = on.station();
+        let mut waited = false;
+        loop {
+            // Nothing overtakes what a handler queued for the same destination.
+            if !self.out.borrow().has_queued_for(to) {
+                if station.try_send_inline(route, &head, data) {
+                    break;
+                }
+                match station.send(route, &head, data, false) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(e) => return Err(self.send_failed(on, port, to.rank, e)),
+                }
+            }
+            if !block {
+                return Ok(false);
+            }
+            if !waited {
+                waited = true;
+                self.table.borrow_mut().stats.send_waits += 1;
+            }
+            if !self.poll(on)? {
+                std::thread::yield_now();
+            }
+        }
+        let mut t = self.table.borrow_mut();
+        t.stats.sent += 1;
+        t.stats.bytes_sent += data.len() as u64;
+        Ok(true)
+    }
+
+    /// A send through `port` to `rank` failed with `e`: the port's error handler hears
+    /// of it; `e` goes back to the caller.
+    fn send_failed(&self, on: &impl Footing, port: u8, rank: u32, e: Error) -> Error {
+        let pe = match &e {
+            Error::PeerFailed { .. } | Error::PeerClosed { .. } => {
+                PortError::DestinationFailed { port, rank }
+            }
+            other => PortError::SendFailed {
+                port,
+                rank,
+                reason: other.to_string(),
+            },
+        };
+        // The caller sees `e` now: the port's error handler hears of it too, but it is
+        // not kept for a later call.
+        let _ = self.table.borrow_mut().notify(pe);
+        on.report(e)
+    }
+
+    /// Makes progress once: sends what handlers queued, delivers what has arrived
+    /// (running the handlers). Returns whether anything happened. A failed peer's error
+    /// goes to the error handlers of the ports bound to it; it comes back from here only
+    /// when none of them has one.
+    pub(super) fn poll(&self, on: &impl Footing) -> Result<bool> {
+        let station = on.station();
+        let mut table = self.table.borrow_mut();
+        let mut out = self.out.borrow_mut();
+        let sent = out.sent();
+        let mut handler = Handler {
+            table: &mut table,
+            dpid: station.dpid(),
+            woke: false,
+            handled: 0,
+        };
+        let report = |e| on.report(e);
+        let mut r = station.drive(&mut handler, &mut out, report);
+        if matches!(r, Ok(None)) && handler.handled == 0 && station.rearm_doorbells() {
+            // The descriptor was handed out: a sender may have published before the
+            // doorbells were reset.
+            r = station.drive(&mut handler, &mut out, report);
+        }
+        let busy = handler.handled > 0 || out.sent() != sent;
+        match r {
+            Ok(Some(m)) => {
+                // The handler consumes every message.
+                station.release_token(m.token);
+                Ok(busy)
+            }
+            Ok(None) => Ok(busy),
+            Err(e) => {
+                let rank = match &e {
+                    Error::PeerFailed { rank, .. } | Error::PeerClosed { rank, .. } => *rank,
+                    _ => return Err(e),
+                };
+                let mut taken = false;
+                for port in 0..RESERVED_PORT {
+                    let dest = table.slots[usize::from(port)].dest;
+                    if dest.is_some_and(|b| b.to.rank == rank) {
+                        let e = PortError::DestinationFailed { port, rank };
+                        taken |= table.notify(e).is_ok();
+                    }
+                }
+                if taken {
+                    Ok(true)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// The first port error no error handler took.
+    pub(super) fn take_error(&self) -> Result<()> {
+        match self.table.borrow_mut().errors.pop_front() {
+            Some(e) => Err(Error::Port(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Consumes `n` signals of `port` if it has them.
+    pub(super) fn take_signals(&self, port: u8, n: u64) -> bool {
+        let mut t = self.table.borrow_mut();
+        let s = &mut t.slots[usize::from(port)].signals;
+        if *s >= n {
+            *s -= n;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Waits until `port` has `n` signals and consumes them, polling the way `mode`
+    /// says; `Ok(false)` when `deadline` passed first (nothing consumed). A port error
+    /// that no handler took ends the wait with that error.
+    pub(super) fn wait(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        n: u64,
+        mode: WaitMode,
+        deadline: Option<Instant>,
+    ) -> Result<bool> {
+        loop {
+            if self.take_signals(port, n) {
+                return Ok(true);
+            }
+            self.take_error()?;
+            if self.poll(on)? {
+                continue;
+            }
+            let left = match deadline {
+                None => None,
+                Some(at) => match at.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(self.take_signals(port, n)),
+                },
+            };
+            match on
+                .station()
+                .wait_for_in(mode, || Ok(self.poll(on)?.then_some(())), left)
+            {
+                Ok(()) | Err(Error::Timeout(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// How long a closing endpoint waits for what handlers queued to leave.
+    pub(super) fn linger(&self, on: &impl Footing, limit: Duration) {
+        let start = Instant::now();
+        while !self.out.borrow().is_empty() && start.elapsed() < limit {
+            if !matches!(self.poll(on), Ok(true)) {
+                std::thread::yield_now();
+            }
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! GAMMA's active-message ports (the GAMMA seed): numbered ports bound to a destination,
+//! a receive buffer, a receiver handler and an error handler.
+//!
+//! Every process of a job opens [`Ports`] on the same DPID and has ports 0 to 254
+//! ([`RESERVED_PORT`], 255, is the library's). A port may be bound, at any time and
+//! again, to any of:
+//!
+//! - a **destination**, port `p` of rank `r` ([`Bind::to`]): the route and the header
+//!   are resolved once, when it is bound, and a send then names only the port and the
+//!   data ([`Ports::send`]);
+//! - a **receive buffer** the application hands over ([`Bind::buffer`]): a message
+//!   arriving on the port is written into it, where it stays until the next one
+//!   overwrites it, unless the handler re-binds the port to a fresh buffer first
+//!   ([`Delivery::rebind`]);
+//! - a **receiver handler** ([`Bind::handler`], a `Send` closure, called without any
+//!   allocation): it runs once per message, just after the message is in the buffer,
+//!   where progress runs (inside the application's next call of these ports: a send, a
+//!   wait, a test or [`Ports::progress`]). It learns the port, the length and the
+//!   sender, may read the message, re-bind the buffer, answer ([`Delivery::send`]) and
+//!   signal the port ([`Delivery::signal`]). A port without a handler is signalled on
+//!   every message;
+//! - an **error handler** ([`Bind::on_error`]): a message for a port without a buffer,
+//!   or longer than its buffer, and a failed destination reach it as a [`PortError`];
+//!   nothing is dropped silently (without an error handler the error comes back from
+//!   the next call, as [`Error::Port`]).
+//!
+//! [`Ports::wait`] is GAMMA's `gamma_wait(port, n)`: it waits until the port has been
+//! signalled `n` times and consumes the signals, polling for a while (GAMMA's 50 µs by
+//! default, [`Ports::set_wait`]) and then sleeping on the endpoint's descriptor; it has
+//! a deadline form ([`Ports::wait_within`]) and a non-blocking one ([`Ports::test`]).
+//!
+//! Flow control: a message stays in the endpoint's receive memory until its handler
+//! returns, so a slow handler holds its senders back (their rings or credit windows
+//! fill) and nothing is lost.
+//!
+//! The protocol is a personality on the engine's hook (`engine::protocol`): `table`
+//! holds the ports and delivers what arrives (sans-IO), `app` the application's side
+//! (binding, sending, progress, waiting), `wire` the 8-byte header. A message is at
+//! most `QUIVER_MAX_MESSAGE` minus [`HEADER_LEN`] bytes. What GAMMA has and these ports
+//! do not have yet (broadcast, ports of other jobs, handlers on the offload engine's
+//! thread) is listed in `docs/DESIGN-NOTES.md`, "GAMMA's ports".
+
+mod app;
+#[cfg(test)]
+mod sim_tests;
+mod table;
+mod wire;
+
+use crate::config::WaitMode;
+use crate::dm::Endpoint;
+use crate::engine::protocol::Outbox;
+use crate::error::{Error, Result};
+pub use crate::error::{Origin, PortError};
+use crate::job::Job;
+use app::App;
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+use table::{ErrorFn, ReceiverFn, Table};
+
+/// Ports per process (numbers 0 to 255).
+pub const PORT_COUNT: usize = 256;
+/// The port the library keeps for itself (GAMMA's barrier port); binding it, or sending
+/// to it, is an error.
+pub const RESERVED_PORT: u8 = 255;
+/// Bytes of the header before each message's payload.
+pub const HEADER_LEN: usize = wire::HEADER_LEN;
+/// How long [`Ports::wait`] polls before it sleeps, by default: GAMMA's bounded poll.
+pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(50);
+
+/// Counters of a process's ports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Messages sent through a port.
+    pub sent: u64,
+    /// Their payload bytes.
+    pub bytes_sent: u64,
+    /// Sends that found no room at their destination and waited (making progress)
+    /// for it: the receiver held the sender back.
+    pub send_waits: u64,
+    /// Messages delivered into a port's buffer (or, empty, to a port).
+    pub delivered: u64,
+    /// Their payload bytes.
+    pub bytes_delivered: u64,
+    /// Port errors (each went to an error handler or came back from a call).
+    pub errors: u64,
+    /// Messages dropped because they were not well-formed port messages.
+    pub malformed: u64,
+}
+
+/// A message just delivered, as its receiver handler sees it.
+pub struct Delivery<'a> {
+    table: &'a mut Table,
+    port: u8,
+    from: Origin,
+    len: usize,
+    out: &'a mut Outbox,
+    signalled: bool,
+}
+
+impl Delivery<'_> {
+    /// The port the message arrived on.
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
+    /// Who sent it.
+    pub fn origin(&self) -> Origin {
+        self.from
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The message, in the port's buffer (empty once the buffer was re-bound or taken:
+    /// the message is then in the buffer [`Delivery::rebind`] returned).
+    pub fn data(&self) -> &[u8] {
+        match &self.table.slots[usize::from(self.port)].buffer {
+            Some(b) if b.len() >= self.len => &b[..self.len],
+            _ => &[],
+        }
+    }
+
+    /// The message, to change in place.
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        match &mut self.table.slots[usize::from(self.port)].buffer {
+            Some(b) if b.len() >= len => &mut b[..len],
+            _ => &mut [],
+        }
+    }
+
+    /// Binds the port to `buffer` for the next message and returns the buffer that
+    /// holds this one (empty when the port had none: an empty message needs none).
+    pub fn rebind(&mut self, buffer: Vec<u8>) -> Vec<u8> {
+        let slot = &mut self.table.slots[usize::from(self.port)];
+        let old = slot.buffer.replace(buffer).unwrap_or_default();
+        self.len = self.len.min(old.len());
+        slot.last_len = 0;
+        old
+    }
+
+    /// Takes the buffer that holds this message and leaves the port without one (the
+    /// next message goes to the error handler unless a buffer is bound first).
+    pub fn take_buffer(&mut self) -> Vec<u8> {
+        let slot = &mut self.table.slots[usize::from(self.port)];
+        slot.last_len = 0;
+        slot.buffer.take().unwrap_or_default()
+    }
+
+    /// Signals the port: one more for [`Ports::wait`] to consume.
+    pub fn signal(&mut self) {
+        self.table.slots[usize::from(self.port)].signals += 1;
+        self.signalled = true;
+    }
+
+    /// Sends `data` through `port` (to its bound destination) once the route has room:
+    /// it is queued now, in order with this process's other answers to that destination,
+    /// and leaves as progress runs. The handler must not wait, so this never does.
+    pub fn send(&mut self, port: u8, data: &[u8]) -> std::result::Result<(), PortError> {
+        let Some(bound) = self.table.slots[usize::from(port)].dest else {
+            return Err(PortError::NoDestination { port });
+        };
+        self.out
+            .send(bound.to, &bound.head, data)
+            .map_err(|_| PortError::OutboxFull { port })?;
+        self.table.stats.sent += 1;
+        self.table.stats.bytes_sent += data.len() as u64;
+        Ok(())
+    }
+}
+
+/// The ports of one process (module documentation).
+pub struct Ports {
+    /// The endpoint whose station carries the ports' messages (its error handler sees
+    /// the errors of these calls too).
+    ep: Endpoint,
+    app: App,
+    wait: Cell<WaitMode>,
+}
+
+/// A binding of a port being built ([`Ports::bind`]): what is not named stays as it is.
+#[must_use = "a binding takes effect with apply()"]
+pub struct Bind<'p> {
+    ports: &'p Ports,
+    port: u8,
+    dest: Option<(u32, u8)>,
+    buffer: Option<Vec<u8>>,
+    handler: Option<ReceiverFn>,
+    on_error: Option<ErrorFn>,
+}
+
+impl Bind<'_> {
+    /// Messages sent through the port go to port `port` of rank `rank`.
+    pub fn to(mut self, rank: u32, port: u8) -> Self {
+        self.dest = Some((rank, port));
+        self
+    }
+
+    /// Messages arriving on the port are written into `buffer` (the application gets it
+    /// back from [`Ports::unbind`], [`Ports::take_buffer`] or a handler's
+    /// [`Delivery::rebind`]).
+    pub fn buffer(mut self, buffer: Vec<u8>) -> Self {
+        self.buffer = Some(buffer);
+        self
+    }
+
+    /// `handler` runs once per message delivered on the port.
+    pub fn handler(mut self, handler: impl FnMut(&mut Delivery<'_>) + Send + 'static) -> Self {
+        self.handler = Some(Box::new(handler));
+        self
+    }
+
+    /// `handler` runs once per error of the port.
+    pub fn on_error(mut self, handler: impl FnMut(PortError) + Send + 'static) -> Self {
+        self.on_error = Some(Box::new(handler));
+        self
+    }
+
+    /// Applies the binding. A destination is connected to first (which waits for its
+    /// endpoint to be open, as a first write does); nothing changes when that fails.
+    /// The reserved port cannot be bound, nor named as a destination.
+    pub fn apply(self) -> Result<()> {
+        let Bind {
+            ports,
+            port,
+            dest,
+            buffer,
+            handler,
+            on_error,
+        } = self;
+        if port == RESERVED_PORT {
+            return Err(Error::Config(format!(
+                "port {RESERVED_PORT} is reserved for the library; bind ports 0 to {}",
+                RESERVED_PORT - 1
+            )));
+        }
+        if let Some((rank, dest_port)) = dest {
+            ports.app.bind_dest(&ports.ep, port, rank, dest_port)?;
+        }
+        let mut t = ports.app.table.borrow_mut();
+        let slot = &mut t.slots[usize::from(port)];
+        if let Some(b) = buffer {
+            slot.buffer = Some(b);
+            slot.last_len = 0;
+        }
+        if let Some(h) = handler {
+            slot.handler = Some(h);
+        }
+        if let Some(h) = on_error {
+            slot.on_error = Some(h);
+        }
+        Ok(())
+    }
+}
+
+impl Ports {
+    /// Opens the ports of this rank on endpoint `dpid` (every rank of the job uses the
+    /// same DPID).
+    pub fn open(job: &Job, dpid: u16) -> Result<Ports> {
+        Ok(Ports {
+            ep: job.open(dpid)?,
+            app: App::new(),
+            wait: Cell::new(WaitMode::Hybrid(DEFAULT_WAIT_SPIN)),
+        })
+    }
+
+    /// The endpoint underneath (its statistics, descriptor, error handler).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// Starts a binding of `port` (0 to 254); [`Bind::apply`] makes it take effect.
+    pub fn bind(&self, port: u8) -> Bind<'_> {
+        Bind {
+            ports: self,
+            port,
+            dest: None,
+            buffer: None,
+            handler: None,
+            on_error: None,
+        }
+    }
+
+    /// Removes every binding of `port`; returns its buffer. Signals not yet waited for
+    /// are kept.
+    pub fn unbind(&self, port: u8) -> Option<Vec<u8>> {
+        let mut t = self.app.table.borrow_mut();
+        let slot = &mut t.slots[usize::from(port)];
+        slot.dest = None;
+        slot.handler = None;
+        slot.on_error = None;
+        slot.last_len = 0;
+        slot.buffer.take()
+    }
+
+    /// Takes `port`'s buffer back, leaving the port without one.
+    pub fn take_buffer(&self, port: u8) -> Option<Vec<u8>> {
+        let mut t = self.app.table.borrow_mut();
+        let slot = &mut t.slots[usize::from(port)];
+        slot.last_len = 0;
+        slot.buffer.take()
+    }
+
+    /// Calls `f` with the last message delivered into `port`'s buffer and its sender
+    /// (`None` when nothing was delivered since the buffer was bound). The message stays
+    /// until the next one on the port overwrites it: between a wait and this call
+    /// nothing runs the handlers, so it is the one the wait was signalled for.
+    pub fn read<R>(&self, port: u8, f: impl FnOnce(&[u8], Origin) -> R) -> Option<R> {
+        let t = self.app.table.borrow();
+        let slot = &t.slots[usize::from(port)];
+        let from = slot.last_from?;
+        let bytes = slot.buffer.as_deref().unwrap_or_default();
+        Some(f(&bytes[..slot.last_len.min(bytes.len())], from))
+    }
+
+    /// Sends `data` through `port` to its bound destination; returns when `data` may be
+    /// reused (waiting, while making progress, for room at the destination). A failed
+    /// destination also reaches the port's error handler.
+    pub fn send(&self, port: u8, data: &[u8]) -> Result<()> {
+        self.app.send(&self.ep, port, data, true).map(|_| ())
+    }
+
+    /// [`Ports::send`] without waiting: `Ok(false)` when the destination has no room
+    /// now (nothing was sent).
+    pub fn try_send(&self, port: u8, data: &[u8]) -> Result<bool> {
+        self.app.send(&self.ep, port, data, false)
+    }
+
+    /// Signals `port` (as a handler's [`Delivery::signal`] does).
+    pub fn signal(&self, port: u8) {
+        self.app.table.borrow_mut().slots[usize::from(port)].signals += 1;
+    }
+
+    /// Signals of `port` not yet consumed.
+    pub fn signals(&self, port: u8) -> u64 {
+        self.app.table.borrow().slots[usize::from(port)].signals
+    }
+
+    /// Waits until `port` has been signalled `n` times and consumes the signals
+    /// (GAMMA's `gamma_wait`), running the handlers meanwhile. Polls for the time
+    /// [`Ports::set_wait`] gives, then sleeps on the endpoint's descriptor.
+    pub fn wait(&self, port: u8, n: u64) -> Result<()> {
+        self.app
+            .wait(&self.ep, port, n, self.wait.get(), None)
+            .map(|_| ())
+    }
+
+    /// [`Ports::wait`] for at most `timeout`: `Ok(false)` when it passed first (no
+    /// signal was consumed).
+    pub fn wait_within(&self, port: u8, n: u64, timeout: Duration) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        self.app
+            .wait(&self.ep, port, n, self.wait.get(), Some(deadline))
+    }
+
+    /// Makes progress once, then consumes `n` signals of `port` if it has them.
+    pub fn test(&self, port: u8, n: u64) -> Result<bool> {
+        self.progress()?;
+        Ok(self.app.take_signals(port, n))
+    }
+
+    /// Makes progress: delivers what has arrived (running the handlers) and sends what
+    /// handlers queued. Returns the first port error no error handler took.
+    pub fn progress(&self) -> Result<()> {
+        self.app.take_error()?;
+        while self.app.poll(&self.ep)? {}
+        self.app.take_error()
+    }
+
+    /// How [`Ports::wait`] waits: [`WaitMode::Hybrid`] with GAMMA's 50 µs by default.
+    pub fn set_wait(&self, mode: WaitMode) {
+        self.wait.set(mode);
+    }
+
+    /// The ports' counters.
+    pub fn stats(&self) -> PortStats {
+        self.app.table.borrow().stats.clone()
+    }
+}
+
+impl Drop for Ports {
+    fn drop(&mut self) {
+        // Answers handlers queued are worth a moment: their peers may wait for them.
+        self.app.linger(&self.ep, Duration::from_secs(1));
+    }
+}

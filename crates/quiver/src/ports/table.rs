@@ -1,0 +1,401 @@
+//! The port table of one process and the protocol that delivers into it (sans-IO).
+//!
+//! What it owns: for each of the 256 ports its binding (destination with the header
+//! computed once, receive buffer, receiver handler, error handler), its semaphore (the
+//! signals not yet waited for) and the length of the last message delivered into its
+//! buffer; the port errors no error handler took; the counters.
+//!
+//! What it guarantees: an arriving message is written into the port's bound buffer and
+//! nowhere else, only when it fits; then the receiver handler runs (or, without one, the
+//! port is signalled). A message for a port without a buffer, longer than its buffer, or
+//! for the reserved port goes to the port's error handler as a [`PortError`], or, without
+//! one, waits in [`Table::errors`] for the application's next call: nothing is dropped
+//! silently. A malformed message is counted and dropped. [`Handler`] runs on the engine's
+//! protocol hook and does no I/O: the simulator runs it as it is.
+
+use super::wire::{Header, HEADER_LEN};
+use super::{Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
+use crate::addr::Source;
+use crate::channel::reliable::Time;
+use crate::engine::protocol::{Disposition, Outbox, Protocol};
+use std::collections::VecDeque;
+
+/// A receiver handler: runs once per message delivered into the port's buffer.
+pub(super) type ReceiverFn = Box<dyn FnMut(&mut Delivery<'_>) + Send>;
+/// An error handler: runs once per error of the port.
+pub(super) type ErrorFn = Box<dyn FnMut(PortError) + Send>;
+
+/// Where a port sends.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Bound {
+    /// The destination endpoint.
+    pub to: Source,
+    /// The header of every message sent through the port (computed when bound).
+    pub head: [u8; HEADER_LEN],
+    /// The engine's route to `to`.
+    pub route: usize,
+}
+
+/// One port.
+#[derive(Default)]
+pub(super) struct Slot {
+    pub dest: Option<Bound>,
+    pub buffer: Option<Vec<u8>>,
+    /// Bytes of the last message delivered into `buffer`.
+    pub last_len: usize,
+    /// Who sent it.
+    pub last_from: Option<Origin>,
+    pub handler: Option<ReceiverFn>,
+    pub on_error: Option<ErrorFn>,
+    /// Signals not yet consumed by a wait.
+    pub signals: u64,
+}
+
+/// The ports of one process.
+pub(super) struct Table {
+    pub slots: Vec<Slot>,
+    /// Port errors that found no error handler, for the application's next call.
+    pub errors: VecDeque<PortError>,
+    pub stats: PortStats,
+}
+
+impl Table {
+    pub(super) fn new() -> Table {
+        Table {
+            slots: (0..PORT_COUNT).map(|_| Slot::default()).collect(),
+            errors: VecDeque::new(),
+            stats: PortStats::default(),
+        }
+    }
+
+    /// Hands `e` to its port's error handler, or keeps it for the application's next
+    /// call.
+    pub(super) fn report(&mut self, e: PortError) {
+        if let Err(e) = self.notify(e) {
+            self.errors.push_back(e);
+        }
+    }
+
+    /// Hands `e` to its port's error handler; gives it back when the port has none.
+    pub(super) fn notify(&mut self, e: PortError) -> Result<(), PortError> {
+        self.stats.errors += 1;
+        match self.slots[usize::from(e.port())].on_error.as_mut() {
+            Some(f) => {
+                f(e);
+                Ok(())
+            }
+            None => Err(e),
+        }
+    }
+
+    /// Delivers the payload of a message for `port` from `from`: into the bound buffer,
+    /// then the handler (or a signal). Returns whether the port was signalled or an
+    /// error was reported (something the application may wait for).
+    fn deliver(&mut self, port: u8, from: Origin, payload: &[u8], out: &mut Outbox) -> bool {
+        let len = payload.len();
+        if port == RESERVED_PORT {
+            self.report(PortError::Reserved { port, from, len });
+            return true;
+        }
+        let slot = &mut self.slots[usize::from(port)];
+        match slot.buffer.as_mut() {
+            _ if len == 0 => {}
+            None => {
+                self.report(PortError::NoBuffer { port, from, len });
+                return true;
+            }
+            Some(buf) if buf.len() < len => {
+                let capacity = buf.len();
+                let e = PortError::Overflow {
+                    port,
+                    from,
+                    len,
+                    capacity,
+                };
+                self.report(e);
+                return true;
+            }
+            Some(buf) => crate::link::copy_into(buf, payload),
+        }
+        slot.last_len = len;
+        slot.last_from = Some(from);
+        self.stats.delivered += 1;
+        self.stats.bytes_delivered += len as u64;
+        let Some(mut handler) = slot.handler.take() else {
+            slot.signals += 1;
+            return true;
+        };
+        let mut d = Delivery {
+            table: self,
+            port,
+            from,
+            len,
+            out,
+            signalled: false,
+        };
+        handler(&mut d);
+        let signalled = d.signalled;
+        // A handler cannot replace itself (it is not in its slot while it runs), so the
+        // slot is empty unless the port was unbound meanwhile, which only the
+        // application's thread does, not a handler.
+        self.slots[usize::from(port)].handler.get_or_insert(handler);
+        signalled
+    }
+}
+
+/// The protocol of a process's ports on the engine's hook: each message that arrives is
+/// delivered and consumed.
+pub(super) struct Handler<'a> {
+    pub table: &'a mut Table,
+    /// The DPID of the ports' endpoint (every rank uses the same one).
+    pub dpid: u16,
+    /// A port was signalled or an error reported in this drive: the engine returns to
+    /// the application, which may be waiting for it.
+    pub woke: bool,
+    /// Messages handled in this drive.
+    pub handled: u64,
+}
+
+impl Protocol for Handler<'_> {
+    fn handle_message(
+        &mut self,
+        _now: Time,
+        from: Source,
+        msg: &[u8],
+        out: &mut Outbox,
+    ) -> Disposition {
+        self.handled += 1;
+        let Some((head, payload)) = Header::decode(msg) else {
+            self.table.stats.malformed += 1;
+            return Disposition::Consumed;
+        };
+        if from.dpid != self.dpid {
+            // Only the ports' own endpoint numbers reach here; counted, not guessed at.
+            self.table.stats.malformed += 1;
+            return Disposition::Consumed;
+        }
+        let origin = Origin {
+            rank: from.rank,
+            port: head.src_port,
+        };
+        self.woke |= self.table.deliver(head.dest_port, origin, payload, out);
+        Disposition::Consumed
+    }
+
+    fn uses_time(&self) -> bool {
+        false
+    }
+
+    fn wants_more(&self) -> bool {
+        !self.woke
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const DPID: u16 = 9;
+
+    fn msg(dest_port: u8, src_port: u8, payload: &[u8]) -> Vec<u8> {
+        let mut m = Header {
+            dest_port,
+            src_port,
+        }
+        .encode()
+        .to_vec();
+        m.extend_from_slice(payload);
+        m
+    }
+
+    fn handle(t: &mut Table, from_rank: u32, m: &[u8]) -> bool {
+        let mut out = Outbox::new(16);
+        let mut h = Handler {
+            table: t,
+            dpid: DPID,
+            woke: false,
+            handled: 0,
+        };
+        let from = Source {
+            rank: from_rank,
+            dpid: DPID,
+        };
+        assert_eq!(
+            h.handle_message(Time::ZERO, from, m, &mut out),
+            Disposition::Consumed
+        );
+        h.woke
+    }
+
+    #[test]
+    fn a_message_lands_in_the_bound_buffer_and_signals_without_a_handler() {
+        let mut t = Table::new();
+        t.slots[3].buffer = Some(vec![0; 16]);
+        assert!(handle(&mut t, 1, &msg(3, 5, b"hello")));
+        let s = &t.slots[3];
+        assert_eq!(&s.buffer.as_ref().unwrap()[..s.last_len], b"hello");
+        assert_eq!(s.last_from, Some(Origin { rank: 1, port: 5 }));
+        assert_eq!(s.signals, 1);
+        assert_eq!(t.stats.delivered, 1);
+        assert!(t.errors.is_empty());
+    }
+
+    #[test]
+    fn the_handler_sees_the_message_and_may_rebind_the_buffer() {
+        let mut t = Table::new();
+        t.slots[0].buffer = Some(vec![0; 8]);
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let k = kept.clone();
+        t.slots[0].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
+            assert_eq!(d.port(), 0);
+            assert_eq!(d.origin(), Origin { rank: 2, port: 1 });
+            // The next message goes into a fresh buffer; this one is kept whole.
+            let full = d.rebind(vec![0; 8]);
+            k.lock().unwrap().push(full[..d.len()].to_vec());
+            d.signal();
+        }));
+        assert!(handle(&mut t, 2, &msg(0, 1, b"first")));
+        assert!(handle(&mut t, 2, &msg(0, 1, b"second")));
+        assert_eq!(
+            *kept.lock().unwrap(),
+            vec![b"first".to_vec(), b"second".to_vec()]
+        );
+        assert_eq!(t.slots[0].signals, 2);
+        assert!(t.slots[0].handler.is_some(), "the handler stays bound");
+    }
+
+    #[test]
+    fn a_handler_that_does_not_signal_does_not_wake_the_application() {
+        let mut t = Table::new();
+        t.slots[0].buffer = Some(vec![0; 8]);
+        t.slots[0].handler = Some(Box::new(|_: &mut Delivery<'_>| {}));
+        assert!(!handle(&mut t, 1, &msg(0, 0, b"x")));
+        assert_eq!(t.slots[0].signals, 0);
+        assert_eq!(t.stats.delivered, 1);
+    }
+
+    #[test]
+    fn overflow_and_a_missing_buffer_go_to_the_error_handler_and_touch_nothing() {
+        let mut t = Table::new();
+        t.slots[4].buffer = Some(vec![7; 4]);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        t.slots[4].on_error = Some(Box::new(move |e| s.lock().unwrap().push(e)));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        t.slots[4].handler = Some(Box::new(move |_: &mut Delivery<'_>| {
+            r.fetch_add(1, Ordering::Relaxed);
+        }));
+        handle(&mut t, 1, &msg(4, 0, b"too long"));
+        assert_eq!(t.slots[4].buffer.as_deref(), Some(&[7u8; 4][..]));
+        t.slots[4].buffer = None;
+        handle(&mut t, 1, &msg(4, 0, b"ab"));
+        let from = Origin { rank: 1, port: 0 };
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                PortError::Overflow {
+                    port: 4,
+                    from,
+                    len: 8,
+                    capacity: 4
+                },
+                PortError::NoBuffer {
+                    port: 4,
+                    from,
+                    len: 2
+                }
+            ]
+        );
+        assert_eq!(
+            ran.load(Ordering::Relaxed),
+            0,
+            "no handler for a failed delivery"
+        );
+        assert!(t.errors.is_empty());
+        assert_eq!(t.stats.errors, 2);
+    }
+
+    #[test]
+    fn without_an_error_handler_errors_wait_for_the_application() {
+        let mut t = Table::new();
+        assert!(handle(&mut t, 1, &msg(9, 0, b"nobody")));
+        assert!(handle(&mut t, 1, &msg(RESERVED_PORT, 0, b"")));
+        assert_eq!(t.errors.len(), 2);
+        assert!(matches!(t.errors[0], PortError::NoBuffer { port: 9, .. }));
+        assert!(matches!(t.errors[1], PortError::Reserved { .. }));
+        // An empty message needs no buffer.
+        assert!(handle(&mut t, 1, &msg(9, 0, b"")));
+        assert_eq!(t.slots[9].signals, 1);
+    }
+
+    #[test]
+    fn malformed_messages_are_counted_and_dropped() {
+        let mut t = Table::new();
+        t.slots[0].buffer = Some(vec![0; 8]);
+        let mut bad = msg(0, 0, b"x");
+        bad[0] = b'X';
+        assert!(!handle(&mut t, 1, &bad));
+        assert!(!handle(&mut t, 1, &bad[..3]));
+        assert_eq!(t.stats.malformed, 2);
+        assert_eq!(t.stats.delivered, 0);
+        assert_eq!(t.slots[0].signals, 0);
+    }
+
+    #[test]
+    fn a_handler_answers_through_the_outbox() {
+        let mut t = Table::new();
+        t.slots[1].buffer = Some(vec![0; 8]);
+        let to = Source {
+            rank: 3,
+            dpid: DPID,
+        };
+        t.slots[2].dest = Some(Bound {
+            to,
+            head: Header {
+                dest_port: 6,
+                src_port: 2,
+            }
+            .encode(),
+            route: 0,
+        });
+        t.slots[1].handler = Some(Box::new(|d: &mut Delivery<'_>| {
+            let mut reply = d.data().to_vec();
+            reply.reverse();
+            d.send(2, &reply).unwrap();
+            assert!(matches!(
+                d.send(3, b"x"),
+                Err(PortError::NoDestination { port: 3 })
+            ));
+        }));
+        let mut out = Outbox::new(4);
+        let mut h = Handler {
+            table: &mut t,
+            dpid: DPID,
+            woke: false,
+            handled: 0,
+        };
+        h.handle_message(
+            Time::ZERO,
+            Source {
+                rank: 1,
+                dpid: DPID,
+            },
+            &msg(1, 0, b"abc"),
+            &mut out,
+        );
+        assert_eq!(out.len(), 1);
+        let mut sent = Vec::new();
+        out.flush(
+            &mut h,
+            |dest, head, body| {
+                sent.push((dest, [head, body].concat()));
+                Ok::<_, ()>(true)
+            },
+            |_| {},
+        );
+        assert_eq!(sent, vec![(to, msg(6, 2, b"cba"))]);
+    }
+}

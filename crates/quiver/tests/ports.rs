@@ -1,0 +1,281 @@
+//! GAMMA's ports in whole jobs over shared memory, UDP and raw Ethernet (ranks are
+//! threads of the test process; over Ethernet each runs on a node of its own of an
+//! emulated cluster): every byte checked through a handler that re-binds its buffer,
+//! answers sent from inside handlers, a slow handler that loses nothing, errors that
+//! reach the error handler (or the next call), and a destination that closes.
+
+mod common;
+
+use common::{config, pattern, run_ranks};
+use quiver::ports::{Delivery, Origin, PortError, Ports};
+use quiver::{Config, Error, TransportChoice};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const DPID: u16 = 50;
+
+fn sizes() -> Vec<usize> {
+    vec![
+        0, 1, 7, 8, 100, 1000, 1472, 1473, 4096, 9000, 65536, 200_000,
+    ]
+}
+
+/// Rank 0 sends every size through port 1 to rank 1's port 2, whose handler keeps each
+/// message (re-binding a fresh buffer before the next can overwrite it) and answers it,
+/// reversed, through port 3 from inside the handler; rank 0 waits for every answer on
+/// port 4 and checks it; rank 1 checks what it kept.
+fn every_size_and_answers(c: Config) {
+    run_ranks(2, c, |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        let sizes = sizes();
+        let largest = *sizes.iter().max().unwrap();
+        if job.rank() == 0 {
+            let answers = Arc::new(Mutex::new(Vec::new()));
+            let a = answers.clone();
+            ports
+                .bind(4)
+                .buffer(vec![0; largest])
+                .handler(move |d: &mut Delivery<'_>| {
+                    a.lock().unwrap().push((d.origin(), d.data().to_vec()));
+                    d.signal();
+                })
+                .apply()
+                .unwrap();
+            ports.bind(1).to(1, 2).apply().unwrap();
+            // Rank 1 is bound and ready when its first message arrives.
+            ports.wait(4, 1).unwrap();
+            for (i, &n) in sizes.iter().enumerate() {
+                ports.send(1, &pattern(0, i as u32, n)).unwrap();
+            }
+            ports.wait(4, sizes.len() as u64).unwrap();
+            let answers = answers.lock().unwrap();
+            assert_eq!(answers[0].1, b"ready");
+            for (i, &n) in sizes.iter().enumerate() {
+                let mut want = pattern(0, i as u32, n);
+                want.reverse();
+                assert_eq!(answers[i + 1].0, Origin { rank: 1, port: 3 });
+                assert!(answers[i + 1].1 == want, "answer {i} ({n} bytes) differs");
+            }
+            assert_eq!(ports.stats().sent, sizes.len() as u64);
+        } else {
+            let kept = Arc::new(Mutex::new(Vec::new()));
+            let k = kept.clone();
+            ports.bind(3).to(0, 4).apply().unwrap();
+            ports
+                .bind(2)
+                .buffer(vec![0; largest])
+                .handler(move |d: &mut Delivery<'_>| {
+                    let len = d.len();
+                    let mut full = d.rebind(vec![0; largest]);
+                    full.truncate(len);
+                    let mut answer = full.clone();
+                    answer.reverse();
+                    d.send(3, &answer).unwrap();
+                    k.lock().unwrap().push(full);
+                    d.signal();
+                })
+                .apply()
+                .unwrap();
+            ports.send(3, b"ready").unwrap();
+            ports.wait(2, sizes.len() as u64).unwrap();
+            let kept = kept.lock().unwrap();
+            for (i, &n) in sizes.iter().enumerate() {
+                assert!(
+                    kept[i] == pattern(0, i as u32, n),
+                    "message {i} ({n} bytes) differs"
+                );
+            }
+            // The answers leave before the ports close (the outbox is drained on drop).
+            drop(ports);
+        }
+    });
+}
+
+#[test]
+fn every_size_and_its_answer_over_shm() {
+    every_size_and_answers(config(TransportChoice::Auto));
+}
+
+#[test]
+fn every_size_and_its_answer_over_udp() {
+    every_size_and_answers(config(TransportChoice::Udp));
+}
+
+#[test]
+fn every_size_and_its_answer_over_eth() {
+    every_size_and_answers(config(TransportChoice::Eth));
+}
+
+/// A handler that sleeps: the sender is held back by the receiver's ring (a small pool)
+/// and nothing is lost.
+fn slow_handler(c: Config) {
+    const COUNT: u32 = 300;
+    const LEN: usize = 4000;
+    // A pool of about eight messages: the sender must wait for the handler.
+    let c = c.with_pool_size(32 << 10).with_max_message(8 << 10);
+    run_ranks(2, c, |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        if job.rank() == 0 {
+            ports.bind(0).to(1, 0).apply().unwrap();
+            ports.bind(1).buffer(vec![0; 8]).apply().unwrap();
+            for i in 0..COUNT {
+                ports.send(0, &pattern(0, i, LEN)).unwrap();
+            }
+            // Rank 1's last word: everything arrived.
+            ports.wait(1, 1).unwrap();
+            // Over shared memory the sender waited for room in the ring; over the
+            // network the engine's credit window closed (and its sends waited there).
+            let (waits, credit_stalls) = (
+                ports.stats().send_waits,
+                ports.endpoint().stats().credit_stalls,
+            );
+            assert!(waits + credit_stalls > 0, "the sender was never held back");
+        } else {
+            ports.bind(1).to(0, 1).apply().unwrap();
+            let seen = Arc::new(Mutex::new(0u32));
+            let s = seen.clone();
+            ports
+                .bind(0)
+                .buffer(vec![0; LEN])
+                .handler(move |d: &mut Delivery<'_>| {
+                    std::thread::sleep(Duration::from_micros(300));
+                    let mut n = s.lock().unwrap();
+                    assert!(d.data() == pattern(0, *n, LEN), "message {n} differs");
+                    *n += 1;
+                    d.signal();
+                })
+                .apply()
+                .unwrap();
+            ports.wait(0, u64::from(COUNT)).unwrap();
+            assert_eq!(*seen.lock().unwrap(), COUNT);
+            ports.send(1, b"").unwrap();
+            drop(ports);
+        }
+    });
+}
+
+#[test]
+fn a_slow_handler_holds_the_sender_back_and_loses_nothing_over_shm() {
+    slow_handler(config(TransportChoice::Auto));
+}
+
+#[test]
+fn a_slow_handler_holds_the_sender_back_and_loses_nothing_over_udp() {
+    slow_handler(config(TransportChoice::Udp));
+}
+
+/// Messages a port cannot take reach its error handler, or, without one, the next call;
+/// the buffer is untouched, and the port goes on working.
+#[test]
+fn undeliverable_messages_reach_the_error_handler_or_the_next_call() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        if job.rank() == 0 {
+            ports.bind(0).to(1, 5).apply().unwrap();
+            ports.bind(1).to(1, 6).apply().unwrap();
+            ports.bind(2).buffer(vec![0; 4]).apply().unwrap();
+            ports.wait(2, 1).unwrap(); // rank 1 is bound
+            ports.send(0, &[1; 100]).unwrap(); // longer than port 5's buffer
+            ports.send(0, b"fits").unwrap();
+            ports.send(1, b"nowhere").unwrap(); // port 6 has no buffer, no handlers
+            ports.wait(2, 1).unwrap();
+            // A send through a port with no destination fails at once.
+            match ports.send(3, b"x") {
+                Err(Error::Port(PortError::NoDestination { port: 3 })) => {}
+                other => panic!("a send without a destination gave {other:?}"),
+            }
+            // The reserved port is not for applications.
+            assert!(matches!(ports.bind(255).apply(), Err(Error::Config(_))));
+            assert!(matches!(
+                ports.bind(7).to(1, 255).apply(),
+                Err(Error::Config(_))
+            ));
+        } else {
+            let errors = Arc::new(Mutex::new(Vec::new()));
+            let e = errors.clone();
+            ports.bind(2).to(0, 2).apply().unwrap();
+            ports
+                .bind(5)
+                .buffer(vec![9; 10])
+                .on_error(move |err| e.lock().unwrap().push(err))
+                .apply()
+                .unwrap();
+            ports.send(2, b"").unwrap();
+            ports.wait(5, 1).unwrap(); // "fits", after the long one went to the handler
+            let from = Origin { rank: 0, port: 0 };
+            assert_eq!(
+                *errors.lock().unwrap(),
+                vec![PortError::Overflow {
+                    port: 5,
+                    from,
+                    len: 100,
+                    capacity: 10
+                }]
+            );
+            assert_eq!(
+                ports.read(5, |m, o| (m.to_vec(), o)),
+                Some((b"fits".to_vec(), from))
+            );
+            // Port 6 has no error handler: its error ends the next wait.
+            match ports.wait(5, 1) {
+                Err(Error::Port(PortError::NoBuffer {
+                    port: 6, len: 7, ..
+                })) => {}
+                other => panic!("the message for port 6 gave {other:?}"),
+            }
+            assert_eq!(ports.stats().errors, 2);
+            ports.send(2, b"").unwrap();
+            drop(ports);
+        }
+    });
+}
+
+/// A destination that closes its ports reaches the error handler of the port bound to
+/// it; the send that found it gone fails too.
+#[test]
+fn a_closed_destination_reaches_the_error_handler() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        if job.rank() == 0 {
+            let errors = Arc::new(Mutex::new(Vec::new()));
+            let e = errors.clone();
+            ports
+                .bind(0)
+                .to(1, 0)
+                .on_error(move |err| e.lock().unwrap().push(err))
+                .apply()
+                .unwrap();
+            ports.bind(1).buffer(vec![0; 8]).apply().unwrap();
+            ports.send(0, b"go").unwrap();
+            ports.wait(1, 1).unwrap(); // rank 1 is about to close
+            let mut failed = None;
+            for _ in 0..100_000 {
+                match ports.send(0, b"anyone?") {
+                    Ok(()) => std::thread::sleep(Duration::from_micros(100)),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            let failed = failed.expect("sends to a closed destination kept succeeding");
+            assert!(
+                matches!(
+                    failed,
+                    Error::PeerClosed { rank: 1, .. } | Error::PeerFailed { rank: 1, .. }
+                ),
+                "{failed}"
+            );
+            assert!(errors
+                .lock()
+                .unwrap()
+                .contains(&PortError::DestinationFailed { port: 0, rank: 1 }));
+        } else {
+            ports.bind(0).buffer(vec![0; 8]).apply().unwrap();
+            ports.bind(1).to(0, 1).apply().unwrap();
+            ports.wait(0, 1).unwrap();
+            ports.send(1, b"bye").unwrap();
+            drop(ports);
+        }
+    });
+}

@@ -155,6 +155,21 @@ pub struct Info {
     /// How a program started here would join its job: the launcher found and the store
     /// or launcher service it would use (`QUIVER_RENDEZVOUS`, `QUIVER_BOOTSTRAP`).
     pub bootstrap: String,
+    /// GAMMA's ports (`quiver::ports`): what a process has.
+    pub ports: PortsInfo,
+}
+
+/// The ports feature as configured.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct PortsInfo {
+    /// Ports an application may bind (0 to this minus one).
+    pub usable: u32,
+    /// The port the library keeps.
+    pub reserved: u8,
+    /// Longest message through a port: the largest message less the port header.
+    pub max_payload: u64,
+    /// How long a wait polls before it sleeps by default, µs.
+    pub wait_spin_us: u64,
 }
 
 /// One size of the protocol selection, for one kind of transport.
@@ -278,6 +293,12 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
         pipeline_max_set: cfg.pipeline_max.is_some(),
         selection,
         bootstrap: quiver::admin::bootstrap_plan(),
+        ports: PortsInfo {
+            usable: u32::from(quiver::ports::RESERVED_PORT),
+            reserved: quiver::ports::RESERVED_PORT,
+            max_payload: cfg.max_message.saturating_sub(quiver::ports::HEADER_LEN) as u64,
+            wait_spin_us: quiver::ports::DEFAULT_WAIT_SPIN.as_micros() as u64,
+        },
     }
 }
 
@@ -571,6 +592,20 @@ pub fn render(info: &Info) -> String {
             PULL_THREAD_MIN >> 10
         );
     }
+    let p = &info.ports;
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "ports (GAMMA): ports 0 to {} per process, {} reserved by the library; messages of at \
+         most {} B (the largest message less the {}-byte header), delivered into the port's \
+         buffer, then its handler runs inside the application's next call; a wait polls {} µs, \
+         then sleeps",
+        p.usable - 1,
+        p.reserved,
+        p.max_payload,
+        quiver::ports::HEADER_LEN,
+        p.wait_spin_us
+    );
     out
 }
 
@@ -792,6 +827,13 @@ mod tests {
         assert_eq!(v["push"], "pull");
         assert_eq!(v["cma"], false);
         assert_eq!(v["cma_check"]["works"], true);
+        // The ports feature: 255 usable ports, and what a port's message may carry.
+        assert!(text.contains("ports (GAMMA): ports 0 to 254"), "{text}");
+        assert_eq!(v["ports"]["usable"], 255);
+        assert_eq!(
+            v["ports"]["max_payload"],
+            (1 << 20) - quiver::ports::HEADER_LEN as u64
+        );
         // With cross-memory attach, large pulls are split copies (unless turned off).
         for split in [true, false] {
             let cfg = Config::default().with_split_copy(split);

@@ -31,7 +31,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Verify an installation: run inside a job, every rank exchanges verified messages.
     Check(check::CheckArgs),
-    /// Show the configuration in force, whether cross-memory attach works, tagged paths.
+    /// Show the configuration in force, whether cross-memory attach works, tagged paths,
+    /// the ports feature.
     ///
     /// The configuration comes from the QUIVER_* variables (defaults where unset); the
     /// path of a tagged message is given by size range for the push mode in force.

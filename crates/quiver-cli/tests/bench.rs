@@ -395,6 +395,52 @@ fn tagged_pingpong_64m_and_udp() {
     }
 }
 
+/// GAMMA's ports: each benchmark with the ports API (and with the extra receive copy),
+/// over shared memory and UDP, in jobs of two processes; every received length is
+/// checked by the benchmark itself.
+#[test]
+fn ports_pingpong_bw_bibw_and_rate() {
+    for (bench, transport, sizes, copy) in [
+        ("pingpong", "shm", "0,8,64K", false),
+        ("pingpong", "udp", "8,4K", true),
+        ("bw", "shm", "1K,64K", true),
+        ("bw", "udp", "4K", false),
+        ("bibw", "shm", "4K", false),
+        ("rate", "shm", "8", false),
+    ] {
+        let mut args = vec![
+            bench,
+            "--api",
+            "ports",
+            "--transport",
+            transport,
+            "--sizes",
+            sizes,
+            "--iters",
+            "20",
+        ];
+        if copy {
+            args.push("--ports-copy");
+        }
+        let lines = json_lines(&quiver_bench(&args));
+        assert_eq!(
+            lines.len(),
+            sizes.split(',').count(),
+            "{bench} {transport}: {lines:?}"
+        );
+        for v in &lines {
+            assert_eq!(v["bench"], bench);
+            assert_eq!(v["api"], "ports");
+            assert_eq!(v["transport"], transport);
+            if bench == "pingpong" {
+                positive(v, "latency_us_median");
+            } else {
+                positive(v, "bandwidth_MBps");
+            }
+        }
+    }
+}
+
 #[test]
 fn tagged_bw_and_bibw() {
     for (bench, transport, push) in [
@@ -688,6 +734,12 @@ fn api_and_push_combinations_are_checked_before_launching() {
         (&["early-late", "--api", "dm"][..], "tagged"),
         (&["tune-btp", "--sizes", "8"][..], "--sizes"),
         (&["tune-btp", "--push", "all"][..], "pull"),
+        (&["logp", "--api", "ports"][..], "--api ports runs"),
+        (
+            &["pingpong", "--api", "ports", "--push", "all"][..],
+            "--api tagged",
+        ),
+        (&["pingpong", "--ports-copy"][..], "--api ports"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_quiver"))
             .arg("bench")

@@ -17,6 +17,9 @@
 //! rank 1 receives first: a blocking send may wait for its receiver). Tags: data
 //! [`DATA_TAG`], acknowledgements [`CONTROL_TAG`].
 //!
+//! With GAMMA's ports (`--api ports`), the same exchanges through bound ports
+//! (`bench::ports`).
+//!
 //! - `rate`: `bw`'s exchange (8 B messages by default), counted in messages per second,
 //!   as OSU's `osu_mbw_mr` with one pair; with the tagged API rank 1 posts the window's W
 //!   receives first (into W slices of one buffer) and waits for all of them, as
@@ -34,6 +37,7 @@
 use super::buffer::PageAligned;
 use super::ctx::{check_len, Ctx, CONTROL_TAG, DATA_TAG, RECORD_SLACK};
 use super::output::{round, BenchResult};
+use super::ports;
 use super::stats::{self, avg80};
 use super::Bench;
 use anyhow::Context as _;
@@ -107,6 +111,8 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
         0,
     );
     let rbufs = rbufs.as_mut_slice();
+    // With --ports-copy, where each received message is copied out of its port's buffer.
+    let mut copy = ctx.opts.ports_copy.then(|| Vec::with_capacity(size));
     let mut samples = Vec::with_capacity(usize::try_from(iters).unwrap_or(0));
     let mut rates = Vec::with_capacity(samples.capacity());
     let bytes = size as f64 * f64::from(window) * if bench == Bench::Bibw { 2.0 } else { 1.0 };
@@ -114,6 +120,10 @@ pub fn run(ctx: &Ctx<'_>, bench: Bench, size: usize) -> anyhow::Result<Option<Be
         let t0 = Instant::now();
         match (bench, ctx.rank, ctx.tagged) {
             (_, _, Some(t)) => tagged_window_exchange(t, ctx.rank, bench, buf, rbufs, window)?,
+            (_, rank, None) if ctx.ports.is_some() => {
+                let p = ctx.ports.context("ports")?;
+                ports::window_exchange(p, rank, bench, buf, window, &mut copy)?;
+            }
             (Bench::Bibw, _, None) => bibw_window(ctx, buf, window)?,
             (_, 0, None) => {
                 for _ in 0..window {

@@ -7,6 +7,7 @@ use super::output::{self, BenchResult, Reporter};
 use super::progress::Progress;
 use super::{ApiArg, Bench, BenchOpts};
 use anyhow::{bail, Context as _};
+use quiver::ports::Ports;
 use quiver::tagged::{PushMode, Tagged};
 use quiver::{Endpoint, Message, Transport};
 use std::fs::File;
@@ -37,6 +38,8 @@ pub struct Ctx<'a> {
     pub ep: &'a Endpoint,
     /// The tagged endpoint, with the tagged API.
     pub tagged: Option<&'a Tagged>,
+    /// The ports, bound to the peer's (`bench::ports`), with the ports API.
+    pub ports: Option<&'a Ports>,
     /// 0 (measures and reports) or 1 (echoes).
     pub rank: u32,
     /// Transport to the peer.
@@ -125,6 +128,9 @@ impl<'a> Ctx<'a> {
             warmup,
         );
         r.reliability = self.reliability.clone();
+        if self.ports.is_some() {
+            r.api = Some(ApiArg::Ports.name().into());
+        }
         if let Some(t) = self.tagged {
             let (mode, btp1, btp2) = t.push();
             r.api = Some(ApiArg::Tagged.name().into());

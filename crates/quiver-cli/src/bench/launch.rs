@@ -65,6 +65,9 @@ pub fn child_args(
     if let Some(p) = opts.push {
         opt("--push", p.name().into());
     }
+    if opts.ports_copy {
+        a.push("--ports-copy".into());
+    }
     if plot {
         if let Some(p) = &opts.plot {
             a.push("--plot".into());
@@ -157,6 +160,7 @@ mod tests {
             wait: Some("hybrid:20".into()),
             reliability: None,
             api: None,
+            ports_copy: false,
             push: None,
             no_pin: true,
             timeout: Some(Duration::from_secs(5)),

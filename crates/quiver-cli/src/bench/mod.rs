@@ -36,6 +36,7 @@ pub mod matching;
 pub mod output;
 pub mod pingpong;
 pub mod plot;
+pub mod ports;
 pub mod progress;
 pub mod runner;
 pub mod sizes;
@@ -148,10 +149,15 @@ pub struct BenchOpts {
     /// sets QUIVER_RELIABILITY. Default: the library's (host).
     #[arg(long, value_enum, global = true)]
     pub reliability: Option<ReliabilityArg>,
-    /// Message API: dm (Directed Point endpoints, write/read) or tagged (Push-Pull tagged
-    /// send/receive). Default dm; early-late and tune-btp always use tagged.
+    /// Message API: dm (Directed Point endpoints, write/read), tagged (Push-Pull tagged
+    /// send/receive) or ports (GAMMA's ports: pingpong, bw, bibw and rate). Default dm;
+    /// early-late and tune-btp always use tagged.
     #[arg(long, value_enum, global = true)]
     pub api: Option<ApiArg>,
+    /// With --api ports, copy each received message out of the port's buffer into
+    /// another (GAMMA's buffered curve: the cost of one receive copy).
+    #[arg(long, global = true)]
+    pub ports_copy: bool,
     /// Push mode of tagged messages: zero (all pulled), all (all pushed) or pull (the
     /// first BTP(1) and BTP(2) bytes pushed, the rest pulled). Default: the library's
     /// (QUIVER_PUSH, else pull). With early-late, only this mode is run.
@@ -211,6 +217,8 @@ pub enum ApiArg {
     Dm,
     /// Tagged send/receive with the Push-Pull protocol.
     Tagged,
+    /// GAMMA's ports: a send through a bound port, a wait for the port's signal.
+    Ports,
 }
 
 impl ApiArg {
@@ -219,6 +227,7 @@ impl ApiArg {
         match self {
             ApiArg::Dm => "dm",
             ApiArg::Tagged => "tagged",
+            ApiArg::Ports => "ports",
         }
     }
 }
@@ -537,8 +546,19 @@ pub fn check_api(command: Option<BenchCmd>, opts: &BenchOpts) -> Result<(), Stri
     if api == ApiArg::Tagged && command == Some(BenchCmd::Logp) {
         return Err("logp measures Directed Point endpoints only; drop --api tagged".into());
     }
-    if opts.push.is_some() && api == ApiArg::Dm {
+    if opts.push.is_some() && api != ApiArg::Tagged {
         return Err("--push selects the push mode of tagged messages; add --api tagged".into());
+    }
+    if api == ApiArg::Ports
+        && !matches!(
+            command,
+            Some(BenchCmd::Pingpong | BenchCmd::Bw | BenchCmd::Bibw | BenchCmd::Rate)
+        )
+    {
+        return Err("--api ports runs pingpong, bw, bibw and rate; name one of them".into());
+    }
+    if opts.ports_copy && api != ApiArg::Ports {
+        return Err("--ports-copy copies messages out of a port's buffer; add --api ports".into());
     }
     if !opts.outstanding.is_empty() && command != Some(BenchCmd::Match) {
         return Err("--outstanding sets the outstanding operations of match only".into());

@@ -9,11 +9,14 @@
 //! and the release of the message. With the tagged API (`--api tagged`) they are the
 //! blocking [`Tagged::send`] and [`Tagged::recv`] with tag [`DATA_TAG`] into a buffer of
 //! the message's size, in the push mode in force (`--push`, `QUIVER_PUSH`); a send
-//! returns when the receiver has what was not pushed.
+//! returns when the receiver has what was not pushed. With GAMMA's ports (`--api
+//! ports`) they are a send through the data port and a wait for its signal
+//! (`bench::ports`).
 
 use super::buffer::PageAligned;
 use super::ctx::{check_len, Ctx, DATA_TAG};
 use super::output::BenchResult;
+use super::ports;
 use super::stats::Summary;
 use super::Bench;
 use anyhow::Context as _;
@@ -23,9 +26,13 @@ use quiver::tagged::Tagged;
 pub fn run(ctx: &Ctx<'_>, size: usize) -> anyhow::Result<Option<BenchResult>> {
     let (iters, warmup) = ctx.iterations(Bench::Pingpong, size, 1);
     let buf = PageAligned::new(size, 0x5a);
-    let samples = match ctx.tagged {
-        Some(t) => tagged_one_way_samples(t, ctx.rank, buf.as_slice(), warmup, iters)?,
-        None => one_way_samples(ctx, buf.as_slice(), warmup, iters)?,
+    let samples = match (ctx.tagged, ctx.ports) {
+        (Some(t), _) => tagged_one_way_samples(t, ctx.rank, buf.as_slice(), warmup, iters)?,
+        (_, Some(p)) => {
+            let copy = ctx.opts.ports_copy;
+            ports::one_way_samples(p, ctx.rank, buf.as_slice(), warmup, iters, copy)?
+        }
+        _ => one_way_samples(ctx, buf.as_slice(), warmup, iters)?,
     };
     if ctx.rank != 0 {
         return Ok(None);

@@ -7,12 +7,14 @@
 
 use super::ctx::{Ctx, Sink};
 use super::output;
+use super::ports as bench_ports;
 use super::sizes::fmt_size;
 use super::{
     bw, early_late, logp, matching, pingpong, plot, tune_btp, ApiArg, Bench, BenchArgs, BenchCmd,
     BenchOpts, Plan, TransportArg,
 };
 use anyhow::{bail, Context as _};
+use quiver::ports::Ports;
 use quiver::tagged::Tagged;
 use quiver::{Config, Endpoint, Job, Transport, TransportChoice, WaitMode};
 
@@ -97,9 +99,15 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
         .collect::<Vec<_>>()
         .join(" and ");
     let api = super::effective_api(args.command, opts);
-    let cfg = job_config(opts, max_size, api == ApiArg::Tagged)
+    // A port's message carries its header inside one engine message.
+    let largest = match api {
+        ApiArg::Ports => max_size + quiver::ports::HEADER_LEN,
+        _ => max_size,
+    };
+    let cfg = job_config(opts, largest, api == ApiArg::Tagged)
         .with_context(|| format!("{label}: configuration"))?;
     let wait = fmt_wait(cfg.wait);
+    let cfg_wait = cfg.wait;
     let pool_size = cfg.pool_size;
     // The tagged window is capped by the smaller default (a quarter of it) unless set.
     let net_window = cfg.channel_window(false);
@@ -116,20 +124,32 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ))
         );
     }
-    let (tagged, dm) = if api == ApiArg::Tagged {
-        let t = Tagged::open(&job, BENCH_DPID)
-            .with_context(|| setup(&format!("opening tagged endpoint {BENCH_DPID}")))?;
-        (Some(t), None)
-    } else {
-        let ep = job
-            .open(BENCH_DPID)
-            .with_context(|| setup(&format!("opening endpoint {BENCH_DPID}")))?;
-        (None, Some(ep))
-    };
-    let ep: &Endpoint = match (&tagged, &dm) {
-        (Some(t), _) => t.endpoint(),
-        (None, Some(ep)) => ep,
-        (None, None) => bail!("{}", setup("no endpoint opened")),
+    let (mut tagged, mut ports, mut dm) = (None, None, None);
+    match api {
+        ApiArg::Tagged => {
+            tagged = Some(
+                Tagged::open(&job, BENCH_DPID)
+                    .with_context(|| setup(&format!("opening tagged endpoint {BENCH_DPID}")))?,
+            );
+        }
+        ApiArg::Ports => {
+            ports = Some(
+                Ports::open(&job, BENCH_DPID)
+                    .with_context(|| setup(&format!("opening ports on endpoint {BENCH_DPID}")))?,
+            );
+        }
+        ApiArg::Dm => {
+            dm = Some(
+                job.open(BENCH_DPID)
+                    .with_context(|| setup(&format!("opening endpoint {BENCH_DPID}")))?,
+            );
+        }
+    }
+    let ep: &Endpoint = match (&tagged, &ports, &dm) {
+        (Some(t), _, _) => t.endpoint(),
+        (_, Some(p), _) => p.endpoint(),
+        (_, _, Some(ep)) => ep,
+        _ => bail!("{}", setup("no endpoint opened")),
     };
     job.barrier().with_context(|| setup("opening barrier"))?;
     if rank >= 2 {
@@ -154,9 +174,14 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
             ))
         );
     }
+    if let Some(p) = &ports {
+        bench_ports::bind(p, peer, max_size, cfg_wait)
+            .with_context(|| setup(&format!("binding the ports to rank {peer}")))?;
+    }
     let ctx = Ctx {
         ep,
         tagged: tagged.as_ref(),
+        ports: ports.as_ref(),
         rank,
         transport,
         wait,

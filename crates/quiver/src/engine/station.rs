@@ -631,7 +631,9 @@ impl<L: Link, C: Clock> Station<L, C> {
                 protocol.handle_timeout(now, out);
             }
         }
-        self.send_outbox(protocol, out).map_err(&report)?;
+        if !out.is_empty() {
+            self.send_outbox(protocol, out).map_err(&report)?;
+        }
         let mut now = None;
         while !out.is_full() {
             let Some(r) = self.poll_into(|r| r, &report)? else {

@@ -8,7 +8,7 @@ mod common;
 
 use common::{config, pattern, run_ranks};
 use quiver::ports::{Delivery, Origin, PortError, Ports};
-use quiver::{Config, Error, TransportChoice};
+use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -104,6 +104,68 @@ fn every_size_and_its_answer_over_udp() {
 #[test]
 fn every_size_and_its_answer_over_eth() {
     every_size_and_answers(config(TransportChoice::Eth));
+}
+
+#[test]
+fn every_size_and_its_answer_over_udp_with_the_offload_engine() {
+    every_size_and_answers(config(TransportChoice::Udp).with_reliability(ReliabilityMode::Offload));
+}
+
+/// With the offload engine, a handler of a message from the network runs on the
+/// engine's thread while the application computes (here: sleeps, making no quiver
+/// call), and the application's wait then finds the signals.
+#[test]
+fn handlers_run_on_the_offload_engine_while_the_application_computes() {
+    const COUNT: u64 = 20;
+    let c = config(TransportChoice::Udp).with_reliability(ReliabilityMode::Offload);
+    run_ranks(2, c, |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        if job.rank() == 0 {
+            ports.bind(0).to(1, 0).apply().unwrap();
+            ports.bind(1).buffer(vec![0; 8]).apply().unwrap();
+            ports.wait(1, 1).unwrap();
+            for i in 0..COUNT {
+                ports.send(0, &i.to_le_bytes()).unwrap();
+            }
+            ports.wait(1, 1).unwrap();
+        } else {
+            let main = std::thread::current().id();
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let s = seen.clone();
+            ports
+                .bind(0)
+                .buffer(vec![0; 8])
+                .handler(move |d: &mut Delivery<'_>| {
+                    let n = u64::from_le_bytes(d.data().try_into().unwrap());
+                    s.lock().unwrap().push((n, std::thread::current().id()));
+                    d.signal();
+                })
+                .apply()
+                .unwrap();
+            ports.bind(1).to(0, 1).apply().unwrap();
+            ports.send(1, b"ready").unwrap();
+            // No quiver call until every message was handled (or 10 s passed).
+            let start = std::time::Instant::now();
+            while seen.lock().unwrap().len() < COUNT as usize
+                && start.elapsed() < Duration::from_secs(10)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(
+                seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+                (0..COUNT).collect::<Vec<_>>(),
+                "the handlers did not all run while the application slept"
+            );
+            assert!(
+                seen.iter().all(|s| s.1 != main),
+                "a handler ran on the application's thread"
+            );
+            ports.wait(0, COUNT).unwrap();
+            ports.send(1, b"done").unwrap();
+            drop(ports);
+        }
+    });
 }
 
 /// A handler that sleeps: the sender is held back by the receiver's ring (a small pool)

@@ -41,6 +41,26 @@ impl Job {
         self.shared.reserve_dpid(dpid)?;
         Endpoint::open(self.shared.clone(), dpid).inspect_err(|_| self.shared.close_dpid(dpid))
     }
+
+    /// Opens endpoint `dpid` with `service` served on the offload engine's thread
+    /// (`Station::open_serving`: it needs the offload engine and a network side, see
+    /// [`Job::can_serve`]).
+    pub(crate) fn open_serving(
+        &self,
+        dpid: u16,
+        service: crate::engine::offload::Service,
+    ) -> Result<Endpoint> {
+        self.shared.reserve_dpid(dpid)?;
+        Station::open_serving(self.shared.clone(), dpid, service)
+            .map(Endpoint::on_station)
+            .inspect_err(|_| self.shared.close_dpid(dpid))
+    }
+
+    /// Whether this job's endpoints can serve a protocol on the offload engine's thread
+    /// (`QUIVER_RELIABILITY=offload` and a network side).
+    pub(crate) fn can_serve(&self) -> bool {
+        Station::can_serve(&self.shared)
+    }
 }
 
 impl Progress for Endpoint {
@@ -70,11 +90,15 @@ impl Footing for Endpoint {
 
 impl Endpoint {
     pub(crate) fn open(job: Arc<JobShared>, dpid: u16) -> Result<Endpoint> {
-        Ok(Endpoint {
-            station: Station::open(job, dpid)?,
+        Ok(Endpoint::on_station(Station::open(job, dpid)?))
+    }
+
+    fn on_station(station: Station) -> Endpoint {
+        Endpoint {
+            station,
             target: Cell::new(None),
             error_handler: RefCell::new(None),
-        })
+        }
     }
 
     /// This endpoint's DPID.

@@ -122,15 +122,26 @@ impl Station {
     /// readers as usual. Needs the offload engine (`QUIVER_RELIABILITY=offload`) and a
     /// network side (`QUIVER_TRANSPORT=udp`, or a job across nodes): else
     /// [`Error::Config`].
-    // RMA's target side and GAMMA's ports are to be its users; the tests serve a
-    // counter with it.
-    #[cfg_attr(not(test), allow(dead_code))]
+    // GAMMA's ports serve their handlers with it (RMA's target side is next); the tests
+    // serve a counter.
     pub(crate) fn open_serving(
         job: Arc<JobShared>,
         dpid: u16,
         service: super::offload::Service,
     ) -> Result<Station> {
         Station::open_with(job, dpid, Some(service))
+    }
+
+    /// Whether `job`'s endpoints can serve a protocol on the offload engine's thread: the
+    /// engine runs (`QUIVER_RELIABILITY=offload`) and they have a network side.
+    pub(crate) fn can_serve(job: &JobShared) -> bool {
+        Station::needs_network(job) && job.config.reliability == Mode::Offload
+    }
+
+    /// Whether `job`'s endpoints have a network side (UDP asked for, or the job spans
+    /// nodes).
+    fn needs_network(job: &JobShared) -> bool {
+        job.config.transport == TransportChoice::Udp || job.node_count() > 1
     }
 
     fn open_with(
@@ -151,7 +162,7 @@ impl Station {
             )?),
             TransportChoice::Udp => None,
         };
-        let needs_udp = cfg.transport == TransportChoice::Udp || job.node_count() > 1;
+        let needs_udp = Station::needs_network(&job);
         let offloaded = cfg.reliability == Mode::Offload;
         if service.is_some() && !(needs_udp && offloaded) {
             return Err(Error::Config(

@@ -3,7 +3,7 @@
 //! station's hook) and waiting on a port's semaphore. It reaches the engine through a
 //! [`Footing`]: the ports' endpoint in production, a bare station in the simulator.
 
-use super::table::{Bound, Handler, Table};
+use super::table::{Bound, OnCell, Table, TableCell};
 use super::wire::Header;
 use super::{PortError, RESERVED_PORT};
 use crate::addr::Source;
@@ -21,14 +21,20 @@ const OUTBOX_ITEMS: usize = 1024;
 
 /// The port table and the outbox of one process's ports.
 pub(super) struct App {
-    pub table: RefCell<Table>,
+    pub table: TableCell,
     pub out: RefCell<Outbox>,
 }
 
 impl App {
+    /// The ports of a process whose table only its own thread uses.
     pub(super) fn new() -> App {
+        App::with(TableCell::Local(RefCell::new(Table::new())))
+    }
+
+    /// The ports of a process whose table is `table`.
+    pub(super) fn with(table: TableCell) -> App {
         App {
-            table: RefCell::new(Table::new()),
+            table,
             out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
         }
     }
@@ -58,7 +64,7 @@ impl App {
             src_port: port,
         }
         .encode();
-        self.table.borrow_mut().slots[usize::from(port)].dest = Some(Bound { to, head, route });
+        self.table.lock().slots[usize::from(port)].dest = Some(Bound { to, head, route });
         Ok(())
     }
 
@@ -73,7 +79,7 @@ impl App {
         data: &[u8],
         block: bool,
     ) -> Result<bool> {
-        let bound = self.table.borrow().slots[usize::from(port)].dest;
+        let bound = self.table.lock().slots[usize::from(port)].dest;
         let Some(Bound {
             to, route, head, ..
         }) = bound
@@ -99,13 +105,13 @@ impl App {
             }
             if !waited {
                 waited = true;
-                self.table.borrow_mut().stats.send_waits += 1;
+                self.table.lock().stats.send_waits += 1;
             }
             if !self.poll(on)? {
                 std::thread::yield_now();
             }
         }
-        let mut t = self.table.borrow_mut();
+        let mut t = self.table.lock();
         t.stats.sent += 1;
         t.stats.bytes_sent += data.len() as u64;
         Ok(true)
@@ -126,7 +132,7 @@ impl App {
         };
         // The caller sees `e` now: the port's error handler hears of it too, but it is
         // not kept for a later call.
-        let _ = self.table.borrow_mut().notify(pe);
+        let _ = self.table.lock().notify(pe);
         on.report(e)
     }
 
@@ -136,11 +142,12 @@ impl App {
     /// when none of them has one.
     pub(super) fn poll(&self, on: &impl Footing) -> Result<bool> {
         let station = on.station();
-        let mut table = self.table.borrow_mut();
         let mut out = self.out.borrow_mut();
         let sent = out.sent();
-        let mut handler = Handler {
-            table: &mut table,
+        // The table is taken per message, not for the whole drive: with the offload
+        // engine, its thread delivers too.
+        let mut handler = OnCell {
+            cell: &self.table,
             dpid: station.dpid(),
             woke: false,
             handled: 0,
@@ -165,6 +172,7 @@ impl App {
                     Error::PeerFailed { rank, .. } | Error::PeerClosed { rank, .. } => *rank,
                     _ => return Err(e),
                 };
+                let mut table = self.table.lock();
                 let mut taken = false;
                 for port in 0..RESERVED_PORT {
                     let dest = table.slots[usize::from(port)].dest;
@@ -184,7 +192,7 @@ impl App {
 
     /// The first port error no error handler took.
     pub(super) fn take_error(&self) -> Result<()> {
-        match self.table.borrow_mut().errors.pop_front() {
+        match self.table.lock().errors.pop_front() {
             Some(e) => Err(Error::Port(e)),
             None => Ok(()),
         }
@@ -192,7 +200,7 @@ impl App {
 
     /// Consumes `n` signals of `port` if it has them.
     pub(super) fn take_signals(&self, port: u8, n: u64) -> bool {
-        let mut t = self.table.borrow_mut();
+        let mut t = self.table.lock();
         let s = &mut t.slots[usize::from(port)].signals;
         if *s >= n {
             *s -= n;
@@ -228,10 +236,16 @@ impl App {
                     _ => return Ok(self.take_signals(port, n)),
                 },
             };
-            match on
-                .station()
-                .wait_for_in(mode, || Ok(self.poll(on)?.then_some(())), left)
-            {
+            // Woken by what arrives: on this thread's receivers, or, with the offload
+            // engine, by a handler that ran there (the engine wakes this thread after
+            // each message it consumed).
+            let ready = || {
+                let busy = self.poll(on)?;
+                let t = self.table.lock();
+                let news = t.slots[usize::from(port)].signals >= n || !t.errors.is_empty();
+                Ok((busy || news).then_some(()))
+            };
+            match on.station().wait_for_in(mode, ready, left) {
                 Ok(()) | Err(Error::Timeout(_)) => {}
                 Err(e) => return Err(e),
             }

@@ -14,8 +14,10 @@
 //!   ([`Delivery::rebind`]);
 //! - a **receiver handler** ([`Bind::handler`], a `Send` closure, called without any
 //!   allocation): it runs once per message, just after the message is in the buffer,
-//!   where progress runs (inside the application's next call of these ports: a send, a
-//!   wait, a test or [`Ports::progress`]). It learns the port, the length and the
+//!   where progress runs: inside the application's next call of these ports (a send, a
+//!   wait, a test or [`Ports::progress`]), and, with the offload engine
+//!   (`QUIVER_RELIABILITY=offload`), on the engine's thread for messages from other
+//!   nodes, as they arrive. It learns the port, the length and the
 //!   sender, may read the message, re-bind the buffer, answer ([`Delivery::send`]) and
 //!   signal the port ([`Delivery::signal`]). A port without a handler is signalled on
 //!   every message;
@@ -37,8 +39,7 @@
 //! holds the ports and delivers what arrives (sans-IO), `app` the application's side
 //! (binding, sending, progress, waiting), `wire` the 8-byte header. A message is at
 //! most `QUIVER_MAX_MESSAGE` minus [`HEADER_LEN`] bytes. What GAMMA has and these ports
-//! do not have yet (broadcast, ports of other jobs, handlers on the offload engine's
-//! thread) is listed in `docs/DESIGN-NOTES.md`, "GAMMA's ports".
+//! do not have yet (broadcast, ports of other jobs) is listed in `docs/DESIGN-NOTES.md`, "GAMMA's ports".
 
 mod app;
 #[cfg(test)]
@@ -54,8 +55,9 @@ pub use crate::error::{Origin, PortError};
 use crate::job::Job;
 use app::App;
 use std::cell::Cell;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use table::{ErrorFn, ReceiverFn, Table};
+use table::{ErrorFn, ReceiverFn, Served, Table, TableCell};
 
 /// Ports per process (numbers 0 to 255).
 pub const PORT_COUNT: usize = 256;
@@ -244,7 +246,7 @@ impl Bind<'_> {
         if let Some((rank, dest_port)) = dest {
             ports.app.bind_dest(&ports.ep, port, rank, dest_port)?;
         }
-        let mut t = ports.app.table.borrow_mut();
+        let mut t = ports.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
         if let Some(b) = buffer {
             slot.buffer = Some(b);
@@ -263,10 +265,27 @@ impl Bind<'_> {
 impl Ports {
     /// Opens the ports of this rank on endpoint `dpid` (every rank of the job uses the
     /// same DPID).
+    /// With the offload engine (`QUIVER_RELIABILITY=offload`) and a network side, the
+    /// handlers of messages from other nodes run on the engine's thread, as soon as they
+    /// arrive, while the application computes; the handlers of same-node messages run
+    /// inside the application's calls.
     pub fn open(job: &Job, dpid: u16) -> Result<Ports> {
+        let (ep, app) = if job.can_serve() {
+            let table = Arc::new(Mutex::new(Table::new()));
+            let served = Box::new(Served {
+                table: table.clone(),
+                dpid,
+            });
+            (
+                job.open_serving(dpid, served)?,
+                App::with(TableCell::Shared(table)),
+            )
+        } else {
+            (job.open(dpid)?, App::new())
+        };
         Ok(Ports {
-            ep: job.open(dpid)?,
-            app: App::new(),
+            ep,
+            app,
             wait: Cell::new(WaitMode::Hybrid(DEFAULT_WAIT_SPIN)),
         })
     }
@@ -291,7 +310,7 @@ impl Ports {
     /// Removes every binding of `port`; returns its buffer. Signals not yet waited for
     /// are kept.
     pub fn unbind(&self, port: u8) -> Option<Vec<u8>> {
-        let mut t = self.app.table.borrow_mut();
+        let mut t = self.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
         slot.dest = None;
         slot.handler = None;
@@ -302,7 +321,7 @@ impl Ports {
 
     /// Takes `port`'s buffer back, leaving the port without one.
     pub fn take_buffer(&self, port: u8) -> Option<Vec<u8>> {
-        let mut t = self.app.table.borrow_mut();
+        let mut t = self.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
         slot.last_len = 0;
         slot.buffer.take()
@@ -313,7 +332,7 @@ impl Ports {
     /// until the next one on the port overwrites it: between a wait and this call
     /// nothing runs the handlers, so it is the one the wait was signalled for.
     pub fn read<R>(&self, port: u8, f: impl FnOnce(&[u8], Origin) -> R) -> Option<R> {
-        let t = self.app.table.borrow();
+        let t = self.app.table.lock();
         let slot = &t.slots[usize::from(port)];
         let from = slot.last_from?;
         let bytes = slot.buffer.as_deref().unwrap_or_default();
@@ -335,12 +354,12 @@ impl Ports {
 
     /// Signals `port` (as a handler's [`Delivery::signal`] does).
     pub fn signal(&self, port: u8) {
-        self.app.table.borrow_mut().slots[usize::from(port)].signals += 1;
+        self.app.table.lock().slots[usize::from(port)].signals += 1;
     }
 
     /// Signals of `port` not yet consumed.
     pub fn signals(&self, port: u8) -> u64 {
-        self.app.table.borrow().slots[usize::from(port)].signals
+        self.app.table.lock().slots[usize::from(port)].signals
     }
 
     /// Waits until `port` has been signalled `n` times and consumes the signals
@@ -381,7 +400,7 @@ impl Ports {
 
     /// The ports' counters.
     pub fn stats(&self) -> PortStats {
-        self.app.table.borrow().stats.clone()
+        self.app.table.lock().stats.clone()
     }
 }
 

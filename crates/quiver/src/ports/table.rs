@@ -18,7 +18,10 @@ use super::{Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::engine::protocol::{Disposition, Outbox, Protocol};
+use std::cell::{RefCell, RefMut};
 use std::collections::VecDeque;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A receiver handler: runs once per message delivered into the port's buffer.
 pub(super) type ReceiverFn = Box<dyn FnMut(&mut Delivery<'_>) + Send>;
@@ -140,6 +143,127 @@ impl Table {
         // application's thread does, not a handler.
         self.slots[usize::from(port)].handler.get_or_insert(handler);
         signalled
+    }
+}
+
+/// Where a process's table lives: in the application's thread only, or shared with the
+/// offload engine's thread, which runs the handlers of what arrives over the network
+/// (a lock per access then; without the engine, none).
+pub(super) enum TableCell {
+    Local(RefCell<Table>),
+    Shared(Arc<Mutex<Table>>),
+}
+
+/// The table, borrowed or locked.
+pub(super) enum TableRef<'a> {
+    Local(RefMut<'a, Table>),
+    Shared(MutexGuard<'a, Table>),
+}
+
+impl TableCell {
+    /// The table, for as long as the guard lives (the engine's thread waits meanwhile).
+    #[inline]
+    pub(super) fn lock(&self) -> TableRef<'_> {
+        match self {
+            TableCell::Local(t) => TableRef::Local(t.borrow_mut()),
+            // A handler that panicked on the engine's thread poisoned the lock; the table
+            // itself is consistent between messages.
+            TableCell::Shared(t) => TableRef::Shared(t.lock().unwrap_or_else(|p| p.into_inner())),
+        }
+    }
+}
+
+impl Deref for TableRef<'_> {
+    type Target = Table;
+    #[inline]
+    fn deref(&self) -> &Table {
+        match self {
+            TableRef::Local(t) => t,
+            TableRef::Shared(t) => t,
+        }
+    }
+}
+
+impl DerefMut for TableRef<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut Table {
+        match self {
+            TableRef::Local(t) => t,
+            TableRef::Shared(t) => t,
+        }
+    }
+}
+
+/// The ports' protocol on the application's thread: [`Handler`] on the table of `cell`,
+/// taken for each message only.
+pub(super) struct OnCell<'a> {
+    pub cell: &'a TableCell,
+    pub dpid: u16,
+    /// As [`Handler::woke`].
+    pub woke: bool,
+    /// Messages handled.
+    pub handled: u64,
+}
+
+impl Protocol for OnCell<'_> {
+    fn handle_message(
+        &mut self,
+        now: Time,
+        from: Source,
+        msg: &[u8],
+        out: &mut Outbox,
+    ) -> Disposition {
+        let mut table = self.cell.lock();
+        let mut handler = Handler {
+            table: &mut table,
+            dpid: self.dpid,
+            woke: false,
+            handled: 0,
+        };
+        let d = handler.handle_message(now, from, msg, out);
+        self.woke |= handler.woke;
+        self.handled += 1;
+        d
+    }
+
+    fn uses_time(&self) -> bool {
+        false
+    }
+
+    fn wants_more(&self) -> bool {
+        !self.woke
+    }
+}
+
+/// The ports' protocol as the offload engine's thread serves it: each message from
+/// another node is delivered there, its handler run there, while the application
+/// computes (the engine wakes the application after each message it consumed, so a wait
+/// sleeping on the endpoint's descriptor sees the signals).
+pub(super) struct Served {
+    pub table: Arc<Mutex<Table>>,
+    pub dpid: u16,
+}
+
+impl Protocol for Served {
+    fn handle_message(
+        &mut self,
+        now: Time,
+        from: Source,
+        msg: &[u8],
+        out: &mut Outbox,
+    ) -> Disposition {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut handler = Handler {
+            table: &mut table,
+            dpid: self.dpid,
+            woke: false,
+            handled: 0,
+        };
+        handler.handle_message(now, from, msg, out)
+    }
+
+    fn uses_time(&self) -> bool {
+        false
     }
 }
 

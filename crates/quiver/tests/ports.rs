@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{config, pattern, run_ranks};
+use common::{config, pattern, run_ranks, TestJob};
 use quiver::ports::{Delivery, Origin, PortError, Ports};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::{Arc, Mutex};
@@ -340,4 +340,81 @@ fn a_closed_destination_reaches_the_error_handler() {
             drop(ports);
         }
     });
+}
+
+/// Names the child process of [`a_killed_destination_reaches_the_error_handler`].
+const CHILD_VAR: &str = "QUIVER_TEST_PORTS_CHILD";
+
+/// Rank 1 of [`a_killed_destination_reaches_the_error_handler`], run in a process of its
+/// own (this test binary again, with the job's variables): binds its ports, says it is
+/// ready, and waits until it is killed.
+#[test]
+#[ignore = "the child process of a_killed_destination_reaches_the_error_handler"]
+fn ports_child_that_waits_to_be_killed() {
+    if std::env::var_os(CHILD_VAR).is_none() {
+        return;
+    }
+    let job = quiver::Job::from_env_with(config(TransportChoice::Auto)).unwrap();
+    let ports = Ports::open(&job, DPID).unwrap();
+    ports.bind(0).buffer(vec![0; 64]).apply().unwrap();
+    ports.bind(1).to(0, 1).apply().unwrap();
+    ports.send(1, b"ready").unwrap();
+    loop {
+        let _ = ports.wait_within(0, u64::MAX, Duration::from_secs(1));
+    }
+}
+
+/// kill -9 of a port's destination reaches the port's error handler (the liveness watch
+/// finds the process gone), and sends through the port fail.
+#[test]
+fn a_killed_destination_reaches_the_error_handler() {
+    let job = TestJob::new(2);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "ports_child_that_waits_to_be_killed",
+            "--nocapture",
+        ])
+        .envs(job.env(1, &[(CHILD_VAR, "1")]))
+        .spawn()
+        .expect("start rank 1");
+    let me = job.join(0, config(TransportChoice::Auto), &[]);
+    let ports = Ports::open(&me, DPID).unwrap();
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let e = errors.clone();
+    ports
+        .bind(0)
+        .to(1, 0)
+        .on_error(move |err| e.lock().unwrap().push(err))
+        .apply()
+        .unwrap();
+    ports.bind(1).buffer(vec![0; 8]).apply().unwrap();
+    assert!(
+        ports.wait_within(1, 1, Duration::from_secs(30)).unwrap(),
+        "rank 1 never said it was ready"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = std::time::Instant::now();
+    let mut send_failed = false;
+    while start.elapsed() < Duration::from_secs(30) {
+        send_failed |= ports.send(0, b"anyone?").is_err();
+        let _ = ports.progress();
+        if send_failed && !errors.lock().unwrap().is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(send_failed, "sends through the port kept succeeding");
+    assert!(
+        errors
+            .lock()
+            .unwrap()
+            .contains(&PortError::DestinationFailed { port: 0, rank: 1 }),
+        "the error handler heard: {:?}",
+        errors.lock().unwrap()
+    );
+    drop(ports);
+    quiver::admin::cleanup_job(job.job_id);
 }

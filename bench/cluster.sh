@@ -14,7 +14,9 @@
 #             ping-pong (GAMMA Figure 1: one message in flight, throughput = size / one-way
 #             time, 8 B .. 64 KiB) of quiver eth, quiver udp and Open MPI (tcp, with
 #             cluster/mpi_lat.c: the same sizes and statistics as quiver's ping-pong),
-#             and iperf3 TCP on the same link as an anchor of what the emulated link delivers.
+#             and iperf3 TCP on the same link as an anchor of what the emulated link delivers;
+#             the same curve and the 1 MiB throughput with GAMMA's ports (--api ports), and
+#             the ports' buffered curve (--ports-copy: one extra receive copy).
 #   1gbit     --link 1gbit: bw and bibw of quiver eth and udp against the payload limit,
 #             beside iperf3 TCP and raw AF_PACKET streams (bench/progs/afpacket_blast, no
 #             protocol: one way, and both ways at once) on the same link.
@@ -431,6 +433,14 @@ if has 100mbit; then
             jobs+=("qbench $S 'quiver $tr' $rep $C pingpong --transport $tr --wait spin --sizes $PP_SMALL --iters $PP_SMALL_ITERS"
                    "qbench $S 'quiver $tr' $rep $C pingpong --transport $tr --wait spin --sizes $PP_LARGE --iters $PP_LARGE_ITERS")
         done
+        # GAMMA's ports over eth (issue 32): the curve, the buffered curve (one extra
+        # receive copy, GAMMA's curve 1) and the large-message throughput
+        for copy in "" "--ports-copy"; do
+            name="quiver ports eth${copy:+ buffered}"
+            jobs+=("qbench $S '$name' $rep $C pingpong --api ports $copy --transport eth --wait spin --sizes $PP_SMALL --iters $PP_SMALL_ITERS"
+                   "qbench $S '$name' $rep $C pingpong --api ports $copy --transport eth --wait spin --sizes $PP_LARGE --iters $PP_LARGE_ITERS")
+        done
+        jobs+=("qbench $S 'quiver ports eth' $rep $C bw --api ports --transport eth --sizes $M --window 4 --iters $SHAPED_WINDOWS")
         # diagnostic: the eth curve with --wait block (the cores are free for the kernel's tbf timers)
         jobs+=("qbench $S 'quiver eth --wait block' $rep $C pingpong --transport eth --wait block --sizes $PP_SMALL --iters $PP_SMALL_ITERS"
                "qbench $S 'quiver eth --wait block' $rep $C pingpong --transport eth --wait block --sizes $PP_LARGE --iters $PP_LARGE_ITERS")

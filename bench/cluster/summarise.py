@@ -237,11 +237,13 @@ if "100mbit" in scenarios:
     S = "100mbit"
     tests = [(f"quiver {tr}", "bw", s, tr) for tr in ("eth", "udp") for s in (1 << 20, 16 << 20)]
     tests += [(f"quiver {tr} --reliability none", "bw", 1 << 20, tr) for tr in ("eth", "udp")]
+    tests += [("quiver ports eth", "bw", 1 << 20, "eth")]
     tests += [("iperf3 TCP", "stream", 0, "tcp")]
     shaped_throughput(S, "2a. 100 Mbit/s link, MTU 1500: large-message throughput (uni-directional)", tests)
 
     # ------------------------------------------------------------ half-power
-    systems = ["quiver eth", "quiver udp", "Open MPI (ob1/tcp)", "quiver eth --wait block"]
+    systems = ["quiver eth", "quiver udp", "Open MPI (ob1/tcp)", "quiver eth --wait block",
+               "quiver ports eth", "quiver ports eth buffered"]
     sizes = sorted({k[3] for k in R if k[0] == S and k[2] == "lat" and k[1] in systems})
     P("## 2b. 100 Mbit/s link: ping-pong throughput (GAMMA Figure 1): size / one-way time, one message in flight\n")
     P("Cells: one-way µs, median / avg80 (mean of the middle 80 % of the round trips), each the median over "
@@ -309,6 +311,13 @@ if "100mbit" in scenarios:
       f"{verdict(None if e is None or o is None else e <= o / 2)} |")
     r, paired = ratio(hp[("quiver eth", "lat")], hp[("Open MPI (ob1/tcp)", "lat")])
     P(f"| quiver eth / Open MPI (interpolated), paired per repetition | {paired} | - |")
+    pe = med(hp.get(("quiver ports eth", "lat"), {}))
+    if pe is not None:
+        P(f"| quiver ports eth half-power (interpolated, median) <= 192 B | {fnum(pe, 0)} B | {verdict(pe <= 192)} |")
+        P(f"| quiver ports eth <= half of Open MPI's (interpolated, medians) | {fnum(pe, 2)} B vs {fnum(o, 2)} / 2 | "
+          f"{verdict(None if o is None else pe <= o / 2)} |")
+        b = med(hp.get(("quiver ports eth buffered", "lat"), {}))
+        P(f"| quiver ports eth buffered (one extra receive copy) half-power | {fnum(b, 0)} B | - |")
     # The limits of this path: throughput at size s is s / t(s), and no quiver frame crosses
     # the two tbfs faster than a raw 60-byte frame, so half of an asymptote A needs
     # s >= A / 2 x t_raw. Shown for both raw ping-pongs.

@@ -6,9 +6,10 @@
 
 mod common;
 
-use common::{config, pattern, run_ranks, TestJob};
+use common::{config, pattern, run_ranks, run_ranks_on_cluster, TestJob};
 use quiver::ports::{Delivery, Origin, PortError, Ports};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,7 +43,9 @@ fn every_size_and_answers(c: Config) {
                 .apply()
                 .unwrap();
             ports.bind(1).to(1, 2).apply().unwrap();
-            // Rank 1 is bound and ready when its first message arrives.
+            // Bound before anyone sends (with the offload engine, a message is delivered
+            // as soon as it arrives, bound or not).
+            job.barrier().unwrap();
             ports.wait(4, 1).unwrap();
             for (i, &n) in sizes.iter().enumerate() {
                 ports.send(1, &pattern(0, i as u32, n)).unwrap();
@@ -76,6 +79,7 @@ fn every_size_and_answers(c: Config) {
                 })
                 .apply()
                 .unwrap();
+            job.barrier().unwrap();
             ports.send(3, b"ready").unwrap();
             ports.wait(2, sizes.len() as u64).unwrap();
             let kept = kept.lock().unwrap();
@@ -123,6 +127,7 @@ fn handlers_run_on_the_offload_engine_while_the_application_computes() {
         if job.rank() == 0 {
             ports.bind(0).to(1, 0).apply().unwrap();
             ports.bind(1).buffer(vec![0; 8]).apply().unwrap();
+            job.barrier().unwrap();
             ports.wait(1, 1).unwrap();
             for i in 0..COUNT {
                 ports.send(0, &i.to_le_bytes()).unwrap();
@@ -143,6 +148,7 @@ fn handlers_run_on_the_offload_engine_while_the_application_computes() {
                 .apply()
                 .unwrap();
             ports.bind(1).to(0, 1).apply().unwrap();
+            job.barrier().unwrap();
             ports.send(1, b"ready").unwrap();
             // No quiver call until every message was handled (or 10 s passed).
             let start = std::time::Instant::now();
@@ -166,6 +172,102 @@ fn handlers_run_on_the_offload_engine_while_the_application_computes() {
             drop(ports);
         }
     });
+}
+
+/// Every rank broadcasts `COUNT` messages through a port bound to every other rank, all
+/// at once; every rank's handler keeps what arrives, by root; each rank must get every
+/// other rank's messages once, whole and in their order.
+fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64) {
+    const COUNT: u32 = 30;
+    let (me, size) = (job.rank(), job.size());
+    let ports = Ports::open(&job, DPID).unwrap();
+    let kept = Arc::new(Mutex::new(vec![Vec::new(); size as usize]));
+    let k = kept.clone();
+    ports
+        .bind(2)
+        .buffer(vec![0; 5000])
+        .handler(move |d: &mut Delivery<'_>| {
+            assert_eq!(d.origin().port, 1);
+            k.lock().unwrap()[d.origin().rank as usize].push(d.data().to_vec());
+            d.signal();
+        })
+        .apply()
+        .unwrap();
+    ports.bind(1).to_all(2).apply().unwrap();
+    job.barrier_progressing(&[&ports]).unwrap();
+    let len = |i: u32| [0, 1, 100, 1500, 5000][(i % 5) as usize];
+    for i in 0..COUNT {
+        ports.send(1, &pattern(me, i, len(i))).unwrap();
+    }
+    ports.wait(2, u64::from(COUNT * (size - 1))).unwrap();
+    let kept = kept.lock().unwrap();
+    for root in 0..size {
+        let got = &kept[root as usize];
+        if root == me {
+            assert!(got.is_empty(), "rank {me} received its own broadcast");
+            continue;
+        }
+        assert_eq!(got.len(), COUNT as usize, "rank {me} from root {root}");
+        for (i, m) in got.iter().enumerate() {
+            assert!(
+                *m == pattern(root, i as u32, len(i as u32)),
+                "rank {me}: broadcast {i} of root {root} differs"
+            );
+        }
+    }
+    // The others may still need this rank to forward: leave together.
+    job.barrier_progressing(&[&ports]).unwrap();
+    // From 4 ranks on, every rank has children in some root's tree (its successor's).
+    assert!(
+        size < 4 || ports.stats().forwarded > 0,
+        "rank {me} forwarded nothing"
+    );
+    retransmissions.fetch_add(ports.endpoint().stats().retransmissions, Ordering::Relaxed);
+    drop(ports);
+}
+
+#[test]
+fn broadcast_reaches_every_rank_once_and_in_order_over_shm() {
+    let resent = Arc::new(AtomicU64::new(0));
+    let r = resent.clone();
+    run_ranks(8, config(TransportChoice::Auto), move |job| {
+        broadcast_from_every_rank(job, &r)
+    });
+}
+
+#[test]
+fn broadcast_reaches_every_rank_once_and_in_order_over_udp_with_loss() {
+    let faults = quiver::FaultConfig::parse("loss=0.01,seed=7").unwrap();
+    let c = config(TransportChoice::Udp).with_faults(Some(faults));
+    let resent = Arc::new(AtomicU64::new(0));
+    let r = resent.clone();
+    run_ranks(6, c, move |job| broadcast_from_every_rank(job, &r));
+    assert!(
+        resent.load(Ordering::Relaxed) > 0,
+        "the injected loss did not show"
+    );
+}
+
+/// GAMMA's broadcast test: 4 nodes with 2 ranks each, the switch dropping 1 % of the
+/// frames (nftables).
+#[test]
+fn broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth() {
+    let resent = Arc::new(AtomicU64::new(0));
+    let r = resent.clone();
+    let c = config(TransportChoice::Eth);
+    let ran = Arc::new(AtomicU64::new(0));
+    let n = ran.clone();
+    run_ranks_on_cluster(8, 4, 0.01, c, move |job| {
+        n.fetch_add(1, Ordering::Relaxed);
+        broadcast_from_every_rank(job, &r)
+    });
+    // Where clusters cannot be built the test was skipped (outside CI only).
+    if ran.load(Ordering::Relaxed) > 0 {
+        assert!(
+            resent.load(Ordering::Relaxed) > 0,
+            "the switch's loss did not show"
+        );
+    }
 }
 
 /// A handler that sleeps: the sender is held back by the receiver's ring (a small pool)

@@ -177,12 +177,21 @@ impl Outbox {
     /// Queues the message `head` followed by `body` to endpoint `to`.
     pub(crate) fn send(&mut self, to: Source, head: &[u8], body: &[u8]) -> Result<(), OutboxFull> {
         self.check_room()?;
+        self.forward(to, head, body);
+        Ok(())
+    }
+
+    /// Queues the message `head` followed by `body` to endpoint `to` even when the outbox
+    /// holds its capacity: for a protocol that forwards what it was handed (a broadcast
+    /// down a tree), whose forwards must not be lost. The engine hands a protocol a
+    /// message only while its outbox has room, and none while it is full, so a forward
+    /// overshoots the capacity by the forwards of one message at most.
+    pub(crate) fn forward(&mut self, to: Source, head: &[u8], body: &[u8]) {
         let mut bytes = self.spare.pop().unwrap_or_default();
         bytes.clear();
         bytes.extend_from_slice(head);
         bytes.extend_from_slice(body);
         self.push(to, Item::Whole(bytes));
-        Ok(())
     }
 
     /// Queues bytes `offset..end` of the memory at `ptr` to endpoint `to`, in chunks of
@@ -361,7 +370,7 @@ impl Outbox {
     /// sending loop of every driver of a protocol (the station, the offload engine).
     pub(crate) fn flush<E>(
         &mut self,
-        protocol: &mut dyn Protocol,
+        protocol: &mut (impl Protocol + ?Sized),
         mut send: impl FnMut(Source, &[u8], &[u8]) -> Result<bool, E>,
         mut failed: impl FnMut(E),
     ) {

@@ -628,9 +628,11 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// full, or the protocol wants no more for now: the rest waits for a later call).
     /// Errors as [`Station::poll_into`] reports
     /// them, through `report`.
-    pub(crate) fn drive(
+    // Generic, not `dyn`: a personality's handler is called for every message, and a
+    // concrete type lets its calls (uses_time, handle_message, wants_more) inline.
+    pub(crate) fn drive<P: Protocol + ?Sized>(
         &self,
-        protocol: &mut dyn Protocol,
+        protocol: &mut P,
         out: &mut Outbox,
         report: impl Fn(Error) -> Error,
     ) -> Result<Option<Received>> {
@@ -686,7 +688,11 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// range dropped so is reported to the protocol as not complete. The first message
     /// to a peer connects to it, which waits for the peer to open its endpoint (up to
     /// `QUIVER_CONNECT_TIMEOUT`), as any first write does.
-    pub(crate) fn send_outbox(&self, protocol: &mut dyn Protocol, out: &mut Outbox) -> Result<()> {
+    pub(crate) fn send_outbox<P: Protocol + ?Sized>(
+        &self,
+        protocol: &mut P,
+        out: &mut Outbox,
+    ) -> Result<()> {
         let mut first_err = None;
         out.flush(
             protocol,

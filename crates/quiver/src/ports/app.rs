@@ -4,6 +4,7 @@
 //! [`Footing`]: the ports' endpoint in production, a bare station in the simulator.
 
 use super::table::{Bound, OnCell, Table, TableCell};
+use super::tree;
 use super::wire::Header;
 use super::{PortError, RESERVED_PORT};
 use crate::addr::Source;
@@ -26,9 +27,10 @@ pub(super) struct App {
 }
 
 impl App {
-    /// The ports of a process whose table only its own thread uses.
-    pub(super) fn new() -> App {
-        App::with(TableCell::Local(RefCell::new(Table::new())))
+    /// The ports of rank `rank` of a job of `size` ranks, on DPID `dpid`, whose table
+    /// only its own thread uses.
+    pub(super) fn new(rank: u32, size: u32, dpid: u16) -> App {
+        App::with(TableCell::Local(RefCell::new(Table::new(rank, size, dpid))))
     }
 
     /// The ports of a process whose table is `table`.
@@ -47,12 +49,7 @@ impl App {
         rank: u32,
         dest_port: u8,
     ) -> Result<()> {
-        if dest_port == RESERVED_PORT {
-            return Err(Error::Config(format!(
-                "port {RESERVED_PORT} is reserved for the library; bind to ports 0 to {}",
-                RESERVED_PORT - 1
-            )));
-        }
+        check_dest_port(dest_port)?;
         let station = on.station();
         let to = Source {
             rank,
@@ -62,9 +59,36 @@ impl App {
         let head = Header {
             dest_port,
             src_port: port,
+            root: None,
         }
         .encode();
-        self.table.lock().slots[usize::from(port)].dest = Some(Bound { to, head, route });
+        self.table.lock().slots[usize::from(port)].dest = Some(Bound::One { to, head, route });
+        Ok(())
+    }
+
+    /// Binds `port` to send to port `dest_port` of every other rank, down the binomial
+    /// tree rooted at this one (connecting to this rank's children in it first).
+    pub(super) fn bind_all(&self, on: &impl Footing, port: u8, dest_port: u8) -> Result<()> {
+        check_dest_port(dest_port)?;
+        let (me, size) = {
+            let t = self.table.lock();
+            (t.rank, t.size)
+        };
+        let station = on.station();
+        for child in tree::children(me, me, size) {
+            let to = Source {
+                rank: child,
+                dpid: station.dpid(),
+            };
+            station.connect(to).map_err(|e| on.report(e))?;
+        }
+        let head = Header {
+            dest_port,
+            src_port: port,
+            root: Some(me),
+        }
+        .encode();
+        self.table.lock().slots[usize::from(port)].dest = Some(Bound::All { head });
         Ok(())
     }
 
@@ -72,6 +96,9 @@ impl App {
     /// meanwhile, so two processes that both send never wait for each other), else
     /// returns `Ok(false)` when the route has none now. The buffer is reusable when this
     /// returns. A failure to reach the destination goes to the port's error handler too.
+    /// Through a broadcast port the message goes to this rank's children in its tree
+    /// (they forward it); without `block`, `Ok(false)` means no child took it, and once
+    /// one has, the others are waited for.
     pub(super) fn send(
         &self,
         on: &impl Footing,
@@ -80,21 +107,69 @@ impl App {
         block: bool,
     ) -> Result<bool> {
         let bound = self.table.lock().slots[usize::from(port)].dest;
-        let Some(Bound {
-            to, route, head, ..
-        }) = bound
-        else {
-            return Err(Error::Port(PortError::NoDestination { port }));
-        };
+        match bound {
+            None => Err(Error::Port(PortError::NoDestination { port })),
+            Some(Bound::One { to, head, route }) => {
+                self.send_to(on, port, to, route, &head, data, block)
+            }
+            Some(Bound::All { head }) => {
+                let (me, size) = {
+                    let t = self.table.lock();
+                    (t.rank, t.size)
+                };
+                let station = on.station();
+                let mut first = true;
+                let mut failed = None;
+                for child in tree::children(me, me, size) {
+                    let to = Source {
+                        rank: child,
+                        dpid: station.dpid(),
+                    };
+                    let sent = station
+                        .connect(to)
+                        .map_err(|e| self.send_failed(on, port, child, e))
+                        .and_then(|route| {
+                            self.send_to(on, port, to, route, &head, data, block || !first)
+                        });
+                    match sent {
+                        Ok(false) => return Ok(false),
+                        Ok(true) => first = false,
+                        // The other children still get it.
+                        Err(e) => {
+                            failed.get_or_insert(e);
+                        }
+                    }
+                }
+                failed.map_or(Ok(true), Err)
+            }
+        }
+    }
+
+    /// [`App::send`] of one message to `to` on `route`.
+    #[allow(clippy::too_many_arguments)]
+    fn send_to(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        to: Source,
+        route: usize,
+        head: &[u8],
+        data: &[u8],
+        block: bool,
+    ) -> Result<bool> {
         let station = on.station();
         let mut waited = false;
         loop {
             // Nothing overtakes what a handler queued for the same destination.
-            if !self.out.borrow().has_queued_for(to) {
-                if station.try_send_inline(route, &head, data) {
+            let queued = {
+                let out = self.out.borrow();
+                !out.is_empty() && out.has_queued_for(to)
+            };
+            if !queued {
+                if station.try_send_inline(route, head, data) {
                     break;
                 }
-                match station.send(route, &head, data, false) {
+                match station.send(route, head, data, false) {
                     Ok(true) => break,
                     Ok(false) => {}
                     Err(e) => return Err(self.send_failed(on, port, to.rank, e)),
@@ -148,7 +223,6 @@ impl App {
         // engine, its thread delivers too.
         let mut handler = OnCell {
             cell: &self.table,
-            dpid: station.dpid(),
             woke: false,
             handled: 0,
         };
@@ -176,7 +250,7 @@ impl App {
                 let mut taken = false;
                 for port in 0..RESERVED_PORT {
                     let dest = table.slots[usize::from(port)].dest;
-                    if dest.is_some_and(|b| b.to.rank == rank) {
+                    if dest.is_some_and(|b| b.reaches(rank)) {
                         let e = PortError::DestinationFailed { port, rank };
                         taken |= table.notify(e).is_ok();
                     }
@@ -222,10 +296,17 @@ impl App {
         deadline: Option<Instant>,
     ) -> Result<bool> {
         loop {
-            if self.take_signals(port, n) {
-                return Ok(true);
+            {
+                let mut t = self.table.lock();
+                let s = &mut t.slots[usize::from(port)].signals;
+                if *s >= n {
+                    *s -= n;
+                    return Ok(true);
+                }
+                if let Some(e) = t.errors.pop_front() {
+                    return Err(Error::Port(e));
+                }
             }
-            self.take_error()?;
             if self.poll(on)? {
                 continue;
             }
@@ -261,4 +342,15 @@ impl App {
             }
         }
     }
+}
+
+/// The reserved port is nobody's destination.
+fn check_dest_port(dest_port: u8) -> Result<()> {
+    if dest_port == RESERVED_PORT {
+        return Err(Error::Config(format!(
+            "port {RESERVED_PORT} is reserved for the library; bind to ports 0 to {}",
+            RESERVED_PORT - 1
+        )));
+    }
+    Ok(())
 }

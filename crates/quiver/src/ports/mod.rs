@@ -5,9 +5,10 @@
 //! ([`RESERVED_PORT`], 255, is the library's). A port may be bound, at any time and
 //! again, to any of:
 //!
-//! - a **destination**, port `p` of rank `r` ([`Bind::to`]): the route and the header
-//!   are resolved once, when it is bound, and a send then names only the port and the
-//!   data ([`Ports::send`]);
+//! - a **destination**, port `p` of rank `r` ([`Bind::to`]), or port `p` of every other
+//!   rank ([`Bind::to_all`], GAMMA's BROADCAST: down a binomial tree of unicasts): the
+//!   route and the header are resolved once, when it is bound, and a send then names
+//!   only the port and the data ([`Ports::send`]);
 //! - a **receive buffer** the application hands over ([`Bind::buffer`]): a message
 //!   arriving on the port is written into it, where it stays until the next one
 //!   overwrites it, unless the handler re-binds the port to a fresh buffer first
@@ -35,16 +36,21 @@
 //! returns, so a slow handler holds its senders back (their rings or credit windows
 //! fill) and nothing is lost.
 //!
+//! Bind a port before peers send to it (a barrier after binding does it): a message
+//! that finds its port without a buffer goes to the error path, and with the offload
+//! engine messages from other nodes are delivered as soon as they arrive.
+//!
 //! The protocol is a personality on the engine's hook (`engine::protocol`): `table`
 //! holds the ports and delivers what arrives (sans-IO), `app` the application's side
 //! (binding, sending, progress, waiting), `wire` the 8-byte header. A message is at
 //! most `QUIVER_MAX_MESSAGE` minus [`HEADER_LEN`] bytes. What GAMMA has and these ports
-//! do not have yet (broadcast, ports of other jobs) is listed in `docs/DESIGN-NOTES.md`, "GAMMA's ports".
+//! do not have yet (the link's own broadcast, ports of other jobs) is listed in `docs/DESIGN-NOTES.md`, "GAMMA's ports".
 
 mod app;
 #[cfg(test)]
 mod sim_tests;
 mod table;
+mod tree;
 mod wire;
 
 use crate::config::WaitMode;
@@ -57,7 +63,7 @@ use app::App;
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use table::{ErrorFn, ReceiverFn, Served, Table, TableCell};
+use table::{Bound, ErrorFn, ReceiverFn, Served, Table, TableCell};
 
 /// Ports per process (numbers 0 to 255).
 pub const PORT_COUNT: usize = 256;
@@ -83,6 +89,8 @@ pub struct PortStats {
     pub delivered: u64,
     /// Their payload bytes.
     pub bytes_delivered: u64,
+    /// Broadcast messages forwarded to this rank's children in their root's tree.
+    pub forwarded: u64,
     /// Port errors (each went to an error handler or came back from a call).
     pub errors: u64,
     /// Messages dropped because they were not well-formed port messages.
@@ -166,14 +174,27 @@ impl Delivery<'_> {
     /// it is queued now, in order with this process's other answers to that destination,
     /// and leaves as progress runs. The handler must not wait, so this never does.
     pub fn send(&mut self, port: u8, data: &[u8]) -> std::result::Result<(), PortError> {
-        let Some(bound) = self.table.slots[usize::from(port)].dest else {
-            return Err(PortError::NoDestination { port });
-        };
-        self.out
-            .send(bound.to, &bound.head, data)
-            .map_err(|_| PortError::OutboxFull { port })?;
-        self.table.stats.sent += 1;
-        self.table.stats.bytes_sent += data.len() as u64;
+        let t = &mut *self.table;
+        match t.slots[usize::from(port)].dest {
+            None => return Err(PortError::NoDestination { port }),
+            Some(Bound::One { to, head, .. }) => self
+                .out
+                .send(to, &head, data)
+                .map_err(|_| PortError::OutboxFull { port })?,
+            Some(Bound::All { head }) => {
+                for child in tree::children(t.rank, t.rank, t.size) {
+                    let to = crate::addr::Source {
+                        rank: child,
+                        dpid: t.dpid,
+                    };
+                    self.out
+                        .send(to, &head, data)
+                        .map_err(|_| PortError::OutboxFull { port })?;
+                }
+            }
+        }
+        t.stats.sent += 1;
+        t.stats.bytes_sent += data.len() as u64;
         Ok(())
     }
 }
@@ -192,7 +213,8 @@ pub struct Ports {
 pub struct Bind<'p> {
     ports: &'p Ports,
     port: u8,
-    dest: Option<(u32, u8)>,
+    /// (rank, port), or (`None`, port) for every other rank.
+    dest: Option<(Option<u32>, u8)>,
     buffer: Option<Vec<u8>>,
     handler: Option<ReceiverFn>,
     on_error: Option<ErrorFn>,
@@ -201,7 +223,17 @@ pub struct Bind<'p> {
 impl Bind<'_> {
     /// Messages sent through the port go to port `port` of rank `rank`.
     pub fn to(mut self, rank: u32, port: u8) -> Self {
-        self.dest = Some((rank, port));
+        self.dest = Some((Some(rank), port));
+        self
+    }
+
+    /// Messages sent through the port go to port `port` of every other rank of the job
+    /// (GAMMA's BROADCAST destination): down a binomial tree of the job's channels
+    /// rooted at this rank, each rank forwarding to its children before its own handler
+    /// runs, so every rank gets each message once, reliably and in this rank's order.
+    /// The handler's [`Delivery::origin`] names the root.
+    pub fn to_all(mut self, port: u8) -> Self {
+        self.dest = Some((None, port));
         self
     }
 
@@ -243,8 +275,12 @@ impl Bind<'_> {
                 RESERVED_PORT - 1
             )));
         }
-        if let Some((rank, dest_port)) = dest {
-            ports.app.bind_dest(&ports.ep, port, rank, dest_port)?;
+        match dest {
+            Some((Some(rank), dest_port)) => {
+                ports.app.bind_dest(&ports.ep, port, rank, dest_port)?
+            }
+            Some((None, dest_port)) => ports.app.bind_all(&ports.ep, port, dest_port)?,
+            None => {}
         }
         let mut t = ports.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
@@ -270,18 +306,18 @@ impl Ports {
     /// arrive, while the application computes; the handlers of same-node messages run
     /// inside the application's calls.
     pub fn open(job: &Job, dpid: u16) -> Result<Ports> {
+        let (rank, size) = (job.rank(), job.size());
         let (ep, app) = if job.can_serve() {
-            let table = Arc::new(Mutex::new(Table::new()));
+            let table = Arc::new(Mutex::new(Table::new(rank, size, dpid)));
             let served = Box::new(Served {
                 table: table.clone(),
-                dpid,
             });
             (
                 job.open_serving(dpid, served)?,
                 App::with(TableCell::Shared(table)),
             )
         } else {
-            (job.open(dpid)?, App::new())
+            (job.open(dpid)?, App::new(rank, size, dpid))
         };
         Ok(Ports {
             ep,
@@ -401,6 +437,20 @@ impl Ports {
     /// The ports' counters.
     pub fn stats(&self) -> PortStats {
         self.app.table.lock().stats.clone()
+    }
+}
+
+/// A job's barrier keeps the ports going while it waits (`Job::barrier_progressing`):
+/// what arrives is delivered and broadcasts are forwarded; port errors stay for the
+/// application's next call.
+impl crate::job::Progress for Ports {
+    fn progress(&self) -> Result<()> {
+        while self.app.poll(&self.ep)? {}
+        Ok(())
+    }
+
+    fn failed_ranks(&self) -> Vec<u32> {
+        self.ep.failed_ranks()
     }
 }
 

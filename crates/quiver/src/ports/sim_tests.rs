@@ -8,7 +8,7 @@
 use super::app::App;
 use super::{Delivery, PortError};
 use crate::config::{Config, TransportChoice};
-use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation};
+use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, DPID};
 use crate::link::fault::{FaultConfig, SimRng};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,7 +34,7 @@ fn exchange(faults: &FaultConfig, seed: u64, count: usize) -> (u64, u64) {
     };
     let (net, stations, _jobs, _dir) = station_pair_in(&config, faults);
     let stations: &[SimStation; 2] = &stations;
-    let apps = [App::new(), App::new()];
+    let apps = [App::new(0, 2, DPID), App::new(1, 2, DPID)];
     let mut rng = SimRng::new(seed);
     let sent: Vec<Vec<u8>> = (0..count).map(|i| message(&mut rng, i)).collect();
 

@@ -13,6 +13,7 @@
 //! silently. A malformed message is counted and dropped. [`Handler`] runs on the engine's
 //! protocol hook and does no I/O: the simulator runs it as it is.
 
+use super::tree;
 use super::wire::{Header, HEADER_LEN};
 use super::{Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
 use crate::addr::Source;
@@ -30,13 +31,33 @@ pub(super) type ErrorFn = Box<dyn FnMut(PortError) + Send>;
 
 /// Where a port sends.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Bound {
-    /// The destination endpoint.
-    pub to: Source,
-    /// The header of every message sent through the port (computed when bound).
-    pub head: [u8; HEADER_LEN],
-    /// The engine's route to `to`.
-    pub route: usize,
+pub(super) enum Bound {
+    /// One process.
+    One {
+        /// The destination endpoint.
+        to: Source,
+        /// The header of every message sent through the port (computed when bound).
+        head: [u8; HEADER_LEN],
+        /// The engine's route to `to`.
+        route: usize,
+    },
+    /// Every other process of the job, port `head`'s destination port of each: down
+    /// the binomial tree rooted at this process (`tree`).
+    All {
+        /// The header of every message sent through the port, naming this process as
+        /// the root.
+        head: [u8; HEADER_LEN],
+    },
+}
+
+impl Bound {
+    /// Whether sends through the port reach `rank` (directly or down the tree).
+    pub(super) fn reaches(&self, rank: u32) -> bool {
+        match self {
+            Bound::One { to, .. } => to.rank == rank,
+            Bound::All { .. } => true,
+        }
+    }
 }
 
 /// One port.
@@ -56,6 +77,11 @@ pub(super) struct Slot {
 
 /// The ports of one process.
 pub(super) struct Table {
+    /// This process's rank, the job's size and the ports' DPID (every rank's): where
+    /// broadcasts are forwarded.
+    pub rank: u32,
+    pub size: u32,
+    pub dpid: u16,
     pub slots: Vec<Slot>,
     /// Port errors that found no error handler, for the application's next call.
     pub errors: VecDeque<PortError>,
@@ -63,8 +89,12 @@ pub(super) struct Table {
 }
 
 impl Table {
-    pub(super) fn new() -> Table {
+    /// The table of rank `rank` of a job of `size` ranks, with the ports on DPID `dpid`.
+    pub(super) fn new(rank: u32, size: u32, dpid: u16) -> Table {
         Table {
+            rank,
+            size,
+            dpid,
             slots: (0..PORT_COUNT).map(|_| Slot::default()).collect(),
             errors: VecDeque::new(),
             stats: PortStats::default(),
@@ -198,7 +228,6 @@ impl DerefMut for TableRef<'_> {
 /// taken for each message only.
 pub(super) struct OnCell<'a> {
     pub cell: &'a TableCell,
-    pub dpid: u16,
     /// As [`Handler::woke`].
     pub woke: bool,
     /// Messages handled.
@@ -216,7 +245,6 @@ impl Protocol for OnCell<'_> {
         let mut table = self.cell.lock();
         let mut handler = Handler {
             table: &mut table,
-            dpid: self.dpid,
             woke: false,
             handled: 0,
         };
@@ -241,7 +269,6 @@ impl Protocol for OnCell<'_> {
 /// sleeping on the endpoint's descriptor sees the signals).
 pub(super) struct Served {
     pub table: Arc<Mutex<Table>>,
-    pub dpid: u16,
 }
 
 impl Protocol for Served {
@@ -255,7 +282,6 @@ impl Protocol for Served {
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let mut handler = Handler {
             table: &mut table,
-            dpid: self.dpid,
             woke: false,
             handled: 0,
         };
@@ -271,8 +297,6 @@ impl Protocol for Served {
 /// delivered and consumed.
 pub(super) struct Handler<'a> {
     pub table: &'a mut Table,
-    /// The DPID of the ports' endpoint (every rank uses the same one).
-    pub dpid: u16,
     /// A port was signalled or an error reported in this drive: the engine returns to
     /// the application, which may be waiting for it.
     pub woke: bool,
@@ -293,16 +317,37 @@ impl Protocol for Handler<'_> {
             self.table.stats.malformed += 1;
             return Disposition::Consumed;
         };
-        if from.dpid != self.dpid {
+        let t = &mut *self.table;
+        if from.dpid != t.dpid {
             // Only the ports' own endpoint numbers reach here; counted, not guessed at.
-            self.table.stats.malformed += 1;
+            t.stats.malformed += 1;
             return Disposition::Consumed;
         }
-        let origin = Origin {
+        let mut origin = Origin {
             rank: from.rank,
             port: head.src_port,
         };
-        self.woke |= self.table.deliver(head.dest_port, origin, payload, out);
+        if let Some(root) = head.root {
+            // A broadcast: it must come from this rank's parent in the root's tree (a
+            // peer that claims another root, or sends out of turn, is not followed: its
+            // message would be forwarded twice or to the wrong ranks).
+            if tree::parent(t.rank, root, t.size) != Some(from.rank) {
+                t.stats.malformed += 1;
+                return Disposition::Consumed;
+            }
+            for child in tree::children(t.rank, root, t.size) {
+                let to = Source {
+                    rank: child,
+                    dpid: t.dpid,
+                };
+                // Forwarded even when the outbox is full: the engine handed this message
+                // while it had room, and hands no more until it drains.
+                out.forward(to, &msg[..HEADER_LEN], payload);
+                t.stats.forwarded += 1;
+            }
+            origin.rank = root;
+        }
+        self.woke |= t.deliver(head.dest_port, origin, payload, out);
         Disposition::Consumed
     }
 
@@ -327,6 +372,7 @@ mod tests {
         let mut m = Header {
             dest_port,
             src_port,
+            root: None,
         }
         .encode()
         .to_vec();
@@ -338,7 +384,6 @@ mod tests {
         let mut out = Outbox::new(16);
         let mut h = Handler {
             table: t,
-            dpid: DPID,
             woke: false,
             handled: 0,
         };
@@ -355,7 +400,7 @@ mod tests {
 
     #[test]
     fn a_message_lands_in_the_bound_buffer_and_signals_without_a_handler() {
-        let mut t = Table::new();
+        let mut t = Table::new(0, 4, DPID);
         t.slots[3].buffer = Some(vec![0; 16]);
         assert!(handle(&mut t, 1, &msg(3, 5, b"hello")));
         let s = &t.slots[3];
@@ -368,7 +413,7 @@ mod tests {
 
     #[test]
     fn the_handler_sees_the_message_and_may_rebind_the_buffer() {
-        let mut t = Table::new();
+        let mut t = Table::new(0, 4, DPID);
         t.slots[0].buffer = Some(vec![0; 8]);
         let kept = Arc::new(Mutex::new(Vec::new()));
         let k = kept.clone();
@@ -392,7 +437,7 @@ mod tests {
 
     #[test]
     fn a_handler_that_does_not_signal_does_not_wake_the_application() {
-        let mut t = Table::new();
+        let mut t = Table::new(0, 4, DPID);
         t.slots[0].buffer = Some(vec![0; 8]);
         t.slots[0].handler = Some(Box::new(|_: &mut Delivery<'_>| {}));
         assert!(!handle(&mut t, 1, &msg(0, 0, b"x")));
@@ -402,7 +447,7 @@ mod tests {
 
     #[test]
     fn overflow_and_a_missing_buffer_go_to_the_error_handler_and_touch_nothing() {
-        let mut t = Table::new();
+        let mut t = Table::new(0, 4, DPID);
         t.slots[4].buffer = Some(vec![7; 4]);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
@@ -444,7 +489,7 @@ mod tests {
 
     #[test]
     fn without_an_error_handler_errors_wait_for_the_application() {
-        let mut t = Table::new();
+        let mut t = Table::new(0, 4, DPID);
         assert!(handle(&mut t, 1, &msg(9, 0, b"nobody")));
         assert!(handle(&mut t, 1, &msg(RESERVED_PORT, 0, b"")));
         assert_eq!(t.errors.len(), 2);
@@ -457,7 +502,7 @@ mod tests {
 
     #[test]
     fn malformed_messages_are_counted_and_dropped() {
-        let mut t = Table::new();
+        let mut t = Table::new(0, 4, DPID);
         t.slots[0].buffer = Some(vec![0; 8]);
         let mut bad = msg(0, 0, b"x");
         bad[0] = b'X';
@@ -470,17 +515,18 @@ mod tests {
 
     #[test]
     fn a_handler_answers_through_the_outbox() {
-        let mut t = Table::new();
+        let mut t = Table::new(0, 4, DPID);
         t.slots[1].buffer = Some(vec![0; 8]);
         let to = Source {
             rank: 3,
             dpid: DPID,
         };
-        t.slots[2].dest = Some(Bound {
+        t.slots[2].dest = Some(Bound::One {
             to,
             head: Header {
                 dest_port: 6,
                 src_port: 2,
+                root: None,
             }
             .encode(),
             route: 0,
@@ -497,7 +543,6 @@ mod tests {
         let mut out = Outbox::new(4);
         let mut h = Handler {
             table: &mut t,
-            dpid: DPID,
             woke: false,
             handled: 0,
         };
@@ -521,5 +566,85 @@ mod tests {
             |_| {},
         );
         assert_eq!(sent, vec![(to, msg(6, 2, b"cba"))]);
+    }
+
+    fn bcast(dest_port: u8, root: u32, payload: &[u8]) -> Vec<u8> {
+        let mut m = Header {
+            dest_port,
+            src_port: 9,
+            root: Some(root),
+        }
+        .encode()
+        .to_vec();
+        m.extend_from_slice(payload);
+        m
+    }
+
+    /// Rank 2 of 8 hears root 0's broadcasts from rank 0 and forwards them to rank 6;
+    /// the origin its port sees is the root.
+    #[test]
+    fn a_broadcast_is_forwarded_down_the_tree_and_delivered_as_the_roots() {
+        let mut t = Table::new(2, 8, DPID);
+        t.slots[5].buffer = Some(vec![0; 8]);
+        let mut out = Outbox::new(4);
+        let mut h = Handler {
+            table: &mut t,
+            woke: false,
+            handled: 0,
+        };
+        let from = Source {
+            rank: 0,
+            dpid: DPID,
+        };
+        let m = bcast(5, 0, b"all");
+        h.handle_message(Time::ZERO, from, &m, &mut out);
+        let mut sent = Vec::new();
+        out.flush(
+            &mut h,
+            |dest, head, body| {
+                sent.push((dest, [head, body].concat()));
+                Ok::<_, ()>(true)
+            },
+            |_| {},
+        );
+        assert_eq!(
+            sent,
+            vec![(
+                Source {
+                    rank: 6,
+                    dpid: DPID
+                },
+                m
+            )]
+        );
+        assert_eq!(t.slots[5].last_from, Some(Origin { rank: 0, port: 9 }));
+        assert_eq!(t.slots[5].signals, 1);
+        assert_eq!(t.stats.forwarded, 1);
+    }
+
+    /// A broadcast from a rank that is not this rank's parent for the root it names, or
+    /// naming this rank or no rank of the job as root, is malformed: not delivered, not
+    /// forwarded.
+    #[test]
+    fn a_broadcast_out_of_its_tree_is_dropped() {
+        let mut t = Table::new(2, 8, DPID);
+        t.slots[5].buffer = Some(vec![0; 8]);
+        for (from, root) in [(1, 0), (3, 0), (0, 2), (0, 8), (0, u32::MAX)] {
+            let mut out = Outbox::new(4);
+            let mut h = Handler {
+                table: &mut t,
+                woke: false,
+                handled: 0,
+            };
+            let src = Source {
+                rank: from,
+                dpid: DPID,
+            };
+            h.handle_message(Time::ZERO, src, &bcast(5, root, b"x"), &mut out);
+            assert!(out.is_empty(), "from {from} root {root}: forwarded");
+        }
+        assert_eq!(t.stats.malformed, 5);
+        assert_eq!(t.slots[5].signals, 0);
+        assert_eq!(t.stats.forwarded, 0);
     }
 }

@@ -4,18 +4,20 @@
 //! byte 0   kind: b'G' (a message for a port)
 //! byte 1   destination port
 //! byte 2   the sender's port (the one it sent through)
-//! byte 3   flags, 0 (reserved)
-//! 4..8     reserved, 0
+//! byte 3   flags: 1 = a broadcast (the other bits are reserved, 0)
+//! 4..8     a broadcast's root rank (little-endian); 0 otherwise
 //! ```
 //!
 //! The sender's rank comes from the engine (the channel it arrived on), not from the
-//! header, so a peer cannot claim another's rank. Decoding checks every field: a header
-//! with a reserved bit set or another kind is malformed, not guessed at.
+//! header, so a peer cannot claim another's rank; a broadcast names its root, which the
+//! receiver checks against the tree (`tree::parent`). Decoding checks every field: a
+//! header with a reserved bit set or another kind is malformed, not guessed at.
 
 /// Bytes of the header.
 pub(crate) const HEADER_LEN: usize = 8;
 
 const KIND: u8 = b'G';
+const BROADCAST: u8 = 1;
 
 /// A decoded header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,25 +26,39 @@ pub(crate) struct Header {
     pub dest_port: u8,
     /// The port it was sent through.
     pub src_port: u8,
+    /// The root of a broadcast; `None` for a message to one process.
+    pub root: Option<u32>,
 }
 
 impl Header {
     /// The header's bytes.
     pub(crate) fn encode(self) -> [u8; HEADER_LEN] {
-        [KIND, self.dest_port, self.src_port, 0, 0, 0, 0, 0]
+        let (flags, root) = match self.root {
+            Some(r) => (BROADCAST, r.to_le_bytes()),
+            None => (0, [0; 4]),
+        };
+        let [r0, r1, r2, r3] = root;
+        [KIND, self.dest_port, self.src_port, flags, r0, r1, r2, r3]
     }
 
     /// Splits `msg` into its header and payload; `None` when it is not a well-formed
     /// port message.
     pub(crate) fn decode(msg: &[u8]) -> Option<(Header, &[u8])> {
         let (head, payload) = msg.split_first_chunk::<HEADER_LEN>()?;
-        if head[0] != KIND || head[3..] != [0; 5] {
+        let word = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        let root = match head[3] {
+            0 if word == 0 => None,
+            BROADCAST => Some(word),
+            _ => return None,
+        };
+        if head[0] != KIND {
             return None;
         }
         Some((
             Header {
                 dest_port: head[1],
                 src_port: head[2],
+                root,
             },
             payload,
         ))
@@ -55,14 +71,17 @@ mod tests {
 
     #[test]
     fn a_header_decodes_to_what_was_encoded() {
-        let h = Header {
-            dest_port: 254,
-            src_port: 7,
-        };
-        let mut msg = h.encode().to_vec();
-        msg.extend_from_slice(b"payload");
-        assert_eq!(Header::decode(&msg), Some((h, &b"payload"[..])));
-        assert_eq!(Header::decode(&h.encode()), Some((h, &[][..])));
+        for root in [None, Some(0), Some(7), Some(u32::MAX)] {
+            let h = Header {
+                dest_port: 254,
+                src_port: 7,
+                root,
+            };
+            let mut msg = h.encode().to_vec();
+            msg.extend_from_slice(b"payload");
+            assert_eq!(Header::decode(&msg), Some((h, &b"payload"[..])));
+            assert_eq!(Header::decode(&h.encode()), Some((h, &[][..])));
+        }
     }
 
     #[test]
@@ -70,13 +89,15 @@ mod tests {
         let good = Header {
             dest_port: 1,
             src_port: 2,
+            root: None,
         }
         .encode();
         assert_eq!(Header::decode(&good[..HEADER_LEN - 1]), None);
         assert_eq!(Header::decode(&[]), None);
-        for i in [0, 3, 4, 7] {
+        // Another kind, a reserved flag, a root word without the broadcast flag.
+        for (i, bit) in [(0, 0x40), (3, 0x02), (3, 0x80), (4, 0x01), (7, 0x80)] {
             let mut bad = good;
-            bad[i] ^= 0x40;
+            bad[i] ^= bit;
             assert_eq!(Header::decode(&bad), None, "byte {i} changed");
         }
     }

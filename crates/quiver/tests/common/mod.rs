@@ -109,7 +109,19 @@ pub fn run_ranks_env<F>(size: u32, config: Config, extra: &[(&str, &str)], body:
 where
     F: Fn(Job) + Send + Sync + 'static,
 {
-    run_ranks_checked(size, config, extra, true, body)
+    run_ranks_checked(size, config, extra, true, None, body)
+}
+
+/// Like [`run_ranks`] over [`TransportChoice::Eth`] on a cluster of `nodes` nodes (rank
+/// r on node r * nodes / size: same-node ranks talk through shared memory) whose switch
+/// drops each frame with probability `loss` (nftables, as `quiver cluster up --loss`).
+#[allow(dead_code)]
+pub fn run_ranks_on_cluster<F>(size: u32, nodes: u32, loss: f64, config: Config, body: F)
+where
+    F: Fn(Job) + Send + Sync + 'static,
+{
+    assert_eq!(config.transport, TransportChoice::Eth);
+    run_ranks_checked(size, config, &[], true, Some((nodes, loss)), body)
 }
 
 /// Like [`run_ranks`] over [`TransportChoice::Eth`], without checking that Ethernet is
@@ -119,7 +131,7 @@ pub fn run_ranks_allowing_udp<F>(size: u32, config: Config, body: F)
 where
     F: Fn(Job) + Send + Sync + 'static,
 {
-    run_ranks_checked(size, config, &[], false, body)
+    run_ranks_checked(size, config, &[], false, None, body)
 }
 
 /// The DPID of the endpoint that checks, before a test over Ethernet, that it really
@@ -132,13 +144,22 @@ fn run_ranks_checked<F>(
     config: Config,
     extra: &[(&str, &str)],
     eth_required: bool,
+    spec: Option<(u32, f64)>,
     body: F,
 ) where
     F: Fn(Job) + Send + Sync + 'static,
 {
+    let (nodes, loss) = spec.unwrap_or((size, 0.0));
+    let node_of = move |rank: u32| (u64::from(rank) * u64::from(nodes) / u64::from(size)) as usize;
     let cluster = if config.transport == TransportChoice::Eth {
-        match TestCluster::up(size) {
-            Ok(c) => Some(Arc::new(c)),
+        match TestCluster::up(nodes) {
+            Ok(c) => {
+                if loss > 0.0 {
+                    c.drop_frames(loss)
+                        .expect("nftables loss on the test cluster's switch");
+                }
+                Some(Arc::new(c))
+            }
             Err(why) => {
                 cannot_run(&why.to_string());
                 return;
@@ -165,9 +186,10 @@ fn run_ranks_checked<F>(
                 .name(format!("rank{rank}"))
                 .spawn(move || {
                     if let Some(c) = &cluster {
-                        c.enter(rank as usize);
-                        extra.push(("QUIVER_NODE".into(), format!("node{rank}")));
-                        extra.push(("QUIVER_ADDR".into(), c.addr(rank as usize)));
+                        let node = node_of(rank);
+                        c.enter(node);
+                        extra.push(("QUIVER_NODE".into(), format!("node{node}")));
+                        extra.push(("QUIVER_ADDR".into(), c.addr(node)));
                     }
                     let extra: Vec<(&str, &str)> = extra
                         .iter()
@@ -176,7 +198,7 @@ fn run_ranks_checked<F>(
                     let job = tj.join(rank, config, &extra);
                     if cluster.is_some() && eth_required {
                         let probe = job.open(ETH_PROBE_DPID).unwrap();
-                        for peer in (0..job.size()).filter(|&p| p != rank) {
+                        for peer in (0..job.size()).filter(|&p| node_of(p) != node_of(rank)) {
                             assert_eq!(
                                 probe.transport_to(peer).unwrap(),
                                 quiver::Transport::Eth,
@@ -317,6 +339,32 @@ impl TestCluster {
     /// A `file://` rendezvous store every namespace reaches (the file system is shared).
     pub fn store_url(&self) -> String {
         format!("file://{}", self.store.display())
+    }
+
+    /// Makes the switch drop each frame it forwards with probability `p` (nftables in
+    /// the switch's namespace, as `quiver cluster up --loss` does).
+    pub fn drop_frames(&self, p: f64) -> Result<(), String> {
+        let rules = format!(
+            "table bridge qvtest {{\n  chain forward {{\n    type filter hook forward priority 0; \
+             policy accept;\n    numgen random mod 1000000 lt {} counter drop\n  }}\n}}\n",
+            (p * 1e6).round() as u64
+        );
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.ns("sw"), "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("ip netns exec nft: {e}"))?;
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .expect("piped stdin")
+            .write_all(rules.as_bytes())
+            .map_err(|e| e.to_string())?;
+        match child.wait() {
+            Ok(s) if s.success() => Ok(()),
+            other => Err(format!("nft -f: {other:?}")),
+        }
     }
 
     /// Moves the calling thread into node `n`'s network namespace.

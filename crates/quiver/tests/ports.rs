@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{config, pattern, run_ranks, run_ranks_on_cluster, TestJob};
+use common::{config, pattern, run_jobs_on_cluster, run_ranks, run_ranks_on_cluster, TestJob};
 use quiver::ports::{Delivery, Origin, PortError, Ports};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -268,6 +268,19 @@ fn broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth() {
             "the switch's loss did not show"
         );
     }
+}
+
+/// Two jobs on the same nodes of one cluster, on the same DPID, each with a broadcast
+/// storm of its own (every rank broadcasting at once): each rank gets exactly its own
+/// job's messages (`broadcast_from_every_rank` checks the count and bytes per root), and
+/// frames of the other job that reach its socket are dropped as foreign.
+#[test]
+fn two_jobs_sharing_nodes_never_see_each_others_broadcasts() {
+    let resent = Arc::new(AtomicU64::new(0));
+    let r = resent.clone();
+    run_jobs_on_cluster(2, 4, 2, config(TransportChoice::Eth), move |_, job| {
+        broadcast_from_every_rank(job, &r)
+    });
 }
 
 /// A handler that sleeps: the sender is held back by the receiver's ring (a small pool)

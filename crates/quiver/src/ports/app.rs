@@ -3,15 +3,19 @@
 //! station's hook) and waiting on a port's semaphore. It reaches the engine through a
 //! [`Footing`]: the ports' endpoint in production, a bare station in the simulator.
 
-use super::table::{Bound, OnCell, Table, TableCell};
+use super::table::{Bound, Handler, OnCell, Table, TableCell};
 use super::tree;
 use super::wire::Header;
 use super::{PortError, RESERVED_PORT};
 use crate::addr::Source;
 use crate::config::WaitMode;
 use crate::engine::protocol::Outbox;
+use crate::engine::protocol::Protocol;
+use crate::engine::route::Received;
 use crate::engine::station::Footing;
+use crate::engine::station::Station;
 use crate::error::{Error, Result};
+use crate::link::Link;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
@@ -219,21 +223,32 @@ impl App {
         let station = on.station();
         let mut out = self.out.borrow_mut();
         let sent = out.sent();
-        // The table is taken per message, not for the whole drive: with the offload
-        // engine, its thread delivers too.
-        let mut handler = OnCell {
-            cell: &self.table,
-            woke: false,
-            handled: 0,
-        };
         let report = |e| on.report(e);
-        let mut r = station.drive(&mut handler, &mut out, report);
-        if matches!(r, Ok(None)) && handler.handled == 0 && station.rearm_doorbells() {
-            // The descriptor was handed out: a sender may have published before the
-            // doorbells were reset.
-            r = station.drive(&mut handler, &mut out, report);
-        }
-        let busy = handler.handled > 0 || out.sent() != sent;
+        let (r, handled) = match &self.table {
+            // Only this thread uses the table: borrowed once for the whole drive.
+            TableCell::Local(cell) => {
+                let mut table = cell.borrow_mut();
+                let mut handler = Handler {
+                    table: &mut table,
+                    woke: false,
+                    handled: 0,
+                };
+                let r = drive_rearming(station, &mut handler, &mut out, report, |h| h.handled);
+                (r, handler.handled)
+            }
+            // With the offload engine, its thread delivers too: the table is taken per
+            // message, not for the whole drive.
+            TableCell::Shared(_) => {
+                let mut handler = OnCell {
+                    cell: &self.table,
+                    woke: false,
+                    handled: 0,
+                };
+                let r = drive_rearming(station, &mut handler, &mut out, report, |h| h.handled);
+                (r, handler.handled)
+            }
+        };
+        let busy = handled > 0 || out.sent() != sent;
         match r {
             Ok(Some(m)) => {
                 // The handler consumes every message.
@@ -353,4 +368,21 @@ fn check_dest_port(dest_port: u8) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The station's drive with `protocol` (`handled` reads how many messages it handled);
+/// when it found nothing and the endpoint's descriptor was handed out, once more: a
+/// sender may have published before the doorbells were reset.
+fn drive_rearming<P: Protocol, L: Link, C: crate::engine::clock::Clock>(
+    station: &Station<L, C>,
+    protocol: &mut P,
+    out: &mut Outbox,
+    report: impl Fn(Error) -> Error + Copy,
+    handled: impl Fn(&P) -> u64,
+) -> Result<Option<Received>> {
+    let r = station.drive(protocol, out, report);
+    if matches!(r, Ok(None)) && handled(protocol) == 0 && station.rearm_doorbells() {
+        return station.drive(protocol, out, report);
+    }
+    r
 }

@@ -124,6 +124,7 @@ impl Table {
     /// Delivers the payload of a message for `port` from `from`: into the bound buffer,
     /// then the handler (or a signal). Returns whether the port was signalled or an
     /// error was reported (something the application may wait for).
+    #[inline]
     fn deliver(&mut self, port: u8, from: Origin, payload: &[u8], out: &mut Outbox) -> bool {
         let len = payload.len();
         if port == RESERVED_PORT {
@@ -305,6 +306,7 @@ pub(super) struct Handler<'a> {
 }
 
 impl Protocol for Handler<'_> {
+    #[inline]
     fn handle_message(
         &mut self,
         _now: Time,

@@ -214,6 +214,52 @@ fn run_ranks_checked<F>(
     join_ranks(handles);
 }
 
+/// Runs `jobs` jobs of `size` ranks each at the same time on one cluster of `nodes` nodes
+/// over [`TransportChoice::Eth`] (rank r of every job on node r * nodes / size), each
+/// job with a store of its own: `body(job_index, job)` on every rank-thread. Several jobs
+/// sharing nodes, as GAMMA's parallel multitasking.
+#[allow(dead_code)]
+pub fn run_jobs_on_cluster<F>(jobs: u32, size: u32, nodes: u32, config: Config, body: F)
+where
+    F: Fn(u32, Job) + Send + Sync + 'static,
+{
+    assert_eq!(config.transport, TransportChoice::Eth);
+    let cluster = match TestCluster::up(nodes) {
+        Ok(c) => Arc::new(c),
+        Err(why) => {
+            cannot_run(&why);
+            return;
+        }
+    };
+    let body = Arc::new(body);
+    let mut handles = Vec::new();
+    for j in 0..jobs {
+        let dir = cluster.store.join(format!("job{j}"));
+        std::fs::create_dir_all(&dir).expect("the job's store directory");
+        let tj = Arc::new(TestJob::with_url(size, format!("file://{}", dir.display())));
+        for rank in 0..size {
+            let (tj, body, config, cluster) =
+                (tj.clone(), body.clone(), config.clone(), cluster.clone());
+            let node = (u64::from(rank) * u64::from(nodes) / u64::from(size)) as usize;
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("job{j}-rank{rank}"))
+                    .spawn(move || {
+                        cluster.enter(node);
+                        let (name, addr) = (format!("node{node}"), cluster.addr(node));
+                        let extra = [
+                            ("QUIVER_NODE", name.as_str()),
+                            ("QUIVER_ADDR", addr.as_str()),
+                        ];
+                        body(j, tj.join(rank, config, &extra))
+                    })
+                    .unwrap(),
+            );
+        }
+    }
+    join_ranks(handles);
+}
+
 /// How long the other ranks get to finish once one has panicked: they may be waiting for
 /// it in a barrier (whose timeout is an hour).
 const AFTER_PANIC: Duration = Duration::from_secs(5);

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Broadcast on emulated clusters of N = 2, 4, 8 nodes (one rank per node): quiver's
+# ports broadcast (Bind::to_all: a binomial tree of unicasts over raw Ethernet today;
+# crates/quiver/examples/ports_bcast.rs) beside Open MPI's MPI_Bcast (ob1/tcp on the
+# same cluster's links; bench/progs/mpi_bcast.c, the same method), alternating within
+# each repetition. Per size: the time until rank 0 has every receiver's acknowledgement
+# of a broadcast (the last receiver's arrival plus one hop back), and the throughput of
+# windows of broadcasts. mpirun runs in a management namespace joined to every node by a
+# veth of its own (10.79.K.0/24) that carries only its PMIx traffic. The machine has two
+# cores: with 4 and 8 nodes the ranks share them (QUIVER_WAIT=hybrid, Open MPI yields
+# when oversubscribed), so the larger clusters measure scheduling as much as the network.
+# Every cluster and namespace made here is removed at exit.
+#
+# usage: bash bench/bcast.sh                 (REPS=3, LINK=1gbit; about 5 minutes)
+#        NODES="2 4" REPS=1 LINK=unlimited bash bench/bcast.sh
+# Results: target/bench-bcast/records.tsv (nodes, size, system, figure, rep, value) and
+#          the table printed at the end.
+set -uo pipefail
+REPS=${REPS:-3}
+NODES=${NODES:-2 4 8}
+LINK=${LINK:-1gbit}
+SIZES=${SIZES:-8,1024,65536}
+ITERS=${ITERS:-500}
+WINDOW=${WINDOW:-16}
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$root/target/bench-bcast
+mkdir -p "$out"
+cd "$root"
+source bench/lib.sh
+Q=$root/target/release/quiver
+rec=$out/records.tsv
+raw=$out/raw.log
+: > "$rec"; : > "$raw"
+MG=qvbc-mg-$$
+cluster=""
+die() { echo "bench/bcast.sh: $*" >&2; exit 1; }
+cleanup() {
+    ip netns del "$MG" 2>/dev/null
+    [ -n "$cluster" ] && "$Q" cluster down "$cluster" >/dev/null 2>&1
+    true
+}
+trap cleanup EXIT INT TERM
+[ "$(id -u)" = 0 ] || die "needs root (emulated clusters)"
+command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null \
+    || die "needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)"
+building cargo build --release -q -p quiver-cli -p quiver --example ports_bcast || die "build failed"
+mpicc.openmpi -O2 -o "$out/mpi_bcast" bench/progs/mpi_bcast.c || die "mpicc failed"
+
+# mgmt_up N: namespace $MG with a veth to each node k (10.79.k+1.0/24), routes to all.
+mgmt_up() {
+    local n=$1 k
+    ip netns del "$MG" 2>/dev/null
+    ip netns add "$MG" && ip -n "$MG" link set lo up || die "management namespace"
+    for k in $(seq 0 $((n - 1))); do
+        local ns=qv-$cluster-n$k net=10.79.$((k + 1))
+        ip link add "qvbm$k" netns "$MG" type veth peer name qvbm netns "$ns" &&
+        ip -n "$MG" addr add "$net.1/24" dev "qvbm$k" && ip -n "$MG" link set "qvbm$k" up &&
+        ip -n "$ns" addr add "$net.2/24" dev qvbm && ip -n "$ns" link set qvbm up &&
+        ip -n "$ns" route add 10.79.0.0/16 via "$net.1" || die "management veth to node $k"
+    done
+    sleep 0.5
+}
+
+quiver_run() {   # quiver_run N REP
+    local n=$1 rep=$2
+    local cmd=(env QUIVER_TRANSPORT=eth "$Q" run --cluster "$cluster" -n "$n" --timeout 300 --
+               "$root/target/release/examples/ports_bcast" "$SIZES" "$ITERS" "$WINDOW")
+    echo "== $(show "${cmd[@]}")" >> "$raw"
+    locked "${cmd[@]}" 2>> "$raw" | tee -a "$raw" | sed 's/^\[0\] //' | grep '^{' | python3 -c '
+import json, sys
+n, rep = sys.argv[1:]
+for line in sys.stdin:
+    o = json.loads(line)
+    print(n, o["size"], "quiver ports (tree)", "last_us", rep, o["last_us_median"], sep="\t")
+    print(n, o["size"], "quiver ports (tree)", "MBps", rep, o["bcast_MBps"], sep="\t")' "$n" "$rep" >> "$rec"
+}
+
+mpi_run() {   # mpi_run N REP
+    local n=$1 rep=$2 k subnet
+    subnet=$(ip -n "qv-$cluster-n0" -4 -o addr show qv0 | awk '{print $4}' | head -1)
+    subnet=$(python3 -c "import ipaddress,sys; print(ipaddress.ip_interface(sys.argv[1]).network)" "$subnet")
+    local cmd=(timeout 600 ip netns exec "$MG" env PMIX_MCA_ptl_tcp_remote_connections=1
+               PMIX_MCA_ptl_tcp_if_include=10.79.1.0/24 mpirun.openmpi --allow-run-as-root --oversubscribe
+               --mca btl tcp,self --mca btl_tcp_if_include "$subnet")
+    for k in $(seq 0 $((n - 1))); do
+        [ "$k" -gt 0 ] && cmd+=(:)
+        cmd+=(-n 1 ip netns exec "qv-$cluster-n$k" "$out/mpi_bcast" "$SIZES" "$ITERS" "$WINDOW")
+    done
+    echo "== $(show "${cmd[@]}")" >> "$raw"
+    locked "${cmd[@]}" 2>> "$raw" | tee -a "$raw" | while read -r what size v; do
+        case $what in
+            last) printf '%s\t%s\tOpen MPI MPI_Bcast (ob1/tcp)\tlast_us\t%s\t%s\n' "$n" "$size" "$rep" "$v" ;;
+            bw) printf '%s\t%s\tOpen MPI MPI_Bcast (ob1/tcp)\tMBps\t%s\t%s\n' "$n" "$size" "$rep" "$v" ;;
+        esac
+    done >> "$rec"
+}
+
+for n in $NODES; do
+    cluster=qvbc$$-$n
+    echo "[$(date +%H:%M:%S)] $n nodes, --link $LINK" >&2
+    "$Q" cluster up "$cluster" --nodes "$n" --link "$LINK" >> "$raw" 2>&1 || die "quiver cluster up failed (see $raw)"
+    mgmt_up "$n"
+    for rep in $(seq "$REPS"); do
+        if [ $((rep % 2)) = 1 ]; then quiver_run "$n" "$rep"; mpi_run "$n" "$rep"
+        else mpi_run "$n" "$rep"; quiver_run "$n" "$rep"; fi
+    done
+    ip netns del "$MG" 2>/dev/null
+    "$Q" cluster down "$cluster" >> "$raw" 2>&1
+    cluster=""
+done
+
+python3 - "$rec" "$LINK" <<'EOF'
+import sys, statistics as st
+from collections import defaultdict
+R = defaultdict(dict)
+for line in open(sys.argv[1]):
+    n, size, system, fig, rep, v = line.rstrip("\n").split("\t")
+    R[(int(n), int(size), system, fig)][int(rep)] = float(v)
+q, m = "quiver ports (tree)", "Open MPI MPI_Bcast (ob1/tcp)"
+print(f"Link {sys.argv[2]}; medians over repetitions; ratio: quiver / Open MPI, paired per repetition.\n")
+print("| nodes | size | quiver: to last ack (µs) | Open MPI | ratio | quiver MB/s | Open MPI MB/s | ratio |")
+print("|---|---|---|---|---|---|---|---|")
+def med(d): return st.median(d.values()) if d else float("nan")
+def paired(a, b):
+    r = [a[k] / b[k] for k in sorted(set(a) & set(b)) if b[k] > 0]
+    return f"{st.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-"
+for n, size in sorted({(k[0], k[1]) for k in R}):
+    ql, ml = R.get((n, size, q, "last_us"), {}), R.get((n, size, m, "last_us"), {})
+    qb, mb = R.get((n, size, q, "MBps"), {}), R.get((n, size, m, "MBps"), {})
+    print(f"| {n} | {size} | {med(ql):.2f} | {med(ml):.2f} | {paired(ql, ml)} | {med(qb):.1f} | {med(mb):.1f} | {paired(qb, mb)} |")
+EOF

@@ -13,9 +13,7 @@ use crate::engine::protocol::Outbox;
 use crate::engine::protocol::Protocol;
 use crate::engine::route::Received;
 use crate::engine::station::Footing;
-use crate::engine::station::Station;
 use crate::error::{Error, Result};
-use crate::link::Link;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
@@ -223,7 +221,6 @@ impl App {
         let station = on.station();
         let mut out = self.out.borrow_mut();
         let sent = out.sent();
-        let report = |e| on.report(e);
         let (r, handled) = match &self.table {
             // Only this thread uses the table: borrowed once for the whole drive.
             TableCell::Local(cell) => {
@@ -233,7 +230,7 @@ impl App {
                     woke: false,
                     handled: 0,
                 };
-                let r = drive_rearming(station, &mut handler, &mut out, report, |h| h.handled);
+                let r = drive_rearming(on, &mut handler, &mut out, |h| h.handled);
                 (r, handler.handled)
             }
             // With the offload engine, its thread delivers too: the table is taken per
@@ -244,7 +241,7 @@ impl App {
                     woke: false,
                     handled: 0,
                 };
-                let r = drive_rearming(station, &mut handler, &mut out, report, |h| h.handled);
+                let r = drive_rearming(on, &mut handler, &mut out, |h| h.handled);
                 (r, handler.handled)
             }
         };
@@ -373,13 +370,14 @@ fn check_dest_port(dest_port: u8) -> Result<()> {
 /// The station's drive with `protocol` (`handled` reads how many messages it handled);
 /// when it found nothing and the endpoint's descriptor was handed out, once more: a
 /// sender may have published before the doorbells were reset.
-fn drive_rearming<P: Protocol, L: Link, C: crate::engine::clock::Clock>(
-    station: &Station<L, C>,
+fn drive_rearming<P: Protocol>(
+    on: &impl Footing,
     protocol: &mut P,
     out: &mut Outbox,
-    report: impl Fn(Error) -> Error + Copy,
     handled: impl Fn(&P) -> u64,
 ) -> Result<Option<Received>> {
+    let station = on.station();
+    let report = |e| on.report(e);
     let r = station.drive(protocol, out, report);
     if matches!(r, Ok(None)) && handled(protocol) == 0 && station.rearm_doorbells() {
         return station.drive(protocol, out, report);

@@ -61,6 +61,51 @@
 #define QUIVER_TRANSPORT_ETH 2
 
 /**
+ * A message arrived on a port with no buffer bound (not delivered).
+ */
+#define QUIVER_PORT_NO_BUFFER 1
+
+/**
+ * A message longer than the port's buffer arrived (not delivered, the buffer unchanged).
+ */
+#define QUIVER_PORT_OVERFLOW 2
+
+/**
+ * A peer sent to the library's reserved port.
+ */
+#define QUIVER_PORT_RESERVED 3
+
+/**
+ * A send through a port with no destination bound.
+ */
+#define QUIVER_PORT_NO_DESTINATION 4
+
+/**
+ * The port's destination failed or closed.
+ */
+#define QUIVER_PORT_DESTINATION_FAILED 5
+
+/**
+ * A send through the port failed for another reason.
+ */
+#define QUIVER_PORT_SEND_FAILED 6
+
+/**
+ * A handler's answer found the outbox full (not sent).
+ */
+#define QUIVER_PORT_OUTBOX_FULL 7
+
+/**
+ * An error of a kind this version of the C library has no number for.
+ */
+#define QUIVER_PORT_OTHER 0
+
+/**
+ * The reserved port (GAMMA's barrier port): nobody binds it or sends to it.
+ */
+#define QUIVER_RESERVED_PORT 255
+
+/**
  * Any sender: the wildcard rank of a receive or probe.
  */
 #define QUIVER_ANY_SOURCE UINT32_MAX
@@ -215,6 +260,12 @@ typedef enum quiver_error {
 } quiver_error;
 
 /**
+ * A message being delivered (opaque): what a receiver handler is handed, valid until
+ * it returns.
+ */
+typedef struct quiver_delivery quiver_delivery;
+
+/**
  * A Directed Point endpoint (opaque). Opened by `quiver_endpoint_open`, closed by
  * `quiver_endpoint_close`.
  */
@@ -225,6 +276,12 @@ typedef struct quiver_endpoint quiver_endpoint;
  * `quiver_job_free`.
  */
 typedef struct quiver_job quiver_job;
+
+/**
+ * GAMMA's ports of one process (opaque), bound to the thread that opened them. Opened
+ * by `quiver_ports_open`, closed by `quiver_ports_close`.
+ */
+typedef struct quiver_ports quiver_ports;
 
 /**
  * A tagged endpoint (opaque), bound to the thread that opened it. Opened by
@@ -390,6 +447,47 @@ typedef struct quiver_endpoint_counters {
  * and the `user` pointer given with it.
  */
 typedef void (*quiver_error_handler)(enum quiver_error code, const char *message, void *user);
+
+/**
+ * A receiver handler: `delivery` is valid until it returns; `ctx` is the pointer given
+ * with it to `quiver_ports_bind_handler`.
+ */
+typedef void (*quiver_port_handler)(struct quiver_delivery *delivery, void *ctx);
+
+/**
+ * What goes to a port's error handler: `kind` (`QUIVER_PORT_*`), the port, and the
+ * fields that kind has (the others 0): the peer's `rank` (the sender, or the failed
+ * destination) and the port it sent through, the message's `len`, the buffer's
+ * `capacity`.
+ */
+typedef struct quiver_port_error {
+  uint32_t kind;
+  uint8_t port;
+  uint8_t from_port;
+  uint32_t rank;
+  uint64_t len;
+  uint64_t capacity;
+} quiver_port_error;
+
+/**
+ * An error handler: `error` is valid until it returns.
+ */
+typedef void (*quiver_port_error_handler)(const struct quiver_port_error *error, void *ctx);
+
+/**
+ * The counters of a process's ports (`quiver_ports_stats`); the fields of the Rust
+ * `PortStats`, documented there.
+ */
+typedef struct quiver_port_counters {
+  uint64_t sent;
+  uint64_t bytes_sent;
+  uint64_t send_waits;
+  uint64_t delivered;
+  uint64_t bytes_delivered;
+  uint64_t forwarded;
+  uint64_t errors;
+  uint64_t malformed;
+} quiver_port_counters;
 
 /**
  * What a completed operation did. On `QUIVER_ERR_TRUNCATED`, `peer`, `tag` and `len`
@@ -1022,6 +1120,309 @@ enum quiver_error quiver_job_failed_ranks(const struct quiver_job *job,
                                           uint32_t *ranks,
                                           size_t cap,
                                           size_t *count);
+
+/**
+ * Opens the ports of this rank on endpoint `dpid` (every rank of the job uses the same
+ * DPID) into `*p`.
+ *
+ * Thread safety: any thread; the ports are then bound to it.
+ *
+ * # Safety
+ *
+ * `job` is NULL or a live job handle; `p` is NULL or writable.
+ */
+enum quiver_error quiver_ports_open(const struct quiver_job *job,
+                                    uint16_t dpid,
+                                    struct quiver_ports **p);
+
+/**
+ * Closes the ports at `*p` (answers handlers queued leave first, for up to a second)
+ * and sets `*p` to NULL.
+ *
+ * Thread safety: only the thread that opened them.
+ *
+ * # Safety
+ *
+ * `p` is NULL or points to NULL or to a live ports handle.
+ */
+enum quiver_error quiver_ports_close(struct quiver_ports **p);
+
+/**
+ * Binds `port` (0 to 254) to send to port `dest_port` of rank `rank` (connecting to it
+ * first, as a first write does).
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_bind_to(const struct quiver_ports *p,
+                                       uint8_t port,
+                                       uint32_t rank,
+                                       uint8_t dest_port);
+
+/**
+ * Binds `port` to send to port `dest_port` of every other rank of the job (GAMMA's
+ * BROADCAST: down a binomial tree of the job's channels, in order, once each).
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_bind_all(const struct quiver_ports *p,
+                                        uint8_t port,
+                                        uint8_t dest_port);
+
+/**
+ * Gives `port` a receive buffer of `len` bytes (zeroed; the library's): messages
+ * arriving on the port are written into it, each over the last.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_bind_buffer(const struct quiver_ports *p, uint8_t port, size_t len);
+
+/**
+ * Binds `handler` to `port`: it runs once per message delivered on the
+ * port, just after the message is in the buffer, with `ctx`. A port without a handler
+ * is signalled on every delivery; a handler signals with `quiver_delivery_signal`.
+ *
+ * Thread safety: only the thread that opened the ports; the handler runs on that
+ * thread inside its ports calls, or on the offload engine's thread
+ * (`QUIVER_RELIABILITY=offload`) for messages from other nodes: `ctx` must be usable
+ * there.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle; `handler` is NULL (`QUIVER_ERR_NULL`) or a
+ * function that may be called with `ctx` until the port is bound to another handler,
+ * unbound or closed.
+ */
+enum quiver_error quiver_ports_bind_handler(const struct quiver_ports *p,
+                                            uint8_t port,
+                                            quiver_port_handler handler,
+                                            void *ctx);
+
+/**
+ * Binds `handler` as `port`'s error handler: it runs once per error of
+ * the port (a message that found no buffer or too small a one, a failed destination),
+ * with `ctx`. Without one, the error comes back from the next wait, test or progress
+ * as `QUIVER_ERR_PORT`.
+ *
+ * Thread safety: as `quiver_ports_bind_handler`.
+ *
+ * # Safety
+ *
+ * As `quiver_ports_bind_handler`.
+ */
+enum quiver_error quiver_ports_bind_error_handler(const struct quiver_ports *p,
+                                                  uint8_t port,
+                                                  quiver_port_error_handler handler,
+                                                  void *ctx);
+
+/**
+ * Removes every binding of `port` (its buffer is freed); signals not yet waited for
+ * stay.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_unbind(const struct quiver_ports *p, uint8_t port);
+
+/**
+ * Sends the `len` bytes at `data` through `port` to its destination; returns when the
+ * buffer may be reused.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle; `data` is readable for `len` bytes (NULL when
+ * `len` is 0 is allowed).
+ */
+enum quiver_error quiver_ports_send(const struct quiver_ports *p,
+                                    uint8_t port,
+                                    const void *data,
+                                    size_t len);
+
+/**
+ * Waits until `port` has been signalled `n` times and consumes the signals (GAMMA's
+ * `gamma_wait`), running the handlers meanwhile.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_wait(const struct quiver_ports *p, uint8_t port, uint64_t n);
+
+/**
+ * Like `quiver_ports_wait`, at most `timeout_us` microseconds: `QUIVER_ERR_TIMEOUT`
+ * when the signals had not come (none consumed).
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_wait_timeout(const struct quiver_ports *p,
+                                            uint8_t port,
+                                            uint64_t n,
+                                            uint64_t timeout_us);
+
+/**
+ * Makes progress once, then consumes `n` signals of `port` if it has them: `*done` 1,
+ * else 0.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle; `done` is NULL or writable.
+ */
+enum quiver_error quiver_ports_test(const struct quiver_ports *p,
+                                    uint8_t port,
+                                    uint64_t n,
+                                    int32_t *done);
+
+/**
+ * Signals `port` once (as a handler's `quiver_delivery_signal`).
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_signal(const struct quiver_ports *p, uint8_t port);
+
+/**
+ * Copies the last message delivered into `port`'s buffer to `dst` (at most `cap`
+ * bytes): its length at `*len` and its sender at `*rank` (`QUIVER_ANY_SOURCE` and 0
+ * when nothing was delivered since the buffer was bound). `QUIVER_ERR_TRUNCATED` when
+ * `cap` is shorter than the message (`dst` holds its start).
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle; `dst` is writable for `cap` bytes (NULL when
+ * `cap` is 0 is allowed); `len` and `rank` are NULL or writable.
+ */
+enum quiver_error quiver_ports_read(const struct quiver_ports *p,
+                                    uint8_t port,
+                                    void *dst,
+                                    size_t cap,
+                                    size_t *len,
+                                    uint32_t *rank);
+
+/**
+ * Makes progress: delivers what has arrived (running the handlers), sends what they
+ * queued. Returns the first port error no error handler took (`QUIVER_ERR_PORT`).
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_progress(const struct quiver_ports *p);
+
+/**
+ * How waits poll before they sleep: `spin_us` microseconds (GAMMA's 50 by default), 0
+ * to sleep at once, -1 never to sleep.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle.
+ */
+enum quiver_error quiver_ports_set_wait(const struct quiver_ports *p, int64_t spin_us);
+
+/**
+ * Waits until every rank of `job` has called a barrier as many times, keeping the ports
+ * going meanwhile (delivering, and forwarding broadcasts others wait for): the ports'
+ * `Job::barrier_progressing`. Port errors stay for the next wait, test or progress.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle; `job` is NULL or the live job handle the ports
+ * were opened with.
+ */
+enum quiver_error quiver_ports_barrier(const struct quiver_ports *p, const struct quiver_job *job);
+
+/**
+ * The ports' counters, at `*stats`.
+ *
+ * Thread safety: only the thread that opened the ports.
+ *
+ * # Safety
+ *
+ * `p` is NULL or a live ports handle; `stats` is NULL or writable.
+ */
+enum quiver_error quiver_ports_stats(const struct quiver_ports *p,
+                                     struct quiver_port_counters *stats);
+
+/**
+ * What a handler's delivery carries: the port, the sender's rank (the root, for a
+ * broadcast) and the port it sent through, the message's length, and its bytes in the
+ * port's buffer (valid until the handler returns). Any output may be NULL.
+ *
+ * Thread safety: inside the handler that was handed `d`.
+ *
+ * # Safety
+ *
+ * `d` is NULL or the delivery a running handler was handed; every output is NULL or
+ * writable.
+ */
+enum quiver_error quiver_delivery_info(struct quiver_delivery *d,
+                                       uint8_t *port,
+                                       uint32_t *rank,
+                                       uint8_t *from_port,
+                                       size_t *len,
+                                       const void **data);
+
+/**
+ * Signals the delivery's port once.
+ *
+ * Thread safety: inside the handler that was handed `d`.
+ *
+ * # Safety
+ *
+ * `d` is NULL or the delivery a running handler was handed.
+ */
+enum quiver_error quiver_delivery_signal(struct quiver_delivery *d);
+
+/**
+ * Sends the `len` bytes at `data` through `port` (to its bound destination) from inside
+ * a handler: queued now, in order with the process's other answers to that
+ * destination, sent as progress runs; never waits.
+ *
+ * Thread safety: inside the handler that was handed `d`.
+ *
+ * # Safety
+ *
+ * `d` is NULL or the delivery a running handler was handed; `data` is readable for
+ * `len` bytes (NULL when `len` is 0 is allowed).
+ */
+enum quiver_error quiver_delivery_send(struct quiver_delivery *d,
+                                       uint8_t port,
+                                       const void *data,
+                                       size_t len);
 
 /**
  * Opens the tagged endpoint `dpid` of this rank (every rank of the job opens the same

@@ -161,7 +161,7 @@ thread_local! {
 }
 
 /// The calling thread's number (0, which no handle has, while its locals are torn down).
-fn this_thread() -> u64 {
+pub(crate) fn this_thread() -> u64 {
     THREAD.try_with(|t| *t).unwrap_or(0)
 }
 

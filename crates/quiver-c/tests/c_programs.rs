@@ -470,6 +470,31 @@ fn ring_under_quiver_run() {
     );
 }
 
+/// GAMMA's ports from C: handlers, a broadcast, an error handler, every byte checked by
+/// the program itself, over shared memory and over UDP.
+#[test]
+fn ports_under_quiver_run() {
+    let Some(inst) = installed() else { return };
+    let prog = compile(inst, "examples/c/ports.c", "ports", Link::Shared);
+    for (n, env) in [(4, "auto"), (3, "udp")] {
+        let done = quiver_run(inst, n, &prog, &["15"], &[("QUIVER_TRANSPORT", env)])
+            .ok("quiver run ports");
+        let lines = lines_with(&done.stdout, "ports: rank");
+        assert_eq!(lines.len(), n as usize, "{}", done.describe());
+        for rank in 0..n {
+            let want = format!(
+                "ports: rank {rank}: 15 laps, {} broadcasts, 1 port error, every byte verified",
+                n - 1
+            );
+            assert!(
+                lines.iter().any(|l| l.ends_with(&want)),
+                "{want}\n{}",
+                done.describe()
+            );
+        }
+    }
+}
+
 #[test]
 fn ring_over_udp_under_quiver_run() {
     let Some(inst) = installed() else { return };

@@ -8,6 +8,12 @@ pub mod tagged {
     pub use crate::tagged::wire::{Msg, MAX_HEADER};
 }
 
+/// GAMMA's ports: the protocol handler of one process's port table (`ports::table`)
+/// fed arbitrary messages.
+pub mod ports {
+    pub use crate::ports::table::fuzz::{handle_all, Counts};
+}
+
 /// The rendezvous store's line protocol, server side (`job::rendezvous`).
 pub mod rendezvous {
     use std::io::{self, BufRead};

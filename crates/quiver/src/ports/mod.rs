@@ -49,8 +49,8 @@
 mod app;
 #[cfg(test)]
 mod sim_tests;
-mod table;
-mod tree;
+pub(crate) mod table;
+pub(crate) mod tree;
 mod wire;
 
 use crate::config::WaitMode;

@@ -362,6 +362,126 @@ impl Protocol for Handler<'_> {
     }
 }
 
+/// What the fuzz target `ports_messages` drives (`crate::fuzzing::ports`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzz {
+    use super::{Handler, Table};
+    use crate::addr::Source;
+    use crate::channel::reliable::Time;
+    use crate::engine::protocol::{Outbox, Protocol};
+    use crate::ports::Delivery;
+
+    /// What a run of [`handle_all`] counted.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Counts {
+        /// Messages handed to the handler.
+        pub handled: u64,
+        /// Of them, delivered into a port.
+        pub delivered: u64,
+        /// Of them, dropped as malformed.
+        pub malformed: u64,
+        /// Of them, reported as port errors (no buffer, overflow, reserved port).
+        pub errors: u64,
+        /// Broadcast copies queued for children.
+        pub forwarded: u64,
+        /// The most children a rank has in a tree of this job.
+        pub max_children: u64,
+    }
+
+    /// Hands the messages of `data` to the port table of one rank: the first byte sets
+    /// the job's size (1 to 16), the second this rank; then records of the sender's
+    /// rank (one byte), a length (one byte) and that many bytes of message. Ports 0 (16
+    /// bytes, a handler that signals), 1 (4 bytes) and 2 (no buffer, an error handler)
+    /// are bound. Panics if a delivered message's bytes are not in its port's buffer, or
+    /// a message was counted twice or not at all.
+    pub fn handle_all(data: &[u8]) -> Counts {
+        let (size, rank) = match data {
+            [s, r, ..] => (
+                u32::from(*s % 16) + 1,
+                u32::from(*r) % (u32::from(*s % 16) + 1),
+            ),
+            _ => {
+                return Counts {
+                    handled: 0,
+                    delivered: 0,
+                    malformed: 0,
+                    errors: 0,
+                    forwarded: 0,
+                    max_children: 0,
+                }
+            }
+        };
+        let mut table = Table::new(rank, size, 1);
+        table.slots[0].buffer = Some(vec![0; 16]);
+        table.slots[0].handler = Some(Box::new(|d: &mut Delivery<'_>| d.signal()));
+        table.slots[1].buffer = Some(vec![0; 4]);
+        table.slots[2].on_error = Some(Box::new(|_| {}));
+        let mut out = Outbox::new(8);
+        let mut rest = &data[2..];
+        let mut handled = 0;
+        while let [from, len, tail @ ..] = rest {
+            let n = usize::from(*len).min(tail.len());
+            let (msg, next) = tail.split_at(n);
+            rest = next;
+            let from = Source {
+                rank: u32::from(*from) % (size + 1),
+                dpid: 1,
+            };
+            let before = table.stats.delivered;
+            let mut h = Handler {
+                table: &mut table,
+                woke: false,
+                handled: 0,
+            };
+            h.handle_message(Time::ZERO, from, msg, &mut out);
+            handled += 1;
+            if table.stats.delivered > before {
+                // The payload is the message less the 8-byte header, in its port's buffer.
+                let port = usize::from(msg[1]);
+                let slot = &table.slots[port];
+                let payload = &msg[8..];
+                assert_eq!(slot.last_len, payload.len());
+                if !payload.is_empty() {
+                    assert_eq!(&slot.buffer.as_ref().unwrap()[..payload.len()], payload);
+                }
+            }
+            // Forwards leave as a link would take them.
+            out.flush(&mut h_dummy(), |_, _, _| Ok::<_, ()>(true), |_| {});
+        }
+        let s = &table.stats;
+        assert_eq!(s.delivered + s.malformed + s.errors, handled, "{s:?}");
+        let max_children = (0..size)
+            .map(|root| crate::ports::tree::children(rank, root, size).count() as u64)
+            .max()
+            .unwrap_or(0);
+        Counts {
+            handled,
+            delivered: s.delivered,
+            malformed: s.malformed,
+            errors: s.errors,
+            forwarded: s.forwarded,
+            max_children,
+        }
+    }
+
+    /// A protocol that sends no ranges, for flushing the outbox.
+    fn h_dummy() -> impl Protocol {
+        struct Nothing;
+        impl Protocol for Nothing {
+            fn handle_message(
+                &mut self,
+                _: Time,
+                _: Source,
+                _: &[u8],
+                _: &mut Outbox,
+            ) -> crate::engine::protocol::Disposition {
+                crate::engine::protocol::Disposition::Consumed
+            }
+        }
+        Nothing
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -648,5 +768,27 @@ mod tests {
         assert_eq!(t.stats.malformed, 5);
         assert_eq!(t.slots[5].signals, 0);
         assert_eq!(t.stats.forwarded, 0);
+    }
+
+    #[test]
+    fn the_fuzz_driver_counts_every_message_once() {
+        // size 4, rank 1; a broadcast of root 0 from rank 0 (rank 1's parent), a message
+        // for port 1 too long for it, a malformed one, and one for port 2 (no buffer).
+        let mut data = vec![3, 1];
+        let mut rec = |from: u8, m: Vec<u8>| {
+            data.push(from);
+            data.push(m.len() as u8);
+            data.extend(m);
+        };
+        rec(0, bcast(0, 0, b"all"));
+        rec(2, msg(1, 0, b"too long"));
+        rec(2, b"junk".to_vec());
+        rec(3, msg(2, 0, b"x"));
+        let c = fuzz::handle_all(&data);
+        assert_eq!(
+            (c.handled, c.delivered, c.malformed, c.errors),
+            (4, 1, 1, 2)
+        );
+        assert_eq!(c.forwarded, 1); // rank 1 of 4 forwards root 0's broadcasts to rank 3
     }
 }

@@ -10,6 +10,7 @@
  *   quiver run -n 4 -- ./ports [LAPS]
  */
 #include <quiver.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,12 +33,15 @@
         return 1;                                                                         \
     } while (0)
 
+/* What the handlers count: atomic, since with QUIVER_RELIABILITY=offload the handlers of
+   network messages run on the engine's thread. */
 struct state {
     uint32_t rank, size;
-    uint32_t ring_seen;    /* ring messages handled */
-    uint32_t bad;          /* messages that were not what they should be */
-    uint32_t bcast_from;   /* bit r: rank r's broadcast arrived */
-    uint32_t errors_seen;  /* port errors of port 2 */
+    quiver_ports *p;                 /* for the handler that must not call back in */
+    _Atomic uint32_t ring_seen;      /* ring messages handled */
+    _Atomic uint32_t bad;            /* messages that were not what they should be */
+    _Atomic uint32_t bcast_from;     /* bit r: rank r's broadcast arrived */
+    _Atomic uint32_t errors_seen;    /* port errors of port 2 */
 };
 
 /* Port 0: the token, 8 bytes: the lap and the rank that sent it. */
@@ -53,6 +57,9 @@ static void on_ring(quiver_delivery *d, void *ctx) {
     uint32_t word[2];
     memcpy(word, data, 8);
     if (word[1] != rank || rank != (s->rank + s->size - 1) % s->size) s->bad++;
+    /* A handler may not call its ports back (only quiver_delivery_*): refused, not a
+       deadlock or a crash. */
+    if (s->ring_seen == 0 && quiver_ports_signal(s->p, 0) == QUIVER_OK) s->bad++;
     s->ring_seen++;
     quiver_delivery_signal(d);
 }
@@ -89,6 +96,7 @@ int main(int argc, char **argv) {
     CHECK(quiver_job_size(job, &s.size));
     if (s.size < 2 || s.size > 32) FAIL("run with 2 to 32 ranks");
     CHECK(quiver_ports_open(job, 5, &p));
+    s.p = p;
     uint32_t next = (s.rank + 1) % s.size, prev = (s.rank + s.size - 1) % s.size;
     CHECK(quiver_ports_bind_to(p, 0, next, 0));
     CHECK(quiver_ports_bind_buffer(p, 0, 64));
@@ -126,7 +134,8 @@ int main(int argc, char **argv) {
     uint32_t want = ((s.size == 32) ? 0xffffffffu : ((1u << s.size) - 1)) & ~(1u << s.rank);
     if (s.bad || s.ring_seen != laps || s.bcast_from != want || c.errors != 1)
         FAIL("rank %u: %u bad, %u ring messages of %u, broadcasts %#x of %#x, %llu errors",
-             s.rank, s.bad, s.ring_seen, laps, s.bcast_from, want, (unsigned long long)c.errors);
+             s.rank, (unsigned)s.bad, (unsigned)s.ring_seen, laps, (unsigned)s.bcast_from, want,
+             (unsigned long long)c.errors);
     /* Leave together, forwarding meanwhile: another rank may still need this one to
        forward its broadcast. */
     CHECK(quiver_ports_barrier(p, job));

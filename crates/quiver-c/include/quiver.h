@@ -1201,8 +1201,9 @@ enum quiver_error quiver_ports_bind_buffer(const struct quiver_ports *p, uint8_t
  * # Safety
  *
  * `p` is NULL or a live ports handle; `handler` is NULL (`QUIVER_ERR_NULL`) or a
- * function that may be called with `ctx` until the port is bound to another handler,
- * unbound or closed.
+ * function that may be called with `ctx`, from the thread that opened the ports or
+ * from the offload engine's, until the port is bound to another handler, unbound or
+ * closed.
  */
 enum quiver_error quiver_ports_bind_handler(const struct quiver_ports *p,
                                             uint8_t port,

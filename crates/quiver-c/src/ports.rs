@@ -9,9 +9,10 @@
 //! pointer: it runs where progress runs, inside the application's next ports call on the
 //! opening thread, or, with the offload engine (`QUIVER_RELIABILITY=offload`), on the
 //! engine's thread for messages from other nodes, so its context must be usable from
-//! that thread. A handler must not call `quiver_ports_*` functions (they fail with
-//! `QUIVER_ERR_WRONG_THREAD` or `QUIVER_ERR_PANIC`): it uses the `quiver_delivery_*`
-//! functions on the delivery it was handed.
+//! that thread. A handler must not call `quiver_ports_*` functions: it uses the
+//! `quiver_delivery_*` functions on the delivery it was handed (a ports call from inside a handler fails
+//! with `QUIVER_ERR_INVALID_ARGUMENT`, or `QUIVER_ERR_WRONG_THREAD` on the engine's
+//! thread).
 //!
 //! `Ports` is neither `Send` nor `Sync`: every call checks that it runs on the thread
 //! that opened the handle (`QUIVER_ERR_WRONG_THREAD` otherwise).
@@ -21,6 +22,7 @@ use crate::job::quiver_job;
 use crate::tagged::this_thread;
 use quiver_rs::ports::{Delivery, PortError, PortStats, Ports};
 use quiver_rs::WaitMode;
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::time::Duration;
 
@@ -30,7 +32,18 @@ use std::time::Duration;
 pub struct quiver_ports {
     /// The opening thread's number, read before anything else.
     thread: u64,
+    /// A call on these ports is running (a handler it runs must not call in again).
+    busy: Cell<bool>,
     ports: Ports,
+}
+
+/// Clears a handle's `busy` when the call ends, also by a panic.
+struct Busy<'a>(&'a Cell<bool>);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
 }
 
 /// A message being delivered (opaque): what a receiver handler is handed, valid until
@@ -164,16 +177,18 @@ struct Callback<F> {
     ctx: *mut c_void,
 }
 
-// SAFETY: the context pointer is the C caller's, who is told (quiver_ports_bind_handler)
-// that the handler may run on the offload engine's thread; quiver only passes it back.
-unsafe impl<F> Send for Callback<F> {}
+// SAFETY: `F` is a C function pointer (Copy + Send); the context pointer is the C
+// caller's, whose contract (quiver_ports_bind_handler's Safety) is that the handler may
+// be called with it from the offload engine's thread; quiver only passes it back.
+unsafe impl<F: Copy + Send> Send for Callback<F> {}
 
-/// The ports behind a handle argument, on their own thread.
+/// The handle behind an argument, on its own thread and not inside one of its calls (a
+/// handler that calls back into its ports would find the table borrowed or locked).
 ///
 /// # Safety
 ///
 /// `p` is NULL or a live ports handle.
-unsafe fn ports<'a>(p: *const quiver_ports) -> Result<&'a Ports, Failure> {
+unsafe fn ports<'a>(p: *const quiver_ports) -> Result<&'a quiver_ports, Failure> {
     if p.is_null() {
         return Err(Failure::null("p"));
     }
@@ -187,7 +202,14 @@ unsafe fn ports<'a>(p: *const quiver_ports) -> Result<&'a Ports, Failure> {
         });
     }
     // SAFETY: a live handle of this thread (checked above).
-    Ok(&unsafe { handle(p, "p") }?.ports)
+    let h = unsafe { handle(p, "p") }?;
+    if h.busy.get() {
+        return Err(Failure::invalid(
+            "a ports call from inside a handler of the same ports: a handler uses the \
+             quiver_delivery_* functions only",
+        ));
+    }
+    Ok(h)
 }
 
 /// Runs `body` on the ports at `p`.
@@ -198,8 +220,10 @@ unsafe fn ports<'a>(p: *const quiver_ports) -> Result<&'a Ports, Failure> {
 unsafe fn with(p: *const quiver_ports, body: impl FnOnce(&Ports) -> Outcome) -> quiver_error {
     ffi(|| {
         // SAFETY: the contract is the caller's.
-        let ports = unsafe { ports(p) }?;
-        body(ports)
+        let h = unsafe { ports(p) }?;
+        h.busy.set(true);
+        let _busy = Busy(&h.busy);
+        body(&h.ports)
     })
 }
 
@@ -223,6 +247,7 @@ pub unsafe extern "C" fn quiver_ports_open(
         let ports = Ports::open(&j.job, dpid)?;
         out.put(Box::into_raw(Box::new(quiver_ports {
             thread: this_thread(),
+            busy: Cell::new(false),
             ports,
         })));
         Ok(())
@@ -328,8 +353,9 @@ pub unsafe extern "C" fn quiver_ports_bind_buffer(
 /// # Safety
 ///
 /// `p` is NULL or a live ports handle; `handler` is NULL (`QUIVER_ERR_NULL`) or a
-/// function that may be called with `ctx` until the port is bound to another handler,
-/// unbound or closed.
+/// function that may be called with `ctx`, from the thread that opened the ports or
+/// from the offload engine's, until the port is bound to another handler, unbound or
+/// closed.
 #[no_mangle]
 pub unsafe extern "C" fn quiver_ports_bind_handler(
     p: *const quiver_ports,
@@ -550,15 +576,14 @@ pub unsafe extern "C" fn quiver_ports_read(
         check_buffer(dst.cast(), cap, "dst")?;
         // SAFETY: `len` and `rank` are NULL or writable (the contract).
         let (len_out, rank_out) = unsafe { (Out::new(len, "len")?, Out::new(rank, "rank")?) };
-        let got = ports.read(port, |m, from| {
-            let n = m.len().min(cap);
-            if n > 0 {
-                // SAFETY: `dst` is writable for `cap` >= n bytes (the contract) and does
-                // not overlap the port's buffer, which is the library's.
-                unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), dst.cast::<u8>(), n) };
-            }
-            (m.len(), from.rank)
-        });
+        let dst: &mut [u8] = if cap == 0 {
+            &mut []
+        } else {
+            // SAFETY: `dst` is writable for `cap` bytes (the contract; checked non-NULL
+            // above) and does not overlap the port's buffer, which is the library's.
+            unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), cap) }
+        };
+        let got = ports.read(port, dst).map(|(n, from)| (n, from.rank));
         let (n, from) = got.unwrap_or((0, crate::tagged::QUIVER_ANY_SOURCE));
         len_out.put(n);
         rank_out.put(from);

@@ -471,14 +471,19 @@ fn ring_under_quiver_run() {
 }
 
 /// GAMMA's ports from C: handlers, a broadcast, an error handler, every byte checked by
-/// the program itself, over shared memory and over UDP.
+/// the program itself, over shared memory, over UDP, and over UDP with the handlers on
+/// the offload engine's thread.
 #[test]
 fn ports_under_quiver_run() {
     let Some(inst) = installed() else { return };
     let prog = compile(inst, "examples/c/ports.c", "ports", Link::Shared);
-    for (n, env) in [(4, "auto"), (3, "udp")] {
-        let done = quiver_run(inst, n, &prog, &["15"], &[("QUIVER_TRANSPORT", env)])
-            .ok("quiver run ports");
+    let udp = ("QUIVER_TRANSPORT", "udp");
+    for (n, env) in [
+        (4, vec![("QUIVER_TRANSPORT", "auto")]),
+        (3, vec![udp]),
+        (3, vec![udp, ("QUIVER_RELIABILITY", "offload")]),
+    ] {
+        let done = quiver_run(inst, n, &prog, &["15"], &env).ok("quiver run ports");
         let lines = lines_with(&done.stdout, "ports: rank");
         assert_eq!(lines.len(), n as usize, "{}", done.describe());
         for rank in 0..n {

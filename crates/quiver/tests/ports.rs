@@ -389,10 +389,13 @@ fn undeliverable_messages_reach_the_error_handler_or_the_next_call() {
                     capacity: 10
                 }]
             );
-            assert_eq!(
-                ports.read(5, |m, o| (m.to_vec(), o)),
-                Some((b"fits".to_vec(), from))
-            );
+            let mut got = [0u8; 10];
+            assert_eq!(ports.read(5, &mut got), Some((4, from)));
+            assert_eq!(&got[..4], b"fits");
+            // A shorter destination takes the start; the length is the message's.
+            let mut two = [0u8; 2];
+            assert_eq!(ports.read(5, &mut two), Some((4, from)));
+            assert_eq!(&two, b"fi");
             // Port 6 has no error handler: its error ends the next wait.
             match ports.wait(5, 1) {
                 Err(Error::Port(PortError::NoBuffer {
@@ -505,6 +508,9 @@ fn a_killed_destination_reaches_the_error_handler() {
         .apply()
         .unwrap();
     ports.bind(1).buffer(vec![0; 8]).apply().unwrap();
+    // Port 3 sends to rank 1 too, without an error handler: the failure must come back
+    // from a call.
+    ports.bind(3).to(1, 0).apply().unwrap();
     assert!(
         ports.wait_within(1, 1, Duration::from_secs(30)).unwrap(),
         "rank 1 never said it was ready"
@@ -512,16 +518,27 @@ fn a_killed_destination_reaches_the_error_handler() {
     child.kill().unwrap();
     child.wait().unwrap();
     let start = std::time::Instant::now();
-    let mut send_failed = false;
+    let (mut send_failed, mut returned) = (false, false);
     while start.elapsed() < Duration::from_secs(30) {
         send_failed |= ports.send(0, b"anyone?").is_err();
-        let _ = ports.progress();
-        if send_failed && !errors.lock().unwrap().is_empty() {
+        let result = ports.progress();
+        returned |= matches!(
+            result,
+            Err(Error::Port(PortError::DestinationFailed {
+                port: 3,
+                rank: 1
+            }))
+        );
+        if send_failed && returned && !errors.lock().unwrap().is_empty() {
             break;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(send_failed, "sends through the port kept succeeding");
+    assert!(
+        returned,
+        "port 3, without an error handler, never heard of the failure"
+    );
     assert!(
         errors
             .lock()

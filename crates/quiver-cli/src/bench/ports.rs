@@ -49,14 +49,16 @@ fn receive(
     ports
         .wait(port, 1)
         .with_context(|| format!("waiting for {what}"))?;
-    let len = ports
-        .read(port, |m, _| {
-            if let Some(c) = copy {
-                c.clear();
-                c.extend_from_slice(m);
-            }
-            m.len()
-        })
+    // Without --ports-copy only the length is read (an empty destination).
+    let dst = match copy {
+        Some(c) => {
+            c.resize(size, 0);
+            &mut c[..]
+        }
+        None => &mut [][..],
+    };
+    let (len, _) = ports
+        .read(port, dst)
         .with_context(|| format!("{what}: the port's buffer is empty"))?;
     check_len(len, size, what)
 }

@@ -242,6 +242,11 @@ impl Outbox {
         }
     }
 
+    /// Items that may still be queued before the outbox holds its capacity.
+    pub(crate) fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.len)
+    }
+
     /// Items waiting for a route.
     #[cfg_attr(not(test), allow(dead_code))] // tests and the next personalities
     pub(crate) fn len(&self) -> usize {

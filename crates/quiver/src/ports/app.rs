@@ -17,10 +17,13 @@ use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
-/// The outbox's bound: it holds only what handlers send, each message one handler's
-/// answer to a delivery (the engine hands the handlers no more messages while it is
-/// full, so a slow destination holds its senders back instead of losing anything).
-const OUTBOX_ITEMS: usize = 1024;
+/// The outbox's bound: none. It holds what handlers answer and the broadcasts this rank
+/// forwards, each the consequence of one message delivered; the engine hands a protocol
+/// no message while its outbox is full, so a bound could stop two processes from
+/// reading while each waits for room in the other's ring, both outboxes full of answers
+/// to the other (as tagged's outbox, `tagged::pushpull`). A slow destination makes this
+/// rank's outbox grow instead.
+const OUTBOX_ITEMS: usize = usize::MAX;
 
 /// The port table and the outbox of one process's ports.
 pub(super) struct App {
@@ -112,7 +115,11 @@ impl App {
         match bound {
             None => Err(Error::Port(PortError::NoDestination { port })),
             Some(Bound::One { to, head, route }) => {
-                self.send_to(on, port, to, route, &head, data, block)
+                let sent = self.send_to(on, port, to, route, &head, data, block)?;
+                if sent {
+                    self.count_sent(data.len());
+                }
+                Ok(sent)
             }
             Some(Bound::All { head }) => {
                 let (me, size) = {
@@ -136,12 +143,15 @@ impl App {
                     match sent {
                         Ok(false) => return Ok(false),
                         Ok(true) => first = false,
-                        // The other children still get it.
+                        // The other children still get it (waiting for room: the send
+                        // is under way), and the caller hears of the failure at the end.
                         Err(e) => {
+                            first = false;
                             failed.get_or_insert(e);
                         }
                     }
                 }
+                self.count_sent(data.len());
                 failed.map_or(Ok(true), Err)
             }
         }
@@ -188,10 +198,14 @@ impl App {
                 std::thread::yield_now();
             }
         }
+        Ok(true)
+    }
+
+    /// One message of `len` bytes sent through a port (to one rank, or to all).
+    fn count_sent(&self, len: usize) {
         let mut t = self.table.lock();
         t.stats.sent += 1;
-        t.stats.bytes_sent += data.len() as u64;
-        Ok(true)
+        t.stats.bytes_sent += len as u64;
     }
 
     /// A send through `port` to `rank` failed with `e`: the port's error handler hears
@@ -258,16 +272,19 @@ impl App {
                     Error::PeerFailed { rank, .. } | Error::PeerClosed { rank, .. } => *rank,
                     _ => return Err(e),
                 };
+                // Every port bound to the failed rank hears of it: its error handler, or
+                // the application's next wait, test or progress. The engine's error is
+                // returned only when no port sends to that rank.
                 let mut table = self.table.lock();
-                let mut taken = false;
+                let mut bound = false;
                 for port in 0..RESERVED_PORT {
                     let dest = table.slots[usize::from(port)].dest;
                     if dest.is_some_and(|b| b.reaches(rank)) {
-                        let e = PortError::DestinationFailed { port, rank };
-                        taken |= table.notify(e).is_ok();
+                        table.report(PortError::DestinationFailed { port, rank });
+                        bound = true;
                     }
                 }
-                if taken {
+                if bound {
                     Ok(true)
                 } else {
                     Err(e)

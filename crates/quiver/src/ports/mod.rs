@@ -7,8 +7,8 @@
 //!
 //! - a **destination**, port `p` of rank `r` ([`Bind::to`]), or port `p` of every other
 //!   rank ([`Bind::to_all`], GAMMA's BROADCAST: down a binomial tree of unicasts): the
-//!   route and the header are resolved once, when it is bound, and a send then names
-//!   only the port and the data ([`Ports::send`]);
+//!   header is computed and the routes connected once, when it is bound, and a send
+//!   then names only the port and the data ([`Ports::send`]);
 //! - a **receive buffer** the application hands over ([`Bind::buffer`]): a message
 //!   arriving on the port is written into it, where it stays until the next one
 //!   overwrites it, unless the handler re-binds the port to a fresh buffer first
@@ -25,7 +25,8 @@
 //! - an **error handler** ([`Bind::on_error`]): a message for a port without a buffer,
 //!   or longer than its buffer, and a failed destination reach it as a [`PortError`];
 //!   nothing is dropped silently (without an error handler the error comes back from
-//!   the next call, as [`Error::Port`]).
+//!   the next wait, test or progress, as [`Error::Port`]; a failed send also returns
+//!   its error at once).
 //!
 //! [`Ports::wait`] is GAMMA's `gamma_wait(port, n)`: it waits until the port has been
 //! signalled `n` times and consumes the signals, polling for a while (GAMMA's 50 µs by
@@ -72,6 +73,8 @@ pub const PORT_COUNT: usize = 256;
 pub const RESERVED_PORT: u8 = 255;
 /// Bytes of the header before each message's payload.
 pub const HEADER_LEN: usize = wire::HEADER_LEN;
+/// Rounds of the endpoint one [`Ports::progress`] (or [`Ports::test`]) makes at most.
+pub const PROGRESS_ROUNDS: usize = 64;
 /// How long [`Ports::wait`] polls before it sleeps, by default: GAMMA's bounded poll.
 pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(50);
 
@@ -105,6 +108,8 @@ pub struct Delivery<'a> {
     len: usize,
     out: &'a mut Outbox,
     signalled: bool,
+    /// The buffer holding the message was re-bound or taken: it is no longer the port's.
+    moved: bool,
 }
 
 impl Delivery<'_> {
@@ -132,16 +137,16 @@ impl Delivery<'_> {
     /// the message is then in the buffer [`Delivery::rebind`] returned).
     pub fn data(&self) -> &[u8] {
         match &self.table.slots[usize::from(self.port)].buffer {
-            Some(b) if b.len() >= self.len => &b[..self.len],
+            Some(b) if !self.moved && b.len() >= self.len => &b[..self.len],
             _ => &[],
         }
     }
 
     /// The message, to change in place.
     pub fn data_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
+        let (len, moved) = (self.len, self.moved);
         match &mut self.table.slots[usize::from(self.port)].buffer {
-            Some(b) if b.len() >= len => &mut b[..len],
+            Some(b) if !moved && b.len() >= len => &mut b[..len],
             _ => &mut [],
         }
     }
@@ -152,7 +157,8 @@ impl Delivery<'_> {
         let slot = &mut self.table.slots[usize::from(self.port)];
         let old = slot.buffer.replace(buffer).unwrap_or_default();
         self.len = self.len.min(old.len());
-        slot.last_len = 0;
+        self.moved = true;
+        slot.forget_last();
         old
     }
 
@@ -160,7 +166,8 @@ impl Delivery<'_> {
     /// next message goes to the error handler unless a buffer is bound first).
     pub fn take_buffer(&mut self) -> Vec<u8> {
         let slot = &mut self.table.slots[usize::from(self.port)];
-        slot.last_len = 0;
+        self.moved = true;
+        slot.forget_last();
         slot.buffer.take().unwrap_or_default()
     }
 
@@ -173,6 +180,8 @@ impl Delivery<'_> {
     /// Sends `data` through `port` (to its bound destination) once the route has room:
     /// it is queued now, in order with this process's other answers to that destination,
     /// and leaves as progress runs. The handler must not wait, so this never does.
+    /// Through a broadcast port it is queued for every child of this rank's tree, or,
+    /// when the outbox cannot take them all, for none ([`PortError::OutboxFull`]).
     pub fn send(&mut self, port: u8, data: &[u8]) -> std::result::Result<(), PortError> {
         let t = &mut *self.table;
         match t.slots[usize::from(port)].dest {
@@ -182,14 +191,17 @@ impl Delivery<'_> {
                 .send(to, &head, data)
                 .map_err(|_| PortError::OutboxFull { port })?,
             Some(Bound::All { head }) => {
-                for child in tree::children(t.rank, t.rank, t.size) {
+                // All the children or none: a retry must not send twice to some.
+                let children = tree::children(t.rank, t.rank, t.size);
+                if self.out.room() < children.clone().count() {
+                    return Err(PortError::OutboxFull { port });
+                }
+                for child in children {
                     let to = crate::addr::Source {
                         rank: child,
                         dpid: t.dpid,
                     };
-                    self.out
-                        .send(to, &head, data)
-                        .map_err(|_| PortError::OutboxFull { port })?;
+                    self.out.forward(to, &head, data);
                 }
             }
         }
@@ -230,8 +242,10 @@ impl Bind<'_> {
     /// Messages sent through the port go to port `port` of every other rank of the job
     /// (GAMMA's BROADCAST destination): down a binomial tree of the job's channels
     /// rooted at this rank, each rank forwarding to its children before its own handler
-    /// runs, so every rank gets each message once, reliably and in this rank's order.
-    /// The handler's [`Delivery::origin`] names the root.
+    /// runs, so every rank gets each message once and in this rank's order, over
+    /// reliable channels. A rank that fails takes the copies for its subtree with it:
+    /// the ports bound to all hear [`PortError::DestinationFailed`] where the failure
+    /// is seen. The handler's [`Delivery::origin`] names the root.
     pub fn to_all(mut self, port: u8) -> Self {
         self.dest = Some((None, port));
         self
@@ -286,7 +300,7 @@ impl Bind<'_> {
         let slot = &mut t.slots[usize::from(port)];
         if let Some(b) = buffer {
             slot.buffer = Some(b);
-            slot.last_len = 0;
+            slot.forget_last();
         }
         if let Some(h) = handler {
             slot.handler = Some(h);
@@ -351,7 +365,7 @@ impl Ports {
         slot.dest = None;
         slot.handler = None;
         slot.on_error = None;
-        slot.last_len = 0;
+        slot.forget_last();
         slot.buffer.take()
     }
 
@@ -359,20 +373,27 @@ impl Ports {
     pub fn take_buffer(&self, port: u8) -> Option<Vec<u8>> {
         let mut t = self.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
-        slot.last_len = 0;
+        slot.forget_last();
         slot.buffer.take()
     }
 
-    /// Calls `f` with the last message delivered into `port`'s buffer and its sender
-    /// (`None` when nothing was delivered since the buffer was bound). The message stays
-    /// until the next one on the port overwrites it: between a wait and this call
-    /// nothing runs the handlers, so it is the one the wait was signalled for.
-    pub fn read<R>(&self, port: u8, f: impl FnOnce(&[u8], Origin) -> R) -> Option<R> {
+    /// Copies the last message delivered into `port`'s buffer to the start of `dst`
+    /// (as much as fits) and returns its whole length and its sender; `None` when
+    /// nothing was delivered since the buffer was bound. The message stays until the
+    /// next one on the port overwrites it: between a wait and this call nothing runs
+    /// the handlers (without the offload engine), so it is the one the wait was
+    /// signalled for. (A copy, not a view: the port's buffer is delivered into while the
+    /// application runs when the offload engine serves the ports; a handler reads the
+    /// message in place, [`Delivery::data`].)
+    pub fn read(&self, port: u8, dst: &mut [u8]) -> Option<(usize, Origin)> {
         let t = self.app.table.lock();
         let slot = &t.slots[usize::from(port)];
         let from = slot.last_from?;
         let bytes = slot.buffer.as_deref().unwrap_or_default();
-        Some(f(&bytes[..slot.last_len.min(bytes.len())], from))
+        let msg = &bytes[..slot.last_len.min(bytes.len())];
+        let n = msg.len().min(dst.len());
+        dst[..n].copy_from_slice(&msg[..n]);
+        Some((msg.len(), from))
     }
 
     /// Sends `data` through `port` to its bound destination; returns when `data` may be
@@ -422,10 +443,16 @@ impl Ports {
     }
 
     /// Makes progress: delivers what has arrived (running the handlers) and sends what
-    /// handlers queued. Returns the first port error no error handler took.
+    /// handlers queued, for at most [`PROGRESS_ROUNDS`] rounds of the endpoint (a peer
+    /// that keeps sending cannot hold the caller here). Returns the first port error no
+    /// error handler took.
     pub fn progress(&self) -> Result<()> {
         self.app.take_error()?;
-        while self.app.poll(&self.ep)? {}
+        for _ in 0..PROGRESS_ROUNDS {
+            if !self.app.poll(&self.ep)? {
+                break;
+            }
+        }
         self.app.take_error()
     }
 
@@ -445,7 +472,11 @@ impl Ports {
 /// application's next call.
 impl crate::job::Progress for Ports {
     fn progress(&self) -> Result<()> {
-        while self.app.poll(&self.ep)? {}
+        for _ in 0..PROGRESS_ROUNDS {
+            if !self.app.poll(&self.ep)? {
+                break;
+            }
+        }
         Ok(())
     }
 

@@ -75,6 +75,14 @@ pub(super) struct Slot {
     pub signals: u64,
 }
 
+impl Slot {
+    /// The buffer changed: what it held is no longer the last message delivered.
+    pub(super) fn forget_last(&mut self) {
+        self.last_len = 0;
+        self.last_from = None;
+    }
+}
+
 /// The ports of one process.
 pub(super) struct Table {
     /// This process's rank, the job's size and the ports' DPID (every rank's): where
@@ -166,13 +174,14 @@ impl Table {
             len,
             out,
             signalled: false,
+            moved: false,
         };
         handler(&mut d);
         let signalled = d.signalled;
-        // A handler cannot replace itself (it is not in its slot while it runs), so the
-        // slot is empty unless the port was unbound meanwhile, which only the
-        // application's thread does, not a handler.
-        self.slots[usize::from(port)].handler.get_or_insert(handler);
+        // A handler cannot replace itself (it is not in its slot while it runs), and the
+        // table stays borrowed or locked while it runs, so nothing else can bind or
+        // unbind the port meanwhile: the slot is empty, and the handler goes back.
+        self.slots[usize::from(port)].handler = Some(handler);
         signalled
     }
 }
@@ -544,6 +553,7 @@ mod tests {
             assert_eq!(d.origin(), Origin { rank: 2, port: 1 });
             // The next message goes into a fresh buffer; this one is kept whole.
             let full = d.rebind(vec![0; 8]);
+            assert!(d.data().is_empty(), "the message moved with its buffer");
             k.lock().unwrap().push(full[..d.len()].to_vec());
             d.signal();
         }));
@@ -555,6 +565,8 @@ mod tests {
         );
         assert_eq!(t.slots[0].signals, 2);
         assert!(t.slots[0].handler.is_some(), "the handler stays bound");
+        // The fresh buffer holds no message: nothing to read.
+        assert_eq!((t.slots[0].last_len, t.slots[0].last_from), (0, None));
     }
 
     #[test]
@@ -742,6 +754,48 @@ mod tests {
         assert_eq!(t.slots[5].last_from, Some(Origin { rank: 0, port: 9 }));
         assert_eq!(t.slots[5].signals, 1);
         assert_eq!(t.stats.forwarded, 1);
+    }
+
+    /// A handler's broadcast is queued for every child of the tree or, when the outbox
+    /// cannot take them all, for none: a retry cannot reach some twice.
+    #[test]
+    fn a_handlers_broadcast_goes_to_all_children_or_none() {
+        for (capacity, queued) in [(2, 0), (3, 3)] {
+            let mut t = Table::new(0, 8, DPID);
+            t.slots[0].buffer = Some(vec![0; 8]);
+            t.slots[1].dest = Some(Bound::All {
+                head: Header {
+                    dest_port: 1,
+                    src_port: 1,
+                    root: Some(0),
+                }
+                .encode(),
+            });
+            let result = Arc::new(Mutex::new(None));
+            let r = result.clone();
+            t.slots[0].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
+                *r.lock().unwrap() = Some(d.send(1, b"all"));
+            }));
+            let mut out = Outbox::new(capacity);
+            let mut h = Handler {
+                table: &mut t,
+                woke: false,
+                handled: 0,
+            };
+            let from = Source {
+                rank: 5,
+                dpid: DPID,
+            };
+            h.handle_message(Time::ZERO, from, &msg(0, 0, b"go"), &mut out);
+            let want = if queued == 0 {
+                Err(PortError::OutboxFull { port: 1 })
+            } else {
+                Ok(())
+            };
+            assert_eq!(result.lock().unwrap().clone(), Some(want));
+            assert_eq!(out.len(), queued, "capacity {capacity}");
+            assert_eq!(t.stats.sent, u64::from(queued > 0));
+        }
     }
 
     /// A broadcast from a rank that is not this rank's parent for the root it names, or

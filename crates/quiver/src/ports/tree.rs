@@ -17,7 +17,7 @@ pub(crate) fn parent(rank: u32, root: u32, n: u32) -> Option<u32> {
 }
 
 /// The ranks `rank` forwards root `root`'s broadcasts to, farthest first.
-pub(crate) fn children(rank: u32, root: u32, n: u32) -> impl Iterator<Item = u32> {
+pub(crate) fn children(rank: u32, root: u32, n: u32) -> impl Iterator<Item = u32> + Clone {
     let valid = rank < n && root < n;
     let rel = if valid { (rank + n - root) % n } else { n };
     // Powers of two above rel, from the largest that stays below n down.

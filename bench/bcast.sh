@@ -13,12 +13,15 @@
 #
 # usage: bash bench/bcast.sh                 (REPS=3, LINK=1gbit; about 5 minutes)
 #        NODES="2 4" REPS=1 LINK=unlimited bash bench/bcast.sh
+#        WAIT=block bash bench/bcast.sh      (QUIVER_WAIT of quiver's ranks; default the
+#                                             library's, hybrid:100)
 # Results: target/bench-bcast/records.tsv (nodes, size, system, figure, rep, value) and
 #          the table printed at the end.
 set -uo pipefail
 REPS=${REPS:-3}
 NODES=${NODES:-2 4 8}
 LINK=${LINK:-1gbit}
+WAIT=${WAIT:-}
 SIZES=${SIZES:-8,1024,65536}
 ITERS=${ITERS:-500}
 WINDOW=${WINDOW:-16}
@@ -63,7 +66,7 @@ mgmt_up() {
 
 quiver_run() {   # quiver_run N REP
     local n=$1 rep=$2
-    local cmd=(env QUIVER_TRANSPORT=eth "$Q" run --cluster "$cluster" -n "$n" --timeout 300 --
+    local cmd=(env QUIVER_TRANSPORT=eth ${WAIT:+QUIVER_WAIT=$WAIT} "$Q" run --cluster "$cluster" -n "$n" --timeout 300 --
                "$root/target/release/examples/ports_bcast" "$SIZES" "$ITERS" "$WINDOW")
     echo "== $(show "${cmd[@]}")" >> "$raw"
     locked "${cmd[@]}" 2>> "$raw" | tee -a "$raw" | sed 's/^\[0\] //' | grep '^{' | python3 -c '

@@ -891,6 +891,14 @@ fn receive_abandoned_by_a_failure(free: bool) {
                 // Silent from now on: nothing acknowledges rank 0's message.
                 std::mem::forget(t);
                 wait_for(&step, END, None);
+                // The leaked endpoint never removes its shared objects (its split-copy
+                // board outlived every CI run): this rank does, as a launcher would
+                // after a dead rank.
+                for name in quiver::admin::job_segments(job.job_id()) {
+                    if name.contains(&format!("-{}-", job.rank())) {
+                        let _ = std::fs::remove_file(format!("/dev/shm/{name}"));
+                    }
+                }
             }
         }
     });

@@ -176,6 +176,11 @@ pub struct Config {
     /// datagram. Where the kernel refuses it, the transport says so once and sends
     /// datagram by datagram.
     pub udp_gso: bool,
+    /// Whether a broadcast through the ports (`Bind::to_all`) goes through the link's
+    /// own broadcast where it has one (one multicast frame per fragment on raw Ethernet,
+    /// the engine's group channel) or always down a binomial tree of unicasts
+    /// (`QUIVER_NATIVE_BROADCAST=on|off`, default on).
+    pub native_broadcast: bool,
     /// Whether the UDP transport asks the kernel to coalesce received runs of datagrams
     /// (`UDP_GRO`; `QUIVER_UDP_GRO=on|off`, default on): one receive per run of up to
     /// 64 KiB, copied from a staging buffer into the pool's slots. It is switched on
@@ -215,6 +220,7 @@ impl Default for Config {
             cma: true,
             split_copy: true,
             udp_gso: true,
+            native_broadcast: true,
             udp_gro: true,
             auth: false,
         }
@@ -314,6 +320,7 @@ pub(crate) const VARIABLES: &[&str] = &[
     "QUIVER_SPLIT_COPY",
     "QUIVER_UDP_GSO",
     "QUIVER_UDP_GRO",
+    "QUIVER_NATIVE_BROADCAST",
     "QUIVER_AUTH",
     "QUIVER_OFFLOAD_CPU",
     "QUIVER_RECOVERY",
@@ -411,6 +418,7 @@ impl Config {
             ("QUIVER_SPLIT_COPY", &mut c.split_copy),
             ("QUIVER_UDP_GSO", &mut c.udp_gso),
             ("QUIVER_UDP_GRO", &mut c.udp_gro),
+            ("QUIVER_NATIVE_BROADCAST", &mut c.native_broadcast),
             ("QUIVER_AUTH", &mut c.auth),
         ] {
             if let Some(v) = get(var) {
@@ -518,6 +526,7 @@ impl Config {
             faults: self.faults.clone(),
             // The job's key is the job's: the endpoint fills it in when `auth` is on.
             auth_key: None,
+            group: None,
         }
     }
 
@@ -942,8 +951,10 @@ mod tests {
             ("QUIVER_SPLIT_COPY", flipped(d.split_copy)),
             ("QUIVER_UDP_GSO", flipped(d.udp_gso)),
             ("QUIVER_UDP_GRO", flipped(d.udp_gro)),
+            ("QUIVER_NATIVE_BROADCAST", flipped(d.native_broadcast)),
         ])
         .unwrap();
+        assert_eq!(c.native_broadcast, !d.native_broadcast);
         assert_eq!(
             (c.cma, c.split_copy, c.udp_gso, c.udp_gro),
             (!d.cma, !d.split_copy, !d.udp_gso, !d.udp_gro)

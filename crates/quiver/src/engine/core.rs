@@ -33,10 +33,11 @@
 //! ([`Core::release_slot`], [`Core::release_owned`]) only credits the channel, whose
 //! acknowledgement leaves with the next round.
 
+use super::group::Members;
 use super::stats::EndpointStats;
 use crate::addr::Source;
 use crate::channel::reliable::{
-    self, earliest, ChannelError, Duplex, Event, PartialSend, SendError, Time, TxFrame,
+    self, earliest, AckStamp, ChannelError, Duplex, Event, PartialSend, SendError, Time, TxFrame,
 };
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::error::{Error, Result};
@@ -102,9 +103,23 @@ pub(crate) struct RxFrame {
     pub(crate) data_len: u32,
 }
 
-/// One peer endpoint reached over the network.
+/// What a channel of the peer table is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Role {
+    /// The one reliable channel with a peer endpoint, both ways.
+    Unicast,
+    /// This endpoint's group channel: its broadcasts, to the link's broadcast address
+    /// (its `source` is [`Source::group`] of this endpoint's DPID).
+    GroupTx,
+    /// The group channel of root `source`, received here; this side only acknowledges,
+    /// to the root's address.
+    GroupRx,
+}
+
+/// One peer endpoint reached over the network (or, for a group channel, the group).
 pub(crate) struct Peer<D> {
     pub(crate) source: Source,
+    pub(crate) role: Role,
     pub(super) dest: D,
     pub(super) duplex: Duplex<RxFrame>,
     pub(super) rx: RxChannel,
@@ -142,6 +157,12 @@ pub(crate) enum Ready {
         /// reassembled message, whose frames were credited as they were copied.
         credit: Option<u32>,
     },
+}
+
+/// This endpoint's group channel: its place in the peer table and its members.
+struct GroupTx {
+    peer: usize,
+    members: Members,
 }
 
 /// What [`Core::check`] made of a datagram.
@@ -185,7 +206,9 @@ enum BatchFrame {
 pub(crate) struct Core<D> {
     me: Identity,
     peers: Vec<Peer<D>>,
-    peer_index: FastMap<Source, usize>,
+    peer_index: FastMap<(Source, Role), usize>,
+    /// This endpoint's group channel, once it broadcast.
+    group: Option<GroupTx>,
     /// When the next round is needed: the earliest channel timer, or the link's when it
     /// holds frames back.
     next_deadline: Option<Time>,
@@ -214,6 +237,7 @@ impl<D> Core<D> {
             me,
             peers: Vec::new(),
             peer_index: FastMap::default(),
+            group: None,
             next_deadline: None,
             last_now: Time::ZERO,
             delivering: true,
@@ -296,14 +320,23 @@ impl<D> Core<D> {
 
 /// The peer table.
 impl<D> Core<D> {
-    /// Index of a known peer: a scan while there are few (cheaper than hashing, on the
-    /// path of every received frame), the map beyond.
+    /// Index of a known peer's unicast channel: a scan while there are few (cheaper than
+    /// hashing, on the path of every received frame), the map beyond.
     #[inline]
     pub(crate) fn find_peer(&self, src: Source) -> Option<usize> {
+        self.find_channel(src, Role::Unicast)
+    }
+
+    /// Index of the channel of `role` with `src` (for [`Role::GroupTx`], `src` is
+    /// [`Source::group`] of this endpoint's DPID).
+    #[inline]
+    pub(crate) fn find_channel(&self, src: Source, role: Role) -> Option<usize> {
         if self.peers.len() <= 8 {
-            self.peers.iter().position(|p| p.source == src)
+            self.peers
+                .iter()
+                .position(|p| p.source == src && p.role == role)
         } else {
-            self.peer_index.get(&src).copied()
+            self.peer_index.get(&(src, role)).copied()
         }
     }
 
@@ -315,23 +348,49 @@ impl<D> Core<D> {
         dest: D,
         max_datagram: usize,
     ) -> Result<usize> {
-        let reliable = reliable::Config {
+        self.add_channel(source, Role::Unicast, dest, max_datagram)
+    }
+
+    /// Adds a channel of `role` with `source` at `dest`. A group channel has no
+    /// liveness of its own (no heartbeats, no silence timeout): the unicast channels of
+    /// its root and members watch the endpoints.
+    pub(crate) fn add_channel(
+        &mut self,
+        source: Source,
+        role: Role,
+        dest: D,
+        max_datagram: usize,
+    ) -> Result<usize> {
+        let mut reliable = reliable::Config {
             max_datagram,
             window: self.me.window,
             ..self.me.reliable.clone()
         };
-        let template = self.header_to(FrameKind::Data, source.dpid);
+        let mut template = self.header_to(FrameKind::Data, source.dpid);
+        match role {
+            Role::Unicast => {}
+            Role::GroupTx | Role::GroupRx => {
+                reliable.heartbeat = None;
+                reliable.peer_timeout = None;
+                template.flags = if role == Role::GroupTx {
+                    Flags::GROUP
+                } else {
+                    Flags::GROUP_REPLY
+                };
+            }
+        }
         let duplex = Duplex::new(&reliable, template)
             .map_err(|e| Error::Config(format!("reliable channels: {e}")))?;
         let i = self.peers.len();
         self.peers.push(Peer {
             source,
+            role,
             dest,
             duplex,
             rx: RxChannel::new(),
             closed: false,
         });
-        self.peer_index.insert(source, i);
+        self.peer_index.insert((source, role), i);
         Ok(i)
     }
 
@@ -368,12 +427,104 @@ impl<D> Core<D> {
     /// The goodbye frame to every peer that has not said goodbye itself, so that none
     /// waits for this endpoint.
     pub(crate) fn goodbyes(&self) -> impl Iterator<Item = (&D, [u8; wire::HEADER_LEN])> {
-        self.peers.iter().filter(|p| !p.closed).map(|p| {
+        let unicast = |p: &&Peer<D>| p.role == Role::Unicast && !p.closed;
+        self.peers.iter().filter(unicast).map(|p| {
             let mut bytes = [0u8; wire::HEADER_LEN];
             self.header_to(FrameKind::Goodbye, p.source.dpid)
                 .emit_sealed(&mut bytes, &[]);
             (&p.dest, bytes)
         })
+    }
+}
+
+/// Group channels ([`super::group`]): this endpoint's broadcasts, and what its members
+/// acknowledge.
+impl<D> Core<D> {
+    /// The index of this endpoint's group channel, once opened.
+    #[inline]
+    pub(crate) fn group_channel(&self) -> Option<usize> {
+        self.group.as_ref().map(|g| g.peer)
+    }
+
+    /// Opens this endpoint's group channel: frames of at most `max_datagram` bytes to
+    /// `dest` (the link's broadcast address), acknowledged by the endpoints whose
+    /// unicast channels are `members`.
+    pub(crate) fn open_group(
+        &mut self,
+        dest: D,
+        max_datagram: usize,
+        members: &[usize],
+    ) -> Result<usize> {
+        let source = Source::group(self.me.dpid);
+        let i = self.add_channel(source, Role::GroupTx, dest, max_datagram)?;
+        let members = members.iter().map(|&m| (self.peers[m].source, m));
+        self.group = Some(GroupTx {
+            peer: i,
+            members: Members::new(members, self.me.window),
+        });
+        Ok(i)
+    }
+
+    /// The unicast channel of group member `source`, if it is one (a reply to the group
+    /// channel must come from that member's address).
+    pub(crate) fn group_member(&self, source: Source) -> Option<usize> {
+        let g = self.group.as_ref()?;
+        g.members.index_of(source).map(|m| g.members.peer_of(m))
+    }
+
+    /// A member's reply to this endpoint's group channel (a checked `GROUP_REPLY` frame,
+    /// from the member's address): its acknowledgement, credits and holes move the
+    /// group. False when the sender is no member (the caller counts it).
+    pub(crate) fn handle_group_reply(&mut self, h: &Header) -> bool {
+        let now = self.last_now;
+        let Some(g) = self.group.as_mut() else {
+            return false;
+        };
+        let Some(m) = g.members.index_of(source_of(h)) else {
+            return false;
+        };
+        // A member's side of the channel sends acknowledgements only; and where
+        // checksums are on, an unsealed frame is not trusted.
+        if h.kind != FrameKind::Ack
+            || (self.me.reliable.checksums() && !h.flags.contains(Flags::CHECKSUM))
+        {
+            return true;
+        }
+        let sender = self.peers[g.peer].duplex.sender();
+        let guard = sender.srtt().unwrap_or(self.me.reliable.rto_min / 2);
+        let stamp = AckStamp {
+            ack: h.ack,
+            credits: h.credits,
+        };
+        g.members.handle_reply(
+            m,
+            now,
+            (stamp, h.seq),
+            sender.sent_end(),
+            guard,
+            |seq| sender.kept_frame(seq).is_some(),
+        );
+        self.settle_group();
+        true
+    }
+
+    /// Hands the group channel's sender what its live members acknowledged together
+    /// (a member whose unicast channel failed or closed no longer counts).
+    fn settle_group(&mut self) {
+        let Some(g) = self.group.as_mut() else {
+            return;
+        };
+        for m in 0..g.members.len() {
+            let p = &self.peers[g.members.peer_of(m)];
+            g.members
+                .set_live(m, !p.closed && !p.duplex.is_failed());
+        }
+        let p = &mut self.peers[g.peer];
+        let sender = p.duplex.sender();
+        let stamp = g
+            .members
+            .agreed(sender.oldest_unacked(), sender.sent_end(), self.me.window);
+        p.duplex.handle_group_ack(self.last_now, stamp);
     }
 }
 
@@ -453,6 +604,9 @@ impl<D> Core<D> {
             self.undelivered = true;
         }
         let max_message = self.me.max_message;
+        if self.group.is_some() {
+            self.settle_group();
+        }
         for (i, p) in self.peers.iter_mut().enumerate() {
             if due && p.duplex.poll_timeout().is_some_and(|t| t <= now) {
                 p.duplex.handle_timeout(now);
@@ -605,9 +759,19 @@ impl<D> Core<D> {
         now: Time,
         stats: &mut EndpointStats,
     ) -> Transmit<'_, D> {
-        let p = &mut self.peers[i];
         self.batch.clear();
         self.gather.clear();
+        if let Some(g) = self.group.as_mut().filter(|g| g.peer == i) {
+            // Frames members reported missing go first, to the whole group.
+            let sender = self.peers[i].duplex.sender();
+            for seq in g.members.take_repairs() {
+                if sender.kept_frame(seq).is_some() {
+                    stats.frames_sent += 1;
+                    self.batch.push(BatchFrame::Kept(seq));
+                }
+            }
+        }
+        let p = &mut self.peers[i];
         while p.duplex.wants_transmit() {
             let Some(frame) = p.duplex.poll_transmit_kept(now) else {
                 break;
@@ -821,6 +985,11 @@ impl<D> Core<D> {
             st.out_of_order += c.out_of_order;
             st.credit_stalls += c.credit_stalls;
             st.acks_sent += c.acks_explicit;
+        }
+        if let Some(g) = &self.group {
+            // A repair is a fast retransmission to the whole group.
+            st.fast_retransmits += g.members.repairs_sent();
+            st.dropped_misaddressed += g.members.bad_replies();
         }
         st.ring_evacuations = self.evacuations;
     }

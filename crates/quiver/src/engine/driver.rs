@@ -11,7 +11,7 @@
 //! the same channel state machine ([`Core::handle_frame`], [`Driver::write_lone`]).
 
 use super::clock::{Clock, ProtocolClock};
-use super::core::{source_of, Checked, Core, Identity, Transmit};
+use super::core::{source_of, Checked, Core, Identity, Role, Transmit};
 pub(crate) use super::core::{Peer, Ready};
 use super::stats::EndpointStats;
 use crate::addr::Source;
@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::network::{NetLink, Placement};
 use crate::link::{Datagram, Link, LinkCaps};
+use crate::wire::{Flags, Header};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +66,7 @@ impl Driver {
         };
         let mut params = job.config.link_params();
         params.auth_key = job.config.auth.then_some(job.frame_key);
+        params.group = Some(job.job_id);
         let link = NetLink::open(&params, at, dpid)?;
         let window = link.channel_window(&params);
         Driver::with_link(job, dpid, link, ProtocolClock::new(), window)
@@ -121,18 +123,145 @@ impl<L: Link, C: Clock> Driver<L, C> {
     /// claims to come from it: a peer registers before it sends, and a forged source must
     /// not stall us). A known peer is found inline (every received frame asks); only a new
     /// one goes to the rendezvous, out of line.
+    ///
+    /// [`Source::group`] names this endpoint's group channel, opened on first use
+    /// ([`Driver::open_group`]).
     #[inline(always)]
     pub(crate) fn peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
         match self.core.find_peer(peer) {
             Some(i) => Ok(i),
+            None if peer.is_group() => self.open_group(),
             None => self.add_peer(peer, wait),
         }
+    }
+
+    /// Whether this endpoint can broadcast through its link: the link has a broadcast
+    /// address and some rank of the job is reached over the network.
+    pub(crate) fn can_broadcast(&self) -> bool {
+        self.caps.broadcast && (0..self.job.size).any(|r| self.reaches_by_network(r))
+    }
+
+    /// Whether this endpoint reaches `rank` over the network (as the station routes it:
+    /// another node's rank, or any other rank when the transport is forced to udp).
+    fn reaches_by_network(&self, rank: u32) -> bool {
+        let (me, nids) = (self.job.rank, &self.job.nids);
+        rank != me
+            && (self.job.config.transport == crate::config::TransportChoice::Udp
+                || nids[rank as usize] != nids[me as usize])
+    }
+
+    /// This endpoint's group channel ([`super::group`]), opened on first use: its frames
+    /// go to the link's broadcast address, and every endpoint of the same DPID reached
+    /// over the network is a member (each gets a unicast channel, waiting for it to
+    /// register as a send would). Endpoints of this node are not members: they are
+    /// reached over shared memory, and a link does not hear its own node's broadcasts.
+    #[inline(never)]
+    fn open_group(&mut self) -> Result<usize> {
+        if let Some(i) = self.core.group_channel() {
+            return Ok(i);
+        }
+        let dpid = self.core.identity().dpid;
+        let dest = match self.link.broadcast_dest() {
+            Some(dest) if self.can_broadcast() => dest,
+            _ => {
+                return Err(Error::Config(
+                    "a broadcast through the network link: it has no broadcast address, or \
+                     no rank of the job is reached over the network"
+                        .into(),
+                ))
+            }
+        };
+        let mut members = Vec::new();
+        let mut max_datagram = self.link.max_datagram_to(&dest);
+        for rank in 0..self.job.size {
+            if self.reaches_by_network(rank) {
+                let i = self.peer(Source { rank, dpid }, true)?;
+                max_datagram = max_datagram.min(self.link.max_datagram_to(self.core.peer_dest(i)));
+                members.push(i);
+            }
+        }
+        self.core.open_group(dest, max_datagram, &members)
+    }
+
+    /// A received frame of a group channel (`GROUP` or `GROUP_REPLY`), checked: a
+    /// member's reply goes to this endpoint's group channel, a root's broadcast to the
+    /// channel this endpoint receives it on (opened at its first frame, like a unicast
+    /// channel). True when the round must run the channels. The slot is given back here
+    /// unless a channel keeps the frame.
+    #[inline(never)]
+    fn group_frame(
+        &mut self,
+        slot: u32,
+        h: &Header,
+        rxf: super::core::RxFrame,
+        ready: &mut VecDeque<Ready>,
+        stats: &mut EndpointStats,
+    ) -> bool {
+        let src = source_of(h);
+        if h.flags.contains(Flags::GROUP_REPLY) {
+            let from_member = self
+                .core
+                .group_member(src)
+                .is_some_and(|i| self.link.sent_from(slot, self.core.peer_dest(i)));
+            let taken = from_member && self.core.handle_group_reply(h);
+            self.link.free_slot(slot);
+            if !taken {
+                stats.dropped_misaddressed += 1;
+            }
+            return taken;
+        }
+        let me = self.core.identity();
+        if src.rank == me.rank {
+            // Our own broadcast, looped back by the link (lo does).
+            self.link.free_slot(slot);
+            return false;
+        }
+        let i = match self.core.find_channel(src, Role::GroupRx) {
+            Some(i) => i,
+            None => match self.add_group_rx(src) {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::debug!("broadcast from rank {} DPID {}: {e}", src.rank, src.dpid);
+                    stats.dropped_misaddressed += 1;
+                    self.link.free_slot(slot);
+                    return false;
+                }
+            },
+        };
+        if !self.link.sent_from(slot, self.core.peer_dest(i)) {
+            stats.dropped_spoofed += 1;
+            self.link.free_slot(slot);
+            return false;
+        }
+        self.core.handle_frame(i, h, rxf, ready, &mut self.link)
+    }
+
+    /// The channel on which this endpoint receives root `root`'s broadcasts, at its
+    /// first frame: acknowledgements go to the root's address, from the rendezvous (not
+    /// waited for: a root registers before it sends).
+    #[inline(never)]
+    fn add_group_rx(&mut self, root: Source) -> Result<usize> {
+        let dest = match self.core.find_peer(root) {
+            Some(i) => self.core.peer_dest(i).clone(),
+            None => self.resolve(root, false)?,
+        };
+        let max_datagram = self.link.max_datagram_to(&dest);
+        self.core
+            .add_channel(root, Role::GroupRx, dest, max_datagram)
     }
 
     /// The part of [`Driver::peer`] for a peer not known yet: its address from the
     /// rendezvous, resolved by the link.
     #[inline(never)]
     fn add_peer(&mut self, peer: Source, wait: bool) -> Result<usize> {
+        let dest = self.resolve(peer, wait)?;
+        let max_datagram = self.link.max_datagram_to(&dest);
+        self.core.add_peer(peer, dest, max_datagram)
+    }
+
+    /// Endpoint `peer`'s address: from the rendezvous (waiting for it to register, up to
+    /// `QUIVER_CONNECT_TIMEOUT`, if `wait`), resolved by the link.
+    fn resolve(&mut self, peer: Source, wait: bool) -> Result<L::Dest> {
         let timeout = self.job.config.connect_timeout;
         let key = net_key(peer.rank, peer.dpid);
         let not_found = || Error::PeerNotFound {
@@ -149,15 +278,12 @@ impl<L: Link, C: Clock> Driver<L, C> {
         } else {
             self.job.kv.try_get(&key)?.ok_or_else(not_found)?
         };
-        let dest = self
-            .link
+        self.link
             .resolve(&addr)
             .map_err(|reason| Error::Rendezvous {
                 url: self.job.kv.url().to_string(),
                 reason: format!("{key}: {reason}"),
-            })?;
-        let max_datagram = self.link.max_datagram_to(&dest);
-        self.core.add_peer(peer, dest, max_datagram)
+            })
     }
 
     /// One round of network progress: receive a batch of datagrams and hand them to the
@@ -203,6 +329,12 @@ impl<L: Link, C: Clock> Driver<L, C> {
             stats.frames_received += 1;
             let bytes = &self.link.slot(d.slot)[..d.len];
             let (h, rxf) = match self.core.check(d.slot, bytes, stats) {
+                Checked::Frame(h, rxf)
+                    if h.flags.intersects(Flags::GROUP | Flags::GROUP_REPLY) =>
+                {
+                    touched |= self.group_frame(d.slot, &h, rxf, ready, stats);
+                    continue;
+                }
                 Checked::Frame(h, rxf) => (h, rxf),
                 Checked::Dropped => {
                     self.link.free_slot(d.slot);

@@ -6,6 +6,8 @@
 //! - [`driver`]: the I/O around the core: the link, the clock, and the rendezvous
 //!   lookups of new peers; one progress round never blocks. Driven by the application
 //!   thread inside quiver calls, or by the offload engine.
+//! - [`group`]: the root's side of a group channel (one reliable stream broadcast to
+//!   every member at once): what the members acknowledged together, and repairs.
 //! - [`offload`]: the offload engine, a thread that owns a driver and talks to the
 //!   application through lock-free rings (`QUIVER_RELIABILITY=offload`).
 //! - [`route`]: an endpoint's routes to its destinations and its receive side (shared
@@ -29,6 +31,7 @@
 pub(crate) mod clock;
 pub(crate) mod core;
 pub(crate) mod driver;
+pub(crate) mod group;
 pub(crate) mod offload;
 pub(crate) mod protocol;
 pub(crate) mod route;

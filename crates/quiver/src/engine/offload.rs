@@ -162,6 +162,8 @@ pub(crate) struct Offload {
     flush_seq: u64,
     max_message: usize,
     transport: crate::link::Transport,
+    /// Whether the engine's link can broadcast ([`Driver::can_broadcast`]).
+    broadcast: bool,
 }
 
 impl Offload {
@@ -179,6 +181,7 @@ impl Offload {
     ) -> Result<Offload> {
         let net = Driver::open(job.clone(), dpid)?;
         let transport = net.transport();
+        let broadcast = net.can_broadcast();
         let max_message = job.config.max_message;
         let (commands, cmd_rx) = HeapRing::split(REC_HDR + max_message);
         let (delivery_tx, deliveries) = HeapRing::split(REC_HDR + max_message);
@@ -231,6 +234,7 @@ impl Offload {
             .map_err(|e| Error::io("spawning the offload engine thread", e))?;
         Ok(Offload {
             transport,
+            broadcast,
             commands,
             deliveries,
             shared,
@@ -238,6 +242,11 @@ impl Offload {
             flush_seq: 0,
             max_message,
         })
+    }
+
+    /// Whether the engine's link can broadcast ([`Driver::can_broadcast`]).
+    pub(crate) fn can_broadcast(&self) -> bool {
+        self.broadcast
     }
 
     /// The descriptor the application's poller watches for deliveries and errors.

@@ -300,9 +300,17 @@ impl<L: Link, C: Clock> Station<L, C> {
 
     /// The index of the route to endpoint `peer`, connecting first if there is none
     /// (waiting up to `QUIVER_CONNECT_TIMEOUT` for the peer to open it).
+    ///
+    /// [`Source::group`] is the route of [`connect_group`](Self::connect_group), an
+    /// error where the link has no broadcast.
     pub(crate) fn connect(&self, peer: Source) -> Result<usize> {
         if let Some(&i) = self.inner.borrow().route_index.get(&peer) {
             return Ok(i);
+        }
+        if peer.is_group() {
+            return self.connect_group()?.ok_or_else(|| {
+                Error::Config("a broadcast through a network link that has none".into())
+            });
         }
         let me = Source {
             rank: self.job.rank,
@@ -335,6 +343,55 @@ impl<L: Link, C: Clock> Station<L, C> {
         inner.routes.push((peer, route));
         inner.route_index.insert(peer, i);
         Ok(i)
+    }
+
+    /// The route to every endpoint of this DPID reached over the network at once,
+    /// through the link's broadcast (the engine's group channel, [`super::group`]),
+    /// opened on first use: waits for each of them to publish its link, as
+    /// [`connect`](Self::connect) does. `None` when the link has no broadcast or no
+    /// rank is reached over the network: then a broadcast goes as unicasts.
+    pub(crate) fn connect_group(&self) -> Result<Option<usize>> {
+        let group = Source::group(self.dpid);
+        if let Some(&i) = self.inner.borrow().route_index.get(&group) {
+            return Ok(Some(i));
+        }
+        let (offload, can) = {
+            let inner = self.inner.borrow();
+            match (&inner.rx.offload, &inner.rx.net) {
+                (Some(off), _) => (true, off.can_broadcast()),
+                (None, Some(net)) => (false, net.can_broadcast()),
+                (None, None) => (false, false),
+            }
+        };
+        if !can {
+            return Ok(None);
+        }
+        let route = if offload {
+            // The engine opens the channel without waiting: every member has published.
+            for rank in 0..self.job.size {
+                if rank != self.job.rank && self.transport_to(rank)? != Transport::Shm {
+                    self.await_net_peer(Source {
+                        rank,
+                        dpid: self.dpid,
+                    })?;
+                }
+            }
+            let mut inner = self.inner.borrow_mut();
+            let off = inner.rx.offload.as_mut().expect("checked above");
+            off.connect(group, self.waiter.mode)?;
+            Route::Offload
+        } else {
+            let mut guard = self.inner.borrow_mut();
+            let net = guard.rx.net.as_mut().expect("checked above");
+            Route::Net {
+                peer: net.peer(group, true)?,
+            }
+        };
+        let mut inner = self.inner.borrow_mut();
+        let i = inner.routes.len();
+        inner.routes.push((group, route));
+        inner.route_index.insert(group, i);
+        Ok(Some(i))
     }
 
     /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to publish its network link.

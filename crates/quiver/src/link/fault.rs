@@ -468,6 +468,10 @@ impl<L: Link> Link for Faulty<L> {
         self.inner.max_datagram_to(to)
     }
 
+    fn broadcast_dest(&self) -> Option<L::Dest> {
+        self.inner.broadcast_dest()
+    }
+
     fn sent_from(&self, slot: u32, to: &L::Dest) -> bool {
         self.inner.sent_from(slot, to)
     }

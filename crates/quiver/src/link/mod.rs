@@ -65,6 +65,9 @@ pub(crate) struct LinkParams {
     pub faults: Option<fault::FaultConfig>,
     /// The job's frame key, when frames are signed and checked (`auth::Authed`).
     pub auth_key: Option<[u8; 32]>,
+    /// The job whose broadcasts the link receives (raw Ethernet joins the job's
+    /// multicast group); `None`: none.
+    pub group: Option<u32>,
 }
 
 #[cfg(not(loom))]
@@ -84,6 +87,7 @@ impl LinkParams {
             eth_ring: None,
             faults: None,
             auth_key: None,
+            group: None,
         }
     }
 
@@ -129,8 +133,9 @@ pub(crate) struct LinkCaps {
     pub holds_back: bool,
     /// The link sends runs of equal datagrams in one call (UDP segmentation offload).
     pub segments: bool,
-    /// The link can send one datagram to every endpoint of a port at once (GAMMA's native
-    /// broadcast, milestone 2); no link does yet.
+    /// The link can send one datagram to every endpoint of the job's DPID on the other
+    /// nodes at once ([`Link::broadcast_dest`]; GAMMA's native broadcast): raw Ethernet
+    /// (a multicast frame) and the simulator.
     pub broadcast: bool,
 }
 
@@ -173,6 +178,12 @@ pub(crate) trait Link {
     fn resolve(&self, advertised: &str) -> std::result::Result<Self::Dest, String>;
     /// Largest datagram to send to `to`: the smaller of its maximum and ours.
     fn max_datagram_to(&self, to: &Self::Dest) -> usize;
+    /// With [`LinkCaps::broadcast`]: the destination whose every datagram reaches every
+    /// endpoint of this job and DPID on the other nodes at once (GAMMA's native
+    /// broadcast); `None` without.
+    fn broadcast_dest(&self) -> Option<Self::Dest> {
+        None
+    }
     /// Whether the datagram in `slot` came from where `to` lives, as far as the link
     /// can tell (udp: the sender's IP address is `to`'s; its port is not checked, since
     /// a peer sends from a connected socket of its own). A link that cannot tell says

@@ -97,6 +97,9 @@ impl Link for Wrapped {
     fn max_datagram_to(&self, to: &NetDest) -> usize {
         wrapped!(self, w => w.max_datagram_to(to))
     }
+    fn broadcast_dest(&self) -> Option<NetDest> {
+        wrapped!(self, w => w.broadcast_dest())
+    }
     fn sent_from(&self, slot: u32, to: &NetDest) -> bool {
         wrapped!(self, w => w.sent_from(slot, to))
     }
@@ -258,7 +261,7 @@ impl Link for NetLink {
                 ordered: true,
                 holds_back: false,
                 segments: false,
-                broadcast: false,
+                broadcast: e.group_dest().is_some(),
             },
             NetLink::Wrapped(f) => f.caps(),
         }
@@ -312,6 +315,17 @@ impl Link for NetLink {
             _ => return Err(format!("bad network address {advertised:?}")),
         };
         Ok(dest)
+    }
+
+    fn broadcast_dest(&self) -> Option<NetDest> {
+        match self {
+            NetLink::Udp { .. } => None,
+            NetLink::Eth(e) => e.group_dest().map(|d| NetDest {
+                to: DestAddr::Eth(d),
+                max_datagram: e.max_datagram(),
+            }),
+            NetLink::Wrapped(w) => w.broadcast_dest(),
+        }
     }
 
     fn max_datagram_to(&self, to: &NetDest) -> usize {
@@ -529,13 +543,14 @@ fn open_eth(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
         iface.mtu = iface.mtu.min(d + 2);
     }
     let frames = params.eth_ring_frames(at.remote_ranks, eth::rx_frame_bytes(iface.mtu));
-    Ok(NetLink::Eth(EthLink::open(
-        &iface,
-        at.port,
-        dpid,
-        frames,
-        at.alone_on_node,
-    )?))
+    let mut link = EthLink::open(&iface, at.port, dpid, frames, at.alone_on_node)?;
+    if let Some(job) = params.group {
+        if let Err(e) = link.join_group(job) {
+            // Broadcasts then go down a tree of unicasts (the link has no broadcast).
+            tracing::warn!("{e}: broadcasts will go as unicasts");
+        }
+    }
+    Ok(NetLink::Eth(link))
 }
 
 /// Logs, once per process, why an endpoint that wanted Ethernet took UDP.

@@ -417,6 +417,8 @@ pub struct SimNet {
     net: Network,
     inboxes: Vec<VecDeque<Vec<u8>>>,
     uniform: LinkConfig,
+    /// Whether the links broadcast ([`SimNet::enable_broadcast`]).
+    broadcast: bool,
 }
 
 impl SimNet {
@@ -426,7 +428,15 @@ impl SimNet {
             net: Network::new(nodes, cfg.clone()),
             inboxes: vec![VecDeque::new(); nodes],
             uniform: cfg,
+            broadcast: false,
         }))
+    }
+
+    /// Gives the links a broadcast address ([`BROADCAST`]): a datagram sent there goes
+    /// to every other node, over each one's link with its own faults (a loss is one
+    /// receiver's, as behind a switch).
+    pub fn enable_broadcast(&mut self) {
+        self.broadcast = true;
     }
 
     /// Node `node`'s link, with `slots` receive slots of the links' MTU.
@@ -459,6 +469,9 @@ impl SimNet {
     }
 }
 
+/// The destination of a simulated broadcast ([`SimNet::enable_broadcast`]).
+pub const BROADCAST: usize = usize::MAX;
+
 /// One node of a [`SimNet`] as a [`Link`]: destinations are node indices, advertised as
 /// `sim,NODE`; received datagrams are copied into a fixed set of slots, and wait in the
 /// node's queue while every slot is held.
@@ -489,12 +502,16 @@ impl Link for SimLink {
             // The network delays inside itself; the link sends at once.
             holds_back: false,
             segments: false,
-            broadcast: false,
+            broadcast: self.net.borrow().broadcast,
         }
     }
 
     fn advertise(&self) -> String {
         format!("sim,{}", self.node)
+    }
+
+    fn broadcast_dest(&self) -> Option<usize> {
+        self.net.borrow().broadcast.then_some(BROADCAST)
     }
 
     fn resolve(&self, advertised: &str) -> Result<usize, String> {
@@ -537,7 +554,15 @@ impl Link for SimLink {
         self.free.push(slot);
     }
 
-    fn send(&mut self, _now: Duration, to: &usize, datagram: &[u8]) -> QResult<()> {
+    fn send(&mut self, now: Duration, to: &usize, datagram: &[u8]) -> QResult<()> {
+        if *to == BROADCAST {
+            let nodes = self.net.borrow().net.nodes();
+            let me = self.node;
+            for n in (0..nodes).filter(|&n| n != me) {
+                self.send(now, &n, datagram)?;
+            }
+            return Ok(());
+        }
         match self
             .net
             .borrow_mut()

@@ -4,7 +4,6 @@
 //! [`Footing`]: the ports' endpoint in production, a bare station in the simulator.
 
 use super::table::{Bound, Handler, OnCell, Table, TableCell};
-use super::tree;
 use super::wire::Header;
 use super::{PortError, RESERVED_PORT};
 use crate::addr::Source;
@@ -65,14 +64,17 @@ impl App {
             dest_port,
             src_port: port,
             root: None,
+            native: false,
         }
         .encode();
         self.table.lock().slots[usize::from(port)].dest = Some(Bound::One { to, head, route });
         Ok(())
     }
 
-    /// Binds `port` to send to port `dest_port` of every other rank, down the binomial
-    /// tree rooted at this one (connecting to this rank's children in it first).
+    /// Binds `port` to send to port `dest_port` of every other rank: through the link's
+    /// own broadcast where it has one (one message to the engine's group channel for
+    /// the other nodes, unicasts over shared memory to this node's ranks), else down the
+    /// binomial tree rooted at this rank; connecting to every target first.
     pub(super) fn bind_all(&self, on: &impl Footing, port: u8, dest_port: u8) -> Result<()> {
         check_dest_port(dest_port)?;
         let (me, size) = {
@@ -80,17 +82,32 @@ impl App {
             (t.rank, t.size)
         };
         let station = on.station();
-        for child in tree::children(me, me, size) {
-            let to = Source {
-                rank: child,
-                dpid: station.dpid(),
-            };
+        let native = station.job().config.native_broadcast
+            && station.connect_group().map_err(|e| on.report(e))?.is_some();
+        let locals = if native {
+            let mut locals = Vec::new();
+            for rank in (0..size).filter(|&r| r != me) {
+                if station.transport_to(rank)? == crate::link::Transport::Shm {
+                    locals.push(rank);
+                }
+            }
+            Some(locals)
+        } else {
+            None
+        };
+        let targets = {
+            let mut t = self.table.lock();
+            t.native_locals = locals;
+            t.broadcast_targets()
+        };
+        for to in targets {
             station.connect(to).map_err(|e| on.report(e))?;
         }
         let head = Header {
             dest_port,
             src_port: port,
             root: Some(me),
+            native,
         }
         .encode();
         self.table.lock().slots[usize::from(port)].dest = Some(Bound::All { head });
@@ -122,21 +139,14 @@ impl App {
                 Ok(sent)
             }
             Some(Bound::All { head }) => {
-                let (me, size) = {
-                    let t = self.table.lock();
-                    (t.rank, t.size)
-                };
+                let targets = self.table.lock().broadcast_targets();
                 let station = on.station();
                 let mut first = true;
                 let mut failed = None;
-                for child in tree::children(me, me, size) {
-                    let to = Source {
-                        rank: child,
-                        dpid: station.dpid(),
-                    };
+                for to in targets {
                     let sent = station
                         .connect(to)
-                        .map_err(|e| self.send_failed(on, port, child, e))
+                        .map_err(|e| self.send_failed(on, port, to.rank, e))
                         .and_then(|route| {
                             self.send_to(on, port, to, route, &head, data, block || !first)
                         });

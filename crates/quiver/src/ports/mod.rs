@@ -180,8 +180,9 @@ impl Delivery<'_> {
     /// Sends `data` through `port` (to its bound destination) once the route has room:
     /// it is queued now, in order with this process's other answers to that destination,
     /// and leaves as progress runs. The handler must not wait, so this never does.
-    /// Through a broadcast port it is queued for every child of this rank's tree, or,
-    /// when the outbox cannot take them all, for none ([`PortError::OutboxFull`]).
+    /// Through a broadcast port it is queued for every target (the group and this node's
+    /// other ranks, or this rank's children in its tree), or, when the outbox cannot take
+    /// them all, for none ([`PortError::OutboxFull`]).
     pub fn send(&mut self, port: u8, data: &[u8]) -> std::result::Result<(), PortError> {
         let t = &mut *self.table;
         match t.slots[usize::from(port)].dest {
@@ -191,16 +192,12 @@ impl Delivery<'_> {
                 .send(to, &head, data)
                 .map_err(|_| PortError::OutboxFull { port })?,
             Some(Bound::All { head }) => {
-                // All the children or none: a retry must not send twice to some.
-                let children = tree::children(t.rank, t.rank, t.size);
-                if self.out.room() < children.clone().count() {
+                // All the targets or none: a retry must not send twice to some.
+                let targets = t.broadcast_targets();
+                if self.out.room() < targets.len() {
                     return Err(PortError::OutboxFull { port });
                 }
-                for child in children {
-                    let to = crate::addr::Source {
-                        rank: child,
-                        dpid: t.dpid,
-                    };
+                for to in targets {
                     self.out.forward(to, &head, data);
                 }
             }

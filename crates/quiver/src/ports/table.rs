@@ -42,7 +42,8 @@ pub(super) enum Bound {
         route: usize,
     },
     /// Every other process of the job, port `head`'s destination port of each: down
-    /// the binomial tree rooted at this process (`tree`).
+    /// the binomial tree rooted at this process (`tree`), or, where the link
+    /// broadcasts, to all at once ([`Table::native_locals`]).
     All {
         /// The header of every message sent through the port, naming this process as
         /// the root.
@@ -91,6 +92,11 @@ pub(super) struct Table {
     pub size: u32,
     pub dpid: u16,
     pub slots: Vec<Slot>,
+    /// With the link's own broadcast (the engine's group channel): the other ranks of
+    /// this node, which a broadcast reaches by unicast over shared memory beside the
+    /// one group message that reaches every other node. `None`: broadcasts go down the
+    /// tree.
+    pub native_locals: Option<Vec<u32>>,
     /// Port errors that found no error handler, for the application's next call.
     pub errors: VecDeque<PortError>,
     pub stats: PortStats,
@@ -104,8 +110,26 @@ impl Table {
             size,
             dpid,
             slots: (0..PORT_COUNT).map(|_| Slot::default()).collect(),
+            native_locals: None,
             errors: VecDeque::new(),
             stats: PortStats::default(),
+        }
+    }
+
+    /// Where a broadcast of this rank goes: the group and this node's other ranks with
+    /// the link's broadcast, else this rank's children in its tree.
+    pub(super) fn broadcast_targets(&self) -> Vec<Source> {
+        let at = |rank| Source {
+            rank,
+            dpid: self.dpid,
+        };
+        match &self.native_locals {
+            Some(locals) => std::iter::once(Source::group(self.dpid))
+                .chain(locals.iter().map(|&r| at(r)))
+                .collect(),
+            None => tree::children(self.rank, self.rank, self.size)
+                .map(at)
+                .collect(),
         }
     }
 
@@ -338,7 +362,14 @@ impl Protocol for Handler<'_> {
             rank: from.rank,
             port: head.src_port,
         };
-        if let Some(root) = head.root {
+        if let Some(root) = head.root.filter(|_| head.native) {
+            // A broadcast its root sent to every receiver: from the root itself, and
+            // nobody forwards it.
+            if root != from.rank {
+                t.stats.malformed += 1;
+                return Disposition::Consumed;
+            }
+        } else if let Some(root) = head.root {
             // A broadcast: it must come from this rank's parent in the root's tree (a
             // peer that claims another root, or sends out of turn, is not followed: its
             // message would be forwarded twice or to the wrong ranks).
@@ -504,6 +535,7 @@ mod tests {
             dest_port,
             src_port,
             root: None,
+            native: false,
         }
         .encode()
         .to_vec();
@@ -661,6 +693,7 @@ mod tests {
                 dest_port: 6,
                 src_port: 2,
                 root: None,
+                native: false,
             }
             .encode(),
             route: 0,
@@ -707,6 +740,7 @@ mod tests {
             dest_port,
             src_port: 9,
             root: Some(root),
+            native: false,
         }
         .encode()
         .to_vec();
@@ -768,6 +802,7 @@ mod tests {
                     dest_port: 1,
                     src_port: 1,
                     root: Some(0),
+                    native: false,
                 }
                 .encode(),
             });
@@ -796,6 +831,51 @@ mod tests {
             assert_eq!(out.len(), queued, "capacity {capacity}");
             assert_eq!(t.stats.sent, u64::from(queued > 0));
         }
+    }
+
+    /// A broadcast its root sent to every receiver itself (the group channel) is
+    /// delivered as the root's and forwarded to nobody; one that names another root
+    /// than its sender is malformed. A root with the link's broadcast sends to the group
+    /// and to its own node's ranks.
+    #[test]
+    fn a_native_broadcast_comes_from_its_root_and_is_not_forwarded() {
+        let mut t = Table::new(2, 8, DPID);
+        t.slots[5].buffer = Some(vec![0; 8]);
+        let native = |root: u32| {
+            let mut m = Header {
+                dest_port: 5,
+                src_port: 9,
+                root: Some(root),
+                native: true,
+            }
+            .encode()
+            .to_vec();
+            m.extend_from_slice(b"all");
+            m
+        };
+        let mut out = Outbox::new(4);
+        let mut h = Handler {
+            table: &mut t,
+            woke: false,
+            handled: 0,
+        };
+        let from = |rank| Source { rank, dpid: DPID };
+        h.handle_message(Time::ZERO, from(0), &native(0), &mut out);
+        assert!(out.is_empty(), "nobody forwards a native broadcast");
+        h.handle_message(Time::ZERO, from(1), &native(0), &mut out);
+        assert_eq!(t.slots[5].last_from, Some(Origin { rank: 0, port: 9 }));
+        assert_eq!(t.slots[5].signals, 1);
+        assert_eq!((t.stats.malformed, t.stats.forwarded), (1, 0));
+
+        t.native_locals = Some(vec![3]);
+        assert_eq!(
+            t.broadcast_targets(),
+            vec![Source::group(DPID), from(3)],
+            "the group and this node's other rank"
+        );
+        t.native_locals = None;
+        let tree: Vec<Source> = tree::children(2, 2, 8).map(from).collect();
+        assert_eq!(t.broadcast_targets(), tree, "this rank's children in its tree");
     }
 
     /// A broadcast from a rank that is not this rank's parent for the root it names, or

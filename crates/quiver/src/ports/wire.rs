@@ -4,13 +4,16 @@
 //! byte 0   kind: b'G' (a message for a port)
 //! byte 1   destination port
 //! byte 2   the sender's port (the one it sent through)
-//! byte 3   flags: 1 = a broadcast (the other bits are reserved, 0)
+//! byte 3   flags: 1 = a broadcast; 2 = sent by its root to every receiver at once (the
+//!          link's broadcast and shared memory: nobody forwards it; only with 1); the
+//!          other bits are reserved, 0
 //! 4..8     a broadcast's root rank (little-endian); 0 otherwise
 //! ```
 //!
 //! The sender's rank comes from the engine (the channel it arrived on), not from the
 //! header, so a peer cannot claim another's rank; a broadcast names its root, which the
-//! receiver checks against the tree (`tree::parent`). Decoding checks every field: a
+//! receiver checks against the tree (`tree::parent`), or, sent by the root itself,
+//! against the sender. Decoding checks every field: a
 //! header with a reserved bit set or another kind is malformed, not guessed at.
 
 /// Bytes of the header.
@@ -18,6 +21,7 @@ pub(crate) const HEADER_LEN: usize = 8;
 
 const KIND: u8 = b'G';
 const BROADCAST: u8 = 1;
+const NATIVE: u8 = 2;
 
 /// A decoded header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +32,15 @@ pub(crate) struct Header {
     pub src_port: u8,
     /// The root of a broadcast; `None` for a message to one process.
     pub root: Option<u32>,
+    /// A broadcast its root sent to every receiver itself (not down a tree).
+    pub native: bool,
 }
 
 impl Header {
     /// The header's bytes.
     pub(crate) fn encode(self) -> [u8; HEADER_LEN] {
         let (flags, root) = match self.root {
+            Some(r) if self.native => (BROADCAST | NATIVE, r.to_le_bytes()),
             Some(r) => (BROADCAST, r.to_le_bytes()),
             None => (0, [0; 4]),
         };
@@ -46,9 +53,10 @@ impl Header {
     pub(crate) fn decode(msg: &[u8]) -> Option<(Header, &[u8])> {
         let (head, payload) = msg.split_first_chunk::<HEADER_LEN>()?;
         let word = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-        let root = match head[3] {
-            0 if word == 0 => None,
-            BROADCAST => Some(word),
+        let (root, native) = match head[3] {
+            0 if word == 0 => (None, false),
+            BROADCAST => (Some(word), false),
+            f if f == BROADCAST | NATIVE => (Some(word), true),
             _ => return None,
         };
         if head[0] != KIND {
@@ -59,6 +67,7 @@ impl Header {
                 dest_port: head[1],
                 src_port: head[2],
                 root,
+                native,
             },
             payload,
         ))
@@ -71,11 +80,16 @@ mod tests {
 
     #[test]
     fn a_header_decodes_to_what_was_encoded() {
-        for root in [None, Some(0), Some(7), Some(u32::MAX)] {
+        let cases = [None, Some(0), Some(7), Some(u32::MAX)]
+            .into_iter()
+            .map(|root| (root, false))
+            .chain([(Some(3), true)]);
+        for (root, native) in cases {
             let h = Header {
                 dest_port: 254,
                 src_port: 7,
                 root,
+                native,
             };
             let mut msg = h.encode().to_vec();
             msg.extend_from_slice(b"payload");
@@ -90,6 +104,7 @@ mod tests {
             dest_port: 1,
             src_port: 2,
             root: None,
+            native: false,
         }
         .encode();
         assert_eq!(Header::decode(&good[..HEADER_LEN - 1]), None);

@@ -60,8 +60,15 @@ impl Flags {
     pub const LAST: Flags = Flags(0x02);
     /// The checksum field is valid and covers the frame.
     pub const CHECKSUM: Flags = Flags(0x04);
+    /// The frame belongs to its sender's group channel: the one reliable stream in which
+    /// a root sends to every member of its group at once (a link broadcast), and in which
+    /// each member acknowledges to the root alone (`GROUP_REPLY`).
+    pub const GROUP: Flags = Flags(0x08);
+    /// The frame answers the receiver's group channel: a member's acknowledgement (and
+    /// credits) of what the root broadcast.
+    pub const GROUP_REPLY: Flags = Flags(0x10);
     /// Every defined flag.
-    pub const ALL: Flags = Flags(0x07);
+    pub const ALL: Flags = Flags(0x1f);
 
     /// The flags whose bits are `bits`, or `None` if `bits` has an undefined bit set.
     pub const fn from_bits(bits: u8) -> Option<Flags> {
@@ -90,6 +97,11 @@ impl Flags {
     /// `self` with the flags of `other` added.
     pub const fn union(self, other: Flags) -> Flags {
         Flags(self.0 | other.0)
+    }
+
+    /// The flags set in both `self` and `other`.
+    pub const fn intersection(self, other: Flags) -> Flags {
+        Flags(self.0 & other.0)
     }
 
     /// `self` with the flags of `other` removed.
@@ -126,6 +138,8 @@ impl fmt::Debug for Flags {
             (Flags::FIRST, "FIRST"),
             (Flags::LAST, "LAST"),
             (Flags::CHECKSUM, "CHECKSUM"),
+            (Flags::GROUP, "GROUP"),
+            (Flags::GROUP_REPLY, "GROUP_REPLY"),
         ];
         let mut sep = "";
         for (flag, name) in names {
@@ -351,7 +365,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> FrameView<T> {
 pub struct Header {
     /// What the frame carries.
     pub kind: FrameKind,
-    /// FIRST / LAST (fragment position, `Data` only) and CHECKSUM.
+    /// FIRST / LAST (fragment position, `Data` only), CHECKSUM, and GROUP or
+    /// GROUP_REPLY (the frame belongs to a group channel).
     pub flags: Flags,
     /// The sender's endpoint.
     pub src_dpid: u16,
@@ -395,6 +410,12 @@ impl Header {
             return Err(DecodeError::BadFlags {
                 flags: raw,
                 reason: "FIRST and LAST are only valid on Data frames",
+            });
+        }
+        if flags.contains(Flags::GROUP | Flags::GROUP_REPLY) {
+            return Err(DecodeError::BadFlags {
+                flags: raw,
+                reason: "GROUP and GROUP_REPLY exclude each other",
             });
         }
         if !flags.contains(Flags::CHECKSUM) && view.checksum() != 0 {

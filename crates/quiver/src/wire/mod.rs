@@ -6,7 +6,8 @@
 //!
 //! ```text
 //!  0  u8  version (high nibble, VERSION = 1) | kind (low nibble)
-//!  1  u8  flags: FIRST = 0x01, LAST = 0x02, CHECKSUM = 0x04; other bits must be 0
+//!  1  u8  flags: FIRST = 0x01, LAST = 0x02, CHECKSUM = 0x04, GROUP = 0x08,
+//!             GROUP_REPLY = 0x10 (not both); other bits must be 0
 //!  2  u16 src_dpid
 //!  4  u16 dst_dpid
 //!  6  u16 credits      (flow-control credits, reserved: 0 for now)

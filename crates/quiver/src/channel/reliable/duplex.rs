@@ -209,6 +209,15 @@ impl<B> Duplex<B> {
         }
     }
 
+    /// The root of a group channel takes in what its members acknowledged together
+    /// (the smallest acknowledgement and credit limit over the live members, which the
+    /// engine computes): its sender frees
+    /// what every member has and sends no further than the slowest member's buffers.
+    pub fn handle_group_ack(&mut self, now: Time, stamp: AckStamp) {
+        self.start_clocks(now);
+        self.sender.handle_ack(now, stamp, None);
+    }
+
     /// A datagram from the peer that failed decoding or its checksum; see
     /// [`Receiver::handle_corrupt`].
     pub fn handle_invalid(&mut self, now: Time) {

@@ -292,12 +292,12 @@ impl Counters {
 }
 
 /// Distance from `from` to `to` in sequence space, if `to` is not before `from`.
-fn seq_ahead(from: u32, to: u32) -> Option<u32> {
+pub(crate) fn seq_ahead(from: u32, to: u32) -> Option<u32> {
     let d = to.wrapping_sub(from);
     (d < 1 << 31).then_some(d)
 }
 
 /// Whether `a` comes strictly before `b` in sequence space.
-fn seq_lt(a: u32, b: u32) -> bool {
+pub(crate) fn seq_lt(a: u32, b: u32) -> bool {
     a != b && seq_ahead(a, b).is_some()
 }

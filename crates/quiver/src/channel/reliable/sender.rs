@@ -153,8 +153,9 @@ pub struct Sender {
 
 impl Sender {
     /// A sender whose frames carry the addressing fields of `template` (endpoints, rank,
-    /// job id and token; its kind, flags, sequence, acknowledgement, credits and
-    /// checksum are ignored). Sequence numbers start at 0 and the receiver is assumed to
+    /// job id and token) and its group flags (`GROUP` or `GROUP_REPLY`: a group channel's
+    /// frames); its kind, other flags, sequence, acknowledgement, credits and checksum
+    /// are ignored. Sequence numbers start at 0 and the receiver is assumed to
     /// have `cfg.window` buffers free.
     pub fn new(cfg: &Config, template: Header) -> Result<Sender, ConfigError> {
         cfg.validate()?;
@@ -169,7 +170,10 @@ impl Sender {
             rto_max: cfg.rto_max,
             probe_base: cfg.probe_interval,
             max_timeouts: cfg.max_timeouts,
-            template,
+            template: Header {
+                flags: template.flags.intersection(Flags::GROUP | Flags::GROUP_REPLY),
+                ..template
+            },
             snd_una: 0,
             next_tx: 0,
             next_seq: 0,
@@ -355,7 +359,7 @@ impl Sender {
         buf.reserve(frag.datagram_len());
         let header = Header {
             kind: FrameKind::Data,
-            flags: frag.flags,
+            flags: frag.flags | self.template.flags,
             seq: self.next_seq,
             ack: stamp.ack,
             credits: stamp.credits,
@@ -648,6 +652,16 @@ impl Sender {
         TxFrame::Scratch
     }
 
+    /// The oldest frame not acknowledged (or the next to send, when all are).
+    pub fn oldest_unacked(&self) -> u32 {
+        self.snd_una
+    }
+
+    /// The first frame not sent yet: an acknowledgement beyond it is a lie.
+    pub fn sent_end(&self) -> u32 {
+        self.next_tx
+    }
+
     /// The earliest deadline at which [`handle_timeout`](Self::handle_timeout) has work.
     pub fn poll_timeout(&self) -> Option<Time> {
         earliest(self.rto_deadline, self.probe_deadline)
@@ -858,7 +872,7 @@ impl Sender {
     fn build_control(&mut self, kind: FrameKind, seq: u32, stamp: AckStamp) {
         let header = Header {
             kind,
-            flags: Flags::EMPTY,
+            flags: self.template.flags,
             seq,
             ack: stamp.ack,
             credits: stamp.credits,

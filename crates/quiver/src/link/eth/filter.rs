@@ -3,11 +3,12 @@
 
 use super::*;
 
-/// The classic BPF program that accepts what this endpoint must see: a frame for this
-/// host (not outgoing, broadcast, multicast or another host's), of our EtherType, for
-/// `port` and `dpid`. Offsets count from the Ethernet header; a load past the end of a
-/// short frame rejects it.
-pub(super) fn filter(port: u16, dpid: u16) -> [libc::sock_filter; 10] {
+/// The classic BPF program that accepts what this endpoint must see: a frame of our
+/// EtherType for `dpid`, either for this host (not outgoing, broadcast or another
+/// host's) and `port`, or multicast to [`GROUP_PORT`] (a root's broadcast: which job's
+/// is for the engine to check). Offsets count from the Ethernet header; a load past the
+/// end of a short frame rejects it.
+pub(super) fn filter(port: u16, dpid: u16) -> [libc::sock_filter; 13] {
     let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
         code: code as u16,
         jt,
@@ -18,26 +19,32 @@ pub(super) fn filter(port: u16, dpid: u16) -> [libc::sock_filter; 10] {
     let ld_h_abs = libc::BPF_LD | libc::BPF_H | libc::BPF_ABS;
     let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
     let ret = libc::BPF_RET | libc::BPF_K;
-    // Each test jumps to the last instruction (reject) when it fails: jf = 8 - pc.
+    // A failed test jumps to the last instruction (reject): jf = 11 - pc. Jumps go
+    // forward only, so the multicast branch comes after the host branch, and both meet
+    // at the DPID test.
     [
-        /* 0 */
+        /* 0 */ op(ld_h_abs, 0, 0, 12),
+        /* 1 */ op(jeq, 0, 10, u32::from(ETHERTYPE)),
+        /* 2 */
         op(
             ld_w_abs,
             0,
             0,
             (libc::SKF_AD_OFF + libc::SKF_AD_PKTTYPE) as u32,
         ),
-        /* 1 */ op(jeq, 0, 7, u32::from(libc::PACKET_HOST)),
-        /* 2 */ op(ld_h_abs, 0, 0, 12),
-        /* 3 */ op(jeq, 0, 5, u32::from(ETHERTYPE)),
+        /* 3 */ op(jeq, 0, 2, u32::from(libc::PACKET_HOST)),
         /* 4 */ op(ld_h_abs, 0, 0, 14),
-        /* 5 */ op(jeq, 0, 3, u32::from(port)),
+        /* 5: to the DPID test, 9 */ op(jeq, 3, 6, u32::from(port)),
+        /* 6: A still holds the packet type */
+        op(jeq, 0, 5, u32::from(libc::PACKET_MULTICAST)),
+        /* 7 */ op(ld_h_abs, 0, 0, 14),
+        /* 8 */ op(jeq, 0, 3, u32::from(GROUP_PORT)),
         // ldh loads big-endian; dst_dpid is little-endian on the wire.
-        /* 6 */
+        /* 9 */
         op(ld_h_abs, 0, 0, DPID_AT as u32),
-        /* 7 */ op(jeq, 0, 1, u32::from(dpid.swap_bytes())),
-        /* 8 */ op(ret, 0, 0, u32::MAX),
-        /* 9 */ op(ret, 0, 0, 0),
+        /* 10 */ op(jeq, 0, 1, u32::from(dpid.swap_bytes())),
+        /* 11 */ op(ret, 0, 0, u32::MAX),
+        /* 12 */ op(ret, 0, 0, 0),
     ]
 }
 

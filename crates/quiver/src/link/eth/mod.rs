@@ -126,6 +126,10 @@ pub use self::ring::{ETH_RING_MAX_BYTES, ETH_RING_MIN_WINDOWS};
 
 /// EtherType of quiver frames (IEEE 802 local experimental EtherType 1).
 pub(crate) const ETHERTYPE: u16 = 0x88B5;
+/// The port of a broadcast: a frame to a job's multicast address with this port reaches
+/// every endpoint of its DPID on the segment (no endpoint has it: ports count the ranks
+/// of one node).
+pub(crate) const GROUP_PORT: u16 = u16::MAX;
 /// Bytes in front of the quiver frame: Ethernet header, port and length.
 pub(crate) const LINK_HEADER: usize = 18;
 /// The link header's bytes after the Ethernet header (port and length).
@@ -177,6 +181,13 @@ const COPY_SEND_MAX: usize = 256;
 
 const fn align(x: usize) -> usize {
     (x + libc::TPACKET_ALIGNMENT - 1) & !(libc::TPACKET_ALIGNMENT - 1)
+}
+
+/// The multicast address of job `job_id`'s broadcasts: locally administered (no
+/// vendor's), multicast, with the job id in its last four bytes.
+pub(crate) fn group_mac(job_id: u32) -> MacAddr {
+    let id = job_id.to_be_bytes();
+    MacAddr([0x03, 0x71, id[0], id[1], id[2], id[3]])
 }
 
 /// Where frames to one peer endpoint go.
@@ -234,6 +245,9 @@ pub(crate) struct EthLink {
     copied: Cell<u64>,
     /// Frames given back unread because they were not ours ([`EthLink::rx_len`]).
     misaddressed: Cell<u64>,
+    /// The multicast address of the job whose broadcasts this link receives
+    /// ([`EthLink::join_group`]).
+    group: Option<MacAddr>,
     /// Where the link is registered while open ([`ProcessLinks`]).
     registry: &'static Mutex<ProcessLinks>,
     #[cfg(feature = "eth-turnaround")]
@@ -395,6 +409,7 @@ impl EthLink {
             ifindex: iface.index as libc::c_int,
             copied: Cell::new(0),
             misaddressed: Cell::new(0),
+            group: None,
             registry,
             #[cfg(feature = "eth-turnaround")]
             turnaround: Default::default(),
@@ -413,6 +428,44 @@ impl EthLink {
 
     pub(crate) fn mac(&self) -> MacAddr {
         self.mac
+    }
+
+    /// Joins job `job_id`'s multicast group on the interface: the frames of its
+    /// broadcasts ([`EthLink::group_dest`]) come in, even where the NIC filters
+    /// multicast addresses (veth and bridges flood them anyway).
+    pub(crate) fn join_group(&mut self, job_id: u32) -> Result<()> {
+        let mac = group_mac(job_id);
+        let mut mreq = libc::packet_mreq {
+            mr_ifindex: self.ifindex,
+            mr_type: libc::PACKET_MR_MULTICAST as libc::c_ushort,
+            mr_alen: 6,
+            mr_address: [0; 8],
+        };
+        mreq.mr_address[..6].copy_from_slice(&mac.0);
+        setsockopt(
+            &self.fd,
+            libc::SOL_PACKET,
+            libc::PACKET_ADD_MEMBERSHIP,
+            &mreq,
+        )
+        .map_err(|e| {
+            Error::io(
+                format!("joining multicast group {mac} (raw Ethernet link on {})", self.ifname),
+                e,
+            )
+        })?;
+        self.group = Some(mac);
+        Ok(())
+    }
+
+    /// Where a broadcast to the group this link joined goes: every endpoint of the
+    /// job's DPID on the segment, in one frame (this node's own endpoints excepted: a
+    /// NIC does not hear what it sends).
+    pub(crate) fn group_dest(&self) -> Option<EthDest> {
+        Some(EthDest {
+            mac: self.group?,
+            port: GROUP_PORT,
+        })
     }
 
     /// The port this link receives on.
@@ -508,7 +561,7 @@ impl EthLink {
             let sll = self.rx.frame(i).add(RX_SLL) as *const libc::sockaddr_ll;
             (*sll).sll_pkttype
         };
-        if pkttype != libc::PACKET_HOST {
+        if pkttype != libc::PACKET_HOST && pkttype != libc::PACKET_MULTICAST {
             return None;
         }
         let truncated = status & libc::TP_STATUS_COPY != 0 || snap < len;
@@ -524,7 +577,12 @@ impl EthLink {
                 u16::from_be_bytes([at.add(2).read(), at.add(3).read()]) as usize,
             )
         };
-        if port != self.port {
+        let wanted = if pkttype == libc::PACKET_HOST {
+            self.port
+        } else {
+            GROUP_PORT
+        };
+        if port != wanted {
             return None;
         }
         // Padding after the frame is ignored; a length beyond what arrived is malformed.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Broadcast on emulated clusters of N = 2, 4, 8 nodes (one rank per node): quiver's
-# ports broadcast (Bind::to_all: a binomial tree of unicasts over raw Ethernet today;
-# crates/quiver/examples/ports_bcast.rs) beside Open MPI's MPI_Bcast (ob1/tcp on the
-# same cluster's links; bench/progs/mpi_bcast.c, the same method), alternating within
-# each repetition. Per size: the time until rank 0 has every receiver's acknowledgement
+# ports broadcast (Bind::to_all; crates/quiver/examples/ports_bcast.rs) natively (one
+# raw Ethernet multicast frame per fragment, the engine's group channel) and down a
+# binomial tree of unicasts (QUIVER_NATIVE_BROADCAST=off), beside Open MPI's MPI_Bcast
+# (ob1/tcp on the same cluster's links; bench/progs/mpi_bcast.c, the same method), the
+# order rotating within each repetition. Per size: the time until rank 0 has every receiver's acknowledgement
 # of a broadcast (the last receiver's arrival plus one hop back), and the throughput of
 # windows of broadcasts. mpirun runs in a management namespace joined to every node by a
 # veth of its own (10.79.K.0/24) that carries only its PMIx traffic. The machine has two
@@ -64,9 +65,10 @@ mgmt_up() {
     sleep 0.5
 }
 
-quiver_run() {   # quiver_run N REP
-    local n=$1 rep=$2
-    local cmd=(env QUIVER_TRANSPORT=eth ${WAIT:+QUIVER_WAIT=$WAIT} "$Q" run --cluster "$cluster" -n "$n" --timeout 300 --
+quiver_run() {   # quiver_run N REP on|off
+    local n=$1 rep=$2 native=$3
+    local cmd=(env QUIVER_TRANSPORT=eth QUIVER_NATIVE_BROADCAST="$native" ${WAIT:+QUIVER_WAIT=$WAIT}
+               "$Q" run --cluster "$cluster" -n "$n" --timeout 300 --
                "$root/target/release/examples/ports_bcast" "$SIZES" "$ITERS" "$WINDOW")
     echo "== $(show "${cmd[@]}")" >> "$raw"
     locked "${cmd[@]}" 2>> "$raw" | tee -a "$raw" | sed 's/^\[0\] //' | grep '^{' | python3 -c '
@@ -74,8 +76,8 @@ import json, sys
 n, rep = sys.argv[1:]
 for line in sys.stdin:
     o = json.loads(line)
-    print(n, o["size"], "quiver ports (tree)", "last_us", rep, o["last_us_median"], sep="\t")
-    print(n, o["size"], "quiver ports (tree)", "MBps", rep, o["bcast_MBps"], sep="\t")' "$n" "$rep" >> "$rec"
+    print(n, o["size"], o["system"], "last_us", rep, o["last_us_median"], sep="\t")
+    print(n, o["size"], o["system"], "MBps", rep, o["bcast_MBps"], sep="\t")' "$n" "$rep" >> "$rec"
 }
 
 mpi_run() {   # mpi_run N REP
@@ -104,8 +106,11 @@ for n in $NODES; do
     "$Q" cluster up "$cluster" --nodes "$n" --link "$LINK" >> "$raw" 2>&1 || die "quiver cluster up failed (see $raw)"
     mgmt_up "$n"
     for rep in $(seq "$REPS"); do
-        if [ $((rep % 2)) = 1 ]; then quiver_run "$n" "$rep"; mpi_run "$n" "$rep"
-        else mpi_run "$n" "$rep"; quiver_run "$n" "$rep"; fi
+        case $((rep % 3)) in
+            1) quiver_run "$n" "$rep" on; quiver_run "$n" "$rep" off; mpi_run "$n" "$rep" ;;
+            2) quiver_run "$n" "$rep" off; mpi_run "$n" "$rep"; quiver_run "$n" "$rep" on ;;
+            0) mpi_run "$n" "$rep"; quiver_run "$n" "$rep" on; quiver_run "$n" "$rep" off ;;
+        esac
     done
     ip netns del "$MG" 2>/dev/null
     "$Q" cluster down "$cluster" >> "$raw" 2>&1
@@ -119,16 +124,20 @@ R = defaultdict(dict)
 for line in open(sys.argv[1]):
     n, size, system, fig, rep, v = line.rstrip("\n").split("\t")
     R[(int(n), int(size), system, fig)][int(rep)] = float(v)
-q, m = "quiver ports (tree)", "Open MPI MPI_Bcast (ob1/tcp)"
-print(f"Link {sys.argv[2]}; medians over repetitions; ratio: quiver / Open MPI, paired per repetition.\n")
-print("| nodes | size | quiver: to last ack (µs) | Open MPI | ratio | quiver MB/s | Open MPI MB/s | ratio |")
-print("|---|---|---|---|---|---|---|---|")
+q, t, m = "quiver ports (native)", "quiver ports (tree)", "Open MPI MPI_Bcast (ob1/tcp)"
+print(f"Link {sys.argv[2]}; medians over repetitions; ratios paired per repetition "
+      "(median, min-max).\n")
 def med(d): return st.median(d.values()) if d else float("nan")
 def paired(a, b):
     r = [a[k] / b[k] for k in sorted(set(a) & set(b)) if b[k] > 0]
     return f"{st.median(r):.2f} ({min(r):.2f}-{max(r):.2f})" if r else "-"
-for n, size in sorted({(k[0], k[1]) for k in R}):
-    ql, ml = R.get((n, size, q, "last_us"), {}), R.get((n, size, m, "last_us"), {})
-    qb, mb = R.get((n, size, q, "MBps"), {}), R.get((n, size, m, "MBps"), {})
-    print(f"| {n} | {size} | {med(ql):.2f} | {med(ml):.2f} | {paired(ql, ml)} | {med(qb):.1f} | {med(mb):.1f} | {paired(qb, mb)} |")
+for fig, title, unit in [("last_us", "Time until rank 0 has every receiver's acknowledgement", "µs"),
+                         ("MBps", "Broadcast throughput (windows of broadcasts)", "MB/s")]:
+    print(f"{title} ({unit}):\n")
+    print("| nodes | size | native | tree | Open MPI | native / tree | native / Open MPI |")
+    print("|---|---|---|---|---|---|---|")
+    for n, size in sorted({(k[0], k[1]) for k in R}):
+        a, b, c = (R.get((n, size, s, fig), {}) for s in (q, t, m))
+        print(f"| {n} | {size} | {med(a):.2f} | {med(b):.2f} | {med(c):.2f} | {paired(a, b)} | {paired(a, c)} |")
+    print()
 EOF

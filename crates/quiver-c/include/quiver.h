@@ -485,6 +485,7 @@ typedef struct quiver_port_counters {
   uint64_t delivered;
   uint64_t bytes_delivered;
   uint64_t forwarded;
+  uint64_t native_broadcasts;
   uint64_t errors;
   uint64_t malformed;
 } quiver_port_counters;

@@ -151,6 +151,7 @@ pub struct quiver_port_counters {
     pub delivered: u64,
     pub bytes_delivered: u64,
     pub forwarded: u64,
+    pub native_broadcasts: u64,
     pub errors: u64,
     pub malformed: u64,
 }
@@ -164,6 +165,7 @@ impl From<PortStats> for quiver_port_counters {
             delivered: s.delivered,
             bytes_delivered: s.bytes_delivered,
             forwarded: s.forwarded,
+            native_broadcasts: s.native_broadcasts,
             errors: s.errors,
             malformed: s.malformed,
         }

@@ -1,5 +1,7 @@
 //! Broadcast through GAMMA's ports, measured: rank 0 broadcasts through a port bound to
-//! every other rank (`Bind::to_all`, a binomial tree of unicasts today) and every other
+//! every other rank (`Bind::to_all`: through the link's own broadcast where it has one,
+//! raw Ethernet's multicast; down a binomial tree of unicasts with
+//! `QUIVER_NATIVE_BROADCAST=off` or where it has none) and every other
 //! rank answers each broadcast, or each window of them, with an empty message to rank
 //! 0's acknowledgement port. Printed per size, as JSON lines on rank 0:
 //!
@@ -95,8 +97,13 @@ fn main() -> quiver::Result<()> {
             }
         }
         if rank == 0 {
+            let way = if ports.stats().native_broadcasts > 0 {
+                "native"
+            } else {
+                "tree"
+            };
             println!(
-                "{{\"system\":\"quiver ports (tree)\",\"ranks\":{n},\"size\":{size},\
+                "{{\"system\":\"quiver ports ({way})\",\"ranks\":{n},\"size\":{size},\
                  \"last_us_median\":{:.3},\"bcast_MBps\":{:.3},\"iters\":{iters},\"window\":{window}}}",
                 median(&mut lat),
                 median(&mut bw)

@@ -705,6 +705,11 @@ impl Config {
         self.reliability = mode;
         self
     }
+    /// Sets whether broadcasts go through the link's own broadcast where it has one.
+    pub fn with_native_broadcast(mut self, on: bool) -> Self {
+        self.native_broadcast = on;
+        self
+    }
     /// Sets the faults injected into sent datagrams.
     pub fn with_faults(mut self, faults: Option<FaultConfig>) -> Self {
         self.faults = faults;

@@ -174,10 +174,19 @@ fn handlers_run_on_the_offload_engine_while_the_application_computes() {
     });
 }
 
+/// How a job's broadcasts must travel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Way {
+    /// Down the binomial trees (every rank forwards, from 4 ranks on).
+    Tree,
+    /// Through the link's own broadcast: nobody forwards.
+    Native,
+}
+
 /// Every rank broadcasts `COUNT` messages through a port bound to every other rank, all
 /// at once; every rank's handler keeps what arrives, by root; each rank must get every
-/// other rank's messages once, whole and in their order.
-fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64) {
+/// other rank's messages once, whole and in their order, the `way` it must travel.
+fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64, way: Way) {
     const COUNT: u32 = 30;
     let (me, size) = (job.rank(), job.size());
     let ports = Ports::open(&job, DPID).unwrap();
@@ -217,11 +226,18 @@ fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64) {
     }
     // The others may still need this rank to forward: leave together.
     job.barrier_progressing(&[&ports]).unwrap();
-    // From 4 ranks on, every rank has children in some root's tree (its successor's).
-    assert!(
-        size < 4 || ports.stats().forwarded > 0,
-        "rank {me} forwarded nothing"
-    );
+    let st = ports.stats();
+    match way {
+        // From 4 ranks on, every rank has children in some root's tree (its successor's).
+        Way::Tree => {
+            assert!(size < 4 || st.forwarded > 0, "rank {me} forwarded nothing");
+            assert_eq!(st.native_broadcasts, 0);
+        }
+        Way::Native => {
+            assert_eq!(st.forwarded, 0, "rank {me} forwarded a native broadcast");
+            assert_eq!(st.native_broadcasts, u64::from(COUNT), "rank {me}");
+        }
+    }
     retransmissions.fetch_add(ports.endpoint().stats().retransmissions, Ordering::Relaxed);
     drop(ports);
 }
@@ -231,7 +247,7 @@ fn broadcast_reaches_every_rank_once_and_in_order_over_shm() {
     let resent = Arc::new(AtomicU64::new(0));
     let r = resent.clone();
     run_ranks(8, config(TransportChoice::Auto), move |job| {
-        broadcast_from_every_rank(job, &r)
+        broadcast_from_every_rank(job, &r, Way::Tree)
     });
 }
 
@@ -241,7 +257,9 @@ fn broadcast_reaches_every_rank_once_and_in_order_over_udp_with_loss() {
     let c = config(TransportChoice::Udp).with_faults(Some(faults));
     let resent = Arc::new(AtomicU64::new(0));
     let r = resent.clone();
-    run_ranks(6, c, move |job| broadcast_from_every_rank(job, &r));
+    run_ranks(6, c, move |job| {
+        broadcast_from_every_rank(job, &r, Way::Tree)
+    });
     assert!(
         resent.load(Ordering::Relaxed) > 0,
         "the injected loss did not show"
@@ -249,17 +267,17 @@ fn broadcast_reaches_every_rank_once_and_in_order_over_udp_with_loss() {
 }
 
 /// GAMMA's broadcast test: 4 nodes with 2 ranks each, the switch dropping 1 % of the
-/// frames (nftables).
-#[test]
-fn broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth() {
+/// frames (nftables); natively (one multicast frame per fragment for the other nodes,
+/// shared memory for the root's own node) or down the trees.
+fn broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth(way: Way) {
     let resent = Arc::new(AtomicU64::new(0));
     let r = resent.clone();
-    let c = config(TransportChoice::Eth);
+    let c = config(TransportChoice::Eth).with_native_broadcast(way == Way::Native);
     let ran = Arc::new(AtomicU64::new(0));
     let n = ran.clone();
     run_ranks_on_cluster(8, 4, 0.01, c, move |job| {
         n.fetch_add(1, Ordering::Relaxed);
-        broadcast_from_every_rank(job, &r)
+        broadcast_from_every_rank(job, &r, way)
     });
     // Where clusters cannot be built the test was skipped (outside CI only).
     if ran.load(Ordering::Relaxed) > 0 {
@@ -268,6 +286,28 @@ fn broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth() {
             "the switch's loss did not show"
         );
     }
+}
+
+#[test]
+fn native_broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth() {
+    broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth(Way::Native);
+}
+
+/// The same with the offload engine: the group channel lives on its thread, and the
+/// handlers of broadcasts from other nodes run there.
+#[test]
+fn native_broadcast_with_the_offload_engine_over_eth() {
+    let resent = Arc::new(AtomicU64::new(0));
+    let r = resent.clone();
+    let c = config(TransportChoice::Eth).with_reliability(ReliabilityMode::Offload);
+    run_ranks_on_cluster(6, 3, 0.01, c, move |job| {
+        broadcast_from_every_rank(job, &r, Way::Native)
+    });
+}
+
+#[test]
+fn tree_broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth() {
+    broadcast_to_4_nodes_of_2_ranks_with_1_percent_loss_over_eth(Way::Tree);
 }
 
 /// Two jobs on the same nodes of one cluster, on the same DPID, each with a broadcast
@@ -279,7 +319,7 @@ fn two_jobs_sharing_nodes_never_see_each_others_broadcasts() {
     let resent = Arc::new(AtomicU64::new(0));
     let r = resent.clone();
     run_jobs_on_cluster(2, 4, 2, config(TransportChoice::Eth), move |_, job| {
-        broadcast_from_every_rank(job, &r)
+        broadcast_from_every_rank(job, &r, Way::Native)
     });
 }
 

@@ -496,14 +496,10 @@ impl<D> Core<D> {
             ack: h.ack,
             credits: h.credits,
         };
-        g.members.handle_reply(
-            m,
-            now,
-            (stamp, h.seq),
-            sender.sent_end(),
-            guard,
-            |seq| sender.kept_frame(seq).is_some(),
-        );
+        g.members
+            .handle_reply(m, now, (stamp, h.seq), sender.sent_end(), guard, |seq| {
+                sender.kept_frame(seq).is_some()
+            });
         self.settle_group();
         true
     }
@@ -516,8 +512,7 @@ impl<D> Core<D> {
         };
         for m in 0..g.members.len() {
             let p = &self.peers[g.members.peer_of(m)];
-            g.members
-                .set_live(m, !p.closed && !p.duplex.is_failed());
+            g.members.set_live(m, !p.closed && !p.duplex.is_failed());
         }
         let p = &mut self.peers[g.peer];
         let sender = p.duplex.sender();

@@ -329,9 +329,7 @@ impl<L: Link, C: Clock> Driver<L, C> {
             stats.frames_received += 1;
             let bytes = &self.link.slot(d.slot)[..d.len];
             let (h, rxf) = match self.core.check(d.slot, bytes, stats) {
-                Checked::Frame(h, rxf)
-                    if h.flags.intersects(Flags::GROUP | Flags::GROUP_REPLY) =>
-                {
+                Checked::Frame(h, rxf) if h.flags.intersects(Flags::GROUP | Flags::GROUP_REPLY) => {
                     touched |= self.group_frame(d.slot, &h, rxf, ready, stats);
                     continue;
                 }

@@ -161,7 +161,9 @@ impl Members {
         let live = || self.members.iter().filter(|m| m.live);
         let (Some(ack), Some(limit)) = (
             live().map(|m| m.ack).min_by_key(|&a| a.wrapping_sub(base)),
-            live().map(|m| m.limit).min_by_key(|&l| l.wrapping_sub(base)),
+            live()
+                .map(|m| m.limit)
+                .min_by_key(|&l| l.wrapping_sub(base)),
         ) else {
             return AckStamp {
                 ack: sent_end,
@@ -264,8 +266,22 @@ mod tests {
             m.ack = base;
             m.limit = base.wrapping_add(8);
         });
-        g.handle_reply(0, at(1), (stamp(base.wrapping_add(5), 8), 0), 4, RTT, |_| true);
-        g.handle_reply(1, at(1), (stamp(base.wrapping_add(1), 8), 0), 4, RTT, |_| true);
+        g.handle_reply(
+            0,
+            at(1),
+            (stamp(base.wrapping_add(5), 8), 0),
+            4,
+            RTT,
+            |_| true,
+        );
+        g.handle_reply(
+            1,
+            at(1),
+            (stamp(base.wrapping_add(1), 8), 0),
+            4,
+            RTT,
+            |_| true,
+        );
         assert_eq!(g.agreed(base, 4, 8), stamp(base.wrapping_add(1), 8));
     }
 }

@@ -735,11 +735,15 @@ fn broadcast_stations(
         .enumerate()
         .map(|(node, job)| {
             let link = Faulty::new(SimNet::link(&net, node, 512), FaultConfig::none());
-            let driver =
-                Driver::with_link(job.shared.clone(), DPID, link, SimClock(net.clone()), window)
-                    .unwrap();
-            Station::with_driver(job.shared.clone(), DPID, driver, SimClock(net.clone()))
-                .unwrap()
+            let driver = Driver::with_link(
+                job.shared.clone(),
+                DPID,
+                link,
+                SimClock(net.clone()),
+                window,
+            )
+            .unwrap();
+            Station::with_driver(job.shared.clone(), DPID, driver, SimClock(net.clone())).unwrap()
         })
         .collect();
     (net, stations, jobs, dir)
@@ -773,7 +777,13 @@ fn group_broadcasts(faults: FaultConfig, seed: u64, n: u32, count: usize) -> End
         }
         for (r, s) in stations.iter().enumerate().skip(1) {
             while let Some(m) = s.poll().unwrap() {
-                assert_eq!(m.source, Source { rank: 0, dpid: DPID });
+                assert_eq!(
+                    m.source,
+                    Source {
+                        rank: 0,
+                        dpid: DPID
+                    }
+                );
                 let i = got[r];
                 assert!(i < count, "rank {r}: more broadcasts than were sent");
                 // SAFETY: a received message's bytes stay in place until its token is

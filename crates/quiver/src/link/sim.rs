@@ -554,20 +554,28 @@ impl Link for SimLink {
         self.free.push(slot);
     }
 
-    fn send(&mut self, now: Duration, to: &usize, datagram: &[u8]) -> QResult<()> {
+    fn send(&mut self, _now: Duration, to: &usize, datagram: &[u8]) -> QResult<()> {
         if *to == BROADCAST {
             let nodes = self.net.borrow().net.nodes();
             let me = self.node;
             for n in (0..nodes).filter(|&n| n != me) {
-                self.send(now, &n, datagram)?;
+                self.send_to_node(n, datagram)?;
             }
             return Ok(());
         }
+        self.send_to_node(*to, datagram)
+    }
+}
+
+impl SimLink {
+    /// Sends one datagram to node `to` (every link's send; full queues drop silently, as
+    /// a switch does).
+    fn send_to_node(&mut self, to: usize, datagram: &[u8]) -> QResult<()> {
         match self
             .net
             .borrow_mut()
             .net
-            .send(self.node, *to, datagram.to_vec())
+            .send(self.node, to, datagram.to_vec())
         {
             Ok(()) | Err(SimSendError::QueueFull) => Ok(()),
             Err(SimSendError::TooBig { len, mtu }) => Err(Error::io(

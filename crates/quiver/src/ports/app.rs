@@ -87,7 +87,7 @@ impl App {
         let locals = if native {
             let mut locals = Vec::new();
             for rank in (0..size).filter(|&r| r != me) {
-                if station.transport_to(rank)? == crate::link::Transport::Shm {
+                if station.transport_to(rank)? == crate::Transport::Shm {
                     locals.push(rank);
                 }
             }
@@ -162,6 +162,9 @@ impl App {
                     }
                 }
                 self.count_sent(data.len());
+                let mut t = self.table.lock();
+                t.stats.native_broadcasts += u64::from(t.native_locals.is_some());
+                drop(t);
                 failed.map_or(Ok(true), Err)
             }
         }

@@ -94,6 +94,10 @@ pub struct PortStats {
     pub bytes_delivered: u64,
     /// Broadcast messages forwarded to this rank's children in their root's tree.
     pub forwarded: u64,
+    /// Broadcasts this rank sent through the link's own broadcast (one message to the
+    /// engine's group channel for every other node, `QUIVER_NATIVE_BROADCAST`), not
+    /// down its tree.
+    pub native_broadcasts: u64,
     /// Port errors (each went to an error handler or came back from a call).
     pub errors: u64,
     /// Messages dropped because they were not well-formed port messages.
@@ -200,6 +204,7 @@ impl Delivery<'_> {
                 for to in targets {
                     self.out.forward(to, &head, data);
                 }
+                t.stats.native_broadcasts += u64::from(t.native_locals.is_some());
             }
         }
         t.stats.sent += 1;

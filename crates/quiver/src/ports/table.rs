@@ -875,7 +875,11 @@ mod tests {
         );
         t.native_locals = None;
         let tree: Vec<Source> = tree::children(2, 2, 8).map(from).collect();
-        assert_eq!(t.broadcast_targets(), tree, "this rank's children in its tree");
+        assert_eq!(
+            t.broadcast_targets(),
+            tree,
+            "this rank's children in its tree"
+        );
     }
 
     /// A broadcast from a rank that is not this rank's parent for the root it names, or

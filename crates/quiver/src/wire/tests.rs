@@ -396,10 +396,7 @@ fn errors_and_flags_display_clearly() {
     );
     assert_eq!(format!("{:?}", Flags::EMPTY), "EMPTY");
     assert_eq!(Flags::from_bits(0x20), None);
-    assert_eq!(
-        format!("{:?}", Flags::GROUP | Flags::LAST),
-        "LAST | GROUP"
-    );
+    assert_eq!(format!("{:?}", Flags::GROUP | Flags::LAST), "LAST | GROUP");
     assert_eq!(FrameKind::try_from(9), Err(DecodeError::UnknownKind(9)));
 }
 

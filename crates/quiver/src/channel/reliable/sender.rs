@@ -171,7 +171,9 @@ impl Sender {
             probe_base: cfg.probe_interval,
             max_timeouts: cfg.max_timeouts,
             template: Header {
-                flags: template.flags.intersection(Flags::GROUP | Flags::GROUP_REPLY),
+                flags: template
+                    .flags
+                    .intersection(Flags::GROUP | Flags::GROUP_REPLY),
                 ..template
             },
             snd_una: 0,

@@ -450,7 +450,10 @@ impl EthLink {
         )
         .map_err(|e| {
             Error::io(
-                format!("joining multicast group {mac} (raw Ethernet link on {})", self.ifname),
+                format!(
+                    "joining multicast group {mac} (raw Ethernet link on {})",
+                    self.ifname
+                ),
                 e,
             )
         })?;

@@ -765,6 +765,11 @@ fn group_broadcasts(faults: FaultConfig, seed: u64, n: u32, count: usize) -> End
         .connect_group()
         .unwrap()
         .expect("a link with a broadcast address");
+    // The group is no rank: a caller's rank never reaches it, even the group's number.
+    assert!(matches!(
+        root.connect(Source::group(DPID)),
+        Err(Error::NoSuchRank { .. })
+    ));
     let mut rng = SimRng::new(seed);
     let sent: Vec<Vec<u8>> = (0..count).map(|i| message(&mut rng, i)).collect();
     let mut got = vec![0usize; n as usize];

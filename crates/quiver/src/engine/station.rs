@@ -300,17 +300,18 @@ impl<L: Link, C: Clock> Station<L, C> {
 
     /// The index of the route to endpoint `peer`, connecting first if there is none
     /// (waiting up to `QUIVER_CONNECT_TIMEOUT` for the peer to open it).
-    ///
-    /// [`Source::group`] is the route of [`connect_group`](Self::connect_group), an
-    /// error where the link has no broadcast.
+    /// A rank of the job only: [`Source::group`] is no rank (`NoSuchRank`), whatever
+    /// a caller passes; the engine's own callers reach the group through
+    /// [`route_to`](Self::route_to).
     pub(crate) fn connect(&self, peer: Source) -> Result<usize> {
-        if let Some(&i) = self.inner.borrow().route_index.get(&peer) {
+        if let Some(&i) = self
+            .inner
+            .borrow()
+            .route_index
+            .get(&peer)
+            .filter(|_| !peer.is_group())
+        {
             return Ok(i);
-        }
-        if peer.is_group() {
-            return self.connect_group()?.ok_or_else(|| {
-                Error::Config("a broadcast through a network link that has none".into())
-            });
         }
         let me = Source {
             rank: self.job.rank,
@@ -343,6 +344,17 @@ impl<L: Link, C: Clock> Station<L, C> {
         inner.routes.push((peer, route));
         inner.route_index.insert(peer, i);
         Ok(i)
+    }
+
+    /// The route to `to` for a protocol's own messages: [`connect`](Self::connect), or
+    /// for [`Source::group`] (which only a protocol names, never a caller's rank) the
+    /// group's route, an error where the link has no broadcast.
+    pub(crate) fn route_to(&self, to: Source) -> Result<usize> {
+        if !to.is_group() {
+            return self.connect(to);
+        }
+        self.connect_group()?
+            .ok_or_else(|| Error::Config("a broadcast through a network link that has none".into()))
     }
 
     /// The route to every endpoint of this DPID reached over the network at once,
@@ -754,7 +766,7 @@ impl<L: Link, C: Clock> Station<L, C> {
         out.flush(
             protocol,
             |to, head, body| {
-                self.connect(to)
+                self.route_to(to)
                     .and_then(|route| self.send(route, head, body, false))
             },
             |e| {

@@ -101,7 +101,7 @@ impl App {
             t.broadcast_targets()
         };
         for to in targets {
-            station.connect(to).map_err(|e| on.report(e))?;
+            station.route_to(to).map_err(|e| on.report(e))?;
         }
         let head = Header {
             dest_port,
@@ -145,7 +145,7 @@ impl App {
                 let mut failed = None;
                 for to in targets {
                     let sent = station
-                        .connect(to)
+                        .route_to(to)
                         .map_err(|e| self.send_failed(on, port, to.rank, e))
                         .and_then(|route| {
                             self.send_to(on, port, to, route, &head, data, block || !first)

@@ -16,6 +16,8 @@
 #        NODES="2 4" REPS=1 LINK=unlimited bash bench/bcast.sh
 #        WAIT=block bash bench/bcast.sh      (QUIVER_WAIT of quiver's ranks; default the
 #                                             library's, hybrid:100)
+#        TRANSPORT=udp bash bench/bcast.sh   (quiver over UDP: IP multicast natively;
+#                                             default eth)
 # Results: target/bench-bcast/records.tsv (nodes, size, system, figure, rep, value) and
 #          the table printed at the end.
 set -uo pipefail
@@ -23,6 +25,7 @@ REPS=${REPS:-3}
 NODES=${NODES:-2 4 8}
 LINK=${LINK:-1gbit}
 WAIT=${WAIT:-}
+TRANSPORT=${TRANSPORT:-eth}
 SIZES=${SIZES:-8,1024,65536}
 ITERS=${ITERS:-500}
 WINDOW=${WINDOW:-16}
@@ -67,7 +70,7 @@ mgmt_up() {
 
 quiver_run() {   # quiver_run N REP on|off
     local n=$1 rep=$2 native=$3
-    local cmd=(env QUIVER_TRANSPORT=eth QUIVER_NATIVE_BROADCAST="$native" ${WAIT:+QUIVER_WAIT=$WAIT}
+    local cmd=(env QUIVER_TRANSPORT="$TRANSPORT" QUIVER_NATIVE_BROADCAST="$native" ${WAIT:+QUIVER_WAIT=$WAIT}
                "$Q" run --cluster "$cluster" -n "$n" --timeout 300 --
                "$root/target/release/examples/ports_bcast" "$SIZES" "$ITERS" "$WINDOW")
     echo "== $(show "${cmd[@]}")" >> "$raw"
@@ -117,7 +120,7 @@ for n in $NODES; do
     cluster=""
 done
 
-python3 - "$rec" "$LINK" <<'EOF'
+python3 - "$rec" "$LINK, quiver over $TRANSPORT" <<'EOF'
 import sys, statistics as st
 from collections import defaultdict
 R = defaultdict(dict)

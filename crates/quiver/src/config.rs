@@ -178,7 +178,7 @@ pub struct Config {
     pub udp_gso: bool,
     /// Whether a broadcast through the ports (`Bind::to_all`) goes through the link's
     /// own broadcast where it has one (one multicast frame per fragment on raw Ethernet,
-    /// the engine's group channel) or always down a binomial tree of unicasts
+    /// IP multicast on UDP: the engine's group channel) or always down a binomial tree of unicasts
     /// (`QUIVER_NATIVE_BROADCAST=on|off`, default on).
     pub native_broadcast: bool,
     /// Whether the UDP transport asks the kernel to coalesce received runs of datagrams

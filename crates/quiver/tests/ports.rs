@@ -238,7 +238,8 @@ fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64, way:
             assert_eq!(st.native_broadcasts, u64::from(COUNT), "rank {me}");
         }
     }
-    retransmissions.fetch_add(ports.endpoint().stats().retransmissions, Ordering::Relaxed);
+    let ep = ports.endpoint().stats();
+    retransmissions.fetch_add(ep.retransmissions + ep.fast_retransmits, Ordering::Relaxed);
     drop(ports);
 }
 
@@ -251,19 +252,41 @@ fn broadcast_reaches_every_rank_once_and_in_order_over_shm() {
     });
 }
 
-#[test]
-fn broadcast_reaches_every_rank_once_and_in_order_over_udp_with_loss() {
+/// Over UDP with 1 % injected loss: natively (IP multicast on loopback, the engine's
+/// group channel) or down the trees.
+fn broadcast_over_udp_with_loss(way: Way) {
     let faults = quiver::FaultConfig::parse("loss=0.01,seed=7").unwrap();
-    let c = config(TransportChoice::Udp).with_faults(Some(faults));
+    let c = config(TransportChoice::Udp)
+        .with_faults(Some(faults))
+        .with_native_broadcast(way == Way::Native);
     let resent = Arc::new(AtomicU64::new(0));
     let r = resent.clone();
-    run_ranks(6, c, move |job| {
-        broadcast_from_every_rank(job, &r, Way::Tree)
-    });
+    run_ranks(6, c, move |job| broadcast_from_every_rank(job, &r, way));
     assert!(
         resent.load(Ordering::Relaxed) > 0,
         "the injected loss did not show"
     );
+}
+
+#[test]
+fn native_broadcast_reaches_every_rank_once_and_in_order_over_udp_with_loss() {
+    broadcast_over_udp_with_loss(Way::Native);
+}
+
+#[test]
+fn tree_broadcast_reaches_every_rank_once_and_in_order_over_udp_with_loss() {
+    broadcast_over_udp_with_loss(Way::Tree);
+}
+
+/// IP multicast between the nodes of a cluster (forced UDP: the two ranks of a node
+/// hear each other's broadcasts looped back), the switch dropping 1 % of the frames.
+#[test]
+fn native_broadcast_to_3_nodes_of_2_ranks_with_1_percent_loss_over_udp() {
+    let resent = Arc::new(AtomicU64::new(0));
+    let r = resent.clone();
+    run_ranks_on_cluster(6, 3, 0.01, config(TransportChoice::Udp), move |job| {
+        broadcast_from_every_rank(job, &r, Way::Native)
+    });
 }
 
 /// GAMMA's broadcast test: 4 nodes with 2 ranks each, the switch dropping 1 % of the

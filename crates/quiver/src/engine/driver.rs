@@ -82,6 +82,12 @@ impl Driver {
         use std::os::fd::AsRawFd;
         self.link.as_raw_fd()
     }
+
+    /// The link's second descriptor, which a poller watches too (UDP's multicast group
+    /// socket).
+    pub(crate) fn group_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.link.group_fd()
+    }
 }
 
 impl<L: Link, C: Clock> Driver<L, C> {
@@ -210,9 +216,9 @@ impl<L: Link, C: Clock> Driver<L, C> {
             }
             return taken;
         }
-        let me = self.core.identity();
-        if src.rank == me.rank {
-            // Our own broadcast, looped back by the link (lo does).
+        if !self.reaches_by_network(src.rank) {
+            // Our own broadcast, or one of a root on this node (which reaches us over
+            // shared memory), looped back by the link (lo, IP multicast's loop).
             self.link.free_slot(slot);
             return false;
         }

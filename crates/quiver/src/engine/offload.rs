@@ -195,6 +195,9 @@ impl Offload {
         });
         let poller = Poller::new()?;
         poller.add_with(net.fd(), net.caps().edge_triggered)?;
+        if let Some(fd) = net.group_fd() {
+            poller.add(fd)?;
+        }
         poller.add(shared.engine_bell.as_raw_fd())?;
         let cpu = job.config.offload_cpu;
         let wait = job.config.wait;

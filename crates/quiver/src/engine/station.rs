@@ -192,6 +192,9 @@ impl Station {
         }
         if let Some(u) = &udp {
             poller.add_with(u.fd(), u.caps().edge_triggered)?;
+            if let Some(fd) = u.group_fd() {
+                poller.add(fd)?;
+            }
         }
         if let Some(o) = &offload {
             poller.add(o.bell_fd())?;

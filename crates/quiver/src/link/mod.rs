@@ -135,7 +135,7 @@ pub(crate) struct LinkCaps {
     pub segments: bool,
     /// The link can send one datagram to every endpoint of the job's DPID on the other
     /// nodes at once ([`Link::broadcast_dest`]; GAMMA's native broadcast): raw Ethernet
-    /// (a multicast frame) and the simulator.
+    /// (a multicast frame), UDP over IPv4 (IP multicast) and the simulator.
     pub broadcast: bool,
 }
 

@@ -193,7 +193,13 @@ impl NetLink {
                 Err(why) => fall_back_once(wanted_by, &why),
             }
         }
-        let sock = UdpLink::bind(ip, params.udp_gso, params.udp_gro)?;
+        let mut sock = UdpLink::bind(ip, params.udp_gso, params.udp_gro)?;
+        if let Some(job) = params.group {
+            if let Err(e) = sock.join_group(job, ip) {
+                // Broadcasts then go down a tree of unicasts (the link has no broadcast).
+                tracing::debug!("{e}: broadcasts will go as unicasts");
+            }
+        }
         let max = match params.datagram {
             Some(d) => d,
             None => udp_datagram_for(ip),
@@ -248,7 +254,7 @@ impl Link for NetLink {
                 ordered: true,
                 holds_back: false,
                 segments: sock.segments(),
-                broadcast: false,
+                broadcast: sock.group_fd().is_some(),
             },
             NetLink::Eth(e) => LinkCaps {
                 max_datagram: e.max_datagram(),
@@ -319,7 +325,10 @@ impl Link for NetLink {
 
     fn broadcast_dest(&self) -> Option<NetDest> {
         match self {
-            NetLink::Udp { .. } => None,
+            NetLink::Udp { sock, pool } => sock.group_dest().map(|d| NetDest {
+                to: DestAddr::Udp(d),
+                max_datagram: pool.slot_size(),
+            }),
             NetLink::Eth(e) => e.group_dest().map(|d| NetDest {
                 to: DestAddr::Eth(d),
                 max_datagram: e.max_datagram(),
@@ -519,6 +528,18 @@ mod cold {
 
 fn mismatch() -> Error {
     Error::Config("a destination of the other network transport (internal error)".into())
+}
+
+impl NetLink {
+    /// A second descriptor a waiter must watch beside [`AsRawFd::as_raw_fd`]'s: the
+    /// UDP link's multicast group socket, once joined.
+    pub(crate) fn group_fd(&self) -> Option<RawFd> {
+        match self {
+            NetLink::Udp { sock, .. } => sock.group_fd(),
+            NetLink::Eth(_) => None,
+            NetLink::Wrapped(f) => f.inner().group_fd(),
+        }
+    }
 }
 
 impl AsRawFd for NetLink {

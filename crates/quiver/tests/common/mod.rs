@@ -112,16 +112,21 @@ where
     run_ranks_checked(size, config, extra, true, None, body)
 }
 
-/// Like [`run_ranks`] over [`TransportChoice::Eth`] on a cluster of `nodes` nodes (rank
-/// r on node r * nodes / size: same-node ranks talk through shared memory) whose switch
-/// drops each frame with probability `loss` (nftables, as `quiver cluster up --loss`).
+/// Like [`run_ranks`] over [`TransportChoice::Eth`] (or `Udp`) on a cluster of `nodes`
+/// nodes (rank r on node r * nodes / size: over Ethernet, same-node ranks talk through
+/// shared memory; forced UDP carries everything) whose switch drops each frame with
+/// probability `loss` (nftables, as `quiver cluster up --loss`).
 #[allow(dead_code)]
 pub fn run_ranks_on_cluster<F>(size: u32, nodes: u32, loss: f64, config: Config, body: F)
 where
     F: Fn(Job) + Send + Sync + 'static,
 {
-    assert_eq!(config.transport, TransportChoice::Eth);
-    run_ranks_checked(size, config, &[], true, Some((nodes, loss)), body)
+    assert!(matches!(
+        config.transport,
+        TransportChoice::Eth | TransportChoice::Udp
+    ));
+    let eth = config.transport == TransportChoice::Eth;
+    run_ranks_checked(size, config, &[], eth, Some((nodes, loss)), body)
 }
 
 /// Like [`run_ranks`] over [`TransportChoice::Eth`], without checking that Ethernet is
@@ -151,7 +156,7 @@ fn run_ranks_checked<F>(
 {
     let (nodes, loss) = spec.unwrap_or((size, 0.0));
     let node_of = move |rank: u32| (u64::from(rank) * u64::from(nodes) / u64::from(size)) as usize;
-    let cluster = if config.transport == TransportChoice::Eth {
+    let cluster = if config.transport == TransportChoice::Eth || spec.is_some() {
         match TestCluster::up(nodes) {
             Ok(c) => {
                 if loss > 0.0 {

@@ -16,8 +16,13 @@
 //! receive, into a staging buffer; their datagrams are then copied into free slots, and
 //! what does not fit waits in the staging buffer for slots to be freed (nothing is lost).
 //!
+//! A link may also join its job's IP multicast group (`group.rs`): the engine's group
+//! channel then broadcasts through it.
+//!
 //! This module moves datagrams only; validation and reassembly are the job of the wire
 //! and channel layers.
+
+mod group;
 
 use crate::error::{Error, Result};
 use crate::link::Datagram;
@@ -125,6 +130,8 @@ pub(crate) struct UdpLink {
     singles: u32,
     /// Connected sockets made for destinations so far (at most [`CONNECTED_MAX`]).
     connected: std::cell::Cell<usize>,
+    /// The job's multicast group, once joined ([`UdpLink::join_group`]).
+    group: Option<group::GroupSocket>,
 }
 
 /// A coalesced receive being handed over: `seg`-byte datagrams (the last may be shorter)
@@ -165,6 +172,7 @@ impl UdpLink {
                 at: 0,
             }),
             connected: std::cell::Cell::new(0),
+            group: None,
             gro_on: false,
             singles: 0,
         })
@@ -180,12 +188,53 @@ impl UdpLink {
         self.local
     }
 
-    /// Receives up to a batch of datagrams into free slots of `pool` without blocking.
+    /// Joins job `job_id`'s IP multicast group on the interface of `ip` (IPv4): from
+    /// then on the link receives the job's broadcasts and can send them
+    /// ([`UdpLink::group_dest`]).
+    pub(crate) fn join_group(&mut self, job_id: u32, ip: IpAddr) -> Result<()> {
+        let g = group::GroupSocket::join(job_id, ip, &self.sock).map_err(|e| {
+            Error::io(
+                format!(
+                    "joining the job's IP multicast group {} on {ip}",
+                    group::group_addr(job_id)
+                ),
+                e,
+            )
+        })?;
+        self.group = Some(g);
+        Ok(())
+    }
+
+    /// Where a broadcast to the group this link joined goes (sent from the link's own
+    /// socket: it has the multicast options).
+    pub(crate) fn group_dest(&self) -> Option<SockAddr> {
+        let dest = self.group.as_ref()?.dest;
+        Some(SockAddr::unconnected(&dest))
+    }
+
+    /// The group socket's descriptor, which a waiter watches beside the link's.
+    pub(crate) fn group_fd(&self) -> Option<RawFd> {
+        self.group.as_ref().map(group::GroupSocket::fd)
+    }
+
+    /// Receives up to a batch of datagrams into free slots of `pool` without blocking:
+    /// from the link's socket, then from the group's when this poll reads it.
     pub(crate) fn recv_batch(
         &mut self,
         pool: &mut SlotPool,
         out: &mut Vec<Datagram>,
     ) -> Result<()> {
+        self.recv_unicast(pool, out)?;
+        match self.group.as_mut() {
+            Some(g) => g
+                .poll(pool, out)
+                .map_err(|e| Error::io("receiving from the job's multicast group", e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Receives up to a batch of datagrams from the link's own socket.
+    fn recv_unicast(&mut self, pool: &mut SlotPool, out: &mut Vec<Datagram>) -> Result<()> {
         if self.gro.is_some() {
             if self.batching && !self.gro_on {
                 // Streaming: let the kernel coalesce from now on.
@@ -737,6 +786,15 @@ impl Clone for SockAddr {
 }
 
 impl SockAddr {
+    /// A destination that the link's own socket always sends to, with the address (a
+    /// multicast group: no connected socket of its own, which would lack the link's
+    /// multicast options).
+    pub(crate) fn unconnected(a: &SocketAddr) -> SockAddr {
+        let mut d = SockAddr::from(a);
+        d.conn = std::cell::OnceCell::from(None);
+        d
+    }
+
     /// The destination's IP address (an IPv4-mapped IPv6 address as IPv4).
     pub(crate) fn ip(&self) -> IpAddr {
         self.addr.ip().to_canonical()

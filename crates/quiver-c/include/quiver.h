@@ -485,9 +485,9 @@ typedef struct quiver_port_counters {
   uint64_t delivered;
   uint64_t bytes_delivered;
   uint64_t forwarded;
-  uint64_t native_broadcasts;
   uint64_t errors;
   uint64_t malformed;
+  uint64_t native_broadcasts;
 } quiver_port_counters;
 
 /**

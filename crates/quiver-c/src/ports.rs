@@ -151,9 +151,9 @@ pub struct quiver_port_counters {
     pub delivered: u64,
     pub bytes_delivered: u64,
     pub forwarded: u64,
-    pub native_broadcasts: u64,
     pub errors: u64,
     pub malformed: u64,
+    pub native_broadcasts: u64,
 }
 
 impl From<PortStats> for quiver_port_counters {

@@ -372,6 +372,9 @@ impl<D> Core<D> {
             Role::GroupTx | Role::GroupRx => {
                 reliable.heartbeat = None;
                 reliable.peer_timeout = None;
+                // A member that stops answering holds the group back until its unicast
+                // channel finds it gone (QUIVER_PEER_TIMEOUT), never fails the group.
+                reliable.max_timeouts = u32::MAX;
                 template.flags = if role == Role::GroupTx {
                     Flags::GROUP
                 } else {
@@ -758,9 +761,10 @@ impl<D> Core<D> {
         self.gather.clear();
         if let Some(g) = self.group.as_mut().filter(|g| g.peer == i) {
             // Frames members reported missing go first, to the whole group.
-            let sender = self.peers[i].duplex.sender();
+            let duplex = &mut self.peers[i].duplex;
             for seq in g.members.take_repairs() {
-                if sender.kept_frame(seq).is_some() {
+                if duplex.note_repair(seq, now) {
+                    g.members.count_repair();
                     stats.frames_sent += 1;
                     self.batch.push(BatchFrame::Kept(seq));
                 }

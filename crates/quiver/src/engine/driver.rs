@@ -100,6 +100,10 @@ impl<L: Link, C: Clock> Driver<L, C> {
         clock: C,
         window: u16,
     ) -> Result<Driver<L, C>> {
+        if link.caps().broadcast {
+            // Before the link's address: whoever finds the address finds this too.
+            job.kv.put(&group_key(job.rank, dpid), "1")?;
+        }
         job.kv.put(&net_key(job.rank, dpid), &link.advertise())?;
         let me = Identity {
             job_id: job.job_id,
@@ -182,6 +186,10 @@ impl<L: Link, C: Clock> Driver<L, C> {
         for rank in 0..self.job.size {
             if self.reaches_by_network(rank) {
                 let i = self.peer(Source { rank, dpid }, true)?;
+                if !hears_group(&self.job, Source { rank, dpid })? {
+                    // Its link joined no group: the caller reaches it by unicast.
+                    continue;
+                }
                 max_datagram = max_datagram.min(self.link.max_datagram_to(self.core.peer_dest(i)));
                 members.push(i);
             }
@@ -205,15 +213,18 @@ impl<L: Link, C: Clock> Driver<L, C> {
     ) -> bool {
         let src = source_of(h);
         if h.flags.contains(Flags::GROUP_REPLY) {
-            let from_member = self
-                .core
-                .group_member(src)
-                .is_some_and(|i| self.link.sent_from(slot, self.core.peer_dest(i)));
-            let taken = from_member && self.core.handle_group_reply(h);
+            let taken = match self.core.group_member(src) {
+                Some(i) if !self.link.sent_from(slot, self.core.peer_dest(i)) => {
+                    stats.dropped_spoofed += 1;
+                    false
+                }
+                Some(_) if self.core.handle_group_reply(h) => true,
+                _ => {
+                    stats.dropped_misaddressed += 1;
+                    false
+                }
+            };
             self.link.free_slot(slot);
-            if !taken {
-                stats.dropped_misaddressed += 1;
-            }
             return taken;
         }
         if !self.reaches_by_network(src.rank) {
@@ -345,8 +356,18 @@ impl<L: Link, C: Clock> Driver<L, C> {
                     continue;
                 }
                 Checked::Corrupted(h) => {
-                    // Charged to a known peer only if it came from that peer's address.
-                    if let Some(i) = self.core.find_peer(source_of(&h)) {
+                    // Charged to a known peer's channel (the one the frame belongs to:
+                    // a root's broadcasts have a channel of their own; a member's reply
+                    // carries nothing to repair) only if it came from that peer's address.
+                    let src = source_of(&h);
+                    let channel = if h.flags.contains(Flags::GROUP) {
+                        self.core.find_channel(src, Role::GroupRx)
+                    } else if h.flags.contains(Flags::GROUP_REPLY) {
+                        None
+                    } else {
+                        self.core.find_peer(src)
+                    };
+                    if let Some(i) = channel {
                         if self.link.sent_from(d.slot, self.core.peer_dest(i)) {
                             self.core.report_corrupted(now, i);
                             touched = true;
@@ -645,6 +666,18 @@ impl<L: Link, C: Clock> Driver<L, C> {
         };
         self.core.update_deadline(link);
     }
+}
+
+/// The rendezvous key under which endpoint `dpid` of `rank` says that its link hears the
+/// job's broadcasts (it joined the group), published before its link's address.
+pub(crate) fn group_key(rank: u32, dpid: u16) -> String {
+    format!("grp/{rank}/{dpid}")
+}
+
+/// Whether endpoint `peer`, whose link's address is published already, hears the job's
+/// broadcasts: a root reaches the others by unicast.
+pub(crate) fn hears_group(job: &JobShared, peer: Source) -> Result<bool> {
+    Ok(job.kv.try_get(&group_key(peer.rank, peer.dpid))?.is_some())
 }
 
 /// The rendezvous key under which endpoint `dpid` of `rank` publishes its link.

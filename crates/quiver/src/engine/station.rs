@@ -409,6 +409,24 @@ impl<L: Link, C: Clock> Station<L, C> {
         Ok(Some(i))
     }
 
+    /// The ranks a broadcast through [`connect_group`](Self::connect_group)'s route
+    /// does not reach, which the caller must reach by unicast: this node's (over shared
+    /// memory) and those whose link joined no group. Call after `connect_group`.
+    pub(crate) fn group_unreached(&self) -> Result<Vec<u32>> {
+        let mut unreached = Vec::new();
+        for rank in (0..self.job.size).filter(|&r| r != self.job.rank) {
+            let peer = Source {
+                rank,
+                dpid: self.dpid,
+            };
+            if self.transport_to(rank)? == Transport::Shm || !driver::hears_group(&self.job, peer)?
+            {
+                unreached.push(rank);
+            }
+        }
+        Ok(unreached)
+    }
+
     /// Waits up to `QUIVER_CONNECT_TIMEOUT` for `peer` to publish its network link.
     fn await_net_peer(&self, peer: Source) -> Result<()> {
         let timeout = self.job.config.connect_timeout;

@@ -563,7 +563,10 @@ fn open_eth(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
         // An explicit datagram size caps the frames as it caps UDP datagrams.
         iface.mtu = iface.mtu.min(d + 2);
     }
-    let frames = params.eth_ring_frames(at.remote_ranks, eth::rx_frame_bytes(iface.mtu));
+    // Each rank of another node may fill two windows here: its unicast channel's and,
+    // once it broadcasts, its group channel's.
+    let senders = at.remote_ranks * if params.group.is_some() { 2 } else { 1 };
+    let frames = params.eth_ring_frames(senders, eth::rx_frame_bytes(iface.mtu));
     let mut link = EthLink::open(&iface, at.port, dpid, frames, at.alone_on_node)?;
     if let Some(job) = params.group {
         if let Err(e) = link.join_group(job) {

@@ -73,31 +73,23 @@ impl App {
 
     /// Binds `port` to send to port `dest_port` of every other rank: through the link's
     /// own broadcast where it has one (one message to the engine's group channel for
-    /// the other nodes, unicasts over shared memory to this node's ranks), else down the
-    /// binomial tree rooted at this rank; connecting to every target first.
+    /// the other nodes, unicasts to this node's ranks and to any whose link joined no
+    /// group), else down the binomial tree rooted at this rank; connecting to every
+    /// target first.
     pub(super) fn bind_all(&self, on: &impl Footing, port: u8, dest_port: u8) -> Result<()> {
         check_dest_port(dest_port)?;
-        let (me, size) = {
-            let t = self.table.lock();
-            (t.rank, t.size)
-        };
+        let me = self.table.lock().rank;
         let station = on.station();
         let native = station.job().config.native_broadcast
             && station.connect_group().map_err(|e| on.report(e))?.is_some();
-        let locals = if native {
-            let mut locals = Vec::new();
-            for rank in (0..size).filter(|&r| r != me) {
-                if station.transport_to(rank)? == crate::Transport::Shm {
-                    locals.push(rank);
-                }
-            }
-            Some(locals)
+        let unicast = if native {
+            Some(station.group_unreached().map_err(|e| on.report(e))?)
         } else {
             None
         };
         let targets = {
             let mut t = self.table.lock();
-            t.native_locals = locals;
+            t.native_unicast = unicast;
             t.broadcast_targets()
         };
         for to in targets {
@@ -163,7 +155,7 @@ impl App {
                 }
                 self.count_sent(data.len());
                 let mut t = self.table.lock();
-                t.stats.native_broadcasts += u64::from(t.native_locals.is_some());
+                t.stats.native_broadcasts += u64::from(t.native_unicast.is_some());
                 drop(t);
                 failed.map_or(Ok(true), Err)
             }

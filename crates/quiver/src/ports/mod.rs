@@ -204,7 +204,7 @@ impl Delivery<'_> {
                 for to in targets {
                     self.out.forward(to, &head, data);
                 }
-                t.stats.native_broadcasts += u64::from(t.native_locals.is_some());
+                t.stats.native_broadcasts += u64::from(t.native_unicast.is_some());
             }
         }
         t.stats.sent += 1;

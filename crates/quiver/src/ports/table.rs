@@ -43,7 +43,7 @@ pub(super) enum Bound {
     },
     /// Every other process of the job, port `head`'s destination port of each: down
     /// the binomial tree rooted at this process (`tree`), or, where the link
-    /// broadcasts, to all at once ([`Table::native_locals`]).
+    /// broadcasts, to all at once ([`Table::native_unicast`]).
     All {
         /// The header of every message sent through the port, naming this process as
         /// the root.
@@ -92,11 +92,11 @@ pub(super) struct Table {
     pub size: u32,
     pub dpid: u16,
     pub slots: Vec<Slot>,
-    /// With the link's own broadcast (the engine's group channel): the other ranks of
-    /// this node, which a broadcast reaches by unicast over shared memory beside the
-    /// one group message that reaches every other node. `None`: broadcasts go down the
-    /// tree.
-    pub native_locals: Option<Vec<u32>>,
+    /// With the link's own broadcast (the engine's group channel): the ranks a
+    /// broadcast reaches by unicast beside the one group message that reaches the
+    /// others (this node's, over shared memory, and any whose link joined no group).
+    /// `None`: broadcasts go down the tree.
+    pub native_unicast: Option<Vec<u32>>,
     /// Port errors that found no error handler, for the application's next call.
     pub errors: VecDeque<PortError>,
     pub stats: PortStats,
@@ -110,20 +110,20 @@ impl Table {
             size,
             dpid,
             slots: (0..PORT_COUNT).map(|_| Slot::default()).collect(),
-            native_locals: None,
+            native_unicast: None,
             errors: VecDeque::new(),
             stats: PortStats::default(),
         }
     }
 
-    /// Where a broadcast of this rank goes: the group and this node's other ranks with
-    /// the link's broadcast, else this rank's children in its tree.
+    /// Where a broadcast of this rank goes: the group and the ranks it does not reach
+    /// with the link's broadcast, else this rank's children in its tree.
     pub(super) fn broadcast_targets(&self) -> Vec<Source> {
         let at = |rank| Source {
             rank,
             dpid: self.dpid,
         };
-        match &self.native_locals {
+        match &self.native_unicast {
             Some(locals) => std::iter::once(Source::group(self.dpid))
                 .chain(locals.iter().map(|&r| at(r)))
                 .collect(),
@@ -867,13 +867,13 @@ mod tests {
         assert_eq!(t.slots[5].signals, 1);
         assert_eq!((t.stats.malformed, t.stats.forwarded), (1, 0));
 
-        t.native_locals = Some(vec![3]);
+        t.native_unicast = Some(vec![3]);
         assert_eq!(
             t.broadcast_targets(),
             vec![Source::group(DPID), from(3)],
             "the group and this node's other rank"
         );
-        t.native_locals = None;
+        t.native_unicast = None;
         let tree: Vec<Source> = tree::children(2, 2, 8).map(from).collect();
         assert_eq!(
             t.broadcast_targets(),

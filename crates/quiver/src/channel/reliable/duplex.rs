@@ -218,6 +218,11 @@ impl<B> Duplex<B> {
         self.sender.handle_ack(now, stamp, None);
     }
 
+    /// See [`Sender::note_repair`].
+    pub fn note_repair(&mut self, seq: u32, now: Time) -> bool {
+        self.sender.note_repair(seq, now)
+    }
+
     /// A datagram from the peer that failed decoding or its checksum; see
     /// [`Receiver::handle_corrupt`].
     pub fn handle_invalid(&mut self, now: Time) {

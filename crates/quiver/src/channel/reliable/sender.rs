@@ -654,6 +654,21 @@ impl Sender {
         TxFrame::Scratch
     }
 
+    /// Frame `seq`, still kept, is sent again outside this sender (a group channel's
+    /// repair, sent to every member): it counts as retransmitted (Karn: no round-trip
+    /// sample from it) and as sent now (no timeout resends it at once). False, changing
+    /// nothing, when the frame is no longer kept.
+    pub fn note_repair(&mut self, seq: u32, now: Time) -> bool {
+        let Some(i) = self.index_of(seq) else {
+            return false;
+        };
+        let o = &mut self.unacked[i];
+        o.retransmitted = true;
+        o.last_tx = now;
+        self.counters.retransmissions += 1;
+        true
+    }
+
     /// The oldest frame not acknowledged (or the next to send, when all are).
     pub fn oldest_unacked(&self) -> u32 {
         self.snd_una

@@ -1,5 +1,5 @@
-"""quiver for Python: the ranks of a job, Directed Point endpoints, and tagged send and
-receive with mpi4py's names.
+"""quiver for Python: the ranks of a job, Directed Point endpoints, tagged send and
+receive with mpi4py's names, and GAMMA's active-message ports.
 
 Started as a job (``quiver run -n 2 python3 prog.py``, or ``mpirun -n 2 python3 prog.py``)::
 
@@ -25,6 +25,17 @@ first, ``Request.wait`` leaves it pending; ``target`` and a first send to a rank
 wait for the peer's endpoint, notice it when they return). An endpoint, and its
 requests, belong to the thread that opened it, in the process that opened it
 (``ThreadError`` elsewhere, also in a child made by ``fork()``).
+
+GAMMA's ports (``job.ports(dpid)``): a port is bound to a destination, a receive
+buffer and handlers; a send names only the port::
+
+    with job.ports(2) as ports:
+        ports.bind(0, buffer=4096, handler=lambda d: d.signal())
+        ports.bind(1, to=(1 - job.rank, 0))  # or to_all=0: a broadcast
+        ports.barrier()                       # bound everywhere before anyone sends
+        ports.send(1, b"hello")
+        ports.wait(0)                         # the handler signalled
+        data, (rank, port) = ports.read(0)
 
 Every error of the library is a :class:`quiver.Error` (see ``quiver._errors``).
 """
@@ -57,8 +68,10 @@ from ._quiver import (
     ANY_SOURCE,
     ANY_TAG,
     UNDEFINED,
+    Delivery,
     Endpoint,
     Job,
+    Ports,
     Request,
     Source,
     Status,
@@ -75,8 +88,10 @@ __all__ = [
     "ANY_SOURCE",
     "ANY_TAG",
     "UNDEFINED",
+    "Delivery",
     "Endpoint",
     "Job",
+    "Ports",
     "Request",
     "Source",
     "Status",

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 use crate::endpoint::PyEndpoint;
 use crate::errors::IntoPy;
+use crate::ports::PyPorts;
 use crate::tagged::PyTagged;
 use crate::wait::on_helper_thread;
 
@@ -84,6 +85,12 @@ impl PyJob {
     /// ``quiver.Tagged(job, dpid)``. It belongs to the calling thread.
     fn tagged(&self, py: Python<'_>, dpid: u16) -> PyResult<Py<PyTagged>> {
         PyTagged::open(py, &self.job, dpid)
+    }
+
+    /// Opens GAMMA's ports on DPID ``dpid`` (every rank opens the same DPID); the same
+    /// as ``quiver.Ports(job, dpid)``. They belong to the calling thread.
+    fn ports(&self, py: Python<'_>, dpid: u16) -> PyResult<Py<PyPorts>> {
+        PyPorts::open(py, &self.job, dpid)
     }
 
     fn __repr__(&self) -> String {

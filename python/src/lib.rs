@@ -1,9 +1,10 @@
 //! `quiver._quiver`, the extension module of the `quiver` Python package (which
 //! re-exports it; `quiver/_quiver.pyi` has the signatures): quiver's jobs, Directed
-//! Point endpoints and tagged endpoints with mpi4py's names.
+//! Point endpoints, tagged endpoints with mpi4py's names, and GAMMA's ports.
 //!
 //! The modules: `job` (`quiver.Job`), `endpoint` (`quiver.Endpoint`), `tagged`
-//! (`quiver.Tagged`, `quiver.Status`), `request` (`quiver.Request`); beneath them
+//! (`quiver.Tagged`, `quiver.Status`), `request` (`quiver.Request`), `ports`
+//! (`quiver.Ports`, `quiver.Delivery`); beneath them
 //! `buffer` (the buffer protocol), `thread` (endpoints stay on the thread that opened
 //! them; the GIL released on that thread), `wait` (waiting in slices, Ctrl-C) and
 //! `errors` (the `quiver.Error` hierarchy). `docs/DESIGN-NOTES.md` ("Python bindings")
@@ -13,6 +14,7 @@ mod buffer;
 mod endpoint;
 mod errors;
 mod job;
+mod ports;
 mod request;
 mod tagged;
 mod thread;
@@ -61,6 +63,8 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tagged::PyTagged>()?;
     m.add_class::<tagged::PyStatus>()?;
     m.add_class::<request::PyRequest>()?;
+    m.add_class::<ports::PyPorts>()?;
+    m.add_class::<ports::PyDelivery>()?;
     m.add("ANY_SOURCE", tagged::ANY_SOURCE)?;
     m.add("ANY_TAG", tagged::ANY_TAG)?;
     m.add("UNDEFINED", request::UNDEFINED)?;

@@ -525,6 +525,74 @@ def interrupt(comm, job):
     assert untouched.sum() == 0, "an abandoned receive wrote its buffer"
 
 
+def ports(comm, job):
+    """GAMMA's ports: a handler that answers from inside itself, a port without a
+    handler read after a wait, a broadcast, a message too long for its port's buffer
+    reaching the error handler, and an exception in a handler raised by the next call."""
+    other = 1 - job.rank
+    got, kept, errs = [], [], []
+
+    def on_ping(d):
+        got.append((d.port, d.origin, d.data))
+        kept.append(d)
+        d.send(2, d.data[::-1])  # answered through port 2, when the handler returns
+        d.signal()
+
+    raised = []
+
+    def step():
+        # On rank 0 a handler raises once rank 1 sent "boom": from whichever call runs it.
+        try:
+            p.progress()
+        except ZeroDivisionError as e:
+            raised.append(e)
+
+    def until(cond):
+        deadline = time.time() + 20
+        while not cond():
+            assert time.time() < deadline, "timed out"
+            step()
+
+    with job.ports(11) as p:
+        p.bind(0, buffer=64, handler=on_ping)
+        p.bind(1, to=(other, 0))
+        p.bind(2, to=(other, 3))
+        p.bind(3, buffer=64)  # no handler: signalled on every delivery
+        p.bind(4, to_all=5)
+        p.bind(5, buffer=8, on_error=errs.append)
+        p.bind(6, buffer=8, handler=lambda d: 1 / 0)
+        p.bind(7, to=(other, 6))
+        p.barrier()
+
+        p.send(1, b"ping-%d" % job.rank)
+        assert p.wait(0, timeout=20)
+        assert got == [(0, (other, 1), b"ping-%d" % other)], got
+        assert p.wait(3, timeout=20)
+        assert p.read(3) == ((b"ping-%d" % job.rank)[::-1], (other, 2))
+        expect(ValueError, kept[0].signal)  # its handler has returned
+
+        p.send(4, bytearray(b"12345678"))
+        assert p.wait(5, timeout=20)
+        assert p.read(5) == (b"12345678", (other, 4))
+        p.send(4, np.arange(9, dtype=np.uint8))  # one byte too many for port 5
+        until(lambda: errs)
+        assert isinstance(errs[0], quiver.PortError), errs
+
+        if job.rank == 1:
+            p.send(7, b"boom")  # rank 0's handler raises
+            assert p.wait(0, timeout=20)  # rank 0 saw the exception
+        else:
+            until(lambda: raised)
+            assert p.stats()["handler_errors"] == 1
+            p.send(1, b"done")
+        assert not p.wait(6, timeout=0.01)  # a raising handler signals nothing
+        expect(ValueError, p.bind, 255, buffer=8)
+        expect(ValueError, p.bind, 0, to=(other, 1), to_all=1)
+        expect(TypeError, p.bind, 0, handler=42)
+        p.barrier()
+    expect(quiver.ClosedError, p.send, 1, b"after close")
+
+
 SCENARIOS = {
     "arrays": arrays,
     "objects": objects,
@@ -535,6 +603,7 @@ SCENARIOS = {
     "endpoint": endpoint,
     "threads": threads,
     "interrupt": interrupt,
+    "ports": ports,
 }
 
 

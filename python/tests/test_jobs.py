@@ -22,6 +22,16 @@ def test_arrays_of_every_dtype_and_size(transport):
     quiver_run(2, RANKS, "arrays", env=env).expect_pass(["arrays"])
 
 
+@pytest.mark.parametrize("transport", ["shm", "udp", "udp-offload"])
+def test_ports(transport):
+    """GAMMA's ports: handlers that answer, plain ports, a broadcast, errors to the
+    error handler and a handler's exception raised by the next call; with the offload
+    engine the handlers of network messages run on its thread, taking the GIL."""
+    env = {"shm": {}, "udp": {"QUIVER_TRANSPORT": "udp"},
+           "udp-offload": {"QUIVER_TRANSPORT": "udp", "QUIVER_RELIABILITY": "offload"}}
+    quiver_run(2, RANKS, "ports", env=env[transport]).expect_pass(["ports"])
+
+
 def test_pickled_objects():
     quiver_run(2, RANKS, "objects").expect_pass(["objects"])
 

@@ -29,3 +29,20 @@ def main() -> None:
         ep.write(memoryview(b"x"))
         data, src = ep.read(timeout=1.0)
         print(data.decode(), src.rank, ep.stats()["msgs_sent"])
+    with job.ports(3) as ports:
+
+        def on_message(d: quiver.Delivery) -> None:
+            rank, port = d.origin
+            d.send(1, d.data[::-1])
+            d.signal()
+            print(rank, port, len(d))
+
+        ports.bind(0, buffer=64, handler=on_message, on_error=print)
+        ports.bind(1, to=(1, 0))
+        ports.bind(2, to_all=0)
+        ports.send(1, np.arange(4, dtype=np.uint8))
+        if ports.wait(0, timeout=1.0):
+            got = ports.read(0)
+            if got is not None:
+                msg, (sender, sent_through) = got
+                print(msg.hex(), sender, sent_through, ports.stats()["delivered"])

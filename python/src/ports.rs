@@ -448,7 +448,7 @@ impl PyPorts {
     }
 
     /// The ports' counters, as a dict (``sent``, ``delivered``, ``forwarded``,
-    /// ``native_broadcasts``, ``errors``, ..., and ``handler_errors``: exceptions that
+    /// ``native_broadcasts``, ``ring_broadcasts``, ``errors``, ..., and ``handler_errors``: exceptions that
     /// Python handlers raised).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.with(py, |p| Ok(p.stats()))?;
@@ -460,6 +460,7 @@ impl PyPorts {
             bytes_delivered,
             forwarded,
             native_broadcasts,
+            ring_broadcasts,
             errors: port_errors,
             malformed,
         } = s;
@@ -473,6 +474,7 @@ impl PyPorts {
             ("bytes_delivered", bytes_delivered),
             ("forwarded", forwarded),
             ("native_broadcasts", native_broadcasts),
+            ("ring_broadcasts", ring_broadcasts),
             ("errors", port_errors),
             ("malformed", malformed),
             ("handler_errors", handler_errors),

@@ -488,6 +488,7 @@ typedef struct quiver_port_counters {
   uint64_t errors;
   uint64_t malformed;
   uint64_t native_broadcasts;
+  uint64_t ring_broadcasts;
 } quiver_port_counters;
 
 /**

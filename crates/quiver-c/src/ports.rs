@@ -154,6 +154,7 @@ pub struct quiver_port_counters {
     pub errors: u64,
     pub malformed: u64,
     pub native_broadcasts: u64,
+    pub ring_broadcasts: u64,
 }
 
 impl From<PortStats> for quiver_port_counters {
@@ -166,6 +167,7 @@ impl From<PortStats> for quiver_port_counters {
             bytes_delivered: s.bytes_delivered,
             forwarded: s.forwarded,
             native_broadcasts: s.native_broadcasts,
+            ring_broadcasts: s.ring_broadcasts,
             errors: s.errors,
             malformed: s.malformed,
         }

@@ -236,6 +236,13 @@ fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64, way:
         Way::Native => {
             assert_eq!(st.forwarded, 0, "rank {me} forwarded a native broadcast");
             assert_eq!(st.native_broadcasts, u64::from(COUNT), "rank {me}");
+            // The 5000-byte ones (every fifth) went through the broadcast ring when
+            // another rank shares this rank's node over shared memory (and only then).
+            let shares = (0..size).any(|r| {
+                r != me && ports.endpoint().transport_to(r).unwrap() == quiver::Transport::Shm
+            });
+            let ring = if shares { u64::from(COUNT / 5) } else { 0 };
+            assert_eq!(st.ring_broadcasts, ring, "rank {me}");
         }
     }
     let ep = ports.endpoint().stats();
@@ -243,13 +250,23 @@ fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64, way:
     drop(ports);
 }
 
-#[test]
-fn broadcast_reaches_every_rank_once_and_in_order_over_shm() {
+/// Inside one node: natively (each root's messages written once into its broadcast ring
+/// when large, one message to each rank when small) or down the trees.
+fn broadcast_over_shm(way: Way) {
     let resent = Arc::new(AtomicU64::new(0));
     let r = resent.clone();
-    run_ranks(8, config(TransportChoice::Auto), move |job| {
-        broadcast_from_every_rank(job, &r, Way::Tree)
-    });
+    let c = config(TransportChoice::Auto).with_native_broadcast(way == Way::Native);
+    run_ranks(8, c, move |job| broadcast_from_every_rank(job, &r, way));
+}
+
+#[test]
+fn native_broadcast_reaches_every_rank_once_and_in_order_over_shm() {
+    broadcast_over_shm(Way::Native);
+}
+
+#[test]
+fn tree_broadcast_reaches_every_rank_once_and_in_order_over_shm() {
+    broadcast_over_shm(Way::Tree);
 }
 
 /// Over UDP with 1 % injected loss: natively (IP multicast on loopback, the engine's

@@ -3,8 +3,9 @@
 //! station's hook) and waiting on a port's semaphore. It reaches the engine through a
 //! [`Footing`]: the ports' endpoint in production, a bare station in the simulator.
 
-use super::table::{Bound, Handler, OnCell, Table, TableCell};
+use super::table::{Bound, Handler, OnCell, RingReader, Table, TableCell};
 use super::wire::Header;
+use super::wire::Indirect;
 use super::{PortError, RESERVED_PORT};
 use crate::addr::Source;
 use crate::config::WaitMode;
@@ -13,6 +14,8 @@ use crate::engine::protocol::Protocol;
 use crate::engine::route::Received;
 use crate::engine::station::Footing;
 use crate::error::{Error, Result};
+use crate::rma::window::{Published, Windows, PUBLISHED_IDS};
+use std::cell::OnceCell;
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
@@ -24,10 +27,30 @@ use std::time::{Duration, Instant};
 /// rank's outbox grow instead.
 const OUTBOX_ITEMS: usize = usize::MAX;
 
+/// A broadcast at least this long goes to this node's ranks through the broadcast ring
+/// (one copy written for all of them) rather than one copy into each one's ring.
+pub(super) const RING_MIN: usize = 4 << 10;
+/// Bytes of a rank's broadcast ring: a broadcast longer than half of it goes as copies.
+pub(super) const RING_BYTES: usize = 8 << 20;
+
 /// The port table and the outbox of one process's ports.
 pub(super) struct App {
     pub table: TableCell,
     pub out: RefCell<Outbox>,
+    /// This rank's broadcast ring, once a broadcast used it: a shared buffer its node's
+    /// ranks read (the table keeps which places they hold).
+    ring: RefCell<Option<Published>>,
+    /// The broadcast rings of this node's ranks, mapped here to be read.
+    peer_rings: OnceCell<PeerRings>,
+}
+
+/// The broadcast rings of this node's ranks, mapped on first use.
+struct PeerRings(Windows);
+
+impl RingReader for PeerRings {
+    fn read(&self, rank: u32, id: u32, offset: u64, dst: &mut [u8]) -> bool {
+        id >= PUBLISHED_IDS && matches!(self.0.read(rank, id, offset, dst), Ok(true))
+    }
 }
 
 impl App {
@@ -42,6 +65,8 @@ impl App {
         App {
             table,
             out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
+            ring: RefCell::new(None),
+            peer_rings: OnceCell::new(),
         }
     }
 
@@ -65,31 +90,49 @@ impl App {
             src_port: port,
             root: None,
             native: false,
+            indirect: false,
         }
         .encode();
         self.table.lock().slots[usize::from(port)].dest = Some(Bound::One { to, head, route });
         Ok(())
     }
 
-    /// Binds `port` to send to port `dest_port` of every other rank: through the link's
-    /// own broadcast where it has one (one message to the engine's group channel for
-    /// the other nodes, unicasts to this node's ranks and to any whose link joined no
-    /// group), else down the binomial tree rooted at this rank; connecting to every
-    /// target first.
+    /// Binds `port` to send to port `dest_port` of every other rank, natively where the
+    /// link has a broadcast or every rank is on this node (one message to the engine's
+    /// group channel for the other nodes; to this node's ranks one copy in this rank's
+    /// broadcast ring when large, else one message each; unicasts to any rank whose
+    /// link joined no group), else down the binomial tree rooted at this rank;
+    /// connecting to every target first.
     pub(super) fn bind_all(&self, on: &impl Footing, port: u8, dest_port: u8) -> Result<()> {
         check_dest_port(dest_port)?;
-        let me = self.table.lock().rank;
-        let station = on.station();
-        let native = station.job().config.native_broadcast
-            && station.connect_group().map_err(|e| on.report(e))?.is_some();
-        let unicast = if native {
-            Some(station.group_unreached().map_err(|e| on.report(e))?)
-        } else {
-            None
+        let (me, size) = {
+            let t = self.table.lock();
+            (t.rank, t.size)
         };
+        let station = on.station();
+        let wanted = station.job().config.native_broadcast;
+        let group = wanted && station.connect_group().map_err(|e| on.report(e))?.is_some();
+        let mut all_local = true;
+        for rank in (0..size).filter(|&r| r != me) {
+            all_local &= station.transport_to(rank)? == crate::Transport::Shm;
+        }
+        let native = wanted && (group || all_local);
+        let unicast = match (native, group) {
+            (false, _) => None,
+            (true, true) => Some(station.group_unreached().map_err(|e| on.report(e))?),
+            (true, false) => Some((0..size).filter(|&r| r != me).collect()),
+        };
+        let mut local = Vec::new();
+        for &rank in unicast.iter().flatten() {
+            if station.transport_to(rank)? == crate::Transport::Shm {
+                local.push(rank);
+            }
+        }
         let targets = {
             let mut t = self.table.lock();
             t.native_unicast = unicast;
+            t.native_local = local;
+            t.native_group = group;
             t.broadcast_targets()
         };
         for to in targets {
@@ -100,6 +143,7 @@ impl App {
             src_port: port,
             root: Some(me),
             native,
+            indirect: false,
         }
         .encode();
         self.table.lock().slots[usize::from(port)].dest = Some(Bound::All { head });
@@ -131,16 +175,51 @@ impl App {
                 Ok(sent)
             }
             Some(Bound::All { head }) => {
-                let targets = self.table.lock().broadcast_targets();
+                let (targets, local) = {
+                    let t = self.table.lock();
+                    (t.broadcast_targets(), t.native_local.clone())
+                };
+                // A large native broadcast reaches this node's ranks through the ring.
+                let place = if data.len() >= RING_MIN && data.len() <= RING_BYTES / 2 {
+                    match self.place_in_ring(on, data, &local, block)? {
+                        Some(place) => Some(place),
+                        None if block => None,
+                        None => return Ok(false),
+                    }
+                } else {
+                    None
+                };
+                let indirect_head = place.and_then(|_| {
+                    let (h, _) = Header::decode(&head)?;
+                    Some(
+                        Header {
+                            indirect: true,
+                            ..h
+                        }
+                        .encode(),
+                    )
+                });
                 let station = on.station();
-                let mut first = true;
+                // Once the ring holds it, the broadcast is under way: every send waits.
+                let mut first = place.is_none();
                 let mut failed = None;
                 for to in targets {
+                    let via_ring = place
+                        .zip(indirect_head)
+                        .filter(|_| local.contains(&to.rank));
+                    let body;
+                    let (head, data): (&[u8], &[u8]) = match &via_ring {
+                        Some((place, ihead)) => {
+                            body = place.encode();
+                            (ihead, &body)
+                        }
+                        None => (&head, data),
+                    };
                     let sent = station
                         .route_to(to)
                         .map_err(|e| self.send_failed(on, port, to.rank, e))
                         .and_then(|route| {
-                            self.send_to(on, port, to, route, &head, data, block || !first)
+                            self.send_to(on, port, to, route, head, data, block || !first)
                         });
                     match sent {
                         Ok(false) => return Ok(false),
@@ -156,8 +235,66 @@ impl App {
                 self.count_sent(data.len());
                 let mut t = self.table.lock();
                 t.stats.native_broadcasts += u64::from(t.native_unicast.is_some());
+                t.stats.ring_broadcasts += u64::from(place.is_some());
                 drop(t);
                 failed.map_or(Ok(true), Err)
+            }
+        }
+    }
+
+    /// Writes `data` once into this rank's broadcast ring for this node's ranks `local`
+    /// (creating the ring at its first use) and returns where; `None` when there are
+    /// no such ranks or the ring cannot be made (the broadcast goes as copies), or, not
+    /// `block`ing, when the ring has no room now. Blocking, it makes progress until the
+    /// node's ranks give enough back.
+    fn place_in_ring(
+        &self,
+        on: &impl Footing,
+        data: &[u8],
+        local: &[u32],
+        block: bool,
+    ) -> Result<Option<Indirect>> {
+        if local.is_empty() {
+            return Ok(None);
+        }
+        let station = on.station();
+        let mut ring = self.ring.borrow_mut();
+        if ring.is_none() {
+            let id = PUBLISHED_IDS | u32::from(station.dpid());
+            let job = station.job();
+            match Published::create(job.job_id, job.rank, id, RING_BYTES) {
+                Ok(r) => {
+                    let mut t = self.table.lock();
+                    t.ring.id = id;
+                    t.ring.capacity = r.len() as u64;
+                    *ring = Some(r);
+                }
+                Err(e) => {
+                    tracing::debug!("the ports' broadcast ring: {e}; broadcasting copies");
+                    return Ok(None);
+                }
+            }
+        }
+        let r = ring.as_ref().expect("made above");
+        let len = data.len() as u64;
+        loop {
+            let taken = self.table.lock().ring.take(len, local);
+            if let Some(offset) = taken {
+                let written = r.write(offset as usize, data);
+                debug_assert!(written, "a place the ring handed out is inside it");
+                let id = self.table.lock().ring.id;
+                return Ok(Some(Indirect {
+                    id,
+                    offset,
+                    len: data.len() as u32,
+                }));
+            }
+            if !block {
+                return Ok(None);
+            }
+            // The node's ranks give places back as they copy: their releases arrive here.
+            if !self.poll(on)? {
+                std::thread::yield_now();
             }
         }
     }
@@ -246,6 +383,7 @@ impl App {
                 let mut table = cell.borrow_mut();
                 let mut handler = Handler {
                     table: &mut table,
+                    rings: Some(self.peer_rings(on)),
                     woke: false,
                     handled: 0,
                 };
@@ -257,6 +395,7 @@ impl App {
             TableCell::Shared(_) => {
                 let mut handler = OnCell {
                     cell: &self.table,
+                    rings: Some(self.peer_rings(on)),
                     woke: false,
                     handled: 0,
                 };
@@ -281,6 +420,8 @@ impl App {
                 // the application's next wait, test or progress. The engine's error is
                 // returned only when no port sends to that rank.
                 let mut table = self.table.lock();
+                // Its places in this rank's broadcast ring come back.
+                table.ring.forget(rank);
                 let mut bound = false;
                 for port in 0..RESERVED_PORT {
                     let dest = table.slots[usize::from(port)].dest;
@@ -296,6 +437,14 @@ impl App {
                 }
             }
         }
+    }
+
+    /// The broadcast rings of this node's ranks, as the handlers read them.
+    fn peer_rings(&self, on: &impl Footing) -> &PeerRings {
+        self.peer_rings.get_or_init(|| {
+            let job = on.station().job();
+            PeerRings(Windows::new(job.job_id, job.rank))
+        })
     }
 
     /// The first port error no error handler took.

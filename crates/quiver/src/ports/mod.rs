@@ -98,6 +98,10 @@ pub struct PortStats {
     /// engine's group channel for every other node, `QUIVER_NATIVE_BROADCAST`), not
     /// down its tree.
     pub native_broadcasts: u64,
+    /// Of them, those written once into this rank's broadcast ring, where this node's
+    /// ranks read them (large ones, with ranks on this node), instead of once into each
+    /// one's receive ring.
+    pub ring_broadcasts: u64,
     /// Port errors (each went to an error handler or came back from a call).
     pub errors: u64,
     /// Messages dropped because they were not well-formed port messages.

@@ -14,7 +14,7 @@
 //! protocol hook and does no I/O: the simulator runs it as it is.
 
 use super::tree;
-use super::wire::{Header, HEADER_LEN};
+use super::wire::{Header, Indirect, Release, HEADER_LEN};
 use super::{Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
@@ -97,6 +97,14 @@ pub(super) struct Table {
     /// others (this node's, over shared memory, and any whose link joined no group).
     /// `None`: broadcasts go down the tree.
     pub native_unicast: Option<Vec<u32>>,
+    /// Of them, this node's ranks: a large broadcast reaches them through the
+    /// broadcast ring ([`Ring`]), one copy written for all.
+    pub native_local: Vec<u32>,
+    /// With [`Table::native_unicast`]: whether the engine's group channel reaches the
+    /// other nodes (without it, every other rank is on this node).
+    pub native_group: bool,
+    /// The places of this rank's broadcast ring its node's ranks have not given back.
+    pub ring: Ring,
     /// Port errors that found no error handler, for the application's next call.
     pub errors: VecDeque<PortError>,
     pub stats: PortStats,
@@ -111,21 +119,27 @@ impl Table {
             dpid,
             slots: (0..PORT_COUNT).map(|_| Slot::default()).collect(),
             native_unicast: None,
+            native_local: Vec::new(),
+            native_group: false,
+            ring: Ring::default(),
             errors: VecDeque::new(),
             stats: PortStats::default(),
         }
     }
 
-    /// Where a broadcast of this rank goes: the group and the ranks it does not reach
-    /// with the link's broadcast, else this rank's children in its tree.
+    /// Where a broadcast of this rank goes: natively, the group (where there is one) and
+    /// the ranks it does not reach; else this rank's children in its tree.
     pub(super) fn broadcast_targets(&self) -> Vec<Source> {
         let at = |rank| Source {
             rank,
             dpid: self.dpid,
         };
         match &self.native_unicast {
-            Some(locals) => std::iter::once(Source::group(self.dpid))
-                .chain(locals.iter().map(|&r| at(r)))
+            Some(unicast) => self
+                .native_group
+                .then(|| Source::group(self.dpid))
+                .into_iter()
+                .chain(unicast.iter().map(|&r| at(r)))
                 .collect(),
             None => tree::children(self.rank, self.rank, self.size)
                 .map(at)
@@ -158,7 +172,25 @@ impl Table {
     /// error was reported (something the application may wait for).
     #[inline]
     fn deliver(&mut self, port: u8, from: Origin, payload: &[u8], out: &mut Outbox) -> bool {
-        let len = payload.len();
+        let fill = |buf: &mut [u8]| {
+            crate::link::copy_into(buf, payload);
+            true
+        };
+        self.deliver_with(port, from, payload.len(), fill, out)
+    }
+
+    /// [`Table::deliver`] of a message of `len` bytes that `fill` writes into the
+    /// port's buffer (the first `len` bytes of what it is given); false from `fill`
+    /// (it could not, and wrote nothing) drops the message, counted malformed.
+    #[inline]
+    fn deliver_with(
+        &mut self,
+        port: u8,
+        from: Origin,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+        out: &mut Outbox,
+    ) -> bool {
         if port == RESERVED_PORT {
             self.report(PortError::Reserved { port, from, len });
             return true;
@@ -181,7 +213,12 @@ impl Table {
                 self.report(e);
                 return true;
             }
-            Some(buf) => crate::link::copy_into(buf, payload),
+            Some(buf) => {
+                if !fill(&mut buf[..len]) {
+                    self.stats.malformed += 1;
+                    return false;
+                }
+            }
         }
         slot.last_len = len;
         slot.last_from = Some(from);
@@ -210,9 +247,94 @@ impl Table {
     }
 }
 
+/// Reads `dst.len()` bytes at `offset` of shared buffer `id` of same-node rank `rank`
+/// into `dst` (the application's mapping of its peers' broadcast rings); false, having
+/// written nothing, when it cannot (no such buffer, or the range lies outside it).
+pub(crate) trait RingReader {
+    fn read(&self, rank: u32, id: u32, offset: u64, dst: &mut [u8]) -> bool;
+}
+
+/// A rank's broadcast ring, as far as the table keeps it (the memory is the
+/// application's): the places handed to this node's ranks and not given back yet, in the
+/// order they were taken. A place is reused once every rank it was handed to gave it
+/// back (or failed).
+#[derive(Debug, Default)]
+pub(crate) struct Ring {
+    /// The shared buffer's number (0: none yet).
+    pub id: u32,
+    /// Its size.
+    pub capacity: u64,
+    places: VecDeque<Place>,
+}
+
+#[derive(Debug)]
+struct Place {
+    offset: u64,
+    len: u64,
+    /// Ranks that have not given it back.
+    holders: Vec<u32>,
+}
+
+impl Ring {
+    /// A place of `len` bytes for a message to `holders`: after the newest place, or at
+    /// the start once the newest reaches the end, never over a place not given back;
+    /// `None` when there is no room now.
+    pub(crate) fn take(&mut self, len: u64, holders: &[u32]) -> Option<u64> {
+        if len == 0 || len > self.capacity || holders.is_empty() {
+            return None;
+        }
+        let free = |at: u64, places: &VecDeque<Place>| {
+            at + len <= self.capacity
+                && places
+                    .iter()
+                    .all(|p| at + len <= p.offset || p.offset + p.len <= at)
+        };
+        let after_newest = self.places.back().map_or(0, |p| p.offset + p.len);
+        let at = [after_newest, 0]
+            .into_iter()
+            .find(|&at| free(at, &self.places))?;
+        self.places.push_back(Place {
+            offset: at,
+            len,
+            holders: holders.to_vec(),
+        });
+        Some(at)
+    }
+
+    /// `rank` gave back the place at `offset`; false when it held none there.
+    pub(crate) fn release(&mut self, rank: u32, offset: u64) -> bool {
+        let Some(p) = self.places.iter_mut().find(|p| p.offset == offset) else {
+            return false;
+        };
+        let Some(i) = p.holders.iter().position(|&h| h == rank) else {
+            return false;
+        };
+        p.holders.swap_remove(i);
+        self.places.retain(|p| !p.holders.is_empty());
+        true
+    }
+
+    /// `rank` failed: it gives nothing back any more.
+    pub(crate) fn forget(&mut self, rank: u32) {
+        for p in &mut self.places {
+            p.holders.retain(|&h| h != rank);
+        }
+        self.places.retain(|p| !p.holders.is_empty());
+    }
+
+    /// Places not given back.
+    #[cfg(test)]
+    pub(crate) fn taken(&self) -> usize {
+        self.places.len()
+    }
+}
+
 /// Where a process's table lives: in the application's thread only, or shared with the
 /// offload engine's thread, which runs the handlers of what arrives over the network
 /// (a lock per access then; without the engine, none).
+// Not boxed: the local table is on the path of every message, where a pointer chase
+// costs more than the space the shared variant wastes.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum TableCell {
     Local(RefCell<Table>),
     Shared(Arc<Mutex<Table>>),
@@ -262,6 +384,8 @@ impl DerefMut for TableRef<'_> {
 /// taken for each message only.
 pub(super) struct OnCell<'a> {
     pub cell: &'a TableCell,
+    /// As [`Handler::rings`].
+    pub rings: Option<&'a dyn RingReader>,
     /// As [`Handler::woke`].
     pub woke: bool,
     /// Messages handled.
@@ -279,6 +403,7 @@ impl Protocol for OnCell<'_> {
         let mut table = self.cell.lock();
         let mut handler = Handler {
             table: &mut table,
+            rings: self.rings,
             woke: false,
             handled: 0,
         };
@@ -316,6 +441,7 @@ impl Protocol for Served {
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let mut handler = Handler {
             table: &mut table,
+            rings: None,
             woke: false,
             handled: 0,
         };
@@ -331,6 +457,10 @@ impl Protocol for Served {
 /// delivered and consumed.
 pub(super) struct Handler<'a> {
     pub table: &'a mut Table,
+    /// Where this node's ranks' broadcast rings are read (the application's thread);
+    /// `None` where they cannot be (the offload engine's thread, which handles network
+    /// messages only): an indirect broadcast then is malformed.
+    pub rings: Option<&'a dyn RingReader>,
     /// A port was signalled or an error reported in this drive: the engine returns to
     /// the application, which may be waiting for it.
     pub woke: bool,
@@ -349,7 +479,15 @@ impl Protocol for Handler<'_> {
     ) -> Disposition {
         self.handled += 1;
         let Some((head, payload)) = Header::decode(msg) else {
-            self.table.stats.malformed += 1;
+            match Release::decode(msg) {
+                // A rank of this node copied a broadcast out of this rank's ring.
+                Some(r) if r.id == self.table.ring.id && from.dpid == self.table.dpid => {
+                    if !self.table.ring.release(from.rank, r.offset) {
+                        self.table.stats.malformed += 1;
+                    }
+                }
+                _ => self.table.stats.malformed += 1,
+            }
             return Disposition::Consumed;
         };
         let t = &mut *self.table;
@@ -388,6 +526,24 @@ impl Protocol for Handler<'_> {
                 t.stats.forwarded += 1;
             }
             origin.rank = root;
+        }
+        if head.indirect {
+            // The payload is in the root's ring (a native broadcast, checked above): it
+            // is copied straight into the port's buffer, and the place given back
+            // whatever becomes of the message, so that the root's ring never fills.
+            let (Some(place), Some(rings)) = (Indirect::decode(payload), self.rings) else {
+                t.stats.malformed += 1;
+                return Disposition::Consumed;
+            };
+            let root = from.rank;
+            let fill = |buf: &mut [u8]| rings.read(root, place.id, place.offset, buf);
+            self.woke |= t.deliver_with(head.dest_port, origin, place.len as usize, fill, out);
+            let back = Release {
+                id: place.id,
+                offset: place.offset,
+            };
+            out.forward(from, &back.encode(), &[]);
+            return Disposition::Consumed;
         }
         self.woke |= t.deliver(head.dest_port, origin, payload, out);
         Disposition::Consumed
@@ -470,6 +626,7 @@ pub(crate) mod fuzz {
             let before = table.stats.delivered;
             let mut h = Handler {
                 table: &mut table,
+                rings: None,
                 woke: false,
                 handled: 0,
             };
@@ -536,6 +693,7 @@ mod tests {
             src_port,
             root: None,
             native: false,
+            indirect: false,
         }
         .encode()
         .to_vec();
@@ -547,6 +705,7 @@ mod tests {
         let mut out = Outbox::new(16);
         let mut h = Handler {
             table: t,
+            rings: None,
             woke: false,
             handled: 0,
         };
@@ -694,6 +853,7 @@ mod tests {
                 src_port: 2,
                 root: None,
                 native: false,
+                indirect: false,
             }
             .encode(),
             route: 0,
@@ -710,6 +870,7 @@ mod tests {
         let mut out = Outbox::new(4);
         let mut h = Handler {
             table: &mut t,
+            rings: None,
             woke: false,
             handled: 0,
         };
@@ -741,6 +902,7 @@ mod tests {
             src_port: 9,
             root: Some(root),
             native: false,
+            indirect: false,
         }
         .encode()
         .to_vec();
@@ -757,6 +919,7 @@ mod tests {
         let mut out = Outbox::new(4);
         let mut h = Handler {
             table: &mut t,
+            rings: None,
             woke: false,
             handled: 0,
         };
@@ -803,6 +966,7 @@ mod tests {
                     src_port: 1,
                     root: Some(0),
                     native: false,
+                    indirect: false,
                 }
                 .encode(),
             });
@@ -814,6 +978,7 @@ mod tests {
             let mut out = Outbox::new(capacity);
             let mut h = Handler {
                 table: &mut t,
+                rings: None,
                 woke: false,
                 handled: 0,
             };
@@ -847,6 +1012,7 @@ mod tests {
                 src_port: 9,
                 root: Some(root),
                 native: true,
+                indirect: false,
             }
             .encode()
             .to_vec();
@@ -856,6 +1022,7 @@ mod tests {
         let mut out = Outbox::new(4);
         let mut h = Handler {
             table: &mut t,
+            rings: None,
             woke: false,
             handled: 0,
         };
@@ -868,6 +1035,7 @@ mod tests {
         assert_eq!((t.stats.malformed, t.stats.forwarded), (1, 0));
 
         t.native_unicast = Some(vec![3]);
+        t.native_group = true;
         assert_eq!(
             t.broadcast_targets(),
             vec![Source::group(DPID), from(3)],
@@ -882,6 +1050,160 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_ring_hands_out_places_that_overlap_none_still_held() {
+        let mut r = Ring {
+            id: 9,
+            capacity: 100,
+            ..Ring::default()
+        };
+        assert_eq!(r.take(0, &[1]), None, "nothing to place");
+        assert_eq!(r.take(10, &[]), None, "nobody to read it");
+        assert_eq!(r.take(101, &[1]), None, "larger than the ring");
+        assert_eq!(r.take(40, &[1, 2]), Some(0));
+        assert_eq!(r.take(40, &[1, 2]), Some(40));
+        assert_eq!(
+            r.take(40, &[1, 2]),
+            None,
+            "20 bytes left at the end, 0 at the start"
+        );
+        assert!(r.release(1, 0));
+        assert!(!r.release(1, 0), "rank 1 gave it back already");
+        assert!(!r.release(3, 40), "rank 3 never held it");
+        assert_eq!(
+            r.take(40, &[1, 2]),
+            None,
+            "rank 2 still holds the first place"
+        );
+        assert!(r.release(2, 0));
+        assert_eq!(r.take(40, &[1, 2]), Some(0), "round to the start");
+        assert_eq!(r.taken(), 2);
+        r.forget(2);
+        r.forget(1);
+        assert_eq!(
+            r.taken(),
+            0,
+            "failed ranks give nothing back: their places free"
+        );
+        assert_eq!(r.take(100, &[1]), Some(0));
+    }
+
+    /// Reads from a fake ring: rank 0's buffer 7 holds `0, 1, 2, ...`.
+    struct FakeRings;
+
+    impl RingReader for FakeRings {
+        fn read(&self, rank: u32, id: u32, offset: u64, dst: &mut [u8]) -> bool {
+            if (rank, id) != (0, 7) || offset + dst.len() as u64 > 256 {
+                return false;
+            }
+            for (i, b) in dst.iter_mut().enumerate() {
+                *b = (offset as usize + i) as u8;
+            }
+            true
+        }
+    }
+
+    /// An indirect broadcast is copied from the root's ring into the port's buffer, and
+    /// its place given back to the root, even when the message cannot be delivered;
+    /// without a ring reader (the offload engine's thread) it is malformed. A release
+    /// reaches the root's ring only from a holder.
+    #[test]
+    fn an_indirect_broadcast_is_read_from_the_roots_ring_and_given_back() {
+        let mut t = Table::new(2, 4, DPID);
+        t.slots[5].buffer = Some(vec![0; 16]);
+        let msg = |len: u32, offset: u64| {
+            let mut m = Header {
+                dest_port: 5,
+                src_port: 9,
+                root: Some(0),
+                native: true,
+                indirect: true,
+            }
+            .encode()
+            .to_vec();
+            m.extend_from_slice(&Indirect { id: 7, offset, len }.encode());
+            m
+        };
+        let from = Source {
+            rank: 0,
+            dpid: DPID,
+        };
+        let sent = |out: &mut Outbox, h: &mut Handler<'_>| {
+            let mut sent = Vec::new();
+            out.flush(
+                h,
+                |dest, head, body| {
+                    sent.push((dest, [head, body].concat()));
+                    Ok::<_, ()>(true)
+                },
+                |_| {},
+            );
+            sent
+        };
+        let mut out = Outbox::new(4);
+        let rings = FakeRings;
+        let mut h = Handler {
+            table: &mut t,
+            rings: Some(&rings),
+            woke: false,
+            handled: 0,
+        };
+        h.handle_message(Time::ZERO, from, &msg(10, 100), &mut out);
+        let back = Release { id: 7, offset: 100 }.encode().to_vec();
+        assert_eq!(sent(&mut out, &mut h), vec![(from, back.clone())]);
+        // Too long for the port's 16 bytes: an error, and the place still comes back.
+        h.handle_message(Time::ZERO, from, &msg(17, 100), &mut out);
+        assert_eq!(sent(&mut out, &mut h), vec![(from, back.clone())]);
+        // Outside the root's buffer: malformed, nothing written, given back.
+        h.handle_message(Time::ZERO, from, &msg(10, 250), &mut out);
+        let back = Release { id: 7, offset: 250 }.encode().to_vec();
+        assert_eq!(sent(&mut out, &mut h), vec![(from, back)]);
+        assert_eq!(
+            t.slots[5].buffer.as_ref().unwrap()[..10],
+            (100..110).map(|b| b as u8).collect::<Vec<_>>()[..]
+        );
+        assert_eq!(t.slots[5].last_from, Some(Origin { rank: 0, port: 9 }));
+        assert_eq!(
+            (t.stats.delivered, t.stats.errors, t.stats.malformed),
+            (1, 1, 1)
+        );
+
+        let mut h = Handler {
+            table: &mut t,
+            rings: None,
+            woke: false,
+            handled: 0,
+        };
+        h.handle_message(Time::ZERO, from, &msg(10, 100), &mut out);
+        assert!(out.is_empty());
+        assert_eq!(t.stats.malformed, 2, "no ring reader here");
+
+        // The root's side: releases free its places, from holders only.
+        t.ring.id = 7;
+        t.ring.capacity = 64;
+        assert_eq!(t.ring.take(8, &[1, 3]), Some(0));
+        let mut h = Handler {
+            table: &mut t,
+            rings: None,
+            woke: false,
+            handled: 0,
+        };
+        let release = |rank, id| {
+            (
+                Source { rank, dpid: DPID },
+                Release { id, offset: 0 }.encode(),
+            )
+        };
+        for (src, r) in [release(2, 7), release(1, 8), release(1, 7), release(3, 7)] {
+            h.handle_message(Time::ZERO, src, &r, &mut out);
+        }
+        assert_eq!(t.ring.taken(), 0);
+        assert_eq!(
+            t.stats.malformed, 4,
+            "rank 2 held nothing; buffer 8 is no ring of ours"
+        );
+    }
+
     /// A broadcast from a rank that is not this rank's parent for the root it names, or
     /// naming this rank or no rank of the job as root, is malformed: not delivered, not
     /// forwarded.
@@ -893,6 +1215,7 @@ mod tests {
             let mut out = Outbox::new(4);
             let mut h = Handler {
                 table: &mut t,
+                rings: None,
                 woke: false,
                 handled: 0,
             };

@@ -5,10 +5,16 @@
 //! byte 1   destination port
 //! byte 2   the sender's port (the one it sent through)
 //! byte 3   flags: 1 = a broadcast; 2 = sent by its root to every receiver at once (the
-//!          link's broadcast and shared memory: nobody forwards it; only with 1); the
-//!          other bits are reserved, 0
+//!          link's broadcast and shared memory: nobody forwards it; only with 1); 4 = the
+//!          payload is in the root's broadcast ring, a shared buffer of this node, and the
+//!          message carries where (`Indirect`, 16 bytes; only with 1 and 2); the other
+//!          bits are reserved, 0
 //! 4..8     a broadcast's root rank (little-endian); 0 otherwise
 //! ```
+//!
+//! A receiver that has copied an indirect payload gives its place in the ring back to the
+//! root with a `Release` message (16 bytes: b'R', three zero bytes, the ring's buffer
+//! number, the payload's offset; all little-endian).
 //!
 //! The sender's rank comes from the engine (the channel it arrived on), not from the
 //! header, so a peer cannot claim another's rank; a broadcast names its root, which the
@@ -22,6 +28,11 @@ pub(crate) const HEADER_LEN: usize = 8;
 const KIND: u8 = b'G';
 const BROADCAST: u8 = 1;
 const NATIVE: u8 = 2;
+const INDIRECT: u8 = 4;
+const RELEASE: u8 = b'R';
+
+/// Bytes of an [`Indirect`] payload and of a [`Release`] message.
+pub(crate) const INDIRECT_LEN: usize = 16;
 
 /// A decoded header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,12 +45,17 @@ pub(crate) struct Header {
     pub root: Option<u32>,
     /// A broadcast its root sent to every receiver itself (not down a tree).
     pub native: bool,
+    /// The payload is an [`Indirect`]: where the message lies in the root's ring.
+    pub indirect: bool,
 }
 
 impl Header {
     /// The header's bytes.
     pub(crate) fn encode(self) -> [u8; HEADER_LEN] {
         let (flags, root) = match self.root {
+            Some(r) if self.native && self.indirect => {
+                (BROADCAST | NATIVE | INDIRECT, r.to_le_bytes())
+            }
             Some(r) if self.native => (BROADCAST | NATIVE, r.to_le_bytes()),
             Some(r) => (BROADCAST, r.to_le_bytes()),
             None => (0, [0; 4]),
@@ -53,10 +69,11 @@ impl Header {
     pub(crate) fn decode(msg: &[u8]) -> Option<(Header, &[u8])> {
         let (head, payload) = msg.split_first_chunk::<HEADER_LEN>()?;
         let word = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-        let (root, native) = match head[3] {
-            0 if word == 0 => (None, false),
-            BROADCAST => (Some(word), false),
-            f if f == BROADCAST | NATIVE => (Some(word), true),
+        let (root, native, indirect) = match head[3] {
+            0 if word == 0 => (None, false, false),
+            BROADCAST => (Some(word), false, false),
+            f if f == BROADCAST | NATIVE => (Some(word), true, false),
+            f if f == BROADCAST | NATIVE | INDIRECT => (Some(word), true, true),
             _ => return None,
         };
         if head[0] != KIND {
@@ -68,9 +85,69 @@ impl Header {
                 src_port: head[2],
                 root,
                 native,
+                indirect,
             },
             payload,
         ))
+    }
+}
+
+/// Where an indirect broadcast's payload lies: `len` bytes at `offset` of the root's
+/// shared buffer number `id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Indirect {
+    pub id: u32,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl Indirect {
+    pub(crate) fn encode(self) -> [u8; INDIRECT_LEN] {
+        let mut b = [0; INDIRECT_LEN];
+        b[..4].copy_from_slice(&self.id.to_le_bytes());
+        b[4..12].copy_from_slice(&self.offset.to_le_bytes());
+        b[12..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// The place a payload names; `None` unless it is exactly 16 bytes.
+    pub(crate) fn decode(payload: &[u8]) -> Option<Indirect> {
+        let b: &[u8; INDIRECT_LEN] = payload.try_into().ok()?;
+        Some(Indirect {
+            id: u32::from_le_bytes(b[..4].try_into().ok()?),
+            offset: u64::from_le_bytes(b[4..12].try_into().ok()?),
+            len: u32::from_le_bytes(b[12..].try_into().ok()?),
+        })
+    }
+}
+
+/// A receiver gives back the place of an indirect payload it copied: the root's buffer
+/// `id`, at `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Release {
+    pub id: u32,
+    pub offset: u64,
+}
+
+impl Release {
+    pub(crate) fn encode(self) -> [u8; INDIRECT_LEN] {
+        let mut b = [0; INDIRECT_LEN];
+        b[0] = RELEASE;
+        b[4..8].copy_from_slice(&self.id.to_le_bytes());
+        b[8..].copy_from_slice(&self.offset.to_le_bytes());
+        b
+    }
+
+    /// The release `msg` is; `None` unless it is exactly one.
+    pub(crate) fn decode(msg: &[u8]) -> Option<Release> {
+        let b: &[u8; INDIRECT_LEN] = msg.try_into().ok()?;
+        if b[..4] != [RELEASE, 0, 0, 0] {
+            return None;
+        }
+        Some(Release {
+            id: u32::from_le_bytes(b[4..8].try_into().ok()?),
+            offset: u64::from_le_bytes(b[8..].try_into().ok()?),
+        })
     }
 }
 
@@ -82,14 +159,15 @@ mod tests {
     fn a_header_decodes_to_what_was_encoded() {
         let cases = [None, Some(0), Some(7), Some(u32::MAX)]
             .into_iter()
-            .map(|root| (root, false))
-            .chain([(Some(3), true)]);
-        for (root, native) in cases {
+            .map(|root| (root, false, false))
+            .chain([(Some(3), true, false), (Some(3), true, true)]);
+        for (root, native, indirect) in cases {
             let h = Header {
                 dest_port: 254,
                 src_port: 7,
                 root,
                 native,
+                indirect,
             };
             let mut msg = h.encode().to_vec();
             msg.extend_from_slice(b"payload");
@@ -99,12 +177,50 @@ mod tests {
     }
 
     #[test]
+    fn places_and_releases_round_trip_and_nothing_else_decodes_as_them() {
+        let i = Indirect {
+            id: 1 << 31 | 7,
+            offset: 123_456,
+            len: 99,
+        };
+        assert_eq!(Indirect::decode(&i.encode()), Some(i));
+        assert_eq!(Indirect::decode(&i.encode()[..15]), None);
+        let r = Release {
+            id: 5,
+            offset: u64::MAX,
+        };
+        assert_eq!(Release::decode(&r.encode()), Some(r));
+        let mut bad = r.encode();
+        bad[1] = 1;
+        assert_eq!(Release::decode(&bad), None);
+        assert_eq!(Release::decode(&[b'R'; 17]), None);
+        // A port message is never a release, nor the other way round.
+        let h = Header {
+            dest_port: 1,
+            src_port: 2,
+            root: None,
+            native: false,
+            indirect: false,
+        }
+        .encode();
+        let mut m = h.to_vec();
+        m.extend_from_slice(&[0; 8]);
+        assert_eq!(Release::decode(&m), None);
+        assert_eq!(Header::decode(&r.encode()), None);
+        // INDIRECT without NATIVE is malformed.
+        let mut only = h;
+        only[3] = 1 | 4;
+        assert_eq!(Header::decode(&only), None);
+    }
+
+    #[test]
     fn short_foreign_or_reserved_headers_are_malformed() {
         let good = Header {
             dest_port: 1,
             src_port: 2,
             root: None,
             native: false,
+            indirect: false,
         }
         .encode();
         assert_eq!(Header::decode(&good[..HEADER_LEN - 1]), None);

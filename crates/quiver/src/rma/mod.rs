@@ -30,7 +30,8 @@
 //! finished writing its destination (a peer helping with a split copy included), except
 //! a [`Got::Queued`] one, whose end [`Rma::completed`] reports.
 //!
-//! Who calls it: `tagged` (its pulls, and the sender's side of split copies). It knows
+//! Who calls it: `tagged` (its pulls, and the sender's side of split copies); `ports`
+//! (its broadcast ring, a [`window::Published`] buffer its node's ranks read). It knows
 //! nothing of messages, tags or channels; whether a peer is on this node is the caller's
 //! to say (only same-node peers are asked for).
 

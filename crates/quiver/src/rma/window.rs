@@ -19,6 +19,10 @@ use std::collections::VecDeque;
 /// Peers' shared buffers a receiver keeps mapped.
 const PEER_BUFS_CACHED: usize = 16;
 
+/// Buffer numbers from here on are [`Published`] ones, which their owner chooses; the
+/// allocator's numbers stay below.
+pub(crate) const PUBLISHED_IDS: u32 = 1 << 31;
+
 /// The name of shared buffer `id` of `rank` in job `job_id`.
 pub(crate) fn name(job_id: u32, rank: u32, id: u32) -> String {
     format!("/quiver-{}-{job_id:08x}-{rank}-b{id}", object::uid())
@@ -81,9 +85,12 @@ impl Windows {
     /// Allocates shared buffer of `len` bytes (zero-filled) under a new number.
     pub(crate) fn alloc(&self, len: usize) -> Result<SharedBuf<'_>> {
         let id = self.next.get();
-        self.next.set(id.checked_add(1).ok_or_else(|| {
-            Error::Config("this endpoint has allocated 2^32 shared buffers".into())
-        })?);
+        if id >= PUBLISHED_IDS {
+            return Err(Error::Config(
+                "this endpoint has allocated 2^31 shared buffers".into(),
+            ));
+        }
+        self.next.set(id + 1);
         let name = name(self.job_id, self.rank, id);
         let map = Mapping::open(&name, Some(len))?;
         self.own.borrow_mut().push((map.ptr() as usize, len, id));
@@ -149,5 +156,57 @@ impl Windows {
                 size: map.len(),
             }),
         }
+    }
+}
+
+/// A shared buffer under a number its owner chooses (at least [`PUBLISHED_IDS`]), for a
+/// buffer a protocol publishes once under a well-known number (the ports' broadcast
+/// ring): peers read it with [`Windows::read`] like any other. Only its owner writes
+/// it, with [`Published::write`]; unlinked when dropped.
+pub(crate) struct Published {
+    map: Mapping,
+    name: String,
+}
+
+impl Published {
+    /// Creates buffer `id` (at least [`PUBLISHED_IDS`]) of `len` bytes of `rank` in job
+    /// `job_id`.
+    pub(crate) fn create(job_id: u32, rank: u32, id: u32, len: usize) -> Result<Published> {
+        if id < PUBLISHED_IDS {
+            return Err(Error::Config(format!(
+                "published buffer number {id} is the allocator's"
+            )));
+        }
+        let name = name(job_id, rank, id);
+        let map = Mapping::open(&name, Some(len))?;
+        Ok(Published { map, name })
+    }
+
+    /// Bytes of the buffer.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Copies `data` to `offset`; false (nothing written) when it does not fit.
+    pub(crate) fn write(&self, offset: usize, data: &[u8]) -> bool {
+        if offset
+            .checked_add(data.len())
+            .is_none_or(|end| end > self.map.len())
+        {
+            return false;
+        }
+        // SAFETY: offset + len <= the mapping's length; the mapping is this owner's and
+        // writable (created here); readers read only ranges their owner handed them
+        // after writing them (a protocol's ordering), so no read races this write.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.ptr().add(offset), data.len())
+        };
+        true
+    }
+}
+
+impl Drop for Published {
+    fn drop(&mut self) {
+        object::unlink(&self.name);
     }
 }

@@ -269,6 +269,47 @@ fn tree_broadcast_reaches_every_rank_once_and_in_order_over_shm() {
     broadcast_over_shm(Way::Tree);
 }
 
+/// Every rank of one node broadcasts 48 messages of 1 MiB (interleaved with small ones)
+/// at once: 32 MiB per root through an 8 MiB broadcast ring, which wraps (and fills
+/// while the others are busy with their own); every byte arrives, in order.
+#[test]
+fn the_broadcast_ring_fills_and_wraps_and_loses_nothing() {
+    const COUNT: u32 = 48;
+    run_ranks(4, config(TransportChoice::Auto), |job| {
+        let (me, size) = (job.rank(), job.size());
+        let ports = Ports::open(&job, DPID).unwrap();
+        let len = |i: u32| if i % 3 == 2 { 10 } else { 1 << 20 };
+        let next = Arc::new(Mutex::new(vec![0u32; size as usize]));
+        let n = next.clone();
+        ports
+            .bind(2)
+            .buffer(vec![0; 1 << 20])
+            .handler(move |d: &mut Delivery<'_>| {
+                let root = d.origin().rank as usize;
+                let mut next = n.lock().unwrap();
+                let i = next[root];
+                assert!(
+                    d.data() == pattern(root as u32, i, len(i)),
+                    "broadcast {i} of root {root} differs"
+                );
+                next[root] += 1;
+                d.signal();
+            })
+            .apply()
+            .unwrap();
+        ports.bind(1).to_all(2).apply().unwrap();
+        job.barrier_progressing(&[&ports]).unwrap();
+        for i in 0..COUNT {
+            ports.send(1, &pattern(me, i, len(i))).unwrap();
+        }
+        ports.wait(2, u64::from(COUNT * (size - 1))).unwrap();
+        job.barrier_progressing(&[&ports]).unwrap();
+        let st = ports.stats();
+        assert_eq!(st.ring_broadcasts, u64::from(COUNT / 3 * 2));
+        assert_eq!(st.forwarded, 0);
+    });
+}
+
 /// Over UDP with 1 % injected loss: natively (IP multicast on loopback, the engine's
 /// group channel) or down the trees.
 fn broadcast_over_udp_with_loss(way: Way) {

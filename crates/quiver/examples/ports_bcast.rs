@@ -111,6 +111,13 @@ fn main() -> quiver::Result<()> {
         }
     }
     job.barrier_progressing(&[&ports])?;
+    if std::env::var_os("QUIVER_BCAST_STATS").is_some() {
+        eprintln!(
+            "rank {rank}: {:?} {:?}",
+            ports.stats(),
+            ports.endpoint().stats()
+        );
+    }
     Ok(())
 }
 

@@ -245,9 +245,18 @@ impl<L: Link, C: Clock> Station<L, C> {
         net_transport: Transport,
         clock: C,
     ) -> Self {
+        // The ranks sharing this machine: this node's, or every rank of an emulated
+        // cluster (its nodes are namespaces of one machine).
+        let me = job.nids[job.rank as usize];
+        let local = if job.config.cluster.is_some() {
+            job.nids.len()
+        } else {
+            job.nids.iter().filter(|&&n| n == me).count()
+        };
         Station {
             waiter: Waiter {
                 mode: job.config.wait,
+                yields: super::wait::oversubscribed(local),
             },
             job,
             dpid,
@@ -707,7 +716,8 @@ impl<L: Link, C: Clock> Station<L, C> {
         poll: impl Fn() -> Result<Option<T>>,
         timeout: Option<Duration>,
     ) -> Result<T> {
-        Waiter { mode }.wait(&ReadWait { at: self, poll }, timeout)
+        let yields = self.waiter.yields;
+        Waiter { mode, yields }.wait(&ReadWait { at: self, poll }, timeout)
     }
 
     /// The protocol hook, where progress runs ([`super::protocol`]): fires `protocol`'s

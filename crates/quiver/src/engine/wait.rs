@@ -150,6 +150,17 @@ pub(crate) trait Waitable {
 /// The waiting policy.
 pub(crate) struct Waiter {
     pub mode: WaitMode,
+    /// The machine runs more of the job's processes than it has cores
+    /// ([`oversubscribed`]): a polling waiter gives its core away between polls (as
+    /// Open MPI's `yield_when_idle`), so that the process it waits for can run.
+    pub yields: bool,
+}
+
+/// Whether this process's machine runs more of the job's ranks than this process may use
+/// cores: `local_ranks` of them share it.
+pub(crate) fn oversubscribed(local_ranks: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    local_ranks > cores
 }
 
 impl Waiter {
@@ -165,7 +176,7 @@ impl Waiter {
         };
         // Polling phase. The clock is read only every 64 polls (a message usually arrives
         // sooner, and a clock read costs as much as a few polls), and never when spinning
-        // without a deadline.
+        // without a deadline. On an oversubscribed machine each poll gives the core away.
         let needs_clock = timeout.is_some() || spin_for.is_some();
         let mut start = None;
         let mut n: u32 = 0;
@@ -173,9 +184,16 @@ impl Waiter {
             if let Some(v) = w.poll_once()? {
                 return Ok(v);
             }
-            std::hint::spin_loop();
+            if self.yields {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             n = n.wrapping_add(1);
-            if needs_clock && (n.is_multiple_of(64) || spin_for == Some(Duration::ZERO)) {
+            // A waiter that yields reads it every time: a yield may last a time slice.
+            if needs_clock
+                && (self.yields || n.is_multiple_of(64) || spin_for == Some(Duration::ZERO))
+            {
                 let now = Instant::now();
                 let start = *start.get_or_insert(now);
                 if timeout.is_some_and(|t| now - start >= t) {
@@ -304,6 +322,7 @@ mod tests {
         let c = cd(10_000);
         Waiter {
             mode: WaitMode::Spin,
+            yields: false,
         }
         .wait(&c, None)
         .unwrap();
@@ -315,6 +334,7 @@ mod tests {
         let c = cd(200);
         Waiter {
             mode: WaitMode::Block,
+            yields: false,
         }
         .wait(&c, None)
         .unwrap();
@@ -327,10 +347,32 @@ mod tests {
         let c = cd(u32::MAX);
         let e = Waiter {
             mode: WaitMode::Hybrid(Duration::from_micros(10)),
+            yields: true,
         }
         .wait(&c, Some(Duration::from_millis(5)))
         .unwrap_err();
         assert!(matches!(e, Error::Timeout(_)));
+    }
+
+    #[test]
+    fn more_ranks_than_cores_is_oversubscribed() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(!oversubscribed(1));
+        assert!(!oversubscribed(cores));
+        assert!(oversubscribed(cores + 1));
+    }
+
+    #[test]
+    fn a_yielding_hybrid_waiter_polls_then_sleeps() {
+        let c = cd(u32::MAX);
+        let e = Waiter {
+            mode: WaitMode::Hybrid(Duration::from_micros(200)),
+            yields: true,
+        }
+        .wait(&c, Some(Duration::from_millis(20)))
+        .unwrap_err();
+        assert!(matches!(e, Error::Timeout(_)));
+        assert!(c.slept.get() >= 1, "it went to sleep after polling");
     }
 
     #[test]

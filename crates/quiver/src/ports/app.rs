@@ -30,7 +30,8 @@ const OUTBOX_ITEMS: usize = usize::MAX;
 /// A broadcast at least this long goes to this node's ranks through the broadcast ring
 /// (one copy written for all of them) rather than one copy into each one's ring.
 pub(super) const RING_MIN: usize = 4 << 10;
-/// Bytes of a rank's broadcast ring: a broadcast longer than half of it goes as copies.
+/// Bytes of a rank's broadcast ring: a broadcast longer than a quarter of it goes as
+/// copies (`table::RELEASE_BYTES` says why).
 pub(super) const RING_BYTES: usize = 8 << 20;
 
 /// The port table and the outbox of one process's ports.
@@ -180,7 +181,7 @@ impl App {
                     (t.broadcast_targets(), t.native_local.clone())
                 };
                 // A large native broadcast reaches this node's ranks through the ring.
-                let place = if data.len() >= RING_MIN && data.len() <= RING_BYTES / 2 {
+                let place = if data.len() >= RING_MIN && data.len() <= RING_BYTES / 4 {
                     match self.place_in_ring(on, data, &local, block)? {
                         Some(place) => Some(place),
                         None if block => None,

@@ -105,6 +105,8 @@ pub(super) struct Table {
     pub native_group: bool,
     /// The places of this rank's broadcast ring its node's ranks have not given back.
     pub ring: Ring,
+    /// What this rank copied out of other ranks' rings and has not given back yet.
+    pub copied: Vec<Copied>,
     /// Port errors that found no error handler, for the application's next call.
     pub errors: VecDeque<PortError>,
     pub stats: PortStats,
@@ -122,6 +124,7 @@ impl Table {
             native_local: Vec::new(),
             native_group: false,
             ring: Ring::default(),
+            copied: Vec::new(),
             errors: VecDeque::new(),
             stats: PortStats::default(),
         }
@@ -165,6 +168,44 @@ impl Table {
             }
             None => Err(e),
         }
+    }
+
+    /// This rank is done with `place` of `root`'s ring: the release to send, once enough
+    /// is copied ([`RELEASE_BYTES`]), covering every place before it.
+    fn note_copied(&mut self, root: u32, place: Indirect) -> Option<Release> {
+        let i = match self.copied.iter().position(|c| c.root == root) {
+            Some(i) => i,
+            None => {
+                self.copied.push(Copied {
+                    root,
+                    id: place.id,
+                    offset: 0,
+                    bytes: 0,
+                    places: 0,
+                });
+                self.copied.len() - 1
+            }
+        };
+        let c = &mut self.copied[i];
+        if c.id != place.id {
+            // The root's ring is another one now (it closed its ports and opened new
+            // ones): what was copied from the old one is nobody's to free.
+            c.bytes = 0;
+            c.places = 0;
+            c.id = place.id;
+        }
+        c.offset = place.offset;
+        c.bytes += u64::from(place.len);
+        c.places += 1;
+        if c.bytes < RELEASE_BYTES && c.places < RELEASE_PLACES {
+            return None;
+        }
+        c.bytes = 0;
+        c.places = 0;
+        Some(Release {
+            id: c.id,
+            offset: c.offset,
+        })
     }
 
     /// Delivers the payload of a message for `port` from `from`: into the bound buffer,
@@ -247,6 +288,27 @@ impl Table {
     }
 }
 
+/// A reader gives the places of a root's ring back together, once it has copied this
+/// many bytes of them or [`RELEASE_PLACES`] places, so that a root is not woken once
+/// per broadcast. Safe from deadlock: a root whose ring is full while every reader has
+/// copied everything has less than this held (a reader holds only what it copied last),
+/// so with places of at most a quarter of the ring one of the ring's two free runs
+/// takes any place.
+pub(crate) const RELEASE_BYTES: u64 = (super::app::RING_BYTES / 8) as u64;
+/// See [`RELEASE_BYTES`].
+pub(crate) const RELEASE_PLACES: u32 = 16;
+
+/// What this rank copied out of one root's ring and has not given back yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Copied {
+    root: u32,
+    id: u32,
+    /// The last place copied.
+    offset: u64,
+    bytes: u64,
+    places: u32,
+}
+
 /// Reads `dst.len()` bytes at `offset` of shared buffer `id` of same-node rank `rank`
 /// into `dst` (the application's mapping of its peers' broadcast rings); false, having
 /// written nothing, when it cannot (no such buffer, or the range lies outside it).
@@ -301,15 +363,19 @@ impl Ring {
         Some(at)
     }
 
-    /// `rank` gave back the place at `offset`; false when it held none there.
+    /// `rank` gave back the place at `offset` and every place it was handed before it
+    /// (a rank reads the ring in order); false when it held none at `offset`.
     pub(crate) fn release(&mut self, rank: u32, offset: u64) -> bool {
-        let Some(p) = self.places.iter_mut().find(|p| p.offset == offset) else {
+        let Some(last) = self
+            .places
+            .iter()
+            .position(|p| p.offset == offset && p.holders.contains(&rank))
+        else {
             return false;
         };
-        let Some(i) = p.holders.iter().position(|&h| h == rank) else {
-            return false;
-        };
-        p.holders.swap_remove(i);
+        for p in self.places.iter_mut().take(last + 1) {
+            p.holders.retain(|&h| h != rank);
+        }
         self.places.retain(|p| !p.holders.is_empty());
         true
     }
@@ -538,11 +604,9 @@ impl Protocol for Handler<'_> {
             let root = from.rank;
             let fill = |buf: &mut [u8]| rings.read(root, place.id, place.offset, buf);
             self.woke |= t.deliver_with(head.dest_port, origin, place.len as usize, fill, out);
-            let back = Release {
-                id: place.id,
-                offset: place.offset,
-            };
-            out.forward(from, &back.encode(), &[]);
+            if let Some(back) = t.note_copied(root, place) {
+                out.forward(from, &back.encode(), &[]);
+            }
             return Disposition::Consumed;
         }
         self.woke |= t.deliver(head.dest_port, origin, payload, out);
@@ -1069,6 +1133,7 @@ mod tests {
         );
         assert!(r.release(1, 0));
         assert!(!r.release(1, 0), "rank 1 gave it back already");
+        assert!(r.release(1, 40), "rank 1 gives back in order");
         assert!(!r.release(3, 40), "rank 3 never held it");
         assert_eq!(
             r.take(40, &[1, 2]),
@@ -1077,7 +1142,11 @@ mod tests {
         );
         assert!(r.release(2, 0));
         assert_eq!(r.take(40, &[1, 2]), Some(0), "round to the start");
-        assert_eq!(r.taken(), 2);
+        assert_eq!(
+            r.taken(),
+            2,
+            "rank 2 holds the place at 40, both the one at 0"
+        );
         r.forget(2);
         r.forget(1);
         assert_eq!(
@@ -1104,9 +1173,10 @@ mod tests {
     }
 
     /// An indirect broadcast is copied from the root's ring into the port's buffer, and
-    /// its place given back to the root, even when the message cannot be delivered;
-    /// without a ring reader (the offload engine's thread) it is malformed. A release
-    /// reaches the root's ring only from a holder.
+    /// its place given back to the root, even when the message cannot be delivered, in
+    /// one release per [`RELEASE_PLACES`] places (or [`RELEASE_BYTES`]); without a ring
+    /// reader (the offload engine's thread) it is malformed. A release reaches the root's
+    /// ring only from a holder, and gives back every place before it too.
     #[test]
     fn an_indirect_broadcast_is_read_from_the_roots_ring_and_given_back() {
         let mut t = Table::new(2, 4, DPID);
@@ -1149,23 +1219,37 @@ mod tests {
             handled: 0,
         };
         h.handle_message(Time::ZERO, from, &msg(10, 100), &mut out);
-        let back = Release { id: 7, offset: 100 }.encode().to_vec();
-        assert_eq!(sent(&mut out, &mut h), vec![(from, back.clone())]);
-        // Too long for the port's 16 bytes: an error, and the place still comes back.
+        // Too long for the port's 16 bytes: an error, and its place counts as copied.
         h.handle_message(Time::ZERO, from, &msg(17, 100), &mut out);
-        assert_eq!(sent(&mut out, &mut h), vec![(from, back.clone())]);
-        // Outside the root's buffer: malformed, nothing written, given back.
+        // Outside the root's buffer: malformed, nothing written, its place copied.
         h.handle_message(Time::ZERO, from, &msg(10, 250), &mut out);
-        let back = Release { id: 7, offset: 250 }.encode().to_vec();
-        assert_eq!(sent(&mut out, &mut h), vec![(from, back)]);
+        assert!(
+            sent(&mut out, &mut h).is_empty(),
+            "not enough copied to give back"
+        );
+        for i in 3..RELEASE_PLACES {
+            h.handle_message(Time::ZERO, from, &msg(4, u64::from(i) * 4), &mut out);
+        }
+        let last = u64::from(RELEASE_PLACES - 1) * 4;
+        let back = Release {
+            id: 7,
+            offset: last,
+        }
+        .encode()
+        .to_vec();
         assert_eq!(
-            t.slots[5].buffer.as_ref().unwrap()[..10],
-            (100..110).map(|b| b as u8).collect::<Vec<_>>()[..]
+            sent(&mut out, &mut h),
+            vec![(from, back)],
+            "one release for all"
+        );
+        assert_eq!(
+            t.slots[5].buffer.as_ref().unwrap()[..4],
+            [last as u8, last as u8 + 1, last as u8 + 2, last as u8 + 3]
         );
         assert_eq!(t.slots[5].last_from, Some(Origin { rank: 0, port: 9 }));
         assert_eq!(
             (t.stats.delivered, t.stats.errors, t.stats.malformed),
-            (1, 1, 1)
+            (u64::from(RELEASE_PLACES) - 2, 1, 1)
         );
 
         let mut h = Handler {
@@ -1178,25 +1262,36 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(t.stats.malformed, 2, "no ring reader here");
 
-        // The root's side: releases free its places, from holders only.
+        // The root's side: releases free its places, from holders only, each one every
+        // place before it too.
         t.ring.id = 7;
         t.ring.capacity = 64;
         assert_eq!(t.ring.take(8, &[1, 3]), Some(0));
+        assert_eq!(t.ring.take(8, &[1, 3]), Some(8));
         let mut h = Handler {
             table: &mut t,
             rings: None,
             woke: false,
             handled: 0,
         };
-        let release = |rank, id| {
-            (
-                Source { rank, dpid: DPID },
-                Release { id, offset: 0 }.encode(),
-            )
-        };
-        for (src, r) in [release(2, 7), release(1, 8), release(1, 7), release(3, 7)] {
+        let release =
+            |rank, id, offset| (Source { rank, dpid: DPID }, Release { id, offset }.encode());
+        for (src, r) in [release(2, 7, 8), release(1, 8, 8), release(1, 7, 8)] {
             h.handle_message(Time::ZERO, src, &r, &mut out);
         }
+        assert_eq!(t.ring.taken(), 2, "rank 3 holds both still");
+        let mut h = Handler {
+            table: &mut t,
+            rings: None,
+            woke: false,
+            handled: 0,
+        };
+        h.handle_message(
+            Time::ZERO,
+            release(3, 7, 8).0,
+            &release(3, 7, 8).1,
+            &mut out,
+        );
         assert_eq!(t.ring.taken(), 0);
         assert_eq!(
             t.stats.malformed, 4,

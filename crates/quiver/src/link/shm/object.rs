@@ -23,15 +23,22 @@ impl Mapping {
     /// Creates (`create`: that many bytes) or opens the object `name` and maps it
     /// (all of it when opening), read-only when opened with `create` `None`.
     pub(crate) fn open(name: &str, create: Option<usize>) -> Result<Mapping> {
-        Mapping::map(name, create, false)
+        Mapping::map(name, create, false, false)
+    }
+
+    /// [`Mapping::open`] with every page mapped at once (`MAP_POPULATE`): for an object
+    /// that is used whole and often, whose first pass would otherwise take a page fault
+    /// per page on the way (a ring of messages).
+    pub(crate) fn open_populated(name: &str, create: Option<usize>) -> Result<Mapping> {
+        Mapping::map(name, create, false, true)
     }
 
     /// Opens the existing object `name` and maps all of it readable and writable.
     pub(crate) fn open_writable(name: &str) -> Result<Mapping> {
-        Mapping::map(name, None, true)
+        Mapping::map(name, None, true, false)
     }
 
-    fn map(name: &str, create: Option<usize>, writable: bool) -> Result<Mapping> {
+    fn map(name: &str, create: Option<usize>, writable: bool, populate: bool) -> Result<Mapping> {
         let c = CString::new(name).map_err(|_| Error::Config(format!("bad name {name:?}")))?;
         let writable = writable || create.is_some();
         let flags = match create {
@@ -83,7 +90,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 prot,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 },
                 fd.as_raw_fd(),
                 0,
             )

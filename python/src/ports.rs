@@ -15,11 +15,12 @@
 //! nodes, taking the GIL there. Every ports call therefore runs with the GIL released
 //! (an engine thread waiting for the GIL while this thread waits for the port table
 //! would deadlock). An exception a handler raises is kept and raised by this thread's
-//! next ports call (the first one; later ones until then are dropped, and counted in
-//! the stats as `handler_errors`).
+//! next ports call, before it does anything (the first one; later ones until then are
+//! dropped, and counted in the stats as `handler_errors`). A handler answers through its
+//! `Delivery`: a call of its own ports from inside it is refused (`RuntimeError`, kept
+//! like any exception of the handler).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -209,19 +210,20 @@ impl PyPorts {
         Ok(obj)
     }
 
-    /// Runs `f` with the open ports, on their thread, with the GIL released; then raises
-    /// what a handler raised meanwhile, if anything.
+    /// Runs `f` with the open ports, on their thread, with the GIL released, after
+    /// raising what a handler raised since the last call, if anything (before the call,
+    /// so that a call that did its work is not reported as failed). A call from inside a
+    /// handler of these ports (on their thread) is refused: the port table is in use.
     fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&Ports) -> quiver::Result<R>) -> PyResult<R> {
-        let r = {
-            let cell = self.ports.get(WHAT)?;
-            let guard = cell.try_borrow().map_err(|_| busy())?;
-            let ports = guard.as_ref().ok_or_else(|| errors::closed(WHAT))?;
-            // SAFETY: the ports are this thread's; `f` and its result carry nothing of
-            // Python's (handlers take the GIL themselves).
-            unsafe { detached(py, (ports, f), |(p, f)| f(p)) }
-        };
         self.raise_kept()?;
-        r.py()
+        let cell = self.ports.get(WHAT)?;
+        // Exclusive: a handler running inside this call that calls these ports again
+        // finds the borrow taken (rather than the table's lock or RefCell, held).
+        let guard = cell.try_borrow_mut().map_err(|_| busy())?;
+        let ports = guard.as_ref().ok_or_else(|| errors::closed(WHAT))?;
+        // SAFETY: the ports are this thread's; `f` and its result carry nothing of
+        // Python's (handlers take the GIL themselves).
+        unsafe { detached(py, (ports, f), |(p, f)| f(p)) }.py()
     }
 
     /// Raises the first exception a handler raised, if one is waiting.
@@ -239,8 +241,8 @@ impl PyPorts {
 /// A call made while another call of the same ports is under way on its thread.
 fn busy() -> PyErr {
     pyo3::exceptions::PyRuntimeError::new_err(
-        "the ports are in use by a call under way on this thread (a call from a signal \
-         handler during a wait?)",
+        "the ports are in use by a call under way on this thread (a call from one of their \
+         handlers, or from a signal handler during a wait)",
     )
 }
 
@@ -308,7 +310,17 @@ impl PyPorts {
         }
         let handler = handler.map(|f| handler_of(f, self.errors.clone()));
         let on_error = on_error.map(|f| error_handler_of(f, self.errors.clone()));
-        let buffer = buffer.map(|n| vec![0u8; n]);
+        let buffer = match buffer {
+            Some(n) => {
+                let mut b = Vec::new();
+                b.try_reserve_exact(n).map_err(|_| {
+                    pyo3::exceptions::PyMemoryError::new_err(format!("a port buffer of {n} bytes"))
+                })?;
+                b.resize(n, 0);
+                Some(b)
+            }
+            None => None,
+        };
         self.with(py, move |p| {
             let mut b = p.bind(port);
             b = match dest {
@@ -361,14 +373,13 @@ impl PyPorts {
     fn wait(&self, py: Python<'_>, port: i64, n: u64, timeout: Option<f64>) -> PyResult<bool> {
         let port = port_arg(port)?;
         let deadline = match timeout {
-            Some(t) if t.is_finite() && t >= 0.0 => {
-                Some(std::time::Instant::now() + Duration::from_secs_f64(t))
-            }
-            Some(t) => return Err(errors::bad_arg(format!("timeout must be >= 0, not {t}"))),
+            // Beyond what the clock reaches: no deadline.
+            Some(t) => std::time::Instant::now().checked_add(crate::endpoint::seconds(t)?),
             None => None,
         };
+        self.raise_kept()?;
         let cell = self.ports.get(WHAT)?;
-        let guard = cell.try_borrow().map_err(|_| busy())?;
+        let guard = cell.try_borrow_mut().map_err(|_| busy())?;
         let ports = guard.as_ref().ok_or_else(|| errors::closed(WHAT))?;
         // SAFETY: the ports are this thread's; nothing of Python's is carried.
         let r = unsafe {
@@ -383,7 +394,6 @@ impl PyPorts {
                 }
             })
         };
-        self.raise_kept()?;
         r?.py()
     }
 

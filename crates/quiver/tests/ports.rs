@@ -310,6 +310,44 @@ fn the_broadcast_ring_fills_and_wraps_and_loses_nothing() {
     });
 }
 
+/// A rank of the node that closes its ports without reading gives nothing back: the
+/// root's ring forgets it (at the failed send to it, or while waiting for room) and the
+/// broadcasts go on to the others, 40 MiB through the 8 MiB ring.
+#[test]
+fn a_rank_that_leaves_does_not_stop_the_broadcast_ring() {
+    const COUNT: u32 = 40;
+    run_ranks(3, config(TransportChoice::Auto), |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        ports.bind(2).buffer(vec![0; 1 << 20]).apply().unwrap();
+        ports.bind(1).to_all(2).on_error(|_| {}).apply().unwrap();
+        job.barrier_progressing(&[&ports]).unwrap();
+        match job.rank() {
+            0 => {
+                for i in 0..COUNT {
+                    // Rank 2 has left: the send tells so, and rank 1 still gets it.
+                    let _ = ports.send(1, &pattern(0, i, 1 << 20));
+                }
+                // Rank 1's word that it has them all.
+                ports.bind(3).buffer(vec![0; 8]).apply().unwrap();
+                ports.wait(3, 1).unwrap();
+                assert!(ports.stats().ring_broadcasts > 0);
+            }
+            1 => {
+                ports.wait(2, u64::from(COUNT)).unwrap();
+                let mut last = vec![0; 1 << 20];
+                assert_eq!(ports.read(2, &mut last).map(|(n, _)| n), Some(1 << 20));
+                assert!(
+                    last == pattern(0, COUNT - 1, 1 << 20),
+                    "the last one differs"
+                );
+                ports.bind(4).to(0, 3).apply().unwrap();
+                ports.send(4, b"all").unwrap();
+            }
+            _ => drop(ports),
+        }
+    });
+}
+
 /// Over UDP with 1 % injected loss: natively (IP multicast on loopback, the engine's
 /// group channel) or down the trees.
 fn broadcast_over_udp_with_loss(way: Way) {

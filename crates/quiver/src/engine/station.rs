@@ -928,6 +928,16 @@ impl<L: Link, C: Clock> Station<L, C> {
         }
     }
 
+    /// Whether the same-node endpoint `peer`, connected over shared memory, closed its
+    /// endpoint or its process is gone (false for any other route, or none).
+    pub(crate) fn shm_peer_gone(&self, peer: Source) -> bool {
+        let inner = self.inner.borrow();
+        match inner.route_index.get(&peer).map(|&i| &inner.routes[i].1) {
+            Some(Route::Shm(tx)) => tx.check_peer().is_err(),
+            _ => false,
+        }
+    }
+
     /// Whether `rank` was found failed (every operation towards it fails).
     pub(crate) fn has_failed(&self, rank: u32) -> bool {
         self.inner.borrow().failed.contains(&rank)

@@ -156,10 +156,13 @@ pub(crate) struct Waiter {
     pub yields: bool,
 }
 
-/// Whether this process's machine runs more of the job's ranks than this process may use
-/// cores: `local_ranks` of them share it.
+/// Whether this process's machine runs more of the job's ranks than it has cores online:
+/// `local_ranks` of them share it. (Not the process's affinity mask: a rank bound to one
+/// core of its own by its launcher is not oversubscribed.)
 pub(crate) fn oversubscribed(local_ranks: usize) -> bool {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: sysconf has no memory preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let cores = usize::try_from(online).ok().filter(|&n| n > 0).unwrap_or(1);
     local_ranks > cores
 }
 
@@ -356,7 +359,8 @@ mod tests {
 
     #[test]
     fn more_ranks_than_cores_is_oversubscribed() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // SAFETY: sysconf has no memory preconditions.
+        let cores = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
         assert!(!oversubscribed(1));
         assert!(!oversubscribed(cores));
         assert!(oversubscribed(cores + 1));

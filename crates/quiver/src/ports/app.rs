@@ -45,8 +45,30 @@ pub(super) struct App {
     peer_rings: OnceCell<PeerRings>,
 }
 
+/// Where [`App::place_in_ring`] put a broadcast.
+enum Placed {
+    /// In the ring, there.
+    At(Indirect),
+    /// The ring does not apply (no same-node rank, or no ring): copies.
+    NotHere,
+    /// No room now (only when not waiting).
+    Full,
+}
+
 /// The broadcast rings of this node's ranks, mapped on first use.
 struct PeerRings(Windows);
+
+impl Drop for App {
+    fn drop(&mut self) {
+        // Places the node's ranks still hold may not have been read yet: the ring keeps
+        // its name until the job's clean-up (readers map it by name), else it goes now.
+        if let Some(ring) = self.ring.get_mut().take() {
+            if self.table.lock().ring.taken() > 0 {
+                ring.keep_name();
+            }
+        }
+    }
+}
 
 impl RingReader for PeerRings {
     fn read(&self, rank: u32, id: u32, offset: u64, dst: &mut [u8]) -> bool {
@@ -183,9 +205,10 @@ impl App {
                 // A large native broadcast reaches this node's ranks through the ring.
                 let place = if data.len() >= RING_MIN && data.len() <= RING_BYTES / 4 {
                     match self.place_in_ring(on, data, &local, block)? {
-                        Some(place) => Some(place),
-                        None if block => None,
-                        None => return Ok(false),
+                        Placed::At(place) => Some(place),
+                        Placed::NotHere => None,
+                        // Only without `block`: nothing was sent.
+                        Placed::Full => return Ok(false),
                     }
                 } else {
                     None
@@ -244,24 +267,33 @@ impl App {
     }
 
     /// Writes `data` once into this rank's broadcast ring for this node's ranks `local`
-    /// (creating the ring at its first use) and returns where; `None` when there are
-    /// no such ranks or the ring cannot be made (the broadcast goes as copies), or, not
-    /// `block`ing, when the ring has no room now. Blocking, it makes progress until the
-    /// node's ranks give enough back.
+    /// that have not failed (creating the ring at its first use) and says where;
+    /// [`Placed::NotHere`] when there are no such ranks or the ring cannot be made (the
+    /// broadcast goes as copies), [`Placed::Full`], not `block`ing, when the ring has no
+    /// room now. Blocking, it makes progress until the node's ranks give enough back.
     fn place_in_ring(
         &self,
         on: &impl Footing,
         data: &[u8],
         local: &[u32],
         block: bool,
-    ) -> Result<Option<Indirect>> {
-        if local.is_empty() {
-            return Ok(None);
-        }
+    ) -> Result<Placed> {
         let station = on.station();
+        let mut local: Vec<u32> = local
+            .iter()
+            .copied()
+            .filter(|&r| !station.has_failed(r))
+            .collect();
+        if local.is_empty() {
+            return Ok(Placed::NotHere);
+        }
         let mut ring = self.ring.borrow_mut();
         if ring.is_none() {
-            let id = PUBLISHED_IDS | u32::from(station.dpid());
+            // A generation of this process in the number: ports reopened on the same
+            // DPID get a ring of another name, which no reader confuses with the old one.
+            static GENERATION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = PUBLISHED_IDS | (generation & 0x7fff) << 16 | u32::from(station.dpid());
             let job = station.job();
             match Published::create(job.job_id, job.rank, id, RING_BYTES) {
                 Ok(r) => {
@@ -272,26 +304,46 @@ impl App {
                 }
                 Err(e) => {
                     tracing::debug!("the ports' broadcast ring: {e}; broadcasting copies");
-                    return Ok(None);
+                    return Ok(Placed::NotHere);
                 }
             }
         }
         let r = ring.as_ref().expect("made above");
         let len = data.len() as u64;
         loop {
-            let taken = self.table.lock().ring.take(len, local);
+            let taken = self.table.lock().ring.take(len, &local);
             if let Some(offset) = taken {
                 let written = r.write(offset as usize, data);
                 debug_assert!(written, "a place the ring handed out is inside it");
                 let id = self.table.lock().ring.id;
-                return Ok(Some(Indirect {
+                return Ok(Placed::At(Indirect {
                     id,
                     offset,
                     len: data.len() as u32,
                 }));
             }
             if !block {
-                return Ok(None);
+                return Ok(Placed::Full);
+            }
+            // A rank that left without giving its places back never will: forgotten.
+            let dpid = station.dpid();
+            let gone: Vec<u32> = local
+                .iter()
+                .copied()
+                .filter(|&rank| station.shm_peer_gone(Source { rank, dpid }))
+                .collect();
+            if !gone.is_empty() {
+                let mut t = self.table.lock();
+                for &rank in &gone {
+                    t.ring.forget(rank);
+                    t.native_local.retain(|&r| r != rank);
+                }
+                drop(t);
+                local.retain(|r| !gone.contains(r));
+                if local.is_empty() {
+                    return Ok(Placed::NotHere);
+                }
+                continue;
             }
             // The node's ranks give places back as they copy: their releases arrive here.
             if !self.poll(on)? {
@@ -366,7 +418,15 @@ impl App {
         };
         // The caller sees `e` now: the port's error handler hears of it too, but it is
         // not kept for a later call.
-        let _ = self.table.lock().notify(pe);
+        let mut t = self.table.lock();
+        if matches!(pe, PortError::DestinationFailed { .. }) {
+            // A rank that is gone gives nothing back: its places free, and later
+            // broadcasts hand it none.
+            t.ring.forget(rank);
+            t.native_local.retain(|&r| r != rank);
+        }
+        let _ = t.notify(pe);
+        drop(t);
         on.report(e)
     }
 
@@ -421,8 +481,9 @@ impl App {
                 // the application's next wait, test or progress. The engine's error is
                 // returned only when no port sends to that rank.
                 let mut table = self.table.lock();
-                // Its places in this rank's broadcast ring come back.
+                // Its places in this rank's broadcast ring come back, and it gets no more.
                 table.ring.forget(rank);
+                table.native_local.retain(|&r| r != rank);
                 let mut bound = false;
                 for port in 0..RESERVED_PORT {
                     let dest = table.slots[usize::from(port)].dest;

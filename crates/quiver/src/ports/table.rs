@@ -389,7 +389,6 @@ impl Ring {
     }
 
     /// Places not given back.
-    #[cfg(test)]
     pub(crate) fn taken(&self) -> usize {
         self.places.len()
     }

@@ -174,6 +174,8 @@ impl Windows {
 pub(crate) struct Published {
     map: Mapping,
     name: String,
+    /// Unlinked when dropped (not after [`Published::keep_name`]).
+    unlink: bool,
 }
 
 impl Published {
@@ -187,7 +189,11 @@ impl Published {
         }
         let name = name(job_id, rank, id);
         let map = Mapping::open_populated(&name, Some(len))?;
-        Ok(Published { map, name })
+        Ok(Published {
+            map,
+            name,
+            unlink: true,
+        })
     }
 
     /// Bytes of the buffer.
@@ -211,8 +217,18 @@ impl Published {
     }
 }
 
+impl Published {
+    /// Unmaps the buffer but leaves its name, for peers that still have to read it;
+    /// the job's clean-up removes it with the job's other objects.
+    pub(crate) fn keep_name(mut self) {
+        self.unlink = false;
+    }
+}
+
 impl Drop for Published {
     fn drop(&mut self) {
-        object::unlink(&self.name);
+        if self.unlink {
+            object::unlink(&self.name);
+        }
     }
 }

@@ -69,6 +69,21 @@ impl Mapping {
                     unsafe { libc::shm_unlink(c.as_ptr()) };
                     return Err(Error::io(format!("sizing {name}"), e));
                 }
+                if populate {
+                    // Backed now, or refused now: a mapping populated over a full
+                    // /dev/shm would raise SIGBUS at its first touch instead.
+                    // SAFETY: posix_fallocate on our descriptor.
+                    let rc =
+                        unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
+                    if rc != 0 {
+                        // SAFETY: c names the object we just created.
+                        unsafe { libc::shm_unlink(c.as_ptr()) };
+                        return Err(Error::io(
+                            format!("reserving the {len} bytes of {name}"),
+                            io::Error::from_raw_os_error(rc),
+                        ));
+                    }
+                }
                 len
             }
             None => st.st_size as usize,

@@ -5,7 +5,7 @@
 
 use super::table::{Bound, Handler, OnCell, RingReader, Table, TableCell};
 use super::wire::Header;
-use super::wire::Indirect;
+use super::wire::{Indirect, Release, FLUSH_RELEASES};
 use super::{PortError, RESERVED_PORT};
 use crate::addr::Source;
 use crate::config::WaitMode;
@@ -581,7 +581,33 @@ impl App {
     /// How long a closing endpoint waits for what handlers queued to leave.
     pub(super) fn linger(&self, on: &impl Footing, limit: Duration) {
         let start = Instant::now();
-        while !self.out.borrow().is_empty() && start.elapsed() < limit {
+        // The node's ranks holding places of this rank's ring are asked to give them
+        // back now (they give them back in batches), so that the ring can go.
+        let holders = {
+            let t = self.table.lock();
+            (t.ring.taken() > 0).then(|| (t.ring.id, t.native_local.clone()))
+        };
+        let dpid = on.station().dpid();
+        // And this rank gives back what it copied from theirs, without being asked (the
+        // roots may be closing too).
+        let copied = self.table.lock().flush_all_copied();
+        for (root, back) in copied {
+            let to = Source { rank: root, dpid };
+            self.out.borrow_mut().forward(to, &back.encode(), &[]);
+        }
+        if let Some((id, holders)) = holders {
+            let ask = Release {
+                id,
+                offset: FLUSH_RELEASES,
+            }
+            .encode();
+            let mut out = self.out.borrow_mut();
+            for rank in holders {
+                out.forward(Source { rank, dpid }, &ask, &[]);
+            }
+        }
+        let done = || self.out.borrow().is_empty() && self.table.lock().ring.taken() == 0;
+        while !done() && start.elapsed() < limit {
             if !matches!(self.poll(on), Ok(true)) {
                 std::thread::yield_now();
             }

@@ -14,7 +14,7 @@
 //! protocol hook and does no I/O: the simulator runs it as it is.
 
 use super::tree;
-use super::wire::{Header, Indirect, Release, HEADER_LEN};
+use super::wire::{Header, Indirect, Release, FLUSH_RELEASES, HEADER_LEN};
 use super::{Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
@@ -204,6 +204,35 @@ impl Table {
         c.places = 0;
         Some(Release {
             id: c.id,
+            offset: c.offset,
+        })
+    }
+
+    /// Everything this rank copied from other ranks' rings and has not given back: the
+    /// releases that give it back now, by root (this rank is closing).
+    pub(super) fn flush_all_copied(&mut self) -> Vec<(u32, Release)> {
+        let all: Vec<(u32, u32)> = self
+            .copied
+            .iter()
+            .filter(|c| c.places > 0)
+            .map(|c| (c.root, c.id))
+            .collect();
+        all.into_iter()
+            .filter_map(|(root, id)| Some((root, self.flush_copied(root, id)?)))
+            .collect()
+    }
+
+    /// What this rank copied from ring `id` of `root` and has not given back: the
+    /// release that gives it back now (a root closing asks for it).
+    fn flush_copied(&mut self, root: u32, id: u32) -> Option<Release> {
+        let c = self
+            .copied
+            .iter_mut()
+            .find(|c| c.root == root && c.id == id && c.places > 0)?;
+        c.bytes = 0;
+        c.places = 0;
+        Some(Release {
+            id,
             offset: c.offset,
         })
     }
@@ -544,14 +573,21 @@ impl Protocol for Handler<'_> {
     ) -> Disposition {
         self.handled += 1;
         let Some((head, payload)) = Header::decode(msg) else {
+            let t = &mut *self.table;
             match Release::decode(msg) {
-                // A rank of this node copied a broadcast out of this rank's ring.
-                Some(r) if r.id == self.table.ring.id && from.dpid == self.table.dpid => {
-                    if !self.table.ring.release(from.rank, r.offset) {
-                        self.table.stats.malformed += 1;
+                // A root closing asks for what this rank copied from its ring.
+                Some(r) if r.offset == FLUSH_RELEASES && from.dpid == t.dpid => {
+                    if let Some(back) = t.flush_copied(from.rank, r.id) {
+                        out.forward(from, &back.encode(), &[]);
                     }
                 }
-                _ => self.table.stats.malformed += 1,
+                // A rank of this node copied a broadcast out of this rank's ring.
+                Some(r) if r.id == t.ring.id && from.dpid == t.dpid => {
+                    if !t.ring.release(from.rank, r.offset) {
+                        t.stats.malformed += 1;
+                    }
+                }
+                _ => t.stats.malformed += 1,
             }
             return Disposition::Consumed;
         };

@@ -33,6 +33,9 @@ const RELEASE: u8 = b'R';
 
 /// Bytes of an [`Indirect`] payload and of a [`Release`] message.
 pub(crate) const INDIRECT_LEN: usize = 16;
+/// The offset of a [`Release`] a root sends to a reader of its ring `id`: "give back
+/// now what you copied" (it is closing).
+pub(crate) const FLUSH_RELEASES: u64 = u64::MAX;
 
 /// A decoded header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

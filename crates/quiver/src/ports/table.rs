@@ -1334,6 +1334,67 @@ mod tests {
         );
     }
 
+    /// A closing root asks for its places: the reader gives back what it copied (and
+    /// nothing when it copied nothing); a closing reader gives back everything at once.
+    #[test]
+    fn places_are_given_back_when_a_root_asks_or_a_reader_closes() {
+        let mut t = Table::new(1, 4, DPID);
+        t.slots[5].buffer = Some(vec![0; 16]);
+        let ask = |root, id| {
+            (
+                Source {
+                    rank: root,
+                    dpid: DPID,
+                },
+                Release {
+                    id,
+                    offset: FLUSH_RELEASES,
+                }
+                .encode(),
+            )
+        };
+        let mut out = Outbox::new(8);
+        let rings = FakeRings;
+        let mut h = Handler {
+            table: &mut t,
+            rings: Some(&rings),
+            woke: false,
+            handled: 0,
+        };
+        let (from, req) = ask(0, 7);
+        h.handle_message(Time::ZERO, from, &req, &mut out);
+        assert!(out.is_empty(), "nothing copied yet");
+        let mut m = Header {
+            dest_port: 5,
+            src_port: 9,
+            root: Some(0),
+            native: true,
+            indirect: true,
+        }
+        .encode()
+        .to_vec();
+        m.extend_from_slice(
+            &Indirect {
+                id: 7,
+                offset: 32,
+                len: 4,
+            }
+            .encode(),
+        );
+        h.handle_message(Time::ZERO, from, &m, &mut out);
+        assert!(out.is_empty(), "below the batch");
+        h.handle_message(Time::ZERO, from, &req, &mut out);
+        assert_eq!(out.len(), 1, "given back when asked");
+        h.handle_message(Time::ZERO, from, &m, &mut out);
+        assert_eq!(
+            t.flush_all_copied(),
+            vec![(0, Release { id: 7, offset: 32 })],
+            "and at close"
+        );
+        assert!(t.flush_all_copied().is_empty());
+        assert_eq!(t.stats.malformed, 0);
+    }
+
     /// A broadcast from a rank that is not this rank's parent for the root it names, or
     /// naming this rank or no rank of the job as root, is malformed: not delivered, not
     /// forwarded.

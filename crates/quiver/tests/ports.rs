@@ -348,6 +348,26 @@ fn a_rank_that_leaves_does_not_stop_the_broadcast_ring() {
     });
 }
 
+/// A broadcast too large for a message is refused whole, before any rank gets it (the
+/// ring would carry it to this node's ranks).
+#[test]
+fn a_broadcast_too_large_for_a_message_is_refused_before_it_starts() {
+    let c = config(TransportChoice::Auto).with_max_message(64 << 10);
+    run_ranks(3, c, |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        ports.bind(2).buffer(vec![0; 128 << 10]).apply().unwrap();
+        ports.bind(1).to_all(2).apply().unwrap();
+        job.barrier_progressing(&[&ports]).unwrap();
+        if job.rank() == 0 {
+            let e = ports.send(1, &[7; 100 << 10]).unwrap_err();
+            assert!(matches!(e, Error::MessageTooLarge { .. }), "{e}");
+            assert_eq!(ports.stats().sent, 0);
+        }
+        job.barrier_progressing(&[&ports]).unwrap();
+        assert_eq!(ports.stats().delivered, 0);
+    });
+}
+
 /// Over UDP with 1 % injected loss: natively (IP multicast on loopback, the engine's
 /// group channel) or down the trees.
 fn broadcast_over_udp_with_loss(way: Way) {

@@ -198,6 +198,15 @@ impl App {
                 Ok(sent)
             }
             Some(Bound::All { head }) => {
+                // Too large for a message is too large for every rank, whichever way it
+                // would reach each (the ring would take it for this node's ranks).
+                let max = on.station().job().config.max_message;
+                if head.len() + data.len() > max {
+                    return Err(Error::MessageTooLarge {
+                        len: head.len() + data.len(),
+                        max,
+                    });
+                }
                 let (targets, local) = {
                     let t = self.table.lock();
                     (t.broadcast_targets(), t.native_local.clone())

@@ -170,6 +170,9 @@ pub struct PortsInfo {
     pub max_payload: u64,
     /// How long a wait polls before it sleeps by default, µs.
     pub wait_spin_us: u64,
+    /// Whether a broadcast goes through the link's own broadcast where it has one
+    /// (`QUIVER_NATIVE_BROADCAST`), else down a binomial tree.
+    pub native_broadcast: bool,
 }
 
 /// One size of the protocol selection, for one kind of transport.
@@ -298,6 +301,7 @@ pub fn gather(cfg: &Config, cma_check: CmaCheck) -> Info {
             reserved: quiver::ports::RESERVED_PORT,
             max_payload: cfg.max_message.saturating_sub(quiver::ports::HEADER_LEN) as u64,
             wait_spin_us: quiver::ports::DEFAULT_WAIT_SPIN.as_micros() as u64,
+            native_broadcast: cfg.native_broadcast,
         },
     }
 }
@@ -599,12 +603,19 @@ pub fn render(info: &Info) -> String {
         "ports (GAMMA): ports 0 to {} per process, {} reserved by the library; messages of at \
          most {} B (the largest message less the {}-byte header), delivered into the port's \
          buffer, then its handler runs inside the application's next call; a wait polls {} µs, \
-         then sleeps",
+         then sleeps; a broadcast goes {}",
         p.usable - 1,
         p.reserved,
         p.max_payload,
         quiver::ports::HEADER_LEN,
-        p.wait_spin_us
+        p.wait_spin_us,
+        if p.native_broadcast {
+            "through the link's own broadcast where it has one (Ethernet or IP multicast, \
+             the engine's group channel; the node's ranks through a shared ring from 4 KiB), \
+             else down a binomial tree"
+        } else {
+            "down a binomial tree of unicasts (QUIVER_NATIVE_BROADCAST=off)"
+        }
     );
     out
 }

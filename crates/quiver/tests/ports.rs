@@ -13,6 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// How long a broadcast test waits for what it expects before it fails (instead of
+/// hanging the run): far beyond what a loaded machine needs.
+const LIMIT: Duration = Duration::from_secs(120);
+
 const DPID: u16 = 50;
 
 fn sizes() -> Vec<usize> {
@@ -208,7 +212,12 @@ fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64, way:
     for i in 0..COUNT {
         ports.send(1, &pattern(me, i, len(i))).unwrap();
     }
-    ports.wait(2, u64::from(COUNT * (size - 1))).unwrap();
+    assert!(
+        ports
+            .wait_within(2, u64::from(COUNT * (size - 1)), LIMIT)
+            .unwrap(),
+        "not everything arrived"
+    );
     let kept = kept.lock().unwrap();
     for root in 0..size {
         let got = &kept[root as usize];
@@ -303,7 +312,12 @@ fn the_broadcast_ring_fills_and_wraps_and_loses_nothing() {
         for i in 0..COUNT {
             ports.send(1, &pattern(me, i, len(i))).unwrap();
         }
-        ports.wait(2, u64::from(COUNT * (size - 1))).unwrap();
+        assert!(
+            ports
+                .wait_within(2, u64::from(COUNT * (size - 1)), LIMIT)
+                .unwrap(),
+            "not everything arrived"
+        );
         job.barrier_progressing(&[&ports]).unwrap();
         let st = ports.stats();
         assert_eq!(st.ring_broadcasts, u64::from(COUNT / 3 * 2));
@@ -332,11 +346,17 @@ fn a_rank_that_leaves_does_not_stop_the_broadcast_ring() {
                 }
                 // Rank 1's word that it has them all.
                 ports.bind(3).buffer(vec![0; 8]).apply().unwrap();
-                ports.wait(3, 1).unwrap();
+                assert!(
+                    ports.wait_within(3, 1, LIMIT).unwrap(),
+                    "not everything arrived"
+                );
                 assert!(ports.stats().ring_broadcasts > 0);
             }
             1 => {
-                ports.wait(2, u64::from(COUNT)).unwrap();
+                assert!(
+                    ports.wait_within(2, u64::from(COUNT), LIMIT).unwrap(),
+                    "not everything arrived"
+                );
                 let mut last = vec![0; 1 << 20];
                 assert_eq!(ports.read(2, &mut last).map(|(n, _)| n), Some(LEN));
                 last.truncate(LEN);

@@ -824,11 +824,11 @@ exec "$0" check --pattern "$1" --tolerate-failures --sizes 64,4K --count "$2"
 /// a killed rank finish their all-to-all traffic.
 #[test]
 fn launcher_keeps_the_survivors_of_a_killed_rank_going() {
-    let done = launcher_survival("all-to-all", 10_000);
+    let done = launcher_survival("all-to-all", 40_000);
     assert!(
         done.stdout.contains(
             "[0] quiver check: 4 ranks, pattern all-to-all, transport shm, rank 1 failed, \
-             120000 messages (249.6 MB) among the 3 live ranks verified"
+             480000 messages (998.4 MB) among the 3 live ranks verified"
         ),
         "{}",
         done.describe()

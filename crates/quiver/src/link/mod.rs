@@ -276,6 +276,31 @@ impl std::fmt::Display for Transport {
     }
 }
 
+/// `setsockopt(fd, level, opt, value)` for an option of any plain type (the socket
+/// options of the network links).
+pub(crate) fn setsockopt<T>(
+    fd: &impl std::os::fd::AsRawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    value: &T,
+) -> std::io::Result<()> {
+    // SAFETY: `value` is a valid T for the duration of the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            value as *const T as *const libc::c_void,
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// [`copy_bytes`] between slices: copies all of `src` to the start of `dst`, which must
 /// be at least as long (a shorter one panics, as `copy_from_slice` does).
 #[inline]

@@ -93,7 +93,7 @@
 //!   of the quiver frame. Loopback, veth and bridges do not pad.
 
 use crate::error::{Error, Result};
-use crate::link::Datagram;
+use crate::link::{setsockopt, Datagram};
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -951,29 +951,6 @@ impl Drop for EthLink {
             .unwrap_or_else(|e| e.into_inner())
             .closing(self.fd.as_raw_fd());
         // The rings unmap, then the sockets close, as the fields drop.
-    }
-}
-
-fn setsockopt<T>(
-    fd: &impl AsRawFd,
-    level: libc::c_int,
-    opt: libc::c_int,
-    value: &T,
-) -> io::Result<()> {
-    // SAFETY: `value` is a valid T for the duration of the call and its size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            value as *const T as *const libc::c_void,
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

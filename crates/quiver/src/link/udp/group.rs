@@ -16,7 +16,7 @@
 //! waiters watch beside the first.
 
 use super::{SlotPool, RECV_BATCH};
-use crate::link::Datagram;
+use crate::link::{setsockopt, Datagram};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -181,24 +181,6 @@ impl GroupSocket {
 fn in_addr(ip: Ipv4Addr) -> libc::in_addr {
     libc::in_addr {
         s_addr: u32::from(ip).to_be(),
-    }
-}
-
-fn setsockopt<T>(sock: &impl AsRawFd, level: i32, opt: i32, value: &T) -> io::Result<()> {
-    // SAFETY: `value` is a valid T for the duration of the call and its size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            opt,
-            value as *const T as *const libc::c_void,
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

@@ -344,21 +344,33 @@ pub(crate) fn station_pair_in(
 ) -> (Rc<RefCell<SimNet>>, [SimStation; 2], [Job; 2], StoreDir) {
     let (j0, j1, dir) = join_pair(config);
     let net = SimNet::new(2, LinkConfig::default());
-    let window = config.channel_window(false);
-    let station = |job: &Job, node: usize| {
-        let link = Faulty::new(SimNet::link(&net, node, 512), faults.clone());
-        let driver = Driver::with_link(
-            job.shared.clone(),
-            DPID,
-            link,
-            SimClock(net.clone()),
-            window,
-        )
-        .unwrap();
-        Station::with_driver(job.shared.clone(), DPID, driver, SimClock(net.clone())).unwrap()
-    };
-    let stations = [station(&j0, 0), station(&j1, 1)];
+    let stations = [
+        sim_station(config, &net, &j0, 0, faults),
+        sim_station(config, &net, &j1, 1, faults),
+    ];
     (net, stations, [j0, j1], dir)
+}
+
+/// `job`'s station on node `node` of `net`, its link behind a fault injector with
+/// `faults` (seeded).
+fn sim_station(
+    config: &Config,
+    net: &Rc<RefCell<SimNet>>,
+    job: &Job,
+    node: usize,
+    faults: &FaultConfig,
+) -> SimStation {
+    let link = Faulty::new(SimNet::link(net, node, 512), faults.clone());
+    let window = config.channel_window(false);
+    let driver = Driver::with_link(
+        job.shared.clone(),
+        DPID,
+        link,
+        SimClock(net.clone()),
+        window,
+    )
+    .unwrap();
+    Station::with_driver(job.shared.clone(), DPID, driver, SimClock(net.clone())).unwrap()
 }
 
 /// Moves virtual time to the next arrival or station deadline; false past
@@ -729,22 +741,10 @@ fn broadcast_stations(
         },
     );
     net.borrow_mut().enable_broadcast();
-    let window = config.channel_window(false);
     let stations = jobs
         .iter()
         .enumerate()
-        .map(|(node, job)| {
-            let link = Faulty::new(SimNet::link(&net, node, 512), FaultConfig::none());
-            let driver = Driver::with_link(
-                job.shared.clone(),
-                DPID,
-                link,
-                SimClock(net.clone()),
-                window,
-            )
-            .unwrap();
-            Station::with_driver(job.shared.clone(), DPID, driver, SimClock(net.clone())).unwrap()
-        })
+        .map(|(node, job)| sim_station(config, &net, job, node, &FaultConfig::none()))
         .collect();
     (net, stations, jobs, dir)
 }

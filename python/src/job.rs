@@ -13,6 +13,19 @@ use crate::wait::on_helper_thread;
 #[pyclass(module = "quiver", name = "Job", frozen)]
 pub struct PyJob {
     pub job: quiver::Job,
+    /// The two jobs, when this is a joint job (``Job.join``).
+    pub joint: Option<quiver::JointJob>,
+}
+
+impl PyJob {
+    fn joint(&self) -> PyResult<&quiver::JointJob> {
+        self.joint.as_ref().ok_or_else(|| {
+            quiver::Error::Config(format!(
+                "job {} is not a joint job (Job.join makes one)",
+                self.job.job_id()
+            ))
+        }).py()
+    }
 }
 
 #[pymethods]
@@ -23,7 +36,7 @@ impl PyJob {
     #[staticmethod]
     fn from_env(py: Python<'_>) -> PyResult<PyJob> {
         let job = on_helper_thread(py, "Job.from_env", quiver::Job::from_env)?.py()?;
-        Ok(PyJob { job })
+        Ok(PyJob { job, joint: None })
     }
 
     /// This process's rank, ``0 .. size-1``.
@@ -73,6 +86,46 @@ impl PyJob {
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let job = self.job.clone();
         on_helper_thread(py, "Job.barrier", move || job.barrier())?.py()
+    }
+
+    /// Invites another job into a joint job with this one (every rank calls it and gets
+    /// the same text): hand the text to the other job out of band; whoever holds it can
+    /// join. Rank 0 serves the joint job's store from now on.
+    fn invite(&self, py: Python<'_>) -> PyResult<String> {
+        let job = self.job.clone();
+        let inv = on_helper_thread(py, "Job.invite", move || job.invite())?.py()?;
+        Ok(inv.to_string())
+    }
+
+    /// Joins the joint job of ``invitation`` (the text ``invite`` gave), as its host (the
+    /// job that issued it) or its guest: every rank of both jobs calls it. The joint
+    /// job's ranks are the host's, then the guest's (``rank_of``); open ports on it to
+    /// reach the other job.
+    fn join(&self, py: Python<'_>, invitation: &str) -> PyResult<PyJob> {
+        let inv: quiver::Invitation = invitation.parse().py()?;
+        let job = self.job.clone();
+        let joint = on_helper_thread(py, "Job.join", move || job.join(&inv))?.py()?;
+        Ok(PyJob {
+            job: joint.job().clone(),
+            joint: Some(joint),
+        })
+    }
+
+    /// In a joint job: the joint rank of rank ``rank`` of job ``job_id``.
+    fn rank_of(&self, job_id: u32, rank: u32) -> PyResult<u32> {
+        self.joint()?.rank_of(job_id, rank).py()
+    }
+
+    /// In a joint job: who joint rank ``rank`` is, as ``(job_id, rank)``.
+    fn member(&self, rank: u32) -> PyResult<(u32, u32)> {
+        let joint = self.joint()?;
+        joint
+            .member(rank)
+            .ok_or(quiver::Error::NoSuchRank {
+                rank,
+                size: self.job.size(),
+            })
+            .py()
     }
 
     /// Opens the Directed Point endpoint ``dpid`` of this rank (a DPID is open once per

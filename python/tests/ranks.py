@@ -593,7 +593,53 @@ def ports(comm, job):
     expect(quiver.ClosedError, p.send, 1, b"after close")
 
 
+def joint(comm, job):
+    """Two jobs in a joint job (the test starts two jobs of this scenario): the host
+    (QUIVER_TEST_ROLE=host) invites and its rank 0 writes the text to the file
+    QUIVER_TEST_INVITATION names; the guest reads it and joins. Each rank sends to the
+    rank of the other job with its own number through the joint job's ports, and checks
+    who answered what; then one broadcast reaches every other rank of both jobs."""
+    path = os.environ["QUIVER_TEST_INVITATION"]
+    if os.environ["QUIVER_TEST_ROLE"] == "host":
+        text = job.invite()
+        if job.rank == 0:
+            with open(path + ".tmp", "w") as f:
+                f.write(text)
+            os.rename(path + ".tmp", path)
+    else:
+        deadline = time.time() + 30
+        while not os.path.exists(path):
+            assert time.time() < deadline, "no invitation came"
+            time.sleep(0.01)
+        with open(path) as f:
+            text = f.read()
+    joint = job.join(text)
+    assert joint.size == 4, joint
+    host, guest = joint.member(0)[0], joint.member(2)[0]
+    assert job.job_id in (host, guest) and host != guest
+    other = guest if job.job_id == host else host
+    peer = joint.rank_of(other, job.rank)
+    assert joint.member(peer) == (other, job.rank)
+    expect(quiver.RankError, joint.rank_of, other, 2)
+    expect(quiver.ConfigError, job.rank_of, other, 0)  # not a joint job
+    with joint.ports(12) as p:
+        p.bind(0, to=(peer, 1))
+        p.bind(1, buffer=64)
+        p.bind(2, to_all=3)
+        p.bind(3, buffer=64)
+        p.barrier()
+        p.send(0, b"from %d/%d" % (job.job_id, job.rank))
+        assert p.wait(1, timeout=20)
+        data, origin = p.read(1)
+        assert (data, joint.member(origin[0])) == (b"from %d/%d" % (other, job.rank),
+                                                  (other, job.rank)), (data, origin)
+        p.send(2, b"all")
+        assert p.wait(3, 3, timeout=20)
+        p.barrier()
+
+
 SCENARIOS = {
+    "joint": joint,
     "arrays": arrays,
     "objects": objects,
     "nonblocking": nonblocking,

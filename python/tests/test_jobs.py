@@ -32,6 +32,29 @@ def test_ports(transport):
     quiver_run(2, RANKS, "ports", env=env[transport]).expect_pass(["ports"])
 
 
+@pytest.mark.parametrize("transport", ["shm", "udp"])
+def test_two_jobs_in_a_joint_job(transport, tmp_path):
+    """Two jobs started apart: the first invites, the second joins with the text it
+    wrote to a file; ports of each reach the other's ranks."""
+    import subprocess
+    import threading
+    path = tmp_path / "invitation"
+    base = {} if transport == "shm" else {"QUIVER_TRANSPORT": "udp"}
+    results = {}
+
+    def start(role):
+        env = dict(base, QUIVER_TEST_ROLE=role, QUIVER_TEST_INVITATION=str(path))
+        results[role] = quiver_run(2, RANKS, "joint", env=env)
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in ("host", "guest")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for role in ("host", "guest"):
+        results[role].expect_pass(["joint"])
+
+
 def test_pickled_objects():
     quiver_run(2, RANKS, "objects").expect_pass(["objects"])
 

@@ -61,6 +61,11 @@
 #define QUIVER_TRANSPORT_ETH 2
 
 /**
+ * Bytes an invitation's text takes at most, with its NUL (`quiver_job_invite`).
+ */
+#define QUIVER_INVITATION_MAX 512
+
+/**
  * A message arrived on a port with no buffer bound (not delivered).
  */
 #define QUIVER_PORT_NO_BUFFER 1
@@ -966,6 +971,75 @@ enum quiver_error quiver_job_from_env(struct quiver_job **job);
  * freed.
  */
 enum quiver_error quiver_job_free(struct quiver_job **job);
+
+/**
+ * Invites another job into a joint job with this one, whose ports (and endpoints) reach
+ * both jobs' ranks: every rank calls it, and gets the same invitation, written at
+ * `text` as a NUL-terminated string of at most `QUIVER_INVITATION_MAX` bytes (`len`
+ * must be at least that). Hand it to the other job out of band (a file, a variable):
+ * it carries the key of the joint job's store, so whoever holds it can join. Rank 0
+ * serves that store from now on.
+ *
+ * Thread safety: any thread; every call counts as one invitation of this process (the
+ * ranks must call it in the same order).
+ *
+ * # Safety
+ *
+ * `job` is NULL or a live job handle; `text` is NULL or writable for `len` bytes.
+ */
+enum quiver_error quiver_job_invite(const struct quiver_job *job, char *text, size_t len);
+
+/**
+ * Joins the joint job of the invitation `text` (from `quiver_job_invite`), as its host
+ * (the job that issued it) or its guest (any other job): every rank of both jobs calls
+ * it; it returns when all have (within `QUIVER_CONNECT_TIMEOUT`), with the joint job's
+ * handle at `*joint` (free it with `quiver_job_free`). The host's ranks keep their
+ * numbers there and the guest's follow (`quiver_job_joint_rank_of`). Open ports or
+ * endpoints on it to reach the other job. `QUIVER_ERR_CONFIG` when the text is no
+ * invitation, the jobs' settings differ, or another job took the invitation first.
+ *
+ * Thread safety: any thread.
+ *
+ * # Safety
+ *
+ * `job` is NULL or a live job handle; `text` is NULL or a NUL-terminated string;
+ * `joint` is NULL or writable.
+ */
+enum quiver_error quiver_job_join(const struct quiver_job *job,
+                                  const char *text,
+                                  struct quiver_job **joint);
+
+/**
+ * The joint rank, at `*joint_rank`, of rank `rank` of job `job_id` (either job of the
+ * joint job `joint`). `QUIVER_ERR_CONFIG` when `joint` is no joint job or `job_id`
+ * neither of its jobs; `QUIVER_ERR_NO_SUCH_RANK` when that job has no such rank.
+ *
+ * Thread safety: any thread, concurrently with the job's other calls.
+ *
+ * # Safety
+ *
+ * `joint` is NULL or a live job handle; `joint_rank` is NULL or writable.
+ */
+enum quiver_error quiver_job_joint_rank_of(const struct quiver_job *joint,
+                                           uint32_t job_id,
+                                           uint32_t rank,
+                                           uint32_t *joint_rank);
+
+/**
+ * Who joint rank `joint_rank` of the joint job `joint` is: its job's id at `*job_id` and
+ * its rank there at `*rank`. `QUIVER_ERR_CONFIG` when `joint` is no joint job,
+ * `QUIVER_ERR_NO_SUCH_RANK` beyond its ranks.
+ *
+ * Thread safety: any thread, concurrently with the job's other calls.
+ *
+ * # Safety
+ *
+ * `joint` is NULL or a live job handle; `job_id` and `rank` are NULL or writable.
+ */
+enum quiver_error quiver_job_joint_member(const struct quiver_job *joint,
+                                          uint32_t joint_rank,
+                                          uint32_t *job_id,
+                                          uint32_t *rank);
 
 /**
  * This process's rank, at `*rank`.

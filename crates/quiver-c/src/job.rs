@@ -7,8 +7,8 @@
 
 use crate::endpoint::quiver_endpoint;
 use crate::error::{ffi, handle, put_ranks, quiver_error, Failure, Out};
-use quiver_rs::{Job, Progress};
-use std::ffi::{c_char, CString};
+use quiver_rs::{Invitation, Job, JointJob, Progress};
+use std::ffi::{c_char, CStr, CString};
 
 /// A process's membership in a job (opaque). Created by `quiver_job_from_env`, freed by
 /// `quiver_job_free`.
@@ -17,7 +17,23 @@ pub struct quiver_job {
     pub(crate) job: Job,
     /// `Job::launcher`'s name, for `quiver_job_launcher`.
     launcher: CString,
+    /// The two jobs, when this is a joint job (`quiver_job_join`).
+    joint: Option<JointJob>,
 }
+
+impl quiver_job {
+    fn new(job: Job, joint: Option<JointJob>) -> quiver_job {
+        let launcher = CString::new(job.launcher().to_string()).unwrap_or_default();
+        quiver_job {
+            job,
+            launcher,
+            joint,
+        }
+    }
+}
+
+/// Bytes an invitation's text takes at most, with its NUL (`quiver_job_invite`).
+pub const QUIVER_INVITATION_MAX: usize = 512;
 
 /// Joins the job that the environment describes (`quiver run`, Open MPI's `mpirun`,
 /// MPICH's Hydra, Slurm), with configuration from the `QUIVER_*` variables, and stores
@@ -35,8 +51,7 @@ pub unsafe extern "C" fn quiver_job_from_env(job: *mut *mut quiver_job) -> quive
         // SAFETY: `job` is NULL or writable (the contract).
         let out = unsafe { Out::new(job, "job") }?;
         let j = Job::from_env()?;
-        let launcher = CString::new(j.launcher().to_string()).unwrap_or_default();
-        out.put(Box::into_raw(Box::new(quiver_job { job: j, launcher })));
+        out.put(Box::into_raw(Box::new(quiver_job::new(j, None))));
         Ok(())
     })
 }
@@ -84,6 +99,166 @@ unsafe fn get<T>(
         let out = unsafe { Out::new(out, what) }?;
         out.put(value(j));
         Ok(())
+    })
+}
+
+/// Invites another job into a joint job with this one, whose ports (and endpoints) reach
+/// both jobs' ranks: every rank calls it, and gets the same invitation, written at
+/// `text` as a NUL-terminated string of at most `QUIVER_INVITATION_MAX` bytes (`len`
+/// must be at least that). Hand it to the other job out of band (a file, a variable):
+/// it carries the key of the joint job's store, so whoever holds it can join. Rank 0
+/// serves that store from now on.
+///
+/// Thread safety: any thread; every call counts as one invitation of this process (the
+/// ranks must call it in the same order).
+///
+/// # Safety
+///
+/// `job` is NULL or a live job handle; `text` is NULL or writable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn quiver_job_invite(
+    job: *const quiver_job,
+    text: *mut c_char,
+    len: usize,
+) -> quiver_error {
+    ffi(|| {
+        // SAFETY: `job` is NULL or a live handle (the contract).
+        let j = unsafe { handle(job, "job") }?;
+        if text.is_null() {
+            return Err(Failure::null("text"));
+        }
+        if len < QUIVER_INVITATION_MAX {
+            return Err(Failure::invalid(format!(
+                "len is {len}; an invitation needs QUIVER_INVITATION_MAX ({QUIVER_INVITATION_MAX}) bytes"
+            )));
+        }
+        let inv = j.job.invite()?.to_string();
+        if inv.len() >= QUIVER_INVITATION_MAX {
+            return Err(Failure::invalid(format!(
+                "the invitation takes {} bytes, beyond QUIVER_INVITATION_MAX",
+                inv.len() + 1
+            )));
+        }
+        // SAFETY: `text` is writable for `len` bytes (the contract), and the invitation
+        // and its NUL take fewer than QUIVER_INVITATION_MAX <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(inv.as_ptr(), text.cast::<u8>(), inv.len());
+            *text.add(inv.len()) = 0;
+        }
+        Ok(())
+    })
+}
+
+/// Joins the joint job of the invitation `text` (from `quiver_job_invite`), as its host
+/// (the job that issued it) or its guest (any other job): every rank of both jobs calls
+/// it; it returns when all have (within `QUIVER_CONNECT_TIMEOUT`), with the joint job's
+/// handle at `*joint` (free it with `quiver_job_free`). The host's ranks keep their
+/// numbers there and the guest's follow (`quiver_job_joint_rank_of`). Open ports or
+/// endpoints on it to reach the other job. `QUIVER_ERR_CONFIG` when the text is no
+/// invitation, the jobs' settings differ, or another job took the invitation first.
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+///
+/// `job` is NULL or a live job handle; `text` is NULL or a NUL-terminated string;
+/// `joint` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn quiver_job_join(
+    job: *const quiver_job,
+    text: *const c_char,
+    joint: *mut *mut quiver_job,
+) -> quiver_error {
+    ffi(|| {
+        // SAFETY: `job` is NULL or a live handle (the contract).
+        let j = unsafe { handle(job, "job") }?;
+        if text.is_null() {
+            return Err(Failure::null("text"));
+        }
+        // SAFETY: `text` is a NUL-terminated string (the contract).
+        let text = unsafe { CStr::from_ptr(text) };
+        let text = text
+            .to_str()
+            .map_err(|_| Failure::invalid("the invitation is not UTF-8"))?;
+        // SAFETY: `joint` is NULL or writable (the contract).
+        let out = unsafe { Out::new(joint, "joint") }?;
+        let inv: Invitation = text.parse()?;
+        let jj = j.job.join(&inv)?;
+        out.put(Box::into_raw(Box::new(quiver_job::new(
+            jj.job().clone(),
+            Some(jj),
+        ))));
+        Ok(())
+    })
+}
+
+/// The joint rank, at `*joint_rank`, of rank `rank` of job `job_id` (either job of the
+/// joint job `joint`). `QUIVER_ERR_CONFIG` when `joint` is no joint job or `job_id`
+/// neither of its jobs; `QUIVER_ERR_NO_SUCH_RANK` when that job has no such rank.
+///
+/// Thread safety: any thread, concurrently with the job's other calls.
+///
+/// # Safety
+///
+/// `joint` is NULL or a live job handle; `joint_rank` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn quiver_job_joint_rank_of(
+    joint: *const quiver_job,
+    job_id: u32,
+    rank: u32,
+    joint_rank: *mut u32,
+) -> quiver_error {
+    ffi(|| {
+        // SAFETY: `joint` is NULL or a live handle (the contract).
+        let j = unsafe { handle(joint, "joint") }?;
+        // SAFETY: `joint_rank` is NULL or writable (the contract).
+        let out = unsafe { Out::new(joint_rank, "joint_rank") }?;
+        out.put(joint_of(j)?.rank_of(job_id, rank)?);
+        Ok(())
+    })
+}
+
+/// Who joint rank `joint_rank` of the joint job `joint` is: its job's id at `*job_id` and
+/// its rank there at `*rank`. `QUIVER_ERR_CONFIG` when `joint` is no joint job,
+/// `QUIVER_ERR_NO_SUCH_RANK` beyond its ranks.
+///
+/// Thread safety: any thread, concurrently with the job's other calls.
+///
+/// # Safety
+///
+/// `joint` is NULL or a live job handle; `job_id` and `rank` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn quiver_job_joint_member(
+    joint: *const quiver_job,
+    joint_rank: u32,
+    job_id: *mut u32,
+    rank: *mut u32,
+) -> quiver_error {
+    ffi(|| {
+        // SAFETY: `joint` is NULL or a live handle (the contract).
+        let j = unsafe { handle(joint, "joint") }?;
+        // SAFETY: `job_id` and `rank` are NULL or writable (the contract).
+        let (out_job, out_rank) = unsafe { (Out::new(job_id, "job_id")?, Out::new(rank, "rank")?) };
+        let (job, r) = joint_of(j)?
+            .member(joint_rank)
+            .ok_or(quiver_rs::Error::NoSuchRank {
+                rank: joint_rank,
+                size: j.job.size(),
+            })?;
+        out_job.put(job);
+        out_rank.put(r);
+        Ok(())
+    })
+}
+
+/// The two jobs of a joint job's handle.
+fn joint_of(j: &quiver_job) -> Result<&JointJob, Failure> {
+    j.joint.as_ref().ok_or_else(|| {
+        quiver_rs::Error::Config(format!(
+            "job {} is not a joint job (quiver_job_join makes one)",
+            j.job.job_id()
+        ))
+        .into()
     })
 }
 

@@ -617,6 +617,11 @@ pub fn render(info: &Info) -> String {
             "down a binomial tree of unicasts (QUIVER_NATIVE_BROADCAST=off)"
         }
     );
+    let _ = writeln!(
+        out,
+        "  another job's ports: through a joint job of both jobs' ranks (Job::invite on one, \
+         Job::join on both, with the invitation's text)"
+    );
     out
 }
 

@@ -91,7 +91,7 @@ pub use error::{Error, Result};
 #[cfg(not(loom))]
 pub use job::bootstrap::Launcher;
 #[cfg(not(loom))]
-pub use job::{Job, Progress};
+pub use job::{Invitation, Job, JointJob, Progress};
 #[cfg(not(loom))]
 pub use link::Transport;
 

@@ -6,9 +6,11 @@
 
 mod common;
 
-use common::{config, pattern, run_jobs_on_cluster, run_ranks, run_ranks_on_cluster, TestJob};
+use common::{
+    config, pattern, run_jobs, run_jobs_on_cluster, run_ranks, run_ranks_on_cluster, TestJob,
+};
 use quiver::ports::{Delivery, Origin, PortError, Ports};
-use quiver::{Config, Error, ReliabilityMode, TransportChoice};
+use quiver::{Config, Error, Invitation, JointJob, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -481,6 +483,105 @@ fn two_jobs_sharing_nodes_never_see_each_others_broadcasts() {
     run_jobs_on_cluster(2, 4, 2, config(TransportChoice::Eth), move |_, job| {
         broadcast_from_every_rank(job, &r, Way::Native)
     });
+}
+
+/// Two jobs that admitted each other: job 0 invites (`Job::invite`), job 1 joins with
+/// the invitation's text (handed over through memory both jobs' threads see, as a file
+/// would), and both form the joint job (`Job::join`). Then every rank runs at once a
+/// broadcast storm in its own job (on another thread) and one in the joint job (to every
+/// rank of both jobs), and sends one message to the rank of the other job with its own
+/// number, through a port bound with `JointJob::rank_of`: each storm's ranks get exactly
+/// that storm's messages, every byte checked (`broadcast_from_every_rank`), the directed
+/// message comes from whom it says, and frames of the other jobs that reach a link (the
+/// storms share a DPID) are dropped as foreign.
+fn two_jobs_admit_each_other(
+    run: impl FnOnce(Box<dyn Fn(u32, quiver::Job) + Send + Sync>),
+    size: u32,
+) {
+    let handed: Arc<(Mutex<Option<String>>, std::sync::Condvar)> = Arc::default();
+    let resent = Arc::new(AtomicU64::new(0));
+    run(Box::new(move |j, job| {
+        let (slot, arrived) = &*handed;
+        let invitation = if j == 0 {
+            let inv = job.invite().unwrap();
+            if job.rank() == 0 {
+                *slot.lock().unwrap() = Some(inv.to_string());
+                arrived.notify_all();
+            }
+            inv
+        } else {
+            let mut text = slot.lock().unwrap();
+            while text.is_none() {
+                text = arrived.wait(text).unwrap();
+            }
+            text.as_deref().unwrap().parse::<Invitation>().unwrap()
+        };
+        let joint = job.join(&invitation).unwrap();
+        assert_eq!(joint.size(), 2 * size);
+        let own = {
+            let (job, r) = (job.clone(), resent.clone());
+            std::thread::spawn(move || broadcast_from_every_rank(job, &r, Way::Native))
+        };
+        to_the_other_job(&joint, job.job_id(), job.rank());
+        broadcast_from_every_rank(joint.job().clone(), &resent, Way::Native);
+        own.join().unwrap();
+    }));
+}
+
+/// One message to the rank of the other job with this rank's number, through the joint
+/// job's ports (on another DPID than the storms').
+fn to_the_other_job(joint: &JointJob, own_job: u32, me: u32) {
+    let ports = Ports::open(joint, DPID + 1).unwrap();
+    let other_job = if joint.host_job() == own_job {
+        joint.guest_job()
+    } else {
+        joint.host_job()
+    };
+    let peer = joint.rank_of(other_job, me).unwrap();
+    let got = Arc::new(Mutex::new(None));
+    let g = got.clone();
+    ports
+        .bind(2)
+        .buffer(vec![0; 100])
+        .handler(move |d: &mut Delivery<'_>| {
+            *g.lock().unwrap() = Some((d.origin(), d.data().to_vec()));
+            d.signal();
+        })
+        .apply()
+        .unwrap();
+    ports.bind(1).to(peer, 2).apply().unwrap();
+    joint.barrier_progressing(&[&ports]).unwrap();
+    ports
+        .send(1, format!("from job {own_job} rank {me}").as_bytes())
+        .unwrap();
+    assert!(ports.wait_within(2, 1, LIMIT).unwrap(), "nothing came");
+    let (origin, data) = got.lock().unwrap().take().unwrap();
+    assert_eq!(joint.member(origin.rank), Some((other_job, me)));
+    assert_eq!(origin.port, 1);
+    assert_eq!(data, format!("from job {other_job} rank {me}").as_bytes());
+    joint.barrier_progressing(&[&ports]).unwrap();
+}
+
+#[test]
+fn two_jobs_admit_each_other_over_shm() {
+    two_jobs_admit_each_other(
+        |body| run_jobs(2, 3, config(TransportChoice::Auto), body),
+        3,
+    );
+}
+
+#[test]
+fn two_jobs_admit_each_other_over_udp() {
+    two_jobs_admit_each_other(|body| run_jobs(2, 2, config(TransportChoice::Udp), body), 2);
+}
+
+/// Over raw Ethernet on one cluster: 2 nodes, each job with 2 ranks on each.
+#[test]
+fn two_jobs_on_one_cluster_admit_each_other_over_eth() {
+    two_jobs_admit_each_other(
+        |body| run_jobs_on_cluster(2, 4, 2, config(TransportChoice::Eth), body),
+        4,
+    );
 }
 
 /// A handler that sleeps: the sender is held back by the receiver's ring (a small pool)

@@ -104,6 +104,12 @@ static void null_handles(void) {
     EXPECT(QUIVER_ERR_NULL, quiver_job_barrier_live(NULL, NULL, 0, NULL, 0, &sz));
     EXPECT(QUIVER_ERR_NULL, quiver_job_declare_failed(NULL, 0));
     EXPECT(QUIVER_ERR_NULL, quiver_job_failed_ranks(NULL, NULL, 0, &sz));
+    char invitation[QUIVER_INVITATION_MAX];
+    quiver_job *joint = NULL;
+    EXPECT(QUIVER_ERR_NULL, quiver_job_invite(NULL, invitation, sizeof invitation));
+    EXPECT(QUIVER_ERR_NULL, quiver_job_join(NULL, "x", &joint));
+    EXPECT(QUIVER_ERR_NULL, quiver_job_joint_rank_of(NULL, 1, 0, &u32));
+    EXPECT(QUIVER_ERR_NULL, quiver_job_joint_member(NULL, 0, &u32, &u32));
 
     EXPECT(QUIVER_ERR_NULL, quiver_endpoint_open(NULL, 1, NULL));
     EXPECT(QUIVER_ERR_NULL, quiver_endpoint_close(NULL));
@@ -297,6 +303,28 @@ static void in_a_job(void) {
     EXPECT(QUIVER_ERR_NULL, quiver_job_barrier_progressing(job, NULL, 1));
     EXPECT(QUIVER_ERR_NULL, quiver_job_barrier_progressing(job, none, 1));
     LAST_SAYS("endpoints[0] is NULL");
+
+    /* Joint jobs: a short buffer, text that is no invitation, a job that is not joint,
+     * and an invitation nobody accepts (QUIVER_CONNECT_TIMEOUT is 2 s). */
+    char invitation[QUIVER_INVITATION_MAX];
+    quiver_job *joint = NULL;
+    EXPECT(QUIVER_ERR_NULL, quiver_job_invite(job, NULL, sizeof invitation));
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_job_invite(job, invitation, 100));
+    LAST_SAYS("QUIVER_INVITATION_MAX");
+    EXPECT(QUIVER_ERR_NULL, quiver_job_join(job, NULL, &joint));
+    EXPECT(QUIVER_ERR_CONFIG, quiver_job_join(job, "hello", &joint));
+    LAST_SAYS("not a quiver invitation");
+    EXPECT(QUIVER_ERR_CONFIG, quiver_job_joint_rank_of(job, 1, 0, &u32));
+    LAST_SAYS("is not a joint job");
+    EXPECT(QUIVER_ERR_CONFIG, quiver_job_joint_member(job, 0, &u32, &u32));
+    EXPECT(QUIVER_OK, quiver_job_invite(job, invitation, sizeof invitation));
+    ASSERT(strncmp(invitation, "quiver-invitation-v1:", 21) == 0);
+    EXPECT(QUIVER_ERR_RENDEZVOUS, quiver_job_join(job, invitation, &joint));
+    LAST_SAYS("a job to accept the invitation");
+    ASSERT(joint == NULL);
+    /* Issued here and tried once: a second try is not the host's any more. */
+    EXPECT(QUIVER_ERR_CONFIG, quiver_job_join(job, invitation, &joint));
+    LAST_SAYS("cannot join its own invitation twice");
 
     /* An endpoint: its DPID taken twice, writes without a target, bad ranks. */
     quiver_endpoint *ep = NULL, *again = NULL;

@@ -603,25 +603,11 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
     };
     let addr = addr.unwrap_or_else(|| rv.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)));
 
-    let nodes = exchange_nodes(
-        &rv,
-        rank,
-        size,
-        &format!("{name}|{addr}"),
-        deadline,
-        &waiting,
-    )?;
-    let mut node_names = Vec::with_capacity(nodes.len());
-    let mut addrs = Vec::with_capacity(nodes.len());
-    let mut nids = Vec::with_capacity(nodes.len());
-    let mut nid_of: HashMap<String, u32> = HashMap::new();
-    for (node, ip) in nodes {
-        let next = nid_of.len() as u32;
-        let nid = *nid_of.entry(node.clone()).or_insert(next);
-        nids.push(nid);
-        node_names.push(node);
-        addrs.push(ip);
-    }
+    let Placed {
+        node_names,
+        nids,
+        addrs,
+    } = place_ranks(&rv, rank, size, (&name, addr), deadline, &waiting)?;
 
     // The key of authenticated frames: derived from the tcp store's key, which quiver's
     // connections never carry, or drawn by the first rank to get here and kept in the
@@ -662,6 +648,46 @@ pub fn bootstrap(get: &dyn Fn(&str) -> Option<String>, timeout: Duration) -> Res
         rendezvous: Arc::new(rv),
         server,
     })
+}
+
+/// Where every rank of a job runs, indexed by rank.
+pub(super) struct Placed {
+    pub node_names: Vec<String>,
+    /// Dense node ids, by first appearance of the node's name.
+    pub nids: Vec<u32>,
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Publishes this rank's node name and address in `rv` and returns every rank's, with
+/// the node ids they make (ranks of one node name share an id).
+pub(super) fn place_ranks<W, F>(
+    rv: &Rendezvous,
+    rank: u32,
+    size: u32,
+    (name, addr): (&str, IpAddr),
+    deadline: Deadline,
+    waiting: &W,
+) -> Result<Placed>
+where
+    W: Fn(String) -> F,
+    F: FnOnce(Error) -> Error,
+{
+    let nodes = exchange_nodes(rv, rank, size, &format!("{name}|{addr}"), deadline, waiting)?;
+    let mut placed = Placed {
+        node_names: Vec::with_capacity(nodes.len()),
+        nids: Vec::with_capacity(nodes.len()),
+        addrs: Vec::with_capacity(nodes.len()),
+    };
+    let mut nid_of: HashMap<String, u32> = HashMap::new();
+    for (node, ip) in nodes {
+        let next = nid_of.len() as u32;
+        placed
+            .nids
+            .push(*nid_of.entry(node.clone()).or_insert(next));
+        placed.node_names.push(node);
+        placed.addrs.push(ip);
+    }
+    Ok(placed)
 }
 
 /// A rank that reached its job's store.
@@ -990,7 +1016,7 @@ where
         .collect()
 }
 
-fn random_u64() -> Result<u64> {
+pub(super) fn random_u64() -> Result<u64> {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).map_err(|e| {
         Error::io(

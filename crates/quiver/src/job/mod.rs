@@ -8,6 +8,7 @@
 mod barrier;
 pub mod bootstrap;
 mod failure;
+mod joint;
 pub(crate) mod launcher_kv;
 #[cfg(test)]
 mod launcher_tests;
@@ -16,6 +17,7 @@ mod pmix;
 pub mod rendezvous;
 
 use self::bootstrap::{JobInfo, Launcher};
+pub use self::joint::{Invitation, JointJob};
 use self::rendezvous::{KvServerHandle, Rendezvous};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -36,6 +38,8 @@ pub(crate) struct JobShared {
     pub token: u64,
     /// The key of the job's authenticated frames (`Config::auth`).
     pub frame_key: [u8; 32],
+    /// The node name of every rank (a joint job places its ranks by them).
+    pub node_names: Vec<String>,
     pub nids: Vec<u32>,
     pub addrs: Vec<IpAddr>,
     pub config: Config,
@@ -47,6 +51,11 @@ pub(crate) struct JobShared {
     barriers: AtomicU64,
     /// Calls of [`Job::barrier_live`] so far (named apart from [`Job::barrier`]'s).
     live_barriers: AtomicU64,
+    /// Calls of [`Job::invite`] so far.
+    invitations: AtomicU64,
+    /// The invitations this rank issued and has not joined yet, by joint job id, with
+    /// the joint store rank 0 serves (`joint.rs`).
+    invited: Mutex<joint::Issued>,
     _server: Option<KvServerHandle>,
 }
 
@@ -148,6 +157,7 @@ impl Job {
                 job_id: info.job_id,
                 token: info.token,
                 frame_key: info.frame_key,
+                node_names: info.node_names,
                 nids: info.nids,
                 addrs: info.addrs,
                 config,
@@ -157,9 +167,29 @@ impl Job {
                 open_dpids: Mutex::new(HashSet::new()),
                 barriers: AtomicU64::new(0),
                 live_barriers: AtomicU64::new(0),
+                invitations: AtomicU64::new(0),
+                invited: Mutex::new(Vec::new()),
                 _server: info.server,
             }),
         })
+    }
+
+    /// Invites another job into a joint job with this one (`job::joint`): every rank
+    /// calls it and gets the same [`Invitation`], to hand to the other job out of band
+    /// (its text form carries the key of the joint job's store: whoever holds it can
+    /// join). Rank 0 serves the joint job's store from now on.
+    pub fn invite(&self) -> Result<Invitation> {
+        joint::invite(self)
+    }
+
+    /// Joins the joint job of `invitation`, as its host (the job whose [`Job::invite`]
+    /// issued it) or as its guest (any other job, with the invitation parsed from the
+    /// host's text): every rank of both jobs calls it, and it returns when all have, within
+    /// `QUIVER_CONNECT_TIMEOUT`. The host's ranks keep their numbers in the joint job and
+    /// the guest's follow ([`JointJob::rank_of`]). Fails with a clear error when the jobs'
+    /// settings differ, when another job took the invitation first, or when no job came.
+    pub fn join(&self, invitation: &Invitation) -> Result<JointJob> {
+        joint::join(self, invitation)
     }
 
     /// This process's rank.

@@ -44,8 +44,29 @@
 //! The protocol is a personality on the engine's hook (`engine::protocol`): `table`
 //! holds the ports and delivers what arrives (sans-IO), `app` the application's side
 //! (binding, sending, progress, waiting), `wire` the 8-byte header. A message is at
-//! most `QUIVER_MAX_MESSAGE` minus [`HEADER_LEN`] bytes. What GAMMA has and these ports
-//! do not have yet (the link's own broadcast, ports of other jobs) is listed in `docs/DESIGN-NOTES.md`, "GAMMA's ports".
+//! most `QUIVER_MAX_MESSAGE` minus [`HEADER_LEN`] bytes.
+//!
+//! **Ports of another job** (GAMMA's MIMD jobs): two jobs that admit each other form a
+//! joint job ([`crate::Job::invite`], [`crate::Job::join`]) and open ports on it, whose
+//! ranks are both jobs' ([`crate::JointJob::rank_of`] names the other job's rank,
+//! [`crate::JointJob::member`] says whom an [`Origin`] is):
+//!
+//! ```no_run
+//! # fn main() -> quiver::Result<()> {
+//! # let job = quiver::Job::from_env()?;
+//! # let text_from_the_other_job = String::new();
+//! // The guest job: the host gave it `job.invite()?.to_string()` out of band.
+//! let invitation: quiver::Invitation = text_from_the_other_job.parse()?;
+//! let joint = job.join(&invitation)?; // every rank of both jobs joins
+//! let ports = quiver::ports::Ports::open(&joint, 7)?;
+//! ports.bind(0).to(joint.rank_of(invitation.host_job(), 0)?, 3).apply()?;
+//! joint.barrier_progressing(&[&ports])?;
+//! ports.send(0, b"hello from the other job")?;
+//! # Ok(()) }
+//! ```
+//!
+//! What GAMMA has and these ports do not have yet is listed in `docs/DESIGN-NOTES.md`,
+//! "GAMMA's ports".
 
 mod app;
 #[cfg(test)]

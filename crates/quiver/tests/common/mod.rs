@@ -220,36 +220,65 @@ fn run_ranks_checked<F>(
 }
 
 /// Runs `jobs` jobs of `size` ranks each at the same time on one cluster of `nodes` nodes
-/// over [`TransportChoice::Eth`] (rank r of every job on node r * nodes / size), each
-/// job with a store of its own: `body(job_index, job)` on every rank-thread. Several jobs
-/// sharing nodes, as GAMMA's parallel multitasking.
+/// over [`TransportChoice::Eth`] or `Udp` (rank r of every job on node r * nodes / size),
+/// each job with a store of its own: `body(job_index, job)` on every rank-thread. Several
+/// jobs sharing nodes, as GAMMA's parallel multitasking.
 #[allow(dead_code)]
 pub fn run_jobs_on_cluster<F>(jobs: u32, size: u32, nodes: u32, config: Config, body: F)
 where
     F: Fn(u32, Job) + Send + Sync + 'static,
 {
-    assert_eq!(config.transport, TransportChoice::Eth);
-    let cluster = match TestCluster::up(nodes) {
-        Ok(c) => Arc::new(c),
-        Err(why) => {
-            cannot_run(&why);
-            return;
-        }
-    };
+    assert!(matches!(
+        config.transport,
+        TransportChoice::Eth | TransportChoice::Udp
+    ));
+    match TestCluster::up(nodes) {
+        Ok(c) => run_jobs_in(jobs, size, Some((Arc::new(c), nodes)), config, body),
+        Err(why) => cannot_run(&why),
+    }
+}
+
+/// Runs `jobs` jobs of `size` ranks each at the same time on this host, each job with a
+/// store of its own: `body(job_index, job)` on every rank-thread.
+#[allow(dead_code)]
+pub fn run_jobs<F>(jobs: u32, size: u32, config: Config, body: F)
+where
+    F: Fn(u32, Job) + Send + Sync + 'static,
+{
+    run_jobs_in(jobs, size, None, config, body)
+}
+
+fn run_jobs_in<F>(
+    jobs: u32,
+    size: u32,
+    cluster: Option<(Arc<TestCluster>, u32)>,
+    config: Config,
+    body: F,
+) where
+    F: Fn(u32, Job) + Send + Sync + 'static,
+{
     let body = Arc::new(body);
     let mut handles = Vec::new();
     for j in 0..jobs {
-        let dir = cluster.store.join(format!("job{j}"));
-        std::fs::create_dir_all(&dir).expect("the job's store directory");
-        let tj = Arc::new(TestJob::with_url(size, format!("file://{}", dir.display())));
+        let tj = Arc::new(match &cluster {
+            Some((c, _)) => {
+                let dir = c.store.join(format!("job{j}"));
+                std::fs::create_dir_all(&dir).expect("the job's store directory");
+                TestJob::with_url(size, format!("file://{}", dir.display()))
+            }
+            None => TestJob::new(size),
+        });
         for rank in 0..size {
             let (tj, body, config, cluster) =
                 (tj.clone(), body.clone(), config.clone(), cluster.clone());
-            let node = (u64::from(rank) * u64::from(nodes) / u64::from(size)) as usize;
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("job{j}-rank{rank}"))
                     .spawn(move || {
+                        let Some((cluster, nodes)) = cluster else {
+                            return body(j, tj.join(rank, config, &[]));
+                        };
+                        let node = (u64::from(rank) * u64::from(nodes) / u64::from(size)) as usize;
                         cluster.enter(node);
                         let (name, addr) = (format!("node{node}"), cluster.addr(node));
                         let extra = [

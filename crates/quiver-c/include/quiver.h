@@ -996,7 +996,10 @@ enum quiver_error quiver_job_invite(const struct quiver_job *job, char *text, si
  * handle at `*joint` (free it with `quiver_job_free`). The host's ranks keep their
  * numbers there and the guest's follow (`quiver_job_joint_rank_of`). Open ports or
  * endpoints on it to reach the other job. `QUIVER_ERR_CONFIG` when the text is no
- * invitation, the jobs' settings differ, or another job took the invitation first.
+ * invitation, the jobs' settings differ, or another job took the invitation first;
+ * `QUIVER_ERR_INVALID_ARGUMENT` when it is not UTF-8; `QUIVER_ERR_RENDEZVOUS` when the
+ * joint job's store cannot be reached or no job came in time (the host keeps its
+ * invitation and may call this again).
  *
  * Thread safety: any thread.
  *

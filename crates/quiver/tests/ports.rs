@@ -211,8 +211,11 @@ fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64, way:
     ports.bind(1).to_all(2).apply().unwrap();
     job.barrier_progressing(&[&ports]).unwrap();
     let len = |i: u32| [0, 1, 100, 1500, 5000][(i % 5) as usize];
+    // Each job's bytes of its own: a frame of another job's storm that leaked in would
+    // differ.
+    let seed = |root: u32| root ^ job.job_id();
     for i in 0..COUNT {
-        ports.send(1, &pattern(me, i, len(i))).unwrap();
+        ports.send(1, &pattern(seed(me), i, len(i))).unwrap();
     }
     assert!(
         ports
@@ -230,7 +233,7 @@ fn broadcast_from_every_rank(job: quiver::Job, retransmissions: &AtomicU64, way:
         assert_eq!(got.len(), COUNT as usize, "rank {me} from root {root}");
         for (i, m) in got.iter().enumerate() {
             assert!(
-                *m == pattern(root, i as u32, len(i as u32)),
+                *m == pattern(seed(root), i as u32, len(i as u32)),
                 "rank {me}: broadcast {i} of root {root} differs"
             );
         }
@@ -492,8 +495,9 @@ fn two_jobs_sharing_nodes_never_see_each_others_broadcasts() {
 /// rank of both jobs), and sends one message to the rank of the other job with its own
 /// number, through a port bound with `JointJob::rank_of`: each storm's ranks get exactly
 /// that storm's messages, every byte checked (`broadcast_from_every_rank`), the directed
-/// message comes from whom it says, and frames of the other jobs that reach a link (the
-/// storms share a DPID) are dropped as foreign.
+/// message comes from whom it says (the storms share a DPID, so over Ethernet each
+/// job's frames reach the others' sockets too; their bytes are seeded with the job id,
+/// so a leaked frame would not pass for one of the right job).
 fn two_jobs_admit_each_other(
     run: impl FnOnce(Box<dyn Fn(u32, quiver::Job) + Send + Sync>),
     size: u32,
@@ -582,6 +586,61 @@ fn two_jobs_on_one_cluster_admit_each_other_over_eth() {
         |body| run_jobs_on_cluster(2, 4, 2, config(TransportChoice::Eth), body),
         4,
     );
+}
+
+/// Admission: a host that found no guest in time keeps its invitation and joins again;
+/// the first job to join is the guest and a second is refused; a guest whose settings
+/// differ is refused, and the host hears why rather than waiting out its timeout.
+#[test]
+fn joint_jobs_admit_one_guest_with_the_same_settings() {
+    let short = |c: Config| Config {
+        connect_timeout: Duration::from_secs(2),
+        ..c
+    };
+    let c = short(config(TransportChoice::Auto));
+    let (host, first, second) = (TestJob::new(1), TestJob::new(1), TestJob::new(1));
+    let host = host.join(0, c.clone(), &[]);
+    let inv = host.invite().unwrap();
+    match host.join(&inv) {
+        Err(Error::Rendezvous { reason, .. }) => {
+            assert!(
+                reason.contains("a job to accept the invitation"),
+                "{reason}"
+            )
+        }
+        other => panic!("a join without a guest gave {other:?}"),
+    }
+    let text = inv.to_string();
+    let hosting = std::thread::spawn(move || host.join(&inv));
+    let guest = first.join(0, c.clone(), &[]);
+    let joint = guest.join(&text.parse().unwrap()).unwrap();
+    // The host's rank 0 serves the joint store while it keeps its joint job.
+    let hosted = hosting.join().unwrap().unwrap();
+    assert_eq!((hosted.size(), joint.rank()), (2, 1));
+    let late = second.join(0, c.clone(), &[]);
+    match late.join(&text.parse().unwrap()) {
+        Err(Error::Config(why)) => assert!(why.contains("already taken"), "{why}"),
+        other => panic!("a second guest gave {:?}", other.map(|j| j.size())),
+    }
+    drop(hosted);
+
+    let (host, other) = (TestJob::new(1), TestJob::new(1));
+    let host = host.join(0, c.clone(), &[]);
+    let inv = host.invite().unwrap();
+    let text = inv.to_string();
+    let hosting = std::thread::spawn(move || host.join(&inv).map(|j| j.size()));
+    let differs = other.join(0, c.with_max_message(3 << 20), &[]);
+    match differs.join(&text.parse().unwrap()) {
+        Err(Error::Config(why)) => assert!(why.contains("max_message=3145728"), "{why}"),
+        other => panic!(
+            "a guest with other settings gave {:?}",
+            other.map(|j| j.size())
+        ),
+    }
+    match hosting.join().unwrap() {
+        Err(Error::Config(why)) => assert!(why.contains("could not join"), "{why}"),
+        other => panic!("the host of a refused guest got {other:?}"),
+    }
 }
 
 /// A handler that sleeps: the sender is held back by the receiver's ring (a small pool)

@@ -13,15 +13,20 @@
 //!   job names another job's rank through the joint job ([`JointJob::rank_of`]), and
 //!   learns whom a joint rank is ([`JointJob::member`]).
 //! - **Admission.** Every rank of the host calls [`crate::Job::invite`]: its rank 0 draws
-//!   the joint job's id and the key of the joint store, serves that store, and every rank
-//!   gets the same [`Invitation`] (the id, the store's address and key). The host hands it
-//!   out of band: its text form (`Display`, [`std::str::FromStr`]) goes in a file or a
+//!   the joint job's id and a salt and serves the joint store, whose key every rank
+//!   derives from the job's own frame key and the salt (the key never travels through
+//!   the job's store, whose lines are signed but not sealed); every rank gets the same
+//!   [`Invitation`] (the id, the store's address and key). The host hands it out of
+//!   band: its text form (`Display`, [`std::str::FromStr`]) goes in a file or a
 //!   variable. Holding it is the capability: the joint store answers only clients that
 //!   prove its key; the first job to join with it is the guest, and no other job can
-//!   join after. Both jobs then call [`crate::Job::join`] on every rank.
-//! - **Settings.** Both jobs must run with the same transport, reliability mode and frame
-//!   authentication (a joint job's frames are checked as one job's are): `join` compares
-//!   them and refuses a mismatch with an error that names both.
+//!   join after. Both jobs then call [`crate::Job::join`] on every rank; a host whose
+//!   join failed (no guest came in time) keeps its invitation and may join again.
+//! - **Settings.** Both jobs must run with the same transport, reliability mode, frame
+//!   authentication, largest message and push credit (a joint job's frames and messages
+//!   are checked as one job's are): `join` compares them and refuses a mismatch on both
+//!   sides with an error that names both. A joint job across nodes needs every rank at
+//!   an address the other nodes reach (not loopback).
 //! - **Lifetime.** The host's rank 0 serves the joint store while its [`JointJob`] lives:
 //!   end with a barrier on the joint job before dropping it.
 
@@ -211,35 +216,52 @@ impl JointJob {
     }
 }
 
-/// What two jobs must agree on to share a joint job.
+/// The largest job a joint job admits as its guest (a bound on what a store's value can
+/// make a rank allocate).
+const MAX_GUEST_SIZE: u32 = 1 << 24;
+
+/// What two jobs must agree on to share a joint job: how frames travel and are checked,
+/// and the limits a receiver holds a sender to (`QUIVER_PUSH_CREDIT` must be equal on
+/// every rank; a message longer than a receiver's `QUIVER_MAX_MESSAGE` fails).
 fn settings_of(c: &Config) -> String {
     format!(
-        "transport={:?},reliability={:?},auth={}",
-        c.transport, c.reliability, c.auth
+        "transport={:?},reliability={:?},auth={},max_message={},push_credit={}",
+        c.transport, c.reliability, c.auth, c.max_message, c.push_credit
     )
     .to_lowercase()
 }
 
-/// [`Job::invite`]: rank 0 draws the id and key and serves the joint store; every rank
-/// gets the invitation through the job's own store and notes that it issued it.
+/// [`Job::invite`]: rank 0 draws the joint id and a salt and serves the joint store; every
+/// rank derives the store's key from the job's frame key (which never travels: the key
+/// of the invitation is not written in the job's store, whose lines are signed, not
+/// sealed), and notes that it issued the invitation.
 pub(super) fn invite(job: &Job) -> Result<Invitation> {
     let sh = &job.shared;
     let n = sh.invitations.fetch_add(1, Ordering::Relaxed);
     let name = format!("joint/invitation{n}");
-    let (text, server) = if sh.rank == 0 {
+    let derive_key = |joint_id: u32, salt: u64| {
+        let material = [joint_id.to_le_bytes().as_slice(), &salt.to_le_bytes()].concat();
+        StoreKey::from_bytes(
+            StoreKey::from_bytes(sh.frame_key).derive("quiver joint store key v1", &material),
+        )
+    };
+    let (inv, server) = if sh.rank == 0 {
         let joint_id = loop {
             let id = random_u64()? as u32;
             if id != 0 && id != sh.job_id {
                 break id;
             }
         };
-        let key = StoreKey::generate();
+        let salt = random_u64()?;
+        let key = derive_key(joint_id, salt);
         let server = KvServer::bind(SocketAddr::new(sh.addrs[0], 0))
             .map_err(|e| Error::io("serving a joint job's store", e))?;
         let url = format!("tcp://{}", server.local_addr());
         let handle = server.spawn(key.clone());
         let rv = Rendezvous::connect(&url, &key, sh.config.connect_timeout)?;
         rv.put("settings", &settings_of(&sh.config))?;
+        rv.put("host", &format!("{}:{}", sh.job_id, sh.size))?;
+        sh.kv.put(&name, &format!("{joint_id}:{salt:016x}:{url}"))?;
         let inv = Invitation {
             host_job: sh.job_id,
             host_size: sh.size,
@@ -247,12 +269,38 @@ pub(super) fn invite(job: &Job) -> Result<Invitation> {
             url,
             key,
         };
-        sh.kv.put(&name, &inv.to_string())?;
-        (inv.to_string(), Some(handle))
+        (inv, Some(handle))
     } else {
-        (sh.kv.get(&name, sh.config.connect_timeout)?, None)
+        let text = sh
+            .kv
+            .get(&name, super::BARRIER_TIMEOUT)
+            .map_err(|e| match e {
+                Error::Timeout(t) => Error::Rendezvous {
+                    url: sh.kv.url().to_string(),
+                    reason: format!("rank 0 published no invitation within {t:?}"),
+                },
+                e => e,
+            })?;
+        let bad = || Error::Rendezvous {
+            url: sh.kv.url().to_string(),
+            reason: format!("the store holds a malformed invitation {text:?}"),
+        };
+        let mut f = text.splitn(3, ':');
+        let joint_id: u32 = f.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+        let salt = f
+            .next()
+            .and_then(|v| u64::from_str_radix(v, 16).ok())
+            .ok_or_else(bad)?;
+        let url = f.next().ok_or_else(bad)?.to_string();
+        let inv = Invitation {
+            host_job: sh.job_id,
+            host_size: sh.size,
+            joint_id,
+            url,
+            key: derive_key(joint_id, salt),
+        };
+        (inv, None)
     };
-    let inv: Invitation = text.parse()?;
     issued(job)?.push((inv.joint_id, server));
     Ok(inv)
 }
@@ -269,24 +317,53 @@ fn issued(job: &Job) -> Result<std::sync::MutexGuard<'_, Issued>> {
         .map_err(|_| Error::Config("joint job registry poisoned by a panic".into()))
 }
 
-/// [`Job::join`]: the joint job's bootstrap, over its own store.
+/// [`Job::join`]: the joint job's bootstrap, over its own store. The host's ranks keep
+/// their invitation (and rank 0 its store) when the join fails, so that it can be tried
+/// again.
 pub(super) fn join(job: &Job, inv: &Invitation) -> Result<JointJob> {
     let sh = &job.shared;
-    let timeout = sh.config.connect_timeout;
-    let deadline = Deadline::after(timeout);
     // The host's ranks issued it (and rank 0 serves its store); anyone else is a guest.
     let issued_here = {
         let mut issued = issued(job)?;
         let i = issued.iter().position(|(id, _)| *id == inv.joint_id);
-        i.map(|i| issued.swap_remove(i).1)
+        i.map(|i| issued.swap_remove(i))
     };
     let host = issued_here.is_some();
     if !host && inv.host_job == sh.job_id {
         return Err(Error::Config(format!(
-            "job {} cannot join its own invitation twice, nor one of a job with the same id",
+            "job {} cannot join an invitation of its own as a guest (nor one of a job with \
+             the same id); a host joins with the invitation Job::invite returned",
             sh.job_id
         )));
     }
+    match bootstrap(job, inv, host) {
+        Ok((info, guest)) => {
+            let server = issued_here.and_then(|(_, server)| server);
+            let info = JobInfo { server, ..info };
+            Ok(JointJob {
+                job: Job::from_info(info, sh.config.clone())?,
+                host: Member {
+                    job_id: inv.host_job,
+                    size: inv.host_size,
+                },
+                guest,
+            })
+        }
+        Err(e) => {
+            if let Some(entry) = issued_here {
+                issued(job)?.push(entry);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The joint job's bootstrap on one rank: the settings compared, the guest admitted (or
+/// found), the ranks placed; the joint job's [`JobInfo`] (without the store's server)
+/// and its guest.
+fn bootstrap(job: &Job, inv: &Invitation, host: bool) -> Result<(JobInfo, Member)> {
+    let sh = &job.shared;
+    let timeout = sh.config.connect_timeout;
     let rv = Rendezvous::connect(&inv.url, &inv.key, timeout)?;
     let url = rv.url().to_string();
     let waiting = |what: String| {
@@ -299,41 +376,99 @@ pub(super) fn join(job: &Job, inv: &Invitation) -> Result<JointJob> {
             e => e,
         }
     };
+    let malformed = |what: &str, value: &str| Error::Rendezvous {
+        url: url.clone(),
+        reason: format!("the joint store holds a malformed {what} {value:?}"),
+    };
+    let member = |what: &str, text: &str| {
+        text.split_once(':')
+            .and_then(|(j, s)| Some((j.parse().ok()?, s.parse().ok()?)))
+            .filter(|&(_, s): &(u32, u32)| s > 0)
+            .map(|(job_id, size)| Member { job_id, size })
+            .ok_or_else(|| malformed(what, text))
+    };
     let mine = settings_of(&sh.config);
+    let deadline = Deadline::after(timeout);
     let theirs = rv
         .get("settings", deadline.remaining())
         .map_err(waiting("the inviting job's settings".into()))?;
-    if mine != theirs {
+    if host && mine != theirs {
         return Err(Error::Config(format!(
-            "job {} runs with {mine} and the inviting job {} with {theirs}: the jobs of a \
-             joint job need the same settings",
-            sh.job_id, inv.host_job
+            "this rank runs with {mine} and its rank 0 with {theirs}"
         )));
     }
-    let me = format!("{}:{}", sh.job_id, sh.size);
-    let guest_text = if host {
-        rv.get("guest", deadline.remaining())
-            .map_err(waiting("a job to accept the invitation".into()))?
+    let guest = if host {
+        // The guest may start long after the host: the wait for it has a time limit
+        // of its own, and the bootstrap's starts once it came.
+        let text = rv
+            .get("guest", timeout)
+            .map_err(waiting("a job to accept the invitation".into()))?;
+        if let Some(refusal) = text.strip_prefix('!') {
+            let (job_id, settings) = refusal.split_once('/').unwrap_or((refusal, "?"));
+            return Err(Error::Config(format!(
+                "job {job_id} could not join: it runs with {settings} and this job ({}) with \
+                 {mine}; the jobs of a joint job need the same settings",
+                sh.job_id
+            )));
+        }
+        member("guest", &text)?
     } else {
+        let stated = member(
+            "host",
+            &rv.get("host", deadline.remaining())
+                .map_err(waiting("the inviting job's size".into()))?,
+        )?;
+        if stated.job_id != inv.host_job || stated.size != inv.host_size {
+            return Err(Error::Config(format!(
+                "the invitation names job {} of {} ranks, but its store says job {} of {}",
+                inv.host_job, inv.host_size, stated.job_id, stated.size
+            )));
+        }
+        if inv.joint_id == sh.job_id {
+            return Err(Error::Config(format!(
+                "the joint job's id {} is this job's own: ask the inviting job for another \
+                 invitation",
+                inv.joint_id
+            )));
+        }
+        if sh.size > MAX_GUEST_SIZE {
+            return Err(Error::Config(format!(
+                "a joint job admits a guest of at most {MAX_GUEST_SIZE} ranks"
+            )));
+        }
+        let me = if mine == theirs {
+            format!("{}:{}", sh.job_id, sh.size)
+        } else {
+            // Tell the host why, so that it fails with the reason rather than a timeout.
+            format!("!{}/{mine}", sh.job_id)
+        };
         let taken = rv.put_if_absent("guest", &me)?;
         if taken != me {
             return Err(Error::Config(format!(
                 "the invitation to joint job {} was already taken by job {}",
                 inv.joint_id,
-                taken.split(':').next().unwrap_or("?")
+                taken
+                    .trim_start_matches('!')
+                    .split([':', '/'])
+                    .next()
+                    .unwrap_or("?")
             )));
         }
-        taken
+        if mine != theirs {
+            return Err(Error::Config(format!(
+                "job {} runs with {mine} and the inviting job {} with {theirs}: the jobs of a \
+                 joint job need the same settings",
+                sh.job_id, inv.host_job
+            )));
+        }
+        member("guest", &taken)?
     };
-    let guest = guest_text
-        .split_once(':')
-        .and_then(|(j, s)| Some((j.parse().ok()?, s.parse().ok()?)))
-        .filter(|&(_, s): &(u32, u32)| s > 0)
-        .map(|(job_id, size)| Member { job_id, size })
-        .ok_or_else(|| Error::Rendezvous {
-            url: url.clone(),
-            reason: format!("the joint store holds a malformed guest {guest_text:?}"),
-        })?;
+    if guest.size > MAX_GUEST_SIZE || guest.job_id == inv.host_job {
+        return Err(malformed(
+            "guest",
+            &format!("{}:{}", guest.job_id, guest.size),
+        ));
+    }
     let size = inv
         .host_size
         .checked_add(guest.size)
@@ -344,11 +479,24 @@ pub(super) fn join(job: &Job, inv: &Invitation) -> Result<JointJob> {
     } else {
         inv.host_size + sh.rank
     };
+    let deadline = Deadline::after(timeout);
     let here = (
         sh.node_names[sh.rank as usize].as_str(),
         sh.addrs[sh.rank as usize],
     );
     let placed = place_ranks(&rv, rank, size, here, deadline, &waiting)?;
+    // A rank that others reach at a loopback address only works inside one node.
+    let nodes = placed.nids.iter().max().map_or(1, |&m| m + 1);
+    if nodes > 1 {
+        if let Some(r) = placed.addrs.iter().position(|a| a.is_loopback()) {
+            return Err(Error::Config(format!(
+                "rank {r} of the joint job has the loopback address {} but the joint job \
+                 spans {nodes} nodes: start that job with QUIVER_ADDR set to an address the \
+                 other nodes reach",
+                placed.addrs[r]
+            )));
+        }
+    }
     let derived = inv
         .key
         .derive("quiver joint job token v1", &inv.joint_id.to_le_bytes());
@@ -359,7 +507,6 @@ pub(super) fn join(job: &Job, inv: &Invitation) -> Result<JointJob> {
     );
     rv.barrier("bootstrap", rank, size, deadline.remaining())
         .map_err(waiting("every rank of both jobs to join".into()))?;
-    let server = issued_here.flatten();
     let info = JobInfo {
         rank,
         size,
@@ -376,16 +523,9 @@ pub(super) fn join(job: &Job, inv: &Invitation) -> Result<JointJob> {
         nids: placed.nids,
         addrs: placed.addrs,
         rendezvous: Arc::new(rv),
-        server,
+        server: None,
     };
-    Ok(JointJob {
-        job: Job::from_info(info, sh.config.clone())?,
-        host: Member {
-            job_id: inv.host_job,
-            size: inv.host_size,
-        },
-        guest,
-    })
+    Ok((info, guest))
 }
 
 #[cfg(test)]

@@ -341,6 +341,11 @@ impl StoreKey {
         blake3::derive_key(context, &input)
     }
 
+    /// The key of these bytes (a derived key, [`StoreKey::derive`]).
+    pub(crate) fn from_bytes(bytes: [u8; 32]) -> StoreKey {
+        StoreKey(bytes)
+    }
+
     /// The key's bytes.
     pub(crate) fn bytes(&self) -> [u8; 32] {
         self.0

@@ -285,7 +285,20 @@ fn run_jobs_in<F>(
                             ("QUIVER_NODE", name.as_str()),
                             ("QUIVER_ADDR", addr.as_str()),
                         ];
-                        body(j, tj.join(rank, config, &extra))
+                        let eth = config.transport == TransportChoice::Eth;
+                        let job = tj.join(rank, config, &extra);
+                        let node_of = |r: u32| u64::from(r) * u64::from(nodes) / u64::from(size);
+                        if eth {
+                            let probe = job.open(ETH_PROBE_DPID).unwrap();
+                            for peer in (0..size).filter(|&p| node_of(p) != node as u64) {
+                                assert_eq!(
+                                    probe.transport_to(peer).unwrap(),
+                                    quiver::Transport::Eth,
+                                    "rank {rank} of job {j} would reach rank {peer} over another link"
+                                );
+                            }
+                        }
+                        body(j, job)
                     })
                     .unwrap(),
             );

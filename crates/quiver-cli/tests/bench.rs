@@ -240,7 +240,11 @@ fn reliability_is_selectable_and_reported() {
     assert!(json_lines(&out)[0].get("reliability").is_none());
 }
 
-fn check_logp(transport: &str) {
+/// `quiver bench logp` over `transport`: one result per reliability scheme in
+/// `schemes` (none for shared memory), each with its overheads, gap and latency, and L
+/// where it is separable (else left out, which happens only where o_s + o_r exceeds
+/// the latency).
+fn check_logp(transport: &str, schemes: &[&str]) {
     let out = quiver_bench(&[
         "logp",
         "--transport",
@@ -251,31 +255,37 @@ fn check_logp(transport: &str) {
         "300",
     ]);
     let lines = json_lines(&out);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    let v = &lines[0];
-    assert_eq!(v["bench"], "logp");
-    assert_eq!(v["transport"], transport);
-    assert_eq!(v["size"], 8);
-    assert_eq!(v["iters"], 300);
-    for key in ["o_s_us", "o_r_us", "g_us", "latency_us"] {
-        positive(v, key);
+    assert_eq!(lines.len(), schemes.len().max(1), "{lines:?}");
+    for (i, v) in lines.iter().enumerate() {
+        assert_eq!(v["bench"], "logp");
+        assert_eq!(v["transport"], transport);
+        if let Some(scheme) = schemes.get(i) {
+            assert_eq!(v["reliability"], *scheme, "{v}");
+        }
+        assert_eq!(v["size"], 8);
+        assert_eq!(v["iters"], 300);
+        for key in ["o_s_us", "o_r_us", "g_us", "latency_us"] {
+            positive(v, key);
+        }
+        let num = |k: &str| v[k].as_f64().unwrap();
+        let rest = num("latency_us") - num("o_s_us") - num("o_r_us");
+        match v.get("L_us").and_then(|l| l.as_f64()) {
+            Some(l) => assert!(l >= 0.0 && (l - rest).abs() < 0.01, "{v}"),
+            None => assert!(rest < 0.0, "L left out where it is separable: {v}"),
+        }
+        assert!(v.get("latency_us_median").is_none(), "{v}");
     }
-    // L = latency - o_s - o_r may be negative on one host, but it is a number.
-    let l = v["L_us"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("L_us missing in {v}"));
-    assert!(l.is_finite(), "{v}");
-    assert!(v.get("latency_us_median").is_none(), "{v}");
 }
 
 #[test]
 fn logp_over_shm() {
-    check_logp("shm");
+    check_logp("shm", &[]);
 }
 
+/// Without --reliability, every scheme.
 #[test]
 fn logp_over_udp() {
-    check_logp("udp");
+    check_logp("udp", &["none", "host", "offload"]);
 }
 
 #[test]

@@ -123,9 +123,26 @@ pub fn launch_job(
     })
 }
 
-/// Runs one benchmark as a job of two ranks; returns the exit code.
+/// Runs one benchmark as a job of two ranks; returns the exit code. `logp` over a network
+/// transport without `--reliability` runs once per scheme (none, host, offload), as
+/// LCI's Table 4 compares them.
 pub fn relaunch(opts: &BenchOpts, cmd: BenchCmd) -> i32 {
     let transport = opts.transport.unwrap_or(TransportArg::Shm);
+    if cmd == BenchCmd::Logp && opts.reliability.is_none() && transport != TransportArg::Shm {
+        let mut code = 0;
+        for scheme in [
+            super::ReliabilityArg::None,
+            super::ReliabilityArg::Host,
+            super::ReliabilityArg::Offload,
+        ] {
+            let one = BenchOpts {
+                reliability: Some(scheme),
+                ..opts.clone()
+            };
+            code = code.max(relaunch(&one, cmd));
+        }
+        return code;
+    }
     let args = child_args(opts, Some(cmd), transport, true);
     let bench = super::Bench::from(cmd);
     match launch_job(opts, args, child_env(opts, transport)) {

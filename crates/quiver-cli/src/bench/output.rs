@@ -398,7 +398,8 @@ impl Reporter {
                         num(r.o_s_us, 3),
                         num(r.o_r_us, 3),
                         num(r.g_us, 3),
-                        num(r.l_us, 3),
+                        r.l_us
+                            .map_or_else(|| "n/s".to_string(), |l| format!("{l:.3}")),
                         num(r.latency_us, 3),
                         r.iters
                     );
@@ -477,7 +478,10 @@ fn table_title(r: &BenchResult) -> String {
         Bench::Bw => "uni-directional bandwidth, MB/s = 10^6 B/s",
         Bench::Bibw => "bi-directional bandwidth (both directions), MB/s = 10^6 B/s",
         Bench::Rate => "message rate (windows of messages, each acknowledged), messages/s",
-        Bench::Logp => "LogP parameters per message, us (L = latency - o_s - o_r)",
+        Bench::Logp => {
+            "LogP parameters per message, us (L = latency - o_s - o_r; n/s: not separable, \
+             o_s + o_r exceed the latency)"
+        }
         Bench::EarlyLate => {
             "time of an iteration less its compute on the critical path (2x early, x+y late), \
              us; late = fraction of receives that found the message arrived"
@@ -755,7 +759,7 @@ mod tests {
         r.o_s_us = Some(1.5);
         r.o_r_us = Some(0.5);
         r.g_us = Some(1.25);
-        r.l_us = Some(-0.25);
+        r.l_us = Some(0.25);
         r.latency_us = Some(1.75);
         r
     }
@@ -776,7 +780,17 @@ mod tests {
         ] {
             assert!(v.get(key).is_some(), "missing {key} in {line}");
         }
-        assert_eq!(v["L_us"], -0.25);
+        assert_eq!(v["L_us"], 0.25);
+        // Where L is not separable it is left out, and the table says so.
+        let mut hidden = logp(8);
+        hidden.l_us = None;
+        let json = Reporter::new(Format::Json).render(&hidden);
+        assert!(!json.contains("L_us"), "{json}");
+        let table = Reporter::new(Format::Table).render(&hidden);
+        assert!(
+            table.contains(" n/s ") && table.contains("not separable"),
+            "{table}"
+        );
         assert!(v.get("latency_us_median").is_none());
         let back: BenchResult = serde_json::from_str(line.trim()).unwrap();
         assert_eq!(back, logp(8));
@@ -791,7 +805,7 @@ mod tests {
         // The logp columns, then the empty columns of the tagged API, of the rate and of
         // match.
         assert!(
-            lines[1].ends_with(",1.5000,0.5000,1.2500,-0.2500,1.7500,,,,,,,,,,"),
+            lines[1].ends_with(",1.5000,0.5000,1.2500,0.2500,1.7500,,,,,,,,,,"),
             "{}",
             lines[1]
         );
@@ -805,7 +819,7 @@ mod tests {
             lines[1].contains("o_s(us)") && lines[1].contains("L(us)"),
             "{text}"
         );
-        assert!(lines[2].contains("-0.250"), "{text}");
+        assert!(lines[2].contains(" 0.250 "), "{text}");
         assert!(
             lines[1..].windows(2).all(|w| w[0].len() == w[1].len()),
             "{text}"

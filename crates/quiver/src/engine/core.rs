@@ -37,7 +37,8 @@ use super::group::Members;
 use super::stats::EndpointStats;
 use crate::addr::Source;
 use crate::channel::reliable::{
-    self, earliest, AckStamp, ChannelError, Duplex, Event, PartialSend, SendError, Time, TxFrame,
+    self, earliest, AckStamp, ChannelError, Duplex, Event, PartialSend, Sack, SendError, Time,
+    TxFrame,
 };
 use crate::channel::{Delivery, RxChannel, SpareBuffers};
 use crate::error::{Error, Result};
@@ -499,10 +500,14 @@ impl<D> Core<D> {
             ack: h.ack,
             credits: h.credits,
         };
-        g.members
-            .handle_reply(m, now, (stamp, h.seq), sender.sent_end(), guard, |seq| {
-                sender.kept_frame(seq).is_some()
-            });
+        g.members.handle_reply(
+            m,
+            now,
+            (stamp, Sack::of(h.flags, h.seq)),
+            sender.sent_end(),
+            guard,
+            |seq| sender.kept_frame(seq).is_some(),
+        );
         self.settle_group();
         true
     }

@@ -28,7 +28,7 @@
 //! loss costs one report from each member that saw it.
 
 use crate::addr::Source;
-use crate::channel::reliable::{seq_ahead, seq_lt, AckStamp, Time};
+use crate::channel::reliable::{seq_ahead, seq_lt, AckStamp, Sack, Time};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -110,7 +110,7 @@ impl Members {
         &mut self,
         m: usize,
         now: Time,
-        (stamp, sack): (AckStamp, u32),
+        (stamp, sack): (AckStamp, Sack),
         sent_end: u32,
         guard: Duration,
         kept: impl Fn(u32) -> bool,
@@ -127,12 +127,9 @@ impl Members {
         if seq_lt(member.limit, limit) {
             member.limit = limit;
         }
-        if sack == 0 {
+        if sack.is_empty() {
             return;
         }
-        // Everything below the highest frame reported received is missing where the
-        // bitmap has a hole, and so is the acknowledged frame itself.
-        let highest = 31 - sack.leading_zeros();
         while self
             .repaired
             .front()
@@ -140,11 +137,9 @@ impl Members {
         {
             self.repaired.pop_front();
         }
-        let missing = std::iter::once(stamp.ack).chain(
-            (0..highest)
-                .filter(|i| sack & (1 << i) == 0)
-                .map(|i| stamp.ack.wrapping_add(1 + i)),
-        );
+        // Everything up to the highest frame reported received that the report leaves
+        // out is missing, and so is the acknowledged frame itself.
+        let missing = sack.missing(stamp.ack);
         for seq in missing {
             if kept(seq) && !self.repaired.iter().any(|&(s, _)| s == seq) {
                 self.repaired.push_back((seq, now));
@@ -220,10 +215,10 @@ mod tests {
     fn the_group_acknowledges_what_its_slowest_live_member_has() {
         let mut g = Members::new([(src(1), 0), (src(2), 1), (src(3), 2)], 8);
         assert_eq!(g.agreed(0, 0, 8), stamp(0, 8));
-        g.handle_reply(0, at(1), (stamp(5, 8), 0), 6, RTT, |_| true);
-        g.handle_reply(1, at(1), (stamp(3, 8), 0), 6, RTT, |_| true);
+        g.handle_reply(0, at(1), (stamp(5, 8), bits(0)), 6, RTT, |_| true);
+        g.handle_reply(1, at(1), (stamp(3, 8), bits(0)), 6, RTT, |_| true);
         assert_eq!(g.agreed(0, 6, 8), stamp(0, 8), "member 3 has nothing yet");
-        g.handle_reply(2, at(2), (stamp(4, 2), 0), 6, RTT, |_| true);
+        g.handle_reply(2, at(2), (stamp(4, 2), bits(0)), 6, RTT, |_| true);
         // Smallest ack 3 (member 2); smallest limit 8 (member 3: its first window, as
         // 4 + 2 is below it and a credit limit never moves back).
         assert_eq!(g.agreed(0, 6, 8), stamp(3, 5));
@@ -237,12 +232,31 @@ mod tests {
     #[test]
     fn stale_replies_never_move_a_member_back_and_lies_are_dropped() {
         let mut g = Members::new([(src(1), 0)], 8);
-        g.handle_reply(0, at(1), (stamp(5, 8), 0), 6, RTT, |_| true);
-        g.handle_reply(0, at(2), (stamp(2, 1), 0), 6, RTT, |_| true);
+        g.handle_reply(0, at(1), (stamp(5, 8), bits(0)), 6, RTT, |_| true);
+        g.handle_reply(0, at(2), (stamp(2, 1), bits(0)), 6, RTT, |_| true);
         assert_eq!(g.agreed(0, 6, 8), stamp(5, 8));
-        g.handle_reply(0, at(3), (stamp(9, 8), 0), 6, RTT, |_| true);
+        g.handle_reply(0, at(3), (stamp(9, 8), bits(0)), 6, RTT, |_| true);
         assert_eq!(g.bad_replies(), 1);
         assert_eq!(g.agreed(0, 6, 8), stamp(5, 8));
+    }
+
+    /// A report of the first block of 32 frames after the acknowledgement.
+    fn bits(bits: u32) -> Sack {
+        Sack { offset: 0, bits }
+    }
+
+    #[test]
+    fn a_hole_longer_than_a_block_is_repaired_whole() {
+        let mut g = Members::new([(src(1), 0)], 128);
+        // Expects 10, has 10 + 1 + 64 and 10 + 1 + 66 (block 2): 10 to 74 and 76 are
+        // missing.
+        let sack = Sack {
+            offset: 64,
+            bits: 0b101,
+        };
+        g.handle_reply(0, at(10), (stamp(10, 16), sack), 100, RTT, |_| true);
+        let want: Vec<u32> = (10..=74).chain([76]).collect();
+        assert_eq!(g.take_repairs(), want);
     }
 
     #[test]
@@ -250,13 +264,13 @@ mod tests {
         let mut g = Members::new([(src(1), 0), (src(2), 1)], 16);
         // Member 1 expects 3 and has 5 and 7: 3, 4 and 6 are missing.
         let sack = (1 << 1) | (1 << 3);
-        g.handle_reply(0, at(10), (stamp(3, 16), sack), 8, RTT, |_| true);
+        g.handle_reply(0, at(10), (stamp(3, 16), bits(sack)), 8, RTT, |_| true);
         assert_eq!(g.take_repairs(), vec![3, 4, 6]);
         // Member 2 reports 4 missing within the round trip: already on its way.
-        g.handle_reply(1, at(50), (stamp(4, 16), 1), 8, RTT, |_| true);
+        g.handle_reply(1, at(50), (stamp(4, 16), bits(1)), 8, RTT, |_| true);
         assert_eq!(g.take_repairs(), Vec::<u32>::new());
         // A round trip later, a report repairs it again; a frame no longer kept never.
-        g.handle_reply(1, at(200), (stamp(4, 16), 1), 8, RTT, |s| s != 6);
+        g.handle_reply(1, at(200), (stamp(4, 16), bits(1)), 8, RTT, |s| s != 6);
         assert_eq!(g.take_repairs(), vec![4]);
     }
 
@@ -271,7 +285,7 @@ mod tests {
         g.handle_reply(
             0,
             at(1),
-            (stamp(base.wrapping_add(5), 8), 0),
+            (stamp(base.wrapping_add(5), 8), bits(0)),
             4,
             RTT,
             |_| true,
@@ -279,7 +293,7 @@ mod tests {
         g.handle_reply(
             1,
             at(1),
-            (stamp(base.wrapping_add(1), 8), 0),
+            (stamp(base.wrapping_add(1), 8), bits(0)),
             4,
             RTT,
             |_| true,

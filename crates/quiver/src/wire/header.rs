@@ -67,21 +67,38 @@ impl Flags {
     /// The frame answers the receiver's group channel: a member's acknowledgement (and
     /// credits) of what the root broadcast.
     pub const GROUP_REPLY: Flags = Flags(0x10);
+    /// `Ack` only: which block of 32 frames the selective-acknowledgement bitmap covers,
+    /// a number from 0 to [`Flags::SACK_BLOCKS`] - 1 in the three high bits (block `k`:
+    /// frames `ack + 1 + 32k` on), so that a hole longer than 32 frames (a burst lost
+    /// whole, a segmentation-offload run) is reported at once rather than left to the
+    /// retransmission timer.
+    pub const SACK_BLOCK: Flags = Flags(0xe0);
+    /// Blocks [`Flags::SACK_BLOCK`] can name.
+    pub const SACK_BLOCKS: u32 = 8;
     /// Every defined flag.
-    pub const ALL: Flags = Flags(0x1f);
+    pub const ALL: Flags = Flags(0xff);
 
-    /// The flags whose bits are `bits`, or `None` if `bits` has an undefined bit set.
+    /// The flags whose bits are `bits`, or `None` if `bits` has an undefined bit set
+    /// (none is, since the SACK block took the three high bits: the kind of the frame
+    /// decides which flags it may carry, `Header::from_view`).
     pub const fn from_bits(bits: u8) -> Option<Flags> {
-        if bits & !Self::ALL.0 == 0 {
-            Some(Flags(bits))
-        } else {
-            None
-        }
+        Some(Flags(bits))
     }
 
     /// The raw byte.
     pub const fn bits(self) -> u8 {
         self.0
+    }
+
+    /// The block number of [`Flags::SACK_BLOCK`].
+    pub const fn sack_block(self) -> u32 {
+        (self.0 >> 5) as u32
+    }
+
+    /// `self` with [`Flags::SACK_BLOCK`] set to `block` (taken modulo
+    /// [`Flags::SACK_BLOCKS`]).
+    pub const fn with_sack_block(self, block: u32) -> Flags {
+        Flags((self.0 & !Self::SACK_BLOCK.0) | (((block % Self::SACK_BLOCKS) as u8) << 5))
     }
 
     /// Whether every flag of `other` is set in `self`.
@@ -147,6 +164,9 @@ impl fmt::Debug for Flags {
                 write!(f, "{sep}{name}")?;
                 sep = " | ";
             }
+        }
+        if self.sack_block() != 0 {
+            write!(f, "{sep}SACK_BLOCK({})", self.sack_block())?;
         }
         Ok(())
     }
@@ -410,6 +430,12 @@ impl Header {
             return Err(DecodeError::BadFlags {
                 flags: raw,
                 reason: "FIRST and LAST are only valid on Data frames",
+            });
+        }
+        if kind != FrameKind::Ack && flags.intersects(Flags::SACK_BLOCK) {
+            return Err(DecodeError::BadFlags {
+                flags: raw,
+                reason: "a SACK block is only valid on Ack frames",
             });
         }
         if flags.contains(Flags::GROUP | Flags::GROUP_REPLY) {

@@ -105,8 +105,10 @@ fn emit_parse_round_trips_for_every_kind_and_flag_combination() {
             h.emit(&mut b);
             let parsed = Header::parse(&b);
             let both_groups = flags.contains(Flags::GROUP | Flags::GROUP_REPLY);
+            let stray_block = kind != FrameKind::Ack && flags.intersects(Flags::SACK_BLOCK);
             if (kind == FrameKind::Data || !flags.intersects(Flags::FIRST | Flags::LAST))
                 && !both_groups
+                && !stray_block
             {
                 assert_eq!(parsed, Ok(h), "{kind:?} {flags:?}");
                 let mut again = [0; HEADER_LEN];
@@ -272,10 +274,23 @@ fn malformed_headers_are_rejected_with_the_reason() {
         b[0] = (VERSION << 4) | kind;
         assert_eq!(decode(&b), Err(DecodeError::UnknownKind(kind)));
     }
-    for flags in [0x18u8, 0x20, 0x80, 0xff] {
+    // Both group flags (with and without others) on this Ack frame; a SACK block on a
+    // Data frame.
+    for flags in [0x18u8, 0x38, 0xff] {
         let mut b = good.clone();
         b[field::FLAGS] = flags;
         assert!(matches!(decode(&b), Err(DecodeError::BadFlags { flags: f, .. }) if f == flags));
+    }
+    for flags in [0x20u8, 0x80] {
+        let mut b = encode(
+            &header(FrameKind::Data, Flags::FIRST | Flags::LAST),
+            &[&[1u8][..]],
+        );
+        b[field::FLAGS] |= flags;
+        assert!(
+            matches!(decode(&b), Err(DecodeError::BadFlags { .. })),
+            "{flags:#x}"
+        );
     }
     let mut b = good.clone();
     b[field::FLAGS] = Flags::FIRST.bits();
@@ -395,7 +410,15 @@ fn errors_and_flags_display_clearly() {
         "FIRST | CHECKSUM"
     );
     assert_eq!(format!("{:?}", Flags::EMPTY), "EMPTY");
-    assert_eq!(Flags::from_bits(0x20), None);
+    assert_eq!(
+        Flags::from_bits(0x20),
+        Some(Flags::EMPTY.with_sack_block(1))
+    );
+    assert_eq!(Flags::EMPTY.with_sack_block(7).sack_block(), 7);
+    assert_eq!(
+        format!("{:?}", Flags::EMPTY.with_sack_block(5)),
+        "SACK_BLOCK(5)"
+    );
     assert_eq!(format!("{:?}", Flags::GROUP | Flags::LAST), "LAST | GROUP");
     assert_eq!(FrameKind::try_from(9), Err(DecodeError::UnknownKind(9)));
 }
@@ -512,6 +535,9 @@ fn arb_header() -> impl Strategy<Value = Header> {
             }
             if flags.contains(Flags::GROUP | Flags::GROUP_REPLY) {
                 flags = flags.difference(Flags::GROUP_REPLY);
+            }
+            if kind != FrameKind::Ack {
+                flags = flags.difference(Flags::SACK_BLOCK);
             }
             let checksum = if flags.contains(Flags::CHECKSUM) {
                 x

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::time::earliest;
 use super::{
     AckSent, AckStamp, ChannelError, Config, ConfigError, Counters, Event, Mode, PartialSend,
-    Receiver, SendError, SendStatus, Sender, Time, TxFrame,
+    Receiver, Sack, SendError, SendStatus, Sender, Time, TxFrame,
 };
 use crate::wire::{Flags, FrameKind, Header};
 
@@ -156,7 +156,8 @@ impl<B> Duplex<B> {
                 kept
             }
             FrameKind::Ack => {
-                self.sender.handle_ack(now, stamp, Some(header.seq));
+                self.sender
+                    .handle_ack(now, stamp, Some(Sack::of(header.flags, header.seq)));
                 Some(buf)
             }
             FrameKind::Heartbeat => {
@@ -303,7 +304,7 @@ impl<B> Duplex<B> {
             // `on_ack_sent`): it only repeats the current stamp, with no bitmap.
             self.sent_at(now);
             self.heartbeats += 1;
-            return Some(self.sender.build_ack(stamp, 0));
+            return Some(self.sender.build_ack(stamp, Sack::default()));
         }
         None
     }

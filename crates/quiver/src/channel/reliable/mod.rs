@@ -34,8 +34,10 @@
 //! - `Ack` (explicit acknowledgement): `ack` is cumulative (every frame before it was
 //!   received), `credits` is the number of frames from `ack` on that the receiver can
 //!   take, so the sender may send frames before `ack + credits`; `seq` is reused as a
-//!   selective-acknowledgement bitmap: bit `i` says frame `ack + 1 + i` arrived (kept
-//!   under [`Recovery::Selective`], seen and dropped under go-back-N).
+//!   selective-acknowledgement bitmap: bit `i` says frame `ack + 1 + 32k + i` arrived
+//!   (kept under [`Recovery::Selective`], seen and dropped under go-back-N), where `k`
+//!   is the block the flags name ([`Sack`]): the receiver reports the block of the first
+//!   frame it holds after the hole, so that a hole of up to 224 frames is seen at once.
 //! - `Heartbeat` (probe): `seq` is the sender's next sequence number, so a receiver
 //!   learns of frames lost at the tail of a burst; the receiver answers with an `Ack`.
 //!
@@ -96,6 +98,95 @@ pub struct AckStamp {
     pub ack: u32,
     /// Frames from `ack` on that the receiver has buffers for.
     pub credits: u16,
+}
+
+/// A selective acknowledgement: bit `i` of `bits` says frame `ack + 1 + offset + i`
+/// arrived (`offset` is 32 times the header's [`Flags::SACK_BLOCK`](crate::wire::Flags)
+/// number). Frames from `ack` to the highest one reported that are not reported are
+/// missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sack {
+    /// Frames between `ack + 1` and the frame of bit 0 (a multiple of [`Sack::BLOCK`]).
+    pub offset: u32,
+    /// Bit `i`: frame `ack + 1 + offset + i` arrived.
+    pub bits: u32,
+}
+
+impl Sack {
+    /// Frames of one block.
+    pub const BLOCK: u32 = 32;
+
+    /// The selective acknowledgement of a frame with these flags and sequence field.
+    pub fn of(flags: crate::wire::Flags, seq: u32) -> Sack {
+        Sack {
+            offset: flags.sack_block() * Self::BLOCK,
+            bits: seq,
+        }
+    }
+
+    /// Whether it reports any frame.
+    pub fn is_empty(&self) -> bool {
+        self.bits == 0
+    }
+
+    /// Whether frame `ack + 1 + i` is reported received.
+    pub fn reports(&self, i: u32) -> bool {
+        i >= self.offset && i - self.offset < 32 && self.bits & (1 << (i - self.offset)) != 0
+    }
+
+    /// How many frames after `ack` lie up to the highest reported one (0 when none is
+    /// reported): every one of them not reported is missing, and so is `ack`.
+    pub fn reach(&self) -> u32 {
+        if self.bits == 0 {
+            0
+        } else {
+            self.offset + 32 - self.bits.leading_zeros()
+        }
+    }
+
+    /// The frames it says are missing: `ack`, and every frame after it up to the highest
+    /// reported that is not reported. None when it reports nothing.
+    pub fn missing(self, ack: u32) -> impl Iterator<Item = u32> {
+        let reach = self.reach();
+        let first = (reach > 0).then_some(ack);
+        first.into_iter().chain(
+            (0..reach)
+                .filter(move |&i| !self.reports(i))
+                .map(move |i| ack.wrapping_add(1 + i)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod sack_tests {
+    use super::Sack;
+
+    #[test]
+    fn missing_frames_run_from_the_ack_to_the_highest_reported() {
+        let none = Sack::default();
+        assert_eq!(none.missing(7).count(), 0);
+        // Block 0: frames 8 and 10 (ack 7 + 1 + 0, + 2) arrived: 7 and 9 are missing.
+        let near = Sack {
+            offset: 0,
+            bits: 0b101,
+        };
+        assert_eq!(near.missing(7).collect::<Vec<_>>(), vec![7, 9]);
+        // Block 1: frame 7 + 1 + 33 arrived: 7 to 40 are missing.
+        let far = Sack {
+            offset: 32,
+            bits: 0b10,
+        };
+        assert_eq!(
+            far.missing(7).collect::<Vec<_>>(),
+            (7..=40).collect::<Vec<_>>()
+        );
+        assert!(far.reports(33) && !far.reports(32) && !far.reports(65));
+        // Sequence numbers wrap.
+        assert_eq!(
+            near.missing(u32::MAX).collect::<Vec<_>>(),
+            vec![u32::MAX, 1]
+        );
+    }
 }
 
 /// Why the receiver wants an explicit acknowledgement sent.

@@ -20,11 +20,12 @@ use std::time::Duration;
 
 use super::{
     seq_ahead, AckReason, AckSent, AckStamp, ChannelError, Config, ConfigError, Counters, Recovery,
-    Time,
+    Sack, Time,
 };
+use crate::wire::Flags;
 
-/// Frames the selective-acknowledgement bitmap covers beyond the cumulative ack.
-const SACK_BITS: u32 = 32;
+/// Frames the go-back-N bitmap covers beyond the cumulative ack.
+const SACK_BITS: u32 = Sack::BLOCK;
 
 /// The receive side of one channel. `B` is the caller's handle for a received datagram
 /// (a slot of the endpoint's receive pool, or the datagram itself); the receiver never
@@ -314,19 +315,30 @@ impl<B> Receiver<B> {
         }
     }
 
-    /// The selective-acknowledgement bitmap: bit `i` says frame `ack + 1 + i` arrived.
-    pub fn sack_bitmap(&self) -> u32 {
+    /// The selective acknowledgement: under selective repeat, the block of 32 frames
+    /// that holds the first frame kept after the hole at `ack` (so that a hole longer
+    /// than a block is reported too), bit `i` saying frame `ack + 1 + offset + i`
+    /// arrived; under go-back-N the frames seen (and dropped) in the first block.
+    pub fn sack_bitmap(&self) -> Sack {
         if !self.selective {
-            return self.seen;
+            return Sack {
+                offset: 0,
+                bits: self.seen,
+            };
         }
-        let mut bits = 0;
-        for i in 0..SACK_BITS.min(self.window.saturating_sub(1)) {
+        let reach = (Sack::BLOCK * Flags::SACK_BLOCKS).min(self.window.saturating_sub(1));
+        let held = |i: u32| {
             let slot = (self.expected.wrapping_add(1 + i) % self.window) as usize;
-            if self.ring.get(slot).is_some_and(Option::is_some) {
-                bits |= 1 << i;
-            }
-        }
-        bits
+            self.ring.get(slot).is_some_and(Option::is_some)
+        };
+        let Some(first) = (0..reach).find(|&i| held(i)) else {
+            return Sack::default();
+        };
+        let offset = first / Sack::BLOCK * Sack::BLOCK;
+        let bits = (0..Sack::BLOCK.min(reach - offset))
+            .filter(|&i| held(offset + i))
+            .fold(0, |b, i| b | 1 << i);
+        Sack { offset, bits }
     }
 
     /// Whether (and why) an explicit acknowledgement should be sent now.

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use super::time::earliest;
 use super::{
-    seq_ahead, seq_lt, AckStamp, ChannelError, Config, ConfigError, Counters, Recovery, SendError,
-    SendStatus, Time,
+    seq_ahead, seq_lt, AckStamp, ChannelError, Config, ConfigError, Counters, Recovery, Sack,
+    SendError, SendStatus, Time,
 };
 use crate::wire::{
     fragments, Flags, Fragment, Fragments, FrameKind, FrameView, Header, HEADER_LEN, MAX_MESSAGE,
@@ -380,12 +380,12 @@ impl Sender {
     }
 
     /// Takes in the acknowledgement fields of a valid frame from the peer. `sack` is the
-    /// selective-acknowledgement bitmap of an explicit `Ack` frame (its `seq` field),
-    /// `None` for other kinds.
+    /// selective acknowledgement of an explicit `Ack` frame ([`Sack::of`] its flags and
+    /// `seq` field), `None` for other kinds.
     ///
     /// A stale acknowledgement (before the oldest unacknowledged frame) is ignored; one
     /// that acknowledges frames never sent is ignored and counted in `bad_acks`.
-    pub fn handle_ack(&mut self, now: Time, stamp: AckStamp, sack: Option<u32>) {
+    pub fn handle_ack(&mut self, now: Time, stamp: AckStamp, sack: Option<Sack>) {
         if self.failed {
             return;
         }
@@ -429,7 +429,7 @@ impl Sender {
                         // the selective acknowledgements' to report).
                     } else if stamp.ack == r.end
                         || self.pending.is_empty()
-                        || sack.is_some_and(|bits| bits != 0)
+                        || sack.is_some_and(|s| !s.is_empty())
                     {
                         // Only the frame the timeout resent is acknowledged: the ones
                         // behind it were lost too. Or holes are reported: frames were
@@ -446,15 +446,15 @@ impl Sender {
                 self.rto_deadline = (!self.unacked.is_empty()).then(|| now + self.rto);
             }
         }
-        if let (true, Some(bits)) = (self.retransmit, sack) {
-            if bits != 0 {
+        if let (true, Some(sack)) = (self.retransmit, sack) {
+            if !sack.is_empty() {
                 if let Some(r) = self.rto_recovery.filter(|r| r.confirming && advance == 0) {
                     // The new frames arrive but the cumulative acknowledgement stays:
                     // the timeout was right, resend what it suspected.
                     self.queue_sent_before(r.fired);
                     self.rto_recovery = None;
                 }
-                self.handle_sack(now, bits);
+                self.handle_sack(now, sack);
             }
         }
         self.update_probe(now);
@@ -583,7 +583,7 @@ impl Sender {
         if self.probe_due {
             self.probe_due = false;
             self.counters.probes += 1;
-            self.build_control(FrameKind::Heartbeat, self.next_tx, stamp);
+            self.build_control(FrameKind::Heartbeat, self.next_tx, stamp, 0);
             return Some(TxFrame::Scratch);
         }
         None
@@ -646,11 +646,12 @@ impl Sender {
     }
 
     /// Builds an explicit acknowledgement frame (kind `Ack`) for the reverse channel:
-    /// `stamp` in its acknowledgement fields and the selective-acknowledgement bitmap
-    /// `sack` in its sequence field. It is a [`TxFrame::Scratch`]
+    /// `stamp` in its acknowledgement fields, the selective-acknowledgement bitmap of
+    /// `sack` in its sequence field and its block in the flags. It is a [`TxFrame::Scratch`]
     /// ([`frame_bytes`](Self::frame_bytes)), valid until the next frame is handed out.
-    pub fn build_ack(&mut self, stamp: AckStamp, sack: u32) -> TxFrame {
-        self.build_control(FrameKind::Ack, sack, stamp);
+    pub fn build_ack(&mut self, stamp: AckStamp, sack: Sack) -> TxFrame {
+        let block = sack.offset / Sack::BLOCK;
+        self.build_control(FrameKind::Ack, sack.bits, stamp, block);
         TxFrame::Scratch
     }
 
@@ -786,7 +787,7 @@ impl Sender {
     /// arrived, so `snd_una` (and, under selective repeat, every unreported frame below
     /// the highest reported one) is missing. Resend them at once, except those already
     /// resent within the last round trip (that resend may still be on the way).
-    fn handle_sack(&mut self, now: Time, bits: u32) {
+    fn handle_sack(&mut self, now: Time, sack: Sack) {
         let guard = self.srtt.unwrap_or(self.rto_min / 2);
         if !self.selective {
             let fresh = self
@@ -800,11 +801,8 @@ impl Sender {
             return;
         }
         let mut highest = None;
-        for i in 0..32u32 {
-            if bits & (1 << i) == 0 {
-                continue;
-            }
-            if let Some(idx) = self.index_of(self.snd_una.wrapping_add(1 + i)) {
+        for i in (0..32u32).filter(|&i| sack.bits & (1 << i) != 0) {
+            if let Some(idx) = self.index_of(self.snd_una.wrapping_add(1 + sack.offset + i)) {
                 self.unacked[idx].sacked = true;
                 highest = Some(idx);
             }
@@ -886,10 +884,10 @@ impl Sender {
     }
 
     /// Builds a frame without data (`kind`, sequence field `seq`) in the scratch buffer.
-    fn build_control(&mut self, kind: FrameKind, seq: u32, stamp: AckStamp) {
+    fn build_control(&mut self, kind: FrameKind, seq: u32, stamp: AckStamp, sack_block: u32) {
         let header = Header {
             kind,
-            flags: self.template.flags,
+            flags: self.template.flags.with_sack_block(sack_block),
             seq,
             ack: stamp.ack,
             credits: stamp.credits,

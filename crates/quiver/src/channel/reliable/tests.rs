@@ -580,6 +580,51 @@ fn selective_repeat_keeps_out_of_order_and_resends_holes() {
     assert_eq!(got, (0..5u8).map(|i| vec![i]).collect::<Vec<_>>());
 }
 
+/// A burst longer than one block of the bitmap (a segmentation-offload run lost whole):
+/// the receiver reports the block of the first frame it holds after the hole, and the
+/// sender resends the whole hole at the first acknowledgement, with no timeout.
+#[test]
+fn a_hole_longer_than_a_bitmap_block_is_reported_and_resent_at_once() {
+    let cfg = Config {
+        recovery: Recovery::Selective,
+        ..config(Mode::Host, 128)
+    };
+    let (mut a, mut b) = pair(&cfg);
+    for i in 0..60u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let f = out(&mut a, t(0));
+    assert_eq!(f.len(), 60);
+    // Frames 0 to 43 are lost; 44 to 59 arrive (44 is frame ack + 1 + 43: block 1).
+    assert!(feed(&mut b, t(1), f[44..].to_vec()).is_empty());
+    let acks = out(&mut b, t(1));
+    let h = header(acks.last().unwrap());
+    assert_eq!(
+        (h.kind, h.ack, h.flags.sack_block()),
+        (FrameKind::Ack, 0, 1)
+    );
+    assert_eq!(
+        h.seq,
+        0xffff << 11,
+        "frames 44 to 59 are bits 11 to 26 of block 1"
+    );
+    feed(&mut a, t(2), acks);
+    let again = out(&mut a, t(2));
+    let seqs: Vec<_> = again.iter().map(|f| header(f).seq).collect();
+    assert_eq!(
+        seqs,
+        (0..44).collect::<Vec<u32>>(),
+        "the whole hole, nothing else"
+    );
+    assert_eq!(
+        (a.counters().fast_retransmits, a.counters().timeouts),
+        (1, 0)
+    );
+    let got = feed(&mut b, t(3), again);
+    let got: Vec<_> = got.iter().map(|f| data_of(f)).collect();
+    assert_eq!(got, (0..60u8).map(|i| vec![i]).collect::<Vec<_>>());
+}
+
 /// `kept_mut` reaches every buffer the receiver keeps, out of order or waiting for
 /// delivery, and a buffer moved through it is the one delivered (a packet ring's frame
 /// copied out before the ring comes round to it).

@@ -2,9 +2,11 @@
 //! reordered (held back by [`FaultConfig::reorder_delay`]), corrupted (one byte flipped)
 //! or delayed (uniform jitter up to [`FaultConfig::jitter`]), and counts each fault.
 //!
-//! Its API takes a datagram and the current time and returns the datagrams to deliver and
-//! when, so it can wrap the real UDP transport (`QUIVER_FAULTS`, parsed by
-//! [`FaultConfig::parse`]) as well as each link of the simulator ([`super::sim`]).
+//! It decides a datagram's fate from its length and the current time, so it can wrap the
+//! real UDP transport (`QUIVER_FAULTS`, parsed by [`FaultConfig::parse`]) as well as each
+//! link of the simulator ([`super::sim`]). The datagrams it leaves alone go down a
+//! batch's run through the wrapped link's own batch send, so that segmentation offload
+//! stays on and an injector at 0 % costs what the bare link does.
 //!
 //! [`Faulty`] wraps any [`Link`] in an injector: the engine sees a link like the others,
 //! whose [`LinkCaps`] say that it may lose, duplicate and reorder. Injection is composed,
@@ -304,12 +306,14 @@ pub struct FaultInjector {
 }
 
 /// The datagrams a [`FaultInjector`] lets through for one input: none (lost), one, or two
-/// (duplicated), each with the time to deliver it.
+/// (duplicated), each with the time to deliver it (the tests' view of [`Fate`]).
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub struct Injected {
     items: [Option<(Duration, Vec<u8>)>; 2],
 }
 
+#[cfg(test)]
 impl Iterator for Injected {
     type Item = (Duration, Vec<u8>);
 
@@ -336,31 +340,60 @@ impl FaultInjector {
 
     /// Passes one datagram, sent at `now`, through the faults: returns what to deliver,
     /// and when (never before `now`).
+    #[cfg(test)]
     pub fn inject(&mut self, now: Duration, mut datagram: Vec<u8>) -> Injected {
-        self.counters.datagrams += 1;
         let mut out = Injected::default();
+        let Fate::Deliver {
+            at,
+            corrupt,
+            dup_at,
+        } = self.decide(now, datagram.len())
+        else {
+            return out;
+        };
+        if let Some((i, flip)) = corrupt {
+            datagram[i] ^= flip;
+        }
+        if let Some(again) = dup_at {
+            out.items[1] = Some((again, datagram.clone()));
+        }
+        out.items[0] = Some((at, datagram));
+        out
+    }
+
+    /// What happens to one datagram of `len` bytes sent at `now`: the draws of the
+    /// schedule, in a fixed order, whatever the caller does with the bytes (so that
+    /// [`FaultInjector::inject`] and a link's batch see the same faults).
+    fn decide(&mut self, now: Duration, len: usize) -> Fate {
+        self.counters.datagrams += 1;
         if self.rng.chance(self.cfg.loss) {
             self.counters.lost += 1;
-            return out;
+            return Fate::Lost;
         }
-        if self.rng.chance(self.cfg.corrupt) && !datagram.is_empty() {
-            let at = self.rng.below(datagram.len() as u64) as usize;
+        let corrupt = if self.rng.chance(self.cfg.corrupt) && len > 0 {
+            let at = self.rng.below(len as u64) as usize;
             let flip = 1 + self.rng.below(255) as u8;
-            datagram[at] ^= flip;
             self.counters.corrupted += 1;
-        }
+            Some((at, flip))
+        } else {
+            None
+        };
         let mut at = now + self.jitter();
         if self.rng.chance(self.cfg.reorder) {
             at += self.cfg.reorder_delay;
             self.counters.reordered += 1;
         }
-        if self.rng.chance(self.cfg.dup) {
+        let dup_at = if self.rng.chance(self.cfg.dup) {
             self.counters.duplicated += 1;
-            let again = now + self.jitter();
-            out.items[1] = Some((again, datagram.clone()));
+            Some(now + self.jitter())
+        } else {
+            None
+        };
+        Fate::Deliver {
+            at,
+            corrupt,
+            dup_at,
         }
-        out.items[0] = Some((at, datagram));
-        out
     }
 
     fn jitter(&mut self) -> Duration {
@@ -373,6 +406,25 @@ impl FaultInjector {
             self.counters.delayed += 1;
         }
         Duration::from_nanos(d)
+    }
+}
+
+/// What the injector does to one datagram.
+enum Fate {
+    Lost,
+    /// Delivered at `at`, with byte `corrupt.0` flipped by `corrupt.1`, and once more at
+    /// `dup_at`.
+    Deliver {
+        at: Duration,
+        corrupt: Option<(usize, u8)>,
+        dup_at: Option<Duration>,
+    },
+}
+
+impl Fate {
+    /// Delivered now, as it is, once: the datagram may go down with its neighbours.
+    fn untouched(&self, now: Duration) -> bool {
+        matches!(self, Fate::Deliver { at, corrupt: None, dup_at: None } if *at <= now)
     }
 }
 
@@ -430,6 +482,75 @@ impl<L: Link> Faulty<L> {
     /// The wrapped link.
     pub(crate) fn inner(&self) -> &L {
         &self.inner
+    }
+
+    /// Sends a run of datagrams the faults left alone (after what was held and is due,
+    /// so that only injected delays reorder).
+    fn send_run(
+        &mut self,
+        now: Duration,
+        to: &L::Dest,
+        run: &[&[u8]],
+        max_run: usize,
+    ) -> crate::error::Result<()> {
+        if run.is_empty() {
+            return Ok(());
+        }
+        self.send_due(now)?;
+        self.inner.send_batch(now, to, run, max_run)
+    }
+
+    /// Does to `datagram` what its `fate` says.
+    fn apply(
+        &mut self,
+        now: Duration,
+        to: &L::Dest,
+        datagram: &[u8],
+        fate: Fate,
+    ) -> crate::error::Result<()> {
+        let Fate::Deliver {
+            at,
+            corrupt,
+            dup_at,
+        } = fate
+        else {
+            return Ok(());
+        };
+        let mut bytes = datagram.to_vec();
+        if let Some((i, flip)) = corrupt {
+            bytes[i] ^= flip;
+        }
+        // The datagram, then its copy: in the order `inject` lists them.
+        let copy = dup_at.map(|again| (again, bytes.clone()));
+        self.deliver_at(now, to, at, bytes)?;
+        if let Some((again, bytes)) = copy {
+            self.deliver_at(now, to, again, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `bytes` now if `at` has come (after what was held and is due, so that only
+    /// injected delays reorder), else holds them until then.
+    fn deliver_at(
+        &mut self,
+        now: Duration,
+        to: &L::Dest,
+        at: Duration,
+        bytes: Vec<u8>,
+    ) -> crate::error::Result<()> {
+        if at <= now {
+            self.send_due(now)?;
+            self.inner.send(now, to, &bytes)
+        } else {
+            self.order += 1;
+            self.held.push(Reverse(Held {
+                at,
+                order: self.order,
+                to: to.clone(),
+                bytes,
+            }));
+            Ok(())
+        }
     }
 
     /// Sends the held datagrams whose time has come, earliest first.
@@ -492,23 +613,31 @@ impl<L: Link> Link for Faulty<L> {
     }
 
     fn send(&mut self, now: Duration, to: &L::Dest, datagram: &[u8]) -> crate::error::Result<()> {
-        for (at, bytes) in self.injector.inject(now, datagram.to_vec()) {
-            if at <= now {
-                // What was held and is due goes first, so that only injected delays
-                // reorder.
-                self.send_due(now)?;
-                self.inner.send(now, to, &bytes)?;
-            } else {
-                self.order += 1;
-                self.held.push(Reverse(Held {
-                    at,
-                    order: self.order,
-                    to: to.clone(),
-                    bytes,
-                }));
+        let fate = self.injector.decide(now, datagram.len());
+        self.apply(now, to, datagram, fate)
+    }
+
+    /// The datagrams that the faults leave alone go down in runs, through the inner
+    /// link's own batch (segmentation offload stays on: an injector at 0 % costs no
+    /// more than the link), and the others one by one, in order.
+    fn send_batch(
+        &mut self,
+        now: Duration,
+        to: &L::Dest,
+        datagrams: &[&[u8]],
+        max_run: usize,
+    ) -> crate::error::Result<()> {
+        let mut run = 0;
+        for (i, d) in datagrams.iter().enumerate() {
+            let fate = self.injector.decide(now, d.len());
+            if fate.untouched(now) {
+                continue;
             }
+            self.send_run(now, to, &datagrams[run..i], max_run)?;
+            run = i + 1;
+            self.apply(now, to, d, fate)?;
         }
-        Ok(())
+        self.send_run(now, to, &datagrams[run..], max_run)
     }
 
     fn send_unfaulted(
@@ -689,5 +818,105 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(i, (at, _))| *at == Duration::from_micros(i as u64)));
+    }
+}
+
+/// [`Faulty`] around a link that records what reaches it.
+#[cfg(test)]
+mod wrapper_tests {
+    use super::*;
+
+    /// Records each call: a batch as its datagrams, a single send as a batch of one.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Vec<Vec<Vec<u8>>>,
+    }
+
+    impl Link for Recorder {
+        type Dest = ();
+
+        fn caps(&self) -> LinkCaps {
+            LinkCaps {
+                max_datagram: 1500,
+                min_datagram: 0,
+                demuxes_dpid: false,
+                polls_in_memory: true,
+                ordered_slots: false,
+                edge_triggered: false,
+                lossless: true,
+                ordered: true,
+                holds_back: false,
+                segments: true,
+                broadcast: false,
+            }
+        }
+        fn advertise(&self) -> String {
+            String::new()
+        }
+        fn resolve(&self, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        fn max_datagram_to(&self, _: &()) -> usize {
+            1500
+        }
+        fn recv_batch(&mut self, _: &mut Vec<Datagram>) -> crate::error::Result<()> {
+            Ok(())
+        }
+        fn slot(&self, _: u32) -> &[u8] {
+            &[]
+        }
+        fn free_slot(&mut self, _: u32) {}
+        fn send(&mut self, _: Duration, _: &(), d: &[u8]) -> crate::error::Result<()> {
+            self.calls.push(vec![d.to_vec()]);
+            Ok(())
+        }
+        fn send_batch(
+            &mut self,
+            _: Duration,
+            _: &(),
+            ds: &[&[u8]],
+            _: usize,
+        ) -> crate::error::Result<()> {
+            self.calls.push(ds.iter().map(|d| d.to_vec()).collect());
+            Ok(())
+        }
+    }
+
+    fn datagrams() -> Vec<Vec<u8>> {
+        (0..200u8)
+            .map(|i| vec![i; 1 + usize::from(i % 7)])
+            .collect()
+    }
+
+    fn batched(cfg: FaultConfig) -> Vec<Vec<Vec<u8>>> {
+        let mut f = Faulty::new(Recorder::default(), cfg);
+        let ds = datagrams();
+        let refs: Vec<&[u8]> = ds.iter().map(Vec::as_slice).collect();
+        f.send_batch(Duration::ZERO, &(), &refs, 44).unwrap();
+        f.inner.calls
+    }
+
+    #[test]
+    fn with_no_fault_a_batch_goes_down_whole() {
+        let calls = batched(FaultConfig::none());
+        assert_eq!(calls, vec![datagrams()]);
+    }
+
+    /// A batch sees the faults one-by-one sends would see (the same schedule), and what
+    /// the faults leave alone still goes down in runs.
+    #[test]
+    fn a_batch_gets_the_faults_of_single_sends() {
+        let cfg = FaultConfig::parse("loss=0.05,dup=0.03,corrupt=0.03,seed=11").unwrap();
+        let calls = batched(cfg.clone());
+        let mut single = Faulty::new(Recorder::default(), cfg);
+        for d in datagrams() {
+            single.send(Duration::ZERO, &(), &d).unwrap();
+        }
+        let flat = |c: &[Vec<Vec<u8>>]| c.concat();
+        assert_eq!(flat(&calls), flat(&single.inner.calls));
+        assert!(calls.len() < single.inner.calls.len(), "runs were batched");
+        assert!(calls.iter().any(|c| c.len() > 1));
+        let faults = single.counters().faults;
+        assert!(faults.lost > 0 && faults.duplicated > 0 && faults.corrupted > 0);
     }
 }

@@ -55,10 +55,11 @@ for line in open(sys.argv[1]):
     else:
         logp.setdefault(key, []).append(json.loads(v))
 def f(vals, d=2):
-    # L is left out of a run where it is not separable (quiver bench logp says why).
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return "n/s"
+    # L is left out of a run where it is not separable (quiver bench logp says why):
+    # a median over the runs where it was would lean upwards, so any such run makes
+    # the cell n/s.
+    if any(v is None for v in vals):
+        return f"n/s ({sum(v is None for v in vals)}/{len(vals)} runs)"
     return f"{statistics.median(vals):.{d}f} ({min(vals):.{d}f}-{max(vals):.{d}f})"
 print("## 8 B one-way latency over udp (median of medians, us), and paired ratio to none")
 for m, vals in lat.items():

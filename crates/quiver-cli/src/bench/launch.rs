@@ -124,22 +124,39 @@ pub fn launch_job(
 }
 
 /// Runs one benchmark as a job of two ranks; returns the exit code. `logp` over a network
-/// transport without `--reliability` runs once per scheme (none, host, offload), as
-/// LCI's Table 4 compares them.
+/// transport with no scheme named (no `--reliability`, no `QUIVER_RELIABILITY`) runs
+/// once per scheme (none, host, offload), as LCI's Table 4 compares them; each run's
+/// results name their scheme (table titles, JSON; CSV gets one header per run).
 pub fn relaunch(opts: &BenchOpts, cmd: BenchCmd) -> i32 {
     let transport = opts.transport.unwrap_or(TransportArg::Shm);
-    if cmd == BenchCmd::Logp && opts.reliability.is_none() && transport != TransportArg::Shm {
+    let named = opts.reliability.is_some() || std::env::var_os("QUIVER_RELIABILITY").is_some();
+    if cmd == BenchCmd::Logp && !named && transport != TransportArg::Shm {
         let mut code = 0;
-        for scheme in [
+        let schemes = [
             super::ReliabilityArg::None,
             super::ReliabilityArg::Host,
             super::ReliabilityArg::Offload,
-        ] {
+        ];
+        for (i, scheme) in schemes.into_iter().enumerate() {
             let one = BenchOpts {
                 reliability: Some(scheme),
                 ..opts.clone()
             };
-            code = code.max(relaunch(&one, cmd));
+            let args = child_args(&one, Some(cmd), transport, true);
+            let mut env = child_env(&one, transport);
+            if i > 0 {
+                env.push((super::output::CSV_CONTINUES.into(), "1".into()));
+            }
+            code = code.max(match launch_job(&one, args, env) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!(
+                        "quiver bench: logp over {}: cannot launch: {e:#}",
+                        transport.name()
+                    );
+                    1
+                }
+            });
         }
         return code;
     }

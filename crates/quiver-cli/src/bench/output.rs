@@ -249,10 +249,15 @@ pub fn round(v: f64, decimals: i32) -> f64 {
 }
 
 /// CSV columns, in order.
-pub const CSV_COLUMNS: [&str; 29] = [
+/// Set in the environment of a benchmark job whose CSV continues an earlier job's: its
+/// rows come without the header.
+pub const CSV_CONTINUES: &str = "QUIVER_BENCH_CSV_CONTINUES";
+
+pub const CSV_COLUMNS: [&str; 30] = [
     "bench",
     "transport",
     "wait",
+    "reliability",
     "size",
     "iters",
     "warmup",
@@ -320,7 +325,8 @@ impl Reporter {
         Reporter {
             format,
             last: None,
-            csv_header_done: false,
+            // A later job of one command (logp's schemes) continues the first's CSV.
+            csv_header_done: std::env::var_os(CSV_CONTINUES).is_some(),
         }
     }
 
@@ -342,6 +348,7 @@ impl Reporter {
                     r.bench.name().to_string(),
                     r.transport.clone(),
                     r.wait.clone(),
+                    r.reliability.clone().unwrap_or_default(),
                     r.size.to_string(),
                     r.iters.to_string(),
                     r.warmup.to_string(),
@@ -506,6 +513,9 @@ fn table_title(r: &BenchResult) -> String {
     }
     if let Some(q) = &r.queue {
         let _ = write!(api, ", {q} queue");
+    }
+    if let Some(rel) = &r.reliability {
+        let _ = write!(api, ", reliability {rel}");
     }
     format!(
         "# {} over {}, wait {}{}: {}\n",
@@ -733,8 +743,8 @@ mod tests {
         for l in &lines[1..] {
             assert_eq!(l.split(',').count(), CSV_COLUMNS.len(), "{l}");
         }
-        assert!(lines[1].starts_with("pingpong,shm,spin,0,200,20,,0.3000,"));
-        assert!(lines[2].starts_with("bw,shm,spin,65536,20,2,64,,"));
+        assert!(lines[1].starts_with("pingpong,shm,spin,,0,200,20,,0.3000,"));
+        assert!(lines[2].starts_with("bw,shm,spin,,65536,20,2,64,,"));
     }
 
     #[test]
@@ -815,6 +825,7 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
         assert!(lines[0].starts_with("# logp over udp"), "{text}");
+        assert!(lines[0].contains("reliability none"), "{text}");
         assert!(
             lines[1].contains("o_s(us)") && lines[1].contains("L(us)"),
             "{text}"

@@ -37,7 +37,8 @@
 //!   selective-acknowledgement bitmap: bit `i` says frame `ack + 1 + 32k + i` arrived
 //!   (kept under [`Recovery::Selective`], seen and dropped under go-back-N), where `k`
 //!   is the block the flags name ([`Sack`]): the receiver reports the block of the first
-//!   frame it holds after the hole, so that a hole of up to 224 frames is seen at once.
+//!   frame it holds after the hole, so that a hole is seen at once up to 256 frames (or
+//!   the window less one, when smaller).
 //! - `Heartbeat` (probe): `seq` is the sender's next sequence number, so a receiver
 //!   learns of frames lost at the tail of a burst; the receiver answers with an `Ack`.
 //!

@@ -96,8 +96,12 @@ impl<B> Receiver<B> {
             ack_deadline: None,
             ooo_acked_for: None,
             seen: 0,
+            // A power of two at least the window long, indexed by the sequence number's
+            // low bits: its length divides 2^32, so frames a window apart never share a
+            // slot, across the wrap of the sequence numbers too (`seq % window` did
+            // for a window that is not a power of two).
             ring: if selective {
-                (0..window).map(|_| None).collect()
+                (0..window.next_power_of_two()).map(|_| None).collect()
             } else {
                 Vec::new()
             },
@@ -161,9 +165,9 @@ impl<B> Receiver<B> {
         }
         let mut new_hole = false;
         let dropped = if self.selective {
-            let slot = (seq % self.window) as usize;
+            let slot = self.slot_of(seq);
             // The frame before this one is missing too: a hole the sender may not know of.
-            let before = (seq.wrapping_sub(1) % self.window) as usize;
+            let before = self.slot_of(seq.wrapping_sub(1));
             new_hole = off > 1 && self.ring.get(before).is_some_and(Option::is_none);
             match self.ring.get_mut(slot) {
                 Some(s @ None) => {
@@ -204,7 +208,7 @@ impl<B> Receiver<B> {
             && !(self.selective
                 && self
                     .ring
-                    .get((seq.wrapping_add(1) % self.window) as usize)
+                    .get(self.slot_of(seq.wrapping_add(1)))
                     .is_some_and(Option::is_some))
     }
 
@@ -328,7 +332,7 @@ impl<B> Receiver<B> {
         }
         let reach = (Sack::BLOCK * Flags::SACK_BLOCKS).min(self.window.saturating_sub(1));
         let held = |i: u32| {
-            let slot = (self.expected.wrapping_add(1 + i) % self.window) as usize;
+            let slot = self.slot_of(self.expected.wrapping_add(1 + i));
             self.ring.get(slot).is_some_and(Option::is_some)
         };
         let Some(first) = (0..reach).find(|&i| held(i)) else {
@@ -423,9 +427,15 @@ impl<B> Receiver<B> {
         self.deliver.push_back(buf);
     }
 
+    /// The ring slot of frame `seq` (selective repeat).
+    #[inline]
+    fn slot_of(&self, seq: u32) -> usize {
+        seq as usize & self.ring.len().wrapping_sub(1)
+    }
+
     fn drain_ring(&mut self) {
         loop {
-            let slot = (self.expected % self.window) as usize;
+            let slot = self.slot_of(self.expected);
             match self.ring.get_mut(slot).and_then(Option::take) {
                 Some(buf) => self.accept(buf),
                 None => break,

@@ -688,6 +688,17 @@ fn udp_slow_receiver_stalls_the_sender_instead_of_dropping() {
                 for i in 0..N {
                     ep.write(&pattern(0, i, 4000)).unwrap();
                 }
+                if mode == Mode::Offload {
+                    // The writes only queued the messages: the engine sends them. The
+                    // receiver reads nothing until the engine has run out of credits
+                    // (else a sender slowed by a loaded machine could never get ahead
+                    // of a reader that sleeps only now and then).
+                    let until = std::time::Instant::now() + T;
+                    while ep.stats().credit_stalls == 0 && std::time::Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    job.barrier().unwrap();
+                }
                 let _ = ep.read_timeout(T).unwrap(); // "done"
                 let st = ep.stats();
                 // The channel ran out of credits; in host and none modes the writer
@@ -702,6 +713,9 @@ fn udp_slow_receiver_stalls_the_sender_instead_of_dropping() {
                     "{mode}: the sender never waited: {st:?}"
                 );
             } else {
+                if mode == Mode::Offload {
+                    job.barrier().unwrap();
+                }
                 for i in 0..N {
                     if i % 50 == 0 {
                         std::thread::sleep(Duration::from_millis(20));

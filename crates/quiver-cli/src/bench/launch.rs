@@ -130,39 +130,44 @@ pub fn launch_job(
 pub fn relaunch(opts: &BenchOpts, cmd: BenchCmd) -> i32 {
     let transport = opts.transport.unwrap_or(TransportArg::Shm);
     let named = opts.reliability.is_some() || std::env::var_os("QUIVER_RELIABILITY").is_some();
-    if cmd == BenchCmd::Logp && !named && transport != TransportArg::Shm {
-        let mut code = 0;
-        let schemes = [
-            super::ReliabilityArg::None,
-            super::ReliabilityArg::Host,
-            super::ReliabilityArg::Offload,
-        ];
-        for (i, scheme) in schemes.into_iter().enumerate() {
-            let one = BenchOpts {
-                reliability: Some(scheme),
-                ..opts.clone()
-            };
-            let args = child_args(&one, Some(cmd), transport, true);
-            let mut env = child_env(&one, transport);
-            if i > 0 {
-                env.push((super::output::CSV_CONTINUES.into(), "1".into()));
-            }
-            code = code.max(match launch_job(&one, args, env) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!(
-                        "quiver bench: logp over {}: cannot launch: {e:#}",
-                        transport.name()
-                    );
-                    1
-                }
-            });
-        }
-        return code;
+    if cmd != BenchCmd::Logp || named || transport == TransportArg::Shm {
+        return relaunch_one(opts, cmd, transport, Vec::new());
     }
+    let schemes = [
+        super::ReliabilityArg::None,
+        super::ReliabilityArg::Host,
+        super::ReliabilityArg::Offload,
+    ];
+    let mut code = 0;
+    for (i, scheme) in schemes.into_iter().enumerate() {
+        let one = BenchOpts {
+            reliability: Some(scheme),
+            ..opts.clone()
+        };
+        // The later jobs continue the first one's CSV.
+        let env = (i > 0).then(|| (super::output::CSV_CONTINUES.to_string(), "1".to_string()));
+        code = code.max(relaunch_one(
+            &one,
+            cmd,
+            transport,
+            env.into_iter().collect(),
+        ));
+    }
+    code
+}
+
+/// One job of [`relaunch`], with `extra` variables beside the child's own.
+fn relaunch_one(
+    opts: &BenchOpts,
+    cmd: BenchCmd,
+    transport: TransportArg,
+    extra: Vec<(String, String)>,
+) -> i32 {
     let args = child_args(opts, Some(cmd), transport, true);
+    let mut env = child_env(opts, transport);
+    env.extend(extra);
     let bench = super::Bench::from(cmd);
-    match launch_job(opts, args, child_env(opts, transport)) {
+    match launch_job(opts, args, env) {
         // A failing rank has said what went wrong, and the launcher which rank failed.
         Ok(code) => code,
         Err(e) => {

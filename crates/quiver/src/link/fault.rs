@@ -306,14 +306,12 @@ pub struct FaultInjector {
 }
 
 /// The datagrams a [`FaultInjector`] lets through for one input: none (lost), one, or two
-/// (duplicated), each with the time to deliver it (the tests' view of [`Fate`]).
-#[cfg(test)]
+/// (duplicated), each with the time to deliver it.
 #[derive(Debug, Default)]
 pub struct Injected {
     items: [Option<(Duration, Vec<u8>)>; 2],
 }
 
-#[cfg(test)]
 impl Iterator for Injected {
     type Item = (Duration, Vec<u8>);
 
@@ -341,24 +339,8 @@ impl FaultInjector {
     /// Passes one datagram, sent at `now`, through the faults: returns what to deliver,
     /// and when (never before `now`).
     #[cfg(test)]
-    pub fn inject(&mut self, now: Duration, mut datagram: Vec<u8>) -> Injected {
-        let mut out = Injected::default();
-        let Fate::Deliver {
-            at,
-            corrupt,
-            dup_at,
-        } = self.decide(now, datagram.len())
-        else {
-            return out;
-        };
-        if let Some((i, flip)) = corrupt {
-            datagram[i] ^= flip;
-        }
-        if let Some(again) = dup_at {
-            out.items[1] = Some((again, datagram.clone()));
-        }
-        out.items[0] = Some((at, datagram));
-        out
+    pub fn inject(&mut self, now: Duration, datagram: Vec<u8>) -> Injected {
+        self.decide(now, datagram.len()).deliveries(datagram)
     }
 
     /// What happens to one datagram of `len` bytes sent at `now`: the draws of the
@@ -422,6 +404,28 @@ enum Fate {
 }
 
 impl Fate {
+    /// What becomes of `datagram`: the datagram (corrupted if so decided) and its copy,
+    /// with their times, in that order.
+    fn deliveries(self, mut datagram: Vec<u8>) -> Injected {
+        let mut out = Injected::default();
+        let Fate::Deliver {
+            at,
+            corrupt,
+            dup_at,
+        } = self
+        else {
+            return out;
+        };
+        if let Some((i, flip)) = corrupt {
+            datagram[i] ^= flip;
+        }
+        if let Some(again) = dup_at {
+            out.items[1] = Some((again, datagram.clone()));
+        }
+        out.items[0] = Some((at, datagram));
+        out
+    }
+
     /// Delivered now, as it is, once: the datagram may go down with its neighbours.
     fn untouched(&self, now: Duration) -> bool {
         matches!(self, Fate::Deliver { at, corrupt: None, dup_at: None } if *at <= now)
@@ -508,23 +512,11 @@ impl<L: Link> Faulty<L> {
         datagram: &[u8],
         fate: Fate,
     ) -> crate::error::Result<()> {
-        let Fate::Deliver {
-            at,
-            corrupt,
-            dup_at,
-        } = fate
-        else {
+        if let Fate::Lost = fate {
             return Ok(());
-        };
-        let mut bytes = datagram.to_vec();
-        if let Some((i, flip)) = corrupt {
-            bytes[i] ^= flip;
         }
-        // The datagram, then its copy: in the order `inject` lists them.
-        let copy = dup_at.map(|again| (again, bytes.clone()));
-        self.deliver_at(now, to, at, bytes)?;
-        if let Some((again, bytes)) = copy {
-            self.deliver_at(now, to, again, bytes)?;
+        for (at, bytes) in fate.deliveries(datagram.to_vec()) {
+            self.deliver_at(now, to, at, bytes)?;
         }
         Ok(())
     }

@@ -144,6 +144,21 @@ where
 /// which would pass the test too).
 const ETH_PROBE_DPID: u16 = u16::MAX;
 
+/// Checks that `job`'s rank reaches every rank on another node (`other_node`) over
+/// Ethernet ([`ETH_PROBE_DPID`]).
+fn assert_reaches_over_eth(job: &Job, other_node: impl Fn(u32) -> bool) {
+    let probe = job.open(ETH_PROBE_DPID).unwrap();
+    for peer in (0..job.size()).filter(|&p| other_node(p)) {
+        assert_eq!(
+            probe.transport_to(peer).unwrap(),
+            quiver::Transport::Eth,
+            "rank {} of job {} would reach rank {peer} over another link",
+            job.rank(),
+            job.job_id()
+        );
+    }
+}
+
 fn run_ranks_checked<F>(
     size: u32,
     config: Config,
@@ -202,14 +217,7 @@ fn run_ranks_checked<F>(
                         .collect();
                     let job = tj.join(rank, config, &extra);
                     if cluster.is_some() && eth_required {
-                        let probe = job.open(ETH_PROBE_DPID).unwrap();
-                        for peer in (0..job.size()).filter(|&p| node_of(p) != node_of(rank)) {
-                            assert_eq!(
-                                probe.transport_to(peer).unwrap(),
-                                quiver::Transport::Eth,
-                                "rank {rank} would reach rank {peer} over another link"
-                            );
-                        }
+                        assert_reaches_over_eth(&job, |p| node_of(p) != node_of(rank));
                     }
                     body(job)
                 })
@@ -278,7 +286,9 @@ fn run_jobs_in<F>(
                         let Some((cluster, nodes)) = cluster else {
                             return body(j, tj.join(rank, config, &[]));
                         };
-                        let node = (u64::from(rank) * u64::from(nodes) / u64::from(size)) as usize;
+                        let node_of =
+                            |r: u32| (u64::from(r) * u64::from(nodes) / u64::from(size)) as usize;
+                        let node = node_of(rank);
                         cluster.enter(node);
                         let (name, addr) = (format!("node{node}"), cluster.addr(node));
                         let extra = [
@@ -287,16 +297,8 @@ fn run_jobs_in<F>(
                         ];
                         let eth = config.transport == TransportChoice::Eth;
                         let job = tj.join(rank, config, &extra);
-                        let node_of = |r: u32| u64::from(r) * u64::from(nodes) / u64::from(size);
                         if eth {
-                            let probe = job.open(ETH_PROBE_DPID).unwrap();
-                            for peer in (0..size).filter(|&p| node_of(p) != node as u64) {
-                                assert_eq!(
-                                    probe.transport_to(peer).unwrap(),
-                                    quiver::Transport::Eth,
-                                    "rank {rank} of job {j} would reach rank {peer} over another link"
-                                );
-                            }
+                            assert_reaches_over_eth(&job, |p| node_of(p) != node);
                         }
                         body(j, job)
                     })

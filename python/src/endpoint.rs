@@ -356,6 +356,7 @@ pub fn endpoint_stats(py: Python<'_>, s: EndpointStats) -> PyResult<Bound<'_, Py
         faults_duplicated,
         faults_reordered,
         faults_corrupted,
+        tail_probes,
     } = s;
     let d = PyDict::new(py);
     for (k, v) in [
@@ -389,6 +390,7 @@ pub fn endpoint_stats(py: Python<'_>, s: EndpointStats) -> PyResult<Bound<'_, Py
         ("faults_duplicated", faults_duplicated),
         ("faults_reordered", faults_reordered),
         ("faults_corrupted", faults_corrupted),
+        ("tail_probes", tail_probes),
     ] {
         d.set_item(k, v)?;
     }

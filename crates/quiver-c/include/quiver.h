@@ -444,6 +444,10 @@ typedef struct quiver_endpoint_counters {
    * Datagrams the fault injector corrupted.
    */
   uint64_t faults_corrupted;
+  /**
+   * Tail-loss probes sent (frames unacknowledged for two round trips, nothing after).
+   */
+  uint64_t tail_probes;
 } quiver_endpoint_counters;
 
 /**

@@ -113,6 +113,8 @@ pub struct quiver_endpoint_counters {
     pub faults_reordered: u64,
     /// Datagrams the fault injector corrupted.
     pub faults_corrupted: u64,
+    /// Tail-loss probes sent (frames unacknowledged for two round trips, nothing after).
+    pub tail_probes: u64,
 }
 
 impl From<EndpointStats> for quiver_endpoint_counters {
@@ -150,6 +152,7 @@ impl From<EndpointStats> for quiver_endpoint_counters {
             faults_duplicated,
             faults_reordered,
             faults_corrupted,
+            tail_probes,
         } = s;
         quiver_endpoint_counters {
             msgs_sent,
@@ -182,6 +185,7 @@ impl From<EndpointStats> for quiver_endpoint_counters {
             faults_duplicated,
             faults_reordered,
             faults_corrupted,
+            tail_probes,
         }
     }
 }

@@ -68,6 +68,9 @@ pub fn child_args(
     if opts.ports_copy {
         a.push("--ports-copy".into());
     }
+    if opts.stats {
+        a.push("--stats".into());
+    }
     if plot {
         if let Some(p) = &opts.plot {
             a.push("--plot".into());
@@ -200,6 +203,7 @@ mod tests {
             reliability: None,
             api: None,
             ports_copy: false,
+            stats: false,
             push: None,
             no_pin: true,
             timeout: Some(Duration::from_secs(5)),
@@ -232,6 +236,12 @@ mod tests {
                 .collect();
         assert_eq!(a[1], "early-late");
         assert!(a.join(" ").ends_with("--api tagged --push all"), "{a:?}");
+        let counted = BenchOpts {
+            stats: true,
+            ..opts.clone()
+        };
+        let a = child_args(&counted, Some(BenchCmd::Bw), TransportArg::Udp, false);
+        assert!(a.iter().any(|s| s == "--stats"), "{a:?}");
         let matching = BenchOpts {
             outstanding: vec![0, 64],
             ..tagged.clone()

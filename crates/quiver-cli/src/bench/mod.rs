@@ -158,6 +158,10 @@ pub struct BenchOpts {
     /// another (GAMMA's buffered curve: the cost of one receive copy).
     #[arg(long, global = true)]
     pub ports_copy: bool,
+    /// At the end, each measuring rank prints its endpoint's counters (frames sent,
+    /// retransmissions, timeouts, ...) to stderr.
+    #[arg(long, global = true)]
+    pub stats: bool,
     /// Push mode of tagged messages: zero (all pulled), all (all pushed) or pull (the
     /// first BTP(1) and BTP(2) bytes pushed, the rest pulled). Default: the library's
     /// (QUIVER_PUSH, else pull). With early-late, only this mode is run.

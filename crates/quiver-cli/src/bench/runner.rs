@@ -216,6 +216,9 @@ fn run(args: &BenchArgs) -> anyhow::Result<()> {
             }
         }
     }
+    if opts.stats {
+        eprintln!("rank {rank} endpoint stats: {:?}", ctx.ep.stats());
+    }
     let Some(mut sink) = sink else { return Ok(()) };
     sink.progress.finish();
     if sink.to_file() {

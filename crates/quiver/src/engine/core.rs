@@ -984,6 +984,7 @@ impl<D> Core<D> {
             st.retransmissions += c.retransmissions;
             st.timeouts += c.timeouts;
             st.fast_retransmits += c.fast_retransmits;
+            st.tail_probes += c.tail_probes;
             st.checksum_failures += c.checksum_failures;
             st.duplicates += c.duplicates;
             st.out_of_order += c.out_of_order;

@@ -59,6 +59,10 @@ pub struct EndpointStats {
     /// Repairs started by a selective acknowledgement (a frame reported missing by the
     /// peer) rather than by the timer.
     pub fast_retransmits: u64,
+    /// Tail-loss probes: a sender's last frames went unacknowledged for two round trips
+    /// with nothing after them, and a heartbeat asked the receiver which arrived (the
+    /// lost ones are then resent without waiting for the retransmission timeout).
+    pub tail_probes: u64,
     /// Network frames whose CRC32C did not match (dropped; repaired by retransmission in
     /// `host` mode, reported in `none` mode).
     pub checksum_failures: u64,

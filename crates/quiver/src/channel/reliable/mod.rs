@@ -203,6 +203,9 @@ pub enum AckReason {
     Credit,
     /// The sender probed (a `Heartbeat`).
     ProbeReply,
+    /// A frame arrived again: the sender resent it after a timeout or as a tail probe,
+    /// and waits for an acknowledgement.
+    Duplicate,
     /// The application asked for pending acknowledgements to go now (a flush before it
     /// stops making progress).
     Flush,
@@ -310,6 +313,9 @@ pub struct Counters {
     pub fast_retransmits: u64,
     /// Probes (`Heartbeat` frames) sent.
     pub probes: u64,
+    /// Of them, tail-loss probes: frames were unacknowledged for two round trips with
+    /// nothing new after them.
+    pub tail_probes: u64,
     /// Sends that found the window closed and queued (credit stalls).
     pub credit_stalls: u64,
     /// Acknowledgements from the peer that acknowledged frames never sent (ignored).
@@ -348,6 +354,7 @@ impl Counters {
             timeouts,
             fast_retransmits,
             probes,
+            tail_probes,
             credit_stalls,
             bad_acks,
             delivered,
@@ -367,6 +374,7 @@ impl Counters {
         self.timeouts += timeouts;
         self.fast_retransmits += fast_retransmits;
         self.probes += probes;
+        self.tail_probes += tail_probes;
         self.credit_stalls += credit_stalls;
         self.bad_acks += bad_acks;
         self.delivered += delivered;

@@ -131,8 +131,9 @@ impl<B> Receiver<B> {
         let Some(off) = seq_ahead(self.expected, seq) else {
             self.counters.duplicates += 1;
             if self.retransmit {
-                // The sender may have missed the acknowledgement: repeat it soon.
-                self.arm_ack_timer(now);
+                // The sender missed the acknowledgement, or probes a silent tail: it is
+                // waiting for one, now.
+                self.want(AckReason::Duplicate);
             }
             return Some(buf);
         };
@@ -176,9 +177,11 @@ impl<B> Receiver<B> {
                     None
                 }
                 _ => {
+                    // Held already: a probe of the tail; the acknowledgement (with the
+                    // bitmap) goes at once.
                     self.counters.duplicates += 1;
-                    new_hole = false;
-                    Some(buf)
+                    self.due = Some(AckReason::OutOfOrder);
+                    return Some(buf);
                 }
             }
         } else {

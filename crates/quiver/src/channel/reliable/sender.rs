@@ -60,6 +60,10 @@ struct Outgoing {
     queued: bool,
 }
 
+/// The shortest wait for a tail probe (the round-trip estimate of a quiet loopback
+/// channel can be a few microseconds).
+const TAIL_PROBE_MIN: Duration = Duration::from_micros(50);
+
 /// A timeout under selective repeat resent only the oldest unacknowledged frame; the
 /// next two acknowledgements tell a late acknowledgement from a loss (F-RTO, RFC 5682,
 /// SACK-enhanced): the frames sent before the timeout are resent only if the loss shows.
@@ -145,6 +149,13 @@ pub struct Sender {
     probe_interval: Duration,
     probe_timeouts: u32,
     probe_due: bool,
+    /// Selective repeat on a channel to one receiver: probe a silent tail.
+    tail_probes: bool,
+    /// When the tail probe fires: frames are unacknowledged, nothing new follows them,
+    /// and no acknowledgement came for two round trips.
+    tlp_deadline: Option<Time>,
+    /// Tail probes since the acknowledgement last advanced.
+    tlp_rounds: u32,
 
     failed: bool,
     errors: VecDeque<ChannelError>,
@@ -197,6 +208,11 @@ impl Sender {
             probe_interval: cfg.probe_interval,
             probe_timeouts: 0,
             probe_due: false,
+            tail_probes: cfg.mode.retransmits()
+                && cfg.recovery == Recovery::Selective
+                && !template.flags.intersects(Flags::GROUP | Flags::GROUP_REPLY),
+            tlp_deadline: None,
+            tlp_rounds: 0,
             failed: false,
             errors: VecDeque::new(),
             counters: Counters::default(),
@@ -457,7 +473,35 @@ impl Sender {
                 self.handle_sack(now, sack);
             }
         }
+        if self.tail_probes {
+            if advance > 0 {
+                self.tlp_rounds = 0;
+            }
+            self.arm_tail_probe(now);
+        }
         self.update_probe(now);
+    }
+
+    /// Arms the tail probe when the frames in flight are the last for now (nothing
+    /// pending, or the window closed): if no acknowledgement comes within two round
+    /// trips, the newest of them not reported received is sent again (RFC 8985's tail
+    /// loss probe), before the retransmission timeout (whose minimum is a safe bound,
+    /// not a round trip). A lost tail otherwise has no later frame to reveal its holes;
+    /// the probe is one: the receiver acknowledges it at once (held out of order, or
+    /// a duplicate), and the frames its acknowledgement shows missing were sent before
+    /// it, so they are resent at once ([`Sender::handle_sack`]). The receiver's delayed
+    /// acknowledgement does not count (a duplicate is acknowledged at once), and a probe
+    /// that was not needed costs one frame. At most three probes without progress; the
+    /// retransmission timeout stays armed.
+    fn arm_tail_probe(&mut self, now: Time) {
+        let tail = !self.unacked.is_empty() && (self.pending.is_empty() || self.room() == 0);
+        self.tlp_deadline = match self.srtt {
+            Some(srtt) if tail && !self.failed && self.tlp_rounds < 3 => {
+                let timeout = srtt.saturating_mul(2).max(TAIL_PROBE_MIN);
+                (timeout < self.rto).then(|| now + timeout)
+            }
+            _ => None,
+        };
     }
 
     /// Fires the retransmission timer (double the timeout and resend every
@@ -500,6 +544,18 @@ impl Sender {
                 self.queue_all();
             }
             self.rto_deadline = (!self.unacked.is_empty()).then(|| now + self.rto);
+        }
+        if self.tlp_deadline.is_some_and(|d| d <= now) {
+            self.tlp_deadline = None;
+            let tail = !self.unacked.is_empty()
+                && self.retx.is_empty()
+                && (self.pending.is_empty() || self.room() == 0);
+            let newest = self.unacked.iter().rposition(|o| !o.sacked);
+            if let (true, Some(newest)) = (tail, newest) {
+                self.counters.tail_probes += 1;
+                self.tlp_rounds += 1;
+                self.queue_resends(|i, _| i == newest);
+            }
         }
         if self.probe_deadline.is_some_and(|d| d <= now) {
             self.probe_timeouts += 1;
@@ -610,6 +666,10 @@ impl Sender {
             if self.rto_deadline.is_none() && !self.failed {
                 self.rto_deadline = Some(now + self.rto);
             }
+            if self.tail_probes && (self.pending.is_empty() || self.room() == 0) {
+                // The last frame for now: the tail starts here.
+                self.arm_tail_probe(now);
+            }
             self.update_probe(now);
             return TxFrame::Kept(self.next_tx.wrapping_sub(1));
         }
@@ -682,7 +742,10 @@ impl Sender {
 
     /// The earliest deadline at which [`handle_timeout`](Self::handle_timeout) has work.
     pub fn poll_timeout(&self) -> Option<Time> {
-        earliest(self.rto_deadline, self.probe_deadline)
+        earliest(
+            earliest(self.rto_deadline, self.probe_deadline),
+            self.tlp_deadline,
+        )
     }
 
     /// The next error to report ([`ChannelError::Unreachable`]).
@@ -801,16 +864,24 @@ impl Sender {
             return;
         }
         let mut highest = None;
+        // The last transmission of the reported frames: a resend that left before it
+        // and is still missing was lost again (it would have arrived first; RFC 8985's
+        // time-based detection with no reordering window, as quiver's links keep
+        // order), with no need to wait a round trip.
+        let mut newest_tx = None;
         for i in (0..32u32).filter(|&i| sack.bits & (1 << i) != 0) {
             if let Some(idx) = self.index_of(self.snd_una.wrapping_add(1 + sack.offset + i)) {
-                self.unacked[idx].sacked = true;
+                let o = &mut self.unacked[idx];
+                o.sacked = true;
+                newest_tx = newest_tx.max(Some(o.last_tx));
                 highest = Some(idx);
             }
         }
         let Some(highest) = highest else {
             return;
         };
-        if self.queue_resends(|i, o| i < highest && repairable(o, now, guard)) {
+        let overtaken = |o: &Outgoing| newest_tx.is_some_and(|t| o.last_tx <= t);
+        if self.queue_resends(|i, o| i < highest && (overtaken(o) || repairable(o, now, guard))) {
             self.counters.fast_retransmits += 1;
         }
     }
@@ -880,6 +951,7 @@ impl Sender {
         self.rto_deadline = None;
         self.probe_deadline = None;
         self.probe_due = false;
+        self.tlp_deadline = None;
         self.retx.clear();
     }
 

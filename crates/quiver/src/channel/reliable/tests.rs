@@ -519,7 +519,8 @@ fn duplicates_are_dropped_and_acknowledged_again() {
     assert_eq!(out(&mut b, t(201)).len(), 1, "delayed ack");
     assert!(feed(&mut b, t(300), f).is_empty());
     assert_eq!(b.counters().duplicates, 1);
-    assert_eq!(b.poll_timeout(), Some(t(500)), "re-ack timer armed");
+    // The sender resent it because it waits for an acknowledgement: one goes at once.
+    assert_eq!(out(&mut b, t(300)).len(), 1, "acknowledged again at once");
 }
 
 #[test]
@@ -780,6 +781,119 @@ fn a_timeout_with_holes_reported_resends_every_frame_not_reported() {
     assert_eq!(seqs(&out(&mut a, t(20))), vec![0]);
     a.handle_timeout(t(1000));
     assert_eq!(seqs(&out(&mut a, t(1000))), vec![0, 2, 3, 4, 5, 6, 7]);
+}
+
+/// A lost tail has no later frame to reveal it: two round trips after the last frame
+/// the newest is sent again, the receiver answers it at once, and the frames its
+/// report shows missing are resent, all before the retransmission timeout.
+#[test]
+fn a_lost_tail_is_probed_and_repaired_before_the_timeout() {
+    let (mut a, mut b) = pair(&frto_config());
+    // A round-trip sample of 20 µs: the timeout is its minimum, 100 µs.
+    a.send(t(0), &[0]).unwrap();
+    assert_eq!(feed(&mut b, t(10), out(&mut a, t(0))).len(), 1);
+    b.handle_release(t(10), 1);
+    b.flush_ack();
+    feed(&mut a, t(20), out(&mut b, t(10)));
+    assert!(a.is_idle());
+    for i in 1..=4u8 {
+        a.send(t(100), &[i]).unwrap();
+    }
+    let first = out(&mut a, t(100));
+    assert_eq!(seqs(&first), vec![1, 2, 3, 4]);
+    // Frames 1 and 2 arrive (acknowledged later, delayed); 3 and 4 are lost.
+    assert_eq!(feed(&mut b, t(110), first[..2].to_vec()).len(), 2);
+    b.handle_release(t(110), 2);
+    assert!(
+        out(&mut b, t(110)).is_empty(),
+        "the acknowledgement is delayed"
+    );
+    let probe_at = a.poll_timeout().expect("a timer is armed");
+    assert_eq!(
+        probe_at,
+        t(150),
+        "the probe: two round trips, at least 50 µs"
+    );
+    a.handle_timeout(probe_at);
+    let probe = out(&mut a, probe_at);
+    assert_eq!(seqs(&probe), vec![4], "the newest frame again");
+    assert_eq!(a.counters().tail_probes, 1);
+    assert_eq!(a.counters().timeouts, 0);
+    // It arrives out of order: the receiver reports the hole at once.
+    assert!(feed(&mut b, t(160), probe).is_empty());
+    let report = out(&mut b, t(160));
+    assert_eq!(report.len(), 1);
+    feed(&mut a, t(170), report);
+    let repair = out(&mut a, t(170));
+    assert_eq!(
+        seqs(&repair),
+        vec![3],
+        "the lost frame, before the timeout at 200 µs"
+    );
+    let got = feed(&mut b, t(180), repair);
+    assert_eq!(
+        got.iter().map(|f| data_of(f)).collect::<Vec<_>>(),
+        vec![vec![3], vec![4]]
+    );
+    assert_eq!(a.counters().timeouts, 0);
+}
+
+/// A tail probe whose frame had arrived is a duplicate: acknowledged at once, and the
+/// report shows the holes before it.
+#[test]
+fn a_tail_probe_that_arrived_before_is_acknowledged_at_once() {
+    let (mut a, mut b) = pair(&frto_config());
+    a.send(t(0), &[0]).unwrap();
+    assert_eq!(feed(&mut b, t(10), out(&mut a, t(0))).len(), 1);
+    b.handle_release(t(10), 1);
+    b.flush_ack();
+    feed(&mut a, t(20), out(&mut b, t(10)));
+    for i in 1..=3u8 {
+        a.send(t(100), &[i]).unwrap();
+    }
+    let first = out(&mut a, t(100));
+    // Frame 1 is lost; 2 and 3 arrive, and the receiver's report of the hole is lost.
+    assert!(feed(&mut b, t(110), first[1..].to_vec()).is_empty());
+    assert_eq!(out(&mut b, t(110)).len(), 1, "the report, lost");
+    a.handle_timeout(t(150));
+    let probe = out(&mut a, t(150));
+    assert_eq!(seqs(&probe), vec![3]);
+    assert!(feed(&mut b, t(160), probe).is_empty());
+    assert_eq!(b.counters().duplicates, 1);
+    let report = out(&mut b, t(160));
+    assert_eq!(report.len(), 1, "a duplicate is acknowledged at once");
+    feed(&mut a, t(170), report);
+    assert_eq!(seqs(&out(&mut a, t(170))), vec![1]);
+}
+
+/// A resend lost again is resent as soon as a report shows a frame sent after it,
+/// without waiting a round trip (nor the timeout): quiver's links keep order.
+#[test]
+fn a_resend_lost_again_is_resent_when_a_later_frame_is_reported() {
+    let (mut a, mut b) = pair(&Config {
+        recovery: Recovery::Selective,
+        rto_initial: Duration::from_millis(5),
+        rto_min: Duration::from_millis(1),
+        ..config(Mode::Host, 16)
+    });
+    for i in 0..8u8 {
+        a.send(t(0), &[i]).unwrap();
+    }
+    let first = out(&mut a, t(0));
+    // Frame 0 is lost; the report of 1..7 makes A resend it, and the resend is lost.
+    assert!(feed(&mut b, t(10), first[1..].to_vec()).is_empty());
+    feed(&mut a, t(20), out(&mut b, t(10)));
+    assert_eq!(seqs(&out(&mut a, t(20))), vec![0]);
+    // A new frame leaves after the resend and arrives; its report (delayed) shows it.
+    a.send(t(30), &[8]).unwrap();
+    assert!(feed(&mut b, t(40), out(&mut a, t(30))).is_empty());
+    feed(&mut a, t(250), ack_from(&mut b, t(240)));
+    assert_eq!(
+        seqs(&out(&mut a, t(250))),
+        vec![0],
+        "resent 230 µs after the first resend, though the guard is 500 µs"
+    );
+    assert_eq!(a.counters().timeouts, 0);
 }
 
 #[test]

@@ -329,7 +329,12 @@ impl PyPorts {
                 None => b,
             };
             if let Some(buf) = buffer {
-                b = b.buffer(buf);
+                // In the node's shared memory where it can be (a sender of the node then
+                // writes long messages straight into it), else the private one.
+                b = match p.buffer(buf.len()) {
+                    Ok(shared) => b.buffer(shared),
+                    Err(_) => b.buffer(buf),
+                };
             }
             if let Some(h) = handler {
                 b = b.handler(h);
@@ -471,6 +476,9 @@ impl PyPorts {
             forwarded,
             native_broadcasts,
             ring_broadcasts,
+            deposits,
+            deposited,
+            parked,
             errors: port_errors,
             malformed,
         } = s;
@@ -485,6 +493,9 @@ impl PyPorts {
             ("forwarded", forwarded),
             ("native_broadcasts", native_broadcasts),
             ("ring_broadcasts", ring_broadcasts),
+            ("deposits", deposits),
+            ("deposited", deposited),
+            ("parked", parked),
             ("errors", port_errors),
             ("malformed", malformed),
             ("handler_errors", handler_errors),

@@ -498,6 +498,9 @@ typedef struct quiver_port_counters {
   uint64_t malformed;
   uint64_t native_broadcasts;
   uint64_t ring_broadcasts;
+  uint64_t deposits;
+  uint64_t deposited;
+  uint64_t parked;
 } quiver_port_counters;
 
 /**
@@ -1260,8 +1263,10 @@ enum quiver_error quiver_ports_bind_all(const struct quiver_ports *p,
                                         uint8_t dest_port);
 
 /**
- * Gives `port` a receive buffer of `len` bytes (zeroed; the library's): messages
- * arriving on the port are written into it, each over the last.
+ * Gives `port` a receive buffer of `len` bytes (zeroed; the library's, in the node's
+ * shared memory where it can be, so that a sender of the node writes long messages
+ * straight into it): messages arriving on the port are written into it, each over
+ * the last.
  *
  * Thread safety: only the thread that opened the ports.
  *

@@ -155,11 +155,17 @@ pub struct quiver_port_counters {
     pub malformed: u64,
     pub native_broadcasts: u64,
     pub ring_broadcasts: u64,
+    pub deposits: u64,
+    pub deposited: u64,
+    pub parked: u64,
 }
 
 impl From<PortStats> for quiver_port_counters {
     fn from(s: PortStats) -> Self {
         quiver_port_counters {
+            deposits: s.deposits,
+            deposited: s.deposited,
+            parked: s.parked,
             sent: s.sent,
             bytes_sent: s.bytes_sent,
             send_waits: s.send_waits,
@@ -322,8 +328,10 @@ pub unsafe extern "C" fn quiver_ports_bind_all(
     unsafe { with(p, |ports| Ok(ports.bind(port).to_all(dest_port).apply()?)) }
 }
 
-/// Gives `port` a receive buffer of `len` bytes (zeroed; the library's): messages
-/// arriving on the port are written into it, each over the last.
+/// Gives `port` a receive buffer of `len` bytes (zeroed; the library's, in the node's
+/// shared memory where it can be, so that a sender of the node writes long messages
+/// straight into it): messages arriving on the port are written into it, each over
+/// the last.
 ///
 /// Thread safety: only the thread that opened the ports.
 ///
@@ -340,7 +348,13 @@ pub unsafe extern "C" fn quiver_ports_bind_buffer(
     unsafe {
         with(p, |ports| {
             check_buffer(std::ptr::NonNull::dangling().as_ptr(), len, "len")?;
-            Ok(ports.bind(port).buffer(vec![0; len]).apply()?)
+            // In the node's shared memory where it can be (a sender of the node then
+            // writes long messages straight into it), else private.
+            let buffer: quiver_rs::ports::Buffer = match ports.buffer(len) {
+                Ok(shared) => shared.into(),
+                Err(_) => vec![0; len].into(),
+            };
+            Ok(ports.bind(port).buffer(buffer).apply()?)
         })
     }
 }

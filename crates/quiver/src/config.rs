@@ -181,6 +181,11 @@ pub struct Config {
     /// IP multicast on UDP: the engine's group channel) or always down a binomial tree of unicasts
     /// (`QUIVER_NATIVE_BROADCAST=on|off`, default on).
     pub native_broadcast: bool,
+    /// Whether a ports message of at least `ports::DEPOSIT_MIN` bytes to a rank of this
+    /// node goes straight into the receiver's shared port buffer (`Ports::buffer`) when
+    /// its port is armed, rather than through the receive ring with a copy on each side
+    /// (`QUIVER_PORTS_DEPOSIT=on|off`, default on; off on either side keeps the copy).
+    pub ports_deposit: bool,
     /// Whether the UDP transport asks the kernel to coalesce received runs of datagrams
     /// (`UDP_GRO`; `QUIVER_UDP_GRO=on|off`, default on): one receive per run of up to
     /// 64 KiB, copied from a staging buffer into the pool's slots. It is switched on
@@ -221,6 +226,7 @@ impl Default for Config {
             split_copy: true,
             udp_gso: true,
             native_broadcast: true,
+            ports_deposit: true,
             udp_gro: true,
             auth: false,
         }
@@ -321,6 +327,7 @@ pub(crate) const VARIABLES: &[&str] = &[
     "QUIVER_UDP_GSO",
     "QUIVER_UDP_GRO",
     "QUIVER_NATIVE_BROADCAST",
+    "QUIVER_PORTS_DEPOSIT",
     "QUIVER_AUTH",
     "QUIVER_OFFLOAD_CPU",
     "QUIVER_RECOVERY",
@@ -419,6 +426,7 @@ impl Config {
             ("QUIVER_UDP_GSO", &mut c.udp_gso),
             ("QUIVER_UDP_GRO", &mut c.udp_gro),
             ("QUIVER_NATIVE_BROADCAST", &mut c.native_broadcast),
+            ("QUIVER_PORTS_DEPOSIT", &mut c.ports_deposit),
             ("QUIVER_AUTH", &mut c.auth),
         ] {
             if let Some(v) = get(var) {
@@ -957,9 +965,11 @@ mod tests {
             ("QUIVER_UDP_GSO", flipped(d.udp_gso)),
             ("QUIVER_UDP_GRO", flipped(d.udp_gro)),
             ("QUIVER_NATIVE_BROADCAST", flipped(d.native_broadcast)),
+            ("QUIVER_PORTS_DEPOSIT", flipped(d.ports_deposit)),
         ])
         .unwrap();
         assert_eq!(c.native_broadcast, !d.native_broadcast);
+        assert_eq!(c.ports_deposit, !d.ports_deposit);
         assert_eq!(
             (c.cma, c.split_copy, c.udp_gso, c.udp_gro),
             (!d.cma, !d.split_copy, !d.udp_gso, !d.udp_gro)

@@ -70,6 +70,11 @@ pub(crate) mod job;
 pub(crate) mod link;
 #[cfg(not(loom))]
 pub mod ports;
+// The ports' mailboxes are lock-free shared memory: their model runs alone.
+#[cfg(loom)]
+#[allow(dead_code)]
+#[path = "ports/mailbox.rs"]
+mod ports_mailbox;
 #[cfg(not(loom))]
 pub(crate) mod rma;
 pub(crate) mod sync;

@@ -75,7 +75,7 @@ fn every_size_and_answers(c: Config) {
                 .buffer(vec![0; largest])
                 .handler(move |d: &mut Delivery<'_>| {
                     let len = d.len();
-                    let mut full = d.rebind(vec![0; largest]);
+                    let mut full = d.rebind(vec![0; largest]).into_vec();
                     full.truncate(len);
                     let mut answer = full.clone();
                     answer.reverse();
@@ -119,6 +119,97 @@ fn every_size_and_its_answer_over_eth() {
 #[test]
 fn every_size_and_its_answer_over_udp_with_the_offload_engine() {
     every_size_and_answers(config(TransportChoice::Udp).with_reliability(ReliabilityMode::Offload));
+}
+
+/// GAMMA's delivery inside a node: two ranks send to rank 0's port 2, bound to a
+/// shared buffer (`Ports::buffer`), first one message at a time (each acknowledged, so
+/// the sender's ring is empty and the port armed when the next leaves: it goes straight
+/// into the buffer), then in a stream (some by copy, some deposited, a copy possibly
+/// held back behind another sender's deposit). The handler re-binds the port to
+/// another shared buffer every third message. Every message arrives once, in each
+/// sender's order, with its bytes; the deposits the senders counted are the ones the
+/// receiver delivered, and there are some.
+#[test]
+fn same_node_senders_write_straight_into_a_shared_buffer() {
+    const EACH: u32 = 120;
+    let size_of = |i: u32| [8usize, 1000, 1024, 4096, 65536, 1500][i as usize % 6];
+    let deposits_sent = Arc::new(AtomicU64::new(0));
+    run_ranks(3, config(TransportChoice::Auto), move |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        if job.rank() == 0 {
+            let got = Arc::new(Mutex::new(Vec::new()));
+            let spare = Arc::new(Mutex::new(
+                (0..2)
+                    .map(|_| ports.buffer(65536).unwrap())
+                    .collect::<Vec<_>>(),
+            ));
+            let (g, sp) = (got.clone(), spare.clone());
+            let mut seen = 0u32;
+            ports
+                .bind(2)
+                .buffer(ports.buffer(65536).unwrap())
+                .handler(move |d: &mut Delivery<'_>| {
+                    let from = d.origin().rank;
+                    g.lock().unwrap().push((from, d.data().to_vec()));
+                    seen += 1;
+                    if seen.is_multiple_of(3) {
+                        let next = sp.lock().unwrap().pop().expect("a spare buffer");
+                        match d.rebind(next) {
+                            quiver::ports::Buffer::Shared(old) => sp.lock().unwrap().push(old),
+                            other => panic!("a private buffer came back: {other:?}"),
+                        }
+                    }
+                    // The acknowledgement goes to the sender's own port.
+                    d.send(if from == 1 { 3 } else { 4 }, &[1]).unwrap();
+                    d.signal();
+                })
+                .apply()
+                .unwrap();
+            ports.bind(3).to(1, 5).apply().unwrap();
+            ports.bind(4).to(2, 5).apply().unwrap();
+            job.barrier_progressing(&[&ports]).unwrap();
+            ports.wait(2, u64::from(2 * 2 * EACH)).unwrap();
+            let got = got.lock().unwrap();
+            for sender in [1u32, 2] {
+                let mine: Vec<&Vec<u8>> = got
+                    .iter()
+                    .filter(|(r, _)| *r == sender)
+                    .map(|(_, m)| m)
+                    .collect();
+                assert_eq!(mine.len(), 2 * EACH as usize, "from rank {sender}");
+                for (i, m) in mine.iter().enumerate() {
+                    let i = i as u32;
+                    assert!(
+                        **m == pattern(sender, i, size_of(i)),
+                        "message {i} of rank {sender} ({} bytes) differs",
+                        m.len()
+                    );
+                }
+            }
+            // The senders counted theirs before this barrier.
+            job.barrier_progressing(&[&ports]).unwrap();
+            let st = ports.stats();
+            assert!(st.deposited > 0, "nothing was deposited: {st:?}");
+            let sent = deposits_sent.load(Ordering::SeqCst);
+            assert_eq!(st.deposited, sent, "deposits delivered and sent");
+        } else {
+            ports.bind(1).to(0, 2).apply().unwrap();
+            ports.bind(5).buffer(vec![0; 8]).apply().unwrap();
+            job.barrier_progressing(&[&ports]).unwrap();
+            let me = job.rank();
+            for i in 0..EACH {
+                ports.send(1, &pattern(me, i, size_of(i))).unwrap();
+                ports.wait(5, 1).unwrap();
+            }
+            for i in EACH..2 * EACH {
+                ports.send(1, &pattern(me, i, size_of(i))).unwrap();
+            }
+            ports.wait(5, u64::from(EACH)).unwrap();
+            deposits_sent.fetch_add(ports.stats().deposits, Ordering::SeqCst);
+            job.barrier_progressing(&[&ports]).unwrap();
+        }
+        job.barrier_progressing(&[&ports]).unwrap();
+    });
 }
 
 /// With the offload engine, a handler of a message from the network runs on the

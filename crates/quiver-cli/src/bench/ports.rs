@@ -1,8 +1,9 @@
 //! The benchmarks with GAMMA's ports (`--api ports`): `pingpong`, `bw`, `bibw` and
 //! `rate` with the same exchanges as the endpoints', each rank's ports bound once
 //! ([`bind`]): port [`DATA_PORT`] to the peer's data port with a receive buffer of the
-//! largest size, port [`ACK_PORT`] to the peer's acknowledgement port with a buffer of
-//! 8 bytes; neither has a handler, so every message delivered into the buffer signals
+//! largest size in the node's shared memory (`Ports::buffer`: a peer on the same node
+//! writes messages of at least `DEPOSIT_MIN` bytes straight into it), port
+//! [`ACK_PORT`] to the peer's acknowledgement port with a buffer of 8 bytes; neither has a handler, so every message delivered into the buffer signals
 //! its port. A send is [`Ports::send`] (the port names the destination), a receive is
 //! [`Ports::wait`] for the port's signal; the message is then in the port's buffer (and
 //! is checked for its length there), as a GAMMA program would find it.
@@ -25,10 +26,17 @@ pub const ACK_PORT: u8 = 1;
 /// `wait` says.
 pub fn bind(ports: &Ports, peer: u32, largest: usize, wait: WaitMode) -> quiver::Result<()> {
     ports.set_wait(wait);
+    let buffer: quiver::ports::Buffer = match ports.buffer(largest.max(1)) {
+        Ok(shared) => shared.into(),
+        Err(e) => {
+            tracing::debug!("no shared port buffer ({e}): a private one");
+            vec![0; largest.max(1)].into()
+        }
+    };
     ports
         .bind(DATA_PORT)
         .to(peer, DATA_PORT)
-        .buffer(vec![0; largest.max(1)])
+        .buffer(buffer)
         .apply()?;
     ports
         .bind(ACK_PORT)

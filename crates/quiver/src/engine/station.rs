@@ -478,6 +478,18 @@ impl<L: Link, C: Clock> Station<L, C> {
         false
     }
 
+    /// Whether everything sent on shared-memory route `route` was read and released by
+    /// its receiver (as far as it has told: it publishes its position lazily, so this
+    /// may say false for a while after). False for every other route.
+    pub(crate) fn route_drained(&self, route: usize) -> bool {
+        match self.inner.try_borrow() {
+            Ok(inner) => {
+                matches!(inner.routes.get(route), Some((_, Route::Shm(tx))) if tx.drained())
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Sends `head` followed by `data` as one message on route `route`, on every
     /// transport; with `wait` false, returns false instead of waiting for room (a full
     /// shared-memory ring or offload command ring; over the network the message is

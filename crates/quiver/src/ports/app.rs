@@ -3,10 +3,12 @@
 //! station's hook) and waiting on a port's semaphore. It reaches the engine through a
 //! [`Footing`]: the ports' endpoint in production, a bare station in the simulator.
 
+use super::deposit::{MailboxArea, PeerDeposits};
+use super::mailbox::MAX_CLAIMANT;
 use super::table::{Bound, Handler, OnCell, RingReader, Table, TableCell};
 use super::wire::Header;
-use super::wire::{Indirect, Release, FLUSH_RELEASES};
-use super::{PortError, RESERVED_PORT};
+use super::wire::{Deposited, Indirect, Release, FLUSH_RELEASES};
+use super::{PortError, DEPOSIT_MIN, RESERVED_PORT};
 use crate::addr::Source;
 use crate::config::WaitMode;
 use crate::engine::protocol::Outbox;
@@ -43,6 +45,8 @@ pub(super) struct App {
     ring: RefCell<Option<Published>>,
     /// The broadcast rings of this node's ranks, mapped here to be read.
     peer_rings: OnceCell<PeerRings>,
+    /// The mailboxes and port buffers of this node's ranks, mapped here to be written.
+    peer_deposits: OnceCell<PeerDeposits>,
 }
 
 /// Where [`App::place_in_ring`] put a broadcast.
@@ -78,9 +82,16 @@ impl RingReader for PeerRings {
 
 impl App {
     /// The ports of rank `rank` of a job of `size` ranks, on DPID `dpid`, whose table
-    /// only its own thread uses.
-    pub(super) fn new(rank: u32, size: u32, dpid: u16) -> App {
-        App::with(TableCell::Local(RefCell::new(Table::new(rank, size, dpid))))
+    /// only its own thread uses; with `job_id`, it has mailboxes, where this node's
+    /// senders find the port buffers armed for their messages.
+    pub(super) fn new(rank: u32, size: u32, dpid: u16, job_id: Option<u32>) -> App {
+        let mut table = Table::new(rank, size, dpid);
+        table.mailboxes = job_id.and_then(|job_id| {
+            MailboxArea::create(job_id, rank, dpid)
+                .map_err(|e| tracing::debug!("the ports' mailboxes: {e}; no direct deposit"))
+                .ok()
+        });
+        App::with(TableCell::Local(RefCell::new(table)))
     }
 
     /// The ports of a process whose table is `table`.
@@ -90,6 +101,7 @@ impl App {
             out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
             ring: RefCell::new(None),
             peer_rings: OnceCell::new(),
+            peer_deposits: OnceCell::new(),
         }
     }
 
@@ -108,6 +120,10 @@ impl App {
             dpid: station.dpid(),
         };
         let route = station.connect(to).map_err(|e| on.report(e))?;
+        let deposit = station.job().config.ports_deposit
+            && station.job().rank <= MAX_CLAIMANT
+            && station.transport_to(rank)? == crate::Transport::Shm
+            && self.deposits(on).reaches(rank);
         let head = Header {
             dest_port,
             src_port: port,
@@ -116,7 +132,12 @@ impl App {
             indirect: false,
         }
         .encode();
-        self.table.lock().slots[usize::from(port)].dest = Some(Bound::One { to, head, route });
+        self.table.lock().slots[usize::from(port)].dest = Some(Bound::One {
+            to,
+            head,
+            route,
+            deposit,
+        });
         Ok(())
     }
 
@@ -190,8 +211,16 @@ impl App {
         let bound = self.table.lock().slots[usize::from(port)].dest;
         match bound {
             None => Err(Error::Port(PortError::NoDestination { port })),
-            Some(Bound::One { to, head, route }) => {
-                let sent = self.send_to(on, port, to, route, &head, data, block)?;
+            Some(Bound::One {
+                to,
+                head,
+                route,
+                deposit,
+            }) => {
+                let sent = (deposit
+                    && data.len() >= DEPOSIT_MIN
+                    && self.try_deposit(on, port, to, route, head[1], data)?)
+                    || self.send_to(on, port, to, route, &head, data, block)?;
                 if sent {
                     self.count_sent(data.len());
                 }
@@ -405,6 +434,77 @@ impl App {
         Ok(true)
     }
 
+    /// The mappings of this node's ranks' mailboxes and port buffers.
+    fn deposits(&self, on: &impl Footing) -> &PeerDeposits {
+        self.peer_deposits.get_or_init(|| {
+            let station = on.station();
+            PeerDeposits::new(station.job().job_id, station.dpid())
+        })
+    }
+
+    /// Writes `data` straight into the buffer of port `dest_port` of `to` (on this
+    /// node), when its mailbox offers one and nothing this process sent to `to` before
+    /// is still unread (the deposit would overtake it: the receiver delivers a deposit
+    /// when it reads its notice, which goes through the same ring as everything else);
+    /// then sends the notice. False when it did not (the message goes by copy).
+    fn try_deposit(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        to: Source,
+        route: usize,
+        dest_port: u8,
+        data: &[u8],
+    ) -> Result<bool> {
+        let station = on.station();
+        if self.out.borrow().has_queued_for(to) || !station.route_drained(route) {
+            return Ok(false);
+        }
+        let me = station.job().rank;
+        let deposits = self.deposits(on);
+        let len = data.len() as u64;
+        let Some(Some(claim)) = deposits.with_mailbox(to.rank, dest_port, |m| m.claim(me, len))
+        else {
+            return Ok(false);
+        };
+        if !deposits.write(to.rank, claim.buffer, data) {
+            deposits.with_mailbox(to.rank, dest_port, |m| m.abandon(me, claim));
+            return Ok(false);
+        }
+        if deposits.with_mailbox(to.rank, dest_port, |m| m.deposited(me, claim, len)) != Some(true)
+        {
+            // Taken back: the receiver found this rank failed (it will not read the
+            // notice). Sent by copy, in case it still reads.
+            return Ok(false);
+        }
+        let notice = Deposited {
+            dest_port,
+            src_port: port,
+            generation: claim.generation,
+            len,
+        }
+        .encode();
+        // The ring was empty: the notice fits at once, unless the receiver closed.
+        if !station.try_send_inline(route, &notice, &[]) {
+            if let Err(e) = station.send(route, &notice, &[], true) {
+                return Err(self.send_failed(on, port, to.rank, e));
+            }
+        }
+        self.table.lock().stats.deposits += 1;
+        Ok(true)
+    }
+
+    /// Takes `port`'s buffer back from this node's senders ([`Table::hold`]), making
+    /// progress until one that holds it has delivered its message.
+    pub(super) fn hold(&self, on: &impl Footing, port: u8) -> Result<()> {
+        while !self.table.lock().hold(port) {
+            if !self.poll(on)? {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+
     /// One message of `len` bytes sent through a port (to one rank, or to all).
     fn count_sent(&self, len: usize) {
         let mut t = self.table.lock();
@@ -490,6 +590,8 @@ impl App {
                 // the application's next wait, test or progress. The engine's error is
                 // returned only when no port sends to that rank.
                 let mut table = self.table.lock();
+                // A message it was writing into a buffer here is lost with it.
+                table.revoke_claims(rank, &mut out);
                 // Its places in this rank's broadcast ring come back, and it gets no more.
                 table.ring.forget(rank);
                 table.native_local.retain(|&r| r != rank);
@@ -615,7 +717,12 @@ impl App {
                 out.forward(Source { rank, dpid }, &ask, &[]);
             }
         }
-        let done = || self.out.borrow().is_empty() && self.table.lock().ring.taken() == 0;
+        // No sender claims a buffer of this rank any more; one that holds one delivers
+        // its message first (its notice is on the way).
+        let done = || {
+            let mut t = self.table.lock();
+            t.close_mailboxes().is_empty() && self.out.borrow().is_empty() && t.ring.taken() == 0
+        };
         while !done() && start.elapsed() < limit {
             if !matches!(self.poll(on), Ok(true)) {
                 std::thread::yield_now();

@@ -69,6 +69,8 @@
 //! "GAMMA's ports".
 
 mod app;
+mod deposit;
+mod mailbox;
 #[cfg(test)]
 mod sim_tests;
 pub(crate) mod table;
@@ -87,6 +89,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use table::{Bound, ErrorFn, ReceiverFn, Served, Table, TableCell};
 
+pub use deposit::PortBuffer;
+
 /// Ports per process (numbers 0 to 255).
 pub const PORT_COUNT: usize = 256;
 /// The port the library keeps for itself (GAMMA's barrier port); binding it, or sending
@@ -96,6 +100,10 @@ pub const RESERVED_PORT: u8 = 255;
 pub const HEADER_LEN: usize = wire::HEADER_LEN;
 /// Rounds of the endpoint one [`Ports::progress`] (or [`Ports::test`]) makes at most.
 pub const PROGRESS_ROUNDS: usize = 64;
+/// Messages at least this long go straight into a same-node receiver's [`PortBuffer`]
+/// when its port is armed; shorter ones are copied through the receive ring, which
+/// costs less than the mailbox's cache lines at that size.
+pub const DEPOSIT_MIN: usize = 2048;
 /// How long [`Ports::wait`] polls before it sleeps, by default: GAMMA's bounded poll.
 pub const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(50);
 
@@ -123,10 +131,80 @@ pub struct PortStats {
     /// ranks read them (large ones, with ranks on this node), instead of once into each
     /// one's receive ring.
     pub ring_broadcasts: u64,
+    /// Messages this rank wrote straight into the receiver's buffer (a [`PortBuffer`] of
+    /// a rank of this node, armed for it) rather than into its receive ring.
+    pub deposits: u64,
+    /// Messages delivered here that way: their sender wrote them into the port's buffer.
+    pub deposited: u64,
+    /// Messages that arrived while another rank was writing the port's buffer, held
+    /// aside and delivered after its message (the rare case of the direct deposit).
+    pub parked: u64,
     /// Port errors (each went to an error handler or came back from a call).
     pub errors: u64,
     /// Messages dropped because they were not well-formed port messages.
     pub malformed: u64,
+}
+
+/// A port's receive buffer: the application's memory, into which each message is
+/// copied as it is delivered, or a [`PortBuffer`] of this node's shared memory
+/// ([`Ports::buffer`]), into which a rank of this node writes its message directly
+/// (the delivery then copies nothing; messages from other nodes are copied into it as
+/// into the other). Bound with [`Bind::buffer`], which takes either.
+#[derive(Debug)]
+pub enum Buffer {
+    /// Memory of the application's.
+    Private(Vec<u8>),
+    /// Memory this node's ranks can write.
+    Shared(PortBuffer),
+}
+
+impl Buffer {
+    /// The bytes, as a `Vec` (copied out of a shared buffer).
+    pub fn into_vec(self) -> Vec<u8> {
+        match self {
+            Buffer::Private(v) => v,
+            Buffer::Shared(b) => b.to_vec(),
+        }
+    }
+}
+
+impl Default for Buffer {
+    fn default() -> Self {
+        Buffer::Private(Vec::new())
+    }
+}
+
+impl From<Vec<u8>> for Buffer {
+    fn from(v: Vec<u8>) -> Self {
+        Buffer::Private(v)
+    }
+}
+
+impl From<PortBuffer> for Buffer {
+    fn from(b: PortBuffer) -> Self {
+        Buffer::Shared(b)
+    }
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match self {
+            Buffer::Private(v) => v,
+            Buffer::Shared(b) => b,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Buffer {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::Private(v) => v,
+            Buffer::Shared(b) => b,
+        }
+    }
 }
 
 /// A message just delivered, as its receiver handler sees it.
@@ -182,9 +260,9 @@ impl Delivery<'_> {
 
     /// Binds the port to `buffer` for the next message and returns the buffer that
     /// holds this one (empty when the port had none: an empty message needs none).
-    pub fn rebind(&mut self, buffer: Vec<u8>) -> Vec<u8> {
+    pub fn rebind(&mut self, buffer: impl Into<Buffer>) -> Buffer {
         let slot = &mut self.table.slots[usize::from(self.port)];
-        let old = slot.buffer.replace(buffer).unwrap_or_default();
+        let old = slot.buffer.replace(buffer.into()).unwrap_or_default();
         self.len = self.len.min(old.len());
         self.moved = true;
         slot.forget_last();
@@ -193,7 +271,7 @@ impl Delivery<'_> {
 
     /// Takes the buffer that holds this message and leaves the port without one (the
     /// next message goes to the error handler unless a buffer is bound first).
-    pub fn take_buffer(&mut self) -> Vec<u8> {
+    pub fn take_buffer(&mut self) -> Buffer {
         let slot = &mut self.table.slots[usize::from(self.port)];
         self.moved = true;
         slot.forget_last();
@@ -254,7 +332,7 @@ pub struct Bind<'p> {
     port: u8,
     /// (rank, port), or (`None`, port) for every other rank.
     dest: Option<(Option<u32>, u8)>,
-    buffer: Option<Vec<u8>>,
+    buffer: Option<Buffer>,
     handler: Option<ReceiverFn>,
     on_error: Option<ErrorFn>,
 }
@@ -278,11 +356,11 @@ impl Bind<'_> {
         self
     }
 
-    /// Messages arriving on the port are written into `buffer` (the application gets it
-    /// back from [`Ports::unbind`], [`Ports::take_buffer`] or a handler's
-    /// [`Delivery::rebind`]).
-    pub fn buffer(mut self, buffer: Vec<u8>) -> Self {
-        self.buffer = Some(buffer);
+    /// Messages arriving on the port are written into `buffer`, a `Vec` or a
+    /// [`PortBuffer`] (the application gets it back from [`Ports::unbind`],
+    /// [`Ports::take_buffer`] or a handler's [`Delivery::rebind`]).
+    pub fn buffer(mut self, buffer: impl Into<Buffer>) -> Self {
+        self.buffer = Some(buffer.into());
         self
     }
 
@@ -323,6 +401,10 @@ impl Bind<'_> {
             Some((None, dest_port)) => ports.app.bind_all(&ports.ep, port, dest_port)?,
             None => {}
         }
+        if buffer.is_some() {
+            // A sender of the node may be writing the old buffer: its message first.
+            ports.app.hold(&ports.ep, port)?;
+        }
         let mut t = ports.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
         if let Some(b) = buffer {
@@ -335,6 +417,7 @@ impl Bind<'_> {
         if let Some(h) = on_error {
             slot.on_error = Some(h);
         }
+        t.arm(port);
         Ok(())
     }
 }
@@ -358,7 +441,8 @@ impl Ports {
                 App::with(TableCell::Shared(table)),
             )
         } else {
-            (job.open(dpid)?, App::new(rank, size, dpid))
+            let mailboxes = job.config().ports_deposit.then(|| job.job_id());
+            (job.open(dpid)?, App::new(rank, size, dpid, mailboxes))
         };
         Ok(Ports {
             ep,
@@ -370,6 +454,28 @@ impl Ports {
     /// The endpoint underneath (its statistics, descriptor, error handler).
     pub fn endpoint(&self) -> &Endpoint {
         &self.ep
+    }
+
+    /// A receive buffer of `len` bytes in this node's shared memory, to bind to a port
+    /// ([`Bind::buffer`]): this node's ranks then write their messages straight into it
+    /// (GAMMA's delivery, with no copy on the receiving side), where the handler (or,
+    /// after a wait, [`Ports::read`]) finds them. Messages of at least
+    /// [`DEPOSIT_MIN`] bytes go that way, when the port is armed: always between two
+    /// messages a handler takes, and while a [`Ports::wait`] on a port without a
+    /// handler waits (so the message a wait returned for stays until the next wait).
+    /// Without the offload engine only; otherwise it is an ordinary buffer.
+    pub fn buffer(&self, len: usize) -> Result<PortBuffer> {
+        use crate::engine::station::Footing;
+        let job = self.ep.station().job();
+        PortBuffer::create(job.job_id, job.rank, len)
+    }
+
+    /// Takes `port`'s buffer back from the senders that may write it, delivering a
+    /// message one of them is writing first. Errors are left for the next call.
+    fn hold_quietly(&self, port: u8) {
+        if let Err(e) = self.app.hold(&self.ep, port) {
+            tracing::debug!("port {port}: {e} while taking its buffer back");
+        }
     }
 
     /// Starts a binding of `port` (0 to 254); [`Bind::apply`] makes it take effect.
@@ -385,8 +491,10 @@ impl Ports {
     }
 
     /// Removes every binding of `port`; returns its buffer. Signals not yet waited for
-    /// are kept.
-    pub fn unbind(&self, port: u8) -> Option<Vec<u8>> {
+    /// are kept. (A rank of this node writing a message into the port's shared buffer
+    /// finishes first, and its message is delivered.)
+    pub fn unbind(&self, port: u8) -> Option<Buffer> {
+        self.hold_quietly(port);
         let mut t = self.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
         slot.dest = None;
@@ -397,7 +505,8 @@ impl Ports {
     }
 
     /// Takes `port`'s buffer back, leaving the port without one.
-    pub fn take_buffer(&self, port: u8) -> Option<Vec<u8>> {
+    pub fn take_buffer(&self, port: u8) -> Option<Buffer> {
+        self.hold_quietly(port);
         let mut t = self.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
         slot.forget_last();
@@ -413,6 +522,7 @@ impl Ports {
     /// application runs when the offload engine serves the ports; a handler reads the
     /// message in place, [`Delivery::data`].)
     pub fn read(&self, port: u8, dst: &mut [u8]) -> Option<(usize, Origin)> {
+        self.hold_quietly(port);
         let t = self.app.table.lock();
         let slot = &t.slots[usize::from(port)];
         let from = slot.last_from?;
@@ -450,6 +560,7 @@ impl Ports {
     /// (GAMMA's `gamma_wait`), running the handlers meanwhile. Polls for the time
     /// [`Ports::set_wait`] gives, then sleeps on the endpoint's descriptor.
     pub fn wait(&self, port: u8, n: u64) -> Result<()> {
+        self.app.table.lock().arm(port);
         self.app
             .wait(&self.ep, port, n, self.wait.get(), None)
             .map(|_| ())
@@ -459,6 +570,7 @@ impl Ports {
     /// signal was consumed).
     pub fn wait_within(&self, port: u8, n: u64, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
+        self.app.table.lock().arm(port);
         self.app
             .wait(&self.ep, port, n, self.wait.get(), Some(deadline))
     }

@@ -34,7 +34,7 @@ fn exchange(faults: &FaultConfig, seed: u64, count: usize) -> (u64, u64) {
     };
     let (net, stations, _jobs, _dir) = station_pair_in(&config, faults);
     let stations: &[SimStation; 2] = &stations;
-    let apps = [App::new(0, 2, DPID), App::new(1, 2, DPID)];
+    let apps = [App::new(0, 2, DPID, None), App::new(1, 2, DPID, None)];
     let mut rng = SimRng::new(seed);
     let sent: Vec<Vec<u8>> = (0..count).map(|i| message(&mut rng, i)).collect();
 
@@ -44,11 +44,11 @@ fn exchange(faults: &FaultConfig, seed: u64, count: usize) -> (u64, u64) {
     let errors = Arc::new(Mutex::new(Vec::<PortError>::new()));
     {
         let mut t = apps[1].table.lock();
-        t.slots[2].buffer = Some(vec![0; 8192]);
+        t.slots[2].buffer = Some(vec![0; 8192].into());
         let k = kept.clone();
         t.slots[2].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
             let len = d.len();
-            let mut full = d.rebind(vec![0; 8192]);
+            let mut full = d.rebind(vec![0; 8192]).into_vec();
             full.truncate(len);
             let mut answer = full.clone();
             answer.reverse();
@@ -65,7 +65,7 @@ fn exchange(faults: &FaultConfig, seed: u64, count: usize) -> (u64, u64) {
     let answers = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
     {
         let mut t = apps[0].table.lock();
-        t.slots[4].buffer = Some(vec![0; 8192]);
+        t.slots[4].buffer = Some(vec![0; 8192].into());
         let a = answers.clone();
         t.slots[4].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
             a.lock().unwrap().push(d.data().to_vec());

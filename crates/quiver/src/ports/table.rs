@@ -13,9 +13,11 @@
 //! silently. A malformed message is counted and dropped. [`Handler`] runs on the engine's
 //! protocol hook and does no I/O: the simulator runs it as it is.
 
+use super::deposit::MailboxArea;
+use super::mailbox::Tag;
 use super::tree;
-use super::wire::{Header, Indirect, Release, FLUSH_RELEASES, HEADER_LEN};
-use super::{Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
+use super::wire::{Deposited, Header, Indirect, Release, FLUSH_RELEASES, HEADER_LEN};
+use super::{Buffer, Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::engine::protocol::{Disposition, Outbox, Protocol};
@@ -40,6 +42,9 @@ pub(super) enum Bound {
         head: [u8; HEADER_LEN],
         /// The engine's route to `to`.
         route: usize,
+        /// `to` is on this node and has mailboxes: a long message may go straight into
+        /// its buffer ([`super::app::App::try_deposit`]).
+        deposit: bool,
     },
     /// Every other process of the job, port `head`'s destination port of each: down
     /// the binomial tree rooted at this process (`tree`), or, where the link
@@ -65,7 +70,17 @@ impl Bound {
 #[derive(Default)]
 pub(super) struct Slot {
     pub dest: Option<Bound>,
-    pub buffer: Option<Vec<u8>>,
+    pub buffer: Option<Buffer>,
+    /// The port's mailbox offers the buffer to this node's senders (`mailbox`): nothing
+    /// here reads or writes it until it is taken back ([`Table::hold`]).
+    pub armed: bool,
+    /// Messages that arrived while a sender of the node held the buffer, in order: they
+    /// are delivered after its message ([`Table::deliver_deposit`]).
+    pub parked: VecDeque<(Origin, Vec<u8>)>,
+    /// The last message delivered was shorter than [`super::DEPOSIT_MIN`]: the port is
+    /// not armed (arming and taking back cost two atomic operations per message, for
+    /// messages that are copied anyway) until a long one arrives by copy.
+    pub small: bool,
     /// Bytes of the last message delivered into `buffer`.
     pub last_len: usize,
     /// Who sent it.
@@ -110,6 +125,13 @@ pub(super) struct Table {
     /// Port errors that found no error handler, for the application's next call.
     pub errors: VecDeque<PortError>,
     pub stats: PortStats,
+    /// This rank's mailboxes, where this node's senders find the buffers armed for them
+    /// (the direct deposit); `None` without (the offload engine, the simulator).
+    pub mailboxes: Option<MailboxArea>,
+    /// The generation of the last arming.
+    generation: u32,
+    /// The ports are closing: nothing is armed any more.
+    closing: bool,
 }
 
 impl Table {
@@ -127,7 +149,93 @@ impl Table {
             copied: Vec::new(),
             errors: VecDeque::new(),
             stats: PortStats::default(),
+            mailboxes: None,
+            generation: 0,
+            closing: false,
         }
+    }
+
+    /// Offers `port`'s buffer to this node's senders, when it is a shared one and
+    /// nothing waits to be delivered into it first.
+    pub(super) fn arm(&mut self, port: u8) {
+        let Some(area) = &self.mailboxes else {
+            return;
+        };
+        let slot = &mut self.slots[usize::from(port)];
+        if slot.armed
+            || slot.small
+            || !slot.parked.is_empty()
+            || port == RESERVED_PORT
+            || self.closing
+        {
+            return;
+        }
+        let Some(Buffer::Shared(b)) = &slot.buffer else {
+            return;
+        };
+        self.generation = self.generation.wrapping_add(1);
+        slot.armed = area.port(port).arm(self.generation, b.id(), b.len() as u64);
+    }
+
+    /// Takes `port`'s buffer back from the node's senders before the table writes or
+    /// shows it. False while a sender holds it: its message is in the buffer or on the
+    /// way, and its notice comes next in that sender's ring.
+    pub(super) fn hold(&mut self, port: u8) -> bool {
+        let slot = &mut self.slots[usize::from(port)];
+        if !slot.armed {
+            return true;
+        }
+        let Some(area) = &self.mailboxes else {
+            slot.armed = false;
+            return true;
+        };
+        match area.port(port).disarm(false).tag {
+            Tag::Claimed | Tag::Deposited => false,
+            _ => {
+                slot.armed = false;
+                true
+            }
+        }
+    }
+
+    /// `rank` failed: a claim it held on a buffer of this rank is taken back (its
+    /// message is lost with it, as one it had not sent), and what waited behind it is
+    /// delivered.
+    pub(super) fn revoke_claims(&mut self, rank: u32, out: &mut Outbox) -> bool {
+        let mut woke = false;
+        for port in 0..RESERVED_PORT {
+            let Some(area) = &self.mailboxes else {
+                return woke;
+            };
+            let m = area.port(port);
+            let s = m.state();
+            if self.slots[usize::from(port)].armed
+                && matches!(s.tag, Tag::Claimed | Tag::Deposited)
+                && s.claimant == rank
+                && m.revoke(s)
+            {
+                self.slots[usize::from(port)].armed = false;
+                woke |= self.deliver_parked(port, out);
+            }
+        }
+        woke
+    }
+
+    /// Closes the mailboxes: no sender claims a buffer any more, and none is armed
+    /// again. The ports whose buffers a sender still holds (its notice not yet read).
+    pub(super) fn close_mailboxes(&mut self) -> Vec<u8> {
+        self.closing = true;
+        let Some(area) = &self.mailboxes else {
+            return Vec::new();
+        };
+        let mut busy = Vec::new();
+        for port in 0..=RESERVED_PORT {
+            match area.port(port).disarm(true).tag {
+                Tag::Claimed | Tag::Deposited => busy.push(port),
+                _ => self.slots[usize::from(port)].armed = false,
+            }
+        }
+        busy
     }
 
     /// Where a broadcast of this rank goes: natively, the group (where there is one) and
@@ -265,7 +373,106 @@ impl Table {
             self.report(PortError::Reserved { port, from, len });
             return true;
         }
+        let slot = &self.slots[usize::from(port)];
+        if slot.armed || !slot.parked.is_empty() {
+            if !slot.parked.is_empty() || !self.hold(port) {
+                // A sender of the node holds the buffer: this message waits for its.
+                let mut held = vec![0; len];
+                if !fill(&mut held) {
+                    self.stats.malformed += 1;
+                    return false;
+                }
+                self.slots[usize::from(port)].parked.push_back((from, held));
+                self.stats.parked += 1;
+                return false;
+            }
+            let woke = self.deliver_held(port, from, len, fill, out);
+            self.arm_after_handler(port);
+            return woke;
+        }
+        let woke = self.deliver_held(port, from, len, fill, out);
+        if len >= super::DEPOSIT_MIN {
+            // A long message came by copy: the next may come straight.
+            self.arm_after_handler(port);
+        }
+        woke
+    }
+
+    /// Re-arms a port with a handler (the handler is done with the message; a port
+    /// without one is armed by the next wait).
+    fn arm_after_handler(&mut self, port: u8) {
+        if self.mailboxes.is_some() && self.slots[usize::from(port)].handler.is_some() {
+            self.arm(port);
+        }
+    }
+
+    /// A sender of the node wrote a message into `d.dest_port`'s buffer: it is
+    /// delivered there (the handler runs on it in place), then what waited behind it.
+    /// A notice that does not match the mailbox (another claimant, generation or
+    /// length, a buffer too short) is malformed and delivers nothing.
+    fn deliver_deposit(&mut self, from: Source, d: Deposited, out: &mut Outbox) -> bool {
+        let port = d.dest_port;
+        let Some(area) = &self.mailboxes else {
+            self.stats.malformed += 1;
+            return false;
+        };
+        let m = area.port(port);
+        let s = m.state();
+        let slot = &self.slots[usize::from(port)];
+        let fits = matches!(&slot.buffer, Some(Buffer::Shared(b)) if d.len <= b.len() as u64);
+        if port == RESERVED_PORT
+            || !slot.armed
+            || !fits
+            || s.tag != Tag::Deposited
+            || s.claimant != from.rank
+            || s.generation != d.generation
+            || m.length() != d.len
+        {
+            self.stats.malformed += 1;
+            return false;
+        }
+        self.slots[usize::from(port)].armed = false;
+        self.stats.deposited += 1;
+        let origin = Origin {
+            rank: from.rank,
+            port: d.src_port,
+        };
+        // The bytes are in the buffer already (the claimant wrote them before its
+        // release of DEPOSITED, which `state` acquired).
+        let mut woke = self.deliver_held(port, origin, d.len as usize, |_| true, out);
+        if let Some(area) = &self.mailboxes {
+            area.port(port).finish(s);
+        }
+        woke |= self.deliver_parked(port, out);
+        self.arm_after_handler(port);
+        woke
+    }
+
+    /// Delivers, in order, the messages that waited for a sender's deposit on `port`.
+    fn deliver_parked(&mut self, port: u8, out: &mut Outbox) -> bool {
+        let mut woke = false;
+        while let Some((from, msg)) = self.slots[usize::from(port)].parked.pop_front() {
+            let fill = |buf: &mut [u8]| {
+                crate::link::copy_into(buf, &msg);
+                true
+            };
+            woke |= self.deliver_held(port, from, msg.len(), fill, out);
+        }
+        woke
+    }
+
+    /// [`Table::deliver_with`] into a buffer no sender holds.
+    #[inline]
+    fn deliver_held(
+        &mut self,
+        port: u8,
+        from: Origin,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+        out: &mut Outbox,
+    ) -> bool {
         let slot = &mut self.slots[usize::from(port)];
+        slot.small = len < super::DEPOSIT_MIN;
         match slot.buffer.as_mut() {
             _ if len == 0 => {}
             None => {
@@ -574,6 +781,14 @@ impl Protocol for Handler<'_> {
         self.handled += 1;
         let Some((head, payload)) = Header::decode(msg) else {
             let t = &mut *self.table;
+            if let Some(d) = Deposited::decode(msg) {
+                if from.dpid == t.dpid {
+                    self.woke |= t.deliver_deposit(from, d, out);
+                } else {
+                    t.stats.malformed += 1;
+                }
+                return Disposition::Consumed;
+            }
             match Release::decode(msg) {
                 // A root closing asks for what this rank copied from its ring.
                 Some(r) if r.offset == FLUSH_RELEASES && from.dpid == t.dpid => {
@@ -707,9 +922,9 @@ pub(crate) mod fuzz {
             }
         };
         let mut table = Table::new(rank, size, 1);
-        table.slots[0].buffer = Some(vec![0; 16]);
+        table.slots[0].buffer = Some(vec![0; 16].into());
         table.slots[0].handler = Some(Box::new(|d: &mut Delivery<'_>| d.signal()));
-        table.slots[1].buffer = Some(vec![0; 4]);
+        table.slots[1].buffer = Some(vec![0; 4].into());
         table.slots[2].on_error = Some(Box::new(|_| {}));
         let mut out = Outbox::new(8);
         let mut rest = &data[2..];
@@ -784,9 +999,9 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
-    const DPID: u16 = 9;
+    pub(super) const DPID: u16 = 9;
 
-    fn msg(dest_port: u8, src_port: u8, payload: &[u8]) -> Vec<u8> {
+    pub(super) fn msg(dest_port: u8, src_port: u8, payload: &[u8]) -> Vec<u8> {
         let mut m = Header {
             dest_port,
             src_port,
@@ -800,7 +1015,7 @@ mod tests {
         m
     }
 
-    fn handle(t: &mut Table, from_rank: u32, m: &[u8]) -> bool {
+    pub(super) fn handle(t: &mut Table, from_rank: u32, m: &[u8]) -> bool {
         let mut out = Outbox::new(16);
         let mut h = Handler {
             table: t,
@@ -822,7 +1037,7 @@ mod tests {
     #[test]
     fn a_message_lands_in_the_bound_buffer_and_signals_without_a_handler() {
         let mut t = Table::new(0, 4, DPID);
-        t.slots[3].buffer = Some(vec![0; 16]);
+        t.slots[3].buffer = Some(vec![0; 16].into());
         assert!(handle(&mut t, 1, &msg(3, 5, b"hello")));
         let s = &t.slots[3];
         assert_eq!(&s.buffer.as_ref().unwrap()[..s.last_len], b"hello");
@@ -835,7 +1050,7 @@ mod tests {
     #[test]
     fn the_handler_sees_the_message_and_may_rebind_the_buffer() {
         let mut t = Table::new(0, 4, DPID);
-        t.slots[0].buffer = Some(vec![0; 8]);
+        t.slots[0].buffer = Some(vec![0; 8].into());
         let kept = Arc::new(Mutex::new(Vec::new()));
         let k = kept.clone();
         t.slots[0].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
@@ -862,7 +1077,7 @@ mod tests {
     #[test]
     fn a_handler_that_does_not_signal_does_not_wake_the_application() {
         let mut t = Table::new(0, 4, DPID);
-        t.slots[0].buffer = Some(vec![0; 8]);
+        t.slots[0].buffer = Some(vec![0; 8].into());
         t.slots[0].handler = Some(Box::new(|_: &mut Delivery<'_>| {}));
         assert!(!handle(&mut t, 1, &msg(0, 0, b"x")));
         assert_eq!(t.slots[0].signals, 0);
@@ -872,7 +1087,7 @@ mod tests {
     #[test]
     fn overflow_and_a_missing_buffer_go_to_the_error_handler_and_touch_nothing() {
         let mut t = Table::new(0, 4, DPID);
-        t.slots[4].buffer = Some(vec![7; 4]);
+        t.slots[4].buffer = Some(vec![7; 4].into());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
         t.slots[4].on_error = Some(Box::new(move |e| s.lock().unwrap().push(e)));
@@ -927,7 +1142,7 @@ mod tests {
     #[test]
     fn malformed_messages_are_counted_and_dropped() {
         let mut t = Table::new(0, 4, DPID);
-        t.slots[0].buffer = Some(vec![0; 8]);
+        t.slots[0].buffer = Some(vec![0; 8].into());
         let mut bad = msg(0, 0, b"x");
         bad[0] = b'X';
         assert!(!handle(&mut t, 1, &bad));
@@ -940,7 +1155,7 @@ mod tests {
     #[test]
     fn a_handler_answers_through_the_outbox() {
         let mut t = Table::new(0, 4, DPID);
-        t.slots[1].buffer = Some(vec![0; 8]);
+        t.slots[1].buffer = Some(vec![0; 8].into());
         let to = Source {
             rank: 3,
             dpid: DPID,
@@ -956,6 +1171,7 @@ mod tests {
             }
             .encode(),
             route: 0,
+            deposit: false,
         });
         t.slots[1].handler = Some(Box::new(|d: &mut Delivery<'_>| {
             let mut reply = d.data().to_vec();
@@ -1014,7 +1230,7 @@ mod tests {
     #[test]
     fn a_broadcast_is_forwarded_down_the_tree_and_delivered_as_the_roots() {
         let mut t = Table::new(2, 8, DPID);
-        t.slots[5].buffer = Some(vec![0; 8]);
+        t.slots[5].buffer = Some(vec![0; 8].into());
         let mut out = Outbox::new(4);
         let mut h = Handler {
             table: &mut t,
@@ -1058,7 +1274,7 @@ mod tests {
     fn a_handlers_broadcast_goes_to_all_children_or_none() {
         for (capacity, queued) in [(2, 0), (3, 3)] {
             let mut t = Table::new(0, 8, DPID);
-            t.slots[0].buffer = Some(vec![0; 8]);
+            t.slots[0].buffer = Some(vec![0; 8].into());
             t.slots[1].dest = Some(Bound::All {
                 head: Header {
                     dest_port: 1,
@@ -1104,7 +1320,7 @@ mod tests {
     #[test]
     fn a_native_broadcast_comes_from_its_root_and_is_not_forwarded() {
         let mut t = Table::new(2, 8, DPID);
-        t.slots[5].buffer = Some(vec![0; 8]);
+        t.slots[5].buffer = Some(vec![0; 8].into());
         let native = |root: u32| {
             let mut m = Header {
                 dest_port: 5,
@@ -1215,7 +1431,7 @@ mod tests {
     #[test]
     fn an_indirect_broadcast_is_read_from_the_roots_ring_and_given_back() {
         let mut t = Table::new(2, 4, DPID);
-        t.slots[5].buffer = Some(vec![0; 16]);
+        t.slots[5].buffer = Some(vec![0; 16].into());
         let msg = |len: u32, offset: u64| {
             let mut m = Header {
                 dest_port: 5,
@@ -1339,7 +1555,7 @@ mod tests {
     #[test]
     fn places_are_given_back_when_a_root_asks_or_a_reader_closes() {
         let mut t = Table::new(1, 4, DPID);
-        t.slots[5].buffer = Some(vec![0; 16]);
+        t.slots[5].buffer = Some(vec![0; 16].into());
         let ask = |root, id| {
             (
                 Source {
@@ -1401,7 +1617,7 @@ mod tests {
     #[test]
     fn a_broadcast_out_of_its_tree_is_dropped() {
         let mut t = Table::new(2, 8, DPID);
-        t.slots[5].buffer = Some(vec![0; 8]);
+        t.slots[5].buffer = Some(vec![0; 8].into());
         for (from, root) in [(1, 0), (3, 0), (0, 2), (0, 8), (0, u32::MAX)] {
             let mut out = Outbox::new(4);
             let mut h = Handler {
@@ -1442,5 +1658,143 @@ mod tests {
             (4, 1, 1, 2)
         );
         assert_eq!(c.forwarded, 1); // rank 1 of 4 forwards root 0's broadcasts to rank 3
+    }
+}
+
+/// The direct deposit through the table, on real shared memory: a sender of the node
+/// (played here through its own mapping of the mailboxes) claims an armed buffer, a
+/// message by copy that arrives meanwhile waits for its deposit, bogus notices deliver
+/// nothing, and a failed claimant's claim is taken back.
+#[cfg(all(test, not(loom)))]
+mod deposit_tests {
+    use super::tests::{handle, msg, DPID};
+    use super::*;
+    use crate::ports::deposit::{PeerDeposits, PortBuffer};
+    use std::sync::{Arc, Mutex};
+
+    fn job_id() -> u32 {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        0x5d00_0000 ^ std::process::id() << 8 ^ N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Rank 0's table with a shared buffer of 4 KiB on port 1 whose handler records
+    /// (sender, bytes); the job id; the records.
+    type Records = Arc<Mutex<Vec<(u32, Vec<u8>)>>>;
+    fn table_with_a_shared_buffer() -> (Table, u32, Records) {
+        let job = job_id();
+        let mut t = Table::new(0, 8, DPID);
+        t.mailboxes = Some(MailboxArea::create(job, 0, DPID).unwrap());
+        t.slots[1].buffer = Some(PortBuffer::create(job, 0, 4096).unwrap().into());
+        let got: Records = Arc::default();
+        let g = got.clone();
+        t.slots[1].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
+            g.lock().unwrap().push((d.origin().rank, d.data().to_vec()));
+            d.signal();
+        }));
+        t.arm(1);
+        assert!(t.slots[1].armed);
+        (t, job, got)
+    }
+
+    #[test]
+    fn a_deposit_is_delivered_in_place_and_a_copy_that_came_meanwhile_after_it() {
+        let (mut t, job, got) = table_with_a_shared_buffer();
+        // Rank 2 claims the buffer and writes it; rank 3's message by copy arrives first.
+        let peer = PeerDeposits::new(job, DPID);
+        assert!(peer.reaches(0));
+        let claim = peer
+            .with_mailbox(0, 1, |m| m.claim(2, 40))
+            .unwrap()
+            .unwrap();
+        assert!(
+            !handle(&mut t, 3, &msg(1, 0, b"by copy")),
+            "parked, nobody woken"
+        );
+        assert_eq!(t.stats.parked, 1);
+        assert!(got.lock().unwrap().is_empty());
+        assert!(peer.write(0, claim.buffer, &[7; 40]));
+        assert!(peer
+            .with_mailbox(0, 1, |m| m.deposited(2, claim, 40))
+            .unwrap());
+        let notice = |generation, len| {
+            Deposited {
+                dest_port: 1,
+                src_port: 4,
+                generation,
+                len,
+            }
+            .encode()
+        };
+        // Notices that do not match the mailbox deliver nothing.
+        for (rank, n) in [
+            (2, notice(claim.generation + 1, 40)),
+            (2, notice(claim.generation, 41)),
+            (5, notice(claim.generation, 40)),
+        ] {
+            handle(&mut t, rank, &n);
+        }
+        assert_eq!(t.stats.malformed, 3);
+        assert!(got.lock().unwrap().is_empty());
+        assert!(handle(&mut t, 2, &notice(claim.generation, 40)));
+        assert_eq!(
+            *got.lock().unwrap(),
+            vec![(2, vec![7; 40]), (3, b"by copy".to_vec())],
+            "the deposit, then what waited for it"
+        );
+        assert_eq!(t.stats.deposited, 1);
+        assert!(
+            !t.slots[1].armed,
+            "the last message was short: copied, not armed"
+        );
+        assert!(handle(&mut t, 3, &msg(1, 0, &[5; 2048])));
+        assert!(
+            t.slots[1].armed,
+            "a long one arrived: armed again after its handler"
+        );
+        // The same notice again is stale.
+        handle(&mut t, 2, &notice(claim.generation, 40));
+        assert_eq!(t.stats.malformed, 4);
+    }
+
+    #[test]
+    fn a_failed_claimant_is_taken_back_and_what_waited_is_delivered() {
+        let (mut t, job, got) = table_with_a_shared_buffer();
+        let peer = PeerDeposits::new(job, DPID);
+        assert!(peer.reaches(0));
+        let claim = peer.with_mailbox(0, 1, |m| m.claim(6, 8)).unwrap().unwrap();
+        handle(&mut t, 3, &msg(1, 0, b"waits"));
+        let mut out = Outbox::new(4);
+        assert!(t.revoke_claims(6, &mut out));
+        assert_eq!(*got.lock().unwrap(), vec![(3, b"waits".to_vec())]);
+        assert!(
+            !peer
+                .with_mailbox(0, 1, |m| m.deposited(6, claim, 8))
+                .unwrap(),
+            "too late"
+        );
+        // Closing: nothing is armed any more, and no sender claims.
+        assert!(t.close_mailboxes().is_empty());
+        t.arm(1);
+        assert!(!t.slots[1].armed);
+        assert_eq!(
+            peer.with_mailbox(0, 1, |m| m.state().tag),
+            Some(Tag::Closed)
+        );
+        assert_eq!(peer.with_mailbox(0, 1, |m| m.claim(2, 8)), Some(None));
+    }
+
+    #[test]
+    fn a_private_buffer_is_never_armed_and_a_peer_without_mailboxes_is_not_reached() {
+        let job = job_id();
+        let mut t = Table::new(0, 2, DPID);
+        t.mailboxes = Some(MailboxArea::create(job, 0, DPID).unwrap());
+        t.slots[1].buffer = Some(vec![0; 64].into());
+        t.arm(1);
+        assert!(!t.slots[1].armed);
+        assert!(!PeerDeposits::new(job, DPID).reaches(1));
+        assert!(
+            !PeerDeposits::new(job, DPID).write(0, 12345, b"x"),
+            "not a buffer number"
+        );
     }
 }

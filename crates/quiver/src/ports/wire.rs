@@ -16,6 +16,11 @@
 //! root with a `Release` message (16 bytes: b'R', three zero bytes, the ring's buffer
 //! number, the payload's offset; all little-endian).
 //!
+//! A sender that deposited a message straight into the port's buffer (`mailbox`) says so
+//! with a `Deposited` notice in its place (16 bytes: b'D', the destination port, the
+//! sender's port, a zero byte, the generation of the arming it claimed, the length; all
+//! little-endian).
+//!
 //! The sender's rank comes from the engine (the channel it arrived on), not from the
 //! header, so a peer cannot claim another's rank; a broadcast names its root, which the
 //! receiver checks against the tree (`tree::parent`), or, sent by the root itself,
@@ -30,6 +35,7 @@ const BROADCAST: u8 = 1;
 const NATIVE: u8 = 2;
 const INDIRECT: u8 = 4;
 const RELEASE: u8 = b'R';
+const DEPOSITED: u8 = b'D';
 
 /// Bytes of an [`Indirect`] payload and of a [`Release`] message.
 pub(crate) const INDIRECT_LEN: usize = 16;
@@ -154,6 +160,42 @@ impl Release {
     }
 }
 
+/// A message that was written straight into port `dest_port`'s buffer (`mailbox`): the
+/// notice travels in its place, in order with the sender's other messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Deposited {
+    pub dest_port: u8,
+    pub src_port: u8,
+    /// The generation of the arming the sender claimed.
+    pub generation: u32,
+    /// Bytes it wrote.
+    pub len: u64,
+}
+
+impl Deposited {
+    pub(crate) fn encode(self) -> [u8; INDIRECT_LEN] {
+        let mut b = [0; INDIRECT_LEN];
+        b[..4].copy_from_slice(&[DEPOSITED, self.dest_port, self.src_port, 0]);
+        b[4..8].copy_from_slice(&self.generation.to_le_bytes());
+        b[8..].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// The notice `msg` is; `None` unless it is exactly one.
+    pub(crate) fn decode(msg: &[u8]) -> Option<Deposited> {
+        let b: &[u8; INDIRECT_LEN] = msg.try_into().ok()?;
+        if b[0] != DEPOSITED || b[3] != 0 {
+            return None;
+        }
+        Some(Deposited {
+            dest_port: b[1],
+            src_port: b[2],
+            generation: u32::from_le_bytes(b[4..8].try_into().ok()?),
+            len: u64::from_le_bytes(b[8..].try_into().ok()?),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +252,20 @@ mod tests {
         m.extend_from_slice(&[0; 8]);
         assert_eq!(Release::decode(&m), None);
         assert_eq!(Header::decode(&r.encode()), None);
+        let d = Deposited {
+            dest_port: 3,
+            src_port: 4,
+            generation: 9,
+            len: 1 << 20,
+        };
+        assert_eq!(Deposited::decode(&d.encode()), Some(d));
+        assert_eq!(Header::decode(&d.encode()), None);
+        assert_eq!(Release::decode(&d.encode()), None);
+        assert_eq!(Deposited::decode(&r.encode()), None);
+        assert_eq!(Deposited::decode(&m), None, "a port message of 16 bytes");
+        let mut odd = d.encode();
+        odd[3] = 1;
+        assert_eq!(Deposited::decode(&odd), None);
         // INDIRECT without NATIVE is malformed.
         let mut only = h;
         only[3] = 1 | 4;

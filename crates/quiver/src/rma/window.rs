@@ -217,6 +217,75 @@ impl Published {
     }
 }
 
+/// A named shared object of the job that a protocol lays out itself (the ports'
+/// mailboxes and port buffers): created by its owner (unlinked when dropped) or mapped
+/// writable by a peer of the node. Reached through its address; whoever lays it out
+/// says how its bytes are shared (atomics, or one writer at a time).
+pub(crate) struct SharedObject {
+    map: Mapping,
+    /// The owner's name, unlinked when dropped; `None` for a peer's mapping.
+    owned: Option<String>,
+}
+
+// SAFETY: a handle to shared memory; what is shared through it and how is the user's
+// contract (see the type's documentation), as for any process of the node.
+unsafe impl Send for SharedObject {}
+// SAFETY: as above.
+unsafe impl Sync for SharedObject {}
+
+impl SharedObject {
+    /// Creates object `id` (at least [`PUBLISHED_IDS`]) of `len` bytes (zeroed) of `rank`
+    /// in job `job_id`, replacing one a previous owner left under that name when
+    /// `replace`.
+    pub(crate) fn create(
+        job_id: u32,
+        rank: u32,
+        id: u32,
+        len: usize,
+        replace: bool,
+    ) -> Result<SharedObject> {
+        if id < PUBLISHED_IDS {
+            return Err(Error::Config(format!(
+                "shared object number {id} is the allocator's"
+            )));
+        }
+        let name = name(job_id, rank, id);
+        if replace {
+            object::unlink(&name);
+        }
+        let map = Mapping::open(&name, Some(len))?;
+        Ok(SharedObject {
+            map,
+            owned: Some(name),
+        })
+    }
+
+    /// Maps object `id` of peer `rank` in job `job_id`, readable and writable (it must be
+    /// this user's, mode 0600, as every object of the job).
+    pub(crate) fn open_peer(job_id: u32, rank: u32, id: u32) -> Result<SharedObject> {
+        let map = Mapping::open_writable(&name(job_id, rank, id))?;
+        Ok(SharedObject { map, owned: None })
+    }
+
+    /// The first byte (page-aligned; dangling when empty).
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.map.ptr()
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+impl Drop for SharedObject {
+    fn drop(&mut self) {
+        if let Some(name) = &self.owned {
+            object::unlink(name);
+        }
+    }
+}
+
 impl Published {
     /// Unmaps the buffer but leaves its name, for peers that still have to read it;
     /// the job's clean-up removes it with the job's other objects.

@@ -151,6 +151,9 @@ pub struct Sender {
     probe_due: bool,
     /// Selective repeat on a channel to one receiver: probe a silent tail.
     tail_probes: bool,
+    /// The receiver's acknowledgement delay: a tail shorter than half a window is
+    /// acknowledged only that late.
+    ack_delay: Duration,
     /// When the tail probe fires: frames are unacknowledged, nothing new follows them,
     /// and no acknowledgement came for two round trips.
     tlp_deadline: Option<Time>,
@@ -211,6 +214,7 @@ impl Sender {
             tail_probes: cfg.mode.retransmits()
                 && cfg.recovery == Recovery::Selective
                 && !template.flags.intersects(Flags::GROUP | Flags::GROUP_REPLY),
+            ack_delay: cfg.ack_delay,
             tlp_deadline: None,
             tlp_rounds: 0,
             failed: false,
@@ -484,20 +488,28 @@ impl Sender {
 
     /// Arms the tail probe when the frames in flight are the last for now (nothing
     /// pending, or the window closed): if no acknowledgement comes within two round
-    /// trips, the newest of them not reported received is sent again (RFC 8985's tail
-    /// loss probe), before the retransmission timeout (whose minimum is a safe bound,
-    /// not a round trip). A lost tail otherwise has no later frame to reveal its holes;
+    /// trips (and the receiver's acknowledgement delay, when fewer than half a window
+    /// are unacknowledged: it acknowledges those that late), the newest of them not
+    /// reported received is sent again (RFC 8985's tail loss probe), before the
+    /// retransmission timeout (whose minimum is a safe bound, not a round trip). A lost tail otherwise has no later frame to reveal its holes;
     /// the probe is one: the receiver acknowledges it at once (held out of order, or
     /// a duplicate), and the frames its acknowledgement shows missing were sent before
-    /// it, so they are resent at once ([`Sender::handle_sack`]). The receiver's delayed
-    /// acknowledgement does not count (a duplicate is acknowledged at once), and a probe
-    /// that was not needed costs one frame. At most three probes without progress; the
+    /// it, so they are resent at once ([`Sender::handle_sack`]). A probe that was not
+    /// needed costs one frame. At most three probes without progress; the
     /// retransmission timeout stays armed.
     fn arm_tail_probe(&mut self, now: Time) {
         let tail = !self.unacked.is_empty() && (self.pending.is_empty() || self.room() == 0);
         self.tlp_deadline = match self.srtt {
             Some(srtt) if tail && !self.failed && self.tlp_rounds < 3 => {
-                let timeout = srtt.saturating_mul(2).max(TAIL_PROBE_MIN);
+                // The receiver acknowledges at once after half a window, else after its
+                // delay: a probe before that would resend a frame that arrived.
+                let delayed = self.unacked.len() < (self.window as usize).div_ceil(2);
+                let timeout = srtt.saturating_mul(2).max(TAIL_PROBE_MIN)
+                    + if delayed {
+                        self.ack_delay
+                    } else {
+                        Duration::ZERO
+                    };
                 (timeout < self.rto).then(|| now + timeout)
             }
             _ => None,

@@ -784,7 +784,8 @@ fn a_timeout_with_holes_reported_resends_every_frame_not_reported() {
 }
 
 /// A lost tail has no later frame to reveal it: two round trips after the last frame
-/// the newest is sent again, the receiver answers it at once, and the frames its
+/// (half a window: the receiver acknowledges those without delay) the newest is sent
+/// again, the receiver answers it at once, and the frames its
 /// report shows missing are resent, all before the retransmission timeout.
 #[test]
 fn a_lost_tail_is_probed_and_repaired_before_the_timeout() {
@@ -848,22 +849,53 @@ fn a_tail_probe_that_arrived_before_is_acknowledged_at_once() {
     b.handle_release(t(10), 1);
     b.flush_ack();
     feed(&mut a, t(20), out(&mut b, t(10)));
-    for i in 1..=3u8 {
+    for i in 1..=4u8 {
         a.send(t(100), &[i]).unwrap();
     }
     let first = out(&mut a, t(100));
-    // Frame 1 is lost; 2 and 3 arrive, and the receiver's report of the hole is lost.
+    // Frame 1 is lost; 2 to 4 arrive, and the receiver's report of the hole is lost.
     assert!(feed(&mut b, t(110), first[1..].to_vec()).is_empty());
     assert_eq!(out(&mut b, t(110)).len(), 1, "the report, lost");
+    // Half a window unacknowledged: the receiver would not delay its acknowledgement.
+    assert_eq!(a.poll_timeout(), Some(t(150)));
     a.handle_timeout(t(150));
     let probe = out(&mut a, t(150));
-    assert_eq!(seqs(&probe), vec![3]);
+    assert_eq!(seqs(&probe), vec![4]);
     assert!(feed(&mut b, t(160), probe).is_empty());
     assert_eq!(b.counters().duplicates, 1);
     let report = out(&mut b, t(160));
     assert_eq!(report.len(), 1, "a duplicate is acknowledged at once");
     feed(&mut a, t(170), report);
     assert_eq!(seqs(&out(&mut a, t(170))), vec![1]);
+}
+
+/// A tail shorter than half a window is acknowledged only after the receiver's delay:
+/// the probe waits for that too, and a clean exchange sends no probe at all.
+#[test]
+fn a_short_tail_waits_for_the_delayed_acknowledgement_before_probing() {
+    let (mut a, mut b) = pair(&Config {
+        rto_min: Duration::from_millis(1),
+        ..frto_config()
+    });
+    a.send(t(0), &[0]).unwrap();
+    assert_eq!(feed(&mut b, t(10), out(&mut a, t(0))).len(), 1);
+    b.handle_release(t(10), 1);
+    b.flush_ack();
+    feed(&mut a, t(20), out(&mut b, t(10)));
+    a.send(t(100), &[1]).unwrap();
+    let f = out(&mut a, t(100));
+    assert_eq!(
+        a.poll_timeout(),
+        Some(t(100 + 50 + 200)),
+        "two round trips (at least 50 µs) and the delay"
+    );
+    assert_eq!(feed(&mut b, t(110), f).len(), 1);
+    b.handle_release(t(110), 1);
+    b.handle_timeout(t(310));
+    feed(&mut a, t(320), out(&mut b, t(310)));
+    assert!(a.is_idle());
+    assert_eq!(a.poll_timeout(), None);
+    assert_eq!(a.counters().tail_probes, 0);
 }
 
 /// A resend lost again is resent as soon as a report shows a frame sent after it,

@@ -260,6 +260,11 @@ mod imp_crate {
             self.max_message
         }
 
+        /// Whether the receiver has released everything pushed (as far as it published).
+        pub(crate) fn drained(&self) -> bool {
+            self.producer.drained()
+        }
+
         /// Pushes one message made of `head` then `body` (`head` is usually empty);
         /// `Ok(false)` if the ring is full. Their lengths add up to at most
         /// max_message. A receiver that closed its endpoint is an error (the flag shares

@@ -203,6 +203,13 @@ impl Producer {
         max_payload(self.mem.capacity)
     }
 
+    /// Whether the consumer has released every record pushed (as far as it published
+    /// its tail; Acquire: what it read of them happened before).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn drained(&self) -> bool {
+        self.tail.get().load(Ordering::Acquire) == self.head
+    }
+
     /// Appends one record; returns false when the ring has no room (try again later).
     /// `data.len()` must not exceed [`Producer::max_payload`].
     #[inline]

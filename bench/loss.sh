@@ -18,11 +18,13 @@
 # usage: bash bench/loss.sh                      (REPS=3, LOSSES="0.0001 1 5",
 #                                                 LINK=unlimited; about 4 minutes)
 #        LINK=1gbit REPS=5 bash bench/loss.sh
+#        MTU=9000 bash bench/loss.sh              (jumbo frames on every interface)
 # Raw records: target/bench-loss/records.tsv (link, config, loss %, rep, MB/s)
 set -euo pipefail
 REPS=${REPS:-3}
 LOSSES=${LOSSES:-0.0001 1 5}
 LINK=${LINK:-unlimited}
+MTU=${MTU:-1500}
 TRANSPORTS=${TRANSPORTS:-udp eth}
 SCHEMES=${SCHEMES:-host offload}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -70,7 +72,8 @@ i=0
 for loss in 0 $LOSSES; do
     c=qvloss$$-$i
     cluster_of[$loss]=$c
-    "$Q" cluster up "$c" --nodes 2 --link "$LINK" --loss "$loss%" >/dev/null || die "cluster up $c failed"
+    "$Q" cluster up "$c" --nodes 2 --link "$LINK" --mtu "$MTU" --loss "$loss%" >/dev/null ||
+        die "cluster up $c failed"
     clusters+=("$c")
     mgmt_up "$c" "$i"
     i=$((i + 1))
@@ -125,16 +128,16 @@ for rep in $(seq "$REPS"); do
     done
 done
 
-python3 - "$rec" $LOSSES <<'EOF'
+python3 - "$rec" $LOSSES "$MTU" <<'EOF'
 import math, statistics as st, sys
 rows = {}
 for line in open(sys.argv[1]):
     link, cfg, loss, rep, v = line.rstrip("\n").split("\t")
     if v != "nan":
         rows.setdefault((cfg, loss), {})[rep] = float(v)
-losses = sys.argv[2:]
+losses = sys.argv[2:-1]
 link = open(sys.argv[1]).readline().split("\t")[0]
-print(f"link {link}; MB/s (10^6 B/s), median over repetitions; ratio: median of the "
+print(f"link {link}, MTU {sys.argv[-1]}; MB/s (10^6 B/s), median over repetitions; ratio: median of the "
       "per-repetition ratios to the loss-free run")
 print("| configuration | loss-free | " + " | ".join(f"{l} % loss | ratio" for l in losses) + " |")
 print("|---" * (2 + 2 * len(losses)) + "|")

@@ -82,15 +82,11 @@ impl RingReader for PeerRings {
 
 impl App {
     /// The ports of rank `rank` of a job of `size` ranks, on DPID `dpid`, whose table
-    /// only its own thread uses; with `job_id`, it has mailboxes, where this node's
-    /// senders find the port buffers armed for their messages.
-    pub(super) fn new(rank: u32, size: u32, dpid: u16, job_id: Option<u32>) -> App {
+    /// only its own thread uses; with `mailboxes`, this node's senders find there the
+    /// port buffers armed for their messages.
+    pub(super) fn new(rank: u32, size: u32, dpid: u16, mailboxes: Option<MailboxArea>) -> App {
         let mut table = Table::new(rank, size, dpid);
-        table.mailboxes = job_id.and_then(|job_id| {
-            MailboxArea::create(job_id, rank, dpid)
-                .map_err(|e| tracing::debug!("the ports' mailboxes: {e}; no direct deposit"))
-                .ok()
-        });
+        table.mailboxes = mailboxes;
         App::with(TableCell::Local(RefCell::new(table)))
     }
 
@@ -217,7 +213,10 @@ impl App {
                 route,
                 deposit,
             }) => {
+                // Too long for a message is too long for a deposit (the copy path says so).
+                let fits = head.len() + data.len() <= on.station().job().config.max_message;
                 let sent = (deposit
+                    && fits
                     && data.len() >= DEPOSIT_MIN
                     && self.try_deposit(on, port, to, route, head[1], data)?)
                     || self.send_to(on, port, to, route, &head, data, block)?;
@@ -462,6 +461,12 @@ impl App {
         }
         let me = station.job().rank;
         let deposits = self.deposits(on);
+        // A receiver holding messages aside (one of them may be this rank's, released
+        // from the ring though not delivered: it raised the flag before) takes copies
+        // only. Read after the ring's position, whose release the flag precedes.
+        if deposits.receiver_parks(to.rank) {
+            return Ok(false);
+        }
         let len = data.len() as u64;
         let Some(Some(claim)) = deposits.with_mailbox(to.rank, dest_port, |m| m.claim(me, len))
         else {
@@ -495,14 +500,47 @@ impl App {
     }
 
     /// Takes `port`'s buffer back from this node's senders ([`Table::hold`]), making
-    /// progress until one that holds it has delivered its message.
+    /// progress until one that holds it has delivered its message. Returns only once
+    /// the buffer is the table's alone, with the first error the progress met (another
+    /// peer failed, say). A claim that stays for the job's peer timeout (10 s by
+    /// default: a sender stopped for that long, or a peer that wrote the word) is
+    /// taken back, and its message, if it comes later, is refused.
     pub(super) fn hold(&self, on: &impl Footing, port: u8) -> Result<()> {
-        while !self.table.lock().hold(port) {
-            if !self.poll(on)? {
-                std::thread::yield_now();
+        let limit = on.station().job().config.peer_timeout;
+        let mut first = None;
+        let mut seen: Option<(super::mailbox::State, Instant)> = None;
+        loop {
+            let busy = {
+                let mut t = self.table.lock();
+                if t.hold(port) {
+                    break;
+                }
+                t.holder(port)
+            };
+            match (busy, seen) {
+                (Some(s), Some((was, since))) if s == was => {
+                    if since.elapsed() > limit {
+                        tracing::warn!(
+                            "port {port}: rank {} held its buffer for {limit:?}; taken back",
+                            s.claimant
+                        );
+                        let mut out = self.out.borrow_mut();
+                        self.table.lock().take_back(port, s, &mut out);
+                    }
+                }
+                (Some(s), _) => seen = Some((s, Instant::now())),
+                (None, _) => {}
+            }
+            match self.poll(on) {
+                Ok(true) => {}
+                Ok(false) => std::thread::yield_now(),
+                Err(e) => {
+                    first.get_or_insert(e);
+                    std::thread::yield_now();
+                }
             }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     /// One message of `len` bytes sent through a port (to one rank, or to all).
@@ -558,7 +596,11 @@ impl App {
                     handled: 0,
                 };
                 let r = drive_rearming(on, &mut handler, &mut out, |h| h.handled);
-                (r, handler.handled)
+                let handled = handler.handled;
+                // What waited for a claim given back unused (or resolved with no new
+                // message since) moves on.
+                let moved = table.has_parked() && table.drain_parked(&mut out);
+                (r, handled + u64::from(moved))
             }
             // With the offload engine, its thread delivers too: the table is taken per
             // message, not for the whole drive.
@@ -590,8 +632,11 @@ impl App {
                 // the application's next wait, test or progress. The engine's error is
                 // returned only when no port sends to that rank.
                 let mut table = self.table.lock();
-                // A message it was writing into a buffer here is lost with it.
-                table.revoke_claims(rank, &mut out);
+                // A message it was writing into a buffer here is lost with it (a peer
+                // that closed finishes what it claimed: its notice is in the ring).
+                if matches!(e, Error::PeerFailed { .. }) {
+                    table.revoke_claims(rank, &mut out);
+                }
                 // Its places in this rank's broadcast ring come back, and it gets no more.
                 table.ring.forget(rank);
                 table.native_local.retain(|&r| r != rank);
@@ -662,6 +707,9 @@ impl App {
                 if let Some(e) = t.errors.pop_front() {
                     return Err(Error::Port(e));
                 }
+                // Waiting for a message: the port's buffer is free for a sender of the
+                // node to write it directly.
+                t.arm(port);
             }
             if self.poll(on)? {
                 continue;

@@ -61,7 +61,8 @@ impl PortBuffer {
             ));
         }
         let id = BUFFER_IDS | n;
-        let map = SharedObject::create(job_id, rank, id, len.max(1), false)?;
+        // Reserved now (a full /dev/shm is an error here, not a SIGBUS at a write).
+        let map = SharedObject::create(job_id, rank, id, len, false)?;
         Ok(PortBuffer { map, id })
     }
 
@@ -128,6 +129,29 @@ impl MailboxArea {
         Ok(MailboxArea { map })
     }
 
+    /// Raises or lowers the flag that says this rank holds messages aside (the ports'
+    /// table parks some): senders then deposit nothing. Release: raised before the
+    /// parked message's slot is released, so a sender that saw its ring drained sees it.
+    pub(super) fn set_parking(&self, on: bool) {
+        self.parking_word()
+            .store(u64::from(on), crate::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the flag is up (acquire).
+    pub(super) fn parking(&self) -> bool {
+        self.parking_word()
+            .load(crate::sync::atomic::Ordering::Acquire)
+            != 0
+    }
+
+    /// The flag's word: in the reserved port's line, which no mailbox uses.
+    fn parking_word(&self) -> &AtomicU64 {
+        let at = usize::from(super::RESERVED_PORT) * WORDS * 8 + (WORDS - 1) * 8;
+        // SAFETY: as in `port`: inside the mapping (checked when mapped), 8-byte
+        // aligned, alive as long as self, only ever accessed atomically.
+        unsafe { &*(self.map.ptr().add(at) as *const AtomicU64) }
+    }
+
     /// Port `port`'s mailbox.
     pub(super) fn port(&self, port: u8) -> Mailbox<'_> {
         let at = usize::from(port) * WORDS * 8;
@@ -144,8 +168,8 @@ impl MailboxArea {
 pub(super) struct PeerDeposits {
     job_id: u32,
     dpid: u16,
-    /// Peers' mailbox areas by rank (`None`: the peer has none; tried once).
-    areas: RefCell<Vec<(u32, Option<MailboxArea>)>>,
+    /// Peers' mailbox areas by rank.
+    areas: RefCell<Vec<(u32, MailboxArea)>>,
     /// Peers' port buffers, most recently used last.
     buffers: RefCell<VecDeque<((u32, u32), SharedObject)>>,
 }
@@ -160,18 +184,32 @@ impl PeerDeposits {
         }
     }
 
-    /// Whether `rank` has mailboxes here (mapping them on first use).
+    /// Whether `rank` has mailboxes here (mapping them on first use; a rank without
+    /// is asked again at the next binding).
     pub(super) fn reaches(&self, rank: u32) -> bool {
         let mut areas = self.areas.borrow_mut();
-        if let Some((_, a)) = areas.iter().find(|(r, _)| *r == rank) {
-            return a.is_some();
+        if areas.iter().any(|(r, _)| *r == rank) {
+            return true;
         }
-        let area = MailboxArea::open_peer(self.job_id, rank, self.dpid)
-            .map_err(|e| tracing::debug!("mailboxes of rank {rank}: {e}; copying"))
-            .ok();
-        let found = area.is_some();
-        areas.push((rank, area));
-        found
+        match MailboxArea::open_peer(self.job_id, rank, self.dpid) {
+            Ok(area) => {
+                areas.push((rank, area));
+                true
+            }
+            Err(e) => {
+                tracing::debug!("mailboxes of rank {rank}: {e}; copying");
+                false
+            }
+        }
+    }
+
+    /// Whether `rank` holds messages aside ([`MailboxArea::set_parking`]).
+    pub(super) fn receiver_parks(&self, rank: u32) -> bool {
+        let areas = self.areas.borrow();
+        areas
+            .iter()
+            .find(|(r, _)| *r == rank)
+            .is_none_or(|(_, a)| a.parking())
     }
 
     /// Runs `f` on `rank`'s mailbox of `port` (`None` when it has none).
@@ -183,7 +221,7 @@ impl PeerDeposits {
     ) -> Option<T> {
         let areas = self.areas.borrow();
         let (_, area) = areas.iter().find(|(r, _)| *r == rank)?;
-        Some(f(area.as_ref()?.port(port)))
+        Some(f(area.port(port)))
     }
 
     /// Writes `data` at the start of port buffer `id` of `rank`; false (nothing written)
@@ -194,7 +232,12 @@ impl PeerDeposits {
         }
         let mut bufs = self.buffers.borrow_mut();
         let i = match bufs.iter().position(|(k, _)| *k == (rank, id)) {
-            Some(i) => i,
+            Some(i) => {
+                // Most recently used last.
+                let hit = bufs.remove(i).expect("found at i");
+                bufs.push_back(hit);
+                bufs.len() - 1
+            }
             None => match SharedObject::open_peer(self.job_id, rank, id) {
                 Ok(m) => {
                     if bufs.len() == PEER_BUFFERS_CACHED {

@@ -364,9 +364,10 @@ mod loom_tests {
     use super::*;
     use loom::sync::Arc;
 
-    /// One receiver re-arming and taking back, two senders claiming: at most one claim
-    /// per arming, the receiver never takes back a claimed buffer, and a deposit's
-    /// length is seen whole by the receiver that reads DEPOSITED.
+    /// One receiver taking the buffer back and re-arming it (a new generation) while two
+    /// senders claim: no two claims of one arming, no claim of an arming the receiver
+    /// took back, every claim's deposit completes, and the receiver sees each deposit's
+    /// length whole when it reads DEPOSITED.
     #[test]
     fn loom_claims_race_rearming() {
         loom::model(|| {
@@ -378,34 +379,41 @@ mod loom_tests {
                     loom::thread::spawn(move || {
                         let m = Mailbox::new(&w);
                         let c = m.claim(me, 8)?;
-                        // Only the claimant writes the buffer: its generation is its own.
                         assert!(m.deposited(me, c, u64::from(me) * 8));
                         Some((me, c))
                     })
                 })
                 .collect();
             let m = Mailbox::new(&w);
-            // The receiver takes the buffer back, or finds it claimed and waits for the
-            // claimant's word.
-            let found = m.disarm(false);
+            // Take the first arming back if nobody claimed it, and arm a second one.
+            let first = m.disarm(false);
+            let rearmed = first.tag == Tag::Armed && m.arm(2, 11, 64);
             let claims: Vec<_> = senders
                 .into_iter()
                 .filter_map(|s| s.join().unwrap())
                 .collect();
-            assert!(claims.len() <= 1, "one claim per arming: {claims:?}");
-            match found.tag {
-                Tag::Armed => {
-                    assert!(claims.is_empty(), "taken back, yet claimed");
-                    assert!(m.arm(2, 11, 64));
-                }
-                Tag::Claimed | Tag::Deposited => {
-                    let (me, _) = claims[0];
-                    let s = m.state();
+            for g in [1, 2] {
+                assert!(
+                    claims.iter().filter(|(_, c)| c.generation == g).count() <= 1,
+                    "two claims of arming {g}: {claims:?}"
+                );
+            }
+            if first.tag == Tag::Armed {
+                assert!(
+                    claims.iter().all(|(_, c)| c.generation != 1),
+                    "arming 1 was taken back, yet claimed: {claims:?}"
+                );
+                assert!(rearmed);
+            } else {
+                assert!(claims.iter().any(|(_, c)| c.generation == 1));
+            }
+            let s = m.state();
+            match claims.iter().find(|(_, c)| c.generation == s.generation) {
+                Some(&(me, _)) => {
                     assert_eq!((s.tag, s.claimant), (Tag::Deposited, me));
                     assert_eq!(m.length(), u64::from(me) * 8);
-                    assert!(m.finish(s));
                 }
-                other => panic!("unexpected {other:?}"),
+                None => assert_eq!(s.tag, Tag::Armed, "unclaimed"),
             }
         });
     }

@@ -89,6 +89,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use table::{Bound, ErrorFn, ReceiverFn, Served, Table, TableCell};
 
+use deposit::MailboxArea;
 pub use deposit::PortBuffer;
 
 /// Ports per process (numbers 0 to 255).
@@ -403,7 +404,7 @@ impl Bind<'_> {
         }
         if buffer.is_some() {
             // A sender of the node may be writing the old buffer: its message first.
-            ports.app.hold(&ports.ep, port)?;
+            ports.hold_quietly(port);
         }
         let mut t = ports.app.table.lock();
         let slot = &mut t.slots[usize::from(port)];
@@ -417,7 +418,10 @@ impl Bind<'_> {
         if let Some(h) = on_error {
             slot.on_error = Some(h);
         }
-        t.arm(port);
+        if t.slots[usize::from(port)].handler.is_some() {
+            // A port without a handler is armed by a wait on it.
+            t.arm(port);
+        }
         Ok(())
     }
 }
@@ -441,7 +445,17 @@ impl Ports {
                 App::with(TableCell::Shared(table)),
             )
         } else {
-            let mailboxes = job.config().ports_deposit.then(|| job.job_id());
+            // Made before the endpoint: a sender that connects finds them.
+            let mailboxes = job
+                .config()
+                .ports_deposit
+                .then(|| MailboxArea::create(job.job_id(), rank, dpid))
+                .and_then(|made| {
+                    made.map_err(|e| {
+                        tracing::debug!("the ports' mailboxes: {e}; no direct deposit")
+                    })
+                    .ok()
+                });
             (job.open(dpid)?, App::new(rank, size, dpid, mailboxes))
         };
         Ok(Ports {
@@ -471,7 +485,8 @@ impl Ports {
     }
 
     /// Takes `port`'s buffer back from the senders that may write it, delivering a
-    /// message one of them is writing first. Errors are left for the next call.
+    /// message one of them is writing first. An error of the progress made meanwhile
+    /// (another peer failed) is logged; the buffer is taken back all the same.
     fn hold_quietly(&self, port: u8) {
         if let Err(e) = self.app.hold(&self.ep, port) {
             tracing::debug!("port {port}: {e} while taking its buffer back");
@@ -520,7 +535,9 @@ impl Ports {
     /// the handlers (without the offload engine), so it is the one the wait was
     /// signalled for. (A copy, not a view: the port's buffer is delivered into while the
     /// application runs when the offload engine serves the ports; a handler reads the
-    /// message in place, [`Delivery::data`].)
+    /// message in place, [`Delivery::data`]. A port with a handler and a
+    /// [`PortBuffer`] may be being written by a sender of the node: its message is
+    /// delivered first.)
     pub fn read(&self, port: u8, dst: &mut [u8]) -> Option<(usize, Origin)> {
         self.hold_quietly(port);
         let t = self.app.table.lock();
@@ -560,7 +577,6 @@ impl Ports {
     /// (GAMMA's `gamma_wait`), running the handlers meanwhile. Polls for the time
     /// [`Ports::set_wait`] gives, then sleeps on the endpoint's descriptor.
     pub fn wait(&self, port: u8, n: u64) -> Result<()> {
-        self.app.table.lock().arm(port);
         self.app
             .wait(&self.ep, port, n, self.wait.get(), None)
             .map(|_| ())
@@ -570,7 +586,6 @@ impl Ports {
     /// signal was consumed).
     pub fn wait_within(&self, port: u8, n: u64, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
-        self.app.table.lock().arm(port);
         self.app
             .wait(&self.ep, port, n, self.wait.get(), Some(deadline))
     }

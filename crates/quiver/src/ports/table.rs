@@ -74,9 +74,6 @@ pub(super) struct Slot {
     /// The port's mailbox offers the buffer to this node's senders (`mailbox`): nothing
     /// here reads or writes it until it is taken back ([`Table::hold`]).
     pub armed: bool,
-    /// Messages that arrived while a sender of the node held the buffer, in order: they
-    /// are delivered after its message ([`Table::deliver_deposit`]).
-    pub parked: VecDeque<(Origin, Vec<u8>)>,
     /// The last message delivered was shorter than [`super::DEPOSIT_MIN`]: the port is
     /// not armed (arming and taking back cost two atomic operations per message, for
     /// messages that are copied anyway) until a long one arrives by copy.
@@ -132,6 +129,19 @@ pub(super) struct Table {
     generation: u32,
     /// The ports are closing: nothing is armed any more.
     closing: bool,
+    /// Messages held aside, in arrival order: one for a port whose buffer a sender of
+    /// the node holds, and every later one from the same sender (its order), until
+    /// that buffer is delivered or taken back ([`Table::drain_parked`]).
+    parked: VecDeque<Parked>,
+}
+
+/// A message held aside ([`Table::parked`]).
+struct Parked {
+    /// The rank whose channel brought it (whose order it keeps).
+    via: u32,
+    port: u8,
+    from: Origin,
+    msg: Vec<u8>,
 }
 
 impl Table {
@@ -152,6 +162,7 @@ impl Table {
             mailboxes: None,
             generation: 0,
             closing: false,
+            parked: VecDeque::new(),
         }
     }
 
@@ -164,7 +175,7 @@ impl Table {
         let slot = &mut self.slots[usize::from(port)];
         if slot.armed
             || slot.small
-            || !slot.parked.is_empty()
+            || !self.parked.is_empty()
             || port == RESERVED_PORT
             || self.closing
         {
@@ -198,24 +209,78 @@ impl Table {
         }
     }
 
-    /// `rank` failed: a claim it held on a buffer of this rank is taken back (its
-    /// message is lost with it, as one it had not sent), and what waited behind it is
-    /// delivered.
+    /// Who holds `port`'s buffer now (`CLAIMED` or `DEPOSITED`), if a sender does.
+    pub(super) fn holder(&self, port: u8) -> Option<super::mailbox::State> {
+        let area = self.mailboxes.as_ref()?;
+        let s = area.port(port).state();
+        (self.slots[usize::from(port)].armed && matches!(s.tag, Tag::Claimed | Tag::Deposited))
+            .then_some(s)
+    }
+
+    /// Takes `port`'s buffer back from the holder of `s` (it stopped, or is no sender):
+    /// its message, if its notice comes later, is refused as malformed; what waited
+    /// moves on.
+    pub(super) fn take_back(&mut self, port: u8, s: super::mailbox::State, out: &mut Outbox) {
+        if let Some(area) = &self.mailboxes {
+            if area.port(port).revoke(s) {
+                self.slots[usize::from(port)].armed = false;
+                self.drain_parked(out);
+            }
+        }
+    }
+
+    /// `rank`'s process died: a claim it held on a buffer of this rank is taken back
+    /// (its message is lost with it, as one it had not sent), and what waited moves on.
+    /// A deposit it finished stays: its notice is in the ring, which is read still.
     pub(super) fn revoke_claims(&mut self, rank: u32, out: &mut Outbox) -> bool {
-        let mut woke = false;
         for port in 0..RESERVED_PORT {
             let Some(area) = &self.mailboxes else {
-                return woke;
+                break;
             };
             let m = area.port(port);
             let s = m.state();
             if self.slots[usize::from(port)].armed
-                && matches!(s.tag, Tag::Claimed | Tag::Deposited)
+                && s.tag == Tag::Claimed
                 && s.claimant == rank
                 && m.revoke(s)
             {
                 self.slots[usize::from(port)].armed = false;
-                woke |= self.deliver_parked(port, out);
+            }
+        }
+        self.drain_parked(out)
+    }
+
+    /// Whether messages are held aside.
+    pub(super) fn has_parked(&self) -> bool {
+        !self.parked.is_empty()
+    }
+
+    /// Delivers what was held aside and may go now, in order: a message waits while its
+    /// port's buffer is held by a sender, and so does every later one of its sender.
+    /// Whether a port was signalled or an error reported.
+    pub(super) fn drain_parked(&mut self, out: &mut Outbox) -> bool {
+        let mut woke = false;
+        let mut kept = VecDeque::new();
+        let mut blocked: Vec<u32> = Vec::new();
+        while let Some(p) = self.parked.pop_front() {
+            if blocked.contains(&p.via) || !self.hold(p.port) {
+                blocked.push(p.via);
+                kept.push_back(p);
+                continue;
+            }
+            let fill = |buf: &mut [u8]| {
+                crate::link::copy_into(buf, &p.msg);
+                true
+            };
+            woke |= self.deliver_held(p.port, p.from, p.msg.len(), fill, out);
+        }
+        self.parked = kept;
+        if self.parked.is_empty() {
+            if let Some(area) = &self.mailboxes {
+                area.set_parking(false);
+            }
+            for port in 0..RESERVED_PORT {
+                self.arm_after_handler(port);
             }
         }
         woke
@@ -345,24 +410,34 @@ impl Table {
         })
     }
 
-    /// Delivers the payload of a message for `port` from `from`: into the bound buffer,
-    /// then the handler (or a signal). Returns whether the port was signalled or an
-    /// error was reported (something the application may wait for).
+    /// Delivers the payload of a message for `port` from `from`, brought by `via`'s
+    /// channel: into the bound buffer, then the handler (or a signal). Returns whether
+    /// the port was signalled or an error was reported (something the application may
+    /// wait for).
     #[inline]
-    fn deliver(&mut self, port: u8, from: Origin, payload: &[u8], out: &mut Outbox) -> bool {
+    fn deliver(
+        &mut self,
+        via: u32,
+        port: u8,
+        from: Origin,
+        payload: &[u8],
+        out: &mut Outbox,
+    ) -> bool {
         let fill = |buf: &mut [u8]| {
             crate::link::copy_into(buf, payload);
             true
         };
-        self.deliver_with(port, from, payload.len(), fill, out)
+        self.deliver_with(via, port, from, payload.len(), fill, out)
     }
 
     /// [`Table::deliver`] of a message of `len` bytes that `fill` writes into the
-    /// port's buffer (the first `len` bytes of what it is given); false from `fill`
-    /// (it could not, and wrote nothing) drops the message, counted malformed.
+    /// port's buffer (the first `len` bytes of what it is given), brought by `via`'s
+    /// channel; false from `fill` (it could not, and wrote nothing) drops the message,
+    /// counted malformed.
     #[inline]
     fn deliver_with(
         &mut self,
+        via: u32,
         port: u8,
         from: Origin,
         len: usize,
@@ -374,19 +449,41 @@ impl Table {
             return true;
         }
         let slot = &self.slots[usize::from(port)];
-        if slot.armed || !slot.parked.is_empty() {
-            if !slot.parked.is_empty() || !self.hold(port) {
-                // A sender of the node holds the buffer: this message waits for its.
+        if slot.armed || !self.parked.is_empty() {
+            let mut woke = false;
+            if !self.parked.is_empty() {
+                woke |= self.drain_parked(out);
+            }
+            let behind = self.parked.iter().any(|p| p.via == via);
+            let fits = self.slots[usize::from(port)]
+                .buffer
+                .as_ref()
+                .is_some_and(|b| len <= b.len());
+            if fits && (behind || !self.hold(port)) {
+                // A sender of the node holds the buffer, or this sender has a message
+                // waiting: this one waits too, in order. Senders see the flag (raised
+                // before this message's slot is released) and deposit nothing more
+                // until the waiting is over, so no sender's notice waits behind one
+                // of its own messages.
                 let mut held = vec![0; len];
                 if !fill(&mut held) {
                     self.stats.malformed += 1;
-                    return false;
+                    return woke;
                 }
-                self.slots[usize::from(port)].parked.push_back((from, held));
+                if let Some(area) = &self.mailboxes {
+                    area.set_parking(true);
+                }
+                self.parked.push_back(Parked {
+                    via,
+                    port,
+                    from,
+                    msg: held,
+                });
                 self.stats.parked += 1;
-                return false;
+                return woke;
             }
-            let woke = self.deliver_held(port, from, len, fill, out);
+            // (A message that cannot fit is reported now: it needs no buffer.)
+            woke |= self.deliver_held(port, from, len, fill, out);
             self.arm_after_handler(port);
             return woke;
         }
@@ -443,21 +540,10 @@ impl Table {
         if let Some(area) = &self.mailboxes {
             area.port(port).finish(s);
         }
-        woke |= self.deliver_parked(port, out);
-        self.arm_after_handler(port);
-        woke
-    }
-
-    /// Delivers, in order, the messages that waited for a sender's deposit on `port`.
-    fn deliver_parked(&mut self, port: u8, out: &mut Outbox) -> bool {
-        let mut woke = false;
-        while let Some((from, msg)) = self.slots[usize::from(port)].parked.pop_front() {
-            let fill = |buf: &mut [u8]| {
-                crate::link::copy_into(buf, &msg);
-                true
-            };
-            woke |= self.deliver_held(port, from, msg.len(), fill, out);
+        if !self.parked.is_empty() {
+            woke |= self.drain_parked(out);
         }
+        self.arm_after_handler(port);
         woke
     }
 
@@ -853,13 +939,14 @@ impl Protocol for Handler<'_> {
             };
             let root = from.rank;
             let fill = |buf: &mut [u8]| rings.read(root, place.id, place.offset, buf);
-            self.woke |= t.deliver_with(head.dest_port, origin, place.len as usize, fill, out);
+            self.woke |=
+                t.deliver_with(root, head.dest_port, origin, place.len as usize, fill, out);
             if let Some(back) = t.note_copied(root, place) {
                 out.forward(from, &back.encode(), &[]);
             }
             return Disposition::Consumed;
         }
-        self.woke |= t.deliver(head.dest_port, origin, payload, out);
+        self.woke |= t.deliver(from.rank, head.dest_port, origin, payload, out);
         Disposition::Consumed
     }
 
@@ -1754,6 +1841,48 @@ mod deposit_tests {
         // The same notice again is stale.
         handle(&mut t, 2, &notice(claim.generation, 40));
         assert_eq!(t.stats.malformed, 4);
+    }
+
+    #[test]
+    fn a_sender_whose_message_waits_keeps_its_order_on_every_port_and_senders_see_the_flag() {
+        let (mut t, job, got) = table_with_a_shared_buffer();
+        // Port 2: a private buffer whose handler records into the same list.
+        t.slots[2].buffer = Some(vec![0; 64].into());
+        let g = got.clone();
+        t.slots[2].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
+            g.lock()
+                .unwrap()
+                .push((100 + d.origin().rank, d.data().to_vec()));
+            d.signal();
+        }));
+        let peer = PeerDeposits::new(job, DPID);
+        assert!(peer.reaches(0));
+        assert!(!peer.receiver_parks(0));
+        let claim = peer
+            .with_mailbox(0, 1, |m| m.claim(2, 16))
+            .unwrap()
+            .unwrap();
+        // Rank 3's first message waits for rank 2's; its second, for another port, waits
+        // behind its first; rank 4's message for port 2 goes at once.
+        handle(&mut t, 3, &msg(1, 0, b"first"));
+        handle(&mut t, 3, &msg(2, 0, b"second"));
+        handle(&mut t, 4, &msg(2, 0, b"other"));
+        assert_eq!(*got.lock().unwrap(), vec![(104, b"other".to_vec())]);
+        assert!(peer.receiver_parks(0), "senders deposit nothing meanwhile");
+        // Rank 2 gives its claim back unused: what waited moves on at the next drain.
+        assert!(peer.with_mailbox(0, 1, |m| m.abandon(2, claim)).unwrap());
+        let mut out = Outbox::new(4);
+        assert!(t.drain_parked(&mut out));
+        assert_eq!(
+            *got.lock().unwrap(),
+            vec![
+                (104, b"other".to_vec()),
+                (3, b"first".to_vec()),
+                (103, b"second".to_vec())
+            ]
+        );
+        assert!(!peer.receiver_parks(0));
+        assert_eq!(t.stats.parked, 2);
     }
 
     #[test]

@@ -234,9 +234,9 @@ unsafe impl Send for SharedObject {}
 unsafe impl Sync for SharedObject {}
 
 impl SharedObject {
-    /// Creates object `id` (at least [`PUBLISHED_IDS`]) of `len` bytes (zeroed) of `rank`
-    /// in job `job_id`, replacing one a previous owner left under that name when
-    /// `replace`.
+    /// Creates object `id` (at least [`PUBLISHED_IDS`]) of `len` bytes (zeroed, reserved
+    /// and mapped at once) of `rank` in job `job_id`, replacing one a previous owner left
+    /// under that name when `replace`.
     pub(crate) fn create(
         job_id: u32,
         rank: u32,
@@ -253,7 +253,13 @@ impl SharedObject {
         if replace {
             object::unlink(&name);
         }
-        let map = Mapping::open(&name, Some(len))?;
+        // Reserved and mapped whole now: a full /dev/shm is an error here, not a
+        // SIGBUS at the first write.
+        let map = if len == 0 {
+            Mapping::open(&name, Some(0))?
+        } else {
+            Mapping::open_populated(&name, Some(len))?
+        };
         Ok(SharedObject {
             map,
             owned: Some(name),

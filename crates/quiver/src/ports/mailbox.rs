@@ -370,7 +370,11 @@ mod loom_tests {
     /// length whole when it reads DEPOSITED.
     #[test]
     fn loom_claims_race_rearming() {
-        loom::model(|| {
+        // Three threads: every interleaving with up to three preemptions (the whole
+        // space took over four minutes; bugs of this size show within the bound).
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(3);
+        model.check(|| {
             let w: Arc<[AtomicU64; WORDS]> = Arc::new(std::array::from_fn(|_| AtomicU64::new(0)));
             assert!(Mailbox::new(&w).arm(1, 10, 64));
             let senders: Vec<_> = (1..=2u32)

@@ -60,8 +60,9 @@ pub struct EndpointStats {
     /// peer) rather than by the timer.
     pub fast_retransmits: u64,
     /// Tail-loss probes: a sender's last frames went unacknowledged for two round trips
-    /// with nothing after them, and a heartbeat asked the receiver which arrived (the
-    /// lost ones are then resent without waiting for the retransmission timeout).
+    /// with nothing after them, and the newest was sent again (also counted in
+    /// `retransmissions`); the receiver's answer shows which were lost, and they are
+    /// resent without waiting for the retransmission timeout.
     pub tail_probes: u64,
     /// Network frames whose CRC32C did not match (dropped; repaired by retransmission in
     /// `host` mode, reported in `none` mode).

@@ -214,10 +214,9 @@ impl App {
                 deposit,
             }) => {
                 // Too long for a message is too long for a deposit (the copy path says so).
-                let fits = head.len() + data.len() <= on.station().job().config.max_message;
                 let sent = (deposit
-                    && fits
                     && data.len() >= DEPOSIT_MIN
+                    && head.len() + data.len() <= on.station().job().config.max_message
                     && self.try_deposit(on, port, to, route, head[1], data)?)
                     || self.send_to(on, port, to, route, &head, data, block)?;
                 if sent {
@@ -468,20 +467,19 @@ impl App {
             return Ok(false);
         }
         let len = data.len() as u64;
-        let Some(Some(claim)) = deposits.with_mailbox(to.rank, dest_port, |m| m.claim(me, len))
-        else {
+        let deposited = deposits.with_mailbox(to.rank, dest_port, |m| {
+            let claim = m.claim(me, len)?;
+            if !deposits.write(to.rank, claim.buffer, data) {
+                m.abandon(me, claim);
+                return None;
+            }
+            // False: taken back, the receiver found this rank failed (it will not read
+            // the notice); sent by copy, in case it still reads.
+            m.deposited(me, claim, len).then_some(claim)
+        });
+        let Some(Some(claim)) = deposited else {
             return Ok(false);
         };
-        if !deposits.write(to.rank, claim.buffer, data) {
-            deposits.with_mailbox(to.rank, dest_port, |m| m.abandon(me, claim));
-            return Ok(false);
-        }
-        if deposits.with_mailbox(to.rank, dest_port, |m| m.deposited(me, claim, len)) != Some(true)
-        {
-            // Taken back: the receiver found this rank failed (it will not read the
-            // notice). Sent by copy, in case it still reads.
-            return Ok(false);
-        }
         let notice = Deposited {
             dest_port,
             src_port: port,
@@ -505,7 +503,19 @@ impl App {
     /// peer failed, say). A claim that stays for the job's peer timeout (10 s by
     /// default: a sender stopped for that long, or a peer that wrote the word) is
     /// taken back, and its message, if it comes later, is refused.
+    #[inline]
     pub(super) fn hold(&self, on: &impl Footing, port: u8) -> Result<()> {
+        // Nearly always: nothing armed, or taken back at once (on every read).
+        if self.table.lock().hold(port) {
+            return Ok(());
+        }
+        self.hold_claimed(on, port)
+    }
+
+    /// [`App::hold`] of a buffer a sender holds now.
+    #[cold]
+    #[inline(never)]
+    fn hold_claimed(&self, on: &impl Footing, port: u8) -> Result<()> {
         let limit = on.station().job().config.peer_timeout;
         let mut first = None;
         let mut seen: Option<(super::mailbox::State, Instant)> = None;

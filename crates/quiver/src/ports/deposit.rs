@@ -154,11 +154,10 @@ impl MailboxArea {
 
     /// Port `port`'s mailbox.
     pub(super) fn port(&self, port: u8) -> Mailbox<'_> {
+        // The mapping is page-aligned and at least AREA_BYTES long (checked when mapped).
         let at = usize::from(port) * WORDS * 8;
-        // SAFETY: the mapping is page-aligned and at least AREA_BYTES long (checked when
-        // mapped), so `at .. at + 64` lies inside it and is 8-byte aligned; it lives as
-        // long as self; every access to these bytes, here and in every process, is
-        // through atomics (AtomicU64 has the layout of u64).
+        // SAFETY: `at .. at + 64` lies in the live mapping, 8-byte aligned; every access
+        // to it, in every process, is atomic (AtomicU64 has the layout of u64).
         let words = unsafe { &*(self.map.ptr().add(at) as *const [AtomicU64; WORDS]) };
         Mailbox::new(words)
     }

@@ -168,17 +168,24 @@ impl Table {
 
     /// Offers `port`'s buffer to this node's senders, when it is a shared one and
     /// nothing waits to be delivered into it first.
+    #[inline]
     pub(super) fn arm(&mut self, port: u8) {
+        // Every wait and every long message asks: most are answered here.
+        let slot = &self.slots[usize::from(port)];
+        if slot.armed || slot.small || self.mailboxes.is_none() {
+            return;
+        }
+        self.arm_now(port);
+    }
+
+    /// [`Table::arm`] of a port that is not armed and last had a long message.
+    #[inline(never)]
+    fn arm_now(&mut self, port: u8) {
         let Some(area) = &self.mailboxes else {
             return;
         };
         let slot = &mut self.slots[usize::from(port)];
-        if slot.armed
-            || slot.small
-            || !self.parked.is_empty()
-            || port == RESERVED_PORT
-            || self.closing
-        {
+        if !self.parked.is_empty() || port == RESERVED_PORT || self.closing {
             return;
         }
         let Some(Buffer::Shared(b)) = &slot.buffer else {
@@ -448,9 +455,8 @@ impl Table {
             self.report(PortError::Reserved { port, from, len });
             return true;
         }
-        let slot = &self.slots[usize::from(port)];
-        if slot.armed || !self.parked.is_empty() {
-            let mut woke = false;
+        let mut woke = false;
+        if self.slots[usize::from(port)].armed || !self.parked.is_empty() {
             if !self.parked.is_empty() {
                 woke |= self.drain_parked(out);
             }
@@ -483,13 +489,11 @@ impl Table {
                 return woke;
             }
             // (A message that cannot fit is reported now: it needs no buffer.)
-            woke |= self.deliver_held(port, from, len, fill, out);
-            self.arm_after_handler(port);
-            return woke;
         }
-        let woke = self.deliver_held(port, from, len, fill, out);
+        woke |= self.deliver_held(port, from, len, fill, out);
         if len >= super::DEPOSIT_MIN {
-            // A long message came by copy: the next may come straight.
+            // A long message came by copy: the next may come straight (after a short
+            // one the port stays unarmed, `Slot::small`).
             self.arm_after_handler(port);
         }
         woke

@@ -171,49 +171,39 @@ impl Windows {
 /// buffer a protocol publishes once under a well-known number (the ports' broadcast
 /// ring): peers read it with [`Windows::read`] like any other. Only its owner writes
 /// it, with [`Published::write`]; unlinked when dropped.
-pub(crate) struct Published {
-    map: Mapping,
-    name: String,
-    /// Unlinked when dropped (not after [`Published::keep_name`]).
-    unlink: bool,
-}
+pub(crate) struct Published(SharedObject);
 
 impl Published {
     /// Creates buffer `id` (at least [`PUBLISHED_IDS`]) of `len` bytes of `rank` in job
     /// `job_id`.
     pub(crate) fn create(job_id: u32, rank: u32, id: u32, len: usize) -> Result<Published> {
-        if id < PUBLISHED_IDS {
-            return Err(Error::Config(format!(
-                "published buffer number {id} is the allocator's"
-            )));
-        }
-        let name = name(job_id, rank, id);
-        let map = Mapping::open_populated(&name, Some(len))?;
-        Ok(Published {
-            map,
-            name,
-            unlink: true,
-        })
+        SharedObject::create(job_id, rank, id, len, false).map(Published)
     }
 
     /// Bytes of the buffer.
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.0.len()
     }
 
     /// Copies `data` to `offset`; false (nothing written) when it does not fit.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> bool {
         if offset
             .checked_add(data.len())
-            .is_none_or(|end| end > self.map.len())
+            .is_none_or(|end| end > self.0.len())
         {
             return false;
         }
         // SAFETY: offset + len <= the mapping's length; the mapping is this owner's and
         // writable (created here); readers read only ranges their owner handed them
         // after writing them (a protocol's ordering), so no read races this write.
-        unsafe { crate::link::copy_bytes(data.as_ptr(), self.map.ptr().add(offset), data.len()) };
+        unsafe { crate::link::copy_bytes(data.as_ptr(), self.0.ptr().add(offset), data.len()) };
         true
+    }
+
+    /// Unmaps the buffer but leaves its name, for peers that still have to read it;
+    /// the job's clean-up removes it with the job's other objects.
+    pub(crate) fn keep_name(mut self) {
+        self.0.owned = None;
     }
 }
 
@@ -288,22 +278,6 @@ impl Drop for SharedObject {
     fn drop(&mut self) {
         if let Some(name) = &self.owned {
             object::unlink(name);
-        }
-    }
-}
-
-impl Published {
-    /// Unmaps the buffer but leaves its name, for peers that still have to read it;
-    /// the job's clean-up removes it with the job's other objects.
-    pub(crate) fn keep_name(mut self) {
-        self.unlink = false;
-    }
-}
-
-impl Drop for Published {
-    fn drop(&mut self) {
-        if self.unlink {
-            object::unlink(&self.name);
         }
     }
 }

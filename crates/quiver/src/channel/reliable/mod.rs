@@ -313,8 +313,9 @@ pub struct Counters {
     pub fast_retransmits: u64,
     /// Probes (`Heartbeat` frames) sent.
     pub probes: u64,
-    /// Of them, tail-loss probes: frames were unacknowledged for two round trips with
-    /// nothing new after them.
+    /// Tail-loss probes: the newest unacknowledged frame sent again after two round
+    /// trips of silence with nothing new after it (counted in `retransmissions` too,
+    /// not in `probes`).
     pub tail_probes: u64,
     /// Sends that found the window closed and queued (credit stalls).
     pub credit_stalls: u64,

@@ -154,6 +154,10 @@ pub struct Sender {
     /// The receiver's acknowledgement delay: a tail shorter than half a window is
     /// acknowledged only that late.
     ack_delay: Duration,
+    /// The tail probe's timeouts, from the last round-trip sample (computed there, not
+    /// on every send): two round trips (at least [`TAIL_PROBE_MIN`]), and that plus
+    /// the acknowledgement delay. `None` before any sample.
+    tlp_timeouts: Option<[Duration; 2]>,
     /// When the tail probe fires: frames are unacknowledged, nothing new follows them,
     /// and no acknowledgement came for two round trips.
     tlp_deadline: Option<Time>,
@@ -215,6 +219,7 @@ impl Sender {
                 && cfg.recovery == Recovery::Selective
                 && !template.flags.intersects(Flags::GROUP | Flags::GROUP_REPLY),
             ack_delay: cfg.ack_delay,
+            tlp_timeouts: None,
             tlp_deadline: None,
             tlp_rounds: 0,
             failed: false,
@@ -491,29 +496,36 @@ impl Sender {
     /// trips (and the receiver's acknowledgement delay, when fewer than half a window
     /// are unacknowledged: it acknowledges those that late), the newest of them not
     /// reported received is sent again (RFC 8985's tail loss probe), before the
-    /// retransmission timeout (whose minimum is a safe bound, not a round trip). A lost tail otherwise has no later frame to reveal its holes;
-    /// the probe is one: the receiver acknowledges it at once (held out of order, or
+    /// retransmission timeout (whose minimum is a safe bound, not a round trip). A lost
+    /// tail otherwise has no later frame to reveal its holes; the probe is one: the receiver acknowledges it at once (held out of order, or
     /// a duplicate), and the frames its acknowledgement shows missing were sent before
     /// it, so they are resent at once ([`Sender::handle_sack`]). A probe that was not
     /// needed costs one frame. At most three probes without progress; the
     /// retransmission timeout stays armed.
     fn arm_tail_probe(&mut self, now: Time) {
-        let tail = !self.unacked.is_empty() && (self.pending.is_empty() || self.room() == 0);
-        self.tlp_deadline = match self.srtt {
-            Some(srtt) if tail && !self.failed && self.tlp_rounds < 3 => {
-                // The receiver acknowledges at once after half a window, else after its
-                // delay: a probe before that would resend a frame that arrived.
-                let delayed = self.unacked.len() < (self.window as usize).div_ceil(2);
-                let timeout = srtt.saturating_mul(2).max(TAIL_PROBE_MIN)
-                    + if delayed {
-                        self.ack_delay
-                    } else {
-                        Duration::ZERO
-                    };
-                (timeout < self.rto).then(|| now + timeout)
-            }
-            _ => None,
+        self.tlp_deadline = None;
+        let Some([prompt, delayed]) = self.tlp_timeouts else {
+            return;
         };
+        if !self.at_tail() || self.failed || self.tlp_rounds >= 3 {
+            return;
+        }
+        // The receiver acknowledges at once after half a window, else after its delay: a
+        // probe before that would resend a frame that arrived.
+        let timeout = if self.unacked.len() < (self.window as usize).div_ceil(2) {
+            delayed
+        } else {
+            prompt
+        };
+        if timeout < self.rto {
+            self.tlp_deadline = Some(now + timeout);
+        }
+    }
+
+    /// Frames are in flight and nothing new follows them for now (nothing pending, or the
+    /// window closed): the last of them have no later frame to reveal their loss.
+    fn at_tail(&self) -> bool {
+        !self.unacked.is_empty() && (self.pending.is_empty() || self.room() == 0)
     }
 
     /// Fires the retransmission timer (double the timeout and resend every
@@ -559,11 +571,8 @@ impl Sender {
         }
         if self.tlp_deadline.is_some_and(|d| d <= now) {
             self.tlp_deadline = None;
-            let tail = !self.unacked.is_empty()
-                && self.retx.is_empty()
-                && (self.pending.is_empty() || self.room() == 0);
             let newest = self.unacked.iter().rposition(|o| !o.sacked);
-            if let (true, Some(newest)) = (tail, newest) {
+            if let (true, Some(newest)) = (self.at_tail() && self.retx.is_empty(), newest) {
                 self.counters.tail_probes += 1;
                 self.tlp_rounds += 1;
                 self.queue_resends(|i, _| i == newest);
@@ -678,8 +687,8 @@ impl Sender {
             if self.rto_deadline.is_none() && !self.failed {
                 self.rto_deadline = Some(now + self.rto);
             }
-            if self.tail_probes && (self.pending.is_empty() || self.room() == 0) {
-                // The last frame for now: the tail starts here.
+            if self.tail_probes {
+                // The last frame for now (`at_tail`): the tail starts here.
                 self.arm_tail_probe(now);
             }
             self.update_probe(now);
@@ -921,6 +930,8 @@ impl Sender {
         let timeout = srtt.saturating_add(rttvar.saturating_mul(4).max(1_000));
         self.rto_base = Duration::from_nanos(timeout).clamp(self.rto_min, self.rto_max);
         self.rto = self.rto_base;
+        let prompt = Duration::from_nanos(srtt.saturating_mul(2)).max(TAIL_PROBE_MIN);
+        self.tlp_timeouts = Some([prompt, prompt + self.ack_delay]);
     }
 
     /// Arms or disarms the probe: in mode none while frames are unconfirmed or the

@@ -783,20 +783,27 @@ fn a_timeout_with_holes_reported_resends_every_frame_not_reported() {
     assert_eq!(seqs(&out(&mut a, t(1000))), vec![0, 2, 3, 4, 5, 6, 7]);
 }
 
-/// A lost tail has no later frame to reveal it: two round trips after the last frame
-/// (half a window: the receiver acknowledges those without delay) the newest is sent
-/// again, the receiver answers it at once, and the frames its
-/// report shows missing are resent, all before the retransmission timeout.
-#[test]
-fn a_lost_tail_is_probed_and_repaired_before_the_timeout() {
-    let (mut a, mut b) = pair(&frto_config());
-    // A round-trip sample of 20 µs: the timeout is its minimum, 100 µs.
+/// A pair of `cfg` whose A has exchanged one message with B (sent at 0, delivered at
+/// 10 µs, acknowledged at 20 µs): a round-trip sample of 20 µs, nothing in flight.
+fn pair_after_a_round_trip(cfg: &Config) -> (Duplex<Vec<u8>>, Duplex<Vec<u8>>) {
+    let (mut a, mut b) = pair(cfg);
     a.send(t(0), &[0]).unwrap();
     assert_eq!(feed(&mut b, t(10), out(&mut a, t(0))).len(), 1);
     b.handle_release(t(10), 1);
     b.flush_ack();
     feed(&mut a, t(20), out(&mut b, t(10)));
     assert!(a.is_idle());
+    (a, b)
+}
+
+/// A lost tail has no later frame to reveal it: two round trips after the last frame
+/// (half a window: the receiver acknowledges those without delay) the newest is sent
+/// again, the receiver answers it at once, and the frames its
+/// report shows missing are resent, all before the retransmission timeout.
+#[test]
+fn a_lost_tail_is_probed_and_repaired_before_the_timeout() {
+    // The timeout is its minimum, 100 µs.
+    let (mut a, mut b) = pair_after_a_round_trip(&frto_config());
     for i in 1..=4u8 {
         a.send(t(100), &[i]).unwrap();
     }
@@ -843,12 +850,7 @@ fn a_lost_tail_is_probed_and_repaired_before_the_timeout() {
 /// report shows the holes before it.
 #[test]
 fn a_tail_probe_that_arrived_before_is_acknowledged_at_once() {
-    let (mut a, mut b) = pair(&frto_config());
-    a.send(t(0), &[0]).unwrap();
-    assert_eq!(feed(&mut b, t(10), out(&mut a, t(0))).len(), 1);
-    b.handle_release(t(10), 1);
-    b.flush_ack();
-    feed(&mut a, t(20), out(&mut b, t(10)));
+    let (mut a, mut b) = pair_after_a_round_trip(&frto_config());
     for i in 1..=4u8 {
         a.send(t(100), &[i]).unwrap();
     }
@@ -873,15 +875,10 @@ fn a_tail_probe_that_arrived_before_is_acknowledged_at_once() {
 /// the probe waits for that too, and a clean exchange sends no probe at all.
 #[test]
 fn a_short_tail_waits_for_the_delayed_acknowledgement_before_probing() {
-    let (mut a, mut b) = pair(&Config {
+    let (mut a, mut b) = pair_after_a_round_trip(&Config {
         rto_min: Duration::from_millis(1),
         ..frto_config()
     });
-    a.send(t(0), &[0]).unwrap();
-    assert_eq!(feed(&mut b, t(10), out(&mut a, t(0))).len(), 1);
-    b.handle_release(t(10), 1);
-    b.flush_ack();
-    feed(&mut a, t(20), out(&mut b, t(10)));
     a.send(t(100), &[1]).unwrap();
     let f = out(&mut a, t(100));
     assert_eq!(

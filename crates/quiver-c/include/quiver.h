@@ -262,6 +262,11 @@ typedef enum quiver_error {
    * no error handler took the error.
    */
   QUIVER_ERR_PORT = 32,
+  /**
+   * A one-sided operation on a window failed: no such window at the target, a range
+   * outside it, a misaligned atomic, or puts the target refused.
+   */
+  QUIVER_ERR_RMA = 33,
 } quiver_error;
 
 /**

@@ -86,13 +86,16 @@ pub enum quiver_error {
     /// message longer than the buffer, no destination bound, a failed destination) and
     /// no error handler took the error.
     QUIVER_ERR_PORT = 32,
+    /// A one-sided operation on a window failed: no such window at the target, a range
+    /// outside it, a misaligned atomic, or puts the target refused.
+    QUIVER_ERR_RMA = 33,
 }
 
 use quiver_error::*;
 
 impl quiver_error {
     /// Every code, for `quiver_strerror` and the tests.
-    pub(crate) const ALL: [quiver_error; 28] = [
+    pub(crate) const ALL: [quiver_error; 29] = [
         QUIVER_OK,
         QUIVER_ERR_NULL,
         QUIVER_ERR_INVALID_ARGUMENT,
@@ -121,6 +124,7 @@ impl quiver_error {
         QUIVER_ERR_OTHER,
         QUIVER_ERR_LAUNCHER,
         QUIVER_ERR_PORT,
+        QUIVER_ERR_RMA,
     ];
 
     /// The code's description (`quiver_strerror`).
@@ -155,6 +159,7 @@ impl quiver_error {
             QUIVER_ERR_IO => c"an operating-system call failed",
             QUIVER_ERR_OTHER => c"an error this version of the C library has no code for",
             QUIVER_ERR_LAUNCHER => c"the launcher's key-value service (PMIx, PMI) failed",
+            QUIVER_ERR_RMA => c"a one-sided operation on a window failed",
             QUIVER_ERR_PORT => {
                 c"a port could not take or send a message, and no error handler took it"
             }
@@ -188,6 +193,7 @@ impl quiver_error {
             Error::Closed => QUIVER_ERR_CLOSED,
             Error::Io { .. } => QUIVER_ERR_IO,
             Error::Port(_) => QUIVER_ERR_PORT,
+            Error::Rma(_) => QUIVER_ERR_RMA,
             // `quiver::Error` is non-exhaustive; `every_error_variant_has_a_code` (tests)
             // fails when a variant reaches this arm.
             _ => QUIVER_ERR_OTHER,
@@ -493,7 +499,7 @@ mod tests {
             let s = unsafe { CStr::from_ptr(quiver_strerror(c as c_int)) };
             assert!(seen.insert(s.to_owned()), "{c:?} shares its description");
         }
-        for bad in [-1, 5, 9, 33, 1000, c_int::MIN, c_int::MAX] {
+        for bad in [-1, 5, 9, 34, 1000, c_int::MIN, c_int::MAX] {
             // SAFETY: as above.
             let s = unsafe { CStr::from_ptr(quiver_strerror(bad)) };
             assert_eq!(s, c"unknown quiver error code", "{bad}");
@@ -505,7 +511,7 @@ mod tests {
         // The values are part of the ABI: a change here breaks compiled programs.
         let values: Vec<c_int> = quiver_error::ALL.iter().map(|c| *c as c_int).collect();
         let mut expected = vec![0, 1, 2, 3, 4];
-        expected.extend(10..=32);
+        expected.extend(10..=33);
         assert_eq!(values, expected);
     }
 

@@ -209,6 +209,10 @@ pub enum Error {
     /// a buffer or too long for it, a send through a port without a destination...).
     #[error(transparent)]
     Port(PortError),
+    /// A one-sided operation on a window failed (`crate::rma`): refused by the target,
+    /// or out of the window's bounds at the origin.
+    #[error(transparent)]
+    Rma(RmaError),
     /// An operating-system call failed.
     #[error("{context}: {source}")]
     Io {
@@ -242,6 +246,66 @@ pub struct Origin {
     pub rank: u32,
     /// The port it sent through.
     pub port: u8,
+}
+
+/// Why a one-sided operation on a window failed (`crate::rma`). A request the origin
+/// can check (the window's length is in its key) fails there, before anything is sent;
+/// the target checks every request again and refuses what fails, and the origin hears
+/// of it from the answer (a get, an atomic) or from its next flush (puts).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RmaError {
+    /// The target has no such window (never allocated there, or freed since).
+    #[error("rank {rank} has no window {window} (never allocated, or freed)")]
+    NoWindow {
+        /// The target.
+        rank: u32,
+        /// The window's number.
+        window: u32,
+    },
+    /// The range does not lie inside the window.
+    #[error("{len} bytes at offset {offset} of window {window} of rank {rank} lie outside its {size} bytes")]
+    OutOfBounds {
+        /// The target.
+        rank: u32,
+        /// The window's number.
+        window: u32,
+        /// The range's offset.
+        offset: u64,
+        /// The range's length.
+        len: u64,
+        /// The window's length at the target.
+        size: u64,
+    },
+    /// An atomic on a word that is not 8-byte aligned in the window.
+    #[error(
+        "offset {offset} of window {window} of rank {rank} is not 8-byte aligned for an atomic"
+    )]
+    Misaligned {
+        /// The target.
+        rank: u32,
+        /// The window's number.
+        window: u32,
+        /// The word's offset.
+        offset: u64,
+    },
+    /// Puts to `rank` since the last flush were refused there (the flush reports how
+    /// many, and why the first was).
+    #[error("rank {rank} refused {count} put(s) since the last flush: {reason}")]
+    PutsRefused {
+        /// The target.
+        rank: u32,
+        /// How many.
+        count: u64,
+        /// Why the first was.
+        reason: String,
+    },
+    /// The target answered with something the origin could not read.
+    #[error("rank {rank} answered a one-sided request with an unknown status")]
+    BadAnswer {
+        /// The target.
+        rank: u32,
+    },
 }
 
 /// What goes to a port's error handler (GAMMA's ports, `crate::ports`).

@@ -76,7 +76,7 @@ pub mod ports;
 #[path = "ports/mailbox.rs"]
 mod ports_mailbox;
 #[cfg(not(loom))]
-pub(crate) mod rma;
+pub mod rma;
 pub(crate) mod sync;
 #[cfg(not(loom))]
 pub mod tagged;

@@ -833,6 +833,11 @@ impl<D> Core<D> {
         Some((&p.dest, p.duplex.sender().frame_bytes(frame)))
     }
 
+    /// The longest message that travels to peer `i` in one frame.
+    pub(crate) fn lone_max(&self, i: usize) -> usize {
+        self.peers[i].duplex.sender().lone_max()
+    }
+
     /// Starts a message of `len` bytes to peer `i` on the general path.
     pub(crate) fn begin_send(&self, i: usize, len: usize) -> Result<PartialSend> {
         let p = &self.peers[i];

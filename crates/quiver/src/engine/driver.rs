@@ -517,6 +517,11 @@ impl<L: Link, C: Clock> Driver<L, C> {
         Ok(true)
     }
 
+    /// The longest message that travels to peer `i` in one frame.
+    pub(crate) fn lone_max(&self, i: usize) -> usize {
+        self.core.lone_max(i)
+    }
+
     /// Starts a message of `len` bytes to peer `i` on the general path (after
     /// [`write_lone`](Self::write_lone) declined it).
     pub(crate) fn begin_send(&self, i: usize, len: usize) -> Result<PartialSend> {

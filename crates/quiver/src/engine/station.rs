@@ -478,6 +478,19 @@ impl<L: Link, C: Clock> Station<L, C> {
         false
     }
 
+    /// The longest message that reaches `route`'s peer in one frame of its network
+    /// channel (a protocol that cuts its data into such pieces has each piece handed
+    /// to the peer's protocol where its frame lies, with no reassembly copy); `None`
+    /// for a route that is not a network channel of this station's (shared memory, the
+    /// offload engine's).
+    pub(crate) fn frame_payload(&self, route: usize) -> Option<usize> {
+        let inner = self.inner.borrow();
+        match inner.routes.get(route) {
+            Some((_, Route::Net { peer })) => inner.rx.net.as_ref().map(|n| n.lone_max(*peer)),
+            _ => None,
+        }
+    }
+
     /// Whether everything sent on shared-memory route `route` was read and released by
     /// its receiver (as far as it has told: it publishes its position lazily, so this
     /// may say false for a while after). False for every other route.
@@ -1244,4 +1257,22 @@ impl<L: Link, C: Clock> Waitable for CreditWait<'_, L, C> {
         // Messages waiting to be read do not end this wait: only credits do.
         self.at.sleep_on_descriptor(timeout)
     }
+}
+
+/// The station's drive with `protocol` (`handled` reads how many messages it handled);
+/// when it found nothing and the endpoint's descriptor was handed out, once more: a
+/// sender may have published before the doorbells were reset.
+pub(crate) fn drive_rearming<P: Protocol>(
+    on: &impl Footing,
+    protocol: &mut P,
+    out: &mut Outbox,
+    handled: impl Fn(&P) -> u64,
+) -> Result<Option<Received>> {
+    let station = on.station();
+    let report = |e| on.report(e);
+    let r = station.drive(protocol, out, report);
+    if matches!(r, Ok(None)) && handled(protocol) == 0 && station.rearm_doorbells() {
+        return station.drive(protocol, out, report);
+    }
+    r
 }

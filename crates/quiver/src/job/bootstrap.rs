@@ -1016,7 +1016,7 @@ where
         .collect()
 }
 
-pub(super) fn random_u64() -> Result<u64> {
+pub(crate) fn random_u64() -> Result<u64> {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).map_err(|e| {
         Error::io(

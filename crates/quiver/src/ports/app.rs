@@ -12,9 +12,8 @@ use super::{PortError, DEPOSIT_MIN, RESERVED_PORT};
 use crate::addr::Source;
 use crate::config::WaitMode;
 use crate::engine::protocol::Outbox;
-use crate::engine::protocol::Protocol;
-use crate::engine::route::Received;
-use crate::engine::station::Footing;
+
+use crate::engine::station::{drive_rearming, Footing};
 use crate::error::{Error, Result};
 use crate::rma::window::{Published, Windows, PUBLISHED_IDS};
 use std::cell::OnceCell;
@@ -798,22 +797,4 @@ fn check_dest_port(dest_port: u8) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The station's drive with `protocol` (`handled` reads how many messages it handled);
-/// when it found nothing and the endpoint's descriptor was handed out, once more: a
-/// sender may have published before the doorbells were reset.
-fn drive_rearming<P: Protocol>(
-    on: &impl Footing,
-    protocol: &mut P,
-    out: &mut Outbox,
-    handled: impl Fn(&P) -> u64,
-) -> Result<Option<Received>> {
-    let station = on.station();
-    let report = |e| on.report(e);
-    let r = station.drive(protocol, out, report);
-    if matches!(r, Ok(None)) && handled(protocol) == 0 && station.rearm_doorbells() {
-        return station.drive(protocol, out, report);
-    }
-    r
 }

@@ -2,11 +2,11 @@
 //! peer's shared buffer, by cross-memory attach (alone, or as a split copy with the
 //! peer), or on the pull thread; and the completions of the pull thread's gets.
 
-use super::{puller, GetError, Got, Peer, Remote, Rma};
+use super::{puller, GetError, Got, Peer, Remote, SingleCopy};
 use crate::link::cma::{CmaError, Piece};
 use std::ops::Range;
 
-impl Rma {
+impl SingleCopy {
     /// Copies the bytes of `peer` at `remote` into `dst` (`dst.len()` of them), and
     /// returns once every byte is in place ([`Got::Shared`], [`Got::Attached`]), or
     /// nothing was copied because no path reaches the peer ([`Got::Unreachable`]: the
@@ -21,14 +21,14 @@ impl Rma {
         unsafe { self.get_now(peer, remote, dst.as_mut_ptr(), len) }
     }
 
-    /// Like [`Rma::get`] into the `len` bytes at `dst`, but a large get by attach goes to
-    /// the pull thread when it runs: then [`Got::Queued`], and [`Rma::completed`] reports
+    /// Like [`SingleCopy::get`] into the `len` bytes at `dst`, but a large get by attach goes to
+    /// the pull thread when it runs: then [`Got::Queued`], and [`SingleCopy::completed`] reports
     /// the end of get `op` (a number of the caller's).
     ///
     /// # Safety
     /// `dst` must be valid for writes of `len` bytes, which nothing else reads or writes
     /// until the get is over: when this returns, or for [`Got::Queued`] until
-    /// [`Rma::completed`] has reported `op`.
+    /// [`SingleCopy::completed`] has reported `op`.
     pub(crate) unsafe fn start_get(
         &self,
         op: u64,
@@ -84,7 +84,7 @@ impl Rma {
     }
 
     /// # Safety
-    /// As [`Rma::start_get`], with the get over when this returns.
+    /// As [`SingleCopy::start_get`], with the get over when this returns.
     unsafe fn get_now(
         &self,
         peer: Peer,

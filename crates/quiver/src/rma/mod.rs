@@ -1,20 +1,22 @@
-//! One-sided access to the memory of another process of the node: the machinery behind
-//! tagged messaging's single-copy pulls, which deposit/fetch RMA (milestone 2) builds on.
+//! One-sided access to the memory of other processes: the job's windows with put, get
+//! and remote atomics (the deposit seed's personality, [`Rma`], module `access`; the
+//! wire form of its requests in `ops`, the target's side in `serve`), and the machinery
+//! behind tagged messaging's single-copy pulls inside a node.
 //!
-//! What it owns, per endpoint, in one [`Rma`]:
+//! What the single-copy machinery owns, per endpoint, in one [`SingleCopy`]:
 //!
-//! - the **get** ([`Rma::get`], [`Rma::start_get`]): copies bytes of a same-node peer's
+//! - the **get** ([`SingleCopy::get`], [`SingleCopy::start_get`]): copies bytes of a same-node peer's
 //!   memory into a local buffer, from the peer's shared buffer when the bytes lie in one
 //!   ([`Remote::Shared`]), else by cross-memory attach ([`Remote::Memory`]), as a split
 //!   copy when the peer offered one, on the pull thread when it runs and the get is
 //!   large. When neither path reaches the peer the get says so ([`Got::Unreachable`]) and
 //!   the caller has the peer send the bytes over its channel instead;
 //! - the **windows** a peer reads ([`window`]): shared buffers allocated here
-//!   ([`Rma::alloc_shared`]), their registry ([`Rma::locate`] names local bytes as a
+//!   ([`SingleCopy::alloc_shared`]), their registry ([`SingleCopy::locate`] names local bytes as a
 //!   [`Remote`] for a peer), and the peers' shared buffers mapped here;
 //! - the **sender's half of a split copy** ([`split`]): offering a board slot for a
-//!   transfer ([`Rma::offer_split`]) and writing the units the receiver leaves to it
-//!   ([`Rma::help`]);
+//!   transfer ([`SingleCopy::offer_split`]) and writing the units the receiver leaves to it
+//!   ([`SingleCopy::help`]);
 //! - [`puller`]: the pull phase on a core of its own, for the offload engine's users;
 //! - [`reach`]: whether cross-memory attach reaches a peer, proved by a published nonce,
 //!   and only at the pid it proved; what this process lets its peers do under Yama.
@@ -25,19 +27,22 @@
 //! kernel fails is [`GetError::Attach`], and a refusal of cross-memory attach (logged
 //! once) makes later gets [`Got::Unreachable`] rather than errors. No process is read or
 //! written but the one a peer rank proved to be: a get naming another pid for that rank
-//! is [`Got::Unreachable`] (counted in [`RmaStats::pids_refused`]), and so is a split
+//! is [`Got::Unreachable`] (counted in [`SingleCopyStats::pids_refused`]), and so is a split
 //! copy's write into another. A get that returns has
 //! finished writing its destination (a peer helping with a split copy included), except
-//! a [`Got::Queued`] one, whose end [`Rma::completed`] reports.
+//! a [`Got::Queued`] one, whose end [`SingleCopy::completed`] reports.
 //!
 //! Who calls it: `tagged` (its pulls, and the sender's side of split copies); `ports`
 //! (its broadcast ring, a [`window::Published`] buffer its node's ranks read). It knows
 //! nothing of messages, tags or channels; whether a peer is on this node is the caller's
 //! to say (only same-node peers are asked for).
 
+mod access;
 mod get;
+mod ops;
 pub(crate) mod puller;
 pub(crate) mod reach;
+mod serve;
 pub(crate) mod split;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -54,6 +59,9 @@ use std::sync::Arc;
 
 use window::SharedBuf;
 
+pub use crate::error::RmaError;
+pub use access::{Rma, RmaStats, Window};
+
 /// A same-node peer endpoint whose memory a get reads: its rank, and its process as the
 /// peer itself reported it (checked before it is trusted, see [`reach`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,15 +74,15 @@ pub(crate) struct Peer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Remote {
     /// At `offset` in the peer's shared buffer number `window` (one it allocated with
-    /// [`Rma::alloc_shared`]), read in place.
+    /// [`SingleCopy::alloc_shared`]), read in place.
     Shared { window: u32, offset: u64 },
     /// At address `addr` of the peer's process, read by cross-memory attach; `split`: the
-    /// peer offered to write part of the transfer itself ([`Rma::offer_split`]).
+    /// peer offered to write part of the transfer itself ([`SingleCopy::offer_split`]).
     Memory { addr: u64, split: Option<Offer> },
 }
 
 /// A split copy a peer offered for one transfer: the slot of its board
-/// ([`Rma::offer_split`] returned it) and the number it gave the transfer.
+/// ([`SingleCopy::offer_split`] returned it) and the number it gave the transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Offer {
     pub slot: u16,
@@ -89,7 +97,7 @@ pub(crate) enum Got {
     /// Every byte is in place, by cross-memory attach (some perhaps written by the peer:
     /// a split copy).
     Attached,
-    /// Handed to the pull thread: [`Rma::completed`] reports its end.
+    /// Handed to the pull thread: [`SingleCopy::completed`] reports its end.
     Queued,
     /// Nothing was copied: neither path reaches the peer (no such shared buffer, attach
     /// refused or turned off, the peer is this very endpoint). The caller asks the peer
@@ -122,7 +130,7 @@ pub(crate) enum GetError {
 
 /// Bytes one endpoint moved in split copies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct RmaStats {
+pub(crate) struct SingleCopyStats {
     /// Of this endpoint's gets, bytes that the peer wrote (split copies).
     pub written_by_peers: u64,
     /// Bytes this endpoint wrote into its peers' destinations (split copies).
@@ -133,7 +141,7 @@ pub(crate) struct RmaStats {
 }
 
 /// One endpoint's one-sided access to its same-node peers, and theirs to it.
-pub(crate) struct Rma {
+pub(crate) struct SingleCopy {
     job: Arc<JobShared>,
     rank: u32,
     dpid: u16,
@@ -156,15 +164,15 @@ pub(crate) struct Rma {
     helping: RefCell<Vec<split::Helping>>,
     /// Off for good after a write into a peer failed (logged once).
     help_ok: Cell<bool>,
-    stats: Cell<RmaStats>,
+    stats: Cell<SingleCopyStats>,
 }
 
-impl Rma {
+impl SingleCopy {
     /// Sets up one-sided access for endpoint `dpid` of this rank: lets same-node peers
     /// attach to this process (where Yama asks for it: [`reach::permit_peers`]; with
     /// cross-memory attach on), publishes the nonce they probe,
     /// creates the split-copy board and, with the offload engine, starts the pull thread.
-    pub(crate) fn open(job: &Job, dpid: u16) -> Result<Rma> {
+    pub(crate) fn open(job: &Job, dpid: u16) -> Result<SingleCopy> {
         let cfg = job.config();
         // Where Yama restricts ptrace to descendants, let the job's same-node peers read
         // and write our buffers: the one peer process by name, any process of this user
@@ -186,7 +194,7 @@ impl Rma {
         } else {
             None
         };
-        Ok(Rma {
+        Ok(SingleCopy {
             rank: job.rank(),
             dpid,
             cma_on,
@@ -198,7 +206,7 @@ impl Rma {
             peer_boards: RefCell::new(HashMap::new()),
             helping: RefCell::new(Vec::new()),
             help_ok: Cell::new(true),
-            stats: Cell::new(RmaStats::default()),
+            stats: Cell::new(SingleCopyStats::default()),
             job: job.shared.clone(),
         })
     }
@@ -222,20 +230,20 @@ impl Rma {
     }
 
     /// Whether gets are under way on the pull thread (their completions come from a
-    /// thread: poll [`Rma::completed`], do not block on the endpoint).
+    /// thread: poll [`SingleCopy::completed`], do not block on the endpoint).
     pub(crate) fn busy(&self) -> bool {
         self.puller.borrow().as_ref().is_some_and(|p| p.pending > 0)
     }
 
     /// What this endpoint moved in split copies so far.
-    pub(crate) fn stats(&self) -> RmaStats {
-        RmaStats {
+    pub(crate) fn stats(&self) -> SingleCopyStats {
+        SingleCopyStats {
             pids_refused: self.reach.refused(),
             ..self.stats.get()
         }
     }
 
-    fn count(&self, f: impl FnOnce(&mut RmaStats)) {
+    fn count(&self, f: impl FnOnce(&mut SingleCopyStats)) {
         let mut s = self.stats.get();
         f(&mut s);
         self.stats.set(s);

@@ -5,8 +5,8 @@
 //! otherwise idle core, writes units from the back (`process_vm_writev`), coordinated
 //! through a slot of the peer's board: [`SLOTS`] [`SplitSlot`]s in a shared-memory object
 //! of the peer, one per large transfer it has offered. This module holds both halves:
-//! the offering side ([`Rma::offer_split`], [`Rma::help`], [`Rma::end_split`]) and the
-//! getting side (`Rma::split_get`, which [`Rma::get`] uses when the peer offered a slot).
+//! the offering side ([`SingleCopy::offer_split`], [`SingleCopy::help`], [`SingleCopy::end_split`]) and the
+//! getting side (`SingleCopy::split_get`, which [`SingleCopy::get`] uses when the peer offered a slot).
 //!
 //! The board is `/quiver-UID-JOB-RANK-sDPID` (mode 0600, removed with the job's other
 //! objects), created zero-filled by its endpoint and mapped writable by each getter on
@@ -14,10 +14,10 @@
 //! another transfer is not opened (the getter then reads alone). The offering side writes
 //! only into the process that the rank it offered to proved to be (its published nonce,
 //! at the pid published with it): a slot naming another pid is refused and counted
-//! (`RmaStats::pids_refused`), and the getter reads those units itself. It writes only
+//! (`SingleCopyStats::pids_refused`), and the getter reads those units itself. It writes only
 //! inside the length it offered.
 
-use super::{Offer, Peer, Rma};
+use super::{Offer, Peer, SingleCopy};
 use crate::error::Result;
 use crate::link::cma::{self, CmaError};
 use crate::link::shm::object::{self, Mapping};
@@ -121,7 +121,7 @@ impl Drop for Board {
     }
 }
 
-impl Rma {
+impl SingleCopy {
     /// Whether this endpoint would offer `rank` a split copy of a transfer of `len` bytes
     /// (split copies on, attach usable, not to itself, long enough); the caller checks
     /// that `rank` is on this node.
@@ -136,11 +136,11 @@ impl Rma {
     /// Offers same-node peer `rank`, which will get `src` (transfer number `msg`, unique
     /// among this endpoint's transfers in flight), to split the copy: takes a slot of
     /// this endpoint's board for it. The slot, for the peer's [`Offer`]; `None` if
-    /// [`Rma::may_split`] says no or every slot is in use.
+    /// [`SingleCopy::may_split`] says no or every slot is in use.
     ///
     /// # Safety
-    /// `src` must stay valid, and unchanged, until [`Rma::end_split`] for (`rank`, `msg`):
-    /// [`Rma::help`] writes from it meanwhile.
+    /// `src` must stay valid, and unchanged, until [`SingleCopy::end_split`] for (`rank`, `msg`):
+    /// [`SingleCopy::help`] writes from it meanwhile.
     pub(crate) unsafe fn offer_split(&self, rank: u32, msg: u64, src: &[u8]) -> Option<u16> {
         if !self.may_split(rank, src.len() as u64) {
             return None;

@@ -15,10 +15,10 @@ use split::SPLIT_MIN;
 const DPID: u16 = 31;
 
 /// The two endpoints of a two-rank job.
-fn pair(config: &Config) -> (Rma, Rma, KvServerHandle) {
+fn pair(config: &Config) -> (SingleCopy, SingleCopy, KvServerHandle) {
     let (jobs, store) = jobs(2, config);
-    let a = Rma::open(&jobs[0], DPID).unwrap();
-    let b = Rma::open(&jobs[1], DPID).unwrap();
+    let a = SingleCopy::open(&jobs[0], DPID).unwrap();
+    let b = SingleCopy::open(&jobs[1], DPID).unwrap();
     (a, b, store)
 }
 
@@ -44,7 +44,7 @@ fn memory(bytes: &[u8]) -> Remote {
 }
 
 /// Whether `a` reaches rank 1's memory by attach: skips the test (says why) if not.
-fn attach_works(a: &Rma, b_bytes: &[u8]) -> bool {
+fn attach_works(a: &SingleCopy, b_bytes: &[u8]) -> bool {
     let mut one = [0u8; 1];
     match a.get(rank1(), memory(&b_bytes[..1]), &mut one) {
         Ok(Got::Attached) => true,
@@ -144,7 +144,7 @@ fn ranges_outside_a_shared_buffer_are_typed_errors() {
     assert_eq!(a.get(rank1(), gone, &mut two).unwrap(), Got::Unreachable);
     drop(buf);
     let freed = Remote::Shared { window, offset: 0 };
-    let fresh = Rma::open(&jobs_of(&a), DPID + 1).unwrap();
+    let fresh = SingleCopy::open(&jobs_of(&a), DPID + 1).unwrap();
     assert_eq!(
         fresh.get(rank1(), freed, &mut two).unwrap(),
         Got::Unreachable
@@ -152,7 +152,7 @@ fn ranges_outside_a_shared_buffer_are_typed_errors() {
 }
 
 /// A job handle of `rma`'s job (for a second endpoint of the same rank).
-fn jobs_of(rma: &Rma) -> Job {
+fn jobs_of(rma: &SingleCopy) -> Job {
     Job {
         shared: rma.job.clone(),
     }
@@ -381,8 +381,8 @@ fn a_process_that_is_not_the_peer_is_not_read() {
 #[test]
 fn a_split_copy_does_not_write_into_a_process_that_is_not_the_receiver() {
     let (jobs, _store) = jobs(2, &Config::default());
-    let _a = Rma::open(&jobs[0], DPID).unwrap();
-    let b = Rma::open(&jobs[1], DPID).unwrap();
+    let _a = SingleCopy::open(&jobs[0], DPID).unwrap();
+    let b = SingleCopy::open(&jobs[1], DPID).unwrap();
     let len = SPLIT_MIN as usize;
     let src = pattern(len, 7);
     let mut held = vec![0u8; len];
@@ -509,7 +509,7 @@ fn a_split_copy_with_the_peers_help_moves_every_byte() {
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     // Rank 1 offers its bytes and helps until rank 0 is done.
     let helper = std::thread::spawn(move || {
-        let b = Rma::open(&job1, DPID).unwrap();
+        let b = SingleCopy::open(&job1, DPID).unwrap();
         let src = pattern(len, 5);
         assert!(b.may_split(0, len as u64));
         assert!(!b.may_split(1, len as u64), "not to itself");
@@ -525,7 +525,7 @@ fn a_split_copy_with_the_peers_help_moves_every_byte() {
         drop(src);
         b.stats().written_for_peers
     });
-    let a = Rma::open(&job0, DPID).unwrap();
+    let a = SingleCopy::open(&job0, DPID).unwrap();
     let (slot, addr) = offer_rx.recv().unwrap();
     let want = pattern(len, 5);
     let mut one = [0u8; 1];

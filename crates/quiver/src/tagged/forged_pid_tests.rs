@@ -9,7 +9,7 @@ use super::Tagged;
 use crate::config::Config;
 use crate::dm::Endpoint;
 use crate::rma::tests::Forked;
-use crate::rma::Rma;
+use crate::rma::SingleCopy;
 use crate::test_support::{cannot_run, jobs};
 use std::time::Duration;
 
@@ -84,7 +84,7 @@ fn a_push_naming_another_process_is_pulled_by_request_and_counted() {
     let mut held = real.clone();
     let addr = held.as_ptr() as u64;
     let ep = job0.open(DPID).unwrap();
-    let _rma0 = Rma::open(&job0, DPID).unwrap();
+    let _rma0 = SingleCopy::open(&job0, DPID).unwrap();
     let child = Forked::start(&mut held, 0xc4);
     let mut probe = vec![0u8; LEN];
     let piece = crate::link::cma::Piece { addr, len: LEN };

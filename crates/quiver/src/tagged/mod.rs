@@ -79,7 +79,7 @@ pub const SPLIT_MIN: u64 = rma::split::SPLIT_MIN;
 use crate::dm::Endpoint;
 use crate::error::{Error, Result};
 use crate::job::Job;
-use crate::rma::{self, puller, Rma};
+use crate::rma::{self, puller, SingleCopy};
 use pushpull::{PushPull, State};
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -202,7 +202,7 @@ impl Tagged {
     /// Opens the tagged endpoint `dpid` of this rank (every rank uses the same DPID).
     pub fn open(job: &Job, dpid: u16) -> Result<Tagged> {
         let ep = job.open(dpid)?;
-        let rma = Rma::open(job, dpid)?;
+        let rma = SingleCopy::open(job, dpid)?;
         let st = State::new(job.config(), job.size());
         Ok(Tagged {
             ep,

@@ -34,7 +34,7 @@ use crate::engine::protocol::{Disposition, Outbox, Protocol};
 use crate::engine::station::Footing;
 use crate::error::{Error, Result};
 use crate::link::Transport;
-use crate::rma::{GetError, Got, Offer, Peer, Remote, Rma};
+use crate::rma::{GetError, Got, Offer, Peer, Remote, SingleCopy};
 use crate::FastMap;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -324,7 +324,7 @@ pub(super) struct PushPull {
     pub(super) out: RefCell<Outbox>,
     /// Same-node pulls (shared buffers, cross-memory attach, split copies, the pull
     /// thread) and the sender's side of split copies.
-    pub(super) rma: Rma,
+    pub(super) rma: SingleCopy,
     rank: u32,
     /// This process's id, which a `Push` names for same-node pulls (read once: getpid
     /// is a system call).
@@ -333,7 +333,7 @@ pub(super) struct PushPull {
 
 impl PushPull {
     /// The protocol of rank `rank` in state `st`, pulling on one node through `rma`.
-    pub(super) fn new(st: State, rma: Rma, rank: u32) -> PushPull {
+    pub(super) fn new(st: State, rma: SingleCopy, rank: u32) -> PushPull {
         PushPull {
             st: RefCell::new(st),
             out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
@@ -1100,7 +1100,7 @@ impl PushPull {
 struct Handler<'a> {
     st: &'a mut State,
     /// The sender's side of split copies (`None` in the handler's own tests).
-    rma: Option<&'a Rma>,
+    rma: Option<&'a SingleCopy>,
     /// Messages handled in this drive.
     handled: usize,
     /// `State::completions` when the drive began.
@@ -1165,7 +1165,7 @@ impl Protocol for Handler<'_> {
 
 impl<'a> Handler<'a> {
     /// The handler over `st` for one drive (or one send of the outbox).
-    fn new(st: &'a mut State, rma: Option<&'a Rma>) -> Handler<'a> {
+    fn new(st: &'a mut State, rma: Option<&'a SingleCopy>) -> Handler<'a> {
         let completions = st.completions;
         Handler {
             st,
@@ -1472,7 +1472,7 @@ fn landed(st: &mut State, op: u64, source: u32, msg: u64, len: u64) {
 }
 
 /// The receiver is done with send `id` (message `msg` to `dest`).
-fn complete_send(st: &mut State, rma: Option<&Rma>, dest: u32, msg: u64, id: u64) {
+fn complete_send(st: &mut State, rma: Option<&SingleCopy>, dest: u32, msg: u64, id: u64) {
     if let Some(rma) = rma {
         rma.end_split(dest, msg);
     }

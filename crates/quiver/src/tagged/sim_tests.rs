@@ -18,7 +18,7 @@ use crate::engine::stats::EndpointStats;
 use crate::error::Error;
 use crate::link::fault::{FaultConfig, SimRng};
 use crate::link::sim::SimNet;
-use crate::rma::Rma;
+use crate::rma::SingleCopy;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -102,7 +102,7 @@ fn exchange_with_credit(
                 .with_pipeline_max(side.pipeline_max);
             let st = State::new(&mine, 2);
             Rank {
-                pp: PushPull::new(st, Rma::open(&jobs[r], DPID).unwrap(), r as u32),
+                pp: PushPull::new(st, SingleCopy::open(&jobs[r], DPID).unwrap(), r as u32),
                 out_bufs: Vec::new(),
                 sends: Vec::new(),
                 recvs: Vec::new(),
@@ -375,7 +375,7 @@ fn endpoint_pair() -> (
     let pps = [0, 1].map(|r| {
         PushPull::new(
             State::new(&config, 2),
-            Rma::open(&jobs[r], DPID).unwrap(),
+            SingleCopy::open(&jobs[r], DPID).unwrap(),
             r as u32,
         )
     });

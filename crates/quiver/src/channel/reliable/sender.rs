@@ -321,6 +321,11 @@ impl Sender {
     /// frame, nothing is queued or due for resending, no probe is due, the window has room
     /// and the sender has not failed.
     #[inline]
+    /// The longest message that travels in one frame of this channel.
+    pub fn lone_max(&self) -> usize {
+        self.max_datagram - HEADER_LEN
+    }
+
     pub fn takes_lone(&self, len: usize) -> bool {
         !self.failed
             && len <= self.max_datagram - HEADER_LEN

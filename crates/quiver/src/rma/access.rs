@@ -1,0 +1,785 @@
+//! One-sided access to windows: the deposit seed's put (deposit) and get (fetch), and
+//! 64-bit remote atomics (LCI's fetch-and-add), with remote completion by flush.
+//!
+//! Every process of a job opens [`Rma`] on the same DPID and allocates its windows in
+//! the same order ([`Rma::allocate`]): window `n` of every rank is one window of the
+//! job, each rank's part of its own length (as `MPI_Win_allocate`). A remote address
+//! is (rank, window, offset). A window is memory of the node's shared pool, so:
+//!
+//! - a rank of the **same node** reads, writes and updates it directly (a copy into or
+//!   out of the mapped window, a CPU atomic on its word): the target's CPU takes no
+//!   part, as the T3D's deposit engine;
+//! - a rank of **another node** sends requests that the target's side of the protocol
+//!   (`serve`) applies where progress runs: on the offload engine's thread when it runs
+//!   (`QUIVER_RELIABILITY=offload`: the target application may compute or sleep), else
+//!   inside the target's next call of its [`Rma`] (or of a barrier that makes progress
+//!   on it). A put is cut into pieces of one frame each, so every piece is copied into
+//!   the window from where its frame arrived (no reassembly copy); a get is answered in
+//!   such pieces too.
+//!
+//! Atomics on a word are atomic with respect to each other whoever issues them: both
+//! paths end in the same CPU atomic on the window's word.
+//!
+//! Completion: a put returns once its source may be reused (the bytes are in the
+//! window, or in the rings and channels towards it); [`Rma::flush`] returns once every
+//! put to that rank is applied in its window (and reports puts it refused); a get and
+//! an atomic return with their result.
+//!
+//! Checks: the window's length comes with its key (published in the job's store when
+//! it is allocated, fetched once per rank and window), so a range outside it is an
+//! [`RmaError::OutOfBounds`] at the origin, before anything is sent; the target checks
+//! every request again (number, generation, bounds, alignment) and never touches memory
+//! outside its windows. Frames of other jobs never reach the protocol (the engine
+//! drops them), and window objects are the job user's (mode 0600).
+//!
+//! Freeing: a [`Window`] dropped is gone at once for requests that arrive after (they
+//! are refused); free a window only when no rank accesses it any more (after a
+//! barrier), as `MPI_Win_free` does.
+
+use super::serve::{self, Exposure, OnState, Pending, Served, State};
+use super::window::{SharedObject, PUBLISHED_IDS};
+use crate::addr::Source;
+use crate::config::WaitMode;
+use crate::dm::Endpoint;
+use crate::engine::protocol::Outbox;
+use crate::engine::station::{drive_rearming, Footing};
+use crate::error::{Error, Result, RmaError};
+use crate::job::Job;
+use crate::link::Transport;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::ops::{self, At, AtomicOp, Status};
+
+/// Shared-object numbers of windows: `WINDOW_IDS | n`, `n` counted per process.
+const WINDOW_IDS: u32 = PUBLISHED_IDS | 1 << 29;
+/// How long a wait polls before it sleeps, by default (as the ports' waits).
+const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// Rounds of the endpoint one [`Rma::progress`] makes at most.
+const PROGRESS_ROUNDS: usize = 64;
+/// Windows a process may allocate in its life.
+const MAX_WINDOWS: u32 = 1 << 29;
+/// The piece of a put or get when the route's frame size is unknown (through the
+/// offload engine): the engine reassembles larger ones.
+const DEFAULT_PIECE: usize = 8 << 10;
+
+/// Counters of a process's one-sided operations (both as origin and as target).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RmaStats {
+    /// Puts this rank issued.
+    pub puts: u64,
+    /// Gets this rank issued.
+    pub gets: u64,
+    /// Atomics this rank issued.
+    pub atomics: u64,
+    /// Of them, the operations done directly on a same-node window (no message).
+    pub direct: u64,
+    /// Put messages this rank's windows took from other nodes.
+    pub puts_applied: u64,
+    /// Gets and atomics this rank served for other nodes.
+    pub served: u64,
+    /// Requests this rank refused (no such window, out of bounds, misaligned).
+    pub refused: u64,
+    /// Messages dropped because they were not well-formed requests or answers.
+    pub malformed: u64,
+}
+
+/// A window of this rank: memory of the node's shared pool that the job's ranks read
+/// and write with [`Rma`]. Its bytes may change at any time by other ranks' puts and
+/// atomics: reach them through [`Window::read`], [`Window::write`] and
+/// [`Window::word`], or a raw pointer ([`Window::as_ptr`]).
+pub struct Window {
+    number: u32,
+    generation: u32,
+    mem: Arc<SharedObject>,
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("number", &self.number)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl Window {
+    /// Its number: the same window on every rank.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// Its length here.
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its first byte (page-aligned), for code that lays its own data out in it.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.mem.ptr()
+    }
+
+    /// Copies the bytes at `offset` into `dst`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: offset + len <= the mapping's length (checked); other ranks' writes
+        // to the same bytes meanwhile are the application's race (the bytes read are
+        // then unspecified), never a read outside the window.
+        unsafe { crate::link::copy_bytes(self.mem.ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` to `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        // SAFETY: as in `read`, the other way.
+        unsafe { crate::link::copy_bytes(data.as_ptr(), self.mem.ptr().add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// The 64-bit word at `offset` (8-byte aligned), as the remote atomics see it.
+    pub fn word(&self, offset: usize) -> Result<&AtomicU64> {
+        self.check(offset, 8)?;
+        if !offset.is_multiple_of(8) {
+            return Err(Error::Rma(RmaError::Misaligned {
+                rank: u32::MAX,
+                window: self.number,
+                offset: offset as u64,
+            }));
+        }
+        // SAFETY: in bounds and aligned (checked; the mapping is page-aligned), and
+        // alive as long as `self`.
+        Ok(unsafe { &*(self.mem.ptr().add(offset) as *const AtomicU64) })
+    }
+
+    /// The whole window, copied.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len()];
+        self.read(0, &mut v).expect("the whole window is in bounds");
+        v
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(Error::Rma(RmaError::OutOfBounds {
+                rank: u32::MAX,
+                window: self.number,
+                offset: offset as u64,
+                len: len as u64,
+                size: self.len() as u64,
+            }));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // Requests that arrive from now on are refused; the object goes with the last
+        // reference (a request being applied holds none: the state's lock is held).
+        serve::lock(&self.state).exposed.remove(&self.number);
+    }
+}
+
+/// What an origin knows of another rank's window: its object, generation and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Key {
+    object: u32,
+    generation: u32,
+    len: u64,
+}
+
+impl Key {
+    fn encode(&self) -> String {
+        format!("{}/{}/{}", self.object, self.generation, self.len)
+    }
+
+    fn parse(s: &str) -> Option<Key> {
+        let mut it = s.split('/').map(str::parse::<u64>);
+        let k = Key {
+            object: u32::try_from(it.next()?.ok()?).ok()?,
+            generation: u32::try_from(it.next()?.ok()?).ok()?,
+            len: it.next()?.ok()?,
+        };
+        it.next().is_none().then_some(k)
+    }
+}
+
+/// How this rank reaches another for one-sided operations.
+#[derive(Clone, Copy)]
+enum Reach {
+    /// Through its endpoint: route index, and the longest piece per message.
+    Messages { route: usize, piece: usize },
+    /// Directly, in the node's shared memory.
+    Direct,
+}
+
+/// One process's one-sided operations on DPID `dpid` (module documentation).
+pub struct Rma {
+    ep: Endpoint,
+    state: Arc<Mutex<State>>,
+    out: RefCell<Outbox>,
+    keys: RefCell<HashMap<(u32, u32), Key>>,
+    /// Same-node windows mapped here, by (rank, object).
+    mapped: RefCell<HashMap<(u32, u32), Arc<SharedObject>>>,
+    reach: RefCell<HashMap<u32, Reach>>,
+    /// Ranks this rank sent puts to since their last flush.
+    unflushed: RefCell<BTreeSet<u32>>,
+    next_window: Cell<u32>,
+    next_id: Cell<u64>,
+    wait: Cell<WaitMode>,
+    stats: RefCell<RmaStats>,
+}
+
+impl Rma {
+    /// Opens this process's one-sided endpoint on `dpid` (every rank of the job opens
+    /// one on the same DPID). With the offload engine, requests from other nodes are
+    /// served on its thread.
+    pub fn open(job: &Job, dpid: u16) -> Result<Rma> {
+        let state = Arc::new(Mutex::new(State::default()));
+        let ep = if job.can_serve() {
+            let served = Box::new(Served {
+                state: state.clone(),
+            });
+            job.open_serving(dpid, served)?
+        } else {
+            job.open(dpid)?
+        };
+        Ok(Rma {
+            ep,
+            state,
+            out: RefCell::new(Outbox::new(usize::MAX)),
+            keys: RefCell::new(HashMap::new()),
+            mapped: RefCell::new(HashMap::new()),
+            reach: RefCell::new(HashMap::new()),
+            unflushed: RefCell::new(BTreeSet::new()),
+            next_window: Cell::new(0),
+            next_id: Cell::new(1),
+            wait: Cell::new(WaitMode::Hybrid(WAIT_SPIN)),
+            stats: RefCell::new(RmaStats::default()),
+        })
+    }
+
+    /// The endpoint the operations go through.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// How waits wait (by default: poll for 50 µs, then sleep on the descriptor).
+    pub fn set_wait(&self, mode: WaitMode) {
+        self.wait.set(mode);
+    }
+
+    /// Allocates this rank's part of the job's next window: `len` zeroed bytes of the
+    /// node's shared pool. Every rank allocates its windows in the same order (window
+    /// `n` of every rank is one window); a rank's window is reachable by the others as
+    /// soon as it returns (an access to a window its target has not allocated yet waits
+    /// for it, up to the job's connect timeout, `QUIVER_CONNECT_TIMEOUT`, then fails
+    /// with [`RmaError::NoWindow`]).
+    pub fn allocate(&self, len: usize) -> Result<Window> {
+        static OBJECTS: AtomicU32 = AtomicU32::new(0);
+        let n = OBJECTS.fetch_add(1, Ordering::Relaxed);
+        if n >= MAX_WINDOWS {
+            return Err(Error::Config(format!(
+                "this process allocated {MAX_WINDOWS} windows"
+            )));
+        }
+        let station = self.ep.station();
+        let job = station.job();
+        let object = WINDOW_IDS | n;
+        let mem = Arc::new(SharedObject::create(
+            job.job_id, job.rank, object, len, true,
+        )?);
+        // Never 0, which no window has (a request for window 0 of generation 0 is
+        // refused even where nothing was allocated).
+        let generation = (crate::job::bootstrap::random_u64()? as u32).max(1);
+        let number = self.next_window.get();
+        self.next_window.set(number + 1);
+        serve::lock(&self.state).exposed.insert(
+            number,
+            Exposure {
+                mem: mem.clone(),
+                generation,
+            },
+        );
+        let key = Key {
+            object,
+            generation,
+            len: len as u64,
+        };
+        job.kv
+            .put(&key_name(station.dpid(), job.rank, number), &key.encode())?;
+        Ok(Window {
+            number,
+            generation,
+            mem,
+            state: self.state.clone(),
+        })
+    }
+
+    /// Copies `data` to `offset` of `window` at `rank`. Returns once `data` may be
+    /// reused; [`Rma::flush`] says when it is in the window.
+    pub fn put(&self, rank: u32, window: &Window, offset: u64, data: &[u8]) -> Result<()> {
+        self.stats.borrow_mut().puts += 1;
+        let (key, at) = self.address(rank, window, offset, data.len() as u64)?;
+        match self.reach(rank)? {
+            Reach::Direct => {
+                let mem = self.direct(rank, window, key)?;
+                // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
+                // `direct` checked both); the mapping lives while `mem` is held.
+                unsafe {
+                    crate::link::copy_bytes(
+                        data.as_ptr(),
+                        mem.ptr().add(offset as usize),
+                        data.len(),
+                    )
+                };
+                self.stats.borrow_mut().direct += 1;
+            }
+            Reach::Messages { route, piece } => {
+                let piece = piece.saturating_sub(ops::PUT_LEN).max(1);
+                let mut done = 0;
+                loop {
+                    let n = (data.len() - done).min(piece);
+                    let head = ops::put(At {
+                        offset: at.offset + done as u64,
+                        ..at
+                    });
+                    self.send(rank, route, &head, &data[done..done + n])?;
+                    done += n;
+                    if done >= data.len() {
+                        break;
+                    }
+                }
+                self.unflushed.borrow_mut().insert(rank);
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `dst.len()` bytes at `offset` of `window` at `rank` into `dst`.
+    pub fn get(&self, rank: u32, window: &Window, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.stats.borrow_mut().gets += 1;
+        let (key, at) = self.address(rank, window, offset, dst.len() as u64)?;
+        match self.reach(rank)? {
+            Reach::Direct => {
+                let mem = self.direct(rank, window, key)?;
+                // SAFETY: as in `put`, the other way.
+                unsafe {
+                    crate::link::copy_bytes(
+                        mem.ptr().add(offset as usize),
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+                self.stats.borrow_mut().direct += 1;
+                Ok(())
+            }
+            // Nothing to ask for (the address was checked).
+            Reach::Messages { .. } if dst.is_empty() => Ok(()),
+            Reach::Messages { route, piece } => {
+                let id = self.id();
+                let len = dst.len() as u64;
+                serve::lock(&self.state).pending.insert(
+                    id,
+                    Pending::Get {
+                        buf: vec![0; dst.len()],
+                        left: len,
+                        status: Status::Done,
+                    },
+                );
+                let piece =
+                    u32::try_from(piece.saturating_sub(ops::GOT_LEN).max(1)).unwrap_or(u32::MAX);
+                self.send(rank, route, &ops::get(at, id, len, piece), &[])?;
+                match self.wait_for(id)? {
+                    Pending::Get {
+                        buf,
+                        status: Status::Done,
+                        ..
+                    } => {
+                        dst.copy_from_slice(&buf);
+                        Ok(())
+                    }
+                    Pending::Get { status, .. } => Err(refusal(status, rank, at, len, key.len)),
+                    _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
+                }
+            }
+        }
+    }
+
+    /// Adds `value` to the 64-bit word at `offset` (8-byte aligned) of `window` at
+    /// `rank`, atomically; returns the word's value before.
+    pub fn fetch_add(&self, rank: u32, window: &Window, offset: u64, value: u64) -> Result<u64> {
+        self.atomic(rank, window, offset, AtomicOp::FetchAdd, value, 0)
+    }
+
+    /// Writes `new` to the word if it holds `expected`, atomically; returns the value
+    /// it held (equal to `expected` when the swap happened).
+    pub fn compare_swap(
+        &self,
+        rank: u32,
+        window: &Window,
+        offset: u64,
+        expected: u64,
+        new: u64,
+    ) -> Result<u64> {
+        self.atomic(rank, window, offset, AtomicOp::CompareSwap, expected, new)
+    }
+
+    /// Writes `value` to the word, atomically; returns the value before.
+    pub fn swap(&self, rank: u32, window: &Window, offset: u64, value: u64) -> Result<u64> {
+        self.atomic(rank, window, offset, AtomicOp::Swap, value, 0)
+    }
+
+    fn atomic(
+        &self,
+        rank: u32,
+        window: &Window,
+        offset: u64,
+        op: AtomicOp,
+        a: u64,
+        b: u64,
+    ) -> Result<u64> {
+        self.stats.borrow_mut().atomics += 1;
+        let (key, at) = self.address(rank, window, offset, 8)?;
+        if !offset.is_multiple_of(8) {
+            return Err(refusal(Status::Misaligned, rank, at, 8, key.len));
+        }
+        match self.reach(rank)? {
+            Reach::Direct => {
+                let mem = self.direct(rank, window, key)?;
+                // SAFETY: offset + 8 <= the mapping's length (checked), offset % 8 == 0
+                // and the mapping is page-aligned; the mapping lives while `mem` is held.
+                let word = unsafe { &*(mem.ptr().add(offset as usize) as *const AtomicU64) };
+                self.stats.borrow_mut().direct += 1;
+                Ok(op.apply(word, a, b))
+            }
+            Reach::Messages { route, .. } => {
+                let id = self.id();
+                serve::lock(&self.state)
+                    .pending
+                    .insert(id, Pending::Atomic(None));
+                self.send(rank, route, &ops::atomic(at, op, id, a, b), &[])?;
+                match self.wait_for(id)? {
+                    Pending::Atomic(Some((Status::Done, v))) => Ok(v),
+                    Pending::Atomic(Some((status, _))) => {
+                        Err(refusal(status, rank, at, 8, key.len))
+                    }
+                    _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
+                }
+            }
+        }
+    }
+
+    /// Waits until every put to `rank` is in its window. An error when the target
+    /// refused some ([`RmaError::PutsRefused`]).
+    pub fn flush(&self, rank: u32) -> Result<()> {
+        self.flush_ranks(&[rank])
+    }
+
+    /// [`Rma::flush`] to every rank (the requests all leave before the first wait).
+    pub fn flush_all(&self) -> Result<()> {
+        let ranks: Vec<u32> = self.unflushed.borrow().iter().copied().collect();
+        self.flush_ranks(&ranks)
+    }
+
+    fn flush_ranks(&self, ranks: &[u32]) -> Result<()> {
+        // Direct writes are visible to the target once this fence is passed.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let mut asked = Vec::new();
+        for &rank in ranks {
+            if !self.unflushed.borrow_mut().remove(&rank) {
+                continue;
+            }
+            let Reach::Messages { route, .. } = self.reach(rank)? else {
+                continue;
+            };
+            let id = self.id();
+            serve::lock(&self.state)
+                .pending
+                .insert(id, Pending::Flush(None));
+            self.send(rank, route, &ops::flush(id), &[])?;
+            asked.push((rank, id));
+        }
+        let mut first = None;
+        for (rank, id) in asked {
+            let r = match self.wait_for(id)? {
+                Pending::Flush(Some((_, 0))) => Ok(()),
+                Pending::Flush(Some((status, count))) => Err(Error::Rma(RmaError::PutsRefused {
+                    rank,
+                    count,
+                    reason: status.reason().into(),
+                })),
+                _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
+            };
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Serves what arrived (other ranks' requests, answers to this rank's) without
+    /// waiting.
+    pub fn progress(&self) -> Result<()> {
+        for _ in 0..PROGRESS_ROUNDS {
+            if !self.poll()? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> RmaStats {
+        let c = serve::lock(&self.state).counters;
+        RmaStats {
+            puts_applied: c.puts_applied,
+            served: c.gets_served + c.atomics_served,
+            refused: c.refused,
+            malformed: c.malformed,
+            ..self.stats.borrow().clone()
+        }
+    }
+
+    fn id(&self) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        id
+    }
+
+    /// The key of `window` at `rank` and the address of `len` bytes at `offset` in it,
+    /// checked against the window's length there.
+    fn address(&self, rank: u32, window: &Window, offset: u64, len: u64) -> Result<(Key, At)> {
+        let key = self.key(rank, window)?;
+        let at = At {
+            window: window.number,
+            generation: key.generation,
+            offset,
+        };
+        if offset.checked_add(len).is_none_or(|end| end > key.len) {
+            return Err(refusal(Status::OutOfBounds, rank, at, len, key.len));
+        }
+        Ok((key, at))
+    }
+
+    /// The key of window `window.number` at `rank`, from the job's store the first time.
+    fn key(&self, rank: u32, window: &Window) -> Result<Key> {
+        let station = self.ep.station();
+        let job = station.job();
+        if rank >= job.size {
+            return Err(Error::NoSuchRank {
+                rank,
+                size: job.size,
+            });
+        }
+        if rank == job.rank {
+            return Ok(Key {
+                object: 0,
+                generation: window.generation,
+                len: window.len() as u64,
+            });
+        }
+        if let Some(k) = self.keys.borrow().get(&(rank, window.number)) {
+            return Ok(*k);
+        }
+        let text = job
+            .kv
+            .get(
+                &key_name(station.dpid(), rank, window.number),
+                job.config.connect_timeout,
+            )
+            .map_err(|e| match e {
+                Error::Timeout(_) => Error::Rma(RmaError::NoWindow {
+                    rank,
+                    window: window.number,
+                }),
+                e => e,
+            })?;
+        let key = Key::parse(&text).ok_or(Error::Rma(RmaError::BadAnswer { rank }))?;
+        self.keys.borrow_mut().insert((rank, window.number), key);
+        Ok(key)
+    }
+
+    /// How this rank reaches `rank`.
+    fn reach(&self, rank: u32) -> Result<Reach> {
+        if let Some(r) = self.reach.borrow().get(&rank) {
+            return Ok(*r);
+        }
+        let station = self.ep.station();
+        let r = if rank == station.job().rank || station.transport_to(rank)? == Transport::Shm {
+            Reach::Direct
+        } else {
+            let route = station
+                .connect(Source {
+                    rank,
+                    dpid: station.dpid(),
+                })
+                .map_err(|e| self.ep.report(e))?;
+            let piece = station.frame_payload(route).unwrap_or(DEFAULT_PIECE);
+            Reach::Messages { route, piece }
+        };
+        self.reach.borrow_mut().insert(rank, r);
+        Ok(r)
+    }
+
+    /// The memory of `window` at same-node `rank`, mapped here once.
+    fn direct(&self, rank: u32, window: &Window, key: Key) -> Result<Arc<SharedObject>> {
+        let job = self.ep.station().job();
+        if rank == job.rank {
+            return Ok(window.mem.clone());
+        }
+        if let Some(m) = self.mapped.borrow().get(&(rank, key.object)) {
+            return Ok(m.clone());
+        }
+        let no_window = || {
+            Error::Rma(RmaError::NoWindow {
+                rank,
+                window: window.number,
+            })
+        };
+        if key.object & WINDOW_IDS != WINDOW_IDS {
+            return Err(no_window());
+        }
+        let mem = SharedObject::open_peer(job.job_id, rank, key.object).map_err(|e| {
+            tracing::debug!("window {} of rank {rank}: {e}", window.number);
+            no_window()
+        })?;
+        // The key's length is what origins check against: the mapping must have it.
+        if (mem.len() as u64) < key.len {
+            return Err(no_window());
+        }
+        let mem = Arc::new(mem);
+        self.mapped
+            .borrow_mut()
+            .insert((rank, key.object), mem.clone());
+        Ok(mem)
+    }
+
+    /// Sends one message to `rank` on `route`, making progress while the route has no
+    /// room (so two ranks that both send never wait for each other).
+    fn send(&self, rank: u32, route: usize, head: &[u8], data: &[u8]) -> Result<()> {
+        let station = self.ep.station();
+        loop {
+            let queued = {
+                let out = self.out.borrow();
+                !out.is_empty()
+                    && out.has_queued_for(Source {
+                        rank,
+                        dpid: station.dpid(),
+                    })
+            };
+            if !queued {
+                if station.try_send_inline(route, head, data) {
+                    return Ok(());
+                }
+                if station
+                    .send(route, head, data, false)
+                    .map_err(|e| self.ep.report(e))?
+                {
+                    return Ok(());
+                }
+            }
+            if !self.poll()? {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Makes progress once: sends the answers queued, serves what arrived. Whether
+    /// anything happened.
+    fn poll(&self) -> Result<bool> {
+        let mut out = self.out.borrow_mut();
+        let sent = out.sent();
+        let mut handler = OnState {
+            state: &self.state,
+            woke: false,
+            handled: 0,
+        };
+        // The handler consumes every message: none comes back for delivery.
+        if let Some(m) = drive_rearming(&self.ep, &mut handler, &mut out, |h| h.handled)? {
+            self.ep.station().release_token(m.token);
+        }
+        Ok(handler.handled > 0 || out.sent() != sent)
+    }
+
+    /// Waits until the answer to request `id` is complete and takes it.
+    fn wait_for(&self, id: u64) -> Result<Pending> {
+        let take = || -> Option<Pending> {
+            let mut s = serve::lock(&self.state);
+            if s.pending.get(&id).is_some_and(Pending::done) {
+                s.pending.remove(&id)
+            } else {
+                None
+            }
+        };
+        loop {
+            if let Some(p) = take() {
+                return Ok(p);
+            }
+            if self.poll()? {
+                continue;
+            }
+            let ready = || {
+                let busy = self.poll()?;
+                let done = serve::lock(&self.state)
+                    .pending
+                    .get(&id)
+                    .is_some_and(Pending::done);
+                Ok((busy || done).then_some(()))
+            };
+            if let Err(e) = self.ep.station().wait_for_in(self.wait.get(), ready, None) {
+                // The request stays unanswered: forget it (a late answer is dropped).
+                serve::lock(&self.state).pending.remove(&id);
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl crate::job::Progress for Rma {
+    fn progress(&self) -> Result<()> {
+        Rma::progress(self)
+    }
+
+    fn failed_ranks(&self) -> Vec<u32> {
+        self.ep.failed_ranks()
+    }
+}
+
+/// The store key of window `number` of `rank` on `dpid`.
+fn key_name(dpid: u16, rank: u32, number: u32) -> String {
+    format!("rma/{dpid}/{rank}/{number}")
+}
+
+/// The origin's error for a target's `status` about `len` bytes at `at` of `rank`,
+/// whose window is `size` bytes long.
+fn refusal(status: Status, rank: u32, at: At, len: u64, size: u64) -> Error {
+    Error::Rma(match status {
+        Status::NoWindow => RmaError::NoWindow {
+            rank,
+            window: at.window,
+        },
+        Status::OutOfBounds => RmaError::OutOfBounds {
+            rank,
+            window: at.window,
+            offset: at.offset,
+            len,
+            size,
+        },
+        Status::Misaligned => RmaError::Misaligned {
+            rank,
+            window: at.window,
+            offset: at.offset,
+        },
+        Status::Done | Status::BadOp => RmaError::BadAnswer { rank },
+    })
+}

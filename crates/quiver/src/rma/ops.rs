@@ -1,0 +1,402 @@
+//! The wire form of remote operations on windows (the deposit seed's put and fetch, and
+//! LCI's fetch-and-add): what an origin sends to the rank that exposes the window, and
+//! what comes back. Pure encoding; no memory is touched here.
+//!
+//! Every request names the window by its number and its generation (a window freed and
+//! allocated again under the same number has another generation, so a request meant for
+//! the old one is refused, never applied to the new one) and a byte offset in it; the
+//! target checks both and the bounds before it touches anything. Little-endian fields.
+//!
+//! | kind | fields after the kind byte | payload |
+//! |---|---|---|
+//! | `P` put | pad 3, window u32, generation u32, pad 4, offset u64 | the bytes |
+//! | `G` get | pad 3, window u32, generation u32, piece u32, offset u64, id u64, len u64 | - |
+//! | `g` get reply | status u8, pad 6, id u64, offset in the range u64 | the bytes |
+//! | `A` atomic | op u8, pad 2, window u32, generation u32, pad 4, offset u64, id u64, a u64, b u64 | - |
+//! | `a` atomic reply | status u8, pad 6, id u64, value u64 | - |
+//! | `F` flush | pad 7, id u64 | - |
+//! | `f` flush reply | status u8 (of the first refusal), pad 6, id u64, refused u64 | - |
+
+/// Bytes of a put's header before its payload.
+pub(crate) const PUT_LEN: usize = 24;
+/// Bytes of a get reply's header before its payload.
+pub(crate) const GOT_LEN: usize = 24;
+const GET_LEN: usize = 40;
+const ATOMIC_LEN: usize = 48;
+const ATOMIC_REPLY_LEN: usize = 24;
+const FLUSH_LEN: usize = 16;
+const FLUSH_REPLY_LEN: usize = 24;
+
+/// Where a request points: a window of the target, by number and generation, and an
+/// offset in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct At {
+    pub window: u32,
+    pub generation: u32,
+    pub offset: u64,
+}
+
+/// What the target made of a request ([`crate::rma::RmaError`] at the origin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Status {
+    Done = 0,
+    /// No window of that number and generation (never allocated, or freed since).
+    NoWindow = 1,
+    /// The range does not lie inside the window.
+    OutOfBounds = 2,
+    /// An atomic on a word that is not 8-byte aligned.
+    Misaligned = 3,
+    /// An atomic whose operation the target does not know.
+    BadOp = 4,
+}
+
+impl Status {
+    /// Why, in words.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Status::Done => "done",
+            Status::NoWindow => "no such window (never allocated, or freed)",
+            Status::OutOfBounds => "the range lies outside the window",
+            Status::Misaligned => "the word is not 8-byte aligned",
+            Status::BadOp => "an unknown operation",
+        }
+    }
+
+    fn from_u8(b: u8) -> Option<Status> {
+        Some(match b {
+            0 => Status::Done,
+            1 => Status::NoWindow,
+            2 => Status::OutOfBounds,
+            3 => Status::Misaligned,
+            4 => Status::BadOp,
+            _ => return None,
+        })
+    }
+}
+
+/// The 64-bit atomic operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum AtomicOp {
+    /// Adds `a`; the old value back.
+    FetchAdd = 1,
+    /// Writes `b` if the word is `a`; the old value back.
+    CompareSwap = 2,
+    /// Writes `a`; the old value back.
+    Swap = 3,
+}
+
+impl AtomicOp {
+    fn from_u8(b: u8) -> Option<AtomicOp> {
+        Some(match b {
+            1 => AtomicOp::FetchAdd,
+            2 => AtomicOp::CompareSwap,
+            3 => AtomicOp::Swap,
+            _ => return None,
+        })
+    }
+
+    /// Applies the operation to `word`, atomically; the value before.
+    pub(crate) fn apply(self, word: &std::sync::atomic::AtomicU64, a: u64, b: u64) -> u64 {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        match self {
+            AtomicOp::FetchAdd => word.fetch_add(a, AcqRel),
+            AtomicOp::CompareSwap => match word.compare_exchange(a, b, AcqRel, Acquire) {
+                Ok(v) | Err(v) => v,
+            },
+            AtomicOp::Swap => word.swap(a, AcqRel),
+        }
+    }
+}
+
+/// A decoded message of the RMA protocol (`payload` borrowed from the message).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Op<'a> {
+    Put {
+        at: At,
+        data: &'a [u8],
+    },
+    Get {
+        at: At,
+        id: u64,
+        len: u64,
+        /// The longest piece of the answer the origin wants (its frame payload).
+        piece: u32,
+    },
+    Got {
+        status: Status,
+        id: u64,
+        offset: u64,
+        data: &'a [u8],
+    },
+    Atomic {
+        at: At,
+        op: AtomicOp,
+        id: u64,
+        a: u64,
+        b: u64,
+    },
+    AtomicDone {
+        status: Status,
+        id: u64,
+        value: u64,
+    },
+    Flush {
+        id: u64,
+    },
+    Flushed {
+        status: Status,
+        id: u64,
+        refused: u64,
+    },
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+fn put_at(buf: &mut [u8], at: At) {
+    buf[4..8].copy_from_slice(&at.window.to_le_bytes());
+    buf[8..12].copy_from_slice(&at.generation.to_le_bytes());
+    buf[16..24].copy_from_slice(&at.offset.to_le_bytes());
+}
+
+fn read_at(b: &[u8]) -> At {
+    At {
+        window: u32_at(b, 4),
+        generation: u32_at(b, 8),
+        offset: u64_at(b, 16),
+    }
+}
+
+/// The header of a put to `at` (its payload follows).
+pub(crate) fn put(at: At) -> [u8; PUT_LEN] {
+    let mut b = [0; PUT_LEN];
+    b[0] = b'P';
+    put_at(&mut b, at);
+    b
+}
+
+/// A get of `len` bytes at `at`, answered under `id` in pieces of at most `piece`
+/// bytes.
+pub(crate) fn get(at: At, id: u64, len: u64, piece: u32) -> [u8; GET_LEN] {
+    let mut b = [0; GET_LEN];
+    b[0] = b'G';
+    put_at(&mut b, at);
+    b[12..16].copy_from_slice(&piece.to_le_bytes());
+    b[24..32].copy_from_slice(&id.to_le_bytes());
+    b[32..40].copy_from_slice(&len.to_le_bytes());
+    b
+}
+
+/// The header of a piece of the reply to get `id`, its bytes at `offset` of the range
+/// asked for (they follow), or of its refusal (`status`, no bytes).
+pub(crate) fn got(status: Status, id: u64, offset: u64) -> [u8; GOT_LEN] {
+    let mut b = [0; GOT_LEN];
+    b[0] = b'g';
+    b[1] = status as u8;
+    b[8..16].copy_from_slice(&id.to_le_bytes());
+    b[16..24].copy_from_slice(&offset.to_le_bytes());
+    b
+}
+
+/// An atomic `op` on the word at `at`, answered under `id`.
+pub(crate) fn atomic(at: At, op: AtomicOp, id: u64, a: u64, b: u64) -> [u8; ATOMIC_LEN] {
+    let mut m = [0; ATOMIC_LEN];
+    m[0] = b'A';
+    m[1] = op as u8;
+    put_at(&mut m, at);
+    m[24..32].copy_from_slice(&id.to_le_bytes());
+    m[32..40].copy_from_slice(&a.to_le_bytes());
+    m[40..48].copy_from_slice(&b.to_le_bytes());
+    m
+}
+
+/// The answer to atomic `id`: the word's value before, or its refusal.
+pub(crate) fn atomic_done(status: Status, id: u64, value: u64) -> [u8; ATOMIC_REPLY_LEN] {
+    let mut b = [0; ATOMIC_REPLY_LEN];
+    b[0] = b'a';
+    b[1] = status as u8;
+    b[8..16].copy_from_slice(&id.to_le_bytes());
+    b[16..24].copy_from_slice(&value.to_le_bytes());
+    b
+}
+
+/// A flush: answered once everything the origin sent before it was applied.
+pub(crate) fn flush(id: u64) -> [u8; FLUSH_LEN] {
+    let mut b = [0; FLUSH_LEN];
+    b[0] = b'F';
+    b[8..16].copy_from_slice(&id.to_le_bytes());
+    b
+}
+
+/// The answer to flush `id`: how many puts of this origin were refused since its last
+/// flush, and why the first was.
+pub(crate) fn flushed(status: Status, id: u64, refused: u64) -> [u8; FLUSH_REPLY_LEN] {
+    let mut b = [0; FLUSH_REPLY_LEN];
+    b[0] = b'f';
+    b[1] = status as u8;
+    b[8..16].copy_from_slice(&id.to_le_bytes());
+    b[16..24].copy_from_slice(&refused.to_le_bytes());
+    b
+}
+
+/// Decodes a message of the protocol; `None` for anything else (too short, an unknown
+/// kind, status or operation).
+pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
+    let kind = *m.first()?;
+    let need = match kind {
+        b'P' => PUT_LEN,
+        b'G' => GET_LEN,
+        b'g' => GOT_LEN,
+        b'A' => ATOMIC_LEN,
+        b'a' => ATOMIC_REPLY_LEN,
+        b'F' => FLUSH_LEN,
+        b'f' => FLUSH_REPLY_LEN,
+        _ => return None,
+    };
+    if m.len() < need || (!matches!(kind, b'P' | b'g') && m.len() != need) {
+        return None;
+    }
+    Some(match kind {
+        b'P' => Op::Put {
+            at: read_at(m),
+            data: &m[PUT_LEN..],
+        },
+        b'G' => Op::Get {
+            at: read_at(m),
+            id: u64_at(m, 24),
+            len: u64_at(m, 32),
+            piece: u32_at(m, 12),
+        },
+        b'g' => Op::Got {
+            status: Status::from_u8(m[1])?,
+            id: u64_at(m, 8),
+            offset: u64_at(m, 16),
+            data: &m[GOT_LEN..],
+        },
+        b'A' => Op::Atomic {
+            at: read_at(m),
+            op: AtomicOp::from_u8(m[1])?,
+            id: u64_at(m, 24),
+            a: u64_at(m, 32),
+            b: u64_at(m, 40),
+        },
+        b'a' => Op::AtomicDone {
+            status: Status::from_u8(m[1])?,
+            id: u64_at(m, 8),
+            value: u64_at(m, 16),
+        },
+        b'F' => Op::Flush { id: u64_at(m, 8) },
+        _ => Op::Flushed {
+            status: Status::from_u8(m[1])?,
+            id: u64_at(m, 8),
+            refused: u64_at(m, 16),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_decodes_to_what_was_encoded() {
+        let at = At {
+            window: 7,
+            generation: 0xdead_beef,
+            offset: 1 << 40,
+        };
+        let mut p = put(at).to_vec();
+        p.extend_from_slice(b"abc");
+        assert_eq!(decode(&p), Some(Op::Put { at, data: b"abc" }));
+        assert_eq!(
+            decode(&get(at, 9, 100, 1400)),
+            Some(Op::Get {
+                at,
+                id: 9,
+                len: 100,
+                piece: 1400
+            })
+        );
+        let mut g = got(Status::Done, 9, 64).to_vec();
+        g.extend_from_slice(b"xy");
+        assert_eq!(
+            decode(&g),
+            Some(Op::Got {
+                status: Status::Done,
+                id: 9,
+                offset: 64,
+                data: b"xy"
+            })
+        );
+        assert_eq!(
+            decode(&atomic(at, AtomicOp::CompareSwap, 3, 1, 2)),
+            Some(Op::Atomic {
+                at,
+                op: AtomicOp::CompareSwap,
+                id: 3,
+                a: 1,
+                b: 2
+            })
+        );
+        assert_eq!(
+            decode(&atomic_done(Status::Misaligned, 3, 0)),
+            Some(Op::AtomicDone {
+                status: Status::Misaligned,
+                id: 3,
+                value: 0
+            })
+        );
+        assert_eq!(decode(&flush(5)), Some(Op::Flush { id: 5 }));
+        assert_eq!(
+            decode(&flushed(Status::OutOfBounds, 5, 2)),
+            Some(Op::Flushed {
+                status: Status::OutOfBounds,
+                id: 5,
+                refused: 2
+            })
+        );
+    }
+
+    #[test]
+    fn short_long_and_unknown_messages_are_refused() {
+        assert_eq!(decode(&[]), None);
+        assert_eq!(decode(b"Zxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"), None);
+        let g = get(
+            At {
+                window: 1,
+                generation: 1,
+                offset: 0,
+            },
+            1,
+            1,
+            1,
+        );
+        assert_eq!(decode(&g[..GET_LEN - 1]), None);
+        let mut long = g.to_vec();
+        long.push(0);
+        assert_eq!(decode(&long), None, "a get carries no payload");
+        let mut bad_op = atomic(
+            At {
+                window: 1,
+                generation: 1,
+                offset: 0,
+            },
+            AtomicOp::Swap,
+            1,
+            0,
+            0,
+        );
+        bad_op[1] = 99;
+        assert_eq!(decode(&bad_op), None);
+        let mut bad_status = flushed(Status::Done, 1, 0);
+        bad_status[1] = 200;
+        assert_eq!(decode(&bad_status), None);
+    }
+}

@@ -1,0 +1,565 @@
+//! The remote-operation protocol on the engine's hook (sans-IO): the target's half
+//! applies what origins send to the windows this rank exposes (a put is copied into
+//! the window from where its frame lies, a get answered in pieces, an atomic applied to
+//! the word, a flush answered), and the origin's half collects the answers to what this
+//! rank asked for.
+//!
+//! What it guarantees: nothing outside an exposed window is read or written (the
+//! window's number and generation, the offset and the length are checked first); a
+//! request that fails the checks is refused and counted, and its origin hears why (a
+//! get's or an atomic's answer carries the status, a put's refusal comes back with the
+//! origin's next flush); a message that is not a well-formed request or answer is
+//! dropped and counted ([`Counters::malformed`]), as is an answer to nothing this rank
+//! asked for. Requests from one origin are applied in the order they were sent (the
+//! engine's channels keep order), so a flush is answered after every put before it.
+
+use super::ops::{self, At, Op, Status};
+use super::window::SharedObject;
+use crate::addr::Source;
+use crate::channel::reliable::Time;
+use crate::engine::protocol::{Disposition, Outbox, Protocol};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A window this rank exposes: its memory and generation.
+pub(crate) struct Exposure {
+    pub mem: Arc<SharedObject>,
+    pub generation: u32,
+}
+
+/// What the origin waits for, by request id.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// A get of `buf.len()` bytes: `left` of them not yet arrived.
+    Get {
+        buf: Vec<u8>,
+        left: u64,
+        status: Status,
+    },
+    /// An atomic; its answer once it came.
+    Atomic(Option<(Status, u64)>),
+    /// A flush; the target's count of refused puts and the first's reason once it came.
+    Flush(Option<(Status, u64)>),
+}
+
+impl Pending {
+    /// Whether the answer is complete.
+    pub(crate) fn done(&self) -> bool {
+        match self {
+            Pending::Get { left, status, .. } => *left == 0 || *status != Status::Done,
+            Pending::Atomic(a) | Pending::Flush(a) => a.is_some(),
+        }
+    }
+}
+
+/// Counters of both halves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub puts_applied: u64,
+    pub bytes_put: u64,
+    pub gets_served: u64,
+    pub bytes_got: u64,
+    pub atomics_served: u64,
+    pub refused: u64,
+    pub malformed: u64,
+}
+
+/// One rank's state of the protocol: its exposed windows and its pending requests.
+#[derive(Default)]
+pub(crate) struct State {
+    pub exposed: HashMap<u32, Exposure>,
+    /// Puts refused per origin since its last flush: how many, and the first's reason.
+    pub refused: HashMap<u32, (u64, Status)>,
+    pub pending: HashMap<u64, Pending>,
+    pub counters: Counters,
+}
+
+/// The memory of window `at` of length `len` in `state`, checked.
+fn locate(
+    exposed: &HashMap<u32, Exposure>,
+    at: At,
+    len: u64,
+) -> Result<(&SharedObject, usize), Status> {
+    let w = exposed
+        .get(&at.window)
+        .filter(|w| w.generation == at.generation)
+        .ok_or(Status::NoWindow)?;
+    let end = at.offset.checked_add(len).ok_or(Status::OutOfBounds)?;
+    if end > w.mem.len() as u64 {
+        return Err(Status::OutOfBounds);
+    }
+    Ok((&w.mem, at.offset as usize))
+}
+
+/// The 64-bit word at `at`, checked (in bounds, 8-byte aligned).
+pub(crate) fn word(exposed: &HashMap<u32, Exposure>, at: At) -> Result<&AtomicU64, Status> {
+    let (mem, offset) = locate(exposed, at, 8)?;
+    if !offset.is_multiple_of(8) {
+        return Err(Status::Misaligned);
+    }
+    // SAFETY: offset + 8 <= the mapping's length (checked by `locate`), the mapping is
+    // page-aligned so offset % 8 == 0 makes the address 8-aligned, and it lives as long
+    // as `mem`, which `exposed` holds for the life of the returned borrow. Every access
+    // to window words by the protocol is atomic.
+    Ok(unsafe { &*(mem.ptr().add(offset) as *const AtomicU64) })
+}
+
+impl State {
+    /// Handles one message from `from`: what a target applies and answers, what an
+    /// origin waited for. True when it completed something the application may wait
+    /// for.
+    pub(crate) fn handle(&mut self, from: Source, msg: &[u8], out: &mut Outbox) -> bool {
+        let Some(op) = ops::decode(msg) else {
+            self.counters.malformed += 1;
+            return false;
+        };
+        match op {
+            Op::Put { at, data } => {
+                match locate(&self.exposed, at, data.len() as u64) {
+                    Ok((mem, offset)) => {
+                        // SAFETY: offset + len <= the mapping's length (checked), the
+                        // mapping lives while `mem` is borrowed; what else touches those
+                        // bytes meanwhile (the owner, other origins) is the
+                        // application's race, as for any window: no byte outside the
+                        // range is written.
+                        unsafe {
+                            crate::link::copy_bytes(
+                                data.as_ptr(),
+                                mem.ptr().add(offset),
+                                data.len(),
+                            )
+                        };
+                        self.counters.puts_applied += 1;
+                        self.counters.bytes_put += data.len() as u64;
+                    }
+                    Err(status) => self.refuse_put(from.rank, status),
+                }
+                false
+            }
+            Op::Get { at, id, len, piece } => {
+                self.serve_get(from, at, id, len, piece, out);
+                false
+            }
+            Op::Atomic { at, op, id, a, b } => {
+                let (status, value) = match word(&self.exposed, at) {
+                    Ok(w) => {
+                        self.counters.atomics_served += 1;
+                        (Status::Done, op.apply(w, a, b))
+                    }
+                    Err(s) => {
+                        self.counters.refused += 1;
+                        (s, 0)
+                    }
+                };
+                out.forward(from, &ops::atomic_done(status, id, value), &[]);
+                false
+            }
+            Op::Flush { id } => {
+                let (refused, status) =
+                    self.refused.remove(&from.rank).unwrap_or((0, Status::Done));
+                out.forward(from, &ops::flushed(status, id, refused), &[]);
+                false
+            }
+            Op::Got {
+                status,
+                id,
+                offset,
+                data,
+            } => self.got(id, status, offset, data),
+            Op::AtomicDone { status, id, value } => self.answer(id, |p| match p {
+                Pending::Atomic(a @ None) => {
+                    *a = Some((status, value));
+                    true
+                }
+                _ => false,
+            }),
+            Op::Flushed {
+                status,
+                id,
+                refused,
+            } => self.answer(id, |p| match p {
+                Pending::Flush(f @ None) => {
+                    *f = Some((status, refused));
+                    true
+                }
+                _ => false,
+            }),
+        }
+    }
+
+    fn refuse_put(&mut self, origin: u32, status: Status) {
+        self.counters.refused += 1;
+        let r = self.refused.entry(origin).or_insert((0, status));
+        r.0 += 1;
+    }
+
+    /// Answers get `id` from `from`: the range in pieces of at most `piece` bytes (the
+    /// origin's frame payload: each piece then lands in one frame), or its refusal.
+    fn serve_get(&mut self, from: Source, at: At, id: u64, len: u64, piece: u32, out: &mut Outbox) {
+        let piece = u64::from(piece).clamp(1, GET_PIECE);
+        match locate(&self.exposed, at, len) {
+            Ok((mem, offset)) => {
+                self.counters.gets_served += 1;
+                self.counters.bytes_got += len;
+                let mut done = 0u64;
+                loop {
+                    let n = (len - done).min(piece);
+                    // SAFETY: offset + len <= the mapping's length (checked) and done + n
+                    // <= len; the bytes are read while `mem` is borrowed (the outbox
+                    // copies them before this returns). A concurrent write by another
+                    // party is the application's race: the bytes read are then
+                    // unspecified, never outside the range.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(
+                            mem.ptr().add(offset + done as usize),
+                            n as usize,
+                        )
+                    };
+                    out.forward(from, &ops::got(Status::Done, id, done), bytes);
+                    done += n;
+                    if done >= len {
+                        break;
+                    }
+                }
+            }
+            Err(status) => {
+                self.counters.refused += 1;
+                out.forward(from, &ops::got(status, id, 0), &[]);
+            }
+        }
+    }
+
+    /// A piece of the answer to get `id`.
+    fn got(&mut self, id: u64, status: Status, offset: u64, data: &[u8]) -> bool {
+        let malformed = &mut self.counters.malformed;
+        match self.pending.get_mut(&id) {
+            Some(Pending::Get {
+                buf,
+                left,
+                status: st,
+            }) if *left > 0 && *st == Status::Done => {
+                if status != Status::Done {
+                    *st = status;
+                    return true;
+                }
+                let fits = offset
+                    .checked_add(data.len() as u64)
+                    .is_some_and(|end| end <= buf.len() as u64)
+                    && data.len() as u64 <= *left;
+                if !fits {
+                    *malformed += 1;
+                    return false;
+                }
+                buf[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+                *left -= data.len() as u64;
+                *left == 0
+            }
+            _ => {
+                *malformed += 1;
+                false
+            }
+        }
+    }
+
+    /// Fills pending request `id` with `fill` (false: the answer does not fit what was
+    /// asked, counted malformed).
+    fn answer(&mut self, id: u64, fill: impl FnOnce(&mut Pending) -> bool) -> bool {
+        let filled = self.pending.get_mut(&id).is_some_and(fill);
+        if !filled {
+            self.counters.malformed += 1;
+        }
+        filled
+    }
+}
+
+/// The longest piece of a get's answer, whatever the request asks for.
+pub(crate) const GET_PIECE: u64 = 64 << 10;
+
+/// The protocol as the application's thread drives it: the shared state locked per
+/// message (the offload engine's thread may be serving it too).
+pub(crate) struct OnState<'a> {
+    pub state: &'a Mutex<State>,
+    /// Something the application may wait for completed in this drive.
+    pub woke: bool,
+    pub handled: u64,
+}
+
+/// Locks `state`, whatever a panicking holder left (the state is plain data, kept
+/// consistent by every step).
+pub(crate) fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Protocol for OnState<'_> {
+    fn handle_message(
+        &mut self,
+        _now: Time,
+        from: Source,
+        msg: &[u8],
+        out: &mut Outbox,
+    ) -> Disposition {
+        self.handled += 1;
+        self.woke |= lock(self.state).handle(from, msg, out);
+        Disposition::Consumed
+    }
+
+    fn uses_time(&self) -> bool {
+        false
+    }
+
+    fn wants_more(&self) -> bool {
+        !self.woke
+    }
+}
+
+/// The protocol as the offload engine's thread serves it: requests from other nodes
+/// are applied there while the application computes, and answers to this rank's
+/// requests are recorded there (the engine wakes the application after each message).
+pub(crate) struct Served {
+    pub state: Arc<Mutex<State>>,
+}
+
+impl Protocol for Served {
+    fn handle_message(
+        &mut self,
+        _now: Time,
+        from: Source,
+        msg: &[u8],
+        out: &mut Outbox,
+    ) -> Disposition {
+        lock(&self.state).handle(from, msg, out);
+        Disposition::Consumed
+    }
+
+    fn uses_time(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::protocol::{Next, Outbox};
+    use crate::rma::ops::AtomicOp;
+
+    const ME: u32 = 0;
+
+    fn state_with_window(len: usize) -> (State, At) {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let job = 0x5e00_0000 | std::process::id() & 0xffff;
+        let mem = SharedObject::create(job, ME, super::super::window::PUBLISHED_IDS | n, len, true)
+            .expect("a shared object");
+        let mut s = State::default();
+        s.exposed.insert(
+            3,
+            Exposure {
+                mem: Arc::new(mem),
+                generation: 77,
+            },
+        );
+        (
+            s,
+            At {
+                window: 3,
+                generation: 77,
+                offset: 0,
+            },
+        )
+    }
+
+    fn origin() -> Source {
+        Source { rank: 1, dpid: 9 }
+    }
+
+    /// What the outbox holds for the origin, in order (and empties it).
+    fn answers(out: &mut Outbox) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        while let Some((_, Next::Whole(m))) = out.next(0) {
+            v.push(m.to_vec());
+            out.advance(0, true);
+        }
+        out.forget_empty();
+        v
+    }
+
+    #[test]
+    fn a_put_lands_and_a_get_reads_it_back_in_pieces() {
+        let (mut s, at) = state_with_window(200_000);
+        let mut out = Outbox::new(usize::MAX);
+        let data: Vec<u8> = (0..150_000u32).map(|i| (i % 251) as u8).collect();
+        let mut put = ops::put(At { offset: 10, ..at }).to_vec();
+        put.extend_from_slice(&data);
+        assert!(!s.handle(origin(), &put, &mut out));
+        assert_eq!(s.counters.puts_applied, 1);
+        s.handle(
+            origin(),
+            &ops::get(At { offset: 10, ..at }, 5, data.len() as u64, 1 << 20),
+            &mut out,
+        );
+        // The origin's side of the same state collects the pieces.
+        s.pending.insert(
+            5,
+            Pending::Get {
+                buf: vec![0; data.len()],
+                left: data.len() as u64,
+                status: Status::Done,
+            },
+        );
+        let replies = answers(&mut out);
+        assert_eq!(replies.len(), 3, "150 000 bytes in pieces of 64 KiB");
+        let mut done = false;
+        for r in &replies {
+            done = s.handle(origin(), r, &mut out);
+        }
+        assert!(done);
+        match s.pending.remove(&5) {
+            Some(Pending::Get { buf, left: 0, .. }) => assert_eq!(buf, data),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn requests_outside_a_window_are_refused_and_reported() {
+        let (mut s, at) = state_with_window(4096);
+        let mut out = Outbox::new(usize::MAX);
+        let mut past_end = ops::put(At { offset: 4090, ..at }).to_vec();
+        past_end.extend_from_slice(&[1; 7]);
+        s.handle(origin(), &past_end, &mut out);
+        let mut stale = ops::put(At {
+            generation: 76,
+            ..at
+        })
+        .to_vec();
+        stale.push(1);
+        s.handle(origin(), &stale, &mut out);
+        let mut wrapping = ops::put(At {
+            offset: u64::MAX - 2,
+            ..at
+        })
+        .to_vec();
+        wrapping.extend_from_slice(&[1; 8]);
+        s.handle(origin(), &wrapping, &mut out);
+        s.handle(origin(), &ops::flush(1), &mut out);
+        s.handle(
+            origin(),
+            &ops::get(At { offset: 4000, ..at }, 2, 97, 1000),
+            &mut out,
+        );
+        s.handle(
+            origin(),
+            &ops::atomic(At { offset: 4, ..at }, AtomicOp::FetchAdd, 3, 1, 0),
+            &mut out,
+        );
+        let replies = answers(&mut out);
+        assert_eq!(
+            ops::decode(&replies[0]),
+            Some(Op::Flushed {
+                status: Status::OutOfBounds,
+                id: 1,
+                refused: 3
+            })
+        );
+        assert!(matches!(
+            ops::decode(&replies[1]),
+            Some(Op::Got {
+                status: Status::OutOfBounds,
+                id: 2,
+                ..
+            })
+        ));
+        assert_eq!(
+            ops::decode(&replies[2]),
+            Some(Op::AtomicDone {
+                status: Status::Misaligned,
+                id: 3,
+                value: 0
+            })
+        );
+        assert_eq!(s.counters.refused, 5);
+        assert_eq!(s.counters.puts_applied, 0);
+        // Nothing of the window was touched.
+        let w = &s.exposed[&3].mem;
+        // SAFETY: the mapping is 4096 bytes long and only this test uses it.
+        let bytes = unsafe { std::slice::from_raw_parts(w.ptr(), w.len()) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        // The next flush starts counting again.
+        s.handle(origin(), &ops::flush(4), &mut out);
+        assert_eq!(
+            ops::decode(&answers(&mut out)[0]),
+            Some(Op::Flushed {
+                status: Status::Done,
+                id: 4,
+                refused: 0
+            })
+        );
+    }
+
+    #[test]
+    fn atomics_apply_to_the_word_and_answer_the_old_value() {
+        let (mut s, at) = state_with_window(64);
+        let mut out = Outbox::new(usize::MAX);
+        let w = At { offset: 8, ..at };
+        s.handle(
+            origin(),
+            &ops::atomic(w, AtomicOp::FetchAdd, 1, 5, 0),
+            &mut out,
+        );
+        s.handle(
+            origin(),
+            &ops::atomic(w, AtomicOp::CompareSwap, 2, 4, 9),
+            &mut out,
+        );
+        s.handle(
+            origin(),
+            &ops::atomic(w, AtomicOp::CompareSwap, 3, 5, 9),
+            &mut out,
+        );
+        s.handle(origin(), &ops::atomic(w, AtomicOp::Swap, 4, 1, 0), &mut out);
+        let values: Vec<u64> = answers(&mut out)
+            .iter()
+            .map(|r| match ops::decode(r) {
+                Some(Op::AtomicDone {
+                    status: Status::Done,
+                    value,
+                    ..
+                }) => value,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(values, [0, 5, 5, 9]);
+        assert_eq!(
+            word(&s.exposed, w)
+                .unwrap()
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[test]
+    fn answers_to_nothing_asked_and_garbage_are_counted_not_applied() {
+        let (mut s, _) = state_with_window(64);
+        let mut out = Outbox::new(usize::MAX);
+        assert!(!s.handle(origin(), &ops::atomic_done(Status::Done, 99, 1), &mut out));
+        assert!(!s.handle(origin(), &ops::flushed(Status::Done, 98, 0), &mut out));
+        let mut piece = ops::got(Status::Done, 97, 0).to_vec();
+        piece.push(1);
+        assert!(!s.handle(origin(), &piece, &mut out));
+        assert!(!s.handle(origin(), b"Pjunk", &mut out));
+        // A piece that would land past the buffer asked for.
+        s.pending.insert(
+            5,
+            Pending::Get {
+                buf: vec![0; 4],
+                left: 4,
+                status: Status::Done,
+            },
+        );
+        let mut over = ops::got(Status::Done, 5, 2).to_vec();
+        over.extend_from_slice(&[7; 3]);
+        assert!(!s.handle(origin(), &over, &mut out));
+        assert_eq!(s.counters.malformed, 5);
+        assert!(answers(&mut out).is_empty());
+    }
+}

@@ -1,0 +1,270 @@
+//! One-sided operations in whole jobs (ranks are threads of the test process; over
+//! Ethernet each runs on a node of its own of an emulated cluster): puts and gets of
+//! every size with every byte checked, concurrent fetch-and-add from every rank summing
+//! exactly, compare-and-swap and swap, ranges outside a window and misaligned words
+//! refused at the origin, requests for a freed window refused by the target, and a
+//! target served by the offload engine while its application does not call quiver.
+
+mod common;
+
+use common::{config, pattern, run_ranks};
+use quiver::rma::{Rma, RmaError};
+use quiver::{Config, Error, ReliabilityMode, TransportChoice};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const DPID: u16 = 60;
+const ADDS: u64 = 300;
+
+fn sizes() -> Vec<usize> {
+    vec![0, 1, 7, 8, 1000, 1472, 1473, 4096, 9000, 65536, 200_000]
+}
+
+/// Each rank's part of window 1: room for every size, and a different length per rank.
+fn data_len(rank: u32) -> usize {
+    sizes().iter().sum::<usize>() + 64 * rank as usize
+}
+
+/// Every rank puts every size into the next rank's window 1 (one after the other, at
+/// increasing offsets), flushes, and after a barrier checks what the previous rank put
+/// into its own window, then gets it back from the next rank and compares; every rank
+/// adds 1 to word 0 of rank 0's window 0 `ADDS` times and rank 0 finds the exact sum;
+/// compare-and-swap and swap return what they found.
+fn every_operation(c: Config, size: u32) {
+    run_ranks(size, c, move |job| {
+        let rma = Rma::open(&job, DPID).unwrap();
+        let (me, n) = (job.rank(), job.size());
+        let counters = rma.allocate(64).unwrap();
+        let data = rma.allocate(data_len(me)).unwrap();
+        assert_eq!((counters.number(), data.number()), (0, 1));
+        let next = (me + 1) % n;
+        let prev = (me + n - 1) % n;
+        let mut offset = 0u64;
+        for (i, &len) in sizes().iter().enumerate() {
+            rma.put(next, &data, offset, &pattern(me, i as u32, len))
+                .unwrap();
+            offset += len as u64;
+        }
+        for _ in 0..ADDS {
+            rma.fetch_add(0, &counters, 0, 1).unwrap();
+        }
+        rma.flush_all().unwrap();
+        job.barrier_progressing(&[&rma]).unwrap();
+
+        // What the previous rank put is here, byte for byte; nothing after it was touched.
+        let mine = data.to_vec();
+        let mut at = 0;
+        for (i, &len) in sizes().iter().enumerate() {
+            assert_eq!(
+                mine[at..at + len],
+                pattern(prev, i as u32, len),
+                "size {len}"
+            );
+            at += len;
+        }
+        assert!(mine[at..].iter().all(|&b| b == 0));
+        // And the next rank's window, read back, holds what this rank put there.
+        let mut offset = 0u64;
+        for (i, &len) in sizes().iter().enumerate() {
+            let mut back = vec![0xee; len];
+            rma.get(next, &data, offset, &mut back).unwrap();
+            assert_eq!(back, pattern(me, i as u32, len), "get of {len} bytes");
+            offset += len as u64;
+        }
+        if me == 0 {
+            assert_eq!(
+                counters.word(0).unwrap().load(Ordering::Acquire),
+                ADDS * u64::from(n)
+            );
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+
+        // Compare-and-swap on the next rank's word 8: one rank at a time would be a
+        // race between ranks; each rank uses its own word of the next rank's window.
+        let w = 8;
+        assert_eq!(rma.compare_swap(next, &counters, w, 1, 5).unwrap(), 0);
+        assert_eq!(rma.compare_swap(next, &counters, w, 0, 5).unwrap(), 0);
+        assert_eq!(rma.swap(next, &counters, w, 9).unwrap(), 5);
+        assert_eq!(rma.fetch_add(next, &counters, w, 1).unwrap(), 9);
+        job.barrier_progressing(&[&rma]).unwrap();
+        assert_eq!(counters.word(8).unwrap().load(Ordering::Acquire), 10);
+
+        let stats = rma.stats();
+        assert_eq!(stats.puts, sizes().len() as u64);
+        assert_eq!(stats.refused, 0);
+        assert_eq!(stats.malformed, 0);
+        job.barrier_progressing(&[&rma]).unwrap();
+    });
+}
+
+#[test]
+fn every_operation_over_shm() {
+    every_operation(config(TransportChoice::Auto), 3);
+}
+
+#[test]
+fn every_operation_over_udp() {
+    every_operation(config(TransportChoice::Udp), 3);
+}
+
+#[test]
+fn every_operation_over_udp_with_the_offload_engine() {
+    every_operation(
+        config(TransportChoice::Udp).with_reliability(ReliabilityMode::Offload),
+        2,
+    );
+}
+
+#[test]
+fn every_operation_over_eth() {
+    every_operation(config(TransportChoice::Eth), 2);
+}
+
+fn rma_error(r: quiver::Result<impl std::fmt::Debug>) -> RmaError {
+    match r {
+        Err(Error::Rma(e)) => e,
+        other => panic!("expected an RMA error, got {other:?}"),
+    }
+}
+
+/// Ranges outside the target's window and misaligned words fail at the origin with
+/// the window's real length; a window the target never allocated fails after the key
+/// wait; a window the target freed refuses puts (reported by the flush), gets and
+/// atomics (over the network, where the target checks).
+fn bad_requests(mut c: Config, target_checks: bool) {
+    c.connect_timeout = Duration::from_millis(500);
+    run_ranks(2, c, move |job| {
+        let rma = Rma::open(&job, DPID).unwrap();
+        let me = job.rank();
+        let w = rma.allocate(100 + 100 * me as usize).unwrap();
+        job.barrier_progressing(&[&rma]).unwrap();
+        if me == 0 {
+            // Rank 1's window is 200 bytes long, this rank's 100.
+            rma.put(1, &w, 150, &[1; 50]).unwrap();
+            assert_eq!(
+                rma_error(rma.put(1, &w, 150, &[1; 51])),
+                RmaError::OutOfBounds {
+                    rank: 1,
+                    window: 0,
+                    offset: 150,
+                    len: 51,
+                    size: 200
+                }
+            );
+            assert!(matches!(
+                rma_error(rma.get(1, &w, u64::MAX - 1, &mut [0; 4])),
+                RmaError::OutOfBounds { .. }
+            ));
+            assert!(matches!(
+                rma_error(rma.fetch_add(1, &w, 4, 1)),
+                RmaError::Misaligned { offset: 4, .. }
+            ));
+            assert!(matches!(
+                rma_error(rma.fetch_add(1, &w, 200, 1)),
+                RmaError::OutOfBounds { .. }
+            ));
+            assert!(matches!(
+                rma.put(7, &w, 0, &[1]),
+                Err(Error::NoSuchRank { .. })
+            ));
+            rma.flush(1).unwrap();
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+        if me == 1 {
+            let v = w.to_vec();
+            assert!(v[150..].iter().all(|&b| b == 1) && v[..150].iter().all(|&b| b == 0));
+        }
+        // Window 1 exists on rank 0 only.
+        let only_here = (me == 0).then(|| rma.allocate(64).unwrap());
+        if let Some(only) = &only_here {
+            assert_eq!(
+                rma_error(rma.get(1, only, 0, &mut [0; 8])),
+                RmaError::NoWindow { rank: 1, window: 1 }
+            );
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+        // Rank 1 frees window 0 after rank 0 knows its key.
+        if me == 1 {
+            drop(w);
+            job.barrier_progressing(&[&rma]).unwrap();
+            job.barrier_progressing(&[&rma]).unwrap();
+        } else {
+            job.barrier_progressing(&[&rma]).unwrap();
+            if target_checks {
+                rma.put(1, &w, 0, &[2; 10]).unwrap();
+                rma.put(1, &w, 10, &[2; 10]).unwrap();
+                match rma_error(rma.flush(1)) {
+                    RmaError::PutsRefused {
+                        rank: 1, count: 2, ..
+                    } => {}
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(
+                    rma_error(rma.get(1, &w, 0, &mut [0; 8])),
+                    RmaError::NoWindow { rank: 1, window: 0 }
+                );
+                assert_eq!(
+                    rma_error(rma.swap(1, &w, 0, 3)),
+                    RmaError::NoWindow { rank: 1, window: 0 }
+                );
+            }
+            job.barrier_progressing(&[&rma]).unwrap();
+        }
+        if me == 1 && target_checks {
+            assert_eq!(rma.stats().refused, 4);
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+    });
+}
+
+#[test]
+fn bad_requests_fail_cleanly_over_shm() {
+    bad_requests(config(TransportChoice::Auto), false);
+}
+
+#[test]
+fn bad_requests_fail_cleanly_over_udp() {
+    bad_requests(config(TransportChoice::Udp), true);
+}
+
+/// With the offload engine, rank 1's window takes puts, answers gets and serves
+/// fetch-and-add while rank 1's application sleeps without calling quiver.
+#[test]
+fn a_target_is_served_while_its_application_sleeps() {
+    let c = config(TransportChoice::Udp).with_reliability(ReliabilityMode::Offload);
+    let done = Arc::new(AtomicBool::new(false));
+    run_ranks(2, c, move |job| {
+        let rma = Rma::open(&job, DPID).unwrap();
+        let w = rma.allocate(1 << 20).unwrap();
+        job.barrier().unwrap();
+        if job.rank() == 0 {
+            let data = pattern(0, 1, 1 << 20);
+            rma.put(1, &w, 0, &data).unwrap();
+            rma.flush(1).unwrap();
+            let mut back = vec![0; 1 << 20];
+            rma.get(1, &w, 0, &mut back).unwrap();
+            assert!(back == data);
+            for i in 0..50 {
+                assert_eq!(rma.fetch_add(1, &w, 8, 2).unwrap(), w8(&data) + 2 * i);
+            }
+            done.store(true, Ordering::Release);
+        } else {
+            // Not one call into quiver until rank 0 is done.
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let data = pattern(0, 1, 1 << 20);
+            let mine = w.to_vec();
+            assert_eq!(w.word(8).unwrap().load(Ordering::Acquire), w8(&data) + 100);
+            assert!(mine[..8] == data[..8] && mine[16..] == data[16..]);
+            assert!(rma.stats().puts_applied > 0);
+        }
+        job.barrier().unwrap();
+    });
+}
+
+/// The little-endian word at byte 8 of `data`.
+fn w8(data: &[u8]) -> u64 {
+    u64::from_le_bytes(data[8..16].try_into().unwrap())
+}

@@ -46,8 +46,9 @@ use crate::engine::station::{drive_rearming, Footing};
 use crate::error::{Error, Result, RmaError};
 use crate::job::Job;
 use crate::link::Transport;
+use crate::FastMap;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -227,10 +228,12 @@ pub struct Rma {
     ep: Endpoint,
     state: Arc<Mutex<State>>,
     out: RefCell<Outbox>,
-    keys: RefCell<HashMap<(u32, u32), Key>>,
+    // Looked up on every operation: the fast hasher (a SipHash lookup costs as much as
+    // a same-node 8-byte put).
+    keys: RefCell<FastMap<(u32, u32), Key>>,
     /// Same-node windows mapped here, by (rank, object).
-    mapped: RefCell<HashMap<(u32, u32), Arc<SharedObject>>>,
-    reach: RefCell<HashMap<u32, Reach>>,
+    mapped: RefCell<FastMap<(u32, u32), Arc<SharedObject>>>,
+    reach: RefCell<FastMap<u32, Reach>>,
     /// Ranks this rank sent puts to since their last flush.
     unflushed: RefCell<BTreeSet<u32>>,
     next_window: Cell<u32>,
@@ -257,9 +260,9 @@ impl Rma {
             ep,
             state,
             out: RefCell::new(Outbox::new(usize::MAX)),
-            keys: RefCell::new(HashMap::new()),
-            mapped: RefCell::new(HashMap::new()),
-            reach: RefCell::new(HashMap::new()),
+            keys: RefCell::new(FastMap::default()),
+            mapped: RefCell::new(FastMap::default()),
+            reach: RefCell::new(FastMap::default()),
             unflushed: RefCell::new(BTreeSet::new()),
             next_window: Cell::new(0),
             next_id: Cell::new(1),
@@ -334,13 +337,9 @@ impl Rma {
             Reach::Direct => {
                 let mem = self.direct(rank, window, key)?;
                 // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
-                // `direct` checked both); the mapping lives while `mem` is held.
+                // `direct` checked both); the mapping outlives this call (`direct`).
                 unsafe {
-                    crate::link::copy_bytes(
-                        data.as_ptr(),
-                        mem.ptr().add(offset as usize),
-                        data.len(),
-                    )
+                    crate::link::copy_bytes(data.as_ptr(), mem.add(offset as usize), data.len())
                 };
                 self.stats.borrow_mut().direct += 1;
             }
@@ -374,11 +373,7 @@ impl Rma {
                 let mem = self.direct(rank, window, key)?;
                 // SAFETY: as in `put`, the other way.
                 unsafe {
-                    crate::link::copy_bytes(
-                        mem.ptr().add(offset as usize),
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                    )
+                    crate::link::copy_bytes(mem.add(offset as usize), dst.as_mut_ptr(), dst.len())
                 };
                 self.stats.borrow_mut().direct += 1;
                 Ok(())
@@ -457,8 +452,8 @@ impl Rma {
             Reach::Direct => {
                 let mem = self.direct(rank, window, key)?;
                 // SAFETY: offset + 8 <= the mapping's length (checked), offset % 8 == 0
-                // and the mapping is page-aligned; the mapping lives while `mem` is held.
-                let word = unsafe { &*(mem.ptr().add(offset as usize) as *const AtomicU64) };
+                // and the mapping is page-aligned; the mapping outlives this call.
+                let word = unsafe { &*(mem.add(offset as usize) as *const AtomicU64) };
                 self.stats.borrow_mut().direct += 1;
                 Ok(op.apply(word, a, b))
             }
@@ -631,14 +626,16 @@ impl Rma {
         Ok(r)
     }
 
-    /// The memory of `window` at same-node `rank`, mapped here once.
-    fn direct(&self, rank: u32, window: &Window, key: Key) -> Result<Arc<SharedObject>> {
+    /// The first byte of `window` at same-node `rank`, mapped here once, at least
+    /// `key.len` bytes long. The mapping lives as long as this `Rma` (mappings are
+    /// never dropped before it) or, for this rank's own window, as long as `window`.
+    fn direct(&self, rank: u32, window: &Window, key: Key) -> Result<*mut u8> {
         let job = self.ep.station().job();
         if rank == job.rank {
-            return Ok(window.mem.clone());
+            return Ok(window.mem.ptr());
         }
         if let Some(m) = self.mapped.borrow().get(&(rank, key.object)) {
-            return Ok(m.clone());
+            return Ok(m.ptr());
         }
         let no_window = || {
             Error::Rma(RmaError::NoWindow {
@@ -657,11 +654,11 @@ impl Rma {
         if (mem.len() as u64) < key.len {
             return Err(no_window());
         }
-        let mem = Arc::new(mem);
+        let ptr = mem.ptr();
         self.mapped
             .borrow_mut()
-            .insert((rank, key.object), mem.clone());
-        Ok(mem)
+            .insert((rank, key.object), Arc::new(mem));
+        Ok(ptr)
     }
 
     /// Sends one message to `rank` on `route`, making progress while the route has no

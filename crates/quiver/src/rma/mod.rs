@@ -43,6 +43,8 @@ mod ops;
 pub(crate) mod puller;
 pub(crate) mod reach;
 mod serve;
+#[cfg(test)]
+mod sim_tests;
 pub(crate) mod split;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -32,9 +32,11 @@
 //! outside its windows. Frames of other jobs never reach the protocol (the engine
 //! drops them), and window objects are the job user's (mode 0600).
 //!
-//! Freeing: a [`Window`] dropped is gone at once for requests that arrive after (they
-//! are refused); free a window only when no rank accesses it any more (after a
-//! barrier), as `MPI_Win_free` does.
+//! Freeing: a [`Window`] dropped is gone at once for requests from other nodes that
+//! arrive after (they are refused); a same-node rank that still writes it writes into
+//! pages nobody reads any more. Free a window only when no rank accesses it any more
+//! (after a barrier), as `MPI_Win_free` does: then every rank frees its part, and each
+//! forgets its mappings of the others' parts at its next operation.
 
 use super::serve::{self, Exposure, OnState, Pending, Served, State};
 use super::window::{SharedObject, PUBLISHED_IDS};
@@ -96,6 +98,8 @@ pub struct Window {
     generation: u32,
     mem: Arc<SharedObject>,
     state: Arc<Mutex<State>>,
+    /// Windows freed, counted for the `Rma` (which then reads `State::freed`).
+    freed: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for Window {
@@ -186,7 +190,11 @@ impl Drop for Window {
     fn drop(&mut self) {
         // Requests that arrive from now on are refused; the object goes with the last
         // reference (a request being applied holds none: the state's lock is held).
-        serve::lock(&self.state).exposed.remove(&self.number);
+        let mut s = serve::lock(&self.state);
+        s.exposed.remove(&self.number);
+        s.freed.push(self.number);
+        drop(s);
+        self.freed.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -240,6 +248,10 @@ pub struct Rma {
     next_id: Cell<u64>,
     wait: Cell<WaitMode>,
     stats: RefCell<RmaStats>,
+    /// This rank's windows freed so far, and how many of them the keys and mappings
+    /// here have forgotten.
+    freed: Arc<AtomicU32>,
+    freed_seen: Cell<u32>,
 }
 
 impl Rma {
@@ -268,6 +280,8 @@ impl Rma {
             next_id: Cell::new(1),
             wait: Cell::new(WaitMode::Hybrid(WAIT_SPIN)),
             stats: RefCell::new(RmaStats::default()),
+            freed: Arc::new(AtomicU32::new(0)),
+            freed_seen: Cell::new(0),
         })
     }
 
@@ -318,13 +332,19 @@ impl Rma {
             generation,
             len: len as u64,
         };
-        job.kv
-            .put(&key_name(station.dpid(), job.rank, number), &key.encode())?;
+        if let Err(e) = job
+            .kv
+            .put(&key_name(station.dpid(), job.rank, number), &key.encode())
+        {
+            serve::lock(&self.state).exposed.remove(&number);
+            return Err(e);
+        }
         Ok(Window {
             number,
             generation,
             mem,
             state: self.state.clone(),
+            freed: self.freed.clone(),
         })
     }
 
@@ -344,6 +364,8 @@ impl Rma {
                 self.stats.borrow_mut().direct += 1;
             }
             Reach::Messages { route, piece } => {
+                // Before the first piece: a flush must ask even if a later piece fails.
+                self.unflushed.borrow_mut().insert(rank);
                 let piece = piece.saturating_sub(ops::PUT_LEN).max(1);
                 let mut done = 0;
                 loop {
@@ -358,7 +380,6 @@ impl Rma {
                         break;
                     }
                 }
-                self.unflushed.borrow_mut().insert(rank);
             }
         }
         Ok(())
@@ -385,16 +406,18 @@ impl Rma {
                 let len = dst.len() as u64;
                 serve::lock(&self.state).pending.insert(
                     id,
-                    Pending::Get {
-                        buf: vec![0; dst.len()],
-                        left: len,
-                        status: Status::Done,
-                    },
+                    (
+                        rank,
+                        Pending::Get {
+                            buf: vec![0; dst.len()],
+                            left: len,
+                            status: Status::Done,
+                        },
+                    ),
                 );
                 let piece =
                     u32::try_from(piece.saturating_sub(ops::GOT_LEN).max(1)).unwrap_or(u32::MAX);
-                self.send(rank, route, &ops::get(at, id, len, piece), &[])?;
-                match self.wait_for(id)? {
+                match self.ask(rank, route, id, &ops::get(at, id, len, piece))? {
                     Pending::Get {
                         buf,
                         status: Status::Done,
@@ -461,9 +484,8 @@ impl Rma {
                 let id = self.id();
                 serve::lock(&self.state)
                     .pending
-                    .insert(id, Pending::Atomic(None));
-                self.send(rank, route, &ops::atomic(at, op, id, a, b), &[])?;
-                match self.wait_for(id)? {
+                    .insert(id, (rank, Pending::Atomic(None)));
+                match self.ask(rank, route, id, &ops::atomic(at, op, id, a, b))? {
                     Pending::Atomic(Some((Status::Done, v))) => Ok(v),
                     Pending::Atomic(Some((status, _))) => {
                         Err(refusal(status, rank, at, 8, key.len))
@@ -490,30 +512,48 @@ impl Rma {
         // Direct writes are visible to the target once this fence is passed.
         std::sync::atomic::fence(Ordering::SeqCst);
         let mut asked = Vec::new();
+        let mut first = None;
         for &rank in ranks {
-            if !self.unflushed.borrow_mut().remove(&rank) {
+            if !self.unflushed.borrow().contains(&rank) {
                 continue;
             }
             let Reach::Messages { route, .. } = self.reach(rank)? else {
+                self.unflushed.borrow_mut().remove(&rank);
                 continue;
             };
             let id = self.id();
             serve::lock(&self.state)
                 .pending
-                .insert(id, Pending::Flush(None));
-            self.send(rank, route, &ops::flush(id), &[])?;
-            asked.push((rank, id));
+                .insert(id, (rank, Pending::Flush(None)));
+            match self.send(rank, route, &ops::flush(id), &[]) {
+                Ok(()) => asked.push((rank, id)),
+                Err(e) => {
+                    serve::lock(&self.state).pending.remove(&id);
+                    first.get_or_insert(e);
+                }
+            }
         }
-        let mut first = None;
+        // Every answer is waited for; a rank stays unflushed until its answer came.
         for (rank, id) in asked {
-            let r = match self.wait_for(id)? {
-                Pending::Flush(Some((_, 0))) => Ok(()),
-                Pending::Flush(Some((status, count))) => Err(Error::Rma(RmaError::PutsRefused {
-                    rank,
-                    count,
-                    reason: status.reason().into(),
-                })),
-                _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
+            let r = match self.wait_for(id) {
+                Err(e) => {
+                    serve::lock(&self.state).pending.remove(&id);
+                    Err(e)
+                }
+                Ok(answer) => {
+                    self.unflushed.borrow_mut().remove(&rank);
+                    match answer {
+                        Pending::Flush(Some((_, 0))) => Ok(()),
+                        Pending::Flush(Some((status, count))) => {
+                            Err(Error::Rma(RmaError::PutsRefused {
+                                rank,
+                                count,
+                                reason: status.reason().into(),
+                            }))
+                        }
+                        _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
+                    }
+                }
             };
             if let Err(e) = r {
                 first.get_or_insert(e);
@@ -568,6 +608,11 @@ impl Rma {
 
     /// The key of window `window.number` at `rank`, from the job's store the first time.
     fn key(&self, rank: u32, window: &Window) -> Result<Key> {
+        let freed = self.freed.load(Ordering::Acquire);
+        if freed != self.freed_seen.get() {
+            self.forget_freed();
+            self.freed_seen.set(freed);
+        }
         let station = self.ep.station();
         let job = station.job();
         if rank >= job.size {
@@ -602,6 +647,21 @@ impl Rma {
         let key = Key::parse(&text).ok_or(Error::Rma(RmaError::BadAnswer { rank }))?;
         self.keys.borrow_mut().insert((rank, window.number), key);
         Ok(key)
+    }
+
+    /// Forgets the keys and mappings of the windows freed here (freeing is collective:
+    /// the other ranks' parts are gone too), so that their pages go.
+    fn forget_freed(&self) {
+        let numbers = std::mem::take(&mut serve::lock(&self.state).freed);
+        let mut keys = self.keys.borrow_mut();
+        let mut mapped = self.mapped.borrow_mut();
+        keys.retain(|&(rank, number), key| {
+            let keep = !numbers.contains(&number);
+            if !keep {
+                mapped.remove(&(rank, key.object));
+            }
+            keep
+        });
     }
 
     /// How this rank reaches `rank`.
@@ -708,12 +768,25 @@ impl Rma {
         Ok(handler.handled > 0 || out.sent() != sent)
     }
 
+    /// Sends request `id` (pending already) to `rank` and waits for its answer; on an
+    /// error the request is forgotten (a late answer is then dropped and counted).
+    fn ask(&self, rank: u32, route: usize, id: u64, request: &[u8]) -> Result<Pending> {
+        let r = self
+            .send(rank, route, request, &[])
+            .and_then(|()| self.wait_for(id));
+        if r.is_err() {
+            serve::lock(&self.state).pending.remove(&id);
+        }
+        r
+    }
+
     /// Waits until the answer to request `id` is complete and takes it.
     fn wait_for(&self, id: u64) -> Result<Pending> {
+        let done = |s: &State| s.pending.get(&id).is_some_and(|(_, p)| p.done());
         let take = || -> Option<Pending> {
             let mut s = serve::lock(&self.state);
-            if s.pending.get(&id).is_some_and(Pending::done) {
-                s.pending.remove(&id)
+            if done(&s) {
+                s.pending.remove(&id).map(|(_, p)| p)
             } else {
                 None
             }
@@ -727,17 +800,12 @@ impl Rma {
             }
             let ready = || {
                 let busy = self.poll()?;
-                let done = serve::lock(&self.state)
-                    .pending
-                    .get(&id)
-                    .is_some_and(Pending::done);
-                Ok((busy || done).then_some(()))
+                let news = done(&serve::lock(&self.state));
+                Ok((busy || news).then_some(()))
             };
-            if let Err(e) = self.ep.station().wait_for_in(self.wait.get(), ready, None) {
-                // The request stays unanswered: forget it (a late answer is dropped).
-                serve::lock(&self.state).pending.remove(&id);
-                return Err(e);
-            }
+            self.ep
+                .station()
+                .wait_for_in(self.wait.get(), ready, None)?;
         }
     }
 }
@@ -777,6 +845,6 @@ fn refusal(status: Status, rank: u32, at: At, len: u64, size: u64) -> Error {
             window: at.window,
             offset: at.offset,
         },
-        Status::Done | Status::BadOp => RmaError::BadAnswer { rank },
+        Status::Done | Status::BadOp | Status::Unknown => RmaError::BadAnswer { rank },
     })
 }

@@ -49,6 +49,8 @@ pub(crate) enum Status {
     Misaligned = 3,
     /// An atomic whose operation the target does not know.
     BadOp = 4,
+    /// A status this side does not know (a newer or lying peer): the request fails.
+    Unknown = 255,
 }
 
 impl Status {
@@ -60,18 +62,19 @@ impl Status {
             Status::OutOfBounds => "the range lies outside the window",
             Status::Misaligned => "the word is not 8-byte aligned",
             Status::BadOp => "an unknown operation",
+            Status::Unknown => "an answer this version does not know",
         }
     }
 
-    fn from_u8(b: u8) -> Option<Status> {
-        Some(match b {
+    fn from_u8(b: u8) -> Status {
+        match b {
             0 => Status::Done,
             1 => Status::NoWindow,
             2 => Status::OutOfBounds,
             3 => Status::Misaligned,
             4 => Status::BadOp,
-            _ => return None,
-        })
+            _ => Status::Unknown,
+        }
     }
 }
 
@@ -88,7 +91,7 @@ pub(crate) enum AtomicOp {
 }
 
 impl AtomicOp {
-    fn from_u8(b: u8) -> Option<AtomicOp> {
+    pub(crate) fn from_u8(b: u8) -> Option<AtomicOp> {
         Some(match b {
             1 => AtomicOp::FetchAdd,
             2 => AtomicOp::CompareSwap,
@@ -132,7 +135,9 @@ pub(crate) enum Op<'a> {
     },
     Atomic {
         at: At,
-        op: AtomicOp,
+        /// The operation's code ([`AtomicOp`]; one the target does not know is
+        /// answered [`Status::BadOp`]).
+        op: u8,
         id: u64,
         a: u64,
         b: u64,
@@ -246,8 +251,9 @@ pub(crate) fn flushed(status: Status, id: u64, refused: u64) -> [u8; FLUSH_REPLY
     b
 }
 
-/// Decodes a message of the protocol; `None` for anything else (too short, an unknown
-/// kind, status or operation).
+/// Decodes a message of the protocol; `None` for anything else (too short or too long,
+/// an unknown kind). An unknown status decodes as [`Status::Unknown`] and an unknown
+/// operation as its code: both are answered, not dropped, so no request waits forever.
 pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
     let kind = *m.first()?;
     let need = match kind {
@@ -275,26 +281,26 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
             piece: u32_at(m, 12),
         },
         b'g' => Op::Got {
-            status: Status::from_u8(m[1])?,
+            status: Status::from_u8(m[1]),
             id: u64_at(m, 8),
             offset: u64_at(m, 16),
             data: &m[GOT_LEN..],
         },
         b'A' => Op::Atomic {
             at: read_at(m),
-            op: AtomicOp::from_u8(m[1])?,
+            op: m[1],
             id: u64_at(m, 24),
             a: u64_at(m, 32),
             b: u64_at(m, 40),
         },
         b'a' => Op::AtomicDone {
-            status: Status::from_u8(m[1])?,
+            status: Status::from_u8(m[1]),
             id: u64_at(m, 8),
             value: u64_at(m, 16),
         },
         b'F' => Op::Flush { id: u64_at(m, 8) },
         _ => Op::Flushed {
-            status: Status::from_u8(m[1])?,
+            status: Status::from_u8(m[1]),
             id: u64_at(m, 8),
             refused: u64_at(m, 16),
         },
@@ -339,7 +345,7 @@ mod tests {
             decode(&atomic(at, AtomicOp::CompareSwap, 3, 1, 2)),
             Some(Op::Atomic {
                 at,
-                op: AtomicOp::CompareSwap,
+                op: AtomicOp::CompareSwap as u8,
                 id: 3,
                 a: 1,
                 b: 2
@@ -394,9 +400,15 @@ mod tests {
             0,
         );
         bad_op[1] = 99;
-        assert_eq!(decode(&bad_op), None);
+        assert!(matches!(decode(&bad_op), Some(Op::Atomic { op: 99, .. })));
         let mut bad_status = flushed(Status::Done, 1, 0);
         bad_status[1] = 200;
-        assert_eq!(decode(&bad_status), None);
+        assert!(matches!(
+            decode(&bad_status),
+            Some(Op::Flushed {
+                status: Status::Unknown,
+                ..
+            })
+        ));
     }
 }

@@ -13,7 +13,7 @@
 //! asked for. Requests from one origin are applied in the order they were sent (the
 //! engine's channels keep order), so a flush is answered after every put before it.
 
-use super::ops::{self, At, Op, Status};
+use super::ops::{self, At, AtomicOp, Op, Status};
 use super::window::SharedObject;
 use crate::addr::Source;
 use crate::channel::reliable::Time;
@@ -71,7 +71,11 @@ pub(crate) struct State {
     pub exposed: HashMap<u32, Exposure>,
     /// Puts refused per origin since its last flush: how many, and the first's reason.
     pub refused: HashMap<u32, (u64, Status)>,
-    pub pending: HashMap<u64, Pending>,
+    /// This rank's requests waiting for their answers, by id: the rank asked, and what.
+    pub pending: HashMap<u64, (u32, Pending)>,
+    /// Numbers of this rank's windows freed since the origin side last looked (it then
+    /// forgets its mappings of the other ranks' parts of them).
+    pub freed: Vec<u32>,
     pub counters: Counters,
 }
 
@@ -142,8 +146,11 @@ impl State {
                 false
             }
             Op::Atomic { at, op, id, a, b } => {
-                let (status, value) = match word(&self.exposed, at) {
-                    Ok(w) => {
+                let word = AtomicOp::from_u8(op)
+                    .ok_or(Status::BadOp)
+                    .and_then(|op| Ok((op, word(&self.exposed, at)?)));
+                let (status, value) = match word {
+                    Ok((op, w)) => {
                         self.counters.atomics_served += 1;
                         (Status::Done, op.apply(w, a, b))
                     }
@@ -166,8 +173,8 @@ impl State {
                 id,
                 offset,
                 data,
-            } => self.got(id, status, offset, data),
-            Op::AtomicDone { status, id, value } => self.answer(id, |p| match p {
+            } => self.got(from.rank, id, status, offset, data),
+            Op::AtomicDone { status, id, value } => self.answer(from.rank, id, |p| match p {
                 Pending::Atomic(a @ None) => {
                     *a = Some((status, value));
                     true
@@ -178,7 +185,7 @@ impl State {
                 status,
                 id,
                 refused,
-            } => self.answer(id, |p| match p {
+            } => self.answer(from.rank, id, |p| match p {
                 Pending::Flush(f @ None) => {
                     *f = Some((status, refused));
                     true
@@ -197,7 +204,7 @@ impl State {
     /// Answers get `id` from `from`: the range in pieces of at most `piece` bytes (the
     /// origin's frame payload: each piece then lands in one frame), or its refusal.
     fn serve_get(&mut self, from: Source, at: At, id: u64, len: u64, piece: u32, out: &mut Outbox) {
-        let piece = u64::from(piece).clamp(1, GET_PIECE);
+        let piece = u64::from(piece).clamp(MIN_PIECE, GET_PIECE);
         match locate(&self.exposed, at, len) {
             Ok((mem, offset)) => {
                 self.counters.gets_served += 1;
@@ -230,24 +237,27 @@ impl State {
         }
     }
 
-    /// A piece of the answer to get `id`.
-    fn got(&mut self, id: u64, status: Status, offset: u64, data: &[u8]) -> bool {
+    /// A piece of the answer to get `id`, from `rank`.
+    fn got(&mut self, rank: u32, id: u64, status: Status, offset: u64, data: &[u8]) -> bool {
         let malformed = &mut self.counters.malformed;
         match self.pending.get_mut(&id) {
-            Some(Pending::Get {
-                buf,
-                left,
-                status: st,
-            }) if *left > 0 && *st == Status::Done => {
+            Some((
+                target,
+                Pending::Get {
+                    buf,
+                    left,
+                    status: st,
+                },
+            )) if *target == rank && *left > 0 && *st == Status::Done => {
                 if status != Status::Done {
                     *st = status;
                     return true;
                 }
-                let fits = offset
-                    .checked_add(data.len() as u64)
-                    .is_some_and(|end| end <= buf.len() as u64)
-                    && data.len() as u64 <= *left;
-                if !fits {
+                // The target answers in order and the channel keeps it: each piece starts
+                // where the last ended (a duplicated or overlapping piece from a peer that
+                // lies cannot mark bytes as arrived that never came).
+                let next = buf.len() as u64 - *left;
+                if offset != next || data.len() as u64 > *left {
                     *malformed += 1;
                     return false;
                 }
@@ -262,10 +272,13 @@ impl State {
         }
     }
 
-    /// Fills pending request `id` with `fill` (false: the answer does not fit what was
-    /// asked, counted malformed).
-    fn answer(&mut self, id: u64, fill: impl FnOnce(&mut Pending) -> bool) -> bool {
-        let filled = self.pending.get_mut(&id).is_some_and(fill);
+    /// Fills pending request `id` with `fill`, when `rank` is the rank it asked (false:
+    /// the answer does not fit what was asked, counted malformed).
+    fn answer(&mut self, rank: u32, id: u64, fill: impl FnOnce(&mut Pending) -> bool) -> bool {
+        let filled = self
+            .pending
+            .get_mut(&id)
+            .is_some_and(|(target, p)| *target == rank && fill(p));
         if !filled {
             self.counters.malformed += 1;
         }
@@ -273,6 +286,9 @@ impl State {
     }
 }
 
+/// The shortest piece of a get's answer, whatever the request asks for (a peer asking
+/// for 1-byte pieces would make the target queue a message per byte).
+pub(crate) const MIN_PIECE: u64 = 512;
 /// The longest piece of a get's answer, whatever the request asks for.
 pub(crate) const GET_PIECE: u64 = 64 << 10;
 
@@ -341,7 +357,6 @@ impl Protocol for Served {
 mod tests {
     use super::*;
     use crate::engine::protocol::{Next, Outbox};
-    use crate::rma::ops::AtomicOp;
 
     const ME: u32 = 0;
 
@@ -401,11 +416,14 @@ mod tests {
         // The origin's side of the same state collects the pieces.
         s.pending.insert(
             5,
-            Pending::Get {
-                buf: vec![0; data.len()],
-                left: data.len() as u64,
-                status: Status::Done,
-            },
+            (
+                1,
+                Pending::Get {
+                    buf: vec![0; data.len()],
+                    left: data.len() as u64,
+                    status: Status::Done,
+                },
+            ),
         );
         let replies = answers(&mut out);
         assert_eq!(replies.len(), 3, "150 000 bytes in pieces of 64 KiB");
@@ -415,7 +433,7 @@ mod tests {
         }
         assert!(done);
         match s.pending.remove(&5) {
-            Some(Pending::Get { buf, left: 0, .. }) => assert_eq!(buf, data),
+            Some((1, Pending::Get { buf, left: 0, .. })) => assert_eq!(buf, data),
             other => panic!("{other:?}"),
         }
     }
@@ -517,7 +535,19 @@ mod tests {
             &mut out,
         );
         s.handle(origin(), &ops::atomic(w, AtomicOp::Swap, 4, 1, 0), &mut out);
-        let values: Vec<u64> = answers(&mut out)
+        let mut unknown = ops::atomic(w, AtomicOp::Swap, 5, 7, 0);
+        unknown[1] = 42;
+        s.handle(origin(), &unknown, &mut out);
+        let mut replies = answers(&mut out);
+        assert_eq!(
+            ops::decode(&replies.pop().unwrap()),
+            Some(Op::AtomicDone {
+                status: Status::BadOp,
+                id: 5,
+                value: 0
+            })
+        );
+        let values: Vec<u64> = replies
             .iter()
             .map(|r| match ops::decode(r) {
                 Some(Op::AtomicDone {
@@ -550,16 +580,29 @@ mod tests {
         // A piece that would land past the buffer asked for.
         s.pending.insert(
             5,
-            Pending::Get {
-                buf: vec![0; 4],
-                left: 4,
-                status: Status::Done,
-            },
+            (
+                1,
+                Pending::Get {
+                    buf: vec![0; 4],
+                    left: 4,
+                    status: Status::Done,
+                },
+            ),
         );
         let mut over = ops::got(Status::Done, 5, 2).to_vec();
         over.extend_from_slice(&[7; 3]);
         assert!(!s.handle(origin(), &over, &mut out));
-        assert_eq!(s.counters.malformed, 5);
+        // Pieces in order only: the first two bytes, then the same two again.
+        let mut first = ops::got(Status::Done, 5, 0).to_vec();
+        first.extend_from_slice(&[7; 2]);
+        assert!(!s.handle(origin(), &first, &mut out));
+        assert!(!s.handle(origin(), &first, &mut out));
+        assert!(matches!(s.pending[&5], (1, Pending::Get { left: 2, .. })));
+        // An answer from a rank that was not asked.
+        let mut foreign = ops::got(Status::Done, 5, 2).to_vec();
+        foreign.extend_from_slice(&[7; 2]);
+        assert!(!s.handle(Source { rank: 2, dpid: 9 }, &foreign, &mut out));
+        assert_eq!(s.counters.malformed, 7);
         assert!(answers(&mut out).is_empty());
     }
 }

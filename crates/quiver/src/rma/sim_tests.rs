@@ -122,7 +122,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                     .lock()
                     .unwrap()
                     .pending
-                    .insert(id, Pending::Atomic(None));
+                    .insert(id, (1, Pending::Atomic(None)));
                 let m = ops::atomic(at(0), AtomicOp::FetchAdd, id, 3, 0);
                 assert!(stations[0].send(to1, &m, &[], false).unwrap());
                 id
@@ -135,7 +135,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
             .lock()
             .unwrap()
             .pending
-            .insert(flush, Pending::Flush(None));
+            .insert(flush, (1, Pending::Flush(None)));
         assert!(stations[0]
             .send(to1, &ops::flush(flush), &[], false)
             .unwrap());
@@ -149,7 +149,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
             &mut outs,
             || {
                 let s = states[0].lock().unwrap();
-                let answered = s.pending.get(&flush).is_some_and(Pending::done);
+                let answered = s.pending.get(&flush).is_some_and(|(_, p)| p.done());
                 if answered && !flushed_ok {
                     // Every put before the flush is in the window when it is answered.
                     // SAFETY: the window is WINDOW bytes; only this thread touches it.
@@ -163,7 +163,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                 answered
                     && adds
                         .iter()
-                        .all(|i| s.pending.get(i).is_some_and(Pending::done))
+                        .all(|i| s.pending.get(i).is_some_and(|(_, p)| p.done()))
             },
             "the flush and the adds",
         );
@@ -171,11 +171,11 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
             let mut s = states[0].lock().unwrap();
             assert!(matches!(
                 s.pending.remove(&flush),
-                Some(Pending::Flush(Some((Status::Done, 0))))
+                Some((1, Pending::Flush(Some((Status::Done, 0)))))
             ));
             for i in adds {
                 match s.pending.remove(&i) {
-                    Some(Pending::Atomic(Some((Status::Done, v)))) => olds.push(v),
+                    Some((1, Pending::Atomic(Some((Status::Done, v))))) => olds.push(v),
                     other => panic!("add {i}: {other:?}"),
                 }
             }
@@ -186,11 +186,14 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
         let get = id;
         states[0].lock().unwrap().pending.insert(
             get,
-            Pending::Get {
-                buf: vec![0; len],
-                left: len as u64,
-                status: Status::Done,
-            },
+            (
+                1,
+                Pending::Get {
+                    buf: vec![0; len],
+                    left: len as u64,
+                    status: Status::Done,
+                },
+            ),
         );
         let m = ops::get(
             at(offset as u64),
@@ -210,7 +213,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                     .unwrap()
                     .pending
                     .get(&get)
-                    .is_some_and(Pending::done)
+                    .is_some_and(|(_, p)| p.done())
             },
             "the get",
         );
@@ -219,11 +222,14 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
             .load(Ordering::Acquire);
         model[..8].copy_from_slice(&counter.to_le_bytes());
         match states[0].lock().unwrap().pending.remove(&get) {
-            Some(Pending::Get {
-                buf,
-                status: Status::Done,
-                ..
-            }) => assert!(buf == model[offset..offset + len], "round {round}: get"),
+            Some((
+                1,
+                Pending::Get {
+                    buf,
+                    status: Status::Done,
+                    ..
+                },
+            )) => assert!(buf == model[offset..offset + len], "round {round}: get"),
             other => panic!("get: {other:?}"),
         }
     }

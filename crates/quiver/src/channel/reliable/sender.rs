@@ -317,15 +317,15 @@ impl Sender {
         part.frags.len() == 0
     }
 
-    /// Whether [`send_lone`](Self::send_lone) takes a message of `len` bytes: it fits one
-    /// frame, nothing is queued or due for resending, no probe is due, the window has room
-    /// and the sender has not failed.
-    #[inline]
     /// The longest message that travels in one frame of this channel.
     pub fn lone_max(&self) -> usize {
         self.max_datagram - HEADER_LEN
     }
 
+    /// Whether [`send_lone`](Self::send_lone) takes a message of `len` bytes: it fits one
+    /// frame, nothing is queued or due for resending, no probe is due, the window has room
+    /// and the sender has not failed.
+    #[inline]
     pub fn takes_lone(&self, len: usize) -> bool {
         !self.failed
             && len <= self.max_datagram - HEADER_LEN

@@ -3,37 +3,37 @@
 //! wire form of its requests in `ops`, the target's side in `serve`), and the machinery
 //! behind tagged messaging's single-copy pulls inside a node.
 //!
-//! What the single-copy machinery owns, per endpoint, in one [`SingleCopy`]:
+//! What the single-copy machinery owns, per endpoint, in one `SingleCopy`:
 //!
-//! - the **get** ([`SingleCopy::get`], [`SingleCopy::start_get`]): copies bytes of a same-node peer's
+//! - the **get** (`SingleCopy::get`, `SingleCopy::start_get`): copies bytes of a same-node peer's
 //!   memory into a local buffer, from the peer's shared buffer when the bytes lie in one
-//!   ([`Remote::Shared`]), else by cross-memory attach ([`Remote::Memory`]), as a split
+//!   (`Remote::Shared`), else by cross-memory attach (`Remote::Memory`), as a split
 //!   copy when the peer offered one, on the pull thread when it runs and the get is
-//!   large. When neither path reaches the peer the get says so ([`Got::Unreachable`]) and
+//!   large. When neither path reaches the peer the get says so (`Got::Unreachable`) and
 //!   the caller has the peer send the bytes over its channel instead;
-//! - the **windows** a peer reads ([`window`]): shared buffers allocated here
-//!   ([`SingleCopy::alloc_shared`]), their registry ([`SingleCopy::locate`] names local bytes as a
-//!   [`Remote`] for a peer), and the peers' shared buffers mapped here;
-//! - the **sender's half of a split copy** ([`split`]): offering a board slot for a
-//!   transfer ([`SingleCopy::offer_split`]) and writing the units the receiver leaves to it
-//!   ([`SingleCopy::help`]);
-//! - [`puller`]: the pull phase on a core of its own, for the offload engine's users;
-//! - [`reach`]: whether cross-memory attach reaches a peer, proved by a published nonce,
+//! - the **windows** a peer reads (`window`): shared buffers allocated here
+//!   (`SingleCopy::alloc_shared`), their registry (`SingleCopy::locate` names local bytes as a
+//!   `Remote` for a peer), and the peers' shared buffers mapped here;
+//! - the **sender's half of a split copy** (`split`): offering a board slot for a
+//!   transfer (`SingleCopy::offer_split`) and writing the units the receiver leaves to it
+//!   (`SingleCopy::help`);
+//! - `puller`: the pull phase on a core of its own, for the offload engine's users;
+//! - `reach`: whether cross-memory attach reaches a peer, proved by a published nonce,
 //!   and only at the pid it proved; what this process lets its peers do under Yama.
 //!
 //! What it guarantees: no input from a peer (a window number, an offset, an address, a
 //! board slot) makes it panic or touch memory outside the destination it was given; a
-//! range outside a peer's window is [`GetError::OutOfBounds`], a transfer that the
-//! kernel fails is [`GetError::Attach`], and a refusal of cross-memory attach (logged
-//! once) makes later gets [`Got::Unreachable`] rather than errors. No process is read or
+//! range outside a peer's window is `GetError::OutOfBounds`, a transfer that the
+//! kernel fails is `GetError::Attach`, and a refusal of cross-memory attach (logged
+//! once) makes later gets `Got::Unreachable` rather than errors. No process is read or
 //! written but the one a peer rank proved to be: a get naming another pid for that rank
-//! is [`Got::Unreachable`] (counted in [`SingleCopyStats::pids_refused`]), and so is a split
+//! is `Got::Unreachable` (counted in `SingleCopyStats::pids_refused`), and so is a split
 //! copy's write into another. A get that returns has
 //! finished writing its destination (a peer helping with a split copy included), except
-//! a [`Got::Queued`] one, whose end [`SingleCopy::completed`] reports.
+//! a `Got::Queued` one, whose end `SingleCopy::completed` reports.
 //!
 //! Who calls it: `tagged` (its pulls, and the sender's side of split copies); `ports`
-//! (its broadcast ring, a [`window::Published`] buffer its node's ranks read). It knows
+//! (its broadcast ring, a `window::Published` buffer its node's ranks read). It knows
 //! nothing of messages, tags or channels; whether a peer is on this node is the caller's
 //! to say (only same-node peers are asked for).
 

@@ -300,6 +300,13 @@ pub enum RmaError {
         /// Why the first was.
         reason: String,
     },
+    /// The two sides of a strided or indexed transfer disagree (element size or
+    /// count), or the local side does not fit its buffer; nothing was sent.
+    #[error("bad layout: {reason}")]
+    BadLayout {
+        /// What is wrong.
+        reason: String,
+    },
     /// The target answered with something the origin could not read.
     #[error("rank {rank} answered a one-sided request with an unknown status")]
     BadAnswer {

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{config, pattern, run_ranks};
-use quiver::rma::{Rma, RmaError};
+use quiver::rma::{Rma, RmaError, Strided};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -267,4 +267,163 @@ fn a_target_is_served_while_its_application_sleeps() {
 /// The little-endian word at byte 8 of `data`.
 fn w8(data: &[u8]) -> u64 {
     u64::from_le_bytes(data[8..16].try_into().unwrap())
+}
+
+/// A distributed matrix transpose by strided puts (the deposit seed's FFT step): an
+/// M x M matrix of u64, rows in blocks of `b` per rank; each rank deposits, for each of
+/// its rows, the part of the row that belongs to each rank as a column there (8-byte
+/// elements at a stride of one row). Then each rank reads a column block back with a
+/// strided get, puts a permutation of its row with an indexed put into the next rank's
+/// scratch window and reads it back with an indexed get, and counts arrivals with
+/// put_notify / wait_counter.
+fn transpose_and_scatter(c: Config, size: u32) {
+    run_ranks(size, c, move |job| {
+        let rma = Rma::open(&job, DPID + 1).unwrap();
+        let (me, n) = (job.rank(), job.size());
+        let b = 24u64;
+        let m = b * u64::from(n);
+        let value = |i: u64, j: u64| i * 1_000_003 + j;
+        let a = rma.allocate((b * m * 8) as usize).unwrap();
+        let t = rma.allocate((b * m * 8) as usize).unwrap();
+        let scratch = rma.allocate((m * 8 + 64) as usize).unwrap();
+        for li in 0..b {
+            let i = u64::from(me) * b + li;
+            let row: Vec<u8> = (0..m).flat_map(|j| value(i, j).to_le_bytes()).collect();
+            a.write((li * m * 8) as usize, &row).unwrap();
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+        let mine = a.to_vec();
+        for q in 0..n {
+            for li in 0..b {
+                let i = u64::from(me) * b + li;
+                // Row i's elements j in q's block go to t[j - q*b][i] at rank q.
+                let from = (li * m + u64::from(q) * b) as usize * 8;
+                let dst = Strided {
+                    offset: i * 8,
+                    stride: m * 8,
+                    elem: 8,
+                    count: b,
+                };
+                rma.put_strided(q, &t, dst, &mine[from..from + (b * 8) as usize], 8)
+                    .unwrap();
+            }
+        }
+        rma.flush_all().unwrap();
+        job.barrier_progressing(&[&rma]).unwrap();
+        let tv = t.to_vec();
+        for lj in 0..b {
+            let j = u64::from(me) * b + lj;
+            for i in 0..m {
+                let at = ((lj * m + i) * 8) as usize;
+                let got = u64::from_le_bytes(tv[at..at + 8].try_into().unwrap());
+                assert_eq!(got, value(i, j), "t[{j}][{i}] at rank {me}");
+            }
+        }
+        // Column 3 of the next rank's block of `a`, read back with a strided get: one
+        // element per row, into every other 8 bytes here.
+        let next = (me + 1) % n;
+        let mut col = vec![0u8; (b * 16) as usize];
+        let src = Strided {
+            offset: 3 * 8,
+            stride: m * 8,
+            elem: 8,
+            count: b,
+        };
+        rma.get_strided(next, &a, src, &mut col, 16).unwrap();
+        for li in 0..b {
+            let at = (li * 16) as usize;
+            let got = u64::from_le_bytes(col[at..at + 8].try_into().unwrap());
+            assert_eq!(got, value(u64::from(next) * b + li, 3));
+            assert!(col[at + 8..at + 16].iter().all(|&x| x == 0));
+        }
+        // An indexed put of this rank's first row, reversed, into the next rank's
+        // scratch, then an indexed get of it in the original order.
+        let row = &mine[..(m * 8) as usize];
+        let src_offsets: Vec<u64> = (0..m).map(|j| j * 8).collect();
+        let dst_offsets: Vec<u64> = (0..m).map(|j| (m - 1 - j) * 8).collect();
+        rma.put_indexed(next, &scratch, &dst_offsets, row, &src_offsets, 8)
+            .unwrap();
+        rma.flush(next).unwrap();
+        let mut back = vec![0u8; row.len()];
+        rma.get_indexed(next, &scratch, &dst_offsets, &mut back, &src_offsets, 8)
+            .unwrap();
+        assert!(back == row, "indexed put and get");
+        // Every rank tells rank 0 it is done through the counter at the end of rank 0's
+        // scratch (after a put of its rank number next to it).
+        let counter = m * 8 + 56;
+        rma.put_notify(
+            0,
+            &scratch,
+            m * 8 + u64::from(me % 6) * 8,
+            &me.to_le_bytes(),
+            counter,
+        )
+        .unwrap();
+        if me == 0 {
+            rma.wait_counter(&scratch, counter, u64::from(n)).unwrap();
+            assert_eq!(
+                scratch
+                    .word(counter as usize)
+                    .unwrap()
+                    .load(Ordering::Acquire),
+                0
+            );
+        }
+        // Mismatched layouts and layouts past the buffer are refused before anything
+        // is sent.
+        let bad = Strided {
+            offset: 0,
+            stride: 8,
+            elem: 8,
+            count: 4,
+        };
+        assert!(matches!(
+            rma_error(rma.put_strided(next, &t, bad, &[0; 31], 8)),
+            RmaError::BadLayout { .. }
+        ));
+        assert!(matches!(
+            rma_error(rma.put_strided(
+                next,
+                &t,
+                Strided {
+                    offset: b * m * 8 - 8,
+                    ..bad
+                },
+                &[0; 32],
+                8
+            )),
+            RmaError::OutOfBounds { .. }
+        ));
+        assert!(matches!(
+            rma_error(rma.put_indexed(next, &t, &[0, 8], &[0; 16], &[0], 8)),
+            RmaError::BadLayout { .. }
+        ));
+        job.barrier_progressing(&[&rma]).unwrap();
+        let s = rma.stats();
+        assert_eq!((s.refused, s.malformed), (0, 0), "{s:?}");
+        job.barrier_progressing(&[&rma]).unwrap();
+    });
+}
+
+#[test]
+fn transpose_and_scatter_over_shm() {
+    transpose_and_scatter(config(TransportChoice::Auto), 3);
+}
+
+#[test]
+fn transpose_and_scatter_over_udp() {
+    transpose_and_scatter(config(TransportChoice::Udp), 3);
+}
+
+#[test]
+fn transpose_and_scatter_over_udp_with_the_offload_engine() {
+    transpose_and_scatter(
+        config(TransportChoice::Udp).with_reliability(ReliabilityMode::Offload),
+        2,
+    );
+}
+
+#[test]
+fn transpose_and_scatter_over_eth() {
+    transpose_and_scatter(config(TransportChoice::Eth), 2);
 }

@@ -491,6 +491,17 @@ impl<L: Link, C: Clock> Station<L, C> {
         }
     }
 
+    /// Wakes the receiver at the end of shared-memory route `route` if it sleeps on its
+    /// descriptor, without sending anything (after a write straight into its memory
+    /// that it may be waiting for). Nothing for other routes: their messages wake.
+    pub(crate) fn wake(&self, route: usize) {
+        if let Ok(inner) = self.inner.try_borrow() {
+            if let Some((_, Route::Shm(tx))) = inner.routes.get(route) {
+                tx.wake();
+            }
+        }
+    }
+
     /// Whether everything sent on shared-memory route `route` was read and released by
     /// its receiver (as far as it has told: it publishes its position lazily, so this
     /// may say false for a while after). False for every other route.

@@ -54,6 +54,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::layout::{self, copy_elements, Layout};
 use super::ops::{self, At, AtomicOp, Status};
 
 /// Shared-object numbers of windows: `WINDOW_IDS | n`, `n` counted per process.
@@ -67,6 +68,31 @@ const MAX_WINDOWS: u32 = 1 << 29;
 /// The piece of a put or get when the route's frame size is unknown (through the
 /// offload engine): the engine reassembles larger ones.
 const DEFAULT_PIECE: usize = 8 << 10;
+
+/// One side of a strided transfer: `count` elements of `elem` bytes, element `i` at byte
+/// `offset + i * stride` of the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided {
+    /// Where the first element starts.
+    pub offset: u64,
+    /// Bytes from one element's start to the next's.
+    pub stride: u64,
+    /// Bytes per element.
+    pub elem: u64,
+    /// Elements.
+    pub count: u64,
+}
+
+impl Strided {
+    fn layout(self) -> Layout<'static> {
+        Layout::Strided {
+            offset: self.offset,
+            stride: self.stride,
+            elem: self.elem,
+            count: self.count,
+        }
+    }
+}
 
 /// Counters of a process's one-sided operations (both as origin and as target).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -430,6 +456,383 @@ impl Rma {
                     _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
                 }
             }
+        }
+    }
+
+    /// Copies the elements of `src` (element `i` at `i * src_stride` in `src`) to the
+    /// strided layout `dst` of `window` at `rank`: a 2-D block (`elem` a row), a column
+    /// of a matrix (`elem` one value), any one-level stride. Other nodes get the
+    /// elements packed, a frame's worth per request, and scatter them on arrival;
+    /// completion as [`Rma::put`].
+    pub fn put_strided(
+        &self,
+        rank: u32,
+        window: &Window,
+        dst: Strided,
+        src: &[u8],
+        src_stride: u64,
+    ) -> Result<()> {
+        let local = Layout::Strided {
+            offset: 0,
+            stride: src_stride,
+            elem: dst.elem,
+            count: dst.count,
+        };
+        self.put_layout(rank, window, dst.layout(), src, local)
+    }
+
+    /// Copies the elements of the strided layout `src` of `window` at `rank` into `dst`,
+    /// element `i` at `i * dst_stride`.
+    pub fn get_strided(
+        &self,
+        rank: u32,
+        window: &Window,
+        src: Strided,
+        dst: &mut [u8],
+        dst_stride: u64,
+    ) -> Result<()> {
+        let local = Layout::Strided {
+            offset: 0,
+            stride: dst_stride,
+            elem: src.elem,
+            count: src.count,
+        };
+        self.get_layout(rank, window, src.layout(), dst, local)
+    }
+
+    /// Copies `elem` bytes at each of `src_offsets` in `src` to the same-numbered offset
+    /// of `dst_offsets` in `window` at `rank` (the lists have one length).
+    pub fn put_indexed(
+        &self,
+        rank: u32,
+        window: &Window,
+        dst_offsets: &[u64],
+        src: &[u8],
+        src_offsets: &[u64],
+        elem: u64,
+    ) -> Result<()> {
+        let remote = Layout::Indexed {
+            offsets: dst_offsets,
+            elem,
+        };
+        let local = Layout::Indexed {
+            offsets: src_offsets,
+            elem,
+        };
+        self.put_layout(rank, window, remote, src, local)
+    }
+
+    /// Copies `elem` bytes at each of `src_offsets` in `window` at `rank` to the
+    /// same-numbered offset of `dst_offsets` in `dst`.
+    pub fn get_indexed(
+        &self,
+        rank: u32,
+        window: &Window,
+        src_offsets: &[u64],
+        dst: &mut [u8],
+        dst_offsets: &[u64],
+        elem: u64,
+    ) -> Result<()> {
+        let remote = Layout::Indexed {
+            offsets: src_offsets,
+            elem,
+        };
+        let local = Layout::Indexed {
+            offsets: dst_offsets,
+            elem,
+        };
+        self.get_layout(rank, window, remote, dst, local)
+    }
+
+    /// [`Rma::put`], then adds 1 to the 64-bit word at `counter` (8-byte aligned) of the
+    /// same window, once the data is in place: the target counts arrivals with
+    /// [`Rma::wait_counter`] and needs no other message (the deposit seed's implicit
+    /// synchronization; SHMEM's put-with-signal).
+    pub fn put_notify(
+        &self,
+        rank: u32,
+        window: &Window,
+        offset: u64,
+        data: &[u8],
+        counter: u64,
+    ) -> Result<()> {
+        let (key, at) = self.address(rank, window, counter, 8)?;
+        if !counter.is_multiple_of(8) {
+            return Err(refusal(Status::Misaligned, rank, at, 8, key.len));
+        }
+        self.put(rank, window, offset, data)?;
+        match self.reach(rank)? {
+            Reach::Direct => {
+                let mem = self.direct(rank, window, key)?;
+                // SAFETY: counter + 8 <= the mapping's length, 8-aligned (checked); the
+                // mapping outlives this call (`direct`).
+                let word = unsafe { &*(mem.add(counter as usize) as *const AtomicU64) };
+                // Release: the target that sees the count sees the data.
+                word.fetch_add(1, Ordering::Release);
+                // A target asleep in `wait_counter` is woken as a message would wake it.
+                if rank != self.ep.station().job().rank {
+                    let station = self.ep.station();
+                    let route = station
+                        .connect(Source {
+                            rank,
+                            dpid: station.dpid(),
+                        })
+                        .map_err(|e| self.ep.report(e))?;
+                    station.wake(route);
+                }
+            }
+            Reach::Messages { route, .. } => {
+                self.send(rank, route, &ops::notify(at, 1), &[])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the word at `counter` of this rank's `window` has counted `n`
+    /// arrivals ([`Rma::put_notify`]) and takes them off, making progress meanwhile
+    /// (requests from other nodes are applied by it without the offload engine).
+    pub fn wait_counter(&self, window: &Window, counter: u64, n: u64) -> Result<()> {
+        let word = window.word(counter as usize)?;
+        let take = || {
+            word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(n))
+                .is_ok()
+        };
+        loop {
+            if take() {
+                return Ok(());
+            }
+            if self.poll()? {
+                continue;
+            }
+            let ready = || {
+                let busy = self.poll()?;
+                Ok((busy || word.load(Ordering::Acquire) >= n).then_some(()))
+            };
+            self.ep
+                .station()
+                .wait_for_in(self.wait.get(), ready, None)?;
+        }
+    }
+
+    /// A put of the elements of `local` (in `src`) to `remote` (in the window).
+    fn put_layout(
+        &self,
+        rank: u32,
+        window: &Window,
+        remote: Layout,
+        src: &[u8],
+        local: Layout,
+    ) -> Result<()> {
+        self.stats.borrow_mut().puts += 1;
+        let key = self.check_layouts(rank, window, remote, src.len(), local)?;
+        let at = At {
+            window: window.number,
+            generation: key.generation,
+            offset: 0,
+        };
+        if remote.count() == 0 || remote.elem() == 0 {
+            return Ok(());
+        }
+        match self.reach(rank)? {
+            Reach::Direct => {
+                let mem = self.direct(rank, window, key)?;
+                // SAFETY: `local` ends inside `src` and `remote` inside the window's
+                // mapping (`check_layouts`), which outlives this call (`direct`); a
+                // caller's slice is not the window's mapping (it is borrowed shared,
+                // the window written through a raw pointer: overlapping them would
+                // need `Window::as_ptr`, whose use is the caller's to keep apart).
+                unsafe { copy_elements(src.as_ptr(), local, mem, remote) };
+                self.stats.borrow_mut().direct += 1;
+            }
+            Reach::Messages { route, piece } => {
+                self.unflushed.borrow_mut().insert(rank);
+                let elem = remote.elem();
+                let (head, per) = match remote {
+                    Layout::Strided { .. } => (ops::STRIDED_LEN as u64, elem),
+                    Layout::Indexed { .. } => (ops::INDEXED_LEN as u64, elem + 8),
+                };
+                let k = (piece as u64).saturating_sub(head) / per;
+                if k == 0 {
+                    // Elements longer than a frame: one contiguous put each.
+                    let mut one = vec![0u8; elem as usize];
+                    for i in 0..remote.count() {
+                        let part = local.part(i, 1);
+                        layout::copy_checked(src, part, &mut one, Layout::dense(elem, 1));
+                        self.put(rank, window, remote.at(i), &one)?;
+                    }
+                    return Ok(());
+                }
+                let mut message = Vec::new();
+                let mut from = 0;
+                while from < remote.count() {
+                    let n = k.min(remote.count() - from);
+                    let part = remote.part(from, n);
+                    message.clear();
+                    match part {
+                        Layout::Strided { offset, stride, .. } => message.extend_from_slice(
+                            &ops::put_strided(At { offset, ..at }, stride, elem, n),
+                        ),
+                        Layout::Indexed { offsets, .. } => {
+                            ops::put_indexed(at, elem, offsets, &mut message)
+                        }
+                    }
+                    let start = message.len();
+                    message.resize(start + (n * elem) as usize, 0);
+                    layout::copy_checked(
+                        src,
+                        local.part(from, n),
+                        &mut message[start..],
+                        Layout::dense(elem, n),
+                    );
+                    self.send(rank, route, &message, &[])?;
+                    from += n;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A get of the elements of `remote` (in the window) into `local` (in `dst`).
+    fn get_layout(
+        &self,
+        rank: u32,
+        window: &Window,
+        remote: Layout,
+        dst: &mut [u8],
+        local: Layout,
+    ) -> Result<()> {
+        self.stats.borrow_mut().gets += 1;
+        let key = self.check_layouts(rank, window, remote, dst.len(), local)?;
+        let at = At {
+            window: window.number,
+            generation: key.generation,
+            offset: 0,
+        };
+        if remote.count() == 0 || remote.elem() == 0 {
+            return Ok(());
+        }
+        match self.reach(rank)? {
+            Reach::Direct => {
+                let mem = self.direct(rank, window, key)?;
+                // SAFETY: as in `put_layout`, the other way.
+                unsafe { copy_elements(mem, remote, dst.as_mut_ptr(), local) };
+                self.stats.borrow_mut().direct += 1;
+                Ok(())
+            }
+            Reach::Messages { route, piece } => {
+                let elem = remote.elem();
+                let answer = (piece.saturating_sub(ops::GOT_LEN) as u64).max(1);
+                // Elements per request: its answer one piece, its offsets one frame.
+                let k = match remote {
+                    Layout::Strided { .. } => (answer / elem).max(1),
+                    Layout::Indexed { .. } => (answer / elem)
+                        .min((piece.saturating_sub(ops::INDEXED_GET_LEN) / 8) as u64)
+                        .max(1),
+                };
+                let piece = u32::try_from(answer).unwrap_or(u32::MAX);
+                let mut asked = Vec::new();
+                let mut request = Vec::new();
+                let mut from = 0;
+                let mut first = None;
+                while from < remote.count() {
+                    let n = k.min(remote.count() - from);
+                    let id = self.id();
+                    serve::lock(&self.state).pending.insert(
+                        id,
+                        (
+                            rank,
+                            Pending::Get {
+                                buf: vec![0; (n * elem) as usize],
+                                left: n * elem,
+                                status: Status::Done,
+                            },
+                        ),
+                    );
+                    request.clear();
+                    match remote.part(from, n) {
+                        Layout::Strided { offset, stride, .. } => request.extend_from_slice(
+                            &ops::get_strided(At { offset, ..at }, stride, elem, n, id, piece),
+                        ),
+                        Layout::Indexed { offsets, .. } => {
+                            ops::get_indexed(at, elem, offsets, id, piece, &mut request)
+                        }
+                    }
+                    if let Err(e) = self.send(rank, route, &request, &[]) {
+                        serve::lock(&self.state).pending.remove(&id);
+                        first = Some(e);
+                        break;
+                    }
+                    asked.push((id, from, n));
+                    from += n;
+                }
+                for (id, from, n) in asked {
+                    match self.wait_for(id) {
+                        Ok(Pending::Get {
+                            buf,
+                            status: Status::Done,
+                            ..
+                        }) => {
+                            layout::copy_checked(
+                                &buf,
+                                Layout::dense(elem, n),
+                                dst,
+                                local.part(from, n),
+                            );
+                        }
+                        Ok(Pending::Get { status, .. }) => {
+                            let size = key.len;
+                            first.get_or_insert(refusal(status, rank, at, n * elem, size));
+                        }
+                        Ok(_) => {
+                            first.get_or_insert(Error::Rma(RmaError::BadAnswer { rank }));
+                        }
+                        Err(e) => {
+                            serve::lock(&self.state).pending.remove(&id);
+                            first.get_or_insert(e);
+                        }
+                    }
+                }
+                first.map_or(Ok(()), Err)
+            }
+        }
+    }
+
+    /// Checks a transfer's two layouts: the same elements, `local` inside a buffer of
+    /// `len` bytes, `remote` inside the window at `rank` (its key's length).
+    fn check_layouts(
+        &self,
+        rank: u32,
+        window: &Window,
+        remote: Layout,
+        len: usize,
+        local: Layout,
+    ) -> Result<Key> {
+        if (remote.elem(), remote.count()) != (local.elem(), local.count()) {
+            return Err(Error::Rma(RmaError::BadLayout {
+                reason: format!(
+                    "{} elements of {} bytes there, {} of {} here",
+                    remote.count(),
+                    remote.elem(),
+                    local.count(),
+                    local.elem()
+                ),
+            }));
+        }
+        if local.end().is_none_or(|e| e > len as u64) {
+            return Err(Error::Rma(RmaError::BadLayout {
+                reason: format!("the local elements lie outside the buffer of {len} bytes"),
+            }));
+        }
+        let key = self.key(rank, window)?;
+        match remote.end() {
+            Some(end) if end <= key.len => Ok(key),
+            end => Err(Error::Rma(RmaError::OutOfBounds {
+                rank,
+                window: window.number,
+                offset: 0,
+                len: end.unwrap_or(u64::MAX),
+                size: key.len,
+            })),
         }
     }
 

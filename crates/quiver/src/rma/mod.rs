@@ -39,6 +39,7 @@
 
 mod access;
 mod get;
+mod layout;
 mod ops;
 pub(crate) mod puller;
 pub(crate) mod reach;
@@ -62,7 +63,7 @@ use std::sync::Arc;
 use window::SharedBuf;
 
 pub use crate::error::RmaError;
-pub use access::{Rma, RmaStats, Window};
+pub use access::{Rma, RmaStats, Strided, Window};
 
 /// A same-node peer endpoint whose memory a get reads: its rank, and its process as the
 /// peer itself reported it (checked before it is trusted, see [`reach`]).

@@ -14,6 +14,11 @@
 //! | `g` get reply | status u8, pad 6, id u64, offset in the range u64 | the bytes |
 //! | `A` atomic | op u8, pad 2, window u32, generation u32, pad 4, offset u64, id u64, a u64, b u64 | - |
 //! | `a` atomic reply | status u8, pad 6, id u64, value u64 | - |
+//! | `S` strided put | pad 3, window u32, generation u32, pad 4, offset u64, stride u64, elem u64, count u64 | the elements, packed |
+//! | `I` indexed put | pad 3, window u32, generation u32, count u32, elem u64 | count offsets (u64), then the elements, packed |
+//! | `T` strided get | as `S`, then id u64, piece u32, pad 4 | - |
+//! | `J` indexed get | pad 3, window u32, generation u32, count u32, elem u64, id u64, piece u32, pad 4 | count offsets (u64) |
+//! | `N` notify | pad 3, window u32, generation u32, pad 4, offset u64, add u64 | - |
 //! | `F` flush | pad 7, id u64 | - |
 //! | `f` flush reply | status u8 (of the first refusal), pad 6, id u64, refused u64 | - |
 
@@ -25,6 +30,14 @@ const GET_LEN: usize = 40;
 const ATOMIC_LEN: usize = 48;
 const ATOMIC_REPLY_LEN: usize = 24;
 const FLUSH_LEN: usize = 16;
+/// Bytes of a strided put's header before its packed elements.
+pub(crate) const STRIDED_LEN: usize = 48;
+/// Bytes of an indexed put's header before its offsets and packed elements.
+pub(crate) const INDEXED_LEN: usize = 24;
+const STRIDED_GET_LEN: usize = 64;
+/// Bytes of an indexed get's header before its offsets.
+pub(crate) const INDEXED_GET_LEN: usize = 40;
+const NOTIFY_LEN: usize = 32;
 const FLUSH_REPLY_LEN: usize = 24;
 
 /// Where a request points: a window of the target, by number and generation, and an
@@ -147,6 +160,41 @@ pub(crate) enum Op<'a> {
         id: u64,
         value: u64,
     },
+    /// Elements packed in `data` to the strided layout at `at.offset`.
+    PutStrided {
+        at: At,
+        stride: u64,
+        elem: u64,
+        count: u64,
+        data: &'a [u8],
+    },
+    /// Elements packed in `data` to `offsets` (little-endian u64s, as sent).
+    PutIndexed {
+        at: At,
+        elem: u64,
+        offsets: &'a [u8],
+        data: &'a [u8],
+    },
+    GetStrided {
+        at: At,
+        stride: u64,
+        elem: u64,
+        count: u64,
+        id: u64,
+        piece: u32,
+    },
+    GetIndexed {
+        at: At,
+        elem: u64,
+        offsets: &'a [u8],
+        id: u64,
+        piece: u32,
+    },
+    /// Adds `add` to the word at `at` after everything before it (no answer).
+    Notify {
+        at: At,
+        add: u64,
+    },
     Flush {
         id: u64,
     },
@@ -232,6 +280,93 @@ pub(crate) fn atomic_done(status: Status, id: u64, value: u64) -> [u8; ATOMIC_RE
     b
 }
 
+fn strided_head(kind: u8, at: At, stride: u64, elem: u64, count: u64, b: &mut [u8]) {
+    b[0] = kind;
+    put_at(b, at);
+    b[24..32].copy_from_slice(&stride.to_le_bytes());
+    b[32..40].copy_from_slice(&elem.to_le_bytes());
+    b[40..48].copy_from_slice(&count.to_le_bytes());
+}
+
+/// The header of a strided put of `count` elements of `elem` bytes, element `i` at
+/// `at.offset + i * stride` (the packed elements follow).
+pub(crate) fn put_strided(at: At, stride: u64, elem: u64, count: u64) -> [u8; STRIDED_LEN] {
+    let mut b = [0; STRIDED_LEN];
+    strided_head(b'S', at, stride, elem, count, &mut b);
+    b
+}
+
+/// The header of an indexed put of `offsets.len()` elements of `elem` bytes, element
+/// `i` at `offsets[i]` of the window: the offsets are appended to `out` after it (the
+/// packed elements follow them).
+pub(crate) fn put_indexed(at: At, elem: u64, offsets: &[u64], out: &mut Vec<u8>) {
+    let mut b = [0; INDEXED_LEN];
+    b[0] = b'I';
+    put_at(&mut b, at);
+    b[12..16].copy_from_slice(&(offsets.len() as u32).to_le_bytes());
+    b[16..24].copy_from_slice(&elem.to_le_bytes());
+    out.extend_from_slice(&b);
+    for o in offsets {
+        out.extend_from_slice(&o.to_le_bytes());
+    }
+}
+
+/// A strided get, answered under `id` with the elements packed, in pieces of at most
+/// `piece` bytes.
+pub(crate) fn get_strided(
+    at: At,
+    stride: u64,
+    elem: u64,
+    count: u64,
+    id: u64,
+    piece: u32,
+) -> [u8; STRIDED_GET_LEN] {
+    let mut b = [0; STRIDED_GET_LEN];
+    strided_head(b'T', at, stride, elem, count, &mut b);
+    b[48..56].copy_from_slice(&id.to_le_bytes());
+    b[56..60].copy_from_slice(&piece.to_le_bytes());
+    b
+}
+
+/// An indexed get (its offsets appended to `out` after the header), answered as
+/// [`get_strided`].
+pub(crate) fn get_indexed(
+    at: At,
+    elem: u64,
+    offsets: &[u64],
+    id: u64,
+    piece: u32,
+    out: &mut Vec<u8>,
+) {
+    let mut b = [0; INDEXED_GET_LEN];
+    b[0] = b'J';
+    put_at(&mut b, at);
+    b[12..16].copy_from_slice(&(offsets.len() as u32).to_le_bytes());
+    b[16..24].copy_from_slice(&elem.to_le_bytes());
+    b[24..32].copy_from_slice(&id.to_le_bytes());
+    b[32..36].copy_from_slice(&piece.to_le_bytes());
+    out.extend_from_slice(&b);
+    for o in offsets {
+        out.extend_from_slice(&o.to_le_bytes());
+    }
+}
+
+/// Adds `add` to the word at `at`, after every request before it (no answer; a refusal
+/// is reported by the next flush, as a put's).
+pub(crate) fn notify(at: At, add: u64) -> [u8; NOTIFY_LEN] {
+    let mut b = [0; NOTIFY_LEN];
+    b[0] = b'N';
+    put_at(&mut b, at);
+    b[24..32].copy_from_slice(&add.to_le_bytes());
+    b
+}
+
+/// The offsets of an indexed request, as sent.
+pub(crate) fn offsets(raw: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    raw.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+}
+
 /// A flush: answered once everything the origin sent before it was applied.
 pub(crate) fn flush(id: u64) -> [u8; FLUSH_LEN] {
     let mut b = [0; FLUSH_LEN];
@@ -264,11 +399,22 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
         b'a' => ATOMIC_REPLY_LEN,
         b'F' => FLUSH_LEN,
         b'f' => FLUSH_REPLY_LEN,
+        b'S' => STRIDED_LEN,
+        b'I' => INDEXED_LEN,
+        b'T' => STRIDED_GET_LEN,
+        b'J' => INDEXED_GET_LEN,
+        b'N' => NOTIFY_LEN,
         _ => return None,
     };
-    if m.len() < need || (!matches!(kind, b'P' | b'g') && m.len() != need) {
+    if m.len() < need || (!matches!(kind, b'P' | b'g' | b'S' | b'I' | b'J') && m.len() != need) {
         return None;
     }
+    // An indexed request's offsets follow its header: their count must fit.
+    let indexed = |head: usize| -> Option<(&[u8], &[u8])> {
+        let count = u32_at(m, 12) as usize;
+        let end = count.checked_mul(8)?.checked_add(head)?;
+        (end <= m.len()).then(|| (&m[head..end], &m[end..]))
+    };
     Some(match kind {
         b'P' => Op::Put {
             at: read_at(m),
@@ -299,6 +445,53 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
             value: u64_at(m, 16),
         },
         b'F' => Op::Flush { id: u64_at(m, 8) },
+        b'S' => Op::PutStrided {
+            at: read_at(m),
+            stride: u64_at(m, 24),
+            elem: u64_at(m, 32),
+            count: u64_at(m, 40),
+            data: &m[STRIDED_LEN..],
+        },
+        b'I' => {
+            let (offsets, data) = indexed(INDEXED_LEN)?;
+            Op::PutIndexed {
+                at: At {
+                    offset: 0,
+                    ..read_at(m)
+                },
+                elem: u64_at(m, 16),
+                offsets,
+                data,
+            }
+        }
+        b'T' => Op::GetStrided {
+            at: read_at(m),
+            stride: u64_at(m, 24),
+            elem: u64_at(m, 32),
+            count: u64_at(m, 40),
+            id: u64_at(m, 48),
+            piece: u32_at(m, 56),
+        },
+        b'J' => {
+            let (offsets, rest) = indexed(INDEXED_GET_LEN)?;
+            if !rest.is_empty() {
+                return None;
+            }
+            Op::GetIndexed {
+                at: At {
+                    offset: 0,
+                    ..read_at(m)
+                },
+                elem: u64_at(m, 16),
+                offsets,
+                id: u64_at(m, 24),
+                piece: u32_at(m, 32),
+            }
+        }
+        b'N' => Op::Notify {
+            at: read_at(m),
+            add: u64_at(m, 24),
+        },
         _ => Op::Flushed {
             status: Status::from_u8(m[1]),
             id: u64_at(m, 8),

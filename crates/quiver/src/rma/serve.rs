@@ -13,6 +13,7 @@
 //! asked for. Requests from one origin are applied in the order they were sent (the
 //! engine's channels keep order), so a flush is answered after every put before it.
 
+use super::layout::{copy_elements, Layout};
 use super::ops::{self, At, AtomicOp, Op, Status};
 use super::window::SharedObject;
 use crate::addr::Source;
@@ -61,6 +62,7 @@ pub(crate) struct Counters {
     pub gets_served: u64,
     pub bytes_got: u64,
     pub atomics_served: u64,
+    pub notified: u64,
     pub refused: u64,
     pub malformed: u64,
 }
@@ -77,6 +79,10 @@ pub(crate) struct State {
     /// forgets its mappings of the other ranks' parts of them).
     pub freed: Vec<u32>,
     pub counters: Counters,
+    /// Scratch of indexed requests' offsets and of packed get answers (kept: no
+    /// allocation per request once they have grown).
+    offsets: Vec<u64>,
+    packed: Vec<u8>,
 }
 
 /// The memory of window `at` of length `len` in `state`, checked.
@@ -94,6 +100,35 @@ fn locate(
         return Err(Status::OutOfBounds);
     }
     Ok((&w.mem, at.offset as usize))
+}
+
+/// The memory of window `at` (number and generation) when `layout` ends inside it.
+fn window_for<'e>(
+    exposed: &'e HashMap<u32, Exposure>,
+    at: At,
+    layout: Layout,
+) -> Result<&'e SharedObject, Status> {
+    let w = exposed
+        .get(&at.window)
+        .filter(|w| w.generation == at.generation)
+        .ok_or(Status::NoWindow)?;
+    match layout.end() {
+        Some(end) if end <= w.mem.len() as u64 => Ok(&w.mem),
+        _ => Err(Status::OutOfBounds),
+    }
+}
+
+/// Queues `bytes` for `from` as the answer to get `id`, in pieces of at most `piece`
+/// bytes (clamped to [`MIN_PIECE`]..=[`GET_PIECE`]); one empty piece for no bytes.
+fn answer_in_pieces(from: Source, id: u64, bytes: &[u8], piece: u32, out: &mut Outbox) {
+    let piece = u64::from(piece).clamp(MIN_PIECE, GET_PIECE) as usize;
+    if bytes.is_empty() {
+        out.forward(from, &ops::got(Status::Done, id, 0), &[]);
+        return;
+    }
+    for (i, chunk) in bytes.chunks(piece).enumerate() {
+        out.forward(from, &ops::got(Status::Done, id, (i * piece) as u64), chunk);
+    }
 }
 
 /// The 64-bit word at `at`, checked (in bounds, 8-byte aligned).
@@ -162,6 +197,88 @@ impl State {
                 out.forward(from, &ops::atomic_done(status, id, value), &[]);
                 false
             }
+            Op::PutStrided {
+                at,
+                stride,
+                elem,
+                count,
+                data,
+            } => {
+                let dst = Layout::Strided {
+                    offset: at.offset,
+                    stride,
+                    elem,
+                    count,
+                };
+                self.put_layout(from.rank, at, dst, data);
+                false
+            }
+            Op::PutIndexed {
+                at,
+                elem,
+                offsets,
+                data,
+            } => {
+                let mut offs = std::mem::take(&mut self.offsets);
+                offs.clear();
+                offs.extend(ops::offsets(offsets));
+                self.put_layout(
+                    from.rank,
+                    at,
+                    Layout::Indexed {
+                        offsets: &offs,
+                        elem,
+                    },
+                    data,
+                );
+                self.offsets = offs;
+                false
+            }
+            Op::GetStrided {
+                at,
+                stride,
+                elem,
+                count,
+                id,
+                piece,
+            } => {
+                let src = Layout::Strided {
+                    offset: at.offset,
+                    stride,
+                    elem,
+                    count,
+                };
+                self.serve_layout_get(from, at, src, id, piece, out);
+                false
+            }
+            Op::GetIndexed {
+                at,
+                elem,
+                offsets,
+                id,
+                piece,
+            } => {
+                let mut offs = std::mem::take(&mut self.offsets);
+                offs.clear();
+                offs.extend(ops::offsets(offsets));
+                let src = Layout::Indexed {
+                    offsets: &offs,
+                    elem,
+                };
+                self.serve_layout_get(from, at, src, id, piece, out);
+                self.offsets = offs;
+                false
+            }
+            Op::Notify { at, add } => {
+                match word(&self.exposed, at) {
+                    Ok(w) => {
+                        w.fetch_add(add, std::sync::atomic::Ordering::Release);
+                        self.counters.notified += 1;
+                    }
+                    Err(status) => self.refuse_put(from.rank, status),
+                }
+                false
+            }
             Op::Flush { id } => {
                 let (refused, status) =
                     self.refused.remove(&from.rank).unwrap_or((0, Status::Done));
@@ -204,34 +321,87 @@ impl State {
     /// Answers get `id` from `from`: the range in pieces of at most `piece` bytes (the
     /// origin's frame payload: each piece then lands in one frame), or its refusal.
     fn serve_get(&mut self, from: Source, at: At, id: u64, len: u64, piece: u32, out: &mut Outbox) {
-        let piece = u64::from(piece).clamp(MIN_PIECE, GET_PIECE);
         match locate(&self.exposed, at, len) {
             Ok((mem, offset)) => {
                 self.counters.gets_served += 1;
                 self.counters.bytes_got += len;
-                let mut done = 0u64;
-                loop {
-                    let n = (len - done).min(piece);
-                    // SAFETY: offset + len <= the mapping's length (checked) and done + n
-                    // <= len; the bytes are read while `mem` is borrowed (the outbox
-                    // copies them before this returns). A concurrent write by another
-                    // party is the application's race: the bytes read are then
-                    // unspecified, never outside the range.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(
-                            mem.ptr().add(offset + done as usize),
-                            n as usize,
-                        )
-                    };
-                    out.forward(from, &ops::got(Status::Done, id, done), bytes);
-                    done += n;
-                    if done >= len {
-                        break;
-                    }
-                }
+                // SAFETY: offset + len <= the mapping's length (checked); the bytes are
+                // read while `mem` is borrowed (the outbox copies them before this
+                // returns). A concurrent write by another party is the application's
+                // race: the bytes read are then unspecified, never outside the range.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(mem.ptr().add(offset), len as usize) };
+                answer_in_pieces(from, id, bytes, piece, out);
             }
             Err(status) => {
                 self.counters.refused += 1;
+                out.forward(from, &ops::got(status, id, 0), &[]);
+            }
+        }
+    }
+
+    /// Applies the elements packed in `data` to layout `dst` of window `at`, or refuses.
+    fn put_layout(&mut self, origin: u32, at: At, dst: Layout, data: &[u8]) {
+        if dst.bytes() != Some(data.len() as u64) {
+            self.counters.malformed += 1;
+            return;
+        }
+        match window_for(&self.exposed, at, dst) {
+            Ok(mem) => {
+                // SAFETY: `dst` ends inside the mapping (checked by `window_for`), the
+                // packed source is exactly its elements (checked above), and a frame
+                // never lies in a window.
+                unsafe {
+                    copy_elements(
+                        data.as_ptr(),
+                        Layout::dense(dst.elem(), dst.count()),
+                        mem.ptr(),
+                        dst,
+                    )
+                };
+                self.counters.puts_applied += 1;
+                self.counters.bytes_put += data.len() as u64;
+            }
+            Err(status) => self.refuse_put(origin, status),
+        }
+    }
+
+    /// Answers a strided or indexed get: the elements of `src` packed, in pieces.
+    fn serve_layout_get(
+        &mut self,
+        from: Source,
+        at: At,
+        src: Layout,
+        id: u64,
+        piece: u32,
+        out: &mut Outbox,
+    ) {
+        let window = window_for(&self.exposed, at, src);
+        // An answer is at most the window's length (a stride of 0 could ask for more).
+        let bytes = src
+            .bytes()
+            .filter(|&b| window.as_ref().is_ok_and(|m| b <= m.len() as u64));
+        match (window, bytes) {
+            (Ok(mem), Some(len)) => {
+                self.counters.gets_served += 1;
+                self.counters.bytes_got += len;
+                self.packed.clear();
+                self.packed.resize(len as usize, 0);
+                // SAFETY: `src` ends inside the mapping (checked), the packed buffer
+                // holds exactly its elements.
+                unsafe {
+                    copy_elements(
+                        mem.ptr(),
+                        src,
+                        self.packed.as_mut_ptr(),
+                        Layout::dense(src.elem(), src.count()),
+                    )
+                };
+                answer_in_pieces(from, id, &self.packed, piece, out);
+            }
+            (w, _) => {
+                self.counters.refused += 1;
+                let status = w.err().unwrap_or(Status::OutOfBounds);
                 out.forward(from, &ops::got(status, id, 0), &[]);
             }
         }
@@ -604,5 +774,122 @@ mod tests {
         assert!(!s.handle(Source { rank: 2, dpid: 9 }, &foreign, &mut out));
         assert_eq!(s.counters.malformed, 7);
         assert!(answers(&mut out).is_empty());
+    }
+    #[test]
+    fn strided_and_indexed_requests_land_where_they_say_or_are_refused() {
+        let (mut s, at) = state_with_window(4096);
+        let mut out = Outbox::new(usize::MAX);
+        // Four 2-byte elements at a stride of 100 from 10.
+        let mut m = ops::put_strided(At { offset: 10, ..at }, 100, 2, 4).to_vec();
+        m.extend_from_slice(b"aabbccdd");
+        s.handle(origin(), &m, &mut out);
+        // Two 3-byte elements at 1000 and 2000.
+        let mut m = Vec::new();
+        ops::put_indexed(at, 3, &[2000, 1000], &mut m);
+        m.extend_from_slice(b"xyzXYZ");
+        s.handle(origin(), &m, &mut out);
+        assert_eq!(s.counters.puts_applied, 2);
+        let w = &s.exposed[&3].mem;
+        // SAFETY: the mapping is 4096 bytes long and only this test uses it.
+        let bytes = unsafe { std::slice::from_raw_parts(w.ptr(), w.len()) };
+        assert_eq!(&bytes[10..12], b"aa");
+        assert_eq!(&bytes[310..312], b"dd");
+        assert_eq!(&bytes[1000..1003], b"XYZ");
+        assert_eq!(&bytes[2000..2003], b"xyz");
+        assert_eq!(bytes.iter().filter(|&&b| b != 0).count(), 14);
+        // And read back, packed, by a strided and an indexed get.
+        s.handle(
+            origin(),
+            &ops::get_strided(At { offset: 10, ..at }, 100, 2, 4, 7, 512),
+            &mut out,
+        );
+        let mut g = Vec::new();
+        ops::get_indexed(at, 3, &[1000, 2000], 8, 512, &mut g);
+        s.handle(origin(), &g, &mut out);
+        let replies = answers(&mut out);
+        assert!(matches!(
+            ops::decode(&replies[0]),
+            Some(Op::Got {
+                status: Status::Done,
+                id: 7,
+                offset: 0,
+                data: b"aabbccdd"
+            })
+        ));
+        assert!(matches!(
+            ops::decode(&replies[1]),
+            Some(Op::Got {
+                status: Status::Done,
+                id: 8,
+                offset: 0,
+                data: b"XYZxyz"
+            })
+        ));
+
+        // Refused, the window untouched: a stride that overflows, an element past the
+        // end, an index past the end, a get asking more than the window holds (stride
+        // 0), a notify on a misaligned word.
+        let before = bytes.to_vec();
+        let mut m = ops::put_strided(At { offset: 1, ..at }, u64::MAX / 2, 1, 3).to_vec();
+        m.extend_from_slice(b"123");
+        s.handle(origin(), &m, &mut out);
+        let mut m = ops::put_strided(At { offset: 4000, ..at }, 50, 1, 3).to_vec();
+        m.extend_from_slice(b"123");
+        s.handle(origin(), &m, &mut out);
+        let mut m = Vec::new();
+        ops::put_indexed(at, 8, &[0, 4090], &mut m);
+        m.extend_from_slice(&[9; 16]);
+        s.handle(origin(), &m, &mut out);
+        s.handle(
+            origin(),
+            &ops::get_strided(at, 0, 8, 1 << 20, 9, 512),
+            &mut out,
+        );
+        s.handle(origin(), &ops::notify(At { offset: 4, ..at }, 1), &mut out);
+        s.handle(origin(), &ops::flush(10), &mut out);
+        let replies = answers(&mut out);
+        assert!(matches!(
+            ops::decode(&replies[0]),
+            Some(Op::Got {
+                status: Status::OutOfBounds,
+                id: 9,
+                ..
+            })
+        ));
+        assert_eq!(
+            ops::decode(&replies[1]),
+            Some(Op::Flushed {
+                status: Status::OutOfBounds,
+                id: 10,
+                refused: 4
+            })
+        );
+        assert_eq!(bytes, &before[..]);
+
+        // Malformed: data that disagrees with the layout, an offset count that lies.
+        let mut m = ops::put_strided(at, 8, 8, 2).to_vec();
+        m.extend_from_slice(&[1; 15]);
+        s.handle(origin(), &m, &mut out);
+        let mut m = Vec::new();
+        ops::put_indexed(at, 1, &[0, 1], &mut m);
+        m[12] = 200; // claims 200 offsets
+        s.handle(origin(), &m, &mut out);
+        assert_eq!(s.counters.malformed, 2);
+        assert_eq!(bytes, &before[..]);
+    }
+
+    #[test]
+    fn a_notify_counts_once_after_the_data() {
+        let (mut s, at) = state_with_window(64);
+        let mut out = Outbox::new(usize::MAX);
+        let mut p = ops::put(At { offset: 16, ..at }).to_vec();
+        p.extend_from_slice(b"data");
+        s.handle(origin(), &p, &mut out);
+        s.handle(origin(), &ops::notify(At { offset: 8, ..at }, 1), &mut out);
+        s.handle(origin(), &ops::notify(At { offset: 8, ..at }, 1), &mut out);
+        let w = word(&s.exposed, At { offset: 8, ..at }).unwrap();
+        assert_eq!(w.load(std::sync::atomic::Ordering::Acquire), 2);
+        assert_eq!(s.counters.notified, 2);
+        assert!(answers(&mut out).is_empty(), "a notify has no answer");
     }
 }

@@ -291,6 +291,14 @@ mod imp_crate {
             Ok(true)
         }
 
+        /// Wakes the receiver if it sleeps, as a send would, without sending anything
+        /// (a protocol that wrote into the receiver's memory directly: a counter).
+        pub(crate) fn wake(&self) {
+            if self.seg.header().wake.must_ring() {
+                self.bell.ring();
+            }
+        }
+
         /// Errors if the receiver closed its endpoint or its process is gone.
         pub(crate) fn check_peer(&self) -> Result<()> {
             if self.seg.is_closed() {

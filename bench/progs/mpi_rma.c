@@ -2,7 +2,7 @@
  * crates/quiver/examples/rma_bench.rs: rank 0 works on rank 1's window while rank 1
  * waits in MPI_Barrier (which makes progress). Prints lines as rma_bench's JSON:
  *   8-byte MPI_Put + MPI_Win_flush, 8-byte MPI_Get + flush, MPI_Fetch_and_op (sum) +
- *   flush: medians of ITERS in µs; per size, REPS puts then one flush (median of 5
+ *   flush: medians of ITERS in µs; MPI_Barrier on both ranks (median); per size, REPS puts then one flush (median of 5
  *   rounds) and one get + flush (median of REPS), in MB/s.
  * usage: mpirun -n 2 mpi_rma [SIZES [ITERS [REPS]]] */
 #include <mpi.h>
@@ -33,6 +33,17 @@ int main(int argc, char **argv) {
     MPI_Win_allocate(largest, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
     memset(base, 0, largest);
     MPI_Barrier(MPI_COMM_WORLD);
+    {
+        double *b = malloc(sizeof(double) * iters);
+        for (int i = 0; i < 1000; i++) MPI_Barrier(MPI_COMM_WORLD);
+        for (int i = 0; i < iters; i++) {
+            double t = MPI_Wtime();
+            MPI_Barrier(MPI_COMM_WORLD);
+            b[i] = (MPI_Wtime() - t) * 1e6;
+        }
+        if (rank == 0) printf("{\"bench\":\"rma_barrier\",\"size\":0,\"barrier_us\":%.3f}\n", median(b, iters));
+        free(b);
+    }
     if (rank == 0) {
         char *data = malloc(largest), *back = malloc(largest);
         memset(data, 7, largest);

@@ -7,6 +7,7 @@
 //!   returns), median of `ITERS`;
 //! - `get_us`: 8-byte get, median;
 //! - `fadd_us`: fetch-and-add on a word, median;
+//! - `barrier_us`: `Rma::barrier` on both ranks, median of `ITERS` on rank 0;
 //! - `put_MBps` per size: `REPS` puts of the size to the same place, then one flush,
 //!   payload bytes / time, median of 5 rounds;
 //! - `get_MBps` per size: one get of the size, median of `REPS`.
@@ -46,6 +47,22 @@ fn main() -> quiver::Result<()> {
     let win = rma.allocate(largest)?;
     let flags = rma.allocate(64)?;
     job.barrier_progressing(&[&rma])?;
+    // The barrier, on both ranks.
+    for _ in 0..WARMUP {
+        rma.barrier()?;
+    }
+    let mut bar = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        rma.barrier()?;
+        bar.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    if job.rank() == 0 {
+        println!(
+            "{{\"bench\":\"rma_barrier\",\"size\":0,\"barrier_us\":{:.3}}}",
+            median(bar)
+        );
+    }
     if job.rank() == 1 {
         // Serves rank 0's requests until rank 0 raises the flag in this rank's window.
         while flags.word(0)?.load(std::sync::atomic::Ordering::Acquire) == 0 {

@@ -427,3 +427,56 @@ fn transpose_and_scatter_over_udp_with_the_offload_engine() {
 fn transpose_and_scatter_over_eth() {
     transpose_and_scatter(config(TransportChoice::Eth), 2);
 }
+
+/// `ROUNDS` barriers: before barrier k every rank adds 1 to word 0 of rank 0's window,
+/// after it every rank reads the word (a fetch-and-add of 0): it holds at least n*k
+/// (everyone's add before barrier k is in) and at most n*(k+1) (no one can be two
+/// barriers ahead).
+fn barriers(size: u32, c: Config, on_cluster: Option<u32>) {
+    const ROUNDS: u64 = 60;
+    let body = |job: quiver::Job| {
+        let rma = Rma::open(&job, DPID + 2).unwrap();
+        let w = rma.allocate(64).unwrap();
+        let n = u64::from(job.size());
+        rma.barrier().unwrap();
+        for k in 1..=ROUNDS {
+            rma.fetch_add(0, &w, 0, 1).unwrap();
+            rma.barrier().unwrap();
+            let seen = rma.fetch_add(0, &w, 0, 0).unwrap();
+            assert!(
+                (n * k..=n * (k + 1)).contains(&seen),
+                "after barrier {k}: {seen} adds (n = {n})"
+            );
+        }
+        rma.barrier().unwrap();
+        assert_eq!(rma.stats().malformed, 0);
+    };
+    match on_cluster {
+        None => run_ranks(size, c, body),
+        Some(nodes) => common::run_ranks_on_cluster(size, nodes, 0.0, c, body),
+    }
+}
+
+#[test]
+fn barriers_inside_a_node() {
+    barriers(4, config(TransportChoice::Auto), None);
+}
+
+#[test]
+fn barriers_between_ranks_over_udp() {
+    barriers(3, config(TransportChoice::Udp), None);
+}
+
+#[test]
+fn barriers_over_udp_with_the_offload_engine() {
+    barriers(
+        2,
+        config(TransportChoice::Udp).with_reliability(ReliabilityMode::Offload),
+        None,
+    );
+}
+
+#[test]
+fn barriers_across_nodes_of_two_ranks_over_eth() {
+    barriers(6, config(TransportChoice::Eth), Some(3));
+}

@@ -49,11 +49,12 @@ use crate::error::{Error, Result, RmaError};
 use crate::job::Job;
 use crate::link::Transport;
 use crate::FastMap;
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::barrier::{Area, Plan, AREA_IDS};
 use super::layout::{self, copy_elements, Layout};
 use super::ops::{self, At, AtomicOp, Status};
 
@@ -63,8 +64,8 @@ const WINDOW_IDS: u32 = PUBLISHED_IDS | 1 << 29;
 const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 /// Rounds of the endpoint one [`Rma::progress`] makes at most.
 const PROGRESS_ROUNDS: usize = 64;
-/// Windows a process may allocate in its life.
-const MAX_WINDOWS: u32 = 1 << 29;
+/// Windows a process may allocate in its life (numbers above are the barrier areas').
+const MAX_WINDOWS: u32 = 1 << 28;
 /// The piece of a put or get when the route's frame size is unknown (through the
 /// offload engine): the engine reassembles larger ones.
 const DEFAULT_PIECE: usize = 8 << 10;
@@ -278,6 +279,16 @@ pub struct Rma {
     /// here have forgotten.
     freed: Arc<AtomicU32>,
     freed_seen: Cell<u32>,
+    /// The barrier's plan and node area, made at the first barrier.
+    barrier: OnceCell<Barrier>,
+}
+
+/// This rank's barrier: its plan, the node's area (when the node has other ranks), and
+/// the episodes done.
+struct Barrier {
+    plan: Plan,
+    area: Option<Area>,
+    episode: Cell<u64>,
 }
 
 impl Rma {
@@ -308,6 +319,7 @@ impl Rma {
             stats: RefCell::new(RmaStats::default()),
             freed: Arc::new(AtomicU32::new(0)),
             freed_seen: Cell::new(0),
+            barrier: OnceCell::new(),
         })
     }
 
@@ -833,6 +845,129 @@ impl Rma {
                 len: end.unwrap_or(u64::MAX),
                 size: key.len,
             })),
+        }
+    }
+
+    /// Waits until every rank of the job has called `barrier` as often as this one (the
+    /// deposit seed's barrier between phases: module `barrier`): inside a node on two
+    /// shared cache lines, across nodes a dissemination among the nodes' leaders with
+    /// empty control messages. Makes progress meanwhile. It does not flush: flush the
+    /// puts whose data must be in place after the barrier first (`flush_all`).
+    pub fn barrier(&self) -> Result<()> {
+        let b = match self.barrier.get() {
+            Some(b) => b,
+            None => {
+                let made = self.make_barrier()?;
+                self.barrier.get_or_init(|| made)
+            }
+        };
+        let station = self.ep.station();
+        let me = station.job().rank;
+        let e = b.episode.get() + 1;
+        serve::lock(&self.state).episode = e;
+        let leader = b.plan.leader();
+        let local_n = b.plan.local.len() as u64;
+        let route_to = |rank: u32| {
+            station
+                .connect(Source {
+                    rank,
+                    dpid: station.dpid(),
+                })
+                .map_err(|e| self.ep.report(e))
+        };
+        if let Some(area) = &b.area {
+            if me != leader {
+                area.count().fetch_add(1, Ordering::AcqRel);
+                station.wake(route_to(leader)?);
+                self.wait_until(|| area.released().load(Ordering::Acquire) >= e)?;
+                b.episode.set(e);
+                return Ok(());
+            }
+            self.wait_until(|| area.count().load(Ordering::Acquire) == local_n - 1)?;
+            // The others add again only after the release below.
+            area.count().store(0, Ordering::Relaxed);
+        }
+        for k in 0..b.plan.rounds() {
+            let (to, from) = b.plan.partners(me, k);
+            let route = route_to(to)?;
+            self.send(to, route, &ops::barrier(k as u8, e), &[])?;
+            self.wait_until(|| serve::lock(&self.state).arrived.remove(&(from, e, k as u8)))?;
+        }
+        if let Some(area) = &b.area {
+            area.released().store(e, Ordering::Release);
+            for &r in &b.plan.local[1..] {
+                station.wake(route_to(r)?);
+            }
+        }
+        b.episode.set(e);
+        Ok(())
+    }
+
+    /// The barrier's plan, and the node's area: made by the node's leader under a
+    /// random number it publishes in the job's store, mapped by the others.
+    fn make_barrier(&self) -> Result<Barrier> {
+        let station = self.ep.station();
+        let job = station.job();
+        let forced_udp = job.config.transport == crate::config::TransportChoice::Udp;
+        let plan = Plan::new(job.rank, job.size, |r| {
+            (!forced_udp).then(|| job.nids[r as usize])
+        });
+        let key = format!("rmabar/{}/{}", station.dpid(), plan.leader());
+        let area = if plan.local.len() < 2 {
+            None
+        } else if plan.leader() == job.rank {
+            let id = AREA_IDS | (crate::job::bootstrap::random_u64()? as u32 & ((1 << 28) - 1));
+            let area = Area::create(job.job_id, job.rank, id)?;
+            job.kv.put(&key, &id.to_string())?;
+            Some(area)
+        } else {
+            // A value a previous `Rma` on this DPID left names an area that is gone:
+            // read again until the one named opens.
+            let deadline = std::time::Instant::now() + job.config.connect_timeout;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let id: u32 =
+                    job.kv.get(&key, left)?.parse().map_err(|_| {
+                        Error::Config(format!("{key}: not a barrier area's number"))
+                    })?;
+                match Area::open(job.job_id, plan.leader(), id) {
+                    Ok(a) => break Some(a),
+                    Err(e) if left.is_zero() => return Err(e),
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                }
+            }
+        };
+        Ok(Barrier {
+            plan,
+            area,
+            episode: Cell::new(0),
+        })
+    }
+
+    /// Makes progress until `done`, waiting as the wait mode says: woken by messages,
+    /// and by the doorbell a same-node rank rings. `done` may consume what it found (a
+    /// barrier round's message): once it says true it is not asked again.
+    fn wait_until(&self, done: impl Fn() -> bool) -> Result<()> {
+        loop {
+            if done() {
+                return Ok(());
+            }
+            if self.poll()? {
+                continue;
+            }
+            let ready = || {
+                if done() {
+                    return Ok(Some(true));
+                }
+                Ok(self.poll()?.then_some(false))
+            };
+            if self
+                .ep
+                .station()
+                .wait_for_in(self.wait.get(), ready, None)?
+            {
+                return Ok(());
+            }
         }
     }
 

@@ -38,6 +38,7 @@
 //! to say (only same-node peers are asked for).
 
 mod access;
+mod barrier;
 mod get;
 mod layout;
 mod ops;

@@ -19,6 +19,7 @@
 //! | `T` strided get | as `S`, then id u64, piece u32, pad 4 | - |
 //! | `J` indexed get | pad 3, window u32, generation u32, count u32, elem u64, id u64, piece u32, pad 4 | count offsets (u64) |
 //! | `N` notify | pad 3, window u32, generation u32, pad 4, offset u64, add u64 | - |
+//! | `B` barrier | round u8, pad 6, episode u64 | - |
 //! | `F` flush | pad 7, id u64 | - |
 //! | `f` flush reply | status u8 (of the first refusal), pad 6, id u64, refused u64 | - |
 
@@ -38,6 +39,7 @@ const STRIDED_GET_LEN: usize = 64;
 /// Bytes of an indexed get's header before its offsets.
 pub(crate) const INDEXED_GET_LEN: usize = 40;
 const NOTIFY_LEN: usize = 32;
+const BARRIER_LEN: usize = 16;
 const FLUSH_REPLY_LEN: usize = 24;
 
 /// Where a request points: a window of the target, by number and generation, and an
@@ -194,6 +196,11 @@ pub(crate) enum Op<'a> {
     Notify {
         at: At,
         add: u64,
+    },
+    /// A rank reached `round` of barrier `episode` (an empty control message).
+    Barrier {
+        round: u8,
+        episode: u64,
     },
     Flush {
         id: u64,
@@ -367,6 +374,15 @@ pub(crate) fn offsets(raw: &[u8]) -> impl Iterator<Item = u64> + '_ {
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
 }
 
+/// Round `round` of barrier `episode` reached (no answer).
+pub(crate) fn barrier(round: u8, episode: u64) -> [u8; BARRIER_LEN] {
+    let mut b = [0; BARRIER_LEN];
+    b[0] = b'B';
+    b[1] = round;
+    b[8..16].copy_from_slice(&episode.to_le_bytes());
+    b
+}
+
 /// A flush: answered once everything the origin sent before it was applied.
 pub(crate) fn flush(id: u64) -> [u8; FLUSH_LEN] {
     let mut b = [0; FLUSH_LEN];
@@ -404,6 +420,7 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
         b'T' => STRIDED_GET_LEN,
         b'J' => INDEXED_GET_LEN,
         b'N' => NOTIFY_LEN,
+        b'B' => BARRIER_LEN,
         _ => return None,
     };
     if m.len() < need || (!matches!(kind, b'P' | b'g' | b'S' | b'I' | b'J') && m.len() != need) {
@@ -488,6 +505,10 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
                 piece: u32_at(m, 32),
             }
         }
+        b'B' => Op::Barrier {
+            round: m[1],
+            episode: u64_at(m, 8),
+        },
         b'N' => Op::Notify {
             at: read_at(m),
             add: u64_at(m, 24),

@@ -19,7 +19,7 @@ use super::window::SharedObject;
 use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::engine::protocol::{Disposition, Outbox, Protocol};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -79,6 +79,12 @@ pub(crate) struct State {
     /// forgets its mappings of the other ranks' parts of them).
     pub freed: Vec<u32>,
     pub counters: Counters,
+    /// Barrier rounds other ranks reached that this rank has not consumed yet:
+    /// (rank, episode, round).
+    pub arrived: HashSet<(u32, u64, u8)>,
+    /// The barrier episode this rank is in or last finished: rounds of episodes
+    /// outside it and the next are dropped (a peer is never more than one ahead).
+    pub episode: u64,
     /// Scratch of indexed requests' offsets and of packed get answers (kept: no
     /// allocation per request once they have grown).
     offsets: Vec<u64>,
@@ -278,6 +284,15 @@ impl State {
                     Err(status) => self.refuse_put(from.rank, status),
                 }
                 false
+            }
+            Op::Barrier { round, episode } => {
+                if episode == self.episode || episode == self.episode + 1 {
+                    self.arrived.insert((from.rank, episode, round));
+                    true
+                } else {
+                    self.counters.malformed += 1;
+                    false
+                }
             }
             Op::Flush { id } => {
                 let (refused, status) =

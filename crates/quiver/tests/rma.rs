@@ -8,7 +8,7 @@
 mod common;
 
 use common::{config, pattern, run_ranks};
-use quiver::rma::{Rma, RmaError, Strided};
+use quiver::rma::{Combine, Rma, RmaError, Strided};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -431,7 +431,7 @@ fn transpose_and_scatter_over_eth() {
 /// `ROUNDS` barriers: before barrier k every rank adds 1 to word 0 of rank 0's window,
 /// after it every rank reads the word (a fetch-and-add of 0): it holds at least n*k
 /// (everyone's add before barrier k is in) and at most n*(k+1) (no one can be two
-/// barriers ahead).
+/// barriers ahead). Then the combining tree with every operation.
 fn barriers(size: u32, c: Config, on_cluster: Option<u32>) {
     const ROUNDS: u64 = 60;
     let body = |job: quiver::Job| {
@@ -446,6 +446,20 @@ fn barriers(size: u32, c: Config, on_cluster: Option<u32>) {
             assert!(
                 (n * k..=n * (k + 1)).contains(&seen),
                 "after barrier {k}: {seen} adds (n = {n})"
+            );
+            // The combining tree, every op, with values that differ per rank and round.
+            let v = u64::from(job.rank()) + k;
+            let sum: u64 = (0..n).map(|r| r + k).sum();
+            assert_eq!(rma.combine(v, Combine::Sum).unwrap(), sum);
+            assert_eq!(rma.combine(v, Combine::Max).unwrap(), n - 1 + k);
+            assert_eq!(rma.combine(v, Combine::Min).unwrap(), k);
+            assert_eq!(
+                rma.combine(1 << job.rank(), Combine::Or).unwrap(),
+                (1 << n) - 1
+            );
+            assert_eq!(
+                rma.combine(!(1 << job.rank()), Combine::And).unwrap(),
+                !((1 << n) - 1)
             );
         }
         rma.barrier().unwrap();

@@ -21,7 +21,7 @@ pub use self::joint::{Invitation, JointJob};
 use self::rendezvous::{KvServerHandle, Rendezvous};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
@@ -48,6 +48,9 @@ pub(crate) struct JobShared {
     /// How the ranks met ([`Job::bootstrap`]).
     pub bootstrap: String,
     open_dpids: Mutex<HashSet<u16>>,
+    /// How often each DPID was opened by this rank: which opening an endpoint is (the
+    /// same on every rank of SPMD code, so protocols name per-opening objects by it).
+    dpid_opens: Mutex<HashMap<u16, u32>>,
     barriers: AtomicU64,
     /// Calls of [`Job::barrier_live`] so far (named apart from [`Job::barrier`]'s).
     live_barriers: AtomicU64,
@@ -82,7 +85,17 @@ impl JobShared {
         if !open.insert(dpid) {
             return Err(Error::DpidInUse { dpid });
         }
+        if let Ok(mut opens) = self.dpid_opens.lock() {
+            *opens.entry(dpid).or_insert(0) += 1;
+        }
         Ok(())
+    }
+
+    /// Which opening of `dpid` by this rank the open endpoint on it is (1 for the first).
+    pub(crate) fn dpid_opening(&self, dpid: u16) -> u32 {
+        self.dpid_opens
+            .lock()
+            .map_or(0, |o| o.get(&dpid).copied().unwrap_or(0))
     }
 
     pub(crate) fn close_dpid(&self, dpid: u16) {
@@ -165,6 +178,7 @@ impl Job {
                 launcher: info.launcher,
                 bootstrap: info.bootstrap,
                 open_dpids: Mutex::new(HashSet::new()),
+                dpid_opens: Mutex::new(HashMap::new()),
                 barriers: AtomicU64::new(0),
                 live_barriers: AtomicU64::new(0),
                 invitations: AtomicU64::new(0),

@@ -54,7 +54,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::barrier::{Area, Plan, AREA_IDS};
+use super::barrier::{tree_children, tree_parent, Area, Plan, AREA_IDS};
 use super::layout::{self, copy_elements, Layout};
 use super::ops::{self, At, AtomicOp, Status};
 
@@ -91,6 +91,33 @@ impl Strided {
             stride: self.stride,
             elem: self.elem,
             count: self.count,
+        }
+    }
+}
+
+/// How [`Rma::combine`] combines the ranks' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// The sum (wrapping).
+    Sum,
+    /// The largest.
+    Max,
+    /// The smallest.
+    Min,
+    /// Bitwise and (all ranks agree: all ones).
+    And,
+    /// Bitwise or (some rank says so).
+    Or,
+}
+
+impl Combine {
+    fn apply(self, a: u64, b: u64) -> u64 {
+        match self {
+            Combine::Sum => a.wrapping_add(b),
+            Combine::Max => a.max(b),
+            Combine::Min => a.min(b),
+            Combine::And => a & b,
+            Combine::Or => a | b,
         }
     }
 }
@@ -281,6 +308,8 @@ pub struct Rma {
     freed_seen: Cell<u32>,
     /// The barrier's plan and node area, made at the first barrier.
     barrier: OnceCell<Barrier>,
+    /// Combining episodes done.
+    combined: Cell<u64>,
 }
 
 /// This rank's barrier: its plan, the node's area (when the node has other ranks), and
@@ -296,7 +325,11 @@ impl Rma {
     /// one on the same DPID). With the offload engine, requests from other nodes are
     /// served on its thread.
     pub fn open(job: &Job, dpid: u16) -> Result<Rma> {
-        let state = Arc::new(Mutex::new(State::default()));
+        let size = job.size();
+        let mut state = State::default();
+        // A barrier has at most ceil(log2 size) rounds.
+        state.max_rounds = (32 - size.saturating_sub(1).leading_zeros()) as u8;
+        let state = Arc::new(Mutex::new(state));
         let ep = if job.can_serve() {
             let served = Box::new(Served {
                 state: state.clone(),
@@ -320,6 +353,7 @@ impl Rma {
             freed: Arc::new(AtomicU32::new(0)),
             freed_seen: Cell::new(0),
             barrier: OnceCell::new(),
+            combined: Cell::new(0),
         })
     }
 
@@ -864,7 +898,12 @@ impl Rma {
         let station = self.ep.station();
         let me = station.job().rank;
         let e = b.episode.get() + 1;
-        serve::lock(&self.state).episode = e;
+        {
+            let mut s = serve::lock(&self.state);
+            s.episode = e;
+            // Rounds of episodes before this one were consumed or are stale.
+            s.arrived.retain(|&(_, ep, _)| ep >= e);
+        }
         let leader = b.plan.leader();
         let local_n = b.plan.local.len() as u64;
         let route_to = |rank: u32| {
@@ -903,6 +942,59 @@ impl Rma {
         Ok(())
     }
 
+    /// Combines `value` from every rank with `op` and returns the result on every rank:
+    /// up the binomial tree rooted at rank 0 and back down, 2(n-1) empty-sized control
+    /// messages in 2 log n steps (the deposit seed's combining tree, D6), which a
+    /// library uses instead of per-pair acknowledgements (every rank's "I am done with
+    /// your buffer" in one value). Every rank calls it with the same `op`, in the same
+    /// order as its other `combine` calls.
+    pub fn combine(&self, value: u64, op: Combine) -> Result<u64> {
+        let station = self.ep.station();
+        let (me, size) = (station.job().rank, station.job().size);
+        let e = self.combined.get() + 1;
+        {
+            let mut s = serve::lock(&self.state);
+            s.combining = e;
+            s.combined_up.retain(|&(_, ep), _| ep >= e);
+            s.combined_down.retain(|&ep, _| ep >= e);
+        }
+        let route_to = |rank: u32| {
+            station
+                .connect(Source {
+                    rank,
+                    dpid: station.dpid(),
+                })
+                .map_err(|err| self.ep.report(err))
+        };
+        let mut v = value;
+        let children: Vec<u32> = tree_children(me, size).collect();
+        for &c in &children {
+            let got = Cell::new(None);
+            self.wait_until(|| {
+                got.set(serve::lock(&self.state).combined_up.remove(&(c, e)));
+                got.get().is_some()
+            })?;
+            v = op.apply(v, got.get().expect("waited for"));
+        }
+        let result = match tree_parent(me) {
+            None => v,
+            Some(parent) => {
+                self.send(parent, route_to(parent)?, &ops::combine(true, e, v), &[])?;
+                let got = Cell::new(None);
+                self.wait_until(|| {
+                    got.set(serve::lock(&self.state).combined_down.remove(&e));
+                    got.get().is_some()
+                })?;
+                got.get().expect("waited for")
+            }
+        };
+        for &c in &children {
+            self.send(c, route_to(c)?, &ops::combine(false, e, result), &[])?;
+        }
+        self.combined.set(e);
+        Ok(result)
+    }
+
     /// The barrier's plan, and the node's area: made by the node's leader under a
     /// random number it publishes in the job's store, mapped by the others.
     fn make_barrier(&self) -> Result<Barrier> {
@@ -912,7 +1004,13 @@ impl Rma {
         let plan = Plan::new(job.rank, job.size, |r| {
             (!forced_udp).then(|| job.nids[r as usize])
         });
-        let key = format!("rmabar/{}/{}", station.dpid(), plan.leader());
+        // Per opening of the DPID: an area a previous `Rma` on it left is never named.
+        let key = format!(
+            "rmabar/{}/{}/{}",
+            station.dpid(),
+            job.dpid_opening(station.dpid()),
+            plan.leader()
+        );
         let area = if plan.local.len() < 2 {
             None
         } else if plan.leader() == job.rank {
@@ -921,8 +1019,8 @@ impl Rma {
             job.kv.put(&key, &id.to_string())?;
             Some(area)
         } else {
-            // A value a previous `Rma` on this DPID left names an area that is gone:
-            // read again until the one named opens.
+            // The key names this opening's area; it may not exist yet when the leader
+            // is slow (the store's read waits for the key, not for the object).
             let deadline = std::time::Instant::now() + job.config.connect_timeout;
             loop {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());

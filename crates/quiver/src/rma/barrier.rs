@@ -86,6 +86,21 @@ impl Plan {
     }
 }
 
+/// The parent of `rank` in the binomial tree of `size` ranks rooted at 0 (`None` for
+/// the root).
+pub(super) fn tree_parent(rank: u32) -> Option<u32> {
+    (rank > 0).then(|| rank & (rank - 1))
+}
+
+/// The children of `rank` in that tree, nearest first.
+pub(super) fn tree_children(rank: u32, size: u32) -> impl Iterator<Item = u32> {
+    let low = if rank == 0 { 32 } else { rank.trailing_zeros() };
+    (0..low)
+        .map(move |k| rank as u64 + (1u64 << k))
+        .take_while(move |&c| c < u64::from(size))
+        .map(|c| c as u32)
+}
+
 /// The node's two shared cache lines.
 pub(super) struct Area {
     mem: SharedObject,
@@ -154,6 +169,31 @@ mod tests {
         );
         assert_eq!(p.partners(2, 2), (1, 3));
         assert_eq!(Plan::new(0, 1, |_| Some(0)).rounds(), 0);
+    }
+
+    #[test]
+    fn the_tree_has_every_rank_once_and_is_log_deep() {
+        for size in 1..=33u32 {
+            let mut seen = vec![0u32; size as usize];
+            seen[0] += 1;
+            for r in 0..size {
+                for c in tree_children(r, size) {
+                    assert_eq!(tree_parent(c), Some(r), "size {size}");
+                    seen[c as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "size {size}: {seen:?}");
+            let depth = |mut r: u32| {
+                let mut d = 0;
+                while let Some(p) = tree_parent(r) {
+                    r = p;
+                    d += 1;
+                }
+                d
+            };
+            let max = (0..size).map(depth).max().unwrap();
+            assert!(max <= 32 - size.leading_zeros(), "size {size}: depth {max}");
+        }
     }
 
     #[test]

@@ -124,6 +124,10 @@ pub(crate) unsafe fn copy_elements(
     dst: Layout,
 ) {
     debug_assert_eq!((src.elem(), src.count()), (dst.elem(), dst.count()));
+    // Nothing to move: and `end` said nothing of the offsets of an empty layout.
+    if src.elem() == 0 || src.count() == 0 {
+        return;
+    }
     let elem = src.elem() as usize;
     // A dense run on both sides is one copy.
     if let (

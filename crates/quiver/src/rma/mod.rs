@@ -64,7 +64,7 @@ use std::sync::Arc;
 use window::SharedBuf;
 
 pub use crate::error::RmaError;
-pub use access::{Rma, RmaStats, Strided, Window};
+pub use access::{Combine, Rma, RmaStats, Strided, Window};
 
 /// A same-node peer endpoint whose memory a get reads: its rank, and its process as the
 /// peer itself reported it (checked before it is trusted, see [`reach`]).

@@ -20,6 +20,8 @@
 //! | `J` indexed get | pad 3, window u32, generation u32, count u32, elem u64, id u64, piece u32, pad 4 | count offsets (u64) |
 //! | `N` notify | pad 3, window u32, generation u32, pad 4, offset u64, add u64 | - |
 //! | `B` barrier | round u8, pad 6, episode u64 | - |
+//! | `R` combine up | pad 7, episode u64, value u64 | - |
+//! | `D` combine down | pad 7, episode u64, value u64 | - |
 //! | `F` flush | pad 7, id u64 | - |
 //! | `f` flush reply | status u8 (of the first refusal), pad 6, id u64, refused u64 | - |
 
@@ -40,6 +42,7 @@ const STRIDED_GET_LEN: usize = 64;
 pub(crate) const INDEXED_GET_LEN: usize = 40;
 const NOTIFY_LEN: usize = 32;
 const BARRIER_LEN: usize = 16;
+const COMBINE_LEN: usize = 24;
 const FLUSH_REPLY_LEN: usize = 24;
 
 /// Where a request points: a window of the target, by number and generation, and an
@@ -201,6 +204,16 @@ pub(crate) enum Op<'a> {
     Barrier {
         round: u8,
         episode: u64,
+    },
+    /// A child's combined value of combining episode `episode` (reduce up).
+    CombineUp {
+        episode: u64,
+        value: u64,
+    },
+    /// The result of combining episode `episode` (broadcast down).
+    CombineDown {
+        episode: u64,
+        value: u64,
     },
     Flush {
         id: u64,
@@ -383,6 +396,15 @@ pub(crate) fn barrier(round: u8, episode: u64) -> [u8; BARRIER_LEN] {
     b
 }
 
+/// A combining tree's value of `episode`, up (`up`) or down.
+pub(crate) fn combine(up: bool, episode: u64, value: u64) -> [u8; COMBINE_LEN] {
+    let mut b = [0; COMBINE_LEN];
+    b[0] = if up { b'R' } else { b'D' };
+    b[8..16].copy_from_slice(&episode.to_le_bytes());
+    b[16..24].copy_from_slice(&value.to_le_bytes());
+    b
+}
+
 /// A flush: answered once everything the origin sent before it was applied.
 pub(crate) fn flush(id: u64) -> [u8; FLUSH_LEN] {
     let mut b = [0; FLUSH_LEN];
@@ -421,6 +443,7 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
         b'J' => INDEXED_GET_LEN,
         b'N' => NOTIFY_LEN,
         b'B' => BARRIER_LEN,
+        b'R' | b'D' => COMBINE_LEN,
         _ => return None,
     };
     if m.len() < need || (!matches!(kind, b'P' | b'g' | b'S' | b'I' | b'J') && m.len() != need) {
@@ -505,6 +528,14 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
                 piece: u32_at(m, 32),
             }
         }
+        b'R' => Op::CombineUp {
+            episode: u64_at(m, 8),
+            value: u64_at(m, 16),
+        },
+        b'D' => Op::CombineDown {
+            episode: u64_at(m, 8),
+            value: u64_at(m, 16),
+        },
         b'B' => Op::Barrier {
             round: m[1],
             episode: u64_at(m, 8),

@@ -85,6 +85,13 @@ pub(crate) struct State {
     /// The barrier episode this rank is in or last finished: rounds of episodes
     /// outside it and the next are dropped (a peer is never more than one ahead).
     pub episode: u64,
+    /// Barrier rounds in this job at most: a round number at or above is dropped.
+    pub max_rounds: u8,
+    /// Combining-tree values that arrived and were not consumed yet: from children
+    /// (child, episode) and from the parent (episode); episodes as for barriers.
+    pub combined_up: HashMap<(u32, u64), u64>,
+    pub combined_down: HashMap<u64, u64>,
+    pub combining: u64,
     /// Scratch of indexed requests' offsets and of packed get answers (kept: no
     /// allocation per request once they have grown).
     offsets: Vec<u64>,
@@ -272,7 +279,7 @@ impl State {
                     elem,
                 };
                 self.serve_layout_get(from, at, src, id, piece, out);
-                self.offsets = offs;
+                self.keep_offsets(offs);
                 false
             }
             Op::Notify { at, add } => {
@@ -285,8 +292,25 @@ impl State {
                 }
                 false
             }
+            Op::CombineUp { episode, value } | Op::CombineDown { episode, value }
+                if episode != self.combining && episode != self.combining + 1 =>
+            {
+                let _ = value;
+                self.counters.malformed += 1;
+                false
+            }
+            Op::CombineUp { episode, value } => {
+                self.combined_up.insert((from.rank, episode), value);
+                true
+            }
+            Op::CombineDown { episode, value } => {
+                self.combined_down.insert(episode, value);
+                true
+            }
             Op::Barrier { round, episode } => {
-                if episode == self.episode || episode == self.episode + 1 {
+                if (episode == self.episode || episode == self.episode + 1)
+                    && round < self.max_rounds
+                {
                     self.arrived.insert((from.rank, episode, round));
                     true
                 } else {
@@ -324,6 +348,13 @@ impl State {
                 }
                 _ => false,
             }),
+        }
+    }
+
+    /// Keeps the offsets' scratch for the next request, unless one made it large.
+    fn keep_offsets(&mut self, offs: Vec<u64>) {
+        if offs.capacity() * 8 <= SCRATCH_KEPT {
+            self.offsets = offs;
         }
     }
 
@@ -413,6 +444,9 @@ impl State {
                     )
                 };
                 answer_in_pieces(from, id, &self.packed, piece, out);
+                if self.packed.capacity() > SCRATCH_KEPT {
+                    self.packed = Vec::new();
+                }
             }
             (w, _) => {
                 self.counters.refused += 1;
@@ -470,6 +504,9 @@ impl State {
         filled
     }
 }
+
+/// Bytes of scratch kept between requests (a larger request's is freed after it).
+const SCRATCH_KEPT: usize = 1 << 20;
 
 /// The shortest piece of a get's answer, whatever the request asks for (a peer asking
 /// for 1-byte pieces would make the target queue a message per byte).
@@ -891,6 +928,55 @@ mod tests {
         s.handle(origin(), &m, &mut out);
         assert_eq!(s.counters.malformed, 2);
         assert_eq!(bytes, &before[..]);
+    }
+
+    #[test]
+    fn empty_layouts_with_wild_offsets_touch_nothing() {
+        // A review's inputs: an empty layout's `end` is 0 whatever its offsets say, so
+        // the copy must not walk them (an overflow, or 2^64 steps outside the window).
+        let (mut s, at) = state_with_window(64);
+        let mut out = Outbox::new(usize::MAX);
+        for (offset, stride, elem, count) in
+            [(0, 1 << 63, 0, 3), (0, 1, 0, u64::MAX), (u64::MAX, 8, 8, 0)]
+        {
+            s.handle(
+                origin(),
+                &ops::put_strided(At { offset, ..at }, stride, elem, count),
+                &mut out,
+            );
+            s.handle(
+                origin(),
+                &ops::get_strided(At { offset, ..at }, stride, elem, count, 1, 512),
+                &mut out,
+            );
+        }
+        let mut m = Vec::new();
+        ops::put_indexed(at, 0, &[u64::MAX], &mut m);
+        s.handle(origin(), &m, &mut out);
+        let mut g = Vec::new();
+        ops::get_indexed(at, 0, &[u64::MAX, 3], 2, 512, &mut g);
+        s.handle(origin(), &g, &mut out);
+        let w = &s.exposed[&3].mem;
+        // SAFETY: the mapping is 64 bytes long and only this test uses it.
+        let bytes = unsafe { std::slice::from_raw_parts(w.ptr(), w.len()) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        // Every get is answered (with nothing), none refused.
+        let replies = answers(&mut out);
+        assert_eq!(replies.len(), 4);
+        assert_eq!(s.counters.refused, 0);
+    }
+
+    #[test]
+    fn barrier_rounds_outside_the_job_and_old_episodes_are_dropped() {
+        let (mut s, _) = state_with_window(64);
+        let mut out = Outbox::new(usize::MAX);
+        s.max_rounds = 2;
+        s.episode = 5;
+        for (round, episode) in [(0, 5), (1, 6), (2, 5), (255, 6), (0, 4), (0, 7)] {
+            s.handle(origin(), &ops::barrier(round, episode), &mut out);
+        }
+        assert_eq!(s.arrived.len(), 2);
+        assert_eq!(s.counters.malformed, 4);
     }
 
     #[test]

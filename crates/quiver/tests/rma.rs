@@ -461,6 +461,11 @@ fn barriers(size: u32, c: Config, on_cluster: Option<u32>) {
                 rma.combine(!(1 << job.rank()), Combine::And).unwrap(),
                 !((1 << n) - 1)
             );
+            // Per-pair acknowledgements: an empty put_notify to every other rank.
+            for q in (0..job.size()).filter(|&q| q != job.rank()) {
+                rma.put_notify(q, &w, 16, &[], 8).unwrap();
+            }
+            rma.wait_counter(&w, 8, n - 1).unwrap();
         }
         rma.barrier().unwrap();
         assert_eq!(rma.stats().malformed, 0);

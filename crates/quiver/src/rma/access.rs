@@ -606,7 +606,10 @@ impl Rma {
         if !counter.is_multiple_of(8) {
             return Err(refusal(Status::Misaligned, rank, at, 8, key.len));
         }
-        self.put(rank, window, offset, data)?;
+        // An empty put is only the count: an acknowledgement.
+        if !data.is_empty() {
+            self.put(rank, window, offset, data)?;
+        }
         match self.reach(rank)? {
             Reach::Direct => {
                 let mem = self.direct(rank, window, key)?;

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The deposit seed's E-D1 and the barrier part of E-D6: the synchronization cost of one
+# all-to-all step with no data, per scheme (`examples/rma_sync.rs`: per-pair
+# acknowledgements, a combining-tree round, `Rma::barrier`), against the number of
+# ranks: inside the node (2, 4, 8 ranks on this machine's cores, with Open MPI's
+# MPI_Barrier from `bench/progs/mpi_rma.c` beside them) and on unshaped emulated
+# clusters of 2, 4, 8 nodes with one rank each (raw Ethernet). Medians over REPS runs of
+# each run's slowest-rank median.
+#
+# usage: bash bench/sync.sh     (REPS=3; needs root for the clusters and Open MPI)
+# Raw records: target/bench-sync/records.tsv (where, ranks, scheme, rep, µs)
+set -euo pipefail
+REPS=${REPS:-3}
+RANKS=${RANKS:-2 4 8}
+NODES=${NODES:-2 4 8}
+ITERS=${ITERS:-2000}
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=$root/target/bench-sync
+mkdir -p "$out"
+cd "$root"
+source bench/lib.sh
+[ "$(id -u)" = 0 ] || { echo "bench/sync.sh: needs root (emulated clusters)" >&2; exit 1; }
+command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null \
+    || { echo "bench/sync.sh: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev)" >&2; exit 1; }
+building cargo build --release -q -p quiver-cli -p quiver --example rma_sync
+mpicc.openmpi -O2 -o "$out/mpi_rma" bench/progs/mpi_rma.c
+Q=$root/target/release/quiver
+rec=$out/records.tsv
+: > "$rec"
+cluster=""
+cleanup() { [ -n "$cluster" ] && "$Q" cluster down "$cluster" >/dev/null 2>&1; true; }
+trap cleanup EXIT INT TERM
+
+quiver_sync() {   # quiver_sync WHERE N REP [quiver run args...]
+    local where=$1 n=$2 rep=$3; shift 3
+    locked "$Q" run -n "$n" "$@" -- "$root/target/release/examples/rma_sync" "$ITERS" \
+        | sed 's/^\[0\] //' | grep '^{' | python3 -c '
+import json, sys
+where, n, rep = sys.argv[1:]
+for line in sys.stdin:
+    o = json.loads(line)
+    print(where, n, "quiver " + o["scheme"], rep, o["us"], sep="\t")' "$where" "$n" "$rep" >> "$rec"
+}
+mpi_barrier() {   # mpi_barrier N REP
+    locked mpirun.openmpi --allow-run-as-root --oversubscribe -n "$1" "$out/mpi_rma" 64 "$ITERS" 2 \
+        | grep rma_barrier | python3 -c '
+import json, sys
+n, rep = sys.argv[1:]
+for line in sys.stdin:
+    print("node", n, "Open MPI MPI_Barrier", rep, json.loads(line)["barrier_us"], sep="\t")' "$1" "$2" >> "$rec"
+}
+
+for n in $RANKS; do
+    for rep in $(seq "$REPS"); do
+        echo "[$(date +%H:%M:%S)] inside the node, $n ranks, repetition $rep" >&2
+        quiver_sync node "$n" "$rep"
+        mpi_barrier "$n" "$rep"
+    done
+done
+for n in $NODES; do
+    cluster=qvsync$$-$n
+    "$Q" cluster up "$cluster" --nodes "$n" >/dev/null
+    for rep in $(seq "$REPS"); do
+        echo "[$(date +%H:%M:%S)] $n nodes, repetition $rep" >&2
+        QUIVER_TRANSPORT=eth quiver_sync cluster "$n" "$rep" --cluster "$cluster"
+    done
+    "$Q" cluster down "$cluster" >/dev/null
+    cluster=""
+done
+
+python3 - "$rec" <<'PY'
+import sys, statistics as st
+from collections import defaultdict
+R = defaultdict(list)
+for line in open(sys.argv[1]):
+    where, n, scheme, rep, v = line.rstrip("\n").split("\t")
+    R[(where, int(n), scheme)].append(float(v))
+schemes = ["quiver pairwise", "quiver tree", "quiver barrier", "Open MPI MPI_Barrier"]
+for where, title in [("node", "Inside the node (ranks on 2 cores)"), ("cluster", "Emulated cluster, one rank per node, raw Ethernet")]:
+    print(f"\n{title}: µs per step, median over repetitions (min-max)\n")
+    print("| ranks | " + " | ".join(schemes) + " |")
+    print("|---|" + "---|" * len(schemes))
+    for n in sorted({k[1] for k in R if k[0] == where}):
+        cells = []
+        for s in schemes:
+            v = R.get((where, n, s))
+            cells.append(f"{st.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" if v else "-")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+PY

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{config, pattern, run_ranks};
-use quiver::rma::{Combine, Rma, RmaError, Strided};
+use quiver::rma::{dmsg, Combine, Rma, RmaError, Strided};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -498,4 +498,76 @@ fn barriers_over_udp_with_the_offload_engine() {
 #[test]
 fn barriers_across_nodes_of_two_ranks_over_eth() {
     barriers(6, config(TransportChoice::Eth), Some(3));
+}
+
+/// DMSG's all-to-all step (`quiver::rma::dmsg`): every block lands in its place on
+/// every rank, with a barrier every round and with none, several steps in a row; and a
+/// transpose by `alltoall_strided` (each rank's rows deposited as columns).
+fn dmsg_steps(c: Config, size: u32) {
+    run_ranks(size, c, |job| {
+        let rma = Rma::open(&job, DPID + 3).unwrap();
+        let (me, n) = (job.rank(), job.size());
+        let block = 3000;
+        let dst = rma.allocate(block * n as usize).unwrap();
+        for (step, r) in [(0u32, 1), (1, n - 1), (2, 2)] {
+            let src: Vec<u8> = (0..n)
+                .flat_map(|j| pattern(me * 100 + j, step, block))
+                .collect();
+            dmsg::alltoall(&rma, &src, &dst, block, r).unwrap();
+            let got = dst.to_vec();
+            for i in 0..n {
+                let at = i as usize * block;
+                assert!(
+                    got[at..at + block] == pattern(i * 100 + me, step, block),
+                    "step {step}: block from rank {i}"
+                );
+            }
+        }
+        // A transpose of an (n*b) x (n*b) matrix of u64 held in row blocks.
+        let b = 8u64;
+        let m = b * u64::from(n);
+        let value = |i: u64, j: u64| (i << 32) | j;
+        let rows: Vec<u8> = (0..b)
+            .flat_map(|li| (0..m).flat_map(move |j| value(u64::from(me) * b + li, j).to_le_bytes()))
+            .collect();
+        let t = rma.allocate((b * m * 8) as usize).unwrap();
+        // Block j of this rank's rows is a b x b block; row li of it goes to column
+        // (me*b + li) of rank j's rows: one strided put per row.
+        for li in 0..b {
+            let at = Strided {
+                offset: (u64::from(me) * b + li) * 8,
+                stride: m * 8,
+                elem: 8,
+                count: b,
+            };
+            dmsg::alltoall_strided(
+                &rma,
+                &rows,
+                |j| (li * m + u64::from(j) * b) * 8,
+                8,
+                &t,
+                at,
+                1,
+            )
+            .unwrap();
+        }
+        let tv = t.to_vec();
+        for lj in 0..b {
+            for i in 0..m {
+                let at = ((lj * m + i) * 8) as usize;
+                let v = u64::from_le_bytes(tv[at..at + 8].try_into().unwrap());
+                assert_eq!(v, value(i, u64::from(me) * b + lj));
+            }
+        }
+    });
+}
+
+#[test]
+fn dmsg_alltoall_and_transpose_over_shm() {
+    dmsg_steps(config(TransportChoice::Auto), 4);
+}
+
+#[test]
+fn dmsg_alltoall_and_transpose_over_udp() {
+    dmsg_steps(config(TransportChoice::Udp), 3);
 }

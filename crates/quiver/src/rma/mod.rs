@@ -39,6 +39,7 @@
 
 mod access;
 mod barrier;
+pub mod dmsg;
 mod get;
 mod layout;
 mod ops;

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{config, pattern, run_ranks};
-use quiver::rma::{dmsg, Combine, Rma, RmaError, Strided};
+use quiver::rma::{dmsg, rrmsg, Combine, Rma, RmaError, Strided};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -570,4 +570,64 @@ fn dmsg_alltoall_and_transpose_over_shm() {
 #[test]
 fn dmsg_alltoall_and_transpose_over_udp() {
     dmsg_steps(config(TransportChoice::Udp), 3);
+}
+
+/// RRMSG (`quiver::rma::rrmsg`): an all-to-all in rounds of pairs (the lower rank of
+/// each pair sends first), every size byte-checked, and a message longer than the
+/// receive buffer truncated with the sender released.
+fn rrmsg_exchange(c: Config, size: u32) {
+    run_ranks(size, c, |job| {
+        let rma = Rma::open(&job, DPID + 4).unwrap();
+        let r = rrmsg::Rrmsg::open(&rma, 200_000).unwrap();
+        let (me, n) = (job.rank(), job.size());
+        for (i, &len) in [0usize, 1, 1500, 65536, 200_000].iter().enumerate() {
+            for k in 1..n {
+                let (to, from) = ((me + k) % n, (me + n - k) % n);
+                let mut buf = vec![0u8; len];
+                // Both directions, the lower rank of each pair first.
+                let send = || r.send(to, &pattern(me, i as u32, len)).unwrap();
+                let recv = |buf: &mut Vec<u8>| {
+                    assert_eq!(r.recv(from, buf).unwrap(), len);
+                    assert!(
+                        *buf == pattern(from, i as u32, len),
+                        "{len} bytes from {from}"
+                    );
+                };
+                if me < to {
+                    send();
+                }
+                if from < me {
+                    recv(&mut buf);
+                }
+                if me > to {
+                    send();
+                }
+                if from > me {
+                    recv(&mut buf);
+                }
+            }
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+        if me == 0 {
+            r.send(1, &[7; 100]).unwrap();
+        } else if me == 1 {
+            let mut small = [0u8; 10];
+            assert!(matches!(
+                r.recv(0, &mut small),
+                Err(Error::Truncated { len: 100, .. })
+            ));
+            assert_eq!(small, [7; 10]);
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+    });
+}
+
+#[test]
+fn rrmsg_exchange_over_shm() {
+    rrmsg_exchange(config(TransportChoice::Auto), 3);
+}
+
+#[test]
+fn rrmsg_exchange_over_udp() {
+    rrmsg_exchange(config(TransportChoice::Udp), 3);
 }

@@ -45,6 +45,7 @@ mod layout;
 mod ops;
 pub(crate) mod puller;
 pub(crate) mod reach;
+pub mod rrmsg;
 mod serve;
 #[cfg(test)]
 mod sim_tests;

@@ -56,8 +56,13 @@ def program_types(src):
     types = set(TYPES)
     for f in files:
         if os.path.exists(f):
-            types.update(PUB_TYPE.findall(open(f, encoding="utf-8").read()))
+            text = open(f, encoding="utf-8").read()
+            types.update(PUB_TYPE.findall(text))
+            # Types a module re-exports from a private one (`pub use access::{Rma, ..}`).
+            for group in PUB_USE.findall(text):
+                types.update(n for n in re.findall(r"\b([A-Z][A-Za-z0-9_]*)\b", group))
     return types
+PUB_USE = re.compile(r"^pub use [a-z_:]+::(\{[^}]*\}|[A-Z][A-Za-z0-9_]*);", re.M)
 IMPL = re.compile(r"^impl(?:<[^>]*>)?\s+(?:([A-Za-z_:]+)\s+for\s+)?([A-Za-z_]+)(?:<[^>]*>)?\s*\{", re.M)
 PUB_FN = re.compile(r"\s*pub (?:unsafe )?fn ([a-z_0-9]+)")
 

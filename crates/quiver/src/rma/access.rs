@@ -685,11 +685,9 @@ impl Rma {
         match self.reach(rank)? {
             Reach::Direct => {
                 let mem = self.direct(rank, window, key)?;
-                // SAFETY: `local` ends inside `src` and `remote` inside the window's
-                // mapping (`check_layouts`), which outlives this call (`direct`); a
-                // caller's slice is not the window's mapping (it is borrowed shared,
-                // the window written through a raw pointer: overlapping them would
-                // need `Window::as_ptr`, whose use is the caller's to keep apart).
+                // Overlapping `src` with the window needs `Window::as_ptr`: the caller's.
+                // SAFETY: `local` ends inside `src`, `remote` inside the window's mapping
+                // (`check_layouts`), which outlives this call (`direct`).
                 unsafe { copy_elements(src.as_ptr(), local, mem, remote) };
                 self.stats.borrow_mut().direct += 1;
             }

@@ -170,11 +170,9 @@ impl State {
             Op::Put { at, data } => {
                 match locate(&self.exposed, at, data.len() as u64) {
                     Ok((mem, offset)) => {
-                        // SAFETY: offset + len <= the mapping's length (checked), the
-                        // mapping lives while `mem` is borrowed; what else touches those
-                        // bytes meanwhile (the owner, other origins) is the
-                        // application's race, as for any window: no byte outside the
-                        // range is written.
+                        // Others touching these bytes meanwhile is the application's race.
+                        // SAFETY: offset + len <= the mapping's length (checked); the
+                        // mapping lives while `mem` is borrowed.
                         unsafe {
                             crate::link::copy_bytes(
                                 data.as_ptr(),
@@ -371,12 +369,11 @@ impl State {
             Ok((mem, offset)) => {
                 self.counters.gets_served += 1;
                 self.counters.bytes_got += len;
-                // SAFETY: offset + len <= the mapping's length (checked); the bytes are
-                // read while `mem` is borrowed (the outbox copies them before this
-                // returns). A concurrent write by another party is the application's
-                // race: the bytes read are then unspecified, never outside the range.
-                let bytes =
-                    unsafe { std::slice::from_raw_parts(mem.ptr().add(offset), len as usize) };
+                // A concurrent write by another party is the application's race.
+                let start = mem.ptr().wrapping_add(offset);
+                // SAFETY: offset + len <= the mapping's length (checked); read while `mem`
+                // is borrowed (the outbox copies the bytes before this returns).
+                let bytes = unsafe { std::slice::from_raw_parts(start, len as usize) };
                 answer_in_pieces(from, id, bytes, piece, out);
             }
             Err(status) => {
@@ -394,9 +391,8 @@ impl State {
         }
         match window_for(&self.exposed, at, dst) {
             Ok(mem) => {
-                // SAFETY: `dst` ends inside the mapping (checked by `window_for`), the
-                // packed source is exactly its elements (checked above), and a frame
-                // never lies in a window.
+                // SAFETY: `dst` ends inside the mapping (`window_for`), the packed source
+                // is exactly its elements (checked above); a frame never lies in a window.
                 unsafe {
                     copy_elements(
                         data.as_ptr(),

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{config, pattern, run_ranks};
-use quiver::rma::{dmsg, rrmsg, Combine, Rma, RmaError, Strided};
+use quiver::rma::{dmsg, pvm, rrmsg, Combine, Rma, RmaError, Strided};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -72,6 +72,24 @@ fn every_operation(c: Config, size: u32) {
             assert_eq!(back, pattern(me, i as u32, len), "get of {len} bytes");
             offset += len as u64;
         }
+        // The same gets all in flight at once, each into a buffer of its own.
+        let mut offset = 0u64;
+        let mut requests = Vec::new();
+        for &len in &sizes() {
+            requests.push(rma.get_start(next, &data, offset, vec![0xee; len]).unwrap());
+            offset += len as u64;
+        }
+        for (i, mut r) in requests.into_iter().enumerate() {
+            if i % 2 == 0 {
+                while !r.test().unwrap() {}
+            }
+            let len = sizes()[i];
+            assert_eq!(
+                r.wait().unwrap(),
+                pattern(me, i as u32, len),
+                "get_start of {len}"
+            );
+        }
         if me == 0 {
             assert_eq!(
                 counters.word(0).unwrap().load(Ordering::Acquire),
@@ -92,6 +110,7 @@ fn every_operation(c: Config, size: u32) {
 
         let stats = rma.stats();
         assert_eq!(stats.puts, sizes().len() as u64);
+        assert_eq!(stats.gets, 2 * sizes().len() as u64);
         assert_eq!(stats.refused, 0);
         assert_eq!(stats.malformed, 0);
         job.barrier_progressing(&[&rma]).unwrap();
@@ -630,4 +649,74 @@ fn rrmsg_exchange_over_shm() {
 #[test]
 fn rrmsg_exchange_over_udp() {
     rrmsg_exchange(config(TransportChoice::Udp), 3);
+}
+
+/// Every rank sends every size (empty, inside one chunk, many chunks) to every other
+/// rank before receiving anything, then receives them in order and unpacks them in
+/// uneven pieces; a message unpacked only in part is skipped cleanly, and asking for
+/// more than remains is a typed error.
+fn pvm_exchange(c: Config, size: u32) {
+    run_ranks(size, c, |job| {
+        let rma = Rma::open(&job, DPID + 5).unwrap();
+        let p = pvm::Pvm::open(&rma, 4000).unwrap();
+        let (me, n) = (job.rank(), job.size());
+        let lens = [0usize, 1, 3999, 4000, 4001, 65536, 100_003];
+        for (i, &len) in lens.iter().enumerate() {
+            for to in (0..n).filter(|&r| r != me) {
+                let data = pattern(me, i as u32, len);
+                let mut m = pvm::SendBuffer::new();
+                // Packed in two parts: the message is their concatenation.
+                m.pack(&data[..len / 3]).pack(&data[len / 3..]);
+                p.send(to, m).unwrap();
+            }
+        }
+        for (i, &len) in lens.iter().enumerate() {
+            for from in (0..n).filter(|&r| r != me) {
+                let mut m = p.recv(from).unwrap();
+                assert_eq!(m.len(), len);
+                let mut got = vec![0u8; len];
+                let (a, b) = got.split_at_mut(len / 7);
+                m.unpack(a).unwrap();
+                m.unpack(b).unwrap();
+                assert!(
+                    got == pattern(from, i as u32, len),
+                    "{len} bytes from {from}"
+                );
+                assert!(matches!(m.unpack(&mut [0]), Err(Error::Truncated { .. })));
+            }
+        }
+        // A message read in part, then the next one whole.
+        let next = (me + 1) % n;
+        let prev = (me + n - 1) % n;
+        let mut m = pvm::SendBuffer::new();
+        m.pack(&pattern(me, 50, 20_000));
+        p.send(next, m).unwrap();
+        let mut m = pvm::SendBuffer::new();
+        m.pack(&pattern(me, 51, 10));
+        p.send(next, m).unwrap();
+        {
+            let mut first = p.recv(prev).unwrap();
+            let mut part = [0u8; 5000];
+            first.unpack(&mut part).unwrap();
+            assert_eq!(part[..], pattern(prev, 50, 20_000)[..5000]);
+        }
+        let mut second = p.recv(prev).unwrap();
+        let mut got = [0u8; 10];
+        second.unpack(&mut got).unwrap();
+        drop(second);
+        assert_eq!(got[..], pattern(prev, 51, 10)[..]);
+        assert!(p.send(me, pvm::SendBuffer::new()).is_err());
+        p.wait_sent().unwrap();
+        job.barrier_progressing(&[&rma]).unwrap();
+    });
+}
+
+#[test]
+fn pvm_exchange_over_shm() {
+    pvm_exchange(config(TransportChoice::Auto), 3);
+}
+
+#[test]
+fn pvm_exchange_over_udp() {
+    pvm_exchange(config(TransportChoice::Udp), 3);
 }

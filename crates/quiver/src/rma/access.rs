@@ -285,6 +285,85 @@ enum Reach {
     Direct,
 }
 
+/// A get in flight ([`Rma::get_start`]): it owns the buffer until the answer is in.
+/// Dropped before it completes, the get is forgotten and its buffer freed (its answer
+/// arrives all the same, and is dropped and counted as malformed, as any answer to a
+/// request nobody waits for).
+#[must_use = "a get's data comes back from `wait`"]
+pub struct GetRequest<'r> {
+    rma: &'r Rma,
+    buf: Vec<u8>,
+    /// The request asked of another node, while its answer is not taken.
+    waiting: Option<Asked>,
+}
+
+/// What a [`GetRequest`] asked for, to match and explain the answer.
+struct Asked {
+    id: u64,
+    rank: u32,
+    at: At,
+    len: u64,
+    size: u64,
+}
+
+impl GetRequest<'_> {
+    /// Whether the data is in (making progress once if not).
+    pub fn test(&mut self) -> Result<bool> {
+        let Some(asked) = &self.waiting else {
+            return Ok(true);
+        };
+        let done = |rma: &Rma| {
+            serve::lock(&rma.state)
+                .pending
+                .get(&asked.id)
+                .is_some_and(|(_, p)| p.done())
+        };
+        if done(self.rma) {
+            return Ok(true);
+        }
+        self.rma.poll()?;
+        Ok(done(self.rma))
+    }
+
+    /// Waits for the data (making progress meanwhile) and gives the buffer back.
+    pub fn wait(mut self) -> Result<Vec<u8>> {
+        let Some(asked) = self.waiting.take() else {
+            return Ok(std::mem::take(&mut self.buf));
+        };
+        let answer = self.rma.wait_for(asked.id);
+        if answer.is_err() {
+            serve::lock(&self.rma.state).pending.remove(&asked.id);
+        }
+        match answer? {
+            Pending::Get {
+                buf,
+                status: Status::Done,
+                ..
+            } => Ok(buf),
+            Pending::Get { status, .. } => {
+                Err(refusal(status, asked.rank, asked.at, asked.len, asked.size))
+            }
+            _ => Err(Error::Rma(RmaError::BadAnswer { rank: asked.rank })),
+        }
+    }
+}
+
+impl Drop for GetRequest<'_> {
+    fn drop(&mut self) {
+        if let Some(asked) = self.waiting.take() {
+            serve::lock(&self.rma.state).pending.remove(&asked.id);
+        }
+    }
+}
+
+impl std::fmt::Debug for GetRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GetRequest")
+            .field("done", &self.waiting.is_none())
+            .finish()
+    }
+}
+
 /// One process's one-sided operations on DPID `dpid` (module documentation).
 pub struct Rma {
     ep: Endpoint,
@@ -459,29 +538,66 @@ impl Rma {
 
     /// Copies `dst.len()` bytes at `offset` of `window` at `rank` into `dst`.
     pub fn get(&self, rank: u32, window: &Window, offset: u64, dst: &mut [u8]) -> Result<()> {
-        self.stats.borrow_mut().gets += 1;
-        let (key, at) = self.address(rank, window, offset, dst.len() as u64)?;
         match self.reach(rank)? {
             Reach::Direct => {
+                self.stats.borrow_mut().gets += 1;
+                let (key, _) = self.address(rank, window, offset, dst.len() as u64)?;
                 let mem = self.direct(rank, window, key)?;
-                // SAFETY: as in `put`, the other way.
+                // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
+                // `direct` checked both); the mapping outlives this call (`direct`).
                 unsafe {
                     crate::link::copy_bytes(mem.add(offset as usize), dst.as_mut_ptr(), dst.len())
                 };
                 self.stats.borrow_mut().direct += 1;
                 Ok(())
             }
+            Reach::Messages { .. } => {
+                let got = self
+                    .get_start(rank, window, offset, vec![0; dst.len()])?
+                    .wait()?;
+                dst.copy_from_slice(&got);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts a get of `buf.len()` bytes at `offset` of `window` at `rank` into `buf`,
+    /// and returns at once: the [`GetRequest`] gives `buf` back, filled, when the
+    /// answer is complete (from a same-node window it is at once; from another node's,
+    /// each piece lands in `buf` from where its frame arrived). Several gets may be in
+    /// flight, to one rank or many; `buf` is owned meanwhile, so nothing else can touch
+    /// it.
+    pub fn get_start(
+        &self,
+        rank: u32,
+        window: &Window,
+        offset: u64,
+        mut buf: Vec<u8>,
+    ) -> Result<GetRequest<'_>> {
+        self.stats.borrow_mut().gets += 1;
+        let len = buf.len() as u64;
+        let (key, at) = self.address(rank, window, offset, len)?;
+        let waiting = match self.reach(rank)? {
+            Reach::Direct => {
+                let mem = self.direct(rank, window, key)?;
+                // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
+                // `direct` checked both); the mapping outlives this call (`direct`).
+                unsafe {
+                    crate::link::copy_bytes(mem.add(offset as usize), buf.as_mut_ptr(), buf.len())
+                };
+                self.stats.borrow_mut().direct += 1;
+                None
+            }
             // Nothing to ask for (the address was checked).
-            Reach::Messages { .. } if dst.is_empty() => Ok(()),
+            Reach::Messages { .. } if buf.is_empty() => None,
             Reach::Messages { route, piece } => {
                 let id = self.id();
-                let len = dst.len() as u64;
                 serve::lock(&self.state).pending.insert(
                     id,
                     (
                         rank,
                         Pending::Get {
-                            buf: vec![0; dst.len()],
+                            buf: std::mem::take(&mut buf),
                             left: len,
                             status: Status::Done,
                         },
@@ -489,20 +605,24 @@ impl Rma {
                 );
                 let piece =
                     u32::try_from(piece.saturating_sub(ops::GOT_LEN).max(1)).unwrap_or(u32::MAX);
-                match self.ask(rank, route, id, &ops::get(at, id, len, piece))? {
-                    Pending::Get {
-                        buf,
-                        status: Status::Done,
-                        ..
-                    } => {
-                        dst.copy_from_slice(&buf);
-                        Ok(())
-                    }
-                    Pending::Get { status, .. } => Err(refusal(status, rank, at, len, key.len)),
-                    _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
+                if let Err(e) = self.send(rank, route, &ops::get(at, id, len, piece), &[]) {
+                    serve::lock(&self.state).pending.remove(&id);
+                    return Err(e);
                 }
+                Some(Asked {
+                    id,
+                    rank,
+                    at,
+                    len,
+                    size: key.len,
+                })
             }
-        }
+        };
+        Ok(GetRequest {
+            rma: self,
+            buf,
+            waiting,
+        })
     }
 
     /// Copies the elements of `src` (element `i` at `i * src_stride` in `src`) to the

@@ -1,7 +1,11 @@
 //! One-sided access to the memory of other processes: the job's windows with put, get
 //! and remote atomics (the deposit seed's personality, [`Rma`], module `access`; the
 //! wire form of its requests in `ops`, the target's side in `serve`), and the machinery
-//! behind tagged messaging's single-copy pulls inside a node.
+//! behind tagged messaging's single-copy pulls inside a node. On [`Rma`] stand the
+//! seed's three message-passing libraries, which move data with the same deposit and
+//! differ in how they synchronize: [`pvm`] (buffered, implicit synchronization per
+//! message), [`rrmsg`] (request, pull, acknowledgement per transfer) and [`dmsg`]
+//! (deposit into the final place, global barriers between phases).
 //!
 //! What the single-copy machinery owns, per endpoint, in one `SingleCopy`:
 //!
@@ -44,6 +48,7 @@ mod get;
 mod layout;
 mod ops;
 pub(crate) mod puller;
+pub mod pvm;
 pub(crate) mod reach;
 pub mod rrmsg;
 mod serve;
@@ -66,7 +71,7 @@ use std::sync::Arc;
 use window::SharedBuf;
 
 pub use crate::error::RmaError;
-pub use access::{Combine, Rma, RmaStats, Strided, Window};
+pub use access::{Combine, GetRequest, Rma, RmaStats, Strided, Window};
 
 /// A same-node peer endpoint whose memory a get reads: its rank, and its process as the
 /// peer itself reported it (checked before it is trusted, see [`reach`]).

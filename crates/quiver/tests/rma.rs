@@ -707,6 +707,13 @@ fn pvm_exchange(c: Config, size: u32) {
         assert_eq!(got[..], pattern(prev, 51, 10)[..]);
         assert!(p.send(me, pvm::SendBuffer::new()).is_err());
         p.wait_sent().unwrap();
+        // Every phase took time: chunks went, waits happened, bytes were copied.
+        let phases = p.phases();
+        assert!(
+            !phases.transfer.is_zero() && !phases.control.is_zero(),
+            "{phases:?}"
+        );
+        assert!(!phases.copy.is_zero(), "{phases:?}");
         job.barrier_progressing(&[&rma]).unwrap();
     });
 }

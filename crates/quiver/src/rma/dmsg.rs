@@ -17,8 +17,9 @@
 //! block is a strided layout of the destination ([`alltoall_strided`]: a transpose's
 //! columns).
 
-use super::{Rma, Strided, Window};
+use super::{timed, Phases, Rma, Strided, Window};
 use crate::error::{Error, Result};
+use std::cell::Cell;
 
 /// Which rank `me` deposits into in round `k` (1..n) of `n` ranks.
 fn partner(me: u32, k: u32, n: u32) -> u32 {
@@ -32,8 +33,8 @@ fn partner(me: u32, k: u32, n: u32) -> u32 {
 /// One all-to-all step: block `j` of `src` (bytes `j * block ..`) lands at offset
 /// `me * block` of `dst` on rank `j` (this rank's own block is copied locally), with a
 /// flush and a barrier every `r` rounds (at least 1). Collective: every rank calls it
-/// with the same `block` and `r`.
-pub fn alltoall(rma: &Rma, src: &[u8], dst: &Window, block: usize, r: u32) -> Result<()> {
+/// with the same `block` and `r`. Returns where the time went (barriers are control).
+pub fn alltoall(rma: &Rma, src: &[u8], dst: &Window, block: usize, r: u32) -> Result<Phases> {
     let (me, n) = ranks(rma);
     if src.len() < block * n as usize || dst.len() < block * n as usize {
         return Err(Error::Config(format!(
@@ -65,7 +66,7 @@ pub fn alltoall_strided(
     dst: &Window,
     at: Strided,
     r: u32,
-) -> Result<()> {
+) -> Result<Phases> {
     step(rma, r, |j| {
         let from = src.get(src_offset(j) as usize..).ok_or_else(|| {
             Error::Config(format!("source offset {} past the buffer", src_offset(j)))
@@ -82,20 +83,26 @@ fn ranks(rma: &Rma) -> (u32, u32) {
 
 /// Barrier A, the rounds (`deposit(j)` for this round's partner, this rank's own block
 /// in round 0) with the congestion-control barriers, the flush and barrier B.
-fn step(rma: &Rma, r: u32, mut deposit: impl FnMut(u32) -> Result<()>) -> Result<()> {
+fn step(rma: &Rma, r: u32, mut deposit: impl FnMut(u32) -> Result<()>) -> Result<Phases> {
     let (me, n) = ranks(rma);
     let r = r.max(1);
-    rma.barrier()?;
-    deposit(me)?;
+    let (transfer, control) = (Cell::default(), Cell::default());
+    timed(&control, || rma.barrier())?;
+    timed(&transfer, || deposit(me))?;
     for k in 1..n {
-        deposit(partner(me, k, n))?;
+        timed(&transfer, || deposit(partner(me, k, n)))?;
         if k % r == 0 && k < n - 1 {
-            rma.flush_all()?;
-            rma.barrier()?;
+            timed(&transfer, || rma.flush_all())?;
+            timed(&control, || rma.barrier())?;
         }
     }
-    rma.flush_all()?;
-    rma.barrier()
+    timed(&transfer, || rma.flush_all())?;
+    timed(&control, || rma.barrier())?;
+    Ok(Phases {
+        transfer: transfer.get(),
+        control: control.get(),
+        copy: Default::default(),
+    })
 }
 
 #[cfg(test)]

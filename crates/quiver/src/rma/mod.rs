@@ -73,6 +73,35 @@ use window::SharedBuf;
 pub use crate::error::RmaError;
 pub use access::{Combine, GetRequest, Rma, RmaStats, Strided, Window};
 
+/// Where the seed's three libraries ([`pvm`], [`rrmsg`], [`dmsg`]) spent their time, the
+/// split of the seed's Figures 11-14: moving data, synchronizing, copying.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Depositing or pulling data (puts, gets, the flush that completes them).
+    pub transfer: std::time::Duration,
+    /// Synchronizing: barriers, control messages, waiting for a peer's data, request,
+    /// acknowledgement or credit.
+    pub control: std::time::Duration,
+    /// The library's own copies: into a send buffer, out of a system buffer.
+    pub copy: std::time::Duration,
+}
+
+impl std::ops::AddAssign for Phases {
+    fn add_assign(&mut self, o: Phases) {
+        self.transfer += o.transfer;
+        self.control += o.control;
+        self.copy += o.copy;
+    }
+}
+
+/// Adds the time `f` takes to `slot`.
+fn timed<T>(slot: &std::cell::Cell<std::time::Duration>, f: impl FnOnce() -> T) -> T {
+    let t = std::time::Instant::now();
+    let r = f();
+    slot.set(slot.get() + t.elapsed());
+    r
+}
+
 /// A same-node peer endpoint whose memory a get reads: its rank, and its process as the
 /// peer itself reported it (checked before it is trusted, see [`reach`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,11 +26,12 @@
 //! the order they were sent. The waits poll (with a yield between rounds), as the
 //! T3D's PVM did.
 
-use super::{Rma, Window};
+use super::{timed, Phases, Rma, Window};
 use crate::error::{Error, Result};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 /// System-buffer slots per sender at each receiver.
 pub const SLOTS: u64 = 2;
@@ -44,6 +45,8 @@ const LINE: u64 = 64;
 #[derive(Debug, Default, Clone)]
 pub struct SendBuffer {
     data: Vec<u8>,
+    /// Time spent packing, counted in the endpoint's phases when it is sent.
+    packing: Duration,
 }
 
 impl SendBuffer {
@@ -54,7 +57,9 @@ impl SendBuffer {
 
     /// Appends a copy of `bytes`.
     pub fn pack(&mut self, bytes: &[u8]) -> &mut SendBuffer {
+        let t = Instant::now();
         self.data.extend_from_slice(bytes);
+        self.packing += t.elapsed();
         self
     }
 
@@ -80,7 +85,7 @@ struct Outgoing {
 pub struct Pvm<'a> {
     rma: &'a Rma,
     inbox: Window,
-    control: Window,
+    control_words: Window,
     chunk: u64,
     me: u32,
     n: u32,
@@ -90,6 +95,9 @@ pub struct Pvm<'a> {
     freed: Vec<Cell<u64>>,
     /// Per source: chunks taken out of its row (the next slot is this modulo SLOTS).
     taken: Vec<Cell<u64>>,
+    transfer: Cell<Duration>,
+    control: Cell<Duration>,
+    copy: Cell<Duration>,
 }
 
 impl<'a> Pvm<'a> {
@@ -116,7 +124,7 @@ impl<'a> Pvm<'a> {
                     "{n} ranks' slots of {chunk} bytes do not fit memory"
                 ))
             })?)?,
-            control: rma.allocate((u64::from(n) * LINE) as usize)?,
+            control_words: rma.allocate((u64::from(n) * LINE) as usize)?,
             chunk,
             me,
             n,
@@ -124,6 +132,9 @@ impl<'a> Pvm<'a> {
             deposited: cells(0),
             freed: cells(0),
             taken: cells(0),
+            transfer: Cell::default(),
+            control: Cell::default(),
+            copy: Cell::default(),
         })
     }
 
@@ -145,6 +156,7 @@ impl<'a> Pvm<'a> {
                 self.me, self.n
             )));
         }
+        self.copy.set(self.copy.get() + message.packing);
         self.queues.borrow_mut()[to as usize].push_back(Outgoing {
             data: message.data,
             sent: 0,
@@ -162,7 +174,7 @@ impl<'a> Pvm<'a> {
             }
             let to = to as u32;
             // Credits: slots `to` freed since the last look.
-            let word = self.control.word(self.freed_word(to) as usize)?;
+            let word = self.control_words.word(self.freed_word(to) as usize)?;
             let newly = word.swap(0, Ordering::Acquire);
             let freed = &self.freed[to as usize];
             freed.set(freed.get() + newly);
@@ -175,19 +187,21 @@ impl<'a> Pvm<'a> {
                 let at = self.slot(self.me, k);
                 let len = (out.data.len() - out.sent).min(self.chunk as usize);
                 // The data, then the header with the count (which follows the data).
-                self.rma.put(
-                    to,
-                    &self.inbox,
-                    at + HEADER,
-                    &out.data[out.sent..out.sent + len],
-                )?;
-                self.rma.put_notify(
-                    to,
-                    &self.inbox,
-                    at,
-                    &(out.data.len() as u64).to_le_bytes(),
-                    self.arrival_word(self.me),
-                )?;
+                timed(&self.transfer, || {
+                    self.rma.put(
+                        to,
+                        &self.inbox,
+                        at + HEADER,
+                        &out.data[out.sent..out.sent + len],
+                    )?;
+                    self.rma.put_notify(
+                        to,
+                        &self.inbox,
+                        at,
+                        &(out.data.len() as u64).to_le_bytes(),
+                        self.arrival_word(self.me),
+                    )
+                })?;
                 deposited.set(k + 1);
                 out.sent += len;
                 moved = true;
@@ -235,22 +249,33 @@ impl<'a> Pvm<'a> {
         })
     }
 
-    /// Waits until the next chunk from `from` is in its slot.
+    /// Waits until the next chunk from `from` is in its slot (control time, but for
+    /// this rank's own chunks deposited meanwhile).
     fn take_chunk(&self, from: u32) -> Result<()> {
         let word = self.inbox.word(self.arrival_word(from) as usize)?;
-        loop {
+        let (start, transfer) = (Instant::now(), self.transfer.get());
+        let r = loop {
             if word
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| v.checked_sub(1))
                 .is_ok()
             {
-                return Ok(());
+                break Ok(());
             }
-            let pushed = self.push()?;
-            self.rma.progress()?;
+            let pushed = match self.push() {
+                Ok(p) => p,
+                Err(e) => break Err(e),
+            };
+            if let Err(e) = self.rma.progress() {
+                break Err(e);
+            }
             if !pushed {
                 std::thread::yield_now();
             }
-        }
+        };
+        let own = self.transfer.get() - transfer;
+        self.control
+            .set(self.control.get() + start.elapsed().saturating_sub(own));
+        r
     }
 
     /// Frees the slot of `from`'s chunk taken last: a credit for the sender.
@@ -258,20 +283,41 @@ impl<'a> Pvm<'a> {
         let taken = &self.taken[from as usize];
         taken.set(taken.get() + 1);
         let word = self.freed_word(self.me);
-        self.rma.put_notify(from, &self.control, word, &[], word)
+        timed(&self.control, || {
+            self.rma
+                .put_notify(from, &self.control_words, word, &[], word)
+        })
+    }
+
+    /// Where this endpoint's time went so far: depositing chunks is transfer; waiting
+    /// for chunks and credits and returning credits is control; packing (counted when
+    /// the buffer is sent) and unpacking are copy.
+    pub fn phases(&self) -> Phases {
+        Phases {
+            transfer: self.transfer.get(),
+            control: self.control.get(),
+            copy: self.copy.get(),
+        }
     }
 
     /// Waits until every message sent from here is deposited (chunks still queued go
     /// as their receivers free slots, which they do when they receive). Call it before
     /// dropping the endpoint: a message still queued then is lost.
     pub fn wait_sent(&self) -> Result<()> {
-        while self.queues.borrow().iter().any(|q| !q.is_empty()) {
-            if !self.push()? {
-                self.rma.progress()?;
-                std::thread::yield_now();
+        let (start, transfer) = (Instant::now(), self.transfer.get());
+        let r = (|| {
+            while self.queues.borrow().iter().any(|q| !q.is_empty()) {
+                if !self.push()? {
+                    self.rma.progress()?;
+                    std::thread::yield_now();
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })();
+        let own = self.transfer.get() - transfer;
+        self.control
+            .set(self.control.get() + start.elapsed().saturating_sub(own));
+        r
     }
 }
 
@@ -335,8 +381,10 @@ impl Received<'_, '_> {
             }
             let n = (dst.len() - done).min((pvm.chunk - self.in_slot) as usize);
             let at = pvm.slot(self.from, pvm.taken[self.from as usize].get()) + HEADER;
-            pvm.inbox
-                .read((at + self.in_slot) as usize, &mut dst[done..done + n])?;
+            timed(&pvm.copy, || {
+                pvm.inbox
+                    .read((at + self.in_slot) as usize, &mut dst[done..done + n])
+            })?;
             self.in_slot += n as u64;
             self.unpacked += n as u64;
             done += n;

@@ -18,8 +18,10 @@
 //! of every pair are independent, which is why the seed finds RRMSG slower than DMSG
 //! and impossible to congestion-control with global barriers.
 
-use super::{Rma, Window};
+use super::{timed, Phases, Rma, Window};
 use crate::error::{Error, Result};
+use std::cell::Cell;
+use std::time::Duration;
 
 /// Bytes of one rank's slot in a control window: request word, offset, length (one
 /// cache line), then the acknowledgement word (another).
@@ -31,6 +33,9 @@ pub struct Rrmsg<'a> {
     rma: &'a Rma,
     send: Window,
     control: Window,
+    transfer: Cell<Duration>,
+    waiting: Cell<Duration>,
+    copy: Cell<Duration>,
 }
 
 impl<'a> Rrmsg<'a> {
@@ -45,6 +50,9 @@ impl<'a> Rrmsg<'a> {
             rma,
             send: rma.allocate(capacity)?,
             control: rma.allocate((u64::from(size) * SLOT) as usize)?,
+            transfer: Cell::default(),
+            waiting: Cell::default(),
+            copy: Cell::default(),
         })
     }
 
@@ -62,15 +70,28 @@ impl<'a> Rrmsg<'a> {
             });
         }
         // The copy into the send buffer (the seed's "buffering data at the sender").
-        self.send.write(0, data)?;
+        timed(&self.copy, || self.send.write(0, data))?;
         let slot = u64::from(self.me()) * SLOT;
         let mut request = [0u8; 16];
         request[8..].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        self.rma
-            .put_notify(to, &self.control, slot + 8, &request, slot)?;
-        // The receiver's acknowledgement frees the buffer.
-        self.rma
-            .wait_counter(&self.control, u64::from(to) * SLOT + ACK, 1)
+        timed(&self.waiting, || {
+            self.rma
+                .put_notify(to, &self.control, slot + 8, &request, slot)?;
+            // The receiver's acknowledgement frees the buffer.
+            self.rma
+                .wait_counter(&self.control, u64::from(to) * SLOT + ACK, 1)
+        })
+    }
+
+    /// Where this endpoint's time went so far: pulls are transfer; requests,
+    /// acknowledgements and the waits for them are control; the copy into the send
+    /// buffer is copy.
+    pub fn phases(&self) -> Phases {
+        Phases {
+            transfer: self.transfer.get(),
+            control: self.waiting.get(),
+            copy: self.copy.get(),
+        }
     }
 
     /// Receives the next message from `from` into `dst`; returns its length. A message
@@ -78,7 +99,9 @@ impl<'a> Rrmsg<'a> {
     /// all the same).
     pub fn recv(&self, from: u32, dst: &mut [u8]) -> Result<usize> {
         let slot = u64::from(from) * SLOT;
-        self.rma.wait_counter(&self.control, slot, 1)?;
+        timed(&self.waiting, || {
+            self.rma.wait_counter(&self.control, slot, 1)
+        })?;
         let mut request = [0u8; 16];
         self.control.read(slot as usize + 8, &mut request)?;
         let offset = u64::from_le_bytes(request[..8].try_into().expect("8 bytes"));
@@ -86,9 +109,13 @@ impl<'a> Rrmsg<'a> {
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let n = len.min(dst.len());
         // The pull: the data moves straight into its final place.
-        let pulled = self.rma.get(from, &self.send, offset, &mut dst[..n]);
+        let pulled = timed(&self.transfer, || {
+            self.rma.get(from, &self.send, offset, &mut dst[..n])
+        });
         let ack = u64::from(self.me()) * SLOT + ACK;
-        self.rma.put_notify(from, &self.control, ack, &[], ack)?;
+        timed(&self.waiting, || {
+            self.rma.put_notify(from, &self.control, ack, &[], ack)
+        })?;
         pulled?;
         if n < len {
             return Err(Error::Truncated {

@@ -32,11 +32,26 @@ fn data_len(rank: u32) -> usize {
 /// adds 1 to word 0 of rank 0's window 0 `ADDS` times and rank 0 finds the exact sum;
 /// compare-and-swap and swap return what they found.
 fn every_operation(c: Config, size: u32) {
+    every_operation_on(c, size, false);
+}
+
+/// [`every_operation`] on windows of memory the ranks `registered` (else allocated);
+/// at the end the ranks free their windows (registered memory comes
+/// back holding what was put into it).
+fn every_operation_on(c: Config, size: u32, registered: bool) {
+    let (same_node, cma) = (c.transport == TransportChoice::Auto, c.cma);
     run_ranks(size, c, move |job| {
         let rma = Rma::open(&job, DPID).unwrap();
         let (me, n) = (job.rank(), job.size());
-        let counters = rma.allocate(64).unwrap();
-        let data = rma.allocate(data_len(me)).unwrap();
+        let window = |len: usize| {
+            if registered {
+                rma.register(vec![0u8; len]).unwrap()
+            } else {
+                rma.allocate(len).unwrap()
+            }
+        };
+        let counters = window(64);
+        let data = window(data_len(me));
         assert_eq!((counters.number(), data.number()), (0, 1));
         let next = (me + 1) % n;
         let prev = (me + n - 1) % n;
@@ -113,8 +128,38 @@ fn every_operation(c: Config, size: u32) {
         assert_eq!(stats.gets, 2 * sizes().len() as u64);
         assert_eq!(stats.refused, 0);
         assert_eq!(stats.malformed, 0);
+        if registered && same_node {
+            // Same-node puts into registered memory go by cross-memory attach where it
+            // is on, else as messages this rank's engine applied.
+            assert_eq!(stats.puts_applied == 0, cma, "{stats:?}");
+        }
         job.barrier_progressing(&[&rma]).unwrap();
+        let expected = data.to_vec();
+        let back = rma.free(data).unwrap();
+        assert_eq!(back.is_some(), registered);
+        if let Some(back) = back {
+            assert!(
+                back == expected,
+                "the registered memory came back as it was"
+            );
+        }
+        rma.free(counters).unwrap();
     });
+}
+
+#[test]
+fn every_operation_on_registered_memory_over_shm() {
+    every_operation_on(config(TransportChoice::Auto), 3, true);
+}
+
+#[test]
+fn every_operation_on_registered_memory_over_shm_without_cross_memory_attach() {
+    every_operation_on(config(TransportChoice::Auto).with_cma(false), 3, true);
+}
+
+#[test]
+fn every_operation_on_registered_memory_over_udp() {
+    every_operation_on(config(TransportChoice::Udp), 3, true);
 }
 
 #[test]

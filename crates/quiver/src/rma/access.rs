@@ -4,7 +4,9 @@
 //! Every process of a job opens [`Rma`] on the same DPID and allocates its windows in
 //! the same order ([`Rma::allocate`]): window `n` of every rank is one window of the
 //! job, each rank's part of its own length (as `MPI_Win_allocate`). A remote address
-//! is (rank, window, offset). A window is memory of the node's shared pool, so:
+//! is (rank, window, offset). A window is memory of the node's shared pool
+//! ([`Rma::allocate`]), or memory a process owns and hands over ([`Rma::register`],
+//! below), so:
 //!
 //! - a rank of the **same node** reads, writes and updates it directly (a copy into or
 //!   out of the mapped window, a CPU atomic on its word): the target's CPU takes no
@@ -17,8 +19,13 @@
 //!   the window from where its frame arrived (no reassembly copy); a get is answered in
 //!   such pieces too.
 //!
-//! Atomics on a word are atomic with respect to each other whoever issues them: both
-//! paths end in the same CPU atomic on the window's word.
+//! Registered memory stays where the application had it: same-node ranks put and get
+//! contiguous bytes by cross-memory attach (to the process the rank proved to be,
+//! `reach`; where the kernel refuses, as messages), and send atomics, counters and
+//! strided or indexed layouts to the target's engine as other nodes do.
+//!
+//! Atomics on a word are atomic with respect to each other whoever issues them: every
+//! path ends in the same CPU atomic on the window's word.
 //!
 //! Completion: a put returns once its source may be reused (the bytes are in the
 //! window, or in the rings and channels towards it); [`Rma::flush`] returns once every
@@ -32,12 +39,15 @@
 //! outside its windows. Frames of other jobs never reach the protocol (the engine
 //! drops them), and window objects are the job user's (mode 0600).
 //!
-//! Freeing: a [`Window`] dropped is gone at once for requests from other nodes that
+//! Freeing: [`Rma::free`] is collective (flush, barrier, then every part goes, and
+//! registered memory comes back). A [`Window`] dropped is gone at once for requests from other nodes that
 //! arrive after (they are refused); a same-node rank that still writes it writes into
 //! pages nobody reads any more. Free a window only when no rank accesses it any more
 //! (after a barrier), as `MPI_Win_free` does: then every rank frees its part, and each
 //! forgets its mappings of the others' parts at its next operation.
 
+use super::memory::WindowMemory;
+use super::reach::Reach as Proofs;
 use super::serve::{self, Exposure, OnState, Pending, Served, State};
 use super::window::{SharedObject, PUBLISHED_IDS};
 use crate::addr::Source;
@@ -47,6 +57,7 @@ use crate::engine::protocol::Outbox;
 use crate::engine::station::{drive_rearming, Footing};
 use crate::error::{Error, Result, RmaError};
 use crate::job::Job;
+use crate::link::cma::Piece;
 use crate::link::Transport;
 use crate::FastMap;
 use std::cell::{Cell, OnceCell, RefCell};
@@ -150,7 +161,7 @@ pub struct RmaStats {
 pub struct Window {
     number: u32,
     generation: u32,
-    mem: Arc<SharedObject>,
+    mem: Arc<WindowMemory>,
     state: Arc<Mutex<State>>,
     /// Windows freed, counted for the `Rma` (which then reads `State::freed`).
     freed: Arc<AtomicU32>,
@@ -181,7 +192,8 @@ impl Window {
         self.len() == 0
     }
 
-    /// Its first byte (page-aligned), for code that lays its own data out in it.
+    /// Its first byte (page-aligned for an allocated window, 8-byte aligned for a
+    /// registered one), for code that lays its own data out in it.
     pub fn as_ptr(&self) -> *mut u8 {
         self.mem.ptr()
     }
@@ -214,8 +226,8 @@ impl Window {
                 offset: offset as u64,
             }));
         }
-        // SAFETY: in bounds and aligned (checked; the mapping is page-aligned), and
-        // alive as long as `self`.
+        // SAFETY: in bounds and aligned (checked; the memory is 8-byte aligned, see
+        // `memory`), and alive as long as `self`.
         Ok(unsafe { &*(self.mem.ptr().add(offset) as *const AtomicU64) })
     }
 
@@ -252,28 +264,58 @@ impl Drop for Window {
     }
 }
 
-/// What an origin knows of another rank's window: its object, generation and length.
+/// What an origin knows of another rank's window: its object (0: memory the rank
+/// registered, at `addr` in process `pid`), generation and length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Key {
     object: u32,
     generation: u32,
     len: u64,
+    pid: u32,
+    addr: u64,
 }
 
 impl Key {
+    fn is_registered(&self) -> bool {
+        self.pid != 0
+    }
+
     fn encode(&self) -> String {
-        format!("{}/{}/{}", self.object, self.generation, self.len)
+        if self.is_registered() {
+            format!(
+                "{}/{}/{}/{}/{}",
+                self.object, self.generation, self.len, self.pid, self.addr
+            )
+        } else {
+            format!("{}/{}/{}", self.object, self.generation, self.len)
+        }
     }
 
     fn parse(s: &str) -> Option<Key> {
         let mut it = s.split('/').map(str::parse::<u64>);
-        let k = Key {
+        let mut k = Key {
             object: u32::try_from(it.next()?.ok()?).ok()?,
             generation: u32::try_from(it.next()?.ok()?).ok()?,
             len: it.next()?.ok()?,
+            pid: 0,
+            addr: 0,
         };
+        if let Some(pid) = it.next() {
+            k.pid = u32::try_from(pid.ok()?).ok().filter(|&p| p != 0)?;
+            k.addr = it.next()?.ok()?;
+            // A registered window's bytes must fit the address space.
+            k.addr.checked_add(k.len)?;
+        }
         it.next().is_none().then_some(k)
     }
+}
+
+/// How one operation reaches its window.
+enum Path {
+    /// The window's first byte, mapped here (own windows, same-node shared ones).
+    Direct(*mut u8),
+    /// Messages on `route` that the target applies, at most `piece` bytes each.
+    Messages { route: usize, piece: usize },
 }
 
 /// How this rank reaches another for one-sided operations.
@@ -375,6 +417,13 @@ pub struct Rma {
     /// Same-node windows mapped here, by (rank, object).
     mapped: RefCell<FastMap<(u32, u32), Arc<SharedObject>>>,
     reach: RefCell<FastMap<u32, Reach>>,
+    /// Routes of messages to ranks (other nodes', and same-node ranks' with registered
+    /// windows), with the longest piece per message.
+    routes: RefCell<FastMap<u32, (usize, usize)>>,
+    /// The processes same-node ranks proved to be, for cross-memory attach.
+    proofs: Proofs,
+    /// Whether cross-memory attach may be used (`QUIVER_CMA`, and Yama allowed it).
+    cma_on: bool,
     /// Ranks this rank sent puts to since their last flush.
     unflushed: RefCell<BTreeSet<u32>>,
     next_window: Cell<u32>,
@@ -417,9 +466,15 @@ impl Rma {
         } else {
             job.open(dpid)?
         };
+        let cma_on = job.config().cma && super::reach::permit_peers(&job.shared);
+        // What a same-node rank attaching to registered memory here checks first.
+        let proofs = Proofs::publish(&job.shared.kv, job.rank(), dpid)?;
         Ok(Rma {
             ep,
             state,
+            proofs,
+            cma_on,
+            routes: RefCell::new(FastMap::default()),
             out: RefCell::new(Outbox::new(usize::MAX)),
             keys: RefCell::new(FastMap::default()),
             mapped: RefCell::new(FastMap::default()),
@@ -460,12 +515,52 @@ impl Rma {
                 "this process allocated {MAX_WINDOWS} windows"
             )));
         }
+        let job = self.ep.station().job();
+        let object = WINDOW_IDS | n;
+        let mem = SharedObject::create(job.job_id, job.rank, object, len, true)?;
+        self.expose(WindowMemory::Shared(mem), object, 0)
+    }
+
+    /// Makes `memory`, which this process owns, this rank's part of the job's next
+    /// window (as [`Rma::allocate`], in the same order on every rank; the others may
+    /// allocate theirs). Its bytes stay where they are: ranks of other nodes reach them
+    /// through this rank's engine, same-node ranks by cross-memory attach for puts and
+    /// gets (or through the engine where the kernel refuses attach) and through the
+    /// engine for atomics, counters and strided or indexed layouts, so that every
+    /// atomic on a word is one CPU atomic here. The buffer must be 8-byte aligned
+    /// (every allocation of 8 bytes or more from the system allocator is). Get it back
+    /// with [`Rma::free`]; a registered window dropped otherwise leaks its buffer
+    /// (another rank could still be writing it).
+    pub fn register(&self, memory: Vec<u8>) -> Result<Window> {
+        if memory.len() >= 8 && !(memory.as_ptr() as usize).is_multiple_of(8) {
+            return Err(Error::Config(
+                "a registered window must be 8-byte aligned (its words are atomic)".into(),
+            ));
+        }
+        let addr = memory.as_ptr() as usize as u64;
+        self.expose(WindowMemory::register(memory), 0, addr)
+    }
+
+    /// Frees `window` once every rank is done with it, and gives registered memory
+    /// back. Collective, in the same order on every rank (as `MPI_Win_free`): each
+    /// flushes its puts, all meet in a barrier, then every part is gone (a request that
+    /// still arrives is refused) and the memory is the application's again.
+    pub fn free(&self, window: Window) -> Result<Option<Vec<u8>>> {
+        self.flush_all()?;
+        self.barrier()?;
+        let mem = window.mem.clone();
+        // Dropping the window takes it out of the served ones under the state's lock:
+        // no request is being applied to it after this.
+        drop(window);
+        Ok(mem.take_back())
+    }
+
+    /// Exposes `mem` as this rank's part of the next window and publishes its key.
+    fn expose(&self, mem: WindowMemory, object: u32, addr: u64) -> Result<Window> {
         let station = self.ep.station();
         let job = station.job();
-        let object = WINDOW_IDS | n;
-        let mem = Arc::new(SharedObject::create(
-            job.job_id, job.rank, object, len, true,
-        )?);
+        let len = mem.len();
+        let mem = Arc::new(mem);
         // Never 0, which no window has (a request for window 0 of generation 0 is
         // refused even where nothing was allocated).
         let generation = (crate::job::bootstrap::random_u64()? as u32).max(1);
@@ -482,6 +577,12 @@ impl Rma {
             object,
             generation,
             len: len as u64,
+            pid: if mem.is_registered() {
+                std::process::id()
+            } else {
+                0
+            },
+            addr,
         };
         if let Err(e) = job
             .kv
@@ -504,17 +605,17 @@ impl Rma {
     pub fn put(&self, rank: u32, window: &Window, offset: u64, data: &[u8]) -> Result<()> {
         self.stats.borrow_mut().puts += 1;
         let (key, at) = self.address(rank, window, offset, data.len() as u64)?;
-        match self.reach(rank)? {
-            Reach::Direct => {
-                let mem = self.direct(rank, window, key)?;
+        match self.path(rank, window, key)? {
+            Path::Direct(mem) => {
                 // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
-                // `direct` checked both); the mapping outlives this call (`direct`).
+                // `path` checked both); the mapping outlives this call (`path`).
                 unsafe {
                     crate::link::copy_bytes(data.as_ptr(), mem.add(offset as usize), data.len())
                 };
                 self.stats.borrow_mut().direct += 1;
             }
-            Reach::Messages { route, piece } => {
+            Path::Messages { .. } if self.attached_put(rank, key, offset, data) => {}
+            Path::Messages { route, piece } => {
                 // Before the first piece: a flush must ask even if a later piece fails.
                 self.unflushed.borrow_mut().insert(rank);
                 let piece = piece.saturating_sub(ops::PUT_LEN).max(1);
@@ -538,20 +639,23 @@ impl Rma {
 
     /// Copies `dst.len()` bytes at `offset` of `window` at `rank` into `dst`.
     pub fn get(&self, rank: u32, window: &Window, offset: u64, dst: &mut [u8]) -> Result<()> {
-        match self.reach(rank)? {
-            Reach::Direct => {
+        let (key, _) = self.address(rank, window, offset, dst.len() as u64)?;
+        match self.path(rank, window, key)? {
+            Path::Direct(mem) => {
                 self.stats.borrow_mut().gets += 1;
-                let (key, _) = self.address(rank, window, offset, dst.len() as u64)?;
-                let mem = self.direct(rank, window, key)?;
                 // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
-                // `direct` checked both); the mapping outlives this call (`direct`).
+                // `path` checked both); the mapping outlives this call (`path`).
                 unsafe {
                     crate::link::copy_bytes(mem.add(offset as usize), dst.as_mut_ptr(), dst.len())
                 };
                 self.stats.borrow_mut().direct += 1;
                 Ok(())
             }
-            Reach::Messages { .. } => {
+            Path::Messages { .. } => {
+                if self.attached_get(rank, key, offset, dst) {
+                    self.stats.borrow_mut().gets += 1;
+                    return Ok(());
+                }
                 let got = self
                     .get_start(rank, window, offset, vec![0; dst.len()])?
                     .wait()?;
@@ -577,9 +681,8 @@ impl Rma {
         self.stats.borrow_mut().gets += 1;
         let len = buf.len() as u64;
         let (key, at) = self.address(rank, window, offset, len)?;
-        let waiting = match self.reach(rank)? {
-            Reach::Direct => {
-                let mem = self.direct(rank, window, key)?;
+        let waiting = match self.path(rank, window, key)? {
+            Path::Direct(mem) => {
                 // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
                 // `direct` checked both); the mapping outlives this call (`direct`).
                 unsafe {
@@ -589,8 +692,9 @@ impl Rma {
                 None
             }
             // Nothing to ask for (the address was checked).
-            Reach::Messages { .. } if buf.is_empty() => None,
-            Reach::Messages { route, piece } => {
+            Path::Messages { .. } if buf.is_empty() => None,
+            Path::Messages { .. } if self.attached_get(rank, key, offset, &mut buf) => None,
+            Path::Messages { route, piece } => {
                 let id = self.id();
                 serve::lock(&self.state).pending.insert(
                     id,
@@ -730,9 +834,8 @@ impl Rma {
         if !data.is_empty() {
             self.put(rank, window, offset, data)?;
         }
-        match self.reach(rank)? {
-            Reach::Direct => {
-                let mem = self.direct(rank, window, key)?;
+        match self.path(rank, window, key)? {
+            Path::Direct(mem) => {
                 // SAFETY: counter + 8 <= the mapping's length, 8-aligned (checked); the
                 // mapping outlives this call (`direct`).
                 let word = unsafe { &*(mem.add(counter as usize) as *const AtomicU64) };
@@ -750,7 +853,7 @@ impl Rma {
                     station.wake(route);
                 }
             }
-            Reach::Messages { route, .. } => {
+            Path::Messages { route, .. } => {
                 self.send(rank, route, &ops::notify(at, 1), &[])?;
             }
         }
@@ -802,16 +905,15 @@ impl Rma {
         if remote.count() == 0 || remote.elem() == 0 {
             return Ok(());
         }
-        match self.reach(rank)? {
-            Reach::Direct => {
-                let mem = self.direct(rank, window, key)?;
+        match self.path(rank, window, key)? {
+            Path::Direct(mem) => {
                 // Overlapping `src` with the window needs `Window::as_ptr`: the caller's.
                 // SAFETY: `local` ends inside `src`, `remote` inside the window's mapping
                 // (`check_layouts`), which outlives this call (`direct`).
                 unsafe { copy_elements(src.as_ptr(), local, mem, remote) };
                 self.stats.borrow_mut().direct += 1;
             }
-            Reach::Messages { route, piece } => {
+            Path::Messages { route, piece } => {
                 self.unflushed.borrow_mut().insert(rank);
                 let elem = remote.elem();
                 let (head, per) = match remote {
@@ -878,15 +980,14 @@ impl Rma {
         if remote.count() == 0 || remote.elem() == 0 {
             return Ok(());
         }
-        match self.reach(rank)? {
-            Reach::Direct => {
-                let mem = self.direct(rank, window, key)?;
+        match self.path(rank, window, key)? {
+            Path::Direct(mem) => {
                 // SAFETY: as in `put_layout`, the other way.
                 unsafe { copy_elements(mem, remote, dst.as_mut_ptr(), local) };
                 self.stats.borrow_mut().direct += 1;
                 Ok(())
             }
-            Reach::Messages { route, piece } => {
+            Path::Messages { route, piece } => {
                 let elem = remote.elem();
                 let answer = (piece.saturating_sub(ops::GOT_LEN) as u64).max(1);
                 // Elements per request: its answer one piece, its offsets one frame.
@@ -1228,16 +1329,15 @@ impl Rma {
         if !offset.is_multiple_of(8) {
             return Err(refusal(Status::Misaligned, rank, at, 8, key.len));
         }
-        match self.reach(rank)? {
-            Reach::Direct => {
-                let mem = self.direct(rank, window, key)?;
+        match self.path(rank, window, key)? {
+            Path::Direct(mem) => {
                 // SAFETY: offset + 8 <= the mapping's length (checked), offset % 8 == 0
                 // and the mapping is page-aligned; the mapping outlives this call.
                 let word = unsafe { &*(mem.add(offset as usize) as *const AtomicU64) };
                 self.stats.borrow_mut().direct += 1;
                 Ok(op.apply(word, a, b))
             }
-            Reach::Messages { route, .. } => {
+            Path::Messages { route, .. } => {
                 let id = self.id();
                 serve::lock(&self.state)
                     .pending
@@ -1274,10 +1374,8 @@ impl Rma {
             if !self.unflushed.borrow().contains(&rank) {
                 continue;
             }
-            let Reach::Messages { route, .. } = self.reach(rank)? else {
-                self.unflushed.borrow_mut().remove(&rank);
-                continue;
-            };
+            // Only ranks sent messages are unflushed.
+            let (route, _) = self.route_to(rank)?;
             let id = self.id();
             serve::lock(&self.state)
                 .pending
@@ -1383,6 +1481,8 @@ impl Rma {
                 object: 0,
                 generation: window.generation,
                 len: window.len() as u64,
+                pid: 0,
+                addr: 0,
             });
         }
         if let Some(k) = self.keys.borrow().get(&(rank, window.number)) {
@@ -1430,17 +1530,108 @@ impl Rma {
         let r = if rank == station.job().rank || station.transport_to(rank)? == Transport::Shm {
             Reach::Direct
         } else {
-            let route = station
-                .connect(Source {
-                    rank,
-                    dpid: station.dpid(),
-                })
-                .map_err(|e| self.ep.report(e))?;
-            let piece = station.frame_payload(route).unwrap_or(DEFAULT_PIECE);
+            let (route, piece) = self.route_to(rank)?;
             Reach::Messages { route, piece }
         };
         self.reach.borrow_mut().insert(rank, r);
         Ok(r)
+    }
+
+    /// The route of messages to `rank` and the longest piece per message, whatever the
+    /// transport (registered windows of same-node ranks take it too).
+    fn route_to(&self, rank: u32) -> Result<(usize, usize)> {
+        if let Some(r) = self.routes.borrow().get(&rank) {
+            return Ok(*r);
+        }
+        let station = self.ep.station();
+        let route = station
+            .connect(Source {
+                rank,
+                dpid: station.dpid(),
+            })
+            .map_err(|e| self.ep.report(e))?;
+        let piece = station.frame_payload(route).unwrap_or(DEFAULT_PIECE);
+        self.routes.borrow_mut().insert(rank, (route, piece));
+        Ok((route, piece))
+    }
+
+    /// How an operation on `window` at `rank` (whose key there is `key`) goes: into
+    /// the mapped window, or as messages its target applies (another node's window,
+    /// or memory a same-node rank registered: contiguous puts and gets reach that by
+    /// cross-memory attach first, [`Rma::attached_put`]).
+    fn path(&self, rank: u32, window: &Window, key: Key) -> Result<Path> {
+        match self.reach(rank)? {
+            Reach::Direct if !key.is_registered() => {
+                Ok(Path::Direct(self.direct(rank, window, key)?))
+            }
+            Reach::Direct => {
+                let (route, piece) = self.route_to(rank)?;
+                Ok(Path::Messages { route, piece })
+            }
+            Reach::Messages { route, piece } => Ok(Path::Messages { route, piece }),
+        }
+    }
+
+    /// Whether cross-memory attach reaches registered memory of same-node `rank` at
+    /// the process its key names (proved once by the nonce that rank published).
+    fn attaches(&self, rank: u32, key: Key) -> bool {
+        key.is_registered()
+            && self.cma_on
+            && self.proofs.cma.is_usable()
+            && matches!(self.reach(rank), Ok(Reach::Direct))
+            && self
+                .proofs
+                .reaches(&self.ep.station().job().kv, rank, key.pid)
+    }
+
+    /// Puts `data` at `offset` of registered memory of same-node `rank` by
+    /// cross-memory attach; false when that does not reach it (the caller sends
+    /// messages instead).
+    fn attached_put(&self, rank: u32, key: Key, offset: u64, data: &[u8]) -> bool {
+        if !self.attaches(rank, key) {
+            return false;
+        }
+        if data.is_empty() {
+            return true;
+        }
+        let remote = [Piece {
+            addr: key.addr + offset,
+            len: data.len(),
+        }];
+        match self.proofs.cma.write_to(key.pid, &remote, data) {
+            Ok(_) => {
+                self.stats.borrow_mut().direct += 1;
+                true
+            }
+            Err(e) => {
+                tracing::debug!("put into rank {rank} by cross-memory attach: {e}");
+                false
+            }
+        }
+    }
+
+    /// [`Rma::attached_put`], the other way.
+    fn attached_get(&self, rank: u32, key: Key, offset: u64, dst: &mut [u8]) -> bool {
+        if !self.attaches(rank, key) {
+            return false;
+        }
+        if dst.is_empty() {
+            return true;
+        }
+        let remote = [Piece {
+            addr: key.addr + offset,
+            len: dst.len(),
+        }];
+        match self.proofs.cma.read_from(key.pid, &remote, dst) {
+            Ok(_) => {
+                self.stats.borrow_mut().direct += 1;
+                true
+            }
+            Err(e) => {
+                tracing::debug!("get from rank {rank} by cross-memory attach: {e}");
+                false
+            }
+        }
     }
 
     /// The first byte of `window` at same-node `rank`, mapped here once, at least

@@ -46,6 +46,7 @@ mod barrier;
 pub mod dmsg;
 mod get;
 mod layout;
+mod memory;
 mod ops;
 pub(crate) mod puller;
 pub mod pvm;

@@ -14,7 +14,9 @@
 //! engine's channels keep order), so a flush is answered after every put before it.
 
 use super::layout::{copy_elements, Layout};
+use super::memory::WindowMemory;
 use super::ops::{self, At, AtomicOp, Op, Status};
+#[cfg(test)]
 use super::window::SharedObject;
 use crate::addr::Source;
 use crate::channel::reliable::Time;
@@ -25,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A window this rank exposes: its memory and generation.
 pub(crate) struct Exposure {
-    pub mem: Arc<SharedObject>,
+    pub mem: Arc<WindowMemory>,
     pub generation: u32,
 }
 
@@ -103,7 +105,7 @@ fn locate(
     exposed: &HashMap<u32, Exposure>,
     at: At,
     len: u64,
-) -> Result<(&SharedObject, usize), Status> {
+) -> Result<(&WindowMemory, usize), Status> {
     let w = exposed
         .get(&at.window)
         .filter(|w| w.generation == at.generation)
@@ -120,7 +122,7 @@ fn window_for<'e>(
     exposed: &'e HashMap<u32, Exposure>,
     at: At,
     layout: Layout,
-) -> Result<&'e SharedObject, Status> {
+) -> Result<&'e WindowMemory, Status> {
     let w = exposed
         .get(&at.window)
         .filter(|w| w.generation == at.generation)
@@ -588,7 +590,7 @@ mod tests {
         s.exposed.insert(
             3,
             Exposure {
-                mem: Arc::new(mem),
+                mem: Arc::new(WindowMemory::Shared(mem)),
                 generation: 77,
             },
         );

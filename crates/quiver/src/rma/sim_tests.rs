@@ -7,6 +7,7 @@
 //! sum, every flush is answered only after every put before it is in the window, and
 //! every get returns what the puts left.
 
+use super::memory::WindowMemory;
 use super::ops::{self, At, AtomicOp, Status};
 use super::serve::{Exposure, OnState, Pending, State};
 use super::window::{SharedObject, PUBLISHED_IDS};
@@ -67,7 +68,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
         ..Config::default()
     };
     let (net, stations, jobs, _dir) = station_pair_in(&config, faults);
-    let mem = Arc::new(
+    let mem = Arc::new(WindowMemory::Shared(
         SharedObject::create(
             jobs[1].job_id(),
             1,
@@ -76,7 +77,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
             true,
         )
         .unwrap(),
-    );
+    ));
     let states = [Mutex::new(State::default()), Mutex::new(State::default())];
     states[1].lock().unwrap().exposed.insert(
         0,

@@ -697,7 +697,6 @@ impl CmaState {
         self.note(pid, read_from(pid, remote, local))
     }
 
-    #[cfg(test)]
     /// [`write_to`] unless disabled, recording the outcome.
     pub fn write_to(&self, pid: u32, remote: &[Piece], local: &[u8]) -> Result<usize, CmaError> {
         self.check()?;

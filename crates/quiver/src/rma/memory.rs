@@ -1,0 +1,118 @@
+//! What a window's bytes are: memory of the node's shared pool (a [`SharedObject`] the
+//! node's ranks map), or memory the application handed over ([`Rma::register`]: a
+//! `Vec<u8>` that stays where it is, reached by same-node ranks through cross-memory
+//! attach and by other nodes through the target's engine).
+//!
+//! Guarantees: the bytes stay at one address, 8-byte aligned (so a word at an offset
+//! that is a multiple of 8 is aligned), for as long as any [`WindowMemory`] reference
+//! lives. Registered memory goes back to the application only through
+//! [`WindowMemory::take_back`], which the collective [`Rma::free`] calls once every
+//! rank's operations on the window are done; dropped any other way it is leaked, never
+//! freed, because a same-node rank could still write it by cross-memory attach and must
+//! never write memory the allocator has handed to someone else.
+//!
+//! [`Rma::register`]: super::Rma::register
+//! [`Rma::free`]: super::Rma::free
+
+use super::window::SharedObject;
+use std::sync::Mutex;
+
+/// The bytes of one of this rank's windows.
+pub(crate) enum WindowMemory {
+    /// Memory of the node's shared pool.
+    Shared(SharedObject),
+    /// A `Vec<u8>` the application registered, taken apart (its parts are put back
+    /// together only by `take_back`).
+    Registered(Registered),
+}
+
+/// A registered `Vec<u8>`'s parts; `None` once given back.
+pub(crate) struct Registered {
+    ptr: *mut u8,
+    len: usize,
+    parts: Mutex<Option<(usize, usize)>>,
+}
+
+// SAFETY: the Vec's buffer is plain bytes owned by this value alone (the Vec was taken
+// apart in `register`); every access through `ptr` is a raw copy or an atomic on
+// bounds-checked offsets, which any thread may make, as on a shared object's mapping.
+unsafe impl Send for Registered {}
+// SAFETY: as above: nothing here hands out references into the buffer but atomics.
+unsafe impl Sync for Registered {}
+
+impl WindowMemory {
+    /// Takes `v` over (the caller checked its alignment).
+    pub(crate) fn register(v: Vec<u8>) -> WindowMemory {
+        let mut v = std::mem::ManuallyDrop::new(v);
+        let (ptr, len, cap) = (v.as_mut_ptr(), v.len(), v.capacity());
+        WindowMemory::Registered(Registered {
+            ptr,
+            len,
+            parts: Mutex::new(Some((len, cap))),
+        })
+    }
+
+    /// The first byte.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        match self {
+            WindowMemory::Shared(o) => o.ptr(),
+            WindowMemory::Registered(r) => r.ptr,
+        }
+    }
+
+    /// Bytes of the window.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            WindowMemory::Shared(o) => o.len(),
+            WindowMemory::Registered(r) => r.len,
+        }
+    }
+
+    /// Whether the application registered it (rather than allocated it from the pool).
+    pub(crate) fn is_registered(&self) -> bool {
+        matches!(self, WindowMemory::Registered(_))
+    }
+
+    /// The registered `Vec` back, once; `None` for shared memory or when taken already.
+    /// The caller guarantees that nobody reads or writes the bytes any more (no rank
+    /// reaches the window, this value is dropped right after): the bytes are the
+    /// application's again.
+    pub(crate) fn take_back(&self) -> Option<Vec<u8>> {
+        let WindowMemory::Registered(r) = self else {
+            return None;
+        };
+        let (len, cap) = r.parts.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        // SAFETY: ptr, len and cap are the parts of the Vec taken apart in `register`,
+        // put back together only here, once (the Option is taken under the lock).
+        Some(unsafe { Vec::from_raw_parts(r.ptr, len, cap) })
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if self.parts.get_mut().is_ok_and(|p| p.is_some()) {
+            tracing::warn!(
+                "a registered window of {} bytes was dropped without Rma::free: its memory \
+                 is leaked (a same-node rank could still write it)",
+                self.len
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_memory_stays_put_and_comes_back_once() {
+        let v: Vec<u8> = (0..100u8).collect();
+        let at = v.as_ptr();
+        let m = WindowMemory::register(v);
+        assert!(m.is_registered());
+        assert_eq!((m.ptr() as *const u8, m.len()), (at, 100));
+        let back = m.take_back().expect("the Vec");
+        assert_eq!(back, (0..100u8).collect::<Vec<_>>());
+        assert!(m.take_back().is_none());
+    }
+}

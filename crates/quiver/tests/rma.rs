@@ -134,6 +134,27 @@ fn every_operation_on(c: Config, size: u32, registered: bool) {
             assert_eq!(stats.puts_applied == 0, cma, "{stats:?}");
         }
         job.barrier_progressing(&[&rma]).unwrap();
+        // A strided put (messages to the target's engine) then a get of the same bytes
+        // without a flush: the get sees the put, whatever path each takes.
+        let at = Strided {
+            offset: 0,
+            stride: 16,
+            elem: 8,
+            count: 4,
+        };
+        let src = pattern(me, 99, 32);
+        rma.put_strided(next, &data, at, &src, 8).unwrap();
+        let mut back = vec![0u8; 56];
+        rma.get(next, &data, 0, &mut back).unwrap();
+        for i in 0..4 {
+            assert_eq!(
+                back[i * 16..i * 16 + 8],
+                src[i * 8..i * 8 + 8],
+                "element {i}"
+            );
+        }
+        rma.flush_all().unwrap();
+        job.barrier_progressing(&[&rma]).unwrap();
         let expected = data.to_vec();
         let back = rma.free(data).unwrap();
         assert_eq!(back.is_some(), registered);
@@ -741,6 +762,8 @@ fn pvm_exchange(c: Config, size: u32) {
         p.send(next, m).unwrap();
         {
             let mut first = p.recv(prev).unwrap();
+            // One message of a sender open at a time.
+            assert!(matches!(p.recv(prev), Err(Error::Config(_))));
             let mut part = [0u8; 5000];
             first.unpack(&mut part).unwrap();
             assert_eq!(part[..], pattern(prev, 50, 20_000)[..5000]);

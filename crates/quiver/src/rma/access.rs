@@ -8,9 +8,9 @@
 //! ([`Rma::allocate`]), or memory a process owns and hands over ([`Rma::register`],
 //! below), so:
 //!
-//! - a rank of the **same node** reads, writes and updates it directly (a copy into or
-//!   out of the mapped window, a CPU atomic on its word): the target's CPU takes no
-//!   part, as the T3D's deposit engine;
+//! - a rank of the **same node** reads, writes and updates an allocated window directly
+//!   (a copy into or out of the mapped window, a CPU atomic on its word): the target's
+//!   CPU takes no part, as the T3D's deposit engine (registered memory: below);
 //! - a rank of **another node** sends requests that the target's side of the protocol
 //!   (`serve`) applies where progress runs: on the offload engine's thread when it runs
 //!   (`QUIVER_RELIABILITY=offload`: the target application may compute or sleep), else
@@ -154,8 +154,8 @@ pub struct RmaStats {
     pub malformed: u64,
 }
 
-/// A window of this rank: memory of the node's shared pool that the job's ranks read
-/// and write with [`Rma`]. Its bytes may change at any time by other ranks' puts and
+/// A window of this rank: memory of the node's shared pool ([`Rma::allocate`]) or of
+/// this process ([`Rma::register`]) that the job's ranks read and write with [`Rma`]. Its bytes may change at any time by other ranks' puts and
 /// atomics: reach them through [`Window::read`], [`Window::write`] and
 /// [`Window::word`], or a raw pointer ([`Window::as_ptr`]).
 pub struct Window {
@@ -422,8 +422,10 @@ pub struct Rma {
     routes: RefCell<FastMap<u32, (usize, usize)>>,
     /// The processes same-node ranks proved to be, for cross-memory attach.
     proofs: Proofs,
-    /// Whether cross-memory attach may be used (`QUIVER_CMA`, and Yama allowed it).
-    cma_on: bool,
+    /// Whether cross-memory attach may be used (`QUIVER_CMA`), and whether this process
+    /// let its same-node peers attach to it (done at the first registration).
+    config_cma: bool,
+    permitted: Cell<bool>,
     /// Ranks this rank sent puts to since their last flush.
     unflushed: RefCell<BTreeSet<u32>>,
     next_window: Cell<u32>,
@@ -466,14 +468,14 @@ impl Rma {
         } else {
             job.open(dpid)?
         };
-        let cma_on = job.config().cma && super::reach::permit_peers(&job.shared);
         // What a same-node rank attaching to registered memory here checks first.
         let proofs = Proofs::publish(&job.shared.kv, job.rank(), dpid)?;
         Ok(Rma {
             ep,
             state,
             proofs,
-            cma_on,
+            config_cma: job.config().cma,
+            permitted: Cell::new(false),
             routes: RefCell::new(FastMap::default()),
             out: RefCell::new(Outbox::new(usize::MAX)),
             keys: RefCell::new(FastMap::default()),
@@ -532,10 +534,16 @@ impl Rma {
     /// with [`Rma::free`]; a registered window dropped otherwise leaks its buffer
     /// (another rank could still be writing it).
     pub fn register(&self, memory: Vec<u8>) -> Result<Window> {
-        if memory.len() >= 8 && !(memory.as_ptr() as usize).is_multiple_of(8) {
+        if !memory.is_empty() && !(memory.as_ptr() as usize).is_multiple_of(8) {
             return Err(Error::Config(
                 "a registered window must be 8-byte aligned (its words are atomic)".into(),
             ));
+        }
+        // Same-node ranks attach to this process to reach the memory: let them (where
+        // Yama asks for it), once, at the first registration.
+        if self.config_cma && !self.permitted.get() {
+            super::reach::permit_peers(self.ep.station().job());
+            self.permitted.set(true);
         }
         let addr = memory.as_ptr() as usize as u64;
         self.expose(WindowMemory::register(memory), 0, addr)
@@ -545,14 +553,20 @@ impl Rma {
     /// back. Collective, in the same order on every rank (as `MPI_Win_free`): each
     /// flushes its puts, all meet in a barrier, then every part is gone (a request that
     /// still arrives is refused) and the memory is the application's again.
+    ///
+    /// A flush that reports refused puts does not stop the others: the window is freed
+    /// all the same (its memory dropped) and the refusal returned. A failed barrier
+    /// (a peer gone) leaves the window exposed no more and its memory leaked: a rank
+    /// that did not reach the barrier could still be writing it.
     pub fn free(&self, window: Window) -> Result<Option<Vec<u8>>> {
-        self.flush_all()?;
+        let flushed = self.flush_all();
         self.barrier()?;
         let mem = window.mem.clone();
         // Dropping the window takes it out of the served ones under the state's lock:
         // no request is being applied to it after this.
         drop(window);
-        Ok(mem.take_back())
+        let back = mem.take_back();
+        flushed.map(|()| back)
     }
 
     /// Exposes `mem` as this rank's part of the next window and publishes its key.
@@ -667,8 +681,9 @@ impl Rma {
 
     /// Starts a get of `buf.len()` bytes at `offset` of `window` at `rank` into `buf`,
     /// and returns at once: the [`GetRequest`] gives `buf` back, filled, when the
-    /// answer is complete (from a same-node window it is at once; from another node's,
-    /// each piece lands in `buf` from where its frame arrived). Several gets may be in
+    /// answer is complete (from a same-node window that is mapped here or reached by
+    /// cross-memory attach it is at once; otherwise each piece of the answer lands in
+    /// `buf` from where its frame arrived). Several gets may be in
     /// flight, to one rank or many; `buf` is owned meanwhile, so nothing else can touch
     /// it.
     pub fn get_start(
@@ -862,7 +877,7 @@ impl Rma {
 
     /// Waits until the word at `counter` of this rank's `window` has counted `n`
     /// arrivals ([`Rma::put_notify`]) and takes them off, making progress meanwhile
-    /// (requests from other nodes are applied by it without the offload engine).
+    /// (requests that came as messages are applied by it without the offload engine).
     pub fn wait_counter(&self, window: &Window, counter: u64, n: u64) -> Result<()> {
         let word = window.word(counter as usize)?;
         let take = || {
@@ -1332,7 +1347,8 @@ impl Rma {
         match self.path(rank, window, key)? {
             Path::Direct(mem) => {
                 // SAFETY: offset + 8 <= the mapping's length (checked), offset % 8 == 0
-                // and the mapping is page-aligned; the mapping outlives this call.
+                // and the window's memory is 8-byte aligned (`memory`); the mapping
+                // outlives this call.
                 let word = unsafe { &*(mem.add(offset as usize) as *const AtomicU64) };
                 self.stats.borrow_mut().direct += 1;
                 Ok(op.apply(word, a, b))
@@ -1576,8 +1592,11 @@ impl Rma {
     /// the process its key names (proved once by the nonce that rank published).
     fn attaches(&self, rank: u32, key: Key) -> bool {
         key.is_registered()
-            && self.cma_on
+            && self.config_cma
             && self.proofs.cma.is_usable()
+            // Keeps this origin's order: while puts to the rank travel as messages,
+            // later ones follow them (until a flush).
+            && !self.unflushed.borrow().contains(&rank)
             && matches!(self.reach(rank), Ok(Reach::Direct))
             && self
                 .proofs

@@ -93,8 +93,12 @@ pub struct Pvm<'a> {
     queues: RefCell<Vec<VecDeque<Outgoing>>>,
     deposited: Vec<Cell<u64>>,
     freed: Vec<Cell<u64>>,
-    /// Per source: chunks taken out of its row (the next slot is this modulo SLOTS).
+    /// Per source: chunks taken out of its row and freed (the slot of the chunk being
+    /// read is this modulo SLOTS), whether a [`Received`] from it is open, and whether
+    /// its stream broke (an error left a slot in an unknown state).
     taken: Vec<Cell<u64>>,
+    open: Vec<Cell<bool>>,
+    broken: Vec<Cell<bool>>,
     transfer: Cell<Duration>,
     control: Cell<Duration>,
     copy: Cell<Duration>,
@@ -114,16 +118,23 @@ impl<'a> Pvm<'a> {
             (job.rank, job.size)
         };
         let chunk = chunk as u64;
-        let slot = HEADER + chunk.next_multiple_of(64);
-        let inbox = u64::from(n) * (LINE + SLOTS * slot);
+        let too_large = || {
+            Error::Config(format!(
+                "{n} ranks' slots of {chunk} bytes do not fit memory"
+            ))
+        };
+        let inbox = chunk
+            .checked_next_multiple_of(64)
+            .and_then(|c| c.checked_add(HEADER))
+            .and_then(|slot| slot.checked_mul(SLOTS))
+            .and_then(|row| row.checked_add(LINE))
+            .and_then(|row| row.checked_mul(u64::from(n)))
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(too_large)?;
         let cells = |v| (0..n).map(|_| Cell::new(v)).collect::<Vec<_>>();
         Ok(Pvm {
             rma,
-            inbox: rma.allocate(usize::try_from(inbox).map_err(|_| {
-                Error::Config(format!(
-                    "{n} ranks' slots of {chunk} bytes do not fit memory"
-                ))
-            })?)?,
+            inbox: rma.allocate(inbox)?,
             control_words: rma.allocate((u64::from(n) * LINE) as usize)?,
             chunk,
             me,
@@ -132,6 +143,8 @@ impl<'a> Pvm<'a> {
             deposited: cells(0),
             freed: cells(0),
             taken: cells(0),
+            open: (0..n).map(|_| Cell::new(false)).collect(),
+            broken: (0..n).map(|_| Cell::new(false)).collect(),
             transfer: Cell::default(),
             control: Cell::default(),
             copy: Cell::default(),
@@ -233,20 +246,36 @@ impl<'a> Pvm<'a> {
                 self.me, self.n
             )));
         }
+        if self.broken[from as usize].get() {
+            return Err(Error::Config(format!(
+                "PVM messages from rank {from}: an earlier error broke the stream"
+            )));
+        }
+        if self.open[from as usize].get() {
+            return Err(Error::Config(format!(
+                "PVM receive from rank {from}: its previous message is still open (drop it first)"
+            )));
+        }
         self.take_chunk(from)?;
         let mut len = [0u8; 8];
         self.inbox.read(
             self.slot(from, self.taken[from as usize].get()) as usize,
             &mut len,
         )?;
-        let len = u64::from_le_bytes(len);
-        Ok(Received {
+        self.open[from as usize].set(true);
+        let mut m = Received {
             pvm: self,
             from,
-            len,
+            len: u64::from_le_bytes(len),
             unpacked: 0,
             in_slot: 0,
-        })
+            holding: true,
+            poisoned: false,
+        };
+        if m.len == 0 {
+            m.release()?;
+        }
+        Ok(m)
     }
 
     /// Waits until the next chunk from `from` is in its slot (control time, but for
@@ -280,13 +309,14 @@ impl<'a> Pvm<'a> {
 
     /// Frees the slot of `from`'s chunk taken last: a credit for the sender.
     fn free_slot(&self, from: u32) -> Result<()> {
-        let taken = &self.taken[from as usize];
-        taken.set(taken.get() + 1);
         let word = self.freed_word(self.me);
         timed(&self.control, || {
             self.rma
                 .put_notify(from, &self.control_words, word, &[], word)
-        })
+        })?;
+        let taken = &self.taken[from as usize];
+        taken.set(taken.get() + 1);
+        Ok(())
     }
 
     /// Where this endpoint's time went so far: depositing chunks is transfer; waiting
@@ -331,9 +361,10 @@ impl Drop for Pvm<'_> {
     }
 }
 
-/// A message from [`Pvm::recv`], unpacked in order with [`Received::unpack`]. Dropped
-/// before it is all unpacked, the rest is skipped (its chunks are still taken and their
-/// slots freed, so the pair's next message comes next).
+/// A message from [`Pvm::recv`], unpacked in order with [`Received::unpack`]; one at a
+/// time per sender. Dropped before it is all unpacked, the rest is skipped (its chunks
+/// are still taken and their slots freed, so the pair's next message comes next). After
+/// an error the sender's stream is broken: later receives from it fail.
 pub struct Received<'p, 'a> {
     pvm: &'p Pvm<'a>,
     from: u32,
@@ -341,6 +372,10 @@ pub struct Received<'p, 'a> {
     unpacked: u64,
     /// Bytes of the current chunk unpacked.
     in_slot: u64,
+    /// Whether the current chunk's slot is still this message's (not freed yet).
+    holding: bool,
+    /// Whether an error left the slots in an unknown state.
+    poisoned: bool,
 }
 
 impl Received<'_, '_> {
@@ -363,6 +398,12 @@ impl Received<'_, '_> {
     /// `pvm_upkbyte`); asking for more than remains is [`Error::Truncated`], with
     /// nothing copied.
     pub fn unpack(&mut self, dst: &mut [u8]) -> Result<()> {
+        if self.poisoned {
+            return Err(Error::Config(format!(
+                "PVM message from rank {}: an earlier error broke it",
+                self.from
+            )));
+        }
         if dst.len() as u64 > self.len - self.unpacked {
             return Err(Error::Truncated {
                 len: self.len,
@@ -371,13 +412,19 @@ impl Received<'_, '_> {
                 tag: 0,
             });
         }
+        let r = self.copy_out(dst);
+        if r.is_err() {
+            self.poison();
+        }
+        r
+    }
+
+    fn copy_out(&mut self, dst: &mut [u8]) -> Result<()> {
         let pvm = self.pvm;
         let mut done = 0;
         while done < dst.len() {
             if self.in_slot == pvm.chunk {
-                pvm.free_slot(self.from)?;
-                pvm.take_chunk(self.from)?;
-                self.in_slot = 0;
+                self.next_chunk()?;
             }
             let n = (dst.len() - done).min((pvm.chunk - self.in_slot) as usize);
             let at = pvm.slot(self.from, pvm.taken[self.from as usize].get()) + HEADER;
@@ -389,7 +436,33 @@ impl Received<'_, '_> {
             self.unpacked += n as u64;
             done += n;
         }
+        if self.unpacked == self.len {
+            self.release()?;
+        }
         Ok(())
+    }
+
+    /// Frees the current chunk's slot and waits for the next chunk.
+    fn next_chunk(&mut self) -> Result<()> {
+        self.release()?;
+        self.pvm.take_chunk(self.from)?;
+        self.holding = true;
+        self.in_slot = 0;
+        Ok(())
+    }
+
+    /// Frees the current chunk's slot, once.
+    fn release(&mut self) -> Result<()> {
+        if self.holding {
+            self.pvm.free_slot(self.from)?;
+            self.holding = false;
+        }
+        Ok(())
+    }
+
+    fn poison(&mut self) {
+        self.poisoned = true;
+        self.pvm.broken[self.from as usize].set(true);
     }
 
     /// Skips the rest of the message and frees its last slot.
@@ -397,22 +470,27 @@ impl Received<'_, '_> {
         let pvm = self.pvm;
         while self.unpacked < self.len {
             if self.in_slot == pvm.chunk {
-                pvm.free_slot(self.from)?;
-                pvm.take_chunk(self.from)?;
-                self.in_slot = 0;
+                self.next_chunk()?;
             }
             let n = (self.len - self.unpacked).min(pvm.chunk - self.in_slot);
             self.in_slot += n;
             self.unpacked += n;
         }
-        pvm.free_slot(self.from)
+        self.release()
     }
 }
 
 impl Drop for Received<'_, '_> {
     fn drop(&mut self) {
-        if let Err(e) = self.finish() {
-            tracing::warn!("PVM message from rank {}: {e}", self.from);
+        // Skipping waits for the sender's chunks: not while unwinding, not once broken.
+        if !self.poisoned && !std::thread::panicking() {
+            if let Err(e) = self.finish() {
+                tracing::warn!("PVM message from rank {}: {e}", self.from);
+                self.poison();
+            }
+        } else if self.holding || self.unpacked < self.len {
+            self.poison();
         }
+        self.pvm.open[self.from as usize].set(false);
     }
 }

@@ -152,8 +152,8 @@ pub(crate) fn word(exposed: &HashMap<u32, Exposure>, at: At) -> Result<&AtomicU6
     if !offset.is_multiple_of(8) {
         return Err(Status::Misaligned);
     }
-    // SAFETY: offset + 8 <= the mapping's length (checked by `locate`), the mapping is
-    // page-aligned so offset % 8 == 0 makes the address 8-aligned, and it lives as long
+    // SAFETY: offset + 8 <= the window's length (checked by `locate`), its memory is
+    // 8-byte aligned (`memory`) so offset % 8 == 0 makes the address 8-aligned, and it lives as long
     // as `mem`, which `exposed` holds for the life of the returned borrow. Every access
     // to window words by the protocol is atomic.
     Ok(unsafe { &*(mem.ptr().add(offset) as *const AtomicU64) })

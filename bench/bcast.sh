@@ -53,20 +53,7 @@ command -v mpicc.openmpi >/dev/null && command -v mpirun.openmpi >/dev/null \
 building cargo build --release -q -p quiver-cli -p quiver --example ports_bcast || die "build failed"
 mpicc.openmpi -O2 -o "$out/mpi_bcast" bench/progs/mpi_bcast.c || die "mpicc failed"
 
-# mgmt_up N: namespace $MG with a veth to each node k (10.79.k+1.0/24), routes to all.
-mgmt_up() {
-    local n=$1 k
-    ip netns del "$MG" 2>/dev/null
-    ip netns add "$MG" && ip -n "$MG" link set lo up || die "management namespace"
-    for k in $(seq 0 $((n - 1))); do
-        local ns=qv-$cluster-n$k net=10.79.$((k + 1))
-        ip link add "qvbm$k" netns "$MG" type veth peer name qvbm netns "$ns" &&
-        ip -n "$MG" addr add "$net.1/24" dev "qvbm$k" && ip -n "$MG" link set "qvbm$k" up &&
-        ip -n "$ns" addr add "$net.2/24" dev qvbm && ip -n "$ns" link set qvbm up &&
-        ip -n "$ns" route add 10.79.0.0/16 via "$net.1" || die "management veth to node $k"
-    done
-    sleep 0.5
-}
+mgmt() { mgmt_up "$MG" "$cluster" "$1" || die "management namespace for $1 nodes"; }
 
 quiver_run() {   # quiver_run N REP on|off
     local n=$1 rep=$2 native=$3
@@ -84,16 +71,9 @@ for line in sys.stdin:
 }
 
 mpi_run() {   # mpi_run N REP
-    local n=$1 rep=$2 k subnet
-    subnet=$(ip -n "qv-$cluster-n0" -4 -o addr show qv0 | awk '{print $4}' | head -1)
-    subnet=$(python3 -c "import ipaddress,sys; print(ipaddress.ip_interface(sys.argv[1]).network)" "$subnet")
-    local cmd=(timeout 600 ip netns exec "$MG" env PMIX_MCA_ptl_tcp_remote_connections=1
-               PMIX_MCA_ptl_tcp_if_include=10.79.1.0/24 mpirun.openmpi --allow-run-as-root --oversubscribe
-               --mca btl tcp,self --mca btl_tcp_if_include "$subnet")
-    for k in $(seq 0 $((n - 1))); do
-        [ "$k" -gt 0 ] && cmd+=(:)
-        cmd+=(-n 1 ip netns exec "qv-$cluster-n$k" "$out/mpi_bcast" "$SIZES" "$ITERS" "$WINDOW")
-    done
+    local n=$1 rep=$2
+    mpi_on_cluster "$MG" "$cluster" "$n" "$out/mpi_bcast" "$SIZES" "$ITERS" "$WINDOW"
+    local cmd=("${MPI_CMD[@]}")
     echo "== $(show "${cmd[@]}")" >> "$raw"
     locked "${cmd[@]}" 2>> "$raw" | tee -a "$raw" | while read -r what size v; do
         case $what in
@@ -107,7 +87,7 @@ for n in $NODES; do
     cluster=qvbc$$-$n
     echo "[$(date +%H:%M:%S)] $n nodes, --link $LINK" >&2
     "$Q" cluster up "$cluster" --nodes "$n" --link "$LINK" >> "$raw" 2>&1 || die "quiver cluster up failed (see $raw)"
-    mgmt_up "$n"
+    mgmt "$n"
     for rep in $(seq "$REPS"); do
         case $((rep % 3)) in
             1) quiver_run "$n" "$rep" on; quiver_run "$n" "$rep" off; mpi_run "$n" "$rep" ;;

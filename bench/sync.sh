@@ -4,8 +4,10 @@
 # acknowledgements, a combining-tree round, `Rma::barrier`), against the number of
 # ranks: inside the node (2, 4, 8 ranks on this machine's cores, with Open MPI's
 # MPI_Barrier from `bench/progs/mpi_rma.c` beside them) and on unshaped emulated
-# clusters of 2, 4, 8 nodes with one rank each (raw Ethernet). Medians over REPS runs of
-# each run's slowest-rank median.
+# clusters of 2, 4, 8 nodes with one rank each (raw Ethernet; Open MPI's MPI_Barrier
+# over ob1/tcp on the same links, mpirun in a management namespace as bench/bcast.sh
+# runs it). Medians over REPS runs of each run's slowest-rank median (Open MPI: rank
+# 0's median).
 #
 # usage: bash bench/sync.sh     (REPS=3; needs root for the clusters and Open MPI)
 # Raw records: target/bench-sync/records.tsv (where, ranks, scheme, rep, µs)
@@ -28,7 +30,12 @@ Q=$root/target/release/quiver
 rec=$out/records.tsv
 : > "$rec"
 cluster=""
-cleanup() { [ -n "$cluster" ] && "$Q" cluster down "$cluster" >/dev/null 2>&1; true; }
+MG=qvsync-mg-$$
+cleanup() {
+    ip netns del "$MG" 2>/dev/null || true
+    [ -n "$cluster" ] && "$Q" cluster down "$cluster" >/dev/null 2>&1
+    true
+}
 trap cleanup EXIT INT TERM
 
 quiver_sync() {   # quiver_sync WHERE N REP [quiver run args...]
@@ -41,29 +48,37 @@ for line in sys.stdin:
     o = json.loads(line)
     print(where, n, "quiver " + o["scheme"], rep, o["us"], sep="\t")' "$where" "$n" "$rep" >> "$rec"
 }
-mpi_barrier() {   # mpi_barrier N REP
-    locked mpirun.openmpi --allow-run-as-root --oversubscribe -n "$1" "$out/mpi_rma" 64 "$ITERS" 2 \
-        | grep rma_barrier | python3 -c '
+mpi_barrier() {   # mpi_barrier WHERE N REP COMMAND...
+    local where=$1 n=$2 rep=$3; shift 3
+    locked "$@" | grep rma_barrier | python3 -c '
 import json, sys
-n, rep = sys.argv[1:]
+where, n, rep = sys.argv[1:]
 for line in sys.stdin:
-    print("node", n, "Open MPI MPI_Barrier", rep, json.loads(line)["barrier_us"], sep="\t")' "$1" "$2" >> "$rec"
+    print(where, n, "Open MPI MPI_Barrier", rep, json.loads(line)["barrier_us"], sep="\t")' "$where" "$n" "$rep" >> "$rec"
 }
 
 for n in $RANKS; do
     for rep in $(seq "$REPS"); do
         echo "[$(date +%H:%M:%S)] inside the node, $n ranks, repetition $rep" >&2
         quiver_sync node "$n" "$rep"
-        mpi_barrier "$n" "$rep"
+        mpi_barrier node "$n" "$rep" mpirun.openmpi --allow-run-as-root --oversubscribe -n "$n" \
+            "$out/mpi_rma" 64 "$ITERS" 2
     done
 done
 for n in $NODES; do
     cluster=qvsync$$-$n
     "$Q" cluster up "$cluster" --nodes "$n" >/dev/null
+    mgmt_up "$MG" "$cluster" "$n" || { echo "bench/sync.sh: management namespace failed" >&2; exit 1; }
+    # pt2pt: Open MPI's default one-sided components would share memory between the
+    # namespaces of this one host (the barrier itself goes over ob1/tcp either way).
+    mpi_on_cluster "$MG" "$cluster" "$n" "$out/mpi_rma" 64 "$ITERS" 2
+    mpi=(); for a in "${MPI_CMD[@]}"; do mpi+=("$a"); [ "$a" = mpirun.openmpi ] && mpi+=(--mca osc pt2pt); done
     for rep in $(seq "$REPS"); do
         echo "[$(date +%H:%M:%S)] $n nodes, repetition $rep" >&2
         QUIVER_TRANSPORT=eth quiver_sync cluster "$n" "$rep" --cluster "$cluster"
+        mpi_barrier cluster "$n" "$rep" "${mpi[@]}"
     done
+    ip netns del "$MG"
     "$Q" cluster down "$cluster" >/dev/null
     cluster=""
 done

@@ -795,3 +795,34 @@ fn pvm_exchange_over_shm() {
 fn pvm_exchange_over_udp() {
     pvm_exchange(config(TransportChoice::Udp), 3);
 }
+
+/// The deposit seed's application kernels (`examples/deposit_study.rs`) on every library:
+/// the 2D-FFT and SOR results match the serial computation (rank 0 checks them).
+#[path = "../examples/deposit_study.rs"]
+#[allow(dead_code)]
+mod deposit_study;
+
+fn kernels(c: Config, size: u32) {
+    use deposit_study::{study, Args, Kernel, Lib};
+    run_ranks(size, c, |job| {
+        for kernel in [Kernel::Fft, Kernel::Sor] {
+            for lib in [Lib::Pvm, Lib::Rrmsg, Lib::Dmsg] {
+                let args = Args::new(kernel, 48, lib, 1);
+                assert!(study(&job, &args, false).unwrap(), "rank {}", job.rank());
+            }
+        }
+        // A size the ranks do not divide is a typed error, not an exit.
+        let odd = Args::new(Kernel::Fft, 49, Lib::Dmsg, 1);
+        assert!(matches!(study(&job, &odd, false), Err(Error::Config(_))));
+    });
+}
+
+#[test]
+fn fft_and_sor_match_the_serial_computation_over_shm() {
+    kernels(config(TransportChoice::Auto), 3);
+}
+
+#[test]
+fn fft_and_sor_match_the_serial_computation_over_udp() {
+    kernels(config(TransportChoice::Udp), 2);
+}

@@ -17,7 +17,10 @@
 //!   inside the target's next call of its [`Rma`] (or of a barrier that makes progress
 //!   on it). A put is cut into pieces of one frame each, so every piece is copied into
 //!   the window from where its frame arrived (no reassembly copy); a get is answered in
-//!   such pieces too.
+//!   such pieces too. Puts smaller than a frame to the same rank are combined into one
+//!   message as far as they fit, and leave when the next does not fit or at the next
+//!   request that is not such a put (a flush, a get, an atomic, a notify, a barrier,
+//!   any wait): a DMSG transpose's column pieces share frames.
 //!
 //! Registered memory stays where the application had it: same-node ranks put and get
 //! contiguous bytes by cross-memory attach (to the process the rank proved to be,
@@ -428,6 +431,8 @@ pub struct Rma {
     permitted: Cell<bool>,
     /// Ranks this rank sent puts to since their last flush.
     unflushed: RefCell<BTreeSet<u32>>,
+    /// Small puts to one rank waiting to leave as one message.
+    combining: RefCell<Combining>,
     next_window: Cell<u32>,
     next_id: Cell<u64>,
     wait: Cell<WaitMode>,
@@ -440,6 +445,25 @@ pub struct Rma {
     barrier: OnceCell<Barrier>,
     /// Combining episodes done.
     combined: Cell<u64>,
+}
+
+/// Small puts to `rank` on `route` waiting to leave as one message (`ops::combined`):
+/// `buf` holds the header and `parts` parts, or nothing.
+#[derive(Default)]
+struct Combining {
+    rank: u32,
+    route: usize,
+    buf: Vec<u8>,
+    parts: u32,
+}
+
+impl Drop for Rma {
+    fn drop(&mut self) {
+        // Puts waiting to be combined were promised to leave.
+        if let Err(e) = self.push_combined() {
+            tracing::warn!("one-sided puts not sent when their endpoint closed: {e}");
+        }
+    }
 }
 
 /// This rank's barrier: its plan, the node's area (when the node has other ranks), and
@@ -482,6 +506,7 @@ impl Rma {
             mapped: RefCell::new(FastMap::default()),
             reach: RefCell::new(FastMap::default()),
             unflushed: RefCell::new(BTreeSet::new()),
+            combining: RefCell::new(Combining::default()),
             next_window: Cell::new(0),
             next_id: Cell::new(1),
             wait: Cell::new(WaitMode::Hybrid(WAIT_SPIN)),
@@ -629,10 +654,13 @@ impl Rma {
                 self.stats.borrow_mut().direct += 1;
             }
             Path::Messages { .. } if self.attached_put(rank, key, offset, data) => {}
-            Path::Messages { route, piece } => {
+            Path::Messages {
+                route,
+                piece: frame,
+            } => {
                 // Before the first piece: a flush must ask even if a later piece fails.
                 self.unflushed.borrow_mut().insert(rank);
-                let piece = piece.saturating_sub(ops::PUT_LEN).max(1);
+                let piece = frame.saturating_sub(ops::PUT_LEN).max(1);
                 let mut done = 0;
                 loop {
                     let n = (data.len() - done).min(piece);
@@ -640,7 +668,7 @@ impl Rma {
                         offset: at.offset + done as u64,
                         ..at
                     });
-                    self.send(rank, route, &head, &data[done..done + n])?;
+                    self.send_put(rank, route, frame, &head, &data[done..done + n])?;
                     done += n;
                     if done >= data.len() {
                         break;
@@ -968,7 +996,7 @@ impl Rma {
                         &mut message[start..],
                         Layout::dense(elem, n),
                     );
-                    self.send(rank, route, &message, &[])?;
+                    self.send_put(rank, route, piece, &message, &[])?;
                     from += n;
                 }
             }
@@ -1688,9 +1716,76 @@ impl Rma {
         Ok(ptr)
     }
 
+    /// Sends one message to `rank` on `route` after the small puts waiting to be
+    /// combined (so that every rank sees this rank's requests in the order it made
+    /// them).
+    fn send(&self, rank: u32, route: usize, head: &[u8], data: &[u8]) -> Result<()> {
+        self.push_combined()?;
+        self.send_now(rank, route, head, data)
+    }
+
+    /// Sends the put request `head` + `data` to `rank` on `route` (whose messages carry
+    /// `piece` bytes at most), combined with the puts before and after it to the same
+    /// rank into one message as far as they fit: they leave when the next does not fit
+    /// or at the next request that is not such a put (a flush, a notify, a get, an
+    /// atomic, a barrier, or any wait).
+    fn send_put(
+        &self,
+        rank: u32,
+        route: usize,
+        piece: usize,
+        head: &[u8],
+        data: &[u8],
+    ) -> Result<()> {
+        let len = ops::PART_LEN + head.len() + data.len();
+        if ops::COMBINED_LEN + len > piece {
+            return self.send(rank, route, head, data);
+        }
+        let full = {
+            let c = self.combining.borrow();
+            !c.buf.is_empty() && (c.rank != rank || c.buf.len() + len > piece)
+        };
+        if full {
+            self.push_combined()?;
+        }
+        let mut c = self.combining.borrow_mut();
+        if c.buf.is_empty() {
+            c.rank = rank;
+            c.route = route;
+            c.buf.extend_from_slice(&ops::combined());
+        }
+        ops::part(&mut c.buf, head, data);
+        c.parts += 1;
+        Ok(())
+    }
+
+    /// Sends the puts waiting to be combined, if any (one alone as itself).
+    fn push_combined(&self) -> Result<()> {
+        let (rank, route, mut buf, parts) = {
+            let mut c = self.combining.borrow_mut();
+            if c.buf.is_empty() {
+                return Ok(());
+            }
+            let parts = std::mem::take(&mut c.parts);
+            (c.rank, c.route, std::mem::take(&mut c.buf), parts)
+        };
+        let r = if parts == 1 {
+            self.send_now(rank, route, &buf[ops::COMBINED_LEN + ops::PART_LEN..], &[])
+        } else {
+            self.send_now(rank, route, &buf, &[])
+        };
+        // The allocation serves the next message.
+        let mut c = self.combining.borrow_mut();
+        if c.buf.is_empty() {
+            buf.clear();
+            c.buf = buf;
+        }
+        r
+    }
+
     /// Sends one message to `rank` on `route`, making progress while the route has no
     /// room (so two ranks that both send never wait for each other).
-    fn send(&self, rank: u32, route: usize, head: &[u8], data: &[u8]) -> Result<()> {
+    fn send_now(&self, rank: u32, route: usize, head: &[u8], data: &[u8]) -> Result<()> {
         let station = self.ep.station();
         loop {
             let queued = {
@@ -1721,6 +1816,8 @@ impl Rma {
     /// Makes progress once: sends the answers queued, serves what arrived. Whether
     /// anything happened.
     fn poll(&self) -> Result<bool> {
+        // Whoever waits for something lets the combined puts go first.
+        self.push_combined()?;
         let mut out = self.out.borrow_mut();
         let sent = out.sent();
         let mut handler = OnState {

@@ -22,6 +22,7 @@
 //! | `B` barrier | round u8, pad 6, episode u64 | - |
 //! | `R` combine up | pad 7, episode u64, value u64 | - |
 //! | `D` combine down | pad 7, episode u64, value u64 | - |
+//! | `M` puts combined | pad 7 | parts, each a length u32 then a `P`, `S` or `I` request |
 //! | `F` flush | pad 7, id u64 | - |
 //! | `f` flush reply | status u8 (of the first refusal), pad 6, id u64, refused u64 | - |
 
@@ -41,6 +42,9 @@ const STRIDED_GET_LEN: usize = 64;
 /// Bytes of an indexed get's header before its offsets.
 pub(crate) const INDEXED_GET_LEN: usize = 40;
 const NOTIFY_LEN: usize = 32;
+/// Bytes of a combined message's header, and of each part's length before it.
+pub(crate) const COMBINED_LEN: usize = 8;
+pub(crate) const PART_LEN: usize = 4;
 const BARRIER_LEN: usize = 16;
 const COMBINE_LEN: usize = 24;
 const FLUSH_REPLY_LEN: usize = 24;
@@ -215,6 +219,11 @@ pub(crate) enum Op<'a> {
         episode: u64,
         value: u64,
     },
+    /// Puts combined into one message: `parts` are their length-prefixed requests
+    /// ([`parts`] splits them).
+    Combined {
+        parts: &'a [u8],
+    },
     Flush {
         id: u64,
     },
@@ -253,6 +262,46 @@ pub(crate) fn put(at: At) -> [u8; PUT_LEN] {
     b[0] = b'P';
     put_at(&mut b, at);
     b
+}
+
+/// The header of a message of combined puts (its parts follow, [`part`] each).
+pub(crate) fn combined() -> [u8; COMBINED_LEN] {
+    let mut b = [0; COMBINED_LEN];
+    b[0] = b'M';
+    b
+}
+
+/// Appends to `message` one part: a put request `head` followed by its `data`.
+pub(crate) fn part(message: &mut Vec<u8>, head: &[u8], data: &[u8]) {
+    let len = u32::try_from(head.len() + data.len()).expect("a part fits one frame");
+    message.extend_from_slice(&len.to_le_bytes());
+    message.extend_from_slice(head);
+    message.extend_from_slice(data);
+}
+
+/// The requests of a combined message's `parts`, in order: each a put (`P`, `S` or
+/// `I`), else `None` where the parts stop making sense (a length past the end, another
+/// kind: the rest is dropped).
+pub(crate) fn parts(mut parts: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
+    std::iter::from_fn(move || {
+        if parts.is_empty() {
+            return None;
+        }
+        let part = (parts.len() >= PART_LEN)
+            .then(|| u32_at(parts, 0) as usize)
+            .and_then(|len| parts.get(PART_LEN..PART_LEN.checked_add(len)?))
+            .filter(|p| matches!(p.first(), Some(b'P' | b'S' | b'I')));
+        match part {
+            Some(p) => {
+                parts = &parts[PART_LEN + p.len()..];
+                Some(Some(p))
+            }
+            None => {
+                parts = &[];
+                Some(None)
+            }
+        }
+    })
 }
 
 /// A get of `len` bytes at `at`, answered under `id` in pieces of at most `piece`
@@ -444,9 +493,12 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
         b'N' => NOTIFY_LEN,
         b'B' => BARRIER_LEN,
         b'R' | b'D' => COMBINE_LEN,
+        b'M' => COMBINED_LEN,
         _ => return None,
     };
-    if m.len() < need || (!matches!(kind, b'P' | b'g' | b'S' | b'I' | b'J') && m.len() != need) {
+    if m.len() < need
+        || (!matches!(kind, b'P' | b'g' | b'S' | b'I' | b'J' | b'M') && m.len() != need)
+    {
         return None;
     }
     // An indexed request's offsets follow its header: their count must fit.
@@ -485,6 +537,9 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
             value: u64_at(m, 16),
         },
         b'F' => Op::Flush { id: u64_at(m, 8) },
+        b'M' => Op::Combined {
+            parts: &m[COMBINED_LEN..],
+        },
         b'S' => Op::PutStrided {
             at: read_at(m),
             stride: u64_at(m, 24),

@@ -318,6 +318,18 @@ impl State {
                     false
                 }
             }
+            Op::Combined { parts } => {
+                // Each part is a put of its own, applied in order (none answers).
+                for part in ops::parts(parts) {
+                    match part {
+                        Some(put) => {
+                            self.handle(from, put, out);
+                        }
+                        None => self.counters.malformed += 1,
+                    }
+                }
+                false
+            }
             Op::Flush { id } => {
                 let (refused, status) =
                     self.refused.remove(&from.rank).unwrap_or((0, Status::Done));
@@ -617,6 +629,49 @@ mod tests {
         }
         out.forget_empty();
         v
+    }
+
+    #[test]
+    fn combined_puts_land_in_order_and_a_broken_part_drops_the_rest() {
+        let (mut s, at) = state_with_window(4096);
+        let mut out = Outbox::new(usize::MAX);
+        let mut m = ops::combined().to_vec();
+        ops::part(&mut m, &ops::put(At { offset: 8, ..at }), b"first");
+        ops::part(&mut m, &ops::put(At { offset: 8, ..at }), b"again");
+        let strided = ops::put_strided(At { offset: 100, ..at }, 16, 2, 3);
+        ops::part(&mut m, &strided, b"aabbcc");
+        assert!(!s.handle(origin(), &m, &mut out));
+        let w = s.exposed[&3].mem.clone();
+        let read = |off: usize, n: usize| {
+            let mut v = vec![0u8; n];
+            // SAFETY: off + n <= 4096, the window's length; nothing writes it meanwhile.
+            unsafe { crate::link::copy_bytes(w.ptr().add(off), v.as_mut_ptr(), n) };
+            v
+        };
+        // The later put to the same bytes wins: parts apply in order.
+        assert_eq!(read(8, 5), b"again");
+        assert_eq!(
+            (read(100, 2), read(116, 2), read(132, 2)),
+            (b"aa".to_vec(), b"bb".to_vec(), b"cc".to_vec())
+        );
+        assert_eq!(s.counters.malformed, 0);
+        // A part that is not a put (a flush, another combined message), or whose length
+        // runs past the end: counted, and nothing after it applied.
+        for bad in [ops::flush(5).to_vec(), ops::combined().to_vec()] {
+            let mut m = ops::combined().to_vec();
+            ops::part(&mut m, &bad, &[]);
+            ops::part(&mut m, &ops::put(At { offset: 200, ..at }), b"no");
+            s.handle(origin(), &m, &mut out);
+        }
+        let mut m = ops::combined().to_vec();
+        ops::part(&mut m, &ops::put(At { offset: 300, ..at }), b"yes");
+        m.extend_from_slice(&1000u32.to_le_bytes());
+        m.extend_from_slice(&ops::put(At { offset: 200, ..at }));
+        s.handle(origin(), &m, &mut out);
+        assert_eq!(read(200, 2), [0, 0]);
+        assert_eq!(read(300, 3), b"yes");
+        assert_eq!(s.counters.malformed, 3);
+        assert!(answers(&mut out).is_empty());
     }
 
     #[test]

@@ -127,5 +127,11 @@ fn main() -> quiver::Result<()> {
         );
     }
     rma.fetch_add(1, &flags, 0, 1)?;
+    // What the channel did meanwhile (on stderr: the tables read stdout).
+    let st = rma.endpoint().stats();
+    eprintln!(
+        "rma_bench: frames sent {}, retransmissions {} (timeouts {}, fast {}), credit stalls {}",
+        st.frames_sent, st.retransmissions, st.timeouts, st.fast_retransmits, st.credit_stalls
+    );
     Ok(())
 }

@@ -871,6 +871,14 @@ impl<D> Core<D> {
         }
     }
 
+    /// Frames built for peer `i` and waiting for its window, and the window's size.
+    pub(crate) fn waiting_frames(&self, i: usize) -> (usize, usize) {
+        (
+            self.peers[i].duplex.sender().queued_frames(),
+            usize::from(self.identity().window),
+        )
+    }
+
     /// Whether peer `i`'s window is closed (no credit left).
     #[inline]
     pub(crate) fn is_blocked(&self, i: usize) -> bool {

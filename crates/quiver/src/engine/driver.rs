@@ -517,6 +517,11 @@ impl<L: Link, C: Clock> Driver<L, C> {
         Ok(true)
     }
 
+    /// Frames built for peer `i` and waiting for its window, and the window's size.
+    pub(crate) fn waiting_frames(&self, i: usize) -> (usize, usize) {
+        self.core.waiting_frames(i)
+    }
+
     /// The longest message that travels to peer `i` in one frame.
     pub(crate) fn lone_max(&self, i: usize) -> usize {
         self.core.lone_max(i)

@@ -491,6 +491,22 @@ impl<L: Link, C: Clock> Station<L, C> {
         }
     }
 
+    /// Whether a writer that does not wait ([`Station::send`] with `wait` false) has a
+    /// window's worth of frames queued on network route `route` already, waiting for
+    /// credits: it should make progress before it queues more (so that its queue, and
+    /// the bursts it sends when credits come back, stay one window long, as a waiting
+    /// writer's do). False for every other route.
+    pub(crate) fn send_backlogged(&self, route: usize) -> bool {
+        let inner = self.inner.borrow();
+        match inner.routes.get(route) {
+            Some((_, Route::Net { peer })) => inner.rx.net.as_ref().is_some_and(|n| {
+                let (waiting, window) = n.waiting_frames(*peer);
+                waiting >= window
+            }),
+            _ => false,
+        }
+    }
+
     /// Wakes the receiver at the end of shared-memory route `route` if it sleeps on its
     /// descriptor, without sending anything (after a write straight into its memory
     /// that it may be waiting for). Nothing for other routes: their messages wake.

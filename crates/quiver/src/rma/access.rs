@@ -1796,7 +1796,9 @@ impl Rma {
                         dpid: station.dpid(),
                     })
             };
-            if !queued {
+            // At most a window queued beyond the window in flight: memory stays bounded
+            // and the frames leave at the pace acknowledgements come back.
+            if !queued && !station.send_backlogged(route) {
                 if station.try_send_inline(route, head, data) {
                     return Ok(());
                 }

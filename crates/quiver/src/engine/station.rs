@@ -507,6 +507,12 @@ impl<L: Link, C: Clock> Station<L, C> {
         }
     }
 
+    /// Whether this node runs more of the job's ranks than this process has cores (its
+    /// waits yield the core between polls).
+    pub(crate) fn oversubscribed(&self) -> bool {
+        self.waiter.yields
+    }
+
     /// Wakes the receiver at the end of shared-memory route `route` if it sleeps on its
     /// descriptor, without sending anything (after a write straight into its memory
     /// that it may be waiting for). Nothing for other routes: their messages wake.

@@ -76,6 +76,9 @@ use super::ops::{self, At, AtomicOp, Status};
 const WINDOW_IDS: u32 = PUBLISHED_IDS | 1 << 29;
 /// How long a wait polls before it sleeps, by default (as the ports' waits).
 const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// Looks at a shared line before a barrier's waiter on an oversubscribed node waits as
+/// any other wait does.
+const SHARED_LOOKS: u32 = 4096;
 /// Rounds of the endpoint one [`Rma::progress`] makes at most.
 const PROGRESS_ROUNDS: usize = 64;
 /// Windows a process may allocate in its life (numbers above are the barrier areas').
@@ -1183,11 +1186,11 @@ impl Rma {
             if me != leader {
                 area.count().fetch_add(1, Ordering::AcqRel);
                 station.wake(route_to(leader)?);
-                self.wait_until(|| area.released().load(Ordering::Acquire) >= e)?;
+                self.wait_shared(|| area.released().load(Ordering::Acquire) >= e)?;
                 b.episode.set(e);
                 return Ok(());
             }
-            self.wait_until(|| area.count().load(Ordering::Acquire) == local_n - 1)?;
+            self.wait_shared(|| area.count().load(Ordering::Acquire) == local_n - 1)?;
             // The others add again only after the release below.
             area.count().store(0, Ordering::Relaxed);
         }
@@ -1310,6 +1313,26 @@ impl Rma {
     /// Makes progress until `done`, waiting as the wait mode says: woken by messages,
     /// and by the doorbell a same-node rank rings. `done` may consume what it found (a
     /// barrier round's message): once it says true it is not asked again.
+    /// [`Rma::wait_until`] for a condition on the node's shared lines: with more ranks
+    /// than cores, a waiter that drove its endpoint on every look would hold the core
+    /// that the rank it waits for needs, so it looks at the line, yields, and drives
+    /// its endpoint only every few looks (requests from other ranks are still served);
+    /// after a while it waits as `wait_until` does (which may sleep).
+    fn wait_shared(&self, done: impl Fn() -> bool) -> Result<()> {
+        if self.ep.station().oversubscribed() {
+            for look in 0..SHARED_LOOKS {
+                if done() {
+                    return Ok(());
+                }
+                if look % 64 == 63 {
+                    self.poll()?;
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.wait_until(done)
+    }
+
     fn wait_until(&self, done: impl Fn() -> bool) -> Result<()> {
         loop {
             if done() {

@@ -1658,47 +1658,51 @@ impl Rma {
     /// cross-memory attach; false when that does not reach it (the caller sends
     /// messages instead).
     fn attached_put(&self, rank: u32, key: Key, offset: u64, data: &[u8]) -> bool {
-        if !self.attaches(rank, key) {
-            return false;
-        }
-        if data.is_empty() {
-            return true;
-        }
-        let remote = [Piece {
-            addr: key.addr + offset,
-            len: data.len(),
-        }];
-        match self.proofs.cma.write_to(key.pid, &remote, data) {
-            Ok(_) => {
-                self.stats.borrow_mut().direct += 1;
-                true
-            }
-            Err(e) => {
-                tracing::debug!("put into rank {rank} by cross-memory attach: {e}");
-                false
-            }
-        }
+        self.attached(rank, key, offset, data.len(), "put into", |cma, remote| {
+            cma.write_to(key.pid, remote, data)
+        })
     }
 
     /// [`Rma::attached_put`], the other way.
     fn attached_get(&self, rank: u32, key: Key, offset: u64, dst: &mut [u8]) -> bool {
+        let len = dst.len();
+        self.attached(rank, key, offset, len, "get from", |cma, remote| {
+            cma.read_from(key.pid, remote, dst)
+        })
+    }
+
+    /// Moves `len` bytes at `offset` of registered memory of same-node `rank` with
+    /// `transfer` (a cross-memory attach read or write of the remote piece); false when
+    /// attach does not reach it or fails.
+    fn attached(
+        &self,
+        rank: u32,
+        key: Key,
+        offset: u64,
+        len: usize,
+        what: &str,
+        transfer: impl FnOnce(
+            &crate::link::cma::CmaState,
+            &[Piece],
+        ) -> std::result::Result<usize, crate::link::cma::CmaError>,
+    ) -> bool {
         if !self.attaches(rank, key) {
             return false;
         }
-        if dst.is_empty() {
+        if len == 0 {
             return true;
         }
         let remote = [Piece {
             addr: key.addr + offset,
-            len: dst.len(),
+            len,
         }];
-        match self.proofs.cma.read_from(key.pid, &remote, dst) {
+        match transfer(&self.proofs.cma, &remote) {
             Ok(_) => {
                 self.stats.borrow_mut().direct += 1;
                 true
             }
             Err(e) => {
-                tracing::debug!("get from rank {rank} by cross-memory attach: {e}");
+                tracing::debug!("{what} rank {rank} by cross-memory attach: {e}");
                 false
             }
         }

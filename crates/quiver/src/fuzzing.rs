@@ -14,6 +14,12 @@ pub mod ports {
     pub use crate::ports::table::fuzz::{handle_all, Counts};
 }
 
+/// The one-sided operations' target and origin state (`rma::serve`) fed arbitrary
+/// requests and answers.
+pub mod rma {
+    pub use crate::rma::serve_fuzz::{handle_all, Counts};
+}
+
 /// The rendezvous store's line protocol, server side (`job::rendezvous`).
 pub mod rendezvous {
     use std::io::{self, BufRead};

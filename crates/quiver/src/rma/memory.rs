@@ -52,6 +52,18 @@ impl WindowMemory {
         })
     }
 
+    /// `len` bytes at `ptr` that the caller owns and keeps alive and unmoved while this
+    /// value lives (never given back, never freed here): the fuzz target's window in
+    /// the middle of guard bytes.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub(crate) fn borrowed(ptr: *mut u8, len: usize) -> WindowMemory {
+        WindowMemory::Registered(Registered {
+            ptr,
+            len,
+            parts: Mutex::new(None),
+        })
+    }
+
     /// The first byte.
     pub(crate) fn ptr(&self) -> *mut u8 {
         match self {

@@ -53,6 +53,8 @@ pub mod pvm;
 pub(crate) mod reach;
 pub mod rrmsg;
 mod serve;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use serve::fuzz as serve_fuzz;
 #[cfg(test)]
 mod sim_tests;
 pub(crate) mod split;

@@ -585,6 +585,93 @@ impl Protocol for Served {
     }
 }
 
+/// What the fuzz target `rma_requests` drives (`crate::fuzzing::rma`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzz {
+    use super::*;
+
+    /// What [`handle_all`] saw.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct Counts {
+        /// Messages handed to the state.
+        pub handled: u64,
+        /// Messages the state counted malformed.
+        pub malformed: u64,
+        /// Requests it refused (no window, out of bounds, misaligned).
+        pub refused: u64,
+        /// Puts it applied.
+        pub puts_applied: u64,
+        /// Gets and atomics it served.
+        pub served: u64,
+        /// Bytes the answers queued for the origins carry.
+        pub answered_bytes: u64,
+    }
+
+    /// Bytes of the window, and of the guards on each side of it.
+    const WINDOW: usize = 256;
+    const GUARD: usize = 64;
+
+    /// Hands the messages of `data` to the target and origin state of one rank that
+    /// exposes window 3 (generation 77) of 256 bytes: records of the sender's rank (one
+    /// byte), a length (two bytes, little-endian) and that many bytes of message. The
+    /// window lies between guard bytes; panics if any of them changed (a request wrote
+    /// outside the window).
+    pub fn handle_all(data: &[u8]) -> Counts {
+        let mut arena = vec![0xa5u8; GUARD + WINDOW + GUARD];
+        // SAFETY: the window is bytes GUARD.. GUARD + WINDOW of `arena`, which outlives
+        // the state (dropped first, below) and is not touched meanwhile but through it.
+        let window = unsafe { arena.as_mut_ptr().add(GUARD) };
+        let mut s = State::default();
+        s.max_rounds = 4;
+        s.exposed.insert(
+            3,
+            Exposure {
+                mem: Arc::new(WindowMemory::borrowed(window, WINDOW)),
+                generation: 77,
+            },
+        );
+        let mut out = Outbox::new(usize::MAX);
+        let mut rest = data;
+        let mut c = Counts::default();
+        while let [from, lo, hi, tail @ ..] = rest {
+            let n = usize::from(u16::from_le_bytes([*lo, *hi])).min(tail.len());
+            let (msg, next) = tail.split_at(n);
+            rest = next;
+            s.handle(
+                Source {
+                    rank: u32::from(*from % 8),
+                    dpid: 1,
+                },
+                msg,
+                &mut out,
+            );
+            c.handled += 1;
+            // What the answers carry, taken out as the engine would.
+            for i in 0..out.destinations() {
+                while let Some((_, next)) = out.next(i) {
+                    c.answered_bytes += match next {
+                        crate::engine::protocol::Next::Whole(m) => m.len() as u64,
+                        crate::engine::protocol::Next::Chunk { bytes, .. } => bytes.len() as u64,
+                    };
+                    out.advance(i, true);
+                }
+            }
+            out.forget_empty();
+        }
+        c.malformed = s.counters.malformed;
+        c.refused = s.counters.refused;
+        c.puts_applied = s.counters.puts_applied;
+        c.served = s.counters.gets_served + s.counters.atomics_served;
+        drop(s);
+        assert!(
+            arena[..GUARD].iter().all(|&b| b == 0xa5)
+                && arena[GUARD + WINDOW..].iter().all(|&b| b == 0xa5),
+            "a request wrote outside the window"
+        );
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,6 +716,37 @@ mod tests {
         }
         out.forget_empty();
         v
+    }
+
+    #[test]
+    fn the_fuzz_harness_applies_requests_inside_the_window_only() {
+        let at = At {
+            window: 3,
+            generation: 77,
+            offset: 250,
+        };
+        let mut data = Vec::new();
+        let mut record = |from: u8, m: &[u8]| {
+            data.push(from);
+            data.extend_from_slice(&(m.len() as u16).to_le_bytes());
+            data.extend_from_slice(m);
+        };
+        let mut edge = ops::put(at).to_vec();
+        edge.extend_from_slice(&[1; 6]);
+        record(1, &edge);
+        let mut past = ops::put(at).to_vec();
+        past.extend_from_slice(&[1; 7]);
+        record(1, &past);
+        record(2, &ops::get(At { offset: 0, ..at }, 9, 256, 100));
+        // Its second element would start at 300, past the window's end.
+        let mut strided = ops::put_strided(At { offset: 0, ..at }, 300, 8, 2).to_vec();
+        strided.extend_from_slice(&[2; 16]);
+        record(2, &strided);
+        record(3, b"M\0\0\0\0\0\0\0\xff\xff");
+        let c = fuzz::handle_all(&data);
+        assert_eq!((c.handled, c.puts_applied, c.served), (5, 1, 1));
+        assert_eq!((c.refused, c.malformed), (2, 1), "{c:?}");
+        assert!(c.answered_bytes >= 256, "{c:?}");
     }
 
     #[test]

@@ -621,8 +621,10 @@ pub(crate) mod fuzz {
         // SAFETY: the window is bytes GUARD.. GUARD + WINDOW of `arena`, which outlives
         // the state (dropped first, below) and is not touched meanwhile but through it.
         let window = unsafe { arena.as_mut_ptr().add(GUARD) };
-        let mut s = State::default();
-        s.max_rounds = 4;
+        let mut s = State {
+            max_rounds: 4,
+            ..State::default()
+        };
         s.exposed.insert(
             3,
             Exposure {

@@ -826,3 +826,46 @@ fn fft_and_sor_match_the_serial_computation_over_shm() {
 fn fft_and_sor_match_the_serial_computation_over_udp() {
     kernels(config(TransportChoice::Udp), 2);
 }
+
+/// Small puts to one rank of another node share messages: 64 strided puts of 8
+/// elements each leave in far fewer messages than 64, and land all the same.
+#[test]
+fn small_puts_to_one_rank_share_messages() {
+    run_ranks(2, config(TransportChoice::Udp), |job| {
+        let rma = Rma::open(&job, DPID + 6).unwrap();
+        let w = rma.allocate(64 * 64).unwrap();
+        job.barrier_progressing(&[&rma]).unwrap();
+        if job.rank() == 0 {
+            let src = pattern(0, 7, 64 * 64);
+            let before = rma.endpoint().stats().msgs_sent;
+            for c in 0..64u64 {
+                let at = Strided {
+                    offset: c * 8,
+                    stride: 512,
+                    elem: 8,
+                    count: 8,
+                };
+                rma.put_strided(1, &w, at, &src[(c * 64) as usize..][..64], 8)
+                    .unwrap();
+            }
+            let sent = rma.endpoint().stats().msgs_sent - before;
+            assert!(sent <= 16, "64 small puts went as {sent} messages");
+            rma.flush(1).unwrap();
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+        if job.rank() == 1 {
+            let got = w.to_vec();
+            let src = pattern(0, 7, 64 * 64);
+            for c in 0..64usize {
+                for i in 0..8usize {
+                    assert_eq!(
+                        got[i * 512 + c * 8..][..8],
+                        src[c * 64 + i * 8..][..8],
+                        "put {c}, element {i}"
+                    );
+                }
+            }
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+    });
+}

@@ -43,9 +43,10 @@
 //! drops them), and window objects are the job user's (mode 0600).
 //!
 //! Freeing: [`Rma::free`] is collective (flush, barrier, then every part goes, and
-//! registered memory comes back). A [`Window`] dropped is gone at once for requests from other nodes that
-//! arrive after (they are refused); a same-node rank that still writes it writes into
-//! pages nobody reads any more. Free a window only when no rank accesses it any more
+//! registered memory comes back). A [`Window`] dropped is gone at once for requests
+//! from other nodes that arrive after (they are refused); a same-node rank that still
+//! writes an allocated one writes into pages nobody reads any more (a registered one's
+//! buffer is leaked for that reason). Free a window only when no rank accesses it any more
 //! (after a barrier), as `MPI_Win_free` does: then every rank frees its part, and each
 //! forgets its mappings of the others' parts at its next operation.
 
@@ -161,8 +162,8 @@ pub struct RmaStats {
 }
 
 /// A window of this rank: memory of the node's shared pool ([`Rma::allocate`]) or of
-/// this process ([`Rma::register`]) that the job's ranks read and write with [`Rma`]. Its bytes may change at any time by other ranks' puts and
-/// atomics: reach them through [`Window::read`], [`Window::write`] and
+/// this process ([`Rma::register`]) that the job's ranks read and write with [`Rma`].
+/// Its bytes may change at any time by other ranks' puts and atomics: reach them through [`Window::read`], [`Window::write`] and
 /// [`Window::word`], or a raw pointer ([`Window::as_ptr`]).
 pub struct Window {
     number: u32,
@@ -730,7 +731,7 @@ impl Rma {
         let waiting = match self.path(rank, window, key)? {
             Path::Direct(mem) => {
                 // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
-                // `direct` checked both); the mapping outlives this call (`direct`).
+                // `path` checked both); the mapping outlives this call (`path`).
                 unsafe {
                     crate::link::copy_bytes(mem.add(offset as usize), buf.as_mut_ptr(), buf.len())
                 };
@@ -883,7 +884,7 @@ impl Rma {
         match self.path(rank, window, key)? {
             Path::Direct(mem) => {
                 // SAFETY: counter + 8 <= the mapping's length, 8-aligned (checked); the
-                // mapping outlives this call (`direct`).
+                // mapping outlives this call (`path`).
                 let word = unsafe { &*(mem.add(counter as usize) as *const AtomicU64) };
                 // Release: the target that sees the count sees the data.
                 word.fetch_add(1, Ordering::Release);
@@ -955,7 +956,7 @@ impl Rma {
             Path::Direct(mem) => {
                 // Overlapping `src` with the window needs `Window::as_ptr`: the caller's.
                 // SAFETY: `local` ends inside `src`, `remote` inside the window's mapping
-                // (`check_layouts`), which outlives this call (`direct`).
+                // (`check_layouts`), which outlives this call (`path`).
                 unsafe { copy_elements(src.as_ptr(), local, mem, remote) };
                 self.stats.borrow_mut().direct += 1;
             }
@@ -1310,9 +1311,6 @@ impl Rma {
         })
     }
 
-    /// Makes progress until `done`, waiting as the wait mode says: woken by messages,
-    /// and by the doorbell a same-node rank rings. `done` may consume what it found (a
-    /// barrier round's message): once it says true it is not asked again.
     /// [`Rma::wait_until`] for a condition on the node's shared lines: with more ranks
     /// than cores, a waiter that drove its endpoint on every look would hold the core
     /// that the rank it waits for needs, so it looks at the line, yields, and drives
@@ -1333,6 +1331,9 @@ impl Rma {
         self.wait_until(done)
     }
 
+    /// Makes progress until `done`, waiting as the wait mode says: woken by messages,
+    /// and by the doorbell a same-node rank rings. `done` may consume what it found (a
+    /// barrier round's message): once it says true it is not asked again.
     fn wait_until(&self, done: impl Fn() -> bool) -> Result<()> {
         loop {
             if done() {

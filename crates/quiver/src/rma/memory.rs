@@ -52,11 +52,15 @@ impl WindowMemory {
         })
     }
 
-    /// `len` bytes at `ptr` that the caller owns and keeps alive and unmoved while this
-    /// value lives (never given back, never freed here): the fuzz target's window in
-    /// the middle of guard bytes.
+    /// `len` bytes at `ptr`, never given back nor freed here: the fuzz target's window
+    /// in the middle of guard bytes.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the bytes and keeps them alive, unmoved and untouched otherwise
+    /// while this value lives.
     #[cfg(any(test, feature = "fuzzing"))]
-    pub(crate) fn borrowed(ptr: *mut u8, len: usize) -> WindowMemory {
+    pub(crate) unsafe fn borrowed(ptr: *mut u8, len: usize) -> WindowMemory {
         WindowMemory::Registered(Registered {
             ptr,
             len,

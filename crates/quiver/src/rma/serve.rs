@@ -152,10 +152,9 @@ pub(crate) fn word(exposed: &HashMap<u32, Exposure>, at: At) -> Result<&AtomicU6
     if !offset.is_multiple_of(8) {
         return Err(Status::Misaligned);
     }
-    // SAFETY: offset + 8 <= the window's length (checked by `locate`), its memory is
-    // 8-byte aligned (`memory`) so offset % 8 == 0 makes the address 8-aligned, and it lives as long
-    // as `mem`, which `exposed` holds for the life of the returned borrow. Every access
-    // to window words by the protocol is atomic.
+    // Every access to window words by the protocol is atomic.
+    // SAFETY: offset + 8 <= the window's length (`locate`); its memory is 8-byte aligned
+    // (`memory`), so is offset % 8 == 0; it lives while `exposed` holds it (the borrow).
     Ok(unsafe { &*(mem.ptr().add(offset) as *const AtomicU64) })
 }
 
@@ -618,9 +617,10 @@ pub(crate) mod fuzz {
     /// outside the window).
     pub fn handle_all(data: &[u8]) -> Counts {
         let mut arena = vec![0xa5u8; GUARD + WINDOW + GUARD];
-        // SAFETY: the window is bytes GUARD.. GUARD + WINDOW of `arena`, which outlives
+        let window = arena[GUARD..].as_mut_ptr();
+        // SAFETY: the window is bytes GUARD..GUARD + WINDOW of `arena`, which outlives
         // the state (dropped first, below) and is not touched meanwhile but through it.
-        let window = unsafe { arena.as_mut_ptr().add(GUARD) };
+        let mem = unsafe { WindowMemory::borrowed(window, WINDOW) };
         let mut s = State {
             max_rounds: 4,
             ..State::default()
@@ -628,7 +628,7 @@ pub(crate) mod fuzz {
         s.exposed.insert(
             3,
             Exposure {
-                mem: Arc::new(WindowMemory::borrowed(window, WINDOW)),
+                mem: Arc::new(mem),
                 generation: 77,
             },
         );

@@ -68,6 +68,7 @@ fn main() -> quiver::Result<()> {
         while flags.word(0)?.load(std::sync::atomic::Ordering::Acquire) == 0 {
             rma.progress()?;
         }
+        report(&rma, "target");
         return Ok(());
     }
     let data = vec![7u8; largest];
@@ -127,11 +128,15 @@ fn main() -> quiver::Result<()> {
         );
     }
     rma.fetch_add(1, &flags, 0, 1)?;
-    // What the channel did meanwhile (on stderr: the tables read stdout).
+    report(&rma, "origin");
+    Ok(())
+}
+
+/// What the channel did meanwhile, on stderr (the tables read stdout).
+fn report(rma: &Rma, role: &str) {
     let st = rma.endpoint().stats();
     eprintln!(
-        "rma_bench: frames sent {}, retransmissions {} (timeouts {}, fast {}), credit stalls {}",
+        "rma_bench {role}: frames sent {}, retransmissions {} (timeouts {}, fast {}), credit stalls {}",
         st.frames_sent, st.retransmissions, st.timeouts, st.fast_retransmits, st.credit_stalls
     );
-    Ok(())
 }

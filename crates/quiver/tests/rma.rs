@@ -18,7 +18,10 @@ const DPID: u16 = 60;
 const ADDS: u64 = 300;
 
 fn sizes() -> Vec<usize> {
-    vec![0, 1, 7, 8, 1000, 1472, 1473, 4096, 9000, 65536, 200_000]
+    // 1 000 000: over the network, a get asked in chunks (`serve::GET_CHUNK_PIECES`).
+    vec![
+        0, 1, 7, 8, 1000, 1472, 1473, 4096, 9000, 65536, 200_000, 1_000_000,
+    ]
 }
 
 /// Each rank's part of window 1: room for every size, and a different length per rank.

@@ -17,7 +17,9 @@
 //!   inside the target's next call of its [`Rma`] (or of a barrier that makes progress
 //!   on it). A put is cut into pieces of one frame each, so every piece is copied into
 //!   the window from where its frame arrived (no reassembly copy); a get is answered in
-//!   such pieces too. Puts smaller than a frame to the same rank are combined into one
+//!   such pieces too, each copied from its frame into the caller's buffer, and a large
+//!   one is asked two chunks at a time (the next when one has arrived), so the target
+//!   never has more than two chunks of it to send. Puts smaller than a frame to the same rank are combined into one
 //!   message as far as they fit, and leave when the next does not fit or at the next
 //!   request that is not such a put (a flush, a get, an atomic, a notify, a barrier,
 //!   any wait): a DMSG transpose's column pieces share frames.
@@ -34,6 +36,12 @@
 //! window, or in the rings and channels towards it); [`Rma::flush`] returns once every
 //! put to that rank is applied in its window (and reports puts it refused); a get and
 //! an atomic return with their result.
+//!
+//! Order: requests to one rank are applied in the order they were issued, so a get or a
+//! flush sees every put issued before it. A get started with [`Rma::get_start`] and not
+//! yet complete may or may not see a put issued after it to the same bytes (its later
+//! chunks are asked later): wait for the get first, as MPI asks between conflicting
+//! accesses.
 //!
 //! Checks: the window's length comes with its key (published in the job's store when
 //! it is allocated, fetched once per rank and window), so a range outside it is an
@@ -52,7 +60,7 @@
 
 use super::memory::WindowMemory;
 use super::reach::Reach as Proofs;
-use super::serve::{self, Exposure, OnState, Pending, Served, State};
+use super::serve::{self, Exposure, Landing, LentBytes, OnState, Pending, Served, State};
 use super::window::{SharedObject, PUBLISHED_IDS};
 use crate::addr::Source;
 use crate::config::WaitMode;
@@ -388,7 +396,7 @@ impl GetRequest<'_> {
                 buf,
                 status: Status::Done,
                 ..
-            } => Ok(buf),
+            } => Ok(buf.into_vec()),
             Pending::Get { status, .. } => {
                 Err(refusal(status, asked.rank, asked.at, asked.len, asked.size))
             }
@@ -402,6 +410,20 @@ impl Drop for GetRequest<'_> {
         if let Some(asked) = self.waiting.take() {
             serve::lock(&self.rma.state).pending.remove(&asked.id);
         }
+    }
+}
+
+/// Removes pending request `id` when dropped: a blocking get that lent its caller's
+/// memory ([`Landing::Lent`]) takes it back so on every way out, an error or a panic
+/// included, and an answer that comes later is dropped instead of written.
+struct Forget<'r> {
+    rma: &'r Rma,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        serve::lock(&self.rma.state).pending.remove(&self.id);
     }
 }
 
@@ -685,10 +707,10 @@ impl Rma {
 
     /// Copies `dst.len()` bytes at `offset` of `window` at `rank` into `dst`.
     pub fn get(&self, rank: u32, window: &Window, offset: u64, dst: &mut [u8]) -> Result<()> {
-        let (key, _) = self.address(rank, window, offset, dst.len() as u64)?;
+        self.stats.borrow_mut().gets += 1;
+        let (key, at) = self.address(rank, window, offset, dst.len() as u64)?;
         match self.path(rank, window, key)? {
             Path::Direct(mem) => {
-                self.stats.borrow_mut().gets += 1;
                 // SAFETY: offset + len <= key.len <= the mapping's length (`address` and
                 // `path` checked both); the mapping outlives this call (`path`).
                 unsafe {
@@ -697,18 +719,47 @@ impl Rma {
                 self.stats.borrow_mut().direct += 1;
                 Ok(())
             }
-            Path::Messages { .. } => {
-                if self.attached_get(rank, key, offset, dst) {
-                    self.stats.borrow_mut().gets += 1;
-                    return Ok(());
+            Path::Messages { .. } if dst.is_empty() => Ok(()),
+            Path::Messages { .. } if self.attached_get(rank, key, offset, dst) => Ok(()),
+            Path::Messages { route, piece } => {
+                let len = dst.len() as u64;
+                // The answer lands in `dst` itself, lent to the pending get until
+                // `Forget` has removed it (on every way out of this function).
+                // SAFETY: `dst` is borrowed uniquely for the call and not touched here
+                // until the pending get is removed.
+                let landing = Landing::Lent(unsafe { LentBytes::new(dst) });
+                let id = self.ask_get(rank, (route, piece), at, landing)?;
+                let _forget = Forget { rma: self, id };
+                match self.wait_for(id)? {
+                    Pending::Get {
+                        status: Status::Done,
+                        ..
+                    } => Ok(()),
+                    Pending::Get { status, .. } => Err(refusal(status, rank, at, len, key.len)),
+                    _ => Err(Error::Rma(RmaError::BadAnswer { rank })),
                 }
-                let got = self
-                    .get_start(rank, window, offset, vec![0; dst.len()])?
-                    .wait()?;
-                dst.copy_from_slice(&got);
-                Ok(())
             }
         }
+    }
+
+    /// Asks `rank` for the bytes at `at`, to land in `landing`, over `route` in pieces
+    /// of at most its frame; returns the request's id (the pending get is in the state).
+    fn ask_get(
+        &self,
+        rank: u32,
+        (route, piece): (usize, usize),
+        at: At,
+        landing: Landing,
+    ) -> Result<u64> {
+        let id = self.id();
+        let piece = u32::try_from(piece.saturating_sub(ops::GOT_LEN).max(1)).unwrap_or(u32::MAX);
+        let (pending, request) = Pending::get(id, landing, at, piece);
+        serve::lock(&self.state).pending.insert(id, (rank, pending));
+        if let Err(e) = self.send(rank, route, &request, &[]) {
+            serve::lock(&self.state).pending.remove(&id);
+            return Err(e);
+        }
+        Ok(id)
     }
 
     /// Starts a get of `buf.len()` bytes at `offset` of `window` at `rank` into `buf`,
@@ -742,24 +793,8 @@ impl Rma {
             Path::Messages { .. } if buf.is_empty() => None,
             Path::Messages { .. } if self.attached_get(rank, key, offset, &mut buf) => None,
             Path::Messages { route, piece } => {
-                let id = self.id();
-                serve::lock(&self.state).pending.insert(
-                    id,
-                    (
-                        rank,
-                        Pending::Get {
-                            buf: std::mem::take(&mut buf),
-                            left: len,
-                            status: Status::Done,
-                        },
-                    ),
-                );
-                let piece =
-                    u32::try_from(piece.saturating_sub(ops::GOT_LEN).max(1)).unwrap_or(u32::MAX);
-                if let Err(e) = self.send(rank, route, &ops::get(at, id, len, piece), &[]) {
-                    serve::lock(&self.state).pending.remove(&id);
-                    return Err(e);
-                }
+                let landing = Landing::Owned(std::mem::take(&mut buf));
+                let id = self.ask_get(rank, (route, piece), at, landing)?;
                 Some(Asked {
                     id,
                     rank,
@@ -1057,9 +1092,10 @@ impl Rma {
                         (
                             rank,
                             Pending::Get {
-                                buf: vec![0; (n * elem) as usize],
+                                buf: Landing::Owned(vec![0; (n * elem) as usize]),
                                 left: n * elem,
                                 status: Status::Done,
+                                asking: None,
                             },
                         ),
                     );
@@ -1088,7 +1124,7 @@ impl Rma {
                             ..
                         }) => {
                             layout::copy_checked(
-                                &buf,
+                                &buf.into_vec(),
                                 Layout::dense(elem, n),
                                 dst,
                                 local.part(from, n),

@@ -10,8 +10,8 @@
 //! | kind | fields after the kind byte | payload |
 //! |---|---|---|
 //! | `P` put | pad 3, window u32, generation u32, pad 4, offset u64 | the bytes |
-//! | `G` get | pad 3, window u32, generation u32, piece u32, offset u64, id u64, len u64 | - |
-//! | `g` get reply | status u8, pad 6, id u64, offset in the range u64 | the bytes |
+//! | `G` get | pad 3, window u32, generation u32, piece u32, offset u64, id u64, len u64, base u64 | - |
+//! | `g` get reply | status u8, pad 6, id u64, offset in the get (`base` + offset in the range) u64 | the bytes |
 //! | `A` atomic | op u8, pad 2, window u32, generation u32, pad 4, offset u64, id u64, a u64, b u64 | - |
 //! | `a` atomic reply | status u8, pad 6, id u64, value u64 | - |
 //! | `S` strided put | pad 3, window u32, generation u32, pad 4, offset u64, stride u64, elem u64, count u64 | the elements, packed |
@@ -30,7 +30,7 @@
 pub(crate) const PUT_LEN: usize = 24;
 /// Bytes of a get reply's header before its payload.
 pub(crate) const GOT_LEN: usize = 24;
-const GET_LEN: usize = 40;
+pub(crate) const GET_LEN: usize = 48;
 const ATOMIC_LEN: usize = 48;
 const ATOMIC_REPLY_LEN: usize = 24;
 const FLUSH_LEN: usize = 16;
@@ -148,6 +148,9 @@ pub(crate) enum Op<'a> {
         len: u64,
         /// The longest piece of the answer the origin wants (its frame payload).
         piece: u32,
+        /// Where the range starts in the whole get it is a chunk of: the answer's
+        /// pieces say their offset from the whole get's start.
+        base: u64,
     },
     Got {
         status: Status,
@@ -305,14 +308,16 @@ pub(crate) fn parts(mut parts: &[u8]) -> impl Iterator<Item = Option<&[u8]>> {
 }
 
 /// A get of `len` bytes at `at`, answered under `id` in pieces of at most `piece`
-/// bytes.
-pub(crate) fn get(at: At, id: u64, len: u64, piece: u32) -> [u8; GET_LEN] {
+/// bytes, the range being bytes `base..base + len` of the whole get (0 for a get asked
+/// in one request; a large get is asked a chunk at a time).
+pub(crate) fn get(at: At, id: u64, len: u64, piece: u32, base: u64) -> [u8; GET_LEN] {
     let mut b = [0; GET_LEN];
     b[0] = b'G';
     put_at(&mut b, at);
     b[12..16].copy_from_slice(&piece.to_le_bytes());
     b[24..32].copy_from_slice(&id.to_le_bytes());
     b[32..40].copy_from_slice(&len.to_le_bytes());
+    b[40..48].copy_from_slice(&base.to_le_bytes());
     b
 }
 
@@ -517,6 +522,7 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
             id: u64_at(m, 24),
             len: u64_at(m, 32),
             piece: u32_at(m, 12),
+            base: u64_at(m, 40),
         },
         b'g' => Op::Got {
             status: Status::from_u8(m[1]),
@@ -622,12 +628,13 @@ mod tests {
         p.extend_from_slice(b"abc");
         assert_eq!(decode(&p), Some(Op::Put { at, data: b"abc" }));
         assert_eq!(
-            decode(&get(at, 9, 100, 1400)),
+            decode(&get(at, 9, 100, 1400, 4096)),
             Some(Op::Get {
                 at,
                 id: 9,
                 len: 100,
-                piece: 1400
+                piece: 1400,
+                base: 4096
             })
         );
         let mut g = got(Status::Done, 9, 64).to_vec();
@@ -683,6 +690,7 @@ mod tests {
             1,
             1,
             1,
+            0,
         );
         assert_eq!(decode(&g[..GET_LEN - 1]), None);
         let mut long = g.to_vec();

@@ -2,7 +2,7 @@
 //! applies what origins send to the windows this rank exposes (a put is copied into
 //! the window from where its frame lies, a get answered in pieces, an atomic applied to
 //! the word, a flush answered), and the origin's half collects the answers to what this
-//! rank asked for.
+//! rank asked for (and asks for the next chunk of a large get as its answer arrives).
 //!
 //! What it guarantees: nothing outside an exposed window is read or written (the
 //! window's number and generation, the offset and the length are checked first); a
@@ -31,14 +31,81 @@ pub(crate) struct Exposure {
     pub generation: u32,
 }
 
+/// Where the answer to a get lands.
+#[derive(Debug)]
+pub(crate) enum Landing {
+    /// A buffer the request owns ([`Rma::get_start`](super::Rma::get_start)), given back
+    /// once the answer is in.
+    Owned(Vec<u8>),
+    /// The caller's own memory, lent by a blocking [`Rma::get`](super::Rma::get) for as
+    /// long as it waits: the answer lands in its final place, with no copy after it.
+    Lent(LentBytes),
+}
+
+/// `len` bytes at `ptr`, lent to a pending get ([`Landing::Lent`]).
+#[derive(Debug)]
+pub(crate) struct LentBytes {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the bytes are written only through the state's lock (`State::got`), by
+// whichever thread drives the protocol; the lender waits meanwhile (`LentBytes::new`'s
+// contract).
+unsafe impl Send for LentBytes {}
+
+impl LentBytes {
+    /// Lends `bytes` to a pending get.
+    ///
+    /// # Safety
+    /// The pending get holding this must be removed from [`State::pending`] (under the
+    /// lock) before `bytes` is used again or goes away; nothing else may touch `bytes`
+    /// meanwhile.
+    pub(crate) unsafe fn new(bytes: &mut [u8]) -> LentBytes {
+        LentBytes {
+            ptr: bytes.as_mut_ptr(),
+            len: bytes.len(),
+        }
+    }
+}
+
+impl Landing {
+    fn len(&self) -> usize {
+        match self {
+            Landing::Owned(v) => v.len(),
+            Landing::Lent(l) => l.len,
+        }
+    }
+
+    /// The bytes the answer lands in.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Landing::Owned(v) => v,
+            // SAFETY: the lender keeps the bytes valid and untouched until it removed
+            // this pending get, which is still in the state (`LentBytes::new`).
+            Landing::Lent(l) => unsafe { std::slice::from_raw_parts_mut(l.ptr, l.len) },
+        }
+    }
+
+    /// The owned buffer (empty for lent memory: it is the lender's already).
+    pub(crate) fn into_vec(self) -> Vec<u8> {
+        match self {
+            Landing::Owned(v) => v,
+            Landing::Lent(_) => Vec::new(),
+        }
+    }
+}
+
 /// What the origin waits for, by request id.
 #[derive(Debug)]
 pub(crate) enum Pending {
-    /// A get of `buf.len()` bytes: `left` of them not yet arrived.
+    /// A get of `buf.len()` bytes: `left` of them not yet arrived; what is still to be
+    /// asked of a large one.
     Get {
-        buf: Vec<u8>,
+        buf: Landing,
         left: u64,
         status: Status,
+        asking: Option<Asking>,
     },
     /// An atomic; its answer once it came.
     Atomic(Option<(Status, u64)>),
@@ -46,7 +113,48 @@ pub(crate) enum Pending {
     Flush(Option<(Status, u64)>),
 }
 
+/// The rest of a large get, asked a chunk at a time as the answer arrives: at most two
+/// chunks are asked and not yet answered, so the target never has more than two chunks
+/// of it to send. Answered whole, a get of 16 MiB had the target build all its frames
+/// (4 ms) before it read another acknowledgement, and the link idled meanwhile
+/// (DESIGN-NOTES, "Large gets in chunks").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asking {
+    /// Where the whole get starts.
+    at: At,
+    /// Bytes asked so far, from the start.
+    asked: u64,
+    piece: u32,
+    chunk: u64,
+}
+
+/// Pieces per chunk of a large get (at 1440 bytes a piece, 184 KB: two chunks keep the
+/// target's queue above a channel window while the next request travels).
+pub(crate) const GET_CHUNK_PIECES: u64 = 128;
+
 impl Pending {
+    /// A get of `buf.len()` bytes at `at` asked under `id`, answered in pieces of at most
+    /// `piece` bytes; and its first request, for up to two chunks of
+    /// [`GET_CHUNK_PIECES`] pieces (the rest is asked as the answer arrives).
+    pub(crate) fn get(id: u64, buf: Landing, at: At, piece: u32) -> (Pending, [u8; ops::GET_LEN]) {
+        let len = buf.len() as u64;
+        let chunk = u64::from(piece).clamp(MIN_PIECE, GET_PIECE) * GET_CHUNK_PIECES;
+        let first = len.min(2 * chunk);
+        let asking = (first < len).then_some(Asking {
+            at,
+            asked: first,
+            piece,
+            chunk,
+        });
+        let pending = Pending::Get {
+            buf,
+            left: len,
+            status: Status::Done,
+            asking,
+        };
+        (pending, ops::get(at, id, first, piece, 0))
+    }
+
     /// Whether the answer is complete.
     pub(crate) fn done(&self) -> bool {
         match self {
@@ -134,15 +242,23 @@ fn window_for<'e>(
 }
 
 /// Queues `bytes` for `from` as the answer to get `id`, in pieces of at most `piece`
-/// bytes (clamped to [`MIN_PIECE`]..=[`GET_PIECE`]); one empty piece for no bytes.
-fn answer_in_pieces(from: Source, id: u64, bytes: &[u8], piece: u32, out: &mut Outbox) {
+/// bytes (clamped to [`MIN_PIECE`]..=[`GET_PIECE`]), the first at offset `base` of the
+/// get; one empty piece for no bytes.
+fn answer_in_pieces(
+    from: Source,
+    (id, base): (u64, u64),
+    bytes: &[u8],
+    piece: u32,
+    out: &mut Outbox,
+) {
     let piece = u64::from(piece).clamp(MIN_PIECE, GET_PIECE) as usize;
     if bytes.is_empty() {
-        out.forward(from, &ops::got(Status::Done, id, 0), &[]);
+        out.forward(from, &ops::got(Status::Done, id, base), &[]);
         return;
     }
     for (i, chunk) in bytes.chunks(piece).enumerate() {
-        out.forward(from, &ops::got(Status::Done, id, (i * piece) as u64), chunk);
+        let offset = base.wrapping_add((i * piece) as u64);
+        out.forward(from, &ops::got(Status::Done, id, offset), chunk);
     }
 }
 
@@ -188,8 +304,14 @@ impl State {
                 }
                 false
             }
-            Op::Get { at, id, len, piece } => {
-                self.serve_get(from, at, id, len, piece, out);
+            Op::Get {
+                at,
+                id,
+                len,
+                piece,
+                base,
+            } => {
+                self.serve_get(from, at, (id, base), len, piece, out);
                 false
             }
             Op::Atomic { at, op, id, a, b } => {
@@ -340,7 +462,7 @@ impl State {
                 id,
                 offset,
                 data,
-            } => self.got(from.rank, id, status, offset, data),
+            } => self.got(from, (id, offset), status, data, out),
             Op::AtomicDone { status, id, value } => self.answer(from.rank, id, |p| match p {
                 Pending::Atomic(a @ None) => {
                     *a = Some((status, value));
@@ -375,9 +497,18 @@ impl State {
         r.0 += 1;
     }
 
-    /// Answers get `id` from `from`: the range in pieces of at most `piece` bytes (the
-    /// origin's frame payload: each piece then lands in one frame), or its refusal.
-    fn serve_get(&mut self, from: Source, at: At, id: u64, len: u64, piece: u32, out: &mut Outbox) {
+    /// Answers get `id` from `from`: the range (bytes `base..` of the get) in pieces of
+    /// at most `piece` bytes (the origin's frame payload: each piece then lands in one
+    /// frame), or its refusal.
+    fn serve_get(
+        &mut self,
+        from: Source,
+        at: At,
+        (id, base): (u64, u64),
+        len: u64,
+        piece: u32,
+        out: &mut Outbox,
+    ) {
         match locate(&self.exposed, at, len) {
             Ok((mem, offset)) => {
                 self.counters.gets_served += 1;
@@ -387,11 +518,11 @@ impl State {
                 // SAFETY: offset + len <= the mapping's length (checked); read while `mem`
                 // is borrowed (the outbox copies the bytes before this returns).
                 let bytes = unsafe { std::slice::from_raw_parts(start, len as usize) };
-                answer_in_pieces(from, id, bytes, piece, out);
+                answer_in_pieces(from, (id, base), bytes, piece, out);
             }
             Err(status) => {
                 self.counters.refused += 1;
-                out.forward(from, &ops::got(status, id, 0), &[]);
+                out.forward(from, &ops::got(status, id, base), &[]);
             }
         }
     }
@@ -452,7 +583,7 @@ impl State {
                         Layout::dense(src.elem(), src.count()),
                     )
                 };
-                answer_in_pieces(from, id, &self.packed, piece, out);
+                answer_in_pieces(from, (id, 0), &self.packed, piece, out);
                 if self.packed.capacity() > SCRATCH_KEPT {
                     self.packed = Vec::new();
                 }
@@ -465,8 +596,16 @@ impl State {
         }
     }
 
-    /// A piece of the answer to get `id`, from `rank`.
-    fn got(&mut self, rank: u32, id: u64, status: Status, offset: u64, data: &[u8]) -> bool {
+    /// A piece of the answer to get `id`, from `from`, at `offset` of the get; asks the
+    /// next chunk of a large get when at most one is still to come.
+    fn got(
+        &mut self,
+        from: Source,
+        (id, offset): (u64, u64),
+        status: Status,
+        data: &[u8],
+        out: &mut Outbox,
+    ) -> bool {
         let malformed = &mut self.counters.malformed;
         match self.pending.get_mut(&id) {
             Some((
@@ -475,22 +614,42 @@ impl State {
                     buf,
                     left,
                     status: st,
+                    asking,
                 },
-            )) if *target == rank && *left > 0 && *st == Status::Done => {
+            )) if *target == from.rank && *left > 0 && *st == Status::Done => {
                 if status != Status::Done {
                     *st = status;
                     return true;
                 }
-                // The target answers in order and the channel keeps it: each piece starts
-                // where the last ended (a duplicated or overlapping piece from a peer that
-                // lies cannot mark bytes as arrived that never came).
-                let next = buf.len() as u64 - *left;
-                if offset != next || data.len() as u64 > *left {
+                // The target answers in order and the channel keeps it (so do the
+                // chunks of a large get, asked one after the other on that channel):
+                // each piece starts where the last ended (a duplicated or overlapping
+                // piece from a peer that lies cannot mark bytes as arrived that never
+                // came).
+                let len = buf.len() as u64;
+                let next = len - *left;
+                let asked = asking.map_or(len, |a| a.asked);
+                if offset != next || data.len() as u64 > asked - next {
                     *malformed += 1;
                     return false;
                 }
-                buf[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+                buf.bytes_mut()[offset as usize..offset as usize + data.len()]
+                    .copy_from_slice(data);
                 *left -= data.len() as u64;
+                if let Some(a) = asking.as_mut() {
+                    if a.asked - (len - *left) <= a.chunk {
+                        let n = (len - a.asked).min(a.chunk);
+                        let at = At {
+                            offset: a.at.offset.wrapping_add(a.asked),
+                            ..a.at
+                        };
+                        out.forward(from, &ops::get(at, id, n, a.piece, a.asked), &[]);
+                        a.asked += n;
+                        if a.asked == len {
+                            *asking = None;
+                        }
+                    }
+                }
                 *left == 0
             }
             _ => {
@@ -739,7 +898,7 @@ mod tests {
         let mut past = ops::put(at).to_vec();
         past.extend_from_slice(&[1; 7]);
         record(1, &past);
-        record(2, &ops::get(At { offset: 0, ..at }, 9, 256, 100));
+        record(2, &ops::get(At { offset: 0, ..at }, 9, 256, 100, 0));
         // Its second element would start at 300, past the window's end.
         let mut strided = ops::put_strided(At { offset: 0, ..at }, 300, 8, 2).to_vec();
         strided.extend_from_slice(&[2; 16]);
@@ -805,7 +964,7 @@ mod tests {
         assert_eq!(s.counters.puts_applied, 1);
         s.handle(
             origin(),
-            &ops::get(At { offset: 10, ..at }, 5, data.len() as u64, 1 << 20),
+            &ops::get(At { offset: 10, ..at }, 5, data.len() as u64, 1 << 20, 0),
             &mut out,
         );
         // The origin's side of the same state collects the pieces.
@@ -814,9 +973,10 @@ mod tests {
             (
                 1,
                 Pending::Get {
-                    buf: vec![0; data.len()],
+                    buf: Landing::Owned(vec![0; data.len()]),
                     left: data.len() as u64,
                     status: Status::Done,
+                    asking: None,
                 },
             ),
         );
@@ -828,9 +988,140 @@ mod tests {
         }
         assert!(done);
         match s.pending.remove(&5) {
-            Some((1, Pending::Get { buf, left: 0, .. })) => assert_eq!(buf, data),
+            Some((1, Pending::Get { buf, left: 0, .. })) => assert_eq!(buf.into_vec(), data),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The messages of two states' outboxes passed between them until nothing moves:
+    /// `target` answers what `origin` asks. Returns the most answer bytes that were
+    /// asked and not yet received at any time.
+    fn exchange(origin_state: &mut State, target: &mut State, first: &[u8]) -> u64 {
+        let (me, them) = (origin(), Source { rank: 2, dpid: 9 });
+        let (mut to_target, mut to_origin) = (Outbox::new(usize::MAX), Outbox::new(usize::MAX));
+        target.handle(me, first, &mut to_origin);
+        let mut most = 0;
+        loop {
+            let answers = answers(&mut to_origin);
+            if answers.is_empty() {
+                return most;
+            }
+            let outstanding: u64 = answers
+                .iter()
+                .map(|a| (a.len() - ops::GOT_LEN) as u64)
+                .sum();
+            most = most.max(outstanding);
+            // One answer at a time, as they arrive; requests go out as the origin asks.
+            for a in &answers {
+                origin_state.handle(them, a, &mut to_target);
+                for r in self::answers(&mut to_target) {
+                    target.handle(me, &r, &mut to_origin);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_large_get_is_asked_two_chunks_at_a_time() {
+        let (mut target, at) = state_with_window(700_000);
+        let mut origin_state = State::default();
+        let data: Vec<u8> = (0..690_000u32).map(|i| (i % 253) as u8).collect();
+        let mut put = ops::put(at).to_vec();
+        put.extend_from_slice(&data);
+        target.handle(origin(), &put, &mut Outbox::new(usize::MAX));
+        // Pieces of 1000 bytes, chunks of 128 000: five chunks and a bit.
+        let len = 5 * 128_000 + 777;
+        let at5 = At { offset: 5, ..at };
+        let (pending, first) = Pending::get(7, Landing::Owned(vec![0; len]), at5, 1000);
+        origin_state.pending.insert(7, (2, pending));
+        let most = exchange(&mut origin_state, &mut target, &first);
+        assert_eq!(most, 2 * 128_000, "two chunks asked at most");
+        assert_eq!(
+            target.counters.gets_served, 5,
+            "two chunks, then one at a time"
+        );
+        match origin_state.pending.remove(&7) {
+            Some((
+                2,
+                Pending::Get {
+                    buf,
+                    left: 0,
+                    status: Status::Done,
+                    asking: None,
+                },
+            )) => {
+                assert!(
+                    buf.into_vec() == data[5..5 + len],
+                    "the get read what the put wrote"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(origin_state.counters.malformed, 0);
+        // A small get is one request; this one lands in memory the caller lent.
+        let mut mine = [0u8; 5000];
+        // SAFETY: `mine` is not touched until the pending get is removed, below.
+        let lent = Landing::Lent(unsafe { LentBytes::new(&mut mine) });
+        let (pending, first) = Pending::get(8, lent, at, 1000);
+        origin_state.pending.insert(8, (2, pending));
+        exchange(&mut origin_state, &mut target, &first);
+        assert_eq!(target.counters.gets_served, 6);
+        assert!(matches!(
+            origin_state.pending.remove(&8),
+            Some((2, Pending::Get { left: 0, .. }))
+        ));
+        assert!(mine[..] == data[..5000]);
+    }
+
+    #[test]
+    fn a_chunked_get_stops_asking_when_refused_or_forgotten() {
+        let (mut target, at) = state_with_window(700_000);
+        let mut origin_state = State::default();
+        let (pending, first) = Pending::get(7, Landing::Owned(vec![0; 600_000]), at, 1000);
+        origin_state.pending.insert(7, (2, pending));
+        let (me, them) = (origin(), Source { rank: 2, dpid: 9 });
+        let (mut to_target, mut to_origin) = (Outbox::new(usize::MAX), Outbox::new(usize::MAX));
+        target.handle(me, &first, &mut to_origin);
+        // The window goes away after the first two chunks were served: the third is
+        // refused, and the get ends with the refusal.
+        target.exposed.clear();
+        for a in answers(&mut to_origin) {
+            origin_state.handle(them, &a, &mut to_target);
+        }
+        let asked = answers(&mut to_target);
+        assert_eq!(asked.len(), 2, "chunks 3 and 4, each once one more was in");
+        for r in &asked {
+            target.handle(me, r, &mut to_origin);
+        }
+        let refusals = answers(&mut to_origin);
+        assert_eq!(refusals.len(), 2);
+        assert!(origin_state.handle(them, &refusals[0], &mut to_target));
+        assert!(matches!(
+            origin_state.pending[&7],
+            (
+                2,
+                Pending::Get {
+                    status: Status::NoWindow,
+                    ..
+                }
+            )
+        ));
+        // The get is over: the second refusal answers nothing.
+        assert!(!origin_state.handle(them, &refusals[1], &mut to_target));
+        assert!(answers(&mut to_target).is_empty(), "nothing more asked");
+        // A get nobody waits for any more (its request dropped): its answers are
+        // counted, and ask for nothing.
+        let (mut target, at) = state_with_window(700_000);
+        let (pending, first) = Pending::get(9, Landing::Owned(vec![0; 600_000]), at, 1000);
+        origin_state.pending.insert(9, (2, pending));
+        target.handle(me, &first, &mut to_origin);
+        origin_state.pending.remove(&9);
+        let before = origin_state.counters.malformed;
+        for a in answers(&mut to_origin) {
+            assert!(!origin_state.handle(them, &a, &mut to_target));
+        }
+        assert_eq!(origin_state.counters.malformed - before, 256);
+        assert!(answers(&mut to_target).is_empty());
     }
 
     #[test]
@@ -857,7 +1148,7 @@ mod tests {
         s.handle(origin(), &ops::flush(1), &mut out);
         s.handle(
             origin(),
-            &ops::get(At { offset: 4000, ..at }, 2, 97, 1000),
+            &ops::get(At { offset: 4000, ..at }, 2, 97, 1000, 0),
             &mut out,
         );
         s.handle(
@@ -978,9 +1269,10 @@ mod tests {
             (
                 1,
                 Pending::Get {
-                    buf: vec![0; 4],
+                    buf: Landing::Owned(vec![0; 4]),
                     left: 4,
                     status: Status::Done,
+                    asking: None,
                 },
             ),
         );

@@ -9,7 +9,7 @@
 
 use super::memory::WindowMemory;
 use super::ops::{self, At, AtomicOp, Status};
-use super::serve::{Exposure, OnState, Pending, State};
+use super::serve::{Exposure, Landing, OnState, Pending, State};
 use super::window::{SharedObject, PUBLISHED_IDS};
 use crate::addr::Source;
 use crate::config::{Config, TransportChoice};
@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const WINDOW: usize = 64 << 10;
+const WINDOW: usize = 1 << 20;
 const GENERATION: u32 = 0x1234_5678;
 
 /// Drives both stations until `done` says so (bounded in virtual time).
@@ -181,27 +181,21 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                 }
             }
         }
-        let len = 1 + rng.below(20_000) as usize;
+        // Up to three chunks of pieces (the window has room for them): a large get
+        // asks for its chunks as its answer arrives, through the lossy channel too.
+        let answer_piece = (piece + ops::PUT_LEN - ops::GOT_LEN) as u32;
+        let most = 3 * answer_piece as u64 * crate::rma::serve::GET_CHUNK_PIECES;
+        let len = 1 + rng.below(most.min(WINDOW as u64 - 1)) as usize;
         let offset = rng.below((WINDOW - len) as u64) as usize;
         id += 1;
         let get = id;
-        states[0].lock().unwrap().pending.insert(
+        let (pending, m) = Pending::get(
             get,
-            (
-                1,
-                Pending::Get {
-                    buf: vec![0; len],
-                    left: len as u64,
-                    status: Status::Done,
-                },
-            ),
-        );
-        let m = ops::get(
+            Landing::Owned(vec![0; len]),
             at(offset as u64),
-            get,
-            len as u64,
-            (piece + ops::PUT_LEN - ops::GOT_LEN) as u32,
+            answer_piece,
         );
+        states[0].lock().unwrap().pending.insert(get, (1, pending));
         assert!(stations[0].send(to1, &m, &[], false).unwrap());
         drive_until(
             &net,
@@ -230,7 +224,10 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                     status: Status::Done,
                     ..
                 },
-            )) => assert!(buf == model[offset..offset + len], "round {round}: get"),
+            )) => assert!(
+                buf.into_vec() == model[offset..offset + len],
+                "round {round}: get"
+            ),
             other => panic!("get: {other:?}"),
         }
     }

@@ -6,8 +6,8 @@
 # MPI_Barrier from `bench/progs/mpi_rma.c` beside them) and on unshaped emulated
 # clusters of 2, 4, 8 nodes with one rank each (raw Ethernet; Open MPI's MPI_Barrier
 # over ob1/tcp on the same links, mpirun in a management namespace as bench/bcast.sh
-# runs it). Medians over REPS runs of each run's slowest-rank median (Open MPI: rank
-# 0's median).
+# runs it). Medians over REPS runs of each run's slowest-rank median (both systems:
+# bench/progs/mpi_rma.c reduces its ranks' medians with MPI_MAX).
 #
 # usage: bash bench/sync.sh     (REPS=3; needs root for the clusters and Open MPI)
 # Raw records: target/bench-sync/records.tsv (where, ranks, scheme, rep, µs)

@@ -77,6 +77,10 @@ pub mod ports;
 mod ports_mailbox;
 #[cfg(not(loom))]
 pub mod rma;
+// So is the node barrier's pair of lines.
+#[cfg(loom)]
+#[path = "rma/node_lines.rs"]
+mod rma_node_lines;
 pub(crate) mod sync;
 #[cfg(not(loom))]
 pub mod tagged;

@@ -497,6 +497,10 @@ impl Drop for Rma {
 struct Barrier {
     plan: Plan,
     area: Option<Area>,
+    /// Routes to the node's other ranks, connected when the barrier was made: whoever
+    /// releases the node rings their doorbells, and a rank released first may have
+    /// closed its endpoint by then (no connection may be made to it after).
+    neighbours: Vec<(u32, usize)>,
     episode: Cell<u64>,
 }
 
@@ -1219,28 +1223,37 @@ impl Rma {
                 })
                 .map_err(|e| self.ep.report(e))
         };
-        if let Some(area) = &b.area {
-            if me != leader {
-                area.count().fetch_add(1, Ordering::AcqRel);
-                station.wake(route_to(leader)?);
-                self.wait_shared(|| area.released().load(Ordering::Acquire) >= e)?;
+        let rounds = b.plan.rounds();
+        let node = b.area.as_ref().map(|a| a.lines(local_n));
+        if let Some(node) = &node {
+            let last = node.arrive();
+            // The node is the whole job: whoever arrives last releases it, at once (it
+            // is running; the leader may be waiting for a core, and would cost a
+            // context switch on an oversubscribed node). Otherwise the leader does,
+            // after the rounds between nodes.
+            let releases = if rounds == 0 { last } else { me == leader };
+            if !releases {
+                if last {
+                    for &(_, route) in b.neighbours.iter().filter(|&&(r, _)| r == leader) {
+                        station.wake(route);
+                    }
+                }
+                self.wait_shared(|| node.released(e))?;
                 b.episode.set(e);
                 return Ok(());
             }
-            self.wait_shared(|| area.count().load(Ordering::Acquire) == local_n - 1)?;
-            // The others add again only after the release below.
-            area.count().store(0, Ordering::Relaxed);
+            self.wait_shared(|| node.all_in())?;
         }
-        for k in 0..b.plan.rounds() {
+        for k in 0..rounds {
             let (to, from) = b.plan.partners(me, k);
             let route = route_to(to)?;
             self.send(to, route, &ops::barrier(k as u8, e), &[])?;
             self.wait_until(|| serve::lock(&self.state).arrived.remove(&(from, e, k as u8)))?;
         }
-        if let Some(area) = &b.area {
-            area.released().store(e, Ordering::Release);
-            for &r in &b.plan.local[1..] {
-                station.wake(route_to(r)?);
+        if let Some(node) = &node {
+            node.release(e);
+            for &(_, route) in &b.neighbours {
+                station.wake(route);
             }
         }
         b.episode.set(e);
@@ -1340,9 +1353,22 @@ impl Rma {
                 }
             }
         };
+        let mut neighbours = Vec::new();
+        if area.is_some() {
+            for &rank in plan.local.iter().filter(|&&r| r != job.rank) {
+                let route = station
+                    .connect(Source {
+                        rank,
+                        dpid: station.dpid(),
+                    })
+                    .map_err(|e| self.ep.report(e))?;
+                neighbours.push((rank, route));
+            }
+        }
         Ok(Barrier {
             plan,
             area,
+            neighbours,
             episode: Cell::new(0),
         })
     }

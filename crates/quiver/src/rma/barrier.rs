@@ -2,11 +2,13 @@
 //! quiver can do for the ranks of an [`Rma`](super::Rma).
 //!
 //! - **Inside a node** the node's ranks meet on two cache lines of a shared object of
-//!   the node's leader (its lowest rank): an arrival counter and an episode number. A
-//!   rank adds itself to the counter; the leader, once the count is the node's, resets
-//!   it and publishes the episode, which the others wait for. No system call unless a
-//!   waiter sleeps (then the arriving rank or the leader rings its doorbell, as a send
-//!   would).
+//!   the node's leader (its lowest rank): an arrival counter and an episode number.
+//!   Every rank adds itself to the counter; when the node is the whole job the rank
+//!   that arrives last resets it and publishes the episode, which the others wait for
+//!   (it is running, where a leader waiting its turn for a core would cost a context
+//!   switch); otherwise the leader does, once the count is the node's and the rounds
+//!   between nodes are over. No system call unless a waiter sleeps (then the last
+//!   arrival or the releasing rank rings its doorbell, as a send would).
 //! - **Across nodes** the leaders run a dissemination barrier: in round `k` leader `i`
 //!   sends an empty control message to leader `i + 2^k` and waits for the one from
 //!   `i - 2^k`, ⌈log2 L⌉ rounds for L nodes, on the engine's channels (one frame each,
@@ -19,6 +21,7 @@
 //! the next episode (a rank is never more than one ahead). While waiting, the rank
 //! makes progress on its `Rma` (other nodes' requests are served).
 
+pub(super) use super::node_lines::NodeLines;
 use super::window::{SharedObject, PUBLISHED_IDS};
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicU64;
@@ -135,14 +138,9 @@ impl Area {
         unsafe { &*(self.mem.ptr().add(line * 64) as *const AtomicU64) }
     }
 
-    /// The arrival counter.
-    pub(super) fn count(&self) -> &AtomicU64 {
-        self.word(0)
-    }
-
-    /// The last episode the leader released.
-    pub(super) fn released(&self) -> &AtomicU64 {
-        self.word(1)
+    /// The area's lines for a node of `ranks` ranks.
+    pub(super) fn lines(&self, ranks: u64) -> NodeLines<'_> {
+        NodeLines::new(self.word(0), self.word(1), ranks)
     }
 }
 

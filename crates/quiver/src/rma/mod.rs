@@ -47,6 +47,7 @@ pub mod dmsg;
 mod get;
 mod layout;
 mod memory;
+mod node_lines;
 mod ops;
 pub(crate) mod puller;
 pub mod pvm;

@@ -1,5 +1,6 @@
 """quiver for Python: the ranks of a job, Directed Point endpoints, tagged send and
-receive with mpi4py's names, and GAMMA's active-message ports.
+receive with mpi4py's names, GAMMA's active-message ports and one-sided operations on
+windows.
 
 Started as a job (``quiver run -n 2 python3 prog.py``, or ``mpirun -n 2 python3 prog.py``)::
 
@@ -37,6 +38,19 @@ buffer and handlers; a send names only the port::
         ports.wait(0)                         # the handler signalled
         data, (rank, port) = ports.read(0)
 
+One-sided operations (``job.rma(dpid)``): every rank allocates its windows in the same
+order, then reads and writes the others' parts::
+
+    with job.rma(3) as rma:
+        w = rma.allocate(1 << 20)             # this rank's part, zeroed
+        rma.barrier()
+        rma.put(1 - job.rank, w, 0, b"deposited")
+        rma.flush(1 - job.rank)               # in the other rank's window now
+        old = rma.fetch_add(0, w, 8, 1)       # a 64-bit word of rank 0's part
+        rma.barrier()
+        data = w.read(0, 9)                   # this rank's own part
+        rma.free(w)                           # collective
+
 Every error of the library is a :class:`quiver.Error` (see ``quiver._errors``).
 """
 
@@ -62,6 +76,7 @@ from ._errors import (
     TimeoutError,
     IoError,
     PortError,
+    RmaError,
     ThreadError,
 )
 from ._quiver import (
@@ -73,9 +88,11 @@ from ._quiver import (
     Job,
     Ports,
     Request,
+    Rma,
     Source,
     Status,
     Tagged,
+    Window,
     __version__,
     _close_all,
 )
@@ -93,9 +110,11 @@ __all__ = [
     "Job",
     "Ports",
     "Request",
+    "Rma",
     "Source",
     "Status",
     "Tagged",
+    "Window",
     "__version__",
     "Error",
     "ConfigError",
@@ -116,5 +135,6 @@ __all__ = [
     "TimeoutError",
     "IoError",
     "PortError",
+    "RmaError",
     "ThreadError",
 ]

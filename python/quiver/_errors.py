@@ -91,6 +91,12 @@ class PortError(Error):
     took the error."""
 
 
+class RmaError(Error):
+    """A one-sided operation failed: a range outside the window, a misaligned word, a
+    window the target does not have (never allocated, or freed), or a target that
+    refused it."""
+
+
 class ThreadError(Error):
     """An endpoint (or one of its requests) was used from a thread other than the one that
     opened it. Open one endpoint per thread (each with its own DPID)."""
@@ -116,6 +122,7 @@ __all__ = [
     "TimeoutError",
     "IoError",
     "PortError",
+    "RmaError",
     "ThreadError",
 ]
 

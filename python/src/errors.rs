@@ -83,6 +83,7 @@ pub fn to_py(e: Error) -> PyErr {
             Error::Timeout(_) => "TimeoutError",
             Error::Io { .. } => "IoError",
             Error::Port(_) => "PortError",
+            Error::Rma(_) => "RmaError",
             _ => "Error",
         };
         raise(py, class, msg, &[])

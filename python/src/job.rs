@@ -19,12 +19,15 @@ pub struct PyJob {
 
 impl PyJob {
     fn joint(&self) -> PyResult<&quiver::JointJob> {
-        self.joint.as_ref().ok_or_else(|| {
-            quiver::Error::Config(format!(
-                "job {} is not a joint job (Job.join makes one)",
-                self.job.job_id()
-            ))
-        }).py()
+        self.joint
+            .as_ref()
+            .ok_or_else(|| {
+                quiver::Error::Config(format!(
+                    "job {} is not a joint job (Job.join makes one)",
+                    self.job.job_id()
+                ))
+            })
+            .py()
     }
 }
 
@@ -144,6 +147,11 @@ impl PyJob {
     /// as ``quiver.Ports(job, dpid)``. They belong to the calling thread.
     fn ports(&self, py: Python<'_>, dpid: u16) -> PyResult<Py<PyPorts>> {
         PyPorts::open(py, &self.job, dpid)
+    }
+
+    /// This rank's one-sided endpoint on ``dpid`` (every rank opens the same DPID).
+    fn rma(&self, py: Python<'_>, dpid: u16) -> PyResult<Py<crate::rma::PyRma>> {
+        crate::rma::PyRma::open(py, &self.job, dpid)
     }
 
     fn __repr__(&self) -> String {

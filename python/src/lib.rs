@@ -1,10 +1,12 @@
 //! `quiver._quiver`, the extension module of the `quiver` Python package (which
 //! re-exports it; `quiver/_quiver.pyi` has the signatures): quiver's jobs, Directed
-//! Point endpoints, tagged endpoints with mpi4py's names, and GAMMA's ports.
+//! Point endpoints, tagged endpoints with mpi4py's names, GAMMA's ports and one-sided
+//! operations on windows.
 //!
 //! The modules: `job` (`quiver.Job`), `endpoint` (`quiver.Endpoint`), `tagged`
 //! (`quiver.Tagged`, `quiver.Status`), `request` (`quiver.Request`), `ports`
-//! (`quiver.Ports`, `quiver.Delivery`); beneath them
+//! (`quiver.Ports`, `quiver.Delivery`), `rma` (`quiver.Rma`, `quiver.Window`); beneath
+//! them
 //! `buffer` (the buffer protocol), `thread` (endpoints stay on the thread that opened
 //! them; the GIL released on that thread), `wait` (waiting in slices, Ctrl-C) and
 //! `errors` (the `quiver.Error` hierarchy). `docs/DESIGN-NOTES.md` ("Python bindings")
@@ -16,6 +18,7 @@ mod errors;
 mod job;
 mod ports;
 mod request;
+mod rma;
 mod tagged;
 mod thread;
 mod wait;
@@ -65,6 +68,8 @@ fn _quiver(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<request::PyRequest>()?;
     m.add_class::<ports::PyPorts>()?;
     m.add_class::<ports::PyDelivery>()?;
+    m.add_class::<rma::PyRma>()?;
+    m.add_class::<rma::PyWindow>()?;
     m.add("ANY_SOURCE", tagged::ANY_SOURCE)?;
     m.add("ANY_TAG", tagged::ANY_TAG)?;
     m.add("UNDEFINED", request::UNDEFINED)?;

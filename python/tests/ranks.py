@@ -593,6 +593,85 @@ def ports(comm, job):
     expect(quiver.ClosedError, p.send, 1, b"after close")
 
 
+def rma(comm, job):
+    """One-sided operations: puts into the other rank's window from bytes, bytearrays
+    and numpy arrays (up to a few MiB), read in place and got back both ways; atomics
+    from both ranks summing exactly; a matrix column by a strided put and back by an
+    indexed get; a put that counts; bad ranges and misaligned words as RmaError; the
+    collective free."""
+    other = 1 - job.rank
+    with job.rma(13) as r:
+        w = r.allocate(8 << 20)
+        assert len(w) == 8 << 20 and w.number == 0, w
+        r.barrier()
+        for n in BYTE_SIZES[:-1] + [(3 << 20) + 7]:
+            data = pattern(100 + job.rank, n).tobytes()
+            r.put(other, w, 64, data)
+            r.flush(other)
+            r.barrier()
+            assert w.read(64, n) == pattern(100 + other, n).tobytes(), n
+            back = bytearray(n)
+            r.Get(other, w, 64, back)
+            assert bytes(back) == data, n
+            assert r.get(other, w, 64, n) == data, n
+            r.barrier()
+        arr = np.arange(1000, dtype=np.float64) * (job.rank + 1)
+        r.put(other, w, 64, arr)
+        r.flush(other)
+        r.barrier()
+        mine = np.frombuffer(w.read(64, arr.nbytes), dtype=np.float64)
+        assert (mine == np.arange(1000) * (other + 1)).all()
+        got = np.empty(1000)
+        r.Get(other, w, 64, got)
+        assert (got == arr).all()
+
+        for _ in range(100):
+            r.fetch_add(0, w, 0, 1)
+        r.barrier()
+        if job.rank == 0:
+            assert w.word(0) == 200, w.word(0)
+        assert r.compare_swap(other, w, 8, 1, 5) == 0
+        assert r.compare_swap(other, w, 8, 0, 5) == 0
+        assert r.swap(other, w, 8, 9) == 5
+        r.barrier()
+        assert w.word(8) == 9
+
+        # Column job.rank of the other rank's 8 x 8 matrix of u64 at 4096.
+        col = np.arange(8, dtype=np.uint64) + 100 * job.rank
+        r.put_strided(other, w, (4096 + 8 * job.rank, 64, 8, 8), col, 8)
+        r.flush(other)
+        r.barrier()
+        m = np.frombuffer(w.read(4096, 512), dtype=np.uint64).reshape(8, 8)
+        assert (m[:, other] == np.arange(8) + 100 * other).all(), m
+        back = np.zeros(8, dtype=np.uint64)
+        r.get_indexed(other, w, [4096 + 64 * i + 8 * job.rank for i in range(8)], back,
+                      [8 * (7 - i) for i in range(8)], 8)
+        assert (back[::-1] == col).all(), back
+        strided_back = np.zeros(8, dtype=np.uint64)
+        r.get_strided(other, w, (4096 + 8 * job.rank, 64, 8, 8), strided_back, 8)
+        assert (strided_back == col).all()
+
+        r.put_notify(other, w, 8192, b"counted", 16)
+        r.wait_counter(w, 16, 1)
+        assert w.read(8192, 7) == b"counted"
+        assert r.combine(job.rank + 1) == 3
+        assert r.combine(job.rank, "max") == 1
+        expect(ValueError, r.combine, 1, "product")
+        expect(quiver.RmaError, r.put, other, w, (8 << 20) - 4, b"12345678")
+        expect(quiver.RmaError, r.fetch_add, other, w, 4, 1)
+        expect(quiver.RmaError, r.get, other, w, 8 << 20, 1)
+        expect(BufferError, r.Get, other, w, 0, b"read-only")
+        w.write(100, b"local")
+        assert w.read(100, 5) == b"local"
+        stats = r.stats()
+        assert stats["refused"] == 0 and stats["malformed"] == 0, stats
+        assert stats["atomics"] >= 103, stats
+        r.barrier()
+        r.free(w)
+        expect(quiver.ClosedError, w.read, 0, 1)
+    expect(quiver.ClosedError, r.barrier)
+
+
 def joint(comm, job):
     """Two jobs in a joint job (the test starts two jobs of this scenario): the host
     (QUIVER_TEST_ROLE=host) invites and its rank 0 writes the text to the file
@@ -650,6 +729,7 @@ SCENARIOS = {
     "threads": threads,
     "interrupt": interrupt,
     "ports": ports,
+    "rma": rma,
 }
 
 

@@ -32,6 +32,17 @@ def test_ports(transport):
     quiver_run(2, RANKS, "ports", env=env[transport]).expect_pass(["ports"])
 
 
+@pytest.mark.parametrize("transport", ["shm", "shm-no-cma", "udp", "udp-offload"])
+def test_rma(transport):
+    """One-sided operations on windows: puts and gets of bytes and numpy arrays up to
+    3 MiB both ways, atomics from both ranks, strided and indexed layouts, a put that
+    counts, typed errors, the collective free; over shared memory and UDP (with the
+    offload engine serving requests on its thread)."""
+    env = {"shm": {}, "shm-no-cma": {"QUIVER_CMA": "off"}, "udp": {"QUIVER_TRANSPORT": "udp"},
+           "udp-offload": {"QUIVER_TRANSPORT": "udp", "QUIVER_RELIABILITY": "offload"}}
+    quiver_run(2, RANKS, "rma", env=env[transport]).expect_pass(["rma"])
+
+
 @pytest.mark.parametrize("transport", ["shm", "udp"])
 def test_two_jobs_in_a_joint_job(transport, tmp_path):
     """Two jobs started apart: the first invites, the second joins with the text it

@@ -46,3 +46,17 @@ def main() -> None:
             if got is not None:
                 msg, (sender, sent_through) = got
                 print(msg.hex(), sender, sent_through, ports.stats()["delivered"])
+    with job.rma(4) as rma:
+        w: quiver.Window = rma.allocate(1 << 16)
+        rma.put(1, w, 0, np.arange(8, dtype=np.uint64))
+        rma.flush(1)
+        back = bytearray(64)
+        rma.Get(1, w, 0, back)
+        old: int = rma.fetch_add(0, w, 0, 1) + rma.combine(1, "max")
+        rma.put_strided(1, w, (0, 64, 8, 4), np.zeros(4, dtype=np.uint64), 8)
+        rma.get_indexed(1, w, [0, 8], back, [8, 0], 8)
+        try:
+            rma.get(1, w, 1 << 20, 1)
+        except quiver.RmaError as e:
+            print(e, old, w.word(0), len(w), w.read(0, 8).hex(), rma.stats()["puts"])
+        rma.free(w)

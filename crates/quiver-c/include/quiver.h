@@ -111,6 +111,31 @@
 #define QUIVER_RESERVED_PORT 255
 
 /**
+ * `quiver_rma_combine`: the sum (wrapping).
+ */
+#define QUIVER_COMBINE_SUM 0
+
+/**
+ * `quiver_rma_combine`: the largest.
+ */
+#define QUIVER_COMBINE_MAX 1
+
+/**
+ * `quiver_rma_combine`: the smallest.
+ */
+#define QUIVER_COMBINE_MIN 2
+
+/**
+ * `quiver_rma_combine`: bitwise and.
+ */
+#define QUIVER_COMBINE_AND 3
+
+/**
+ * `quiver_rma_combine`: bitwise or.
+ */
+#define QUIVER_COMBINE_OR 4
+
+/**
  * Any sender: the wildcard rank of a receive or probe.
  */
 #define QUIVER_ANY_SOURCE UINT32_MAX
@@ -294,10 +319,22 @@ typedef struct quiver_job quiver_job;
 typedef struct quiver_ports quiver_ports;
 
 /**
+ * A process's one-sided endpoint (opaque), bound to the thread that opened it. Opened
+ * by `quiver_rma_open`, closed by `quiver_rma_close`.
+ */
+typedef struct quiver_rma quiver_rma;
+
+/**
  * A tagged endpoint (opaque), bound to the thread that opened it. Opened by
  * `quiver_tagged_open`, closed by `quiver_tagged_close`.
  */
 typedef struct quiver_tagged quiver_tagged;
+
+/**
+ * A window of the job (opaque), this rank's part of it; bound to the thread that
+ * allocated it. Made by `quiver_rma_allocate`, ended by `quiver_rma_free`.
+ */
+typedef struct quiver_window quiver_window;
 
 /**
  * A received message: a view of its bytes in the endpoint's token buffer pool (no
@@ -507,6 +544,32 @@ typedef struct quiver_port_counters {
   uint64_t deposited;
   uint64_t parked;
 } quiver_port_counters;
+
+/**
+ * A strided layout in a window: `count` elements of `elem` bytes, element `i` at byte
+ * `offset + i * stride` (a column of a matrix, a 2-D block).
+ */
+typedef struct quiver_strided {
+  uint64_t offset;
+  uint64_t stride;
+  uint64_t elem;
+  uint64_t count;
+} quiver_strided;
+
+/**
+ * The counters of a process's one-sided endpoint (`quiver_rma_stats`); the fields of
+ * the Rust `RmaStats`, documented there.
+ */
+typedef struct quiver_rma_counters {
+  uint64_t puts;
+  uint64_t gets;
+  uint64_t atomics;
+  uint64_t direct;
+  uint64_t puts_applied;
+  uint64_t served;
+  uint64_t refused;
+  uint64_t malformed;
+} quiver_rma_counters;
 
 /**
  * What a completed operation did. On `QUIVER_ERR_TRUNCATED`, `peer`, `tag` and `len`
@@ -1517,6 +1580,369 @@ enum quiver_error quiver_delivery_send(struct quiver_delivery *d,
                                        uint8_t port,
                                        const void *data,
                                        size_t len);
+
+/**
+ * Opens this process's one-sided endpoint on `dpid` (every rank of the job opens one
+ * on the same DPID) into `*r`. With the offload engine (`QUIVER_RELIABILITY=offload`)
+ * other nodes' requests are served on its thread; otherwise inside this process's
+ * calls of its endpoint.
+ *
+ * Thread safety: any thread; the endpoint is then bound to it.
+ *
+ * # Safety
+ *
+ * `job` is NULL or a live job handle; `r` is NULL or writable.
+ */
+enum quiver_error quiver_rma_open(const struct quiver_job *job,
+                                  uint16_t dpid,
+                                  struct quiver_rma **r);
+
+/**
+ * Closes the endpoint at `*r` (small puts still combined leave first) and sets `*r` to
+ * NULL. Free the windows first (`quiver_rma_free`, collective).
+ *
+ * Thread safety: only the thread that opened it.
+ *
+ * # Safety
+ *
+ * `r` is NULL or points to NULL or to a live `quiver_rma`.
+ */
+enum quiver_error quiver_rma_close(struct quiver_rma **r);
+
+/**
+ * How waits poll before they sleep: `spin_us` microseconds, 0 to sleep at once, -1
+ * never to sleep (the default is `QUIVER_WAIT`'s).
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`.
+ */
+enum quiver_error quiver_rma_set_wait(const struct quiver_rma *r, int64_t spin_us);
+
+/**
+ * Allocates the job's next window, this rank's part `len` bytes (zeroed; each rank its
+ * own length), into `*w`. Every rank allocates its windows in the same order.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`; `w` is NULL or writable.
+ */
+enum quiver_error quiver_rma_allocate(const struct quiver_rma *r,
+                                      size_t len,
+                                      struct quiver_window **w);
+
+/**
+ * Frees the window at `*w` on every rank (collective: every rank calls it for the same
+ * window; puts in flight are flushed and the ranks meet first) and sets `*w` to NULL,
+ * also when it fails.
+ *
+ * Thread safety: only the thread that opened the endpoint and allocated the window.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`; `w` is NULL or points to NULL or to a live
+ * `quiver_window` of this endpoint.
+ */
+enum quiver_error quiver_rma_free(const struct quiver_rma *r, struct quiver_window **w);
+
+/**
+ * This rank's part of window `w`: its number in the job, its length and where it lies
+ * (`*base`, valid until the window is freed; read and write it in place, as other
+ * ranks may with puts and gets: concurrent accesses to the same bytes are the
+ * program's race). Any output may be NULL.
+ *
+ * Thread safety: only the thread that allocated the window.
+ *
+ * # Safety
+ *
+ * `w` is NULL or a live `quiver_window`; each output is NULL or writable.
+ */
+enum quiver_error quiver_window_info(const struct quiver_window *w,
+                                     uint32_t *number,
+                                     size_t *len,
+                                     uint8_t **base);
+
+/**
+ * Puts the `len` bytes at `src` at `offset` of window `w` at `rank`. Returns once
+ * `src` may be reused; `quiver_rma_flush` says when the bytes are in the window.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `src` NULL or readable for `len` bytes.
+ */
+enum quiver_error quiver_rma_put(const struct quiver_rma *r,
+                                 uint32_t rank,
+                                 const struct quiver_window *w,
+                                 uint64_t offset,
+                                 const uint8_t *src,
+                                 size_t len);
+
+/**
+ * Puts the `len` bytes at `src` at `offset` of window `w` at `rank`, then adds 1 to the
+ * 64-bit word at `counter` (8-byte aligned) of the same window, after the bytes are
+ * in place: the target waits for arrivals with `quiver_rma_wait_counter`. `len` 0
+ * only counts.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `src` NULL or readable for `len` bytes.
+ */
+enum quiver_error quiver_rma_put_notify(const struct quiver_rma *r,
+                                        uint32_t rank,
+                                        const struct quiver_window *w,
+                                        uint64_t offset,
+                                        const uint8_t *src,
+                                        size_t len,
+                                        uint64_t counter);
+
+/**
+ * Waits until the word at `counter` of this rank's part of window `w` holds at least
+ * `n`, and takes `n` from it (making progress meanwhile).
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles.
+ */
+enum quiver_error quiver_rma_wait_counter(const struct quiver_rma *r,
+                                          const struct quiver_window *w,
+                                          uint64_t counter,
+                                          uint64_t n);
+
+/**
+ * Copies `len` bytes at `offset` of window `w` at `rank` into `dst`; returns with them.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `dst` NULL or writable for `len` bytes, which nothing
+ * else touches during the call.
+ */
+enum quiver_error quiver_rma_get(const struct quiver_rma *r,
+                                 uint32_t rank,
+                                 const struct quiver_window *w,
+                                 uint64_t offset,
+                                 uint8_t *dst,
+                                 size_t len);
+
+/**
+ * Copies the elements of `src` (element `i` at `i * src_stride`; `src_len` bytes in
+ * all) to the strided layout `*dst` of window `w` at `rank`. Completion as
+ * `quiver_rma_put`.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `dst` NULL or readable; `src` NULL or readable for
+ * `src_len` bytes.
+ */
+enum quiver_error quiver_rma_put_strided(const struct quiver_rma *r,
+                                         uint32_t rank,
+                                         const struct quiver_window *w,
+                                         const struct quiver_strided *dst,
+                                         const uint8_t *src,
+                                         size_t src_len,
+                                         uint64_t src_stride);
+
+/**
+ * Copies the strided layout `*src` of window `w` at `rank` into `dst` (element `i` at
+ * `i * dst_stride`; `dst_len` bytes in all).
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `src` NULL or readable; `dst` NULL or writable for
+ * `dst_len` bytes, which nothing else touches during the call.
+ */
+enum quiver_error quiver_rma_get_strided(const struct quiver_rma *r,
+                                         uint32_t rank,
+                                         const struct quiver_window *w,
+                                         const struct quiver_strided *src,
+                                         uint8_t *dst,
+                                         size_t dst_len,
+                                         uint64_t dst_stride);
+
+/**
+ * Copies `count` elements of `elem` bytes from `src` (element `i` at
+ * `src_offsets[i]`) to window `w` at `rank` (element `i` at `dst_offsets[i]`).
+ * Completion as `quiver_rma_put`.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `dst_offsets` and `src_offsets` NULL or readable for
+ * `count` values; `src` NULL or readable for `src_len` bytes.
+ */
+enum quiver_error quiver_rma_put_indexed(const struct quiver_rma *r,
+                                         uint32_t rank,
+                                         const struct quiver_window *w,
+                                         const uint64_t *dst_offsets,
+                                         const uint8_t *src,
+                                         size_t src_len,
+                                         const uint64_t *src_offsets,
+                                         size_t count,
+                                         uint64_t elem);
+
+/**
+ * Copies `count` elements of `elem` bytes of window `w` at `rank` (element `i` at
+ * `src_offsets[i]`) into `dst` (element `i` at `dst_offsets[i]`; `dst_len` bytes).
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `src_offsets` and `dst_offsets` NULL or readable for
+ * `count` values; `dst` NULL or writable for `dst_len` bytes, which nothing else
+ * touches during the call.
+ */
+enum quiver_error quiver_rma_get_indexed(const struct quiver_rma *r,
+                                         uint32_t rank,
+                                         const struct quiver_window *w,
+                                         const uint64_t *src_offsets,
+                                         uint8_t *dst,
+                                         size_t dst_len,
+                                         const uint64_t *dst_offsets,
+                                         size_t count,
+                                         uint64_t elem);
+
+/**
+ * Adds `value` to the 64-bit word at `offset` (8-byte aligned) of window `w` at
+ * `rank`, atomically; `*old` (may be NULL) gets the value before.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `old` NULL or writable.
+ */
+enum quiver_error quiver_rma_fetch_add(const struct quiver_rma *r,
+                                       uint32_t rank,
+                                       const struct quiver_window *w,
+                                       uint64_t offset,
+                                       uint64_t value,
+                                       uint64_t *old);
+
+/**
+ * Writes `desired` to the 64-bit word at `offset` of window `w` at `rank` if it holds
+ * `expected`, atomically; `*old` (may be NULL) gets the value it held (`expected` when
+ * the swap happened).
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `old` NULL or writable.
+ */
+enum quiver_error quiver_rma_compare_swap(const struct quiver_rma *r,
+                                          uint32_t rank,
+                                          const struct quiver_window *w,
+                                          uint64_t offset,
+                                          uint64_t expected,
+                                          uint64_t desired,
+                                          uint64_t *old);
+
+/**
+ * Writes `value` to the 64-bit word at `offset` of window `w` at `rank`, atomically;
+ * `*old` (may be NULL) gets the value before.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r`, `w` NULL or live handles; `old` NULL or writable.
+ */
+enum quiver_error quiver_rma_swap(const struct quiver_rma *r,
+                                  uint32_t rank,
+                                  const struct quiver_window *w,
+                                  uint64_t offset,
+                                  uint64_t value,
+                                  uint64_t *old);
+
+/**
+ * Returns once every put this rank issued to `rank` is in its window (a put the target
+ * refused is reported here, as `QUIVER_ERR_RMA`).
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`.
+ */
+enum quiver_error quiver_rma_flush(const struct quiver_rma *r, uint32_t rank);
+
+/**
+ * `quiver_rma_flush` of every rank.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`.
+ */
+enum quiver_error quiver_rma_flush_all(const struct quiver_rma *r);
+
+/**
+ * Waits until every rank of the job called it (the fastest barrier quiver has: shared
+ * cache lines inside a node, a dissemination between nodes). It does not flush.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`.
+ */
+enum quiver_error quiver_rma_barrier(const struct quiver_rma *r);
+
+/**
+ * Combines `value` from every rank with `op` (`QUIVER_COMBINE_*`; up a binomial tree and back down);
+ * `*result` gets the result on every rank. Every rank calls it with the same `op`.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`; `result` NULL or writable.
+ */
+enum quiver_error quiver_rma_combine(const struct quiver_rma *r,
+                                     uint64_t value,
+                                     uint32_t op,
+                                     uint64_t *result);
+
+/**
+ * Serves what other ranks asked of this one and takes the answers that came, without
+ * waiting.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`.
+ */
+enum quiver_error quiver_rma_progress(const struct quiver_rma *r);
+
+/**
+ * The endpoint's counters into `*out`.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `r` is NULL or a live `quiver_rma`; `out` NULL or writable.
+ */
+enum quiver_error quiver_rma_stats(const struct quiver_rma *r, struct quiver_rma_counters *out);
 
 /**
  * Opens the tagged endpoint `dpid` of this rank (every rank of the job opens the same

@@ -7,7 +7,7 @@
 //! point goes through (no panic crosses it); `job` jobs; `endpoint` Directed Point
 //! endpoints (messages are views into the token buffer pool, held until released);
 //! `tagged` tagged endpoints and their requests; `ports` GAMMA's ports and the
-//! deliveries their handlers are handed.
+//! deliveries their handlers are handed; `rma` one-sided operations on windows.
 //!
 //! What every entry point guarantees: it returns a `quiver_error` (or, for the few that
 //! return a value, a documented value) and never unwinds; a NULL handle or output
@@ -20,6 +20,7 @@ mod endpoint;
 mod error;
 mod job;
 mod ports;
+mod rma;
 mod tagged;
 
 /// The major version of the header (breaking changes of the ABI before 1.0 bump the

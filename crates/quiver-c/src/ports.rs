@@ -631,6 +631,19 @@ pub unsafe extern "C" fn quiver_ports_progress(p: *const quiver_ports) -> quiver
     unsafe { with(p, |ports| Ok(ports.progress()?)) }
 }
 
+/// The wait mode of a `set_wait` call's `spin_us`: -1 never sleeps, 0 sleeps at once,
+/// 1 to 1000000 polls that many microseconds first.
+pub(crate) fn wait_mode(spin_us: i64) -> Result<WaitMode, Failure> {
+    match spin_us {
+        -1 => Ok(WaitMode::Spin),
+        0 => Ok(WaitMode::Block),
+        us if us > 0 && us <= 1_000_000 => Ok(WaitMode::Hybrid(Duration::from_micros(us as u64))),
+        other => Err(Failure::invalid(format!(
+            "spin_us {other}: expected -1, 0 or 1 to 1000000"
+        ))),
+    }
+}
+
 /// How waits poll before they sleep: `spin_us` microseconds (GAMMA's 50 by default), 0
 /// to sleep at once, -1 never to sleep.
 ///
@@ -645,17 +658,7 @@ pub unsafe extern "C" fn quiver_ports_set_wait(
     spin_us: i64,
 ) -> quiver_error {
     let body = |ports: &Ports| -> Outcome {
-        let mode = match spin_us {
-            -1 => WaitMode::Spin,
-            0 => WaitMode::Block,
-            us if us > 0 && us <= 1_000_000 => WaitMode::Hybrid(Duration::from_micros(us as u64)),
-            other => {
-                return Err(Failure::invalid(format!(
-                    "spin_us {other}: expected -1, 0 or 1 to 1000000"
-                )))
-            }
-        };
-        ports.set_wait(mode);
+        ports.set_wait(wait_mode(spin_us)?);
         Ok(())
     };
     // SAFETY: the caller's contract.

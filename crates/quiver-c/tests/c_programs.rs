@@ -2,7 +2,7 @@
 //! (libraries, header, `quiver.pc`, the `quiver` launcher), C programs compiled against
 //! that prefix by the system compiler with `pkg-config --cflags --libs quiver` (once
 //! linked statically), and run as real jobs under the installed `quiver run` and under
-//! Open MPI's `mpirun` (with no `QUIVER_*` variable: the ranks meet through PMIx): the examples of `examples/c/` (hello, ring, pingpong) and
+//! Open MPI's `mpirun` (with no `QUIVER_*` variable: the ranks meet through PMIx): the examples of `examples/c/` (hello, ring, pingpong, ports, rma) and
 //! `tests/c/errors.c`, which checks that every error path returns its code.
 //!
 //! The install runs cargo once more (`make all install` builds the release libraries and
@@ -493,6 +493,32 @@ fn ports_under_quiver_run() {
             );
             assert!(
                 lines.iter().any(|l| l.ends_with(&want)),
+                "{want}\n{}",
+                done.describe()
+            );
+        }
+    }
+}
+
+#[test]
+fn rma_under_quiver_run() {
+    let Some(inst) = installed() else { return };
+    let prog = compile(inst, "examples/c/rma.c", "rma", Link::Shared);
+    let udp = ("QUIVER_TRANSPORT", "udp");
+    for (n, env) in [
+        (3, vec![("QUIVER_TRANSPORT", "auto")]),
+        (3, vec![udp]),
+        (2, vec![udp, ("QUIVER_RELIABILITY", "offload")]),
+    ] {
+        let done = quiver_run(inst, n, &prog, &["3"], &env).ok("quiver run rma");
+        let lines = lines_with(&done.stdout, "rma: rank");
+        assert_eq!(lines.len(), n as usize, "{}", done.describe());
+        for rank in 0..n {
+            let want = format!("rma: rank {rank}: 3 rounds, ");
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.contains(&want) && l.ends_with("every byte verified")),
                 "{want}\n{}",
                 done.describe()
             );

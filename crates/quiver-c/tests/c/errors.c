@@ -165,6 +165,40 @@ static void null_handles(void) {
     void *shared;
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_alloc_shared(NULL, 64, &shared));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_free_shared(NULL, buf));
+
+    /* One-sided operations. */
+    quiver_rma *norma = NULL;
+    quiver_window *nowin = NULL;
+    quiver_rma_counters rc;
+    quiver_strided layout = {0, 8, 8, 1};
+    uint64_t u64, offs[1] = {0};
+    uint8_t *base;
+    const uint8_t *src = (const uint8_t *)buf;
+    uint8_t *dst = (uint8_t *)buf;
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_open(NULL, 1, &norma));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_close(NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_close(&norma));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_set_wait(NULL, 0));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_allocate(NULL, 8, &nowin));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_free(NULL, &nowin));
+    EXPECT(QUIVER_ERR_NULL, quiver_window_info(NULL, &u32, &sz, &base));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put(NULL, 0, NULL, 0, src, 1));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put_notify(NULL, 0, NULL, 0, NULL, 0, 0));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_wait_counter(NULL, NULL, 0, 1));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_get(NULL, 0, NULL, 0, dst, 1));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put_strided(NULL, 0, NULL, &layout, src, 8, 8));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_get_strided(NULL, 0, NULL, &layout, dst, 8, 8));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put_indexed(NULL, 0, NULL, offs, src, 8, offs, 1, 8));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_get_indexed(NULL, 0, NULL, offs, dst, 8, offs, 1, 8));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_fetch_add(NULL, 0, NULL, 0, 1, &u64));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_compare_swap(NULL, 0, NULL, 0, 0, 1, &u64));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_swap(NULL, 0, NULL, 0, 1, &u64));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_flush(NULL, 0));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_flush_all(NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_barrier(NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_combine(NULL, 1, QUIVER_COMBINE_SUM, &u64));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_progress(NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_stats(NULL, &rc));
 }
 
 /* Every code has its own string; unknown codes one too; the version agrees. */
@@ -271,6 +305,21 @@ static void *intrude(void *arg) {
     in->progress = quiver_tagged_progress(in->t);
     in->send = quiver_tagged_send(in->t, 0, 1, &byte, 1);
     in->close = quiver_tagged_close(&in->t);
+    return NULL;
+}
+
+struct rma_intruder {
+    quiver_rma *r;
+    quiver_window *w;
+    quiver_error progress, info, close;
+};
+
+static void *rma_intrude(void *arg) {
+    struct rma_intruder *in = arg;
+    size_t len;
+    in->progress = quiver_rma_progress(in->r);
+    in->info = quiver_window_info(in->w, NULL, &len, NULL);
+    in->close = quiver_rma_close(&in->r);
     return NULL;
 }
 
@@ -533,6 +582,45 @@ static void in_a_job(void) {
     ASSERT(in.close == QUIVER_ERR_WRONG_THREAD);
     ASSERT(in.t == t);
     EXPECT(QUIVER_OK, quiver_tagged_progress(t)); /* still fine on its own thread */
+
+    /* One-sided operations: NULL windows, buffers and outputs, ranges outside the
+       window and a misaligned word (refused at the origin), unknown arguments, another
+       thread; the collective free clears the handle. */
+    quiver_rma *r = NULL;
+    quiver_window *w = NULL;
+    uint64_t u64;
+    const uint8_t *src = (const uint8_t *)buf;
+    MUST(quiver_rma_open(job, 41, &r));
+    MUST(quiver_rma_allocate(r, 64, &w));
+    MUST(quiver_rma_barrier(r));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put(r, peer, NULL, 0, src, 1));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put(r, peer, w, 0, NULL, 1));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_get(r, peer, w, 0, NULL, 1));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_allocate(r, 8, NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_combine(r, 1, QUIVER_COMBINE_SUM, NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_stats(r, NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put_strided(r, peer, w, NULL, src, 8, 8));
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_put_indexed(r, peer, w, NULL, src, 8, NULL, 1, 8));
+    EXPECT(QUIVER_ERR_RMA, quiver_rma_put(r, peer, w, 60, src, 8));
+    EXPECT(QUIVER_ERR_RMA, quiver_rma_get(r, peer, w, 64, (uint8_t *)buf, 1));
+    EXPECT(QUIVER_ERR_RMA, quiver_rma_fetch_add(r, peer, w, 4, 1, &u64));
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_rma_combine(r, 1, 99, &u64));
+    LAST_SAYS("QUIVER_COMBINE_");
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_rma_set_wait(r, -5));
+    EXPECT(QUIVER_OK, quiver_rma_fetch_add(r, peer, w, 8, 1, NULL));
+    struct rma_intruder rin = {r, w, QUIVER_OK, QUIVER_OK, QUIVER_OK};
+    pthread_t rth;
+    ASSERT(pthread_create(&rth, NULL, rma_intrude, &rin) == 0);
+    pthread_join(rth, NULL);
+    ASSERT(rin.progress == QUIVER_ERR_WRONG_THREAD);
+    ASSERT(rin.info == QUIVER_ERR_WRONG_THREAD);
+    ASSERT(rin.close == QUIVER_ERR_WRONG_THREAD && rin.r == r);
+    MUST(quiver_rma_barrier(r));
+    EXPECT(QUIVER_OK, quiver_rma_free(r, &w));
+    ASSERT(w == NULL);
+    EXPECT(QUIVER_ERR_NULL, quiver_rma_free(r, &w));
+    EXPECT(QUIVER_OK, quiver_rma_close(&r));
+    ASSERT(r == NULL);
 
     /* Every rank is done with both endpoints before they close (twice). */
     MUST(quiver_job_barrier(job));

@@ -52,6 +52,10 @@ static uint8_t pattern(uint32_t rank, uint32_t round, size_t i) {
 
 int main(int argc, char **argv) {
     uint32_t rounds = argc > 1 ? (uint32_t)atoi(argv[1]) : 3;
+    if (rounds < 1 || rounds > 100) {
+        fprintf(stderr, "rma: ROUNDS is 1 to 100\n");
+        return 2;
+    }
     quiver_job *job = NULL;
     CHECK(quiver_job_from_env(&job));
     uint32_t rank, size;

@@ -58,6 +58,18 @@ impl PyWindow {
     /// ``n`` bytes at ``offset`` of this rank's part, copied out.
     fn read<'py>(&self, py: Python<'py>, offset: usize, n: usize) -> PyResult<Bound<'py, PyBytes>> {
         self.with(|w| {
+            // Checked before anything is allocated: a length beyond the window raises.
+            if offset.checked_add(n).is_none_or(|end| end > w.len()) {
+                return Err(errors::to_py(quiver::Error::Rma(
+                    quiver::rma::RmaError::OutOfBounds {
+                        rank: u32::MAX,
+                        window: w.number(),
+                        offset: offset as u64,
+                        len: n as u64,
+                        size: w.len() as u64,
+                    },
+                )));
+            }
             let mut out = vec![0u8; n];
             w.read(offset, &mut out).py()?;
             Ok(PyBytes::new(py, &out))
@@ -256,8 +268,9 @@ impl PyRma {
         let (ptr, len) = (b.ptr() as usize, b.len());
         self.with(py, Some(window), move |r, w| {
             // SAFETY: the export keeps the memory in place and writable until `b` is
-            // dropped, after the call; nothing else writes it meanwhile (the GIL is
-            // released, but the object is exported: resizing it is refused).
+            // dropped, after the call (resizing an exported object is refused); another
+            // Python thread writing it meanwhile, the GIL released, is the program's race
+            // on the bytes (as with mpi4py), never a write outside them.
             let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
             r.get(rank, w.expect("given"), offset, dst)
         })

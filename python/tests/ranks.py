@@ -661,6 +661,7 @@ def rma(comm, job):
         expect(quiver.RmaError, r.fetch_add, other, w, 4, 1)
         expect(quiver.RmaError, r.get, other, w, 8 << 20, 1)
         expect(BufferError, r.Get, other, w, 0, b"read-only")
+        expect(quiver.RmaError, w.read, 0, 1 << 60)  # refused before any allocation
         w.write(100, b"local")
         assert w.read(100, 5) == b"local"
         stats = r.stats()

@@ -1611,7 +1611,7 @@ enum quiver_error quiver_rma_close(struct quiver_rma **r);
 
 /**
  * How waits poll before they sleep: `spin_us` microseconds, 0 to sleep at once, -1
- * never to sleep (the default is `QUIVER_WAIT`'s).
+ * never to sleep (by default as `QUIVER_WAIT` says).
  *
  * Thread safety: only the thread that opened the endpoint.
  *
@@ -1720,6 +1720,8 @@ enum quiver_error quiver_rma_wait_counter(const struct quiver_rma *r,
 
 /**
  * Copies `len` bytes at `offset` of window `w` at `rank` into `dst`; returns with them.
+ * When it fails half-way (the target refused a later part, its rank failed) the start
+ * of `dst` may hold bytes already.
  *
  * Thread safety: only the thread that opened the endpoint.
  *

@@ -180,7 +180,7 @@ pub unsafe extern "C" fn quiver_rma_close(r: *mut *mut quiver_rma) -> quiver_err
 }
 
 /// How waits poll before they sleep: `spin_us` microseconds, 0 to sleep at once, -1
-/// never to sleep (the default is `QUIVER_WAIT`'s).
+/// never to sleep (by default as `QUIVER_WAIT` says).
 ///
 /// Thread safety: only the thread that opened the endpoint.
 ///
@@ -374,6 +374,8 @@ pub unsafe extern "C" fn quiver_rma_wait_counter(
 }
 
 /// Copies `len` bytes at `offset` of window `w` at `rank` into `dst`; returns with them.
+/// When it fails half-way (the target refused a later part, its rank failed) the start
+/// of `dst` may hold bytes already.
 ///
 /// Thread safety: only the thread that opened the endpoint.
 ///

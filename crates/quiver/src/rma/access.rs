@@ -39,9 +39,9 @@
 //!
 //! Order: requests to one rank are applied in the order they were issued, so a get or a
 //! flush sees every put issued before it. A get started with [`Rma::get_start`] and not
-//! yet complete may or may not see a put issued after it to the same bytes (its later
-//! chunks are asked later): wait for the get first, as MPI asks between conflicting
-//! accesses.
+//! yet complete may or may not see a put, atomic or counted put issued after it to the
+//! same bytes (its later chunks are asked later): wait for the get first, as MPI asks
+//! between conflicting accesses.
 //!
 //! Checks: the window's length comes with its key (published in the job's store when
 //! it is allocated, fetched once per rank and window), so a range outside it is an
@@ -83,8 +83,6 @@ use super::ops::{self, At, AtomicOp, Status};
 
 /// Shared-object numbers of windows: `WINDOW_IDS | n`, `n` counted per process.
 const WINDOW_IDS: u32 = PUBLISHED_IDS | 1 << 29;
-/// How long a wait polls before it sleeps, by default (as the ports' waits).
-const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 /// Looks at a shared line before a barrier's waiter on an oversubscribed node waits as
 /// any other wait does.
 const SHARED_LOOKS: u32 = 4096;
@@ -343,9 +341,9 @@ enum Reach {
 }
 
 /// A get in flight ([`Rma::get_start`]): it owns the buffer until the answer is in.
-/// Dropped before it completes, the get is forgotten and its buffer freed (its answer
-/// arrives all the same, and is dropped and counted as malformed, as any answer to a
-/// request nobody waits for).
+/// Dropped before it completes, the get is forgotten and its buffer freed (what was
+/// asked of its answer arrives all the same, at most two chunks of a large one, and is
+/// dropped and counted as malformed, as any answer to a request nobody waits for).
 #[must_use = "a get's data comes back from `wait`"]
 pub struct GetRequest<'r> {
     rma: &'r Rma,
@@ -497,10 +495,14 @@ impl Drop for Rma {
 struct Barrier {
     plan: Plan,
     area: Option<Area>,
-    /// Routes to the node's other ranks, connected when the barrier was made: whoever
-    /// releases the node rings their doorbells, and a rank released first may have
-    /// closed its endpoint by then (no connection may be made to it after).
-    neighbours: Vec<(u32, usize)>,
+    /// The route to the node's leader (from its other ranks), connected when the
+    /// barrier was made (the leader's published area shows its endpoint is open): the
+    /// last arrival rings its doorbell when the leader releases.
+    leader_route: Option<usize>,
+    /// Routes to the node's other ranks, connected by the first rank to release the
+    /// node once every rank was inside the barrier (none had closed its endpoint yet;
+    /// once released, a rank may close it and no connection could be made after).
+    neighbours: RefCell<Vec<usize>>,
     episode: Cell<u64>,
 }
 
@@ -539,7 +541,7 @@ impl Rma {
             combining: RefCell::new(Combining::default()),
             next_window: Cell::new(0),
             next_id: Cell::new(1),
-            wait: Cell::new(WaitMode::Hybrid(WAIT_SPIN)),
+            wait: Cell::new(job.config().wait),
             stats: RefCell::new(RmaStats::default()),
             freed: Arc::new(AtomicU32::new(0)),
             freed_seen: Cell::new(0),
@@ -553,7 +555,7 @@ impl Rma {
         &self.ep
     }
 
-    /// How waits wait (by default: poll for 50 µs, then sleep on the descriptor).
+    /// How waits wait (by default as `QUIVER_WAIT` says: the job's configuration).
     pub fn set_wait(&self, mode: WaitMode) {
         self.wait.set(mode);
     }
@@ -709,7 +711,10 @@ impl Rma {
         Ok(())
     }
 
-    /// Copies `dst.len()` bytes at `offset` of `window` at `rank` into `dst`.
+    /// Copies `dst.len()` bytes at `offset` of `window` at `rank` into `dst`. Between
+    /// nodes the answer lands in `dst` piece by piece: when the get fails half-way (the
+    /// target refused a later chunk, its rank failed), the start of `dst` may hold
+    /// bytes already and the rest is unchanged.
     pub fn get(&self, rank: u32, window: &Window, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.stats.borrow_mut().gets += 1;
         let (key, at) = self.address(rank, window, offset, dst.len() as u64)?;
@@ -732,8 +737,9 @@ impl Rma {
                 // SAFETY: `dst` is borrowed uniquely for the call and not touched here
                 // until the pending get is removed.
                 let landing = Landing::Lent(unsafe { LentBytes::new(dst) });
-                let id = self.ask_get(rank, (route, piece), at, landing)?;
+                let id = self.id();
                 let _forget = Forget { rma: self, id };
+                self.ask_get(id, rank, (route, piece), at, landing)?;
                 match self.wait_for(id)? {
                     Pending::Get {
                         status: Status::Done,
@@ -746,16 +752,17 @@ impl Rma {
         }
     }
 
-    /// Asks `rank` for the bytes at `at`, to land in `landing`, over `route` in pieces
-    /// of at most its frame; returns the request's id (the pending get is in the state).
+    /// Asks `rank` for the bytes at `at` as get `id`, to land in `landing`, over `route`
+    /// in pieces of at most its frame (the pending get is in the state when this
+    /// returns `Ok`; it is removed again when the request cannot be sent).
     fn ask_get(
         &self,
+        id: u64,
         rank: u32,
         (route, piece): (usize, usize),
         at: At,
         landing: Landing,
-    ) -> Result<u64> {
-        let id = self.id();
+    ) -> Result<()> {
         let piece = u32::try_from(piece.saturating_sub(ops::GOT_LEN).max(1)).unwrap_or(u32::MAX);
         let (pending, request) = Pending::get(id, landing, at, piece);
         serve::lock(&self.state).pending.insert(id, (rank, pending));
@@ -763,7 +770,7 @@ impl Rma {
             serve::lock(&self.state).pending.remove(&id);
             return Err(e);
         }
-        Ok(id)
+        Ok(())
     }
 
     /// Starts a get of `buf.len()` bytes at `offset` of `window` at `rank` into `buf`,
@@ -798,7 +805,8 @@ impl Rma {
             Path::Messages { .. } if self.attached_get(rank, key, offset, &mut buf) => None,
             Path::Messages { route, piece } => {
                 let landing = Landing::Owned(std::mem::take(&mut buf));
-                let id = self.ask_get(rank, (route, piece), at, landing)?;
+                let id = self.id();
+                self.ask_get(id, rank, (route, piece), at, landing)?;
                 Some(Asked {
                     id,
                     rank,
@@ -1233,16 +1241,21 @@ impl Rma {
             // after the rounds between nodes.
             let releases = if rounds == 0 { last } else { me == leader };
             if !releases {
-                if last {
-                    for &(_, route) in b.neighbours.iter().filter(|&&(r, _)| r == leader) {
-                        station.wake(route);
-                    }
+                if let (true, Some(route)) = (last, b.leader_route) {
+                    station.wake(route);
                 }
                 self.wait_shared(|| node.released(e))?;
                 b.episode.set(e);
                 return Ok(());
             }
             self.wait_shared(|| node.all_in())?;
+            if b.neighbours.borrow().is_empty() {
+                let mut routes = Vec::new();
+                for &rank in b.plan.local.iter().filter(|&&r| r != me) {
+                    routes.push(route_to(rank)?);
+                }
+                *b.neighbours.borrow_mut() = routes;
+            }
         }
         for k in 0..rounds {
             let (to, from) = b.plan.partners(me, k);
@@ -1252,7 +1265,7 @@ impl Rma {
         }
         if let Some(node) = &node {
             node.release(e);
-            for &(_, route) in &b.neighbours {
+            for &route in b.neighbours.borrow().iter() {
                 station.wake(route);
             }
         }
@@ -1353,22 +1366,20 @@ impl Rma {
                 }
             }
         };
-        let mut neighbours = Vec::new();
-        if area.is_some() {
-            for &rank in plan.local.iter().filter(|&&r| r != job.rank) {
-                let route = station
-                    .connect(Source {
-                        rank,
-                        dpid: station.dpid(),
-                    })
-                    .map_err(|e| self.ep.report(e))?;
-                neighbours.push((rank, route));
-            }
-        }
+        let leader_route = if area.is_some() && plan.leader() != job.rank {
+            let leader = Source {
+                rank: plan.leader(),
+                dpid: station.dpid(),
+            };
+            Some(station.connect(leader).map_err(|e| self.ep.report(e))?)
+        } else {
+            None
+        };
         Ok(Barrier {
             plan,
             area,
-            neighbours,
+            leader_route,
+            neighbours: RefCell::new(Vec::new()),
             episode: Cell::new(0),
         })
     }

@@ -1,9 +1,11 @@
-//! One-sided operations between two real processes of one node (the test binary starts
-//! itself twice as the ranks of a job): an allocated window written and read in place,
-//! a registered window reached by cross-memory attach into the other process (and, with
+//! One-sided operations between two real processes (the test binary starts itself twice
+//! as the ranks of a job): an allocated window written and read in place, a registered
+//! window reached by cross-memory attach into the other process (and, with
 //! `QUIVER_CMA=off`, through its engine), fetch-and-add from both processes on the
-//! registered word summing exactly, and the registered memory given back by
-//! `Rma::free` holding what the other process put there.
+//! registered word summing exactly, a range past the window's end refused at the
+//! origin, and the registered memory given back by `Rma::free` holding what the other
+//! process put there; then the same over UDP (every operation through the target's
+//! engine, gets of 1 MB asked in chunks), and with the offload engine serving them.
 
 mod common;
 
@@ -14,7 +16,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 const RANK_VAR: &str = "QUIVER_RMA_PROCESS_TEST_RANK";
-const LEN: usize = 300_000;
+// Over the network a get of this many bytes is asked in chunks (`GET_CHUNK_PIECES`).
+const LEN: usize = 1_000_000;
 const ADDS: u64 = 500;
 
 /// One rank, in a child process: prints its stats and what it checked.
@@ -52,6 +55,10 @@ fn rank_main(rank: u32) {
                 .load(std::sync::atomic::Ordering::Acquire),
             2 * ADDS
         );
+    }
+    match rma.put(other, &shared, (LEN - 4) as u64, &[0u8; 8]) {
+        Err(quiver::Error::Rma(quiver::rma::RmaError::OutOfBounds { .. })) => {}
+        other => panic!("a put past the window's end: {other:?}"),
     }
     let stats = rma.stats();
     let given_back = rma
@@ -132,5 +139,21 @@ fn rma_between_two_processes() {
     let out = run_job(&[("QUIVER_CMA", "off")]);
     for o in &out {
         assert!(counter(o, "puts_applied") > 0, "{out:?}");
+    }
+    // Over UDP, as two nodes would: every put applied by the target's engine (with the
+    // offload engine, on its thread); nothing direct but rank 0's adds to its own word.
+    for extra in [
+        &[("QUIVER_TRANSPORT", "udp")][..],
+        &[
+            ("QUIVER_TRANSPORT", "udp"),
+            ("QUIVER_RELIABILITY", "offload"),
+        ][..],
+    ] {
+        let out = run_job(extra);
+        for (rank, o) in out.iter().enumerate() {
+            assert!(counter(o, "puts_applied") > 0, "{extra:?}: {out:?}");
+            let own_adds = if rank == 0 { ADDS } else { 0 };
+            assert_eq!(counter(o, "direct"), own_adds, "{extra:?}: {out:?}");
+        }
     }
 }

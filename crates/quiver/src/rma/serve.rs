@@ -770,10 +770,12 @@ pub(crate) mod fuzz {
     const GUARD: usize = 64;
 
     /// Hands the messages of `data` to the target and origin state of one rank that
-    /// exposes window 3 (generation 77) of 256 bytes: records of the sender's rank (one
-    /// byte), a length (two bytes, little-endian) and that many bytes of message. The
-    /// window lies between guard bytes; panics if any of them changed (a request wrote
-    /// outside the window).
+    /// exposes window 3 (generation 77) of 256 bytes and waits for get 1 from rank 1 (a
+    /// large one, 3 chunks of 64 KiB, asked two at a time, so that lying answers meet
+    /// the continuation): records of the sender's rank (one byte), a length (two bytes,
+    /// little-endian) and that many bytes of message. The window lies between guard
+    /// bytes; panics if any of them changed (a request wrote outside the window), or if
+    /// the get's answer was accepted past what was asked.
     pub fn handle_all(data: &[u8]) -> Counts {
         let mut arena = vec![0xa5u8; GUARD + WINDOW + GUARD];
         let window = arena[GUARD..].as_mut_ptr();
@@ -791,6 +793,14 @@ pub(crate) mod fuzz {
                 generation: 77,
             },
         );
+        let at = At {
+            window: 3,
+            generation: 77,
+            offset: 0,
+        };
+        let get_len = 3 * GET_CHUNK_PIECES as usize * MIN_PIECE as usize;
+        let (pending, _) = Pending::get(1, Landing::Owned(vec![0; get_len]), at, 512);
+        s.pending.insert(1, (1, pending));
         let mut out = Outbox::new(usize::MAX);
         let mut rest = data;
         let mut c = Counts::default();
@@ -818,6 +828,17 @@ pub(crate) mod fuzz {
                 }
             }
             out.forget_empty();
+        }
+        if let Some((
+            _,
+            Pending::Get {
+                buf, left, asking, ..
+            },
+        )) = s.pending.get(&1)
+        {
+            // What arrived never passes what was asked (two chunks, then one per chunk in).
+            let asked = asking.map_or(buf.len() as u64, |a| a.asked);
+            assert!(buf.len() as u64 - left <= asked && asked <= buf.len() as u64);
         }
         c.malformed = s.counters.malformed;
         c.refused = s.counters.refused;

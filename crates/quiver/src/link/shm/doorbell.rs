@@ -15,21 +15,37 @@ fn address(job_id: u32, rank: u32, dpid: u16) -> io::Result<SocketAddr> {
     SocketAddr::from_abstract_name(format!("quiver-{uid}-{job_id:08x}-{rank}-{dpid}"))
 }
 
+/// How long a taken doorbell address is tried again ([`Doorbell::bind`]).
+const REBIND_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The receiver's end.
 pub(crate) struct Doorbell {
     sock: UnixDatagram,
 }
 
 impl Doorbell {
+    /// Binds the receiver's socket. The address stays taken while any copy of the old
+    /// socket is open: an endpoint closed and opened again on the same DPID can find
+    /// it taken for the moment another thread of the process spends between `fork` and
+    /// `exec` (its child holds a copy of every descriptor until `exec` closes them),
+    /// so a taken address is tried again for up to [`REBIND_WAIT`]. A DPID open twice
+    /// in one process is refused before this, by the job's registry; what is still
+    /// taken after the wait is another process's endpoint.
     pub(crate) fn bind(job_id: u32, rank: u32, dpid: u16) -> Result<Doorbell> {
         let addr = address(job_id, rank, dpid).map_err(|e| Error::io("doorbell address", e))?;
-        let sock = UnixDatagram::bind_addr(&addr).map_err(|e| {
-            if e.kind() == io::ErrorKind::AddrInUse {
-                Error::DpidInUse { dpid }
-            } else {
-                Error::io("binding the doorbell socket", e)
+        let start = std::time::Instant::now();
+        let sock = loop {
+            match UnixDatagram::bind_addr(&addr) {
+                Ok(sock) => break sock,
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                    if start.elapsed() >= REBIND_WAIT {
+                        return Err(Error::DpidInUse { dpid });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => return Err(Error::io("binding the doorbell socket", e)),
             }
-        })?;
+        };
         sock.set_nonblocking(true)
             .map_err(|e| Error::io("doorbell socket", e))?;
         Ok(Doorbell { sock })

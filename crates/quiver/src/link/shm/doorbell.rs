@@ -85,3 +85,53 @@ impl Bell {
         let _ = self.sock.send_to_addr(&[1], &self.addr);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child forked while the doorbell was open holds a copy of its socket until it
+    /// execs or exits: the address is taken meanwhile, and the endpoint closed and
+    /// opened again binds once the copy is gone instead of failing.
+    #[test]
+    fn a_doorbell_reopened_while_a_fork_holds_the_old_one_binds_when_it_is_gone() {
+        let job = 0x7d00_0000 | std::process::id() & 0xffff;
+        let bell = Doorbell::bind(job, 0, 7).unwrap();
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child only reads the pipe and exits (async-signal-safe calls),
+        // touching nothing the parent's other threads may hold locked.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork");
+        if child == 0 {
+            let mut b = 0u8;
+            // SAFETY: in the child: wait for the parent's word, then leave without
+            // running any destructor.
+            unsafe {
+                libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        drop(bell);
+        let addr = address(job, 0, 7).unwrap();
+        let taken = UnixDatagram::bind_addr(&addr).err().map(|e| e.kind());
+        // SAFETY: writing one byte from a live buffer to the pipe's write end, then
+        // closing both ends (ours).
+        unsafe {
+            libc::write(fds[1], [1u8].as_ptr().cast(), 1);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        let again = Doorbell::bind(job, 0, 7);
+        let mut status = 0;
+        // SAFETY: reaping the child made above.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert_eq!(
+            taken,
+            Some(io::ErrorKind::AddrInUse),
+            "the child's copy keeps it"
+        );
+        assert!(again.is_ok(), "{:?}", again.err());
+    }
+}

@@ -137,28 +137,72 @@ impl PyRma {
         Ok(obj)
     }
 
-    /// Runs `f` with the endpoint (and `window`'s window), on their thread, with the GIL
-    /// released.
-    fn with<R>(
-        &self,
-        py: Python<'_>,
-        window: Option<&PyWindow>,
-        f: impl FnOnce(&Rma, Option<&Window>) -> quiver::Result<R>,
-    ) -> PyResult<R> {
+    /// Runs `f` with the endpoint, on its thread, with the GIL released.
+    fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&Rma) -> quiver::Result<R>) -> PyResult<R> {
         let cell = self.rma.get(WHAT)?;
         let guard = cell.try_borrow().map_err(|_| errors::closed(WHAT))?;
         let rma = guard.as_ref().ok_or_else(|| errors::closed(WHAT))?;
-        let wguard = match window {
-            Some(w) => Some(w.window.get("window")?.borrow()),
-            None => None,
-        };
-        let w = match &wguard {
-            Some(g) => Some(g.as_ref().ok_or_else(|| errors::closed("window"))?),
-            None => None,
-        };
-        // SAFETY: the endpoint and the window are this thread's; `f` and its result
-        // carry nothing of Python's.
-        unsafe { detached(py, (rma, w, f), |(r, w, f)| f(r, w)) }.py()
+        // SAFETY: the endpoint is this thread's; `f` and its result carry nothing of
+        // Python's.
+        unsafe { detached(py, (rma, f), |(r, f)| f(r)) }.py()
+    }
+
+    /// Runs `f` with the endpoint and `window`'s window, on their thread, with the GIL
+    /// released.
+    fn with_window<R>(
+        &self,
+        py: Python<'_>,
+        window: &PyWindow,
+        f: impl FnOnce(&Rma, &Window) -> quiver::Result<R>,
+    ) -> PyResult<R> {
+        let wguard = window.window.get("window")?.borrow();
+        let w = wguard.as_ref().ok_or_else(|| errors::closed("window"))?;
+        self.with(py, |r| f(r, w))
+    }
+
+    /// [`PyRma::with_window`] with the bytes of `data` (any object with the buffer
+    /// protocol), exported for the call.
+    fn with_bytes<R>(
+        &self,
+        py: Python<'_>,
+        window: &PyWindow,
+        (data, what): (&Bound<'_, PyAny>, &str),
+        f: impl FnOnce(&Rma, &Window, &[u8]) -> quiver::Result<R>,
+    ) -> PyResult<R> {
+        let buf = Buffer::get(data, false, what)?;
+        let (ptr, len) = (buf.ptr() as usize, buf.len());
+        let r = self.with_window(py, window, move |r, w| {
+            // SAFETY: the export keeps the memory in place until `buf` is dropped,
+            // after the call; another Python thread writing it meanwhile is the
+            // program's race on the bytes, never a read outside them.
+            let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+            f(r, w, data)
+        });
+        drop(buf);
+        r
+    }
+
+    /// [`PyRma::with_window`] with the bytes of `buf` (any writable object with the
+    /// buffer protocol) to write into, exported for the call.
+    fn with_buffer<R>(
+        &self,
+        py: Python<'_>,
+        window: &PyWindow,
+        (buf, what): (&Bound<'_, PyAny>, &str),
+        f: impl FnOnce(&Rma, &Window, &mut [u8]) -> quiver::Result<R>,
+    ) -> PyResult<R> {
+        let b = Buffer::get(buf, true, what)?;
+        let (ptr, len) = (b.ptr() as usize, b.len());
+        let r = self.with_window(py, window, move |r, w| {
+            // SAFETY: the export keeps the memory in place and writable until `b` is
+            // dropped, after the call (resizing an exported object is refused); another
+            // Python thread writing it meanwhile, the GIL released, is the program's race
+            // on the bytes (as with mpi4py), never a write outside them.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            f(r, w, dst)
+        });
+        drop(b);
+        r
     }
 }
 
@@ -178,7 +222,7 @@ impl PyRma {
     /// Allocates the job's next window, this rank's part ``n`` bytes (zeroed). Every
     /// rank allocates its windows in the same order.
     fn allocate(&self, py: Python<'_>, n: usize) -> PyResult<PyWindow> {
-        let w = self.with(py, None, |r, _| r.allocate(n))?;
+        let w = self.with(py, |r| r.allocate(n))?;
         Ok(PyWindow {
             window: ThreadBound::new(RefCell::new(Some(w))),
         })
@@ -193,7 +237,7 @@ impl PyRma {
             .borrow_mut()
             .take()
             .ok_or_else(|| errors::closed("window"))?;
-        self.with(py, None, move |r, _| r.free(taken).map(|_| ()))
+        self.with(py, move |r| r.free(taken).map(|_| ()))
     }
 
     /// Puts ``data`` (any object with the buffer protocol) at ``offset`` of ``window`` at
@@ -207,13 +251,8 @@ impl PyRma {
         offset: u64,
         data: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let buf = Buffer::get(data, false, "Rma.put")?;
-        let (ptr, len) = (buf.ptr() as usize, buf.len());
-        self.with(py, Some(window), move |r, w| {
-            // SAFETY: the export keeps the memory in place until `buf` is dropped,
-            // after the call.
-            let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-            r.put(rank, w.expect("given"), offset, data)
+        self.with_bytes(py, window, (data, "Rma.put"), |r, w, data| {
+            r.put(rank, w, offset, data)
         })
     }
 
@@ -229,12 +268,8 @@ impl PyRma {
         data: &Bound<'_, PyAny>,
         counter: u64,
     ) -> PyResult<()> {
-        let buf = Buffer::get(data, false, "Rma.put_notify")?;
-        let (ptr, len) = (buf.ptr() as usize, buf.len());
-        self.with(py, Some(window), move |r, w| {
-            // SAFETY: as in `put`.
-            let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-            r.put_notify(rank, w.expect("given"), offset, data, counter)
+        self.with_bytes(py, window, (data, "Rma.put_notify"), |r, w, data| {
+            r.put_notify(rank, w, offset, data, counter)
         })
     }
 
@@ -248,9 +283,7 @@ impl PyRma {
         counter: u64,
         n: u64,
     ) -> PyResult<()> {
-        self.with(py, Some(window), |r, w| {
-            r.wait_counter(w.expect("given"), counter, n)
-        })
+        self.with_window(py, window, |r, w| r.wait_counter(w, counter, n))
     }
 
     /// Copies ``len(buf)`` bytes at ``offset`` of ``window`` at ``rank`` into ``buf``
@@ -264,15 +297,8 @@ impl PyRma {
         offset: u64,
         buf: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let b = Buffer::get(buf, true, "Rma.Get")?;
-        let (ptr, len) = (b.ptr() as usize, b.len());
-        self.with(py, Some(window), move |r, w| {
-            // SAFETY: the export keeps the memory in place and writable until `b` is
-            // dropped, after the call (resizing an exported object is refused); another
-            // Python thread writing it meanwhile, the GIL released, is the program's race
-            // on the bytes (as with mpi4py), never a write outside them.
-            let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            r.get(rank, w.expect("given"), offset, dst)
+        self.with_buffer(py, window, (buf, "Rma.Get"), |r, w, dst| {
+            r.get(rank, w, offset, dst)
         })
     }
 
@@ -287,10 +313,10 @@ impl PyRma {
     ) -> PyResult<Py<PyBytes>> {
         let (bytes, ptr) = new_bytes(py, n)?;
         let ptr = ptr as usize;
-        self.with(py, Some(window), move |r, w| {
+        self.with_window(py, window, move |r, w| {
             // SAFETY: a new bytes object of `n` bytes that nobody else sees yet.
             let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, n) };
-            r.get(rank, w.expect("given"), offset, dst)
+            r.get(rank, w, offset, dst)
         })?;
         Ok(bytes)
     }
@@ -307,12 +333,8 @@ impl PyRma {
         data: &Bound<'_, PyAny>,
         src_stride: u64,
     ) -> PyResult<()> {
-        let buf = Buffer::get(data, false, "Rma.put_strided")?;
-        let (ptr, len) = (buf.ptr() as usize, buf.len());
-        self.with(py, Some(window), move |r, w| {
-            // SAFETY: as in `put`.
-            let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-            r.put_strided(rank, w.expect("given"), strided(dst), data, src_stride)
+        self.with_bytes(py, window, (data, "Rma.put_strided"), |r, w, data| {
+            r.put_strided(rank, w, strided(dst), data, src_stride)
         })
     }
 
@@ -327,12 +349,8 @@ impl PyRma {
         buf: &Bound<'_, PyAny>,
         dst_stride: u64,
     ) -> PyResult<()> {
-        let b = Buffer::get(buf, true, "Rma.get_strided")?;
-        let (ptr, len) = (b.ptr() as usize, b.len());
-        self.with(py, Some(window), move |r, w| {
-            // SAFETY: as in `Get`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            r.get_strided(rank, w.expect("given"), strided(src), dst, dst_stride)
+        self.with_buffer(py, window, (buf, "Rma.get_strided"), |r, w, dst| {
+            r.get_strided(rank, w, strided(src), dst, dst_stride)
         })
     }
 
@@ -350,19 +368,8 @@ impl PyRma {
         src_offsets: Vec<u64>,
         elem: u64,
     ) -> PyResult<()> {
-        let buf = Buffer::get(data, false, "Rma.put_indexed")?;
-        let (ptr, len) = (buf.ptr() as usize, buf.len());
-        self.with(py, Some(window), move |r, w| {
-            // SAFETY: as in `put`.
-            let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-            r.put_indexed(
-                rank,
-                w.expect("given"),
-                &dst_offsets,
-                data,
-                &src_offsets,
-                elem,
-            )
+        self.with_bytes(py, window, (data, "Rma.put_indexed"), |r, w, data| {
+            r.put_indexed(rank, w, &dst_offsets, data, &src_offsets, elem)
         })
     }
 
@@ -379,19 +386,8 @@ impl PyRma {
         dst_offsets: Vec<u64>,
         elem: u64,
     ) -> PyResult<()> {
-        let b = Buffer::get(buf, true, "Rma.get_indexed")?;
-        let (ptr, len) = (b.ptr() as usize, b.len());
-        self.with(py, Some(window), move |r, w| {
-            // SAFETY: as in `Get`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
-            r.get_indexed(
-                rank,
-                w.expect("given"),
-                &src_offsets,
-                dst,
-                &dst_offsets,
-                elem,
-            )
+        self.with_buffer(py, window, (buf, "Rma.get_indexed"), |r, w, dst| {
+            r.get_indexed(rank, w, &src_offsets, dst, &dst_offsets, elem)
         })
     }
 
@@ -405,9 +401,7 @@ impl PyRma {
         offset: u64,
         value: u64,
     ) -> PyResult<u64> {
-        self.with(py, Some(window), |r, w| {
-            r.fetch_add(rank, w.expect("given"), offset, value)
-        })
+        self.with_window(py, window, |r, w| r.fetch_add(rank, w, offset, value))
     }
 
     /// Writes ``desired`` to the word if it holds ``expected``, atomically; returns the
@@ -421,8 +415,8 @@ impl PyRma {
         expected: u64,
         desired: u64,
     ) -> PyResult<u64> {
-        self.with(py, Some(window), |r, w| {
-            r.compare_swap(rank, w.expect("given"), offset, expected, desired)
+        self.with_window(py, window, |r, w| {
+            r.compare_swap(rank, w, offset, expected, desired)
         })
     }
 
@@ -435,24 +429,22 @@ impl PyRma {
         offset: u64,
         value: u64,
     ) -> PyResult<u64> {
-        self.with(py, Some(window), |r, w| {
-            r.swap(rank, w.expect("given"), offset, value)
-        })
+        self.with_window(py, window, |r, w| r.swap(rank, w, offset, value))
     }
 
     /// Returns once every put to ``rank`` is in its window (a refused put raises here).
     fn flush(&self, py: Python<'_>, rank: u32) -> PyResult<()> {
-        self.with(py, None, |r, _| r.flush(rank))
+        self.with(py, |r| r.flush(rank))
     }
 
     /// ``flush`` of every rank.
     fn flush_all(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, None, |r, _| r.flush_all())
+        self.with(py, |r| r.flush_all())
     }
 
     /// Waits until every rank called it as often (it does not flush).
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, None, |r, _| r.barrier())
+        self.with(py, |r| r.barrier())
     }
 
     /// Combines ``value`` (a u64) from every rank with ``op`` (``"sum"``, ``"max"``,
@@ -471,18 +463,18 @@ impl PyRma {
                 )))
             }
         };
-        self.with(py, None, |r, _| r.combine(value, op))
+        self.with(py, |r| r.combine(value, op))
     }
 
     /// Serves what other ranks asked and takes the answers that came, without waiting.
     fn progress(&self, py: Python<'_>) -> PyResult<()> {
-        self.with(py, None, |r, _| r.progress())
+        self.with(py, |r| r.progress())
     }
 
     /// The endpoint's counters, as a dict (``puts``, ``gets``, ``atomics``, ``direct``,
     /// ``puts_applied``, ``served``, ``refused``, ``malformed``).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.with(py, None, |r, _| Ok(r.stats()))?;
+        let s = self.with(py, |r| Ok(r.stats()))?;
         let quiver::rma::RmaStats {
             puts,
             gets,

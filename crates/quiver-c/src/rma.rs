@@ -105,27 +105,37 @@ fn on_this_thread<'a, T>(
     Ok(h)
 }
 
-/// Runs `body` on the endpoint at `r` (and the window at `w`, when the call has one).
+/// Runs `body` on the endpoint at `r`.
 ///
 /// # Safety
 ///
-/// `r` is NULL or a live `quiver_rma`; `w` is NULL or a live `quiver_window`.
-unsafe fn with(
-    r: *const quiver_rma,
-    w: Option<*const quiver_window>,
-    body: impl FnOnce(&Rma, Option<&Window>) -> Outcome,
-) -> quiver_error {
+/// `r` is NULL or a live `quiver_rma`.
+unsafe fn with(r: *const quiver_rma, body: impl FnOnce(&Rma) -> Outcome) -> quiver_error {
     ffi(|| {
         // SAFETY: `r` is NULL or a live handle (the contract); `thread` is written once,
         // before the handle is handed out, so reading it from any thread is no race.
         let rma = on_this_thread(unsafe { r.as_ref() }, |h| h.thread, "r")?;
-        let window = match w {
-            // SAFETY: as for `r`.
-            Some(w) => Some(&on_this_thread(unsafe { w.as_ref() }, |h| h.thread, "w")?.window),
-            None => None,
-        };
-        body(&rma.rma, window)
+        body(&rma.rma)
     })
+}
+
+/// Runs `body` on the endpoint at `r` and the window at `w`.
+///
+/// # Safety
+///
+/// `r` is NULL or a live `quiver_rma`; `w` is NULL or a live `quiver_window`.
+unsafe fn with_window(
+    r: *const quiver_rma,
+    w: *const quiver_window,
+    body: impl FnOnce(&Rma, &Window) -> Outcome,
+) -> quiver_error {
+    // SAFETY: as for `with`, for both handles (the contract).
+    unsafe {
+        with(r, |rma| {
+            let window = on_this_thread(w.as_ref(), |h| h.thread, "w")?;
+            body(rma, &window.window)
+        })
+    }
 }
 
 /// Opens this process's one-sided endpoint on `dpid` (every rank of the job opens one
@@ -189,12 +199,12 @@ pub unsafe extern "C" fn quiver_rma_close(r: *mut *mut quiver_rma) -> quiver_err
 /// `r` is NULL or a live `quiver_rma`.
 #[no_mangle]
 pub unsafe extern "C" fn quiver_rma_set_wait(r: *const quiver_rma, spin_us: i64) -> quiver_error {
-    let body = |rma: &Rma, _: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma| -> Outcome {
         rma.set_wait(crate::ports::wait_mode(spin_us)?);
         Ok(())
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, body) }
+    unsafe { with(r, body) }
 }
 
 /// Allocates the job's next window, this rank's part `len` bytes (zeroed; each rank its
@@ -216,7 +226,7 @@ pub unsafe extern "C" fn quiver_rma_allocate(
         Ok(o) => o,
         Err(f) => return ffi(|| Err(f)),
     };
-    let body = |rma: &Rma, _: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma| -> Outcome {
         let window = rma.allocate(len)?;
         out.put(Box::into_raw(Box::new(quiver_window {
             thread: this_thread(),
@@ -225,7 +235,7 @@ pub unsafe extern "C" fn quiver_rma_allocate(
         Ok(())
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, body) }
+    unsafe { with(r, body) }
 }
 
 /// Frees the window at `*w` on every rank (collective: every rank calls it for the same
@@ -312,13 +322,13 @@ pub unsafe extern "C" fn quiver_rma_put(
     src: *const u8,
     len: usize,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma, w: &Window| -> Outcome {
         // SAFETY: `src` readable for `len` bytes (the contract).
         let data = unsafe { bytes(src, len, "src") }?;
-        Ok(rma.put(rank, w.expect("given"), offset, data)?)
+        Ok(rma.put(rank, w, offset, data)?)
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 /// Puts the `len` bytes at `src` at `offset` of window `w` at `rank`, then adds 1 to the
@@ -341,13 +351,13 @@ pub unsafe extern "C" fn quiver_rma_put_notify(
     len: usize,
     counter: u64,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma, w: &Window| -> Outcome {
         // SAFETY: `src` readable for `len` bytes (the contract).
         let data = unsafe { bytes(src, len, "src") }?;
-        Ok(rma.put_notify(rank, w.expect("given"), offset, data, counter)?)
+        Ok(rma.put_notify(rank, w, offset, data, counter)?)
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 /// Waits until the word at `counter` of this rank's part of window `w` holds at least
@@ -366,11 +376,7 @@ pub unsafe extern "C" fn quiver_rma_wait_counter(
     n: u64,
 ) -> quiver_error {
     // SAFETY: the caller's contract.
-    unsafe {
-        with(r, Some(w), |rma, w| {
-            Ok(rma.wait_counter(w.expect("given"), counter, n)?)
-        })
-    }
+    unsafe { with_window(r, w, |rma, w| Ok(rma.wait_counter(w, counter, n)?)) }
 }
 
 /// Copies `len` bytes at `offset` of window `w` at `rank` into `dst`; returns with them.
@@ -392,7 +398,7 @@ pub unsafe extern "C" fn quiver_rma_get(
     dst: *mut u8,
     len: usize,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma, w: &Window| -> Outcome {
         check_buffer(dst, len, "dst")?;
         let out: &mut [u8] = if len == 0 {
             &mut []
@@ -401,10 +407,10 @@ pub unsafe extern "C" fn quiver_rma_get(
             // others during the call (the contract).
             unsafe { std::slice::from_raw_parts_mut(dst, len) }
         };
-        Ok(rma.get(rank, w.expect("given"), offset, out)?)
+        Ok(rma.get(rank, w, offset, out)?)
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 /// Copies the elements of `src` (element `i` at `i * src_stride`; `src_len` bytes in
@@ -427,13 +433,13 @@ pub unsafe extern "C" fn quiver_rma_put_strided(
     src_len: usize,
     src_stride: u64,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma, w: &Window| -> Outcome {
         // SAFETY: `dst` NULL or readable, `src` readable for `src_len` (the contract).
         let (layout, data) = unsafe { (handle(dst, "dst")?, bytes(src, src_len, "src")?) };
-        Ok(rma.put_strided(rank, w.expect("given"), strided(layout), data, src_stride)?)
+        Ok(rma.put_strided(rank, w, strided(layout), data, src_stride)?)
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 /// Copies the strided layout `*src` of window `w` at `rank` into `dst` (element `i` at
@@ -455,14 +461,14 @@ pub unsafe extern "C" fn quiver_rma_get_strided(
     dst_len: usize,
     dst_stride: u64,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma, w: &Window| -> Outcome {
         // SAFETY: `src` NULL or readable (the contract).
         let layout = unsafe { handle(src, "src") }?;
         let out = writable(dst, dst_len, "dst")?;
-        Ok(rma.get_strided(rank, w.expect("given"), strided(layout), out, dst_stride)?)
+        Ok(rma.get_strided(rank, w, strided(layout), out, dst_stride)?)
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 /// Copies `count` elements of `elem` bytes from `src` (element `i` at
@@ -487,7 +493,7 @@ pub unsafe extern "C" fn quiver_rma_put_indexed(
     count: usize,
     elem: u64,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma, w: &Window| -> Outcome {
         // SAFETY: the lists readable for `count` values, `src` for `src_len` bytes.
         let (dsts, srcs, data) = unsafe {
             (
@@ -496,10 +502,10 @@ pub unsafe extern "C" fn quiver_rma_put_indexed(
                 bytes(src, src_len, "src")?,
             )
         };
-        Ok(rma.put_indexed(rank, w.expect("given"), dsts, data, srcs, elem)?)
+        Ok(rma.put_indexed(rank, w, dsts, data, srcs, elem)?)
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 /// Copies `count` elements of `elem` bytes of window `w` at `rank` (element `i` at
@@ -524,7 +530,7 @@ pub unsafe extern "C" fn quiver_rma_get_indexed(
     count: usize,
     elem: u64,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma, w: &Window| -> Outcome {
         // SAFETY: the lists readable for `count` values (the contract).
         let (srcs, dsts) = unsafe {
             (
@@ -533,10 +539,10 @@ pub unsafe extern "C" fn quiver_rma_get_indexed(
             )
         };
         let out = writable(dst, dst_len, "dst")?;
-        Ok(rma.get_indexed(rank, w.expect("given"), srcs, out, dsts, elem)?)
+        Ok(rma.get_indexed(rank, w, srcs, out, dsts, elem)?)
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 /// Adds `value` to the 64-bit word at `offset` (8-byte aligned) of window `w` at
@@ -619,7 +625,7 @@ pub unsafe extern "C" fn quiver_rma_swap(
 #[no_mangle]
 pub unsafe extern "C" fn quiver_rma_flush(r: *const quiver_rma, rank: u32) -> quiver_error {
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, |rma, _| Ok(rma.flush(rank)?)) }
+    unsafe { with(r, |rma| Ok(rma.flush(rank)?)) }
 }
 
 /// `quiver_rma_flush` of every rank.
@@ -632,7 +638,7 @@ pub unsafe extern "C" fn quiver_rma_flush(r: *const quiver_rma, rank: u32) -> qu
 #[no_mangle]
 pub unsafe extern "C" fn quiver_rma_flush_all(r: *const quiver_rma) -> quiver_error {
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, |rma, _| Ok(rma.flush_all()?)) }
+    unsafe { with(r, |rma| Ok(rma.flush_all()?)) }
 }
 
 /// Waits until every rank of the job called it (the fastest barrier quiver has: shared
@@ -646,7 +652,7 @@ pub unsafe extern "C" fn quiver_rma_flush_all(r: *const quiver_rma) -> quiver_er
 #[no_mangle]
 pub unsafe extern "C" fn quiver_rma_barrier(r: *const quiver_rma) -> quiver_error {
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, |rma, _| Ok(rma.barrier()?)) }
+    unsafe { with(r, |rma| Ok(rma.barrier()?)) }
 }
 
 /// Combines `value` from every rank with `op` (`QUIVER_COMBINE_*`; up a binomial tree and back down);
@@ -664,7 +670,7 @@ pub unsafe extern "C" fn quiver_rma_combine(
     op: u32,
     result: *mut u64,
 ) -> quiver_error {
-    let body = |rma: &Rma, _: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma| -> Outcome {
         // SAFETY: `result` NULL or writable (the contract).
         let out = unsafe { Out::new(result, "result") }?;
         let op = match op {
@@ -683,7 +689,7 @@ pub unsafe extern "C" fn quiver_rma_combine(
         Ok(())
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, body) }
+    unsafe { with(r, body) }
 }
 
 /// Serves what other ranks asked of this one and takes the answers that came, without
@@ -697,7 +703,7 @@ pub unsafe extern "C" fn quiver_rma_combine(
 #[no_mangle]
 pub unsafe extern "C" fn quiver_rma_progress(r: *const quiver_rma) -> quiver_error {
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, |rma, _| Ok(rma.progress()?)) }
+    unsafe { with(r, |rma| Ok(rma.progress()?)) }
 }
 
 /// The endpoint's counters into `*out`.
@@ -712,13 +718,13 @@ pub unsafe extern "C" fn quiver_rma_stats(
     r: *const quiver_rma,
     out: *mut quiver_rma_counters,
 ) -> quiver_error {
-    let body = |rma: &Rma, _: Option<&Window>| -> Outcome {
+    let body = |rma: &Rma| -> Outcome {
         // SAFETY: `out` NULL or writable (the contract).
         unsafe { Out::new(out, "out") }?.put(rma.stats().into());
         Ok(())
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, None, body) }
+    unsafe { with(r, body) }
 }
 
 /// A remote atomic's call: its old value into `*old` when given.
@@ -732,8 +738,8 @@ unsafe fn atomic(
     old: *mut u64,
     op: impl FnOnce(&Rma, &Window) -> quiver_rs::Result<u64>,
 ) -> quiver_error {
-    let body = |rma: &Rma, w: Option<&Window>| -> Outcome {
-        let v = op(rma, w.expect("given"))?;
+    let body = |rma: &Rma, w: &Window| -> Outcome {
+        let v = op(rma, w)?;
         // SAFETY: `old` NULL or writable (the contract).
         if let Some(o) = unsafe { Out::optional(old) } {
             o.put(v);
@@ -741,7 +747,7 @@ unsafe fn atomic(
         Ok(())
     };
     // SAFETY: the caller's contract.
-    unsafe { with(r, Some(w), body) }
+    unsafe { with_window(r, w, body) }
 }
 
 fn strided(s: &quiver_strided) -> Strided {

@@ -6,7 +6,9 @@
 # MPI_Barrier from `bench/progs/mpi_rma.c` beside them) and on unshaped emulated
 # clusters of 2, 4, 8 nodes with one rank each (raw Ethernet; Open MPI's MPI_Barrier
 # over ob1/tcp on the same links, mpirun in a management namespace as bench/bcast.sh
-# runs it). Medians over REPS runs of each run's slowest-rank median (both systems:
+# runs it); inside the node also with every rank bound to a core (both systems) and
+# with quiver's ranks unbound.
+# Medians over REPS runs of each run's slowest-rank median (both systems:
 # bench/progs/mpi_rma.c reduces its ranks' medians with MPI_MAX).
 #
 # usage: bash bench/sync.sh     (REPS=3; needs root for the clusters and Open MPI)
@@ -48,21 +50,31 @@ for line in sys.stdin:
     o = json.loads(line)
     print(where, n, "quiver " + o["scheme"], rep, o["us"], sep="\t")' "$where" "$n" "$rep" >> "$rec"
 }
-mpi_barrier() {   # mpi_barrier WHERE N REP COMMAND...
-    local where=$1 n=$2 rep=$3; shift 3
+mpi_barrier() {   # mpi_barrier WHERE N REP SCHEME COMMAND...
+    local where=$1 n=$2 rep=$3 scheme=$4; shift 4
     locked "$@" | grep rma_barrier | python3 -c '
 import json, sys
-where, n, rep = sys.argv[1:]
+where, n, rep, scheme = sys.argv[1:]
 for line in sys.stdin:
-    print(where, n, "Open MPI MPI_Barrier", rep, json.loads(line)["barrier_us"], sep="\t")' "$where" "$n" "$rep" >> "$rec"
+    print(where, n, scheme, rep, json.loads(line)["barrier_us"], sep="\t")' "$where" "$n" "$rep" "$scheme" >> "$rec"
 }
 
 for n in $RANKS; do
     for rep in $(seq "$REPS"); do
         echo "[$(date +%H:%M:%S)] inside the node, $n ranks, repetition $rep" >&2
+        # Both systems as a user runs them (quiver run pins ranks to cores when they
+        # outnumber the cores; Open MPI binds none then), both with each rank bound to
+        # one core (quiver run --pin; mpirun --bind-to core), and quiver unbound
+        # (--no-pin) beside Open MPI's default: unbound, the scheduler sometimes stacks
+        # three ranks on one core and the barrier's time jumps by a context switch.
         quiver_sync node "$n" "$rep"
-        mpi_barrier node "$n" "$rep" mpirun.openmpi --allow-run-as-root --oversubscribe -n "$n" \
-            "$out/mpi_rma" 64 "$ITERS" 2
+        quiver_sync node-pinned "$n" "$rep" --pin
+        quiver_sync node-unpinned "$n" "$rep" --no-pin
+        mpi_barrier node "$n" "$rep" "Open MPI MPI_Barrier" \
+            mpirun.openmpi --allow-run-as-root --oversubscribe -n "$n" "$out/mpi_rma" 64 "$ITERS" 2
+        mpi_barrier node-pinned "$n" "$rep" "Open MPI MPI_Barrier" \
+            mpirun.openmpi --allow-run-as-root --oversubscribe --bind-to core:overload-allowed \
+            -n "$n" "$out/mpi_rma" 64 "$ITERS" 2
     done
 done
 for n in $NODES; do
@@ -76,7 +88,7 @@ for n in $NODES; do
     for rep in $(seq "$REPS"); do
         echo "[$(date +%H:%M:%S)] $n nodes, repetition $rep" >&2
         QUIVER_TRANSPORT=eth quiver_sync cluster "$n" "$rep" --cluster "$cluster"
-        mpi_barrier cluster "$n" "$rep" "${mpi[@]}"
+        mpi_barrier cluster "$n" "$rep" "Open MPI MPI_Barrier" "${mpi[@]}"
     done
     ip netns del "$MG"
     "$Q" cluster down "$cluster" >/dev/null
@@ -91,7 +103,14 @@ for line in open(sys.argv[1]):
     where, n, scheme, rep, v = line.rstrip("\n").split("\t")
     R[(where, int(n), scheme)].append(float(v))
 schemes = ["quiver pairwise", "quiver tree", "quiver barrier", "Open MPI MPI_Barrier"]
-for where, title in [("node", "Inside the node (ranks on 2 cores)"), ("cluster", "Emulated cluster, one rank per node, raw Ethernet")]:
+# quiver unbound is compared with Open MPI's default run (unbound when oversubscribed).
+for n in {k[1] for k in R}:
+    if ("node", n, "Open MPI MPI_Barrier") in R:
+        R[("node-unpinned", n, "Open MPI MPI_Barrier")] = R[("node", n, "Open MPI MPI_Barrier")]
+for where, title in [("node", "Inside the node (ranks on 2 cores), both as a user runs them"),
+                     ("node-pinned", "Inside the node, each rank bound to one core (quiver run --pin, mpirun --bind-to core)"),
+                     ("node-unpinned", "Inside the node, quiver run --no-pin beside Open MPI's default"),
+                     ("cluster", "Emulated cluster, one rank per node, raw Ethernet")]:
     print(f"\n{title}: µs per step, median over repetitions (min-max)\n")
     print("| ranks | " + " | ".join(schemes) + " |")
     print("|---|" + "---|" * len(schemes))
@@ -101,4 +120,11 @@ for where, title in [("node", "Inside the node (ranks on 2 cores)"), ("cluster",
             v = R.get((where, n, s))
             cells.append(f"{st.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" if v else "-")
         print(f"| {n} | " + " | ".join(cells) + " |")
+# The barrier against MPI_Barrier, repetition by repetition (records in run order).
+print("\nquiver barrier / MPI_Barrier, paired by repetition: median (per repetition)\n")
+for (where, n, s), q in sorted(R.items()):
+    if s != "quiver barrier" or (where, n, "Open MPI MPI_Barrier") not in R:
+        continue
+    r = [a / b for a, b in zip(q, R[(where, n, "Open MPI MPI_Barrier")])]
+    print(f"- {where}, {n} ranks: {st.median(r):.2f} ({', '.join(f'{x:.2f}' for x in r)})")
 PY

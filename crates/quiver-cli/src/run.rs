@@ -120,6 +120,16 @@ pub struct RunArgs {
     /// of a peer); the exit status is still that of the first rank that failed.
     #[arg(long)]
     pub keep_going: bool,
+    /// Pin rank R (with all its threads, the offload engine's included) to the
+    /// (R mod K)-th of the K CPUs `quiver run` may run on. The default when the ranks
+    /// outnumber those CPUs (every rank shares a core anyway, and unpinned the scheduler
+    /// may stack three ranks on one core while another runs alone); otherwise ranks are
+    /// not pinned, so that a rank's threads can spread over the cores.
+    #[arg(long, conflicts_with = "no_pin")]
+    pub pin: bool,
+    /// Never pin ranks to CPUs (see --pin).
+    #[arg(long)]
+    pub no_pin: bool,
     /// Run the ranks on the nodes of emulated cluster NAME (`quiver cluster up`), each in
     /// its node's network namespace; needs root.
     #[arg(long, value_name = "NAME")]
@@ -198,7 +208,7 @@ pub fn main(args: RunArgs) -> i32 {
         args: command.collect(),
         prefix: !args.no_prefix,
         timeout,
-        pin_cpus: false,
+        pin_cpus: args.pin || (!args.no_pin && args.np as usize > allowed_cpus().len()),
         extra_env: Vec::new(),
         keep_going: args.keep_going,
         placement,

@@ -344,3 +344,64 @@ fn rendezvous_store_accepts_connections_while_ranks_run() {
     lines.sort_unstable();
     assert_eq!(lines, ["[0] connected", "[1] connected"]);
 }
+
+/// The CPUs this test may run on, as the kernel lists them (`0-1`, `0,2-3`, ...).
+fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim()
+        .to_string();
+    list.split(',')
+        .flat_map(|part| match part.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap()..=b.parse().unwrap()).collect::<Vec<usize>>(),
+            None => vec![part.parse().unwrap()],
+        })
+        .collect()
+}
+
+/// Each rank's `Cpus_allowed_list` under `quiver run -n N ARGS`.
+fn rank_cpus(n: usize, args: &[&str]) -> Vec<String> {
+    let n_text = n.to_string();
+    let script = "grep Cpus_allowed_list /proc/self/status";
+    let mut all = vec!["run", "-n", &n_text];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--", "sh", "-c", script]);
+    let (out, _) = quiver(&all);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    (0..n)
+        .map(|rank| {
+            let line = stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("[{rank}] ")))
+                .unwrap_or_else(|| panic!("no line of rank {rank} in {stdout:?}"));
+            line.rsplit('\t').next().unwrap().trim().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn pin_puts_each_rank_on_one_cpu_round_robin_by_default_only_when_oversubscribed() {
+    let cpus = allowed_cpus();
+    let mine = std::fs::read_to_string("/proc/self/status").unwrap();
+    let mine = mine
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let round_robin =
+        |n: usize| -> Vec<String> { (0..n).map(|r| cpus[r % cpus.len()].to_string()).collect() };
+    let over = cpus.len() + 1;
+    assert_eq!(rank_cpus(2, &["--pin"]), round_robin(2));
+    // More ranks than CPUs: pinned unless told not to.
+    assert_eq!(rank_cpus(over, &[]), round_robin(over));
+    assert_eq!(rank_cpus(over, &["--no-pin"]), vec![mine.clone(); over]);
+    // As many as the CPUs: a rank may run wherever the launcher may.
+    assert_eq!(rank_cpus(cpus.len(), &[]), vec![mine; cpus.len()]);
+    let (out, _) = quiver(&["run", "-n", "1", "--pin", "--no-pin", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}

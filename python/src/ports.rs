@@ -479,6 +479,7 @@ impl PyPorts {
             deposits,
             deposited,
             parked,
+            landed,
             errors: port_errors,
             malformed,
         } = s;
@@ -496,6 +497,7 @@ impl PyPorts {
             ("deposits", deposits),
             ("deposited", deposited),
             ("parked", parked),
+            ("landed", landed),
             ("errors", port_errors),
             ("malformed", malformed),
             ("handler_errors", handler_errors),

@@ -543,6 +543,7 @@ typedef struct quiver_port_counters {
   uint64_t deposits;
   uint64_t deposited;
   uint64_t parked;
+  uint64_t landed;
 } quiver_port_counters;
 
 /**

@@ -158,6 +158,7 @@ pub struct quiver_port_counters {
     pub deposits: u64,
     pub deposited: u64,
     pub parked: u64,
+    pub landed: u64,
 }
 
 impl From<PortStats> for quiver_port_counters {
@@ -166,6 +167,7 @@ impl From<PortStats> for quiver_port_counters {
             deposits: s.deposits,
             deposited: s.deposited,
             parked: s.parked,
+            landed: s.landed,
             sent: s.sent,
             bytes_sent: s.bytes_sent,
             send_waits: s.send_waits,

@@ -555,6 +555,29 @@ impl<L: Link, C: Clock> Driver<L, C> {
         Ok(PartSent { queued, must_wait })
     }
 
+    /// Queues `messages` (each a header and a body) to peer `i`, one after the other,
+    /// and then sends what the window lets out in one go (a batch for the link, where
+    /// one frame at a time would cost a system call each). Never waits: what the window
+    /// does not take goes as credits return.
+    pub(crate) fn send_batch(
+        &mut self,
+        i: usize,
+        messages: &[(&[u8], &[u8])],
+        stats: &mut EndpointStats,
+    ) -> Result<()> {
+        let now = self.now();
+        for &(head, body) in messages {
+            let mut part = self.core.begin_send(i, head.len() + body.len())?;
+            let queued = self
+                .core
+                .send_part(i, now, (head, body), &mut part, usize::MAX);
+            debug_assert!(queued, "nothing limits how far ahead it builds");
+        }
+        self.transmit(i, now, stats)?;
+        self.update_deadline();
+        Ok(())
+    }
+
     /// Queues a whole message to peer `i` and sends what the window lets out: the
     /// offload engine's send, which never waits. `Ok(false)`: the channel has failed
     /// (reported by [`failure_of`](Self::failure_of)), and the message is dropped.

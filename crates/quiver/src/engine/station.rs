@@ -491,6 +491,35 @@ impl<L: Link, C: Clock> Station<L, C> {
         }
     }
 
+    /// Sends `messages` (each a header and a body, each fitting one frame:
+    /// [`Station::frame_payload`]) on network route `route`, in order, handed to the link
+    /// together; never waits (what the window does not take goes as credits return:
+    /// check [`Station::send_backlogged`] between batches). `Ok(false)` for a route that
+    /// is not a network channel of this station's (nothing sent).
+    pub(crate) fn send_batch(&self, route: usize, messages: &[(&[u8], &[u8])]) -> Result<bool> {
+        let mut guard = self.inner.borrow_mut();
+        let inner = &mut *guard;
+        let peer = match inner.routes.get(route) {
+            Some((dest, Route::Net { peer })) => {
+                if inner.failed.contains(&dest.rank) {
+                    return Err(Error::PeerFailed {
+                        rank: dest.rank,
+                        dpid: dest.dpid,
+                        reason: "found failed earlier".into(),
+                    });
+                }
+                *peer
+            }
+            _ => return Ok(false),
+        };
+        let (net, stats) = inner.driver();
+        net.send_batch(peer, messages, stats)?;
+        for (head, body) in messages {
+            inner.count_sent(head.len() + body.len());
+        }
+        Ok(true)
+    }
+
     /// Whether a writer that does not wait ([`Station::send`] with `wait` false) has a
     /// window's worth of frames queued on network route `route` already, waiting for
     /// credits: it should make progress before it queues more (so that its queue, and

@@ -7,8 +7,11 @@ use super::deposit::{MailboxArea, PeerDeposits};
 use super::mailbox::MAX_CLAIMANT;
 use super::table::{Bound, Handler, OnCell, RingReader, Table, TableCell};
 use super::wire::Header;
-use super::wire::{Deposited, Indirect, Release, FLUSH_RELEASES};
+use super::wire::{Deposited, Indirect, Piece, Release, FLUSH_RELEASES, PIECE_LEN};
 use super::{PortError, DEPOSIT_MIN, RESERVED_PORT};
+
+/// Pieces of a message from another node handed to the link together.
+const PIECE_BATCH: usize = 64;
 use crate::addr::Source;
 use crate::config::WaitMode;
 use crate::engine::protocol::Outbox;
@@ -217,7 +220,7 @@ impl App {
                     && data.len() >= DEPOSIT_MIN
                     && head.len() + data.len() <= on.station().job().config.max_message
                     && self.try_deposit(on, port, to, route, head[1], data)?)
-                    || self.send_to(on, port, to, route, &head, data, block)?;
+                    || self.send_one(on, port, to, route, &head, data, block)?;
                 if sent {
                     self.count_sent(data.len());
                 }
@@ -385,6 +388,94 @@ impl App {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// [`App::send`] of one message to one rank `to` on `route`: as one message, or, when
+    /// it would span several frames of a network channel, in pieces of one frame each,
+    /// which the receiver writes into its port's buffer as they arrive (no reassembly
+    /// copy there). Once the first piece left, the others wait for room whatever
+    /// `block` says: the message is under way.
+    #[allow(clippy::too_many_arguments)]
+    fn send_one(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        to: Source,
+        route: usize,
+        head: &[u8],
+        data: &[u8],
+        block: bool,
+    ) -> Result<bool> {
+        let station = on.station();
+        let frame = match station.frame_payload(route) {
+            Some(frame) if head.len() + data.len() > frame && frame > PIECE_LEN => frame,
+            _ => return self.send_to(on, port, to, route, head, data, block),
+        };
+        let max = station.job().config.max_message;
+        if head.len() + data.len() > max {
+            return Err(Error::MessageTooLarge {
+                len: head.len() + data.len(),
+                max,
+            });
+        }
+        let (Some((h, _)), Ok(total)) = (Header::decode(head), u32::try_from(data.len())) else {
+            return self.send_to(on, port, to, route, head, data, block);
+        };
+        let chunk = frame - PIECE_LEN;
+        let mut parts = data.chunks(chunk).enumerate().peekable();
+        let mut first = true;
+        let mut waited = false;
+        while parts.peek().is_some() {
+            // Nothing overtakes what a handler queued for the same destination, and at
+            // most about a window waits in the channel (as a waiting writer's does).
+            loop {
+                let queued = {
+                    let out = self.out.borrow();
+                    !out.is_empty() && out.has_queued_for(to)
+                };
+                if !queued && !station.send_backlogged(route) {
+                    break;
+                }
+                if first && !block {
+                    return Ok(false);
+                }
+                if !waited {
+                    waited = true;
+                    self.table.lock().stats.send_waits += 1;
+                }
+                if !self.poll(on)? {
+                    std::thread::yield_now();
+                }
+            }
+            // A batch of pieces goes to the link together (one frame each).
+            let mut heads = [[0; PIECE_LEN]; PIECE_BATCH];
+            let mut bodies: [&[u8]; PIECE_BATCH] = [&[]; PIECE_BATCH];
+            let mut n = 0;
+            while n < PIECE_BATCH {
+                let Some((k, part)) = parts.next() else {
+                    break;
+                };
+                heads[n] = Piece {
+                    dest_port: h.dest_port,
+                    src_port: h.src_port,
+                    // Below `total`, a u32.
+                    offset: (k * chunk) as u32,
+                    total,
+                }
+                .encode();
+                bodies[n] = part;
+                n += 1;
+            }
+            let batch: Vec<(&[u8], &[u8])> = (0..n).map(|i| (&heads[i][..], bodies[i])).collect();
+            match station.send_batch(route, &batch) {
+                Ok(true) => {}
+                // Not a network channel after all: frame_payload said it was.
+                Ok(false) => unreachable!("a route with a frame size is a network channel"),
+                Err(e) => return Err(self.send_failed(on, port, to.rank, e)),
+            }
+            first = false;
+        }
+        Ok(true)
     }
 
     /// [`App::send`] of one message to `to` on `route`.
@@ -645,6 +736,8 @@ impl App {
                 // that closed finishes what it claimed: its notice is in the ring).
                 if matches!(e, Error::PeerFailed { .. }) {
                     table.revoke_claims(rank, &mut out);
+                    // And one it was sending here in pieces.
+                    table.abandon_landings(rank, &mut out);
                 }
                 // Its places in this rank's broadcast ring come back, and it gets no more.
                 table.ring.forget(rank);

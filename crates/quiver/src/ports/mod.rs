@@ -33,6 +33,13 @@
 //! default, [`Ports::set_wait`]) and then sleeping on the endpoint's descriptor; it has
 //! a deadline form ([`Ports::wait_within`]) and a non-blocking one ([`Ports::test`]).
 //!
+//! Delivery copies once: from the receive ring, or from each frame of a message from
+//! another node as it arrives (a message longer than a frame travels in pieces that are
+//! written into the buffer in place, `wire::Piece`), and not at all when a sender of the
+//! node writes straight into a [`PortBuffer`]. A buffer being written so is not shown or
+//! handed back ([`Ports::read`], [`Ports::take_buffer`], a new binding) until its
+//! message is complete.
+//!
 //! Flow control: a message stays in the endpoint's receive memory until its handler
 //! returns, so a slow handler holds its senders back (their rings or credit windows
 //! fill) and nothing is lost.
@@ -140,6 +147,9 @@ pub struct PortStats {
     /// Messages that arrived while another rank was writing the port's buffer, held
     /// aside and delivered after its message (the rare case of the direct deposit).
     pub parked: u64,
+    /// Messages from other nodes written into the port's buffer piece by piece, each
+    /// piece from where its frame arrived (no reassembly copy).
+    pub landed: u64,
     /// Port errors (each went to an error handler or came back from a call).
     pub errors: u64,
     /// Messages dropped because they were not well-formed port messages.

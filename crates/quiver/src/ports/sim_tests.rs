@@ -117,6 +117,19 @@ fn exchange(faults: &FaultConfig, seed: u64, count: usize) -> (u64, u64) {
         assert!(t.errors.is_empty(), "rank {r}: {:?}", t.errors);
     }
     assert_eq!(apps[0].table.lock().slots[4].signals, count as u64);
+    // Messages longer than a frame went in pieces, written into the buffer in place
+    // (the answers, sent from a handler, went whole).
+    let route = match apps[0].table.lock().slots[1].dest {
+        Some(super::table::Bound::One { route, .. }) => route,
+        _ => unreachable!("port 1 is bound to rank 1"),
+    };
+    let frame = stations[0].frame_payload(route).expect("a network route");
+    let long = sent
+        .iter()
+        .filter(|m| m.len() + super::HEADER_LEN > frame)
+        .count();
+    assert_eq!(apps[1].table.lock().stats.landed, long as u64);
+    assert_eq!(apps[0].table.lock().stats.landed, 0);
     stations
         .iter()
         .map(|s| s.stats())

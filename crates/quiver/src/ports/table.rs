@@ -16,7 +16,7 @@
 use super::deposit::MailboxArea;
 use super::mailbox::Tag;
 use super::tree;
-use super::wire::{Deposited, Header, Indirect, Release, FLUSH_RELEASES, HEADER_LEN};
+use super::wire::{Deposited, Header, Indirect, Piece, Release, FLUSH_RELEASES, HEADER_LEN};
 use super::{Buffer, Delivery, Origin, PortError, PortStats, PORT_COUNT, RESERVED_PORT};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
@@ -86,6 +86,9 @@ pub(super) struct Slot {
     pub on_error: Option<ErrorFn>,
     /// Signals not yet consumed by a wait.
     pub signals: u64,
+    /// A message from another node is being written into `buffer` piece by piece
+    /// ([`Landing`]): nothing else writes or shows the buffer until it is complete.
+    pub landing: bool,
 }
 
 impl Slot {
@@ -133,6 +136,35 @@ pub(super) struct Table {
     /// the node holds, and every later one from the same sender (its order), until
     /// that buffer is delivered or taken back ([`Table::drain_parked`]).
     parked: VecDeque<Parked>,
+    /// Messages arriving in pieces, at most one per sender (a sender sends one such
+    /// message at a time).
+    landings: Vec<Landing>,
+    /// Pieces taken in that completed no message (the fuzz target's accounting).
+    partial_pieces: u64,
+}
+
+/// A message from another node arriving in pieces of one frame each
+/// ([`super::wire::Piece`]).
+struct Landing {
+    /// The rank whose channel brings the pieces.
+    via: u32,
+    port: u8,
+    from: Origin,
+    total: usize,
+    /// The offset the next piece must have.
+    next: usize,
+    into: Into,
+}
+
+/// Where a [`Landing`]'s pieces go.
+enum Into {
+    /// Straight into the port's buffer, which it holds (`Slot::landing`).
+    Buffer,
+    /// Aside, to be delivered whole once complete (the buffer was busy when the first
+    /// piece came: another message was being written into it, or messages waited).
+    Aside(Vec<u8>),
+    /// Nowhere: its port could not take it, which was reported at its first piece.
+    Nowhere,
 }
 
 /// A message held aside ([`Table::parked`]).
@@ -163,6 +195,8 @@ impl Table {
             generation: 0,
             closing: false,
             parked: VecDeque::new(),
+            landings: Vec::new(),
+            partial_pieces: 0,
         }
     }
 
@@ -185,7 +219,7 @@ impl Table {
             return;
         };
         let slot = &mut self.slots[usize::from(port)];
-        if !self.parked.is_empty() || port == RESERVED_PORT || self.closing {
+        if !self.parked.is_empty() || port == RESERVED_PORT || self.closing || slot.landing {
             return;
         }
         let Some(Buffer::Shared(b)) = &slot.buffer else {
@@ -196,10 +230,15 @@ impl Table {
     }
 
     /// Takes `port`'s buffer back from the node's senders before the table writes or
-    /// shows it. False while a sender holds it: its message is in the buffer or on the
-    /// way, and its notice comes next in that sender's ring.
+    /// shows it. False while a sender holds it (its message is in the buffer or on the
+    /// way, and its notice comes next in that sender's ring), and while a message from
+    /// another node is being written into it piece by piece.
     pub(super) fn hold(&mut self, port: u8) -> bool {
         let slot = &mut self.slots[usize::from(port)];
+        if slot.landing {
+            // A message from another node is half written into it: its pieces first.
+            return false;
+        }
         if !slot.armed {
             return true;
         }
@@ -456,7 +495,8 @@ impl Table {
             return true;
         }
         let mut woke = false;
-        if self.slots[usize::from(port)].armed || !self.parked.is_empty() {
+        let slot = &self.slots[usize::from(port)];
+        if slot.armed || slot.landing || !self.parked.is_empty() {
             if !self.parked.is_empty() {
                 woke |= self.drain_parked(out);
             }
@@ -497,6 +537,164 @@ impl Table {
             self.arm_after_handler(port);
         }
         woke
+    }
+
+    /// Takes one piece of a message from `via` (a rank of another node): at offset 0
+    /// it starts the message, straight into the port's buffer when that is free
+    /// (nothing waits to be delivered, no other message is being written into it, no
+    /// sender of the node holds it), aside otherwise; a port that cannot take the
+    /// message (reserved, no buffer, too short) hears of it at once and the rest of the
+    /// message is dropped. The piece that completes the message delivers it. A piece
+    /// out of order, of a message never started, or starting a second message while
+    /// this sender's first is incomplete is malformed and ends that message (no sender
+    /// does that: it sends one such message at a time, its pieces in order).
+    fn take_piece(&mut self, via: u32, p: Piece, bytes: &[u8], out: &mut Outbox) -> bool {
+        let from = Origin {
+            rank: via,
+            port: p.src_port,
+        };
+        let (offset, total) = (p.offset as usize, p.total as usize);
+        let i = match self.landings.iter().position(|l| l.via == via) {
+            Some(i) if offset == 0 => {
+                self.stats.malformed += 1;
+                return self.abandon(i, out);
+            }
+            Some(i) => {
+                let l = &self.landings[i];
+                if l.port != p.dest_port || l.next != offset || l.total != total {
+                    self.stats.malformed += 1;
+                    return self.abandon(i, out);
+                }
+                i
+            }
+            None if offset != 0 => {
+                self.stats.malformed += 1;
+                return false;
+            }
+            None => {
+                let port = p.dest_port;
+                let mut woke = false;
+                let slot = &self.slots[usize::from(port)];
+                let into = if port == RESERVED_PORT {
+                    self.report(PortError::Reserved {
+                        port,
+                        from,
+                        len: total,
+                    });
+                    woke = true;
+                    Into::Nowhere
+                } else {
+                    match slot.buffer.as_ref().map(|b| b.len()) {
+                        None => {
+                            self.report(PortError::NoBuffer {
+                                port,
+                                from,
+                                len: total,
+                            });
+                            woke = true;
+                            Into::Nowhere
+                        }
+                        Some(capacity) if capacity < total => {
+                            let e = PortError::Overflow {
+                                port,
+                                from,
+                                len: total,
+                                capacity,
+                            };
+                            self.report(e);
+                            woke = true;
+                            Into::Nowhere
+                        }
+                        Some(_) if slot.landing || !self.parked.is_empty() => {
+                            Into::Aside(Vec::with_capacity(total))
+                        }
+                        Some(_) if !self.hold(port) => Into::Aside(Vec::with_capacity(total)),
+                        Some(_) => {
+                            self.slots[usize::from(port)].landing = true;
+                            Into::Buffer
+                        }
+                    }
+                };
+                self.landings.push(Landing {
+                    via,
+                    port,
+                    from,
+                    total,
+                    next: 0,
+                    into,
+                });
+                return woke | self.write_piece(self.landings.len() - 1, bytes, true, out);
+            }
+        };
+        self.write_piece(i, bytes, false, out)
+    }
+
+    /// Writes the next piece of landing `i` where it goes (`first`: its first), and
+    /// delivers the message when that was its last.
+    fn write_piece(&mut self, i: usize, bytes: &[u8], first: bool, out: &mut Outbox) -> bool {
+        let l = &mut self.landings[i];
+        // A first piece its port refused counts as the error reported.
+        let counted = first && matches!(l.into, Into::Nowhere);
+        let at = l.next;
+        l.next += bytes.len();
+        match &mut l.into {
+            Into::Buffer => {
+                let buf = self.slots[usize::from(l.port)]
+                    .buffer
+                    .as_mut()
+                    .expect("a landing's port keeps its buffer (held)");
+                crate::link::copy_into(&mut buf[at..at + bytes.len()], bytes);
+            }
+            Into::Aside(v) => v.extend_from_slice(bytes),
+            Into::Nowhere => {}
+        }
+        if l.next < l.total {
+            self.partial_pieces += u64::from(!counted);
+            return false;
+        }
+        // The last piece: the message is complete.
+        let l = self.landings.swap_remove(i);
+        let mut woke = false;
+        match l.into {
+            Into::Buffer => {
+                self.slots[usize::from(l.port)].landing = false;
+                self.stats.landed += 1;
+                woke |= self.deliver_held(l.port, l.from, l.total, |_| true, out);
+                if l.total >= super::DEPOSIT_MIN {
+                    self.arm_after_handler(l.port);
+                }
+                if !self.parked.is_empty() {
+                    woke |= self.drain_parked(out);
+                }
+            }
+            Into::Aside(v) => woke |= self.deliver(l.via, l.port, l.from, &v, out),
+            Into::Nowhere => self.partial_pieces += u64::from(!counted),
+        }
+        woke
+    }
+
+    /// Gives up landing `i` (its sender failed, or lied): what it wrote into its
+    /// port's buffer is no message (the buffer shows none until the next), and what
+    /// waited for that buffer moves on.
+    fn abandon(&mut self, i: usize, out: &mut Outbox) -> bool {
+        let l = self.landings.swap_remove(i);
+        if let Into::Buffer = l.into {
+            let slot = &mut self.slots[usize::from(l.port)];
+            slot.landing = false;
+            slot.forget_last();
+            if !self.parked.is_empty() {
+                return self.drain_parked(out);
+            }
+        }
+        false
+    }
+
+    /// `rank` failed: the message it was sending in pieces is lost with it.
+    pub(super) fn abandon_landings(&mut self, rank: u32, out: &mut Outbox) -> bool {
+        match self.landings.iter().position(|l| l.via == rank) {
+            Some(i) => self.abandon(i, out),
+            None => false,
+        }
     }
 
     /// Re-arms a port with a handler (the handler is done with the message; a port
@@ -871,6 +1069,14 @@ impl Protocol for Handler<'_> {
         self.handled += 1;
         let Some((head, payload)) = Header::decode(msg) else {
             let t = &mut *self.table;
+            if let Some((p, bytes)) = Piece::decode(msg) {
+                if from.dpid == t.dpid {
+                    self.woke |= t.take_piece(from.rank, p, bytes, out);
+                } else {
+                    t.stats.malformed += 1;
+                }
+                return Disposition::Consumed;
+            }
             if let Some(d) = Deposited::decode(msg) {
                 if from.dpid == t.dpid {
                     self.woke |= t.deliver_deposit(from, d, out);
@@ -970,7 +1176,7 @@ pub(crate) mod fuzz {
     use crate::addr::Source;
     use crate::channel::reliable::Time;
     use crate::engine::protocol::{Outbox, Protocol};
-    use crate::ports::wire::{Header, Release, FLUSH_RELEASES};
+    use crate::ports::wire::{Header, Piece, Release, FLUSH_RELEASES};
     use crate::ports::Delivery;
 
     /// What a run of [`handle_all`] counted.
@@ -987,6 +1193,10 @@ pub(crate) mod fuzz {
         /// Of them, control messages of the broadcast ring (a root's request for the
         /// places this rank copied), answered or not and counted nowhere else.
         pub control: u64,
+        /// Of them, messages still set aside (their port's buffer was being written), and
+        /// pieces of messages from other nodes that completed no message (the message's
+        /// last piece counts as the message).
+        pub waiting: u64,
         /// Broadcast copies queued for children.
         pub forwarded: u64,
         /// The most children a rank has in a tree of this job.
@@ -997,8 +1207,9 @@ pub(crate) mod fuzz {
     /// the job's size (1 to 16), the second this rank; then records of the sender's
     /// rank (one byte), a length (one byte) and that many bytes of message. Ports 0 (16
     /// bytes, a handler that signals), 1 (4 bytes) and 2 (no buffer, an error handler)
-    /// are bound. Panics if a delivered message's bytes are not in its port's buffer, or
-    /// a message was counted twice or not at all.
+    /// are bound. Panics if a delivered message's bytes are not in its port's buffer (a
+    /// message sent in pieces: the bytes of its pieces, each at its offset), or a
+    /// message was counted twice or not at all.
     pub fn handle_all(data: &[u8]) -> Counts {
         let (size, rank) = match data {
             [s, r, ..] => (
@@ -1012,6 +1223,7 @@ pub(crate) mod fuzz {
                     malformed: 0,
                     errors: 0,
                     control: 0,
+                    waiting: 0,
                     forwarded: 0,
                     max_children: 0,
                 }
@@ -1028,6 +1240,8 @@ pub(crate) mod fuzz {
         // A root's request for what this rank copied from its ring: a control message,
         // answered (or not: nothing copied) and counted nowhere else.
         let mut control = 0;
+        // Each sender's message in pieces as far as it came: its port, length and bytes.
+        let mut landing: Vec<(u32, u8, u32, Vec<u8>)> = Vec::new();
         while let [from, len, tail @ ..] = rest {
             let n = usize::from(*len).min(tail.len());
             let (msg, next) = tail.split_at(n);
@@ -1037,6 +1251,7 @@ pub(crate) mod fuzz {
                 dpid: 1,
             };
             let before = table.stats.delivered;
+            let (landed, parked) = (table.stats.landed, table.parked.len());
             let mut h = Handler {
                 table: &mut table,
                 rings: None,
@@ -1050,7 +1265,41 @@ pub(crate) mod fuzz {
             {
                 control += 1;
             }
-            if table.stats.delivered > before {
+            if let Some((p, bytes)) = Piece::decode(msg) {
+                // The model: a piece at 0 starts its sender's message, the next one at
+                // the end of what came continues it.
+                match landing.iter().position(|l| l.0 == from.rank) {
+                    Some(i)
+                        if p.offset != 0
+                            && p.offset as usize == landing[i].3.len()
+                            && (p.dest_port, p.total) == (landing[i].1, landing[i].2) =>
+                    {
+                        landing[i].3.extend_from_slice(bytes)
+                    }
+                    Some(i) => {
+                        landing.swap_remove(i);
+                    }
+                    None if p.offset == 0 => {
+                        landing.push((from.rank, p.dest_port, p.total, bytes.to_vec()));
+                    }
+                    None => {}
+                }
+                let complete = landing
+                    .iter()
+                    .position(|l| l.0 == from.rank && l.3.len() == l.2 as usize);
+                if table.stats.landed > landed {
+                    let (_, port, _, whole) = landing.swap_remove(complete.unwrap());
+                    // (Messages set aside for the port are delivered after it, over it.)
+                    if parked == 0 {
+                        let slot = &table.slots[usize::from(port)];
+                        assert_eq!(slot.last_len, whole.len());
+                        assert_eq!(&slot.buffer.as_ref().unwrap()[..whole.len()], &whole[..]);
+                    }
+                } else if let Some(i) = complete {
+                    // Complete, and delivered some other way (set aside) or refused.
+                    landing.swap_remove(i);
+                }
+            } else if table.stats.delivered > before && table.parked.is_empty() {
                 // The payload is the message less the 8-byte header, in its port's buffer.
                 let port = usize::from(msg[1]);
                 let slot = &table.slots[port];
@@ -1064,10 +1313,19 @@ pub(crate) mod fuzz {
             out.flush(&mut h_dummy(), |_, _, _| Ok::<_, ()>(true), |_| {});
         }
         let s = &table.stats;
+        // Every message is one of these once: delivered, malformed, an error, a control
+        // message, set aside still, or a piece that completed no message.
         assert_eq!(
-            s.delivered + s.malformed + s.errors + control,
+            s.delivered
+                + s.malformed
+                + s.errors
+                + control
+                + table.parked.len() as u64
+                + table.partial_pieces,
             handled,
-            "{s:?}"
+            "{s:?}, {} parked, {} partial pieces",
+            table.parked.len(),
+            table.partial_pieces
         );
         let max_children = (0..size)
             .map(|root| crate::ports::tree::children(rank, root, size).count() as u64)
@@ -1079,6 +1337,7 @@ pub(crate) mod fuzz {
             malformed: s.malformed,
             errors: s.errors,
             control,
+            waiting: table.parked.len() as u64 + table.partial_pieces,
             forwarded: s.forwarded,
             max_children,
         }
@@ -1141,6 +1400,183 @@ mod tests {
             Disposition::Consumed
         );
         h.woke
+    }
+
+    fn piece(dest_port: u8, src_port: u8, offset: u32, total: u32, bytes: &[u8]) -> Vec<u8> {
+        let mut m = Piece {
+            dest_port,
+            src_port,
+            offset,
+            total,
+        }
+        .encode()
+        .to_vec();
+        m.extend_from_slice(bytes);
+        m
+    }
+
+    /// Every delivery's sender and bytes.
+    type Got = Arc<Mutex<Vec<(u32, Vec<u8>)>>>;
+
+    /// A table whose port 3 (16 bytes) keeps every delivery's sender and bytes.
+    fn recording_table() -> (Table, Got) {
+        let mut t = Table::new(0, 4, DPID);
+        t.slots[3].buffer = Some(vec![0; 16].into());
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        t.slots[3].handler = Some(Box::new(move |d: &mut Delivery<'_>| {
+            g.lock().unwrap().push((d.origin().rank, d.data().to_vec()));
+            d.signal();
+        }));
+        (t, got)
+    }
+
+    #[test]
+    fn pieces_are_written_into_the_buffer_as_they_come_and_deliver_once_complete() {
+        let (mut t, got) = recording_table();
+        assert!(!handle(&mut t, 1, &piece(3, 5, 0, 10, b"abcdef")));
+        // Already in place, not yet a message.
+        assert_eq!(&t.slots[3].buffer.as_ref().unwrap()[..6], b"abcdef");
+        assert!(got.lock().unwrap().is_empty());
+        assert!(
+            !t.hold(3),
+            "nothing else writes or shows the buffer meanwhile"
+        );
+        assert!(handle(&mut t, 1, &piece(3, 5, 6, 10, b"ghij")));
+        assert_eq!(*got.lock().unwrap(), [(1, b"abcdefghij".to_vec())]);
+        assert_eq!(t.slots[3].last_from, Some(Origin { rank: 1, port: 5 }));
+        assert_eq!(
+            (t.stats.landed, t.stats.delivered, t.stats.malformed),
+            (1, 1, 0)
+        );
+        assert!(t.hold(3));
+        // A one-piece message is a message too.
+        assert!(handle(&mut t, 2, &piece(3, 5, 0, 3, b"xyz")));
+        assert_eq!(got.lock().unwrap()[1], (2, b"xyz".to_vec()));
+    }
+
+    #[test]
+    fn what_comes_for_a_port_being_written_waits_and_keeps_its_order() {
+        let (mut t, got) = recording_table();
+        handle(&mut t, 1, &piece(3, 5, 0, 8, b"1111"));
+        // Rank 2's whole message and rank 3's pieces for the same port wait; rank 2's
+        // message for another port does not.
+        t.slots[4].buffer = Some(vec![0; 4].into());
+        assert!(!handle(&mut t, 2, &msg(3, 5, b"22")));
+        handle(&mut t, 3, &piece(3, 5, 0, 6, b"333"));
+        handle(&mut t, 3, &piece(3, 5, 3, 6, b"333"));
+        assert!(got.lock().unwrap().is_empty());
+        assert_eq!(&t.slots[3].buffer.as_ref().unwrap()[..4], b"1111");
+        assert!(handle(&mut t, 1, &piece(3, 5, 4, 8, b"1111")));
+        assert_eq!(
+            *got.lock().unwrap(),
+            [
+                (1, b"11111111".to_vec()),
+                (2, b"22".to_vec()),
+                (3, b"333333".to_vec())
+            ]
+        );
+        assert_eq!(
+            (t.stats.landed, t.stats.delivered, t.stats.parked),
+            (1, 3, 2)
+        );
+        assert!(t.parked.is_empty() && t.landings.is_empty());
+    }
+
+    #[test]
+    fn pieces_out_of_order_or_out_of_turn_are_malformed_and_end_their_message() {
+        let (mut t, got) = recording_table();
+        // A continuation of nothing.
+        handle(&mut t, 1, &piece(3, 5, 4, 8, b"zzzz"));
+        assert_eq!(t.stats.malformed, 1);
+        assert!(t.landings.is_empty());
+        // A gap, another port, another length, a second start: each ends the message,
+        // whose bytes in the buffer are no message.
+        for bad in [
+            piece(3, 5, 5, 8, b"zzz"),
+            piece(4, 5, 4, 8, b"zzzz"),
+            piece(3, 5, 4, 9, b"zzzz"),
+            piece(3, 5, 0, 8, b"zzzz"),
+        ] {
+            handle(&mut t, 1, &msg(3, 5, b"ok"));
+            assert!(t.slots[3].last_from.is_some());
+            handle(&mut t, 1, &piece(3, 5, 0, 8, b"aaaa"));
+            let before = t.stats.malformed;
+            handle(&mut t, 1, &bad);
+            assert_eq!(t.stats.malformed, before + 1);
+            assert!(t.landings.is_empty() && !t.slots[3].landing);
+            assert!(
+                t.slots[3].last_from.is_none(),
+                "the buffer shows no message"
+            );
+            // What follows of it is malformed too.
+            handle(&mut t, 1, &piece(3, 5, 4, 8, b"bbbb"));
+            assert_eq!(t.stats.malformed, before + 2);
+        }
+        assert!(got.lock().unwrap().iter().all(|(_, m)| m == b"ok"));
+        assert_eq!(t.stats.landed, 0);
+    }
+
+    #[test]
+    fn a_port_that_cannot_take_a_message_in_pieces_hears_of_it_once() {
+        let (mut t, got) = recording_table();
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let e = errors.clone();
+        t.slots[3].on_error = Some(Box::new(move |err| e.lock().unwrap().push(err)));
+        let from = Origin { rank: 1, port: 5 };
+        for (k, part) in [b"aaaaaaaaaa", b"bbbbbbbbbb"].iter().enumerate() {
+            handle(&mut t, 1, &piece(3, 5, 10 * k as u32, 20, &part[..]));
+        }
+        t.slots[6].on_error = t.slots[3].on_error.take();
+        handle(&mut t, 2, &piece(6, 5, 0, 4, b"cc"));
+        handle(&mut t, 2, &piece(6, 5, 2, 4, b"cc"));
+        handle(&mut t, 2, &piece(RESERVED_PORT, 5, 0, 2, b"dd"));
+        assert_eq!(
+            *errors.lock().unwrap(),
+            [
+                PortError::Overflow {
+                    port: 3,
+                    from,
+                    len: 20,
+                    capacity: 16
+                },
+                PortError::NoBuffer {
+                    port: 6,
+                    from: Origin { rank: 2, port: 5 },
+                    len: 4
+                }
+            ]
+        );
+        assert_eq!(
+            t.errors.pop_front(),
+            Some(PortError::Reserved {
+                port: RESERVED_PORT,
+                from: Origin { rank: 2, port: 5 },
+                len: 2
+            })
+        );
+        assert_eq!((t.stats.errors, t.stats.malformed), (3, 0));
+        assert!(got.lock().unwrap().is_empty());
+        assert!(t.landings.is_empty());
+        assert_eq!(
+            t.slots[3].buffer.as_ref().unwrap()[..],
+            [0; 16],
+            "untouched"
+        );
+    }
+
+    #[test]
+    fn a_failed_senders_half_message_is_given_up_and_what_waited_moves_on() {
+        let (mut t, got) = recording_table();
+        handle(&mut t, 1, &piece(3, 5, 0, 8, b"1111"));
+        handle(&mut t, 2, &msg(3, 5, b"22"));
+        let mut out = Outbox::new(4);
+        assert!(t.abandon_landings(1, &mut out));
+        assert_eq!(*got.lock().unwrap(), [(2, b"22".to_vec())]);
+        assert!(t.hold(3) && t.landings.is_empty());
+        // Its last piece, if it still came, is no message.
+        handle(&mut t, 1, &piece(3, 5, 4, 8, b"1111"));
+        assert_eq!((t.stats.malformed, t.stats.landed), (1, 0));
     }
 
     #[test]
@@ -1767,6 +2203,18 @@ mod tests {
             (4, 1, 1, 2)
         );
         assert_eq!(c.forwarded, 1); // rank 1 of 4 forwards root 0's broadcasts to rank 3
+    }
+
+    #[test]
+    fn the_fuzz_driver_follows_messages_in_pieces() {
+        // The seed: two senders' pieces for one port interleaved with a whole message,
+        // a message too long for its port, a second start and a gap.
+        let data = include_bytes!("../../../../fuzz/corpus/ports_messages/pieces-interleaved");
+        let c = fuzz::handle_all(data);
+        assert_eq!(
+            (c.handled, c.delivered, c.malformed, c.errors),
+            (9, 3, 2, 1)
+        );
     }
 
     #[test]

@@ -21,6 +21,14 @@
 //! sender's port, a zero byte, the generation of the arming it claimed, the length; all
 //! little-endian).
 //!
+//! A message to one rank of another node that would span several frames travels as
+//! **pieces** of one frame each, which the receiver writes into the port's buffer as
+//! they arrive (no reassembly copy): each is a `Piece` header (16 bytes: b'P', the
+//! destination port, the sender's port, a zero byte, the piece's offset in the message
+//! and the message's length, both u32, then four zero bytes; all little-endian) before
+//! its part of the payload. A sender's pieces of one message follow each other in its
+//! channel, in order, from offset 0.
+//!
 //! The sender's rank comes from the engine (the channel it arrived on), not from the
 //! header, so a peer cannot claim another's rank; a broadcast names its root, which the
 //! receiver checks against the tree (`tree::parent`), or, sent by the root itself,
@@ -36,6 +44,10 @@ const NATIVE: u8 = 2;
 const INDIRECT: u8 = 4;
 const RELEASE: u8 = b'R';
 const DEPOSITED: u8 = b'D';
+const PIECE: u8 = b'P';
+
+/// Bytes of a [`Piece`] header.
+pub(crate) const PIECE_LEN: usize = 16;
 
 /// Bytes of an [`Indirect`] payload and of a [`Release`] message.
 pub(crate) const INDIRECT_LEN: usize = 16;
@@ -196,6 +208,45 @@ impl Deposited {
     }
 }
 
+/// One frame's worth of a message to port `dest_port` ([module documentation](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub dest_port: u8,
+    pub src_port: u8,
+    /// Where the piece's bytes go in the message.
+    pub offset: u32,
+    /// The whole message's length.
+    pub total: u32,
+}
+
+impl Piece {
+    pub(crate) fn encode(self) -> [u8; PIECE_LEN] {
+        let mut b = [0; PIECE_LEN];
+        b[..4].copy_from_slice(&[PIECE, self.dest_port, self.src_port, 0]);
+        b[4..8].copy_from_slice(&self.offset.to_le_bytes());
+        b[8..12].copy_from_slice(&self.total.to_le_bytes());
+        b
+    }
+
+    /// Splits `msg` into a piece's header and its bytes; `None` unless it is a
+    /// well-formed piece: reserved bytes zero, at least one byte, and every byte inside
+    /// the message.
+    pub(crate) fn decode(msg: &[u8]) -> Option<(Piece, &[u8])> {
+        let (b, bytes) = msg.split_first_chunk::<PIECE_LEN>()?;
+        if b[0] != PIECE || b[3] != 0 || b[12..] != [0; 4] || bytes.is_empty() {
+            return None;
+        }
+        let p = Piece {
+            dest_port: b[1],
+            src_port: b[2],
+            offset: u32::from_le_bytes(b[4..8].try_into().ok()?),
+            total: u32::from_le_bytes(b[8..12].try_into().ok()?),
+        };
+        let end = u64::from(p.offset) + bytes.len() as u64;
+        (end <= u64::from(p.total)).then_some((p, bytes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +321,42 @@ mod tests {
         let mut only = h;
         only[3] = 1 | 4;
         assert_eq!(Header::decode(&only), None);
+    }
+
+    #[test]
+    fn pieces_round_trip_and_reach_no_further_than_their_message() {
+        let p = Piece {
+            dest_port: 9,
+            src_port: 4,
+            offset: 1000,
+            total: 1010,
+        };
+        let mut m = p.encode().to_vec();
+        m.extend_from_slice(&[7; 10]);
+        assert_eq!(Piece::decode(&m), Some((p, &[7; 10][..])));
+        // One byte past the message's end, no byte at all, a reserved byte set.
+        m.push(7);
+        assert_eq!(Piece::decode(&m), None);
+        assert_eq!(Piece::decode(&p.encode()), None);
+        for i in [3, 12, 15] {
+            let mut bad = p.encode().to_vec();
+            bad[i] = 1;
+            bad.push(0);
+            assert_eq!(Piece::decode(&bad), None, "byte {i}");
+        }
+        // A piece is no other message, and no other message a piece.
+        assert_eq!(Header::decode(&m), None);
+        assert_eq!(Deposited::decode(&p.encode()), None);
+        let h = Header {
+            dest_port: 1,
+            src_port: 2,
+            root: None,
+            native: false,
+            indirect: false,
+        };
+        let mut whole = h.encode().to_vec();
+        whole.extend_from_slice(&[0; 16]);
+        assert_eq!(Piece::decode(&whole), None);
     }
 
     #[test]

@@ -443,8 +443,18 @@ impl App {
                     waited = true;
                     self.table.lock().stats.send_waits += 1;
                 }
-                if !self.poll(on)? {
-                    std::thread::yield_now();
+                match self.poll(on) {
+                    Ok(true) => {}
+                    Ok(false) => std::thread::yield_now(),
+                    // Progress met a failure of a peer no port sends to (those of the
+                    // others go to their ports): the message under way is finished all
+                    // the same (a failure of `to` stops `send_batch`); the peer stays
+                    // failed for whatever reaches it next.
+                    Err(e) if !first => {
+                        tracing::debug!("port {port}: {e} while a message was under way");
+                        std::thread::yield_now();
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             // A batch of pieces goes to the link together (one frame each).
@@ -592,31 +602,74 @@ impl App {
     /// the buffer is the table's alone, with the first error the progress met (another
     /// peer failed, say). A claim that stays for the job's peer timeout (10 s by
     /// default: a sender stopped for that long, or a peer that wrote the word) is
-    /// taken back, and its message, if it comes later, is refused.
+    /// taken back, and its message, if it comes later, is refused; so is a message from
+    /// another node landing in the buffer whose sender sent no piece for that long.
+    /// Then runs `then` on the table under the same lock (with the offload engine, its
+    /// thread could start writing a message into the buffer between two locks) and
+    /// returns its result.
     #[inline]
-    pub(super) fn hold(&self, on: &impl Footing, port: u8) -> Result<()> {
+    pub(super) fn hold_then<R>(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        then: impl FnOnce(&mut Table) -> R,
+    ) -> (R, Result<()>) {
         // Nearly always: nothing armed, or taken back at once (on every read).
-        if self.table.lock().hold(port) {
-            return Ok(());
+        {
+            let mut t = self.table.lock();
+            if t.hold(port) {
+                return (then(&mut t), Ok(()));
+            }
         }
-        self.hold_claimed(on, port)
+        let held = self.hold_claimed(on, port);
+        let mut then = Some(then);
+        loop {
+            let mut t = self.table.lock();
+            if t.hold(port) {
+                let f = then.take().expect("called once");
+                return (f(&mut t), held);
+            }
+            drop(t);
+            // Taken again meanwhile (a message came between the two locks): wait again.
+            if let Err(e) = self.hold_claimed(on, port) {
+                tracing::debug!("port {port}: {e} while taking its buffer back");
+            }
+        }
     }
 
-    /// [`App::hold`] of a buffer a sender holds now.
+    /// [`App::hold_then`]'s wait while a sender holds the buffer.
     #[cold]
     #[inline(never)]
     fn hold_claimed(&self, on: &impl Footing, port: u8) -> Result<()> {
         let limit = on.station().job().config.peer_timeout;
         let mut first = None;
         let mut seen: Option<(super::mailbox::State, Instant)> = None;
+        let mut landed: Option<((u32, usize), Instant)> = None;
         loop {
-            let busy = {
+            let (busy, landing) = {
                 let mut t = self.table.lock();
                 if t.hold(port) {
                     break;
                 }
-                t.holder(port)
+                (t.holder(port), t.landing_in(port))
             };
+            // A message from another node landing in the buffer whose sender went
+            // silent for the peer timeout is given up (its channel fails first when the
+            // peer is gone; this is a peer that stopped sending pieces).
+            match (landing, landed) {
+                (Some(now), Some((was, since))) if now == was => {
+                    if since.elapsed() > limit {
+                        tracing::warn!(
+                            "port {port}: rank {} left a message half sent for {limit:?}; given up",
+                            now.0
+                        );
+                        let mut out = self.out.borrow_mut();
+                        self.table.lock().give_up_landing(port, &mut out);
+                    }
+                }
+                (Some(now), _) => landed = Some((now, Instant::now())),
+                (None, _) => landed = None,
+            }
             match (busy, seen) {
                 (Some(s), Some((was, since))) if s == was => {
                     if since.elapsed() > limit {
@@ -736,9 +789,9 @@ impl App {
                 // that closed finishes what it claimed: its notice is in the ring).
                 if matches!(e, Error::PeerFailed { .. }) {
                     table.revoke_claims(rank, &mut out);
-                    // And one it was sending here in pieces.
-                    table.abandon_landings(rank, &mut out);
                 }
+                // A message it was sending here in pieces will not be finished.
+                table.abandon_landings(rank, &mut out);
                 // Its places in this rank's broadcast ring come back, and it gets no more.
                 table.ring.forget(rank);
                 table.native_local.retain(|&r| r != rank);

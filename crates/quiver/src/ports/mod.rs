@@ -399,6 +399,7 @@ impl Bind<'_> {
             handler,
             on_error,
         } = self;
+        let buffer_changes = buffer.is_some();
         if port == RESERVED_PORT {
             return Err(Error::Config(format!(
                 "port {RESERVED_PORT} is reserved for the library; bind ports 0 to {}",
@@ -412,25 +413,28 @@ impl Bind<'_> {
             Some((None, dest_port)) => ports.app.bind_all(&ports.ep, port, dest_port)?,
             None => {}
         }
-        if buffer.is_some() {
-            // A sender of the node may be writing the old buffer: its message first.
-            ports.hold_quietly(port);
-        }
-        let mut t = ports.app.table.lock();
-        let slot = &mut t.slots[usize::from(port)];
-        if let Some(b) = buffer {
-            slot.buffer = Some(b);
-            slot.forget_last();
-        }
-        if let Some(h) = handler {
-            slot.handler = Some(h);
-        }
-        if let Some(h) = on_error {
-            slot.on_error = Some(h);
-        }
-        if t.slots[usize::from(port)].handler.is_some() {
-            // A port without a handler is armed by a wait on it.
-            t.arm(port);
+        let apply = |t: &mut Table| {
+            let slot = &mut t.slots[usize::from(port)];
+            if let Some(b) = buffer {
+                slot.buffer = Some(b);
+                slot.forget_last();
+            }
+            if let Some(h) = handler {
+                slot.handler = Some(h);
+            }
+            if let Some(h) = on_error {
+                slot.on_error = Some(h);
+            }
+            if t.slots[usize::from(port)].handler.is_some() {
+                // A port without a handler is armed by a wait on it.
+                t.arm(port);
+            }
+        };
+        if buffer_changes {
+            // A sender may be writing the old buffer: its message first.
+            ports.with_held(port, apply);
+        } else {
+            apply(&mut ports.app.table.lock());
         }
         Ok(())
     }
@@ -497,10 +501,12 @@ impl Ports {
     /// Takes `port`'s buffer back from the senders that may write it, delivering a
     /// message one of them is writing first. An error of the progress made meanwhile
     /// (another peer failed) is logged; the buffer is taken back all the same.
-    fn hold_quietly(&self, port: u8) {
-        if let Err(e) = self.app.hold(&self.ep, port) {
+    fn with_held<R>(&self, port: u8, then: impl FnOnce(&mut Table) -> R) -> R {
+        let (r, held) = self.app.hold_then(&self.ep, port, then);
+        if let Err(e) = held {
             tracing::debug!("port {port}: {e} while taking its buffer back");
         }
+        r
     }
 
     /// Starts a binding of `port` (0 to 254); [`Bind::apply`] makes it take effect.
@@ -519,23 +525,23 @@ impl Ports {
     /// are kept. (A rank of this node writing a message into the port's shared buffer
     /// finishes first, and its message is delivered.)
     pub fn unbind(&self, port: u8) -> Option<Buffer> {
-        self.hold_quietly(port);
-        let mut t = self.app.table.lock();
-        let slot = &mut t.slots[usize::from(port)];
-        slot.dest = None;
-        slot.handler = None;
-        slot.on_error = None;
-        slot.forget_last();
-        slot.buffer.take()
+        self.with_held(port, |t| {
+            let slot = &mut t.slots[usize::from(port)];
+            slot.dest = None;
+            slot.handler = None;
+            slot.on_error = None;
+            slot.forget_last();
+            slot.buffer.take()
+        })
     }
 
     /// Takes `port`'s buffer back, leaving the port without one.
     pub fn take_buffer(&self, port: u8) -> Option<Buffer> {
-        self.hold_quietly(port);
-        let mut t = self.app.table.lock();
-        let slot = &mut t.slots[usize::from(port)];
-        slot.forget_last();
-        slot.buffer.take()
+        self.with_held(port, |t| {
+            let slot = &mut t.slots[usize::from(port)];
+            slot.forget_last();
+            slot.buffer.take()
+        })
     }
 
     /// Copies the last message delivered into `port`'s buffer to the start of `dst`
@@ -549,15 +555,15 @@ impl Ports {
     /// [`PortBuffer`] may be being written by a sender of the node: its message is
     /// delivered first.)
     pub fn read(&self, port: u8, dst: &mut [u8]) -> Option<(usize, Origin)> {
-        self.hold_quietly(port);
-        let t = self.app.table.lock();
-        let slot = &t.slots[usize::from(port)];
-        let from = slot.last_from?;
-        let bytes = slot.buffer.as_deref().unwrap_or_default();
-        let msg = &bytes[..slot.last_len.min(bytes.len())];
-        let n = msg.len().min(dst.len());
-        dst[..n].copy_from_slice(&msg[..n]);
-        Some((msg.len(), from))
+        self.with_held(port, |t| {
+            let slot = &t.slots[usize::from(port)];
+            let from = slot.last_from?;
+            let bytes = slot.buffer.as_deref().unwrap_or_default();
+            let msg = &bytes[..slot.last_len.min(bytes.len())];
+            let n = msg.len().min(dst.len());
+            dst[..n].copy_from_slice(&msg[..n]);
+            Some((msg.len(), from))
+        })
     }
 
     /// Sends `data` through `port` to its bound destination; returns when `data` may be
@@ -568,7 +574,8 @@ impl Ports {
     }
 
     /// [`Ports::send`] without waiting: `Ok(false)` when the destination has no room
-    /// now (nothing was sent).
+    /// now (nothing was sent). A message to another node that goes in pieces waits,
+    /// once its first pieces left, until the rest are queued (it is under way).
     pub fn try_send(&self, port: u8, data: &[u8]) -> Result<bool> {
         self.app.send(&self.ep, port, data, false)
     }

@@ -219,6 +219,68 @@ fn same_node_senders_write_straight_into_a_shared_buffer() {
     });
 }
 
+/// Two senders of other nodes stream long messages to one port at once: their pieces
+/// interleave at the receiver, one sender's message lands in the buffer while the
+/// other's waits aside, and every message arrives whole and in its sender's order.
+#[test]
+fn two_senders_in_pieces_to_one_port_over_udp() {
+    const EACH: u32 = 40;
+    let size_of = |i: u32| [100usize, 70_000, 3000, 150_000, 8][i as usize % 5];
+    run_ranks(3, config(TransportChoice::Udp), move |job| {
+        let ports = Ports::open(&job, DPID).unwrap();
+        if job.rank() == 0 {
+            let got = Arc::new(Mutex::new(Vec::new()));
+            let g = got.clone();
+            ports
+                .bind(2)
+                .buffer(vec![0; 150_000])
+                .handler(move |d: &mut Delivery<'_>| {
+                    let from = d.origin().rank;
+                    g.lock().unwrap().push((from, d.data().to_vec()));
+                    d.send(if from == 1 { 3 } else { 4 }, &[1]).unwrap();
+                    d.signal();
+                })
+                .apply()
+                .unwrap();
+            ports.bind(3).to(1, 5).apply().unwrap();
+            ports.bind(4).to(2, 5).apply().unwrap();
+            job.barrier_progressing(&[&ports]).unwrap();
+            ports.wait(2, u64::from(2 * EACH)).unwrap();
+            let got = got.lock().unwrap();
+            for sender in [1u32, 2] {
+                let mine: Vec<&Vec<u8>> = got
+                    .iter()
+                    .filter(|(r, _)| *r == sender)
+                    .map(|(_, m)| m)
+                    .collect();
+                assert_eq!(mine.len(), EACH as usize, "from rank {sender}");
+                for (i, m) in mine.iter().enumerate() {
+                    let i = i as u32;
+                    assert!(
+                        **m == pattern(sender, i, size_of(i)),
+                        "message {i} of rank {sender} ({} bytes) differs",
+                        m.len()
+                    );
+                }
+            }
+            let st = ports.stats();
+            assert!(st.landed > 0, "nothing landed in pieces: {st:?}");
+            assert_eq!(st.malformed, 0, "{st:?}");
+            job.barrier_progressing(&[&ports]).unwrap();
+        } else {
+            ports.bind(1).to(0, 2).apply().unwrap();
+            ports.bind(5).buffer(vec![0; 8]).apply().unwrap();
+            job.barrier_progressing(&[&ports]).unwrap();
+            let me = job.rank();
+            for i in 0..EACH {
+                ports.send(1, &pattern(me, i, size_of(i))).unwrap();
+            }
+            ports.wait(5, u64::from(EACH)).unwrap();
+            job.barrier_progressing(&[&ports]).unwrap();
+        }
+    });
+}
+
 /// With the offload engine, a handler of a message from the network runs on the
 /// engine's thread while the application computes (here: sleeps, making no quiver
 /// call), and the application's wait then finds the signals.

@@ -141,6 +141,8 @@ pub(super) struct Table {
     landings: Vec<Landing>,
     /// Pieces taken in that completed no message (the fuzz target's accounting).
     partial_pieces: u64,
+    /// Messages set aside so far (numbers them: `Parked::seq`).
+    parked_count: u64,
 }
 
 /// A message from another node arriving in pieces of one frame each
@@ -154,6 +156,9 @@ struct Landing {
     /// The offset the next piece must have.
     next: usize,
     into: Into,
+    /// Its number among what is set aside ([`Table::parked_count`] when its first
+    /// piece came).
+    parked_at: u64,
 }
 
 /// Where a [`Landing`]'s pieces go.
@@ -171,6 +176,9 @@ enum Into {
 struct Parked {
     /// The rank whose channel brought it (whose order it keeps).
     via: u32,
+    /// When it was set aside ([`Table::parked_count`] then): tells what a sender sent
+    /// before a message of its that came in pieces from what it sent after.
+    seq: u64,
     port: u8,
     from: Origin,
     msg: Vec<u8>,
@@ -197,6 +205,7 @@ impl Table {
             parked: VecDeque::new(),
             landings: Vec::new(),
             partial_pieces: 0,
+            parked_count: 0,
         }
     }
 
@@ -524,10 +533,12 @@ impl Table {
                 }
                 self.parked.push_back(Parked {
                     via,
+                    seq: self.parked_count,
                     port,
                     from,
                     msg: held,
                 });
+                self.parked_count += 1;
                 self.stats.parked += 1;
                 return woke;
             }
@@ -633,7 +644,10 @@ impl Table {
                     total,
                     next: 0,
                     into,
+                    parked_at: self.parked_count,
                 });
+                // Its own number: what is set aside after its start numbers above it.
+                self.parked_count += 1;
                 return woke | self.write_piece(self.landings.len() - 1, bytes, true, out);
             }
         };
@@ -687,23 +701,30 @@ impl Table {
                 }
             }
             Into::Aside(v) => {
-                match self.parked.iter().position(|p| p.via == l.via) {
-                    // What its sender sent meanwhile waits behind it: it goes first.
-                    Some(at) => {
-                        self.parked.insert(
-                            at,
-                            Parked {
-                                via: l.via,
-                                port: l.port,
-                                from: l.from,
-                                msg: v,
-                            },
-                        );
-                        self.stats.parked += 1;
-                        woke |= self.drain_parked(out);
+                // In its sender's order: after what it set aside before this message
+                // began, before what it sent while the pieces came.
+                let after = self
+                    .parked
+                    .iter()
+                    .position(|p| p.via == l.via && p.seq > l.parked_at);
+                let before = self.parked.iter().any(|p| p.via == l.via);
+                let aside = Parked {
+                    via: l.via,
+                    seq: l.parked_at,
+                    port: l.port,
+                    from: l.from,
+                    msg: v,
+                };
+                match (after, before) {
+                    (Some(at), _) => self.parked.insert(at, aside),
+                    (None, true) => self.parked.push_back(aside),
+                    (None, false) => {
+                        woke |= self.deliver(l.via, l.port, l.from, &aside.msg, out);
+                        return woke;
                     }
-                    None => woke |= self.deliver(l.via, l.port, l.from, &v, out),
                 }
+                self.stats.parked += 1;
+                woke |= self.drain_parked(out);
             }
             Into::Nowhere => self.partial_pieces += u64::from(!counted),
         }
@@ -1545,6 +1566,24 @@ mod tests {
             (1, 3, 2)
         );
         assert!(t.parked.is_empty() && t.landings.is_empty());
+    }
+
+    #[test]
+    fn messages_set_aside_keep_their_senders_order() {
+        // What the two-sender job test found: a sender's messages set aside one after
+        // the other (a whole one, then two in pieces) while another sender's message
+        // lands in the port's buffer come out in the order they were sent.
+        let (mut t, got) = recording_table();
+        handle(&mut t, 2, &piece(3, 5, 0, 4, b"ab"));
+        handle(&mut t, 1, &msg(3, 5, b"A"));
+        handle(&mut t, 1, &piece(3, 5, 0, 2, b"B1"));
+        handle(&mut t, 1, &piece(3, 5, 0, 4, b"C1"));
+        handle(&mut t, 1, &piece(3, 5, 2, 4, b"C2"));
+        handle(&mut t, 1, &piece(3, 5, 0, 2, b"D1"));
+        assert!(got.lock().unwrap().is_empty());
+        handle(&mut t, 2, &piece(3, 5, 2, 4, b"cd"));
+        let order: Vec<Vec<u8>> = got.lock().unwrap().iter().map(|g| g.1.clone()).collect();
+        assert_eq!(order, [&b"abcd"[..], b"A", b"B1", b"C1C2", b"D1"]);
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub(super) struct App {
     peer_rings: OnceCell<PeerRings>,
     /// The mailboxes and port buffers of this node's ranks, mapped here to be written.
     peer_deposits: OnceCell<PeerDeposits>,
+    /// Ranks a message in pieces was left half sent to (a send that failed half-way):
+    /// the next message to each goes in pieces too, whose start ends the half one at
+    /// the receiver (which would otherwise hold that rank's later messages back).
+    half_sent: RefCell<Vec<u32>>,
 }
 
 /// Where [`App::place_in_ring`] put a broadcast.
@@ -100,6 +104,7 @@ impl App {
             ring: RefCell::new(None),
             peer_rings: OnceCell::new(),
             peer_deposits: OnceCell::new(),
+            half_sent: RefCell::new(Vec::new()),
         }
     }
 
@@ -407,8 +412,13 @@ impl App {
         block: bool,
     ) -> Result<bool> {
         let station = on.station();
+        let half_sent = || self.half_sent.borrow().contains(&to.rank);
         let frame = match station.frame_payload(route) {
-            Some(frame) if head.len() + data.len() > frame && frame > PIECE_LEN => frame,
+            Some(frame)
+                if frame > PIECE_LEN && (head.len() + data.len() > frame || half_sent()) =>
+            {
+                frame
+            }
             _ => return self.send_to(on, port, to, route, head, data, block),
         };
         let max = station.job().config.max_message;
@@ -422,7 +432,12 @@ impl App {
             return self.send_to(on, port, to, route, head, data, block);
         };
         let chunk = frame - PIECE_LEN;
-        let mut parts = data.chunks(chunk).enumerate().peekable();
+        // (An empty message is one empty piece: only after a half-sent one.)
+        let mut parts = data
+            .chunks(chunk)
+            .chain(data.is_empty().then_some(&[][..]))
+            .enumerate()
+            .peekable();
         let mut first = true;
         let mut waited = false;
         while parts.peek().is_some() {
@@ -439,6 +454,15 @@ impl App {
                 if first && !block {
                     return Ok(false);
                 }
+                if station.has_failed(to.rank) {
+                    // Its frames wait in a channel that will never take them.
+                    let e = Error::PeerFailed {
+                        rank: to.rank,
+                        dpid: to.dpid,
+                        reason: "failed while a message to it was under way".into(),
+                    };
+                    return Err(self.send_failed(on, port, to.rank, e));
+                }
                 if !waited {
                     waited = true;
                     self.table.lock().stats.send_waits += 1;
@@ -446,15 +470,22 @@ impl App {
                 match self.poll(on) {
                     Ok(true) => {}
                     Ok(false) => std::thread::yield_now(),
-                    // Progress met a failure of a peer no port sends to (those of the
-                    // others go to their ports): the message under way is finished all
-                    // the same (a failure of `to` stops `send_batch`); the peer stays
-                    // failed for whatever reaches it next.
-                    Err(e) if !first => {
+                    // Progress met the failure of another peer that no port sends to
+                    // (those of the others go to their ports): the message under way is
+                    // finished all the same; that peer stays failed for whatever reaches
+                    // it next.
+                    Err(e @ (Error::PeerFailed { rank, .. } | Error::PeerClosed { rank, .. }))
+                        if !first && rank != to.rank =>
+                    {
                         tracing::debug!("port {port}: {e} while a message was under way");
                         std::thread::yield_now();
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        if !first {
+                            self.half_sent.borrow_mut().push(to.rank);
+                        }
+                        return Err(e);
+                    }
                 }
             }
             // A batch of pieces goes to the link together (one frame each).
@@ -481,7 +512,16 @@ impl App {
                 Ok(true) => {}
                 // Not a network channel after all: frame_payload said it was.
                 Ok(false) => unreachable!("a route with a frame size is a network channel"),
-                Err(e) => return Err(self.send_failed(on, port, to.rank, e)),
+                Err(e) => {
+                    if !first || parts.peek().is_some() {
+                        self.half_sent.borrow_mut().push(to.rank);
+                    }
+                    return Err(self.send_failed(on, port, to.rank, e));
+                }
+            }
+            if first {
+                // The start ended any half message at the receiver.
+                self.half_sent.borrow_mut().retain(|&r| r != to.rank);
             }
             first = false;
         }
@@ -644,7 +684,7 @@ impl App {
         let limit = on.station().job().config.peer_timeout;
         let mut first = None;
         let mut seen: Option<(super::mailbox::State, Instant)> = None;
-        let mut landed: Option<((u32, usize), Instant)> = None;
+        let mut landed: Option<((u32, u64, usize), Instant)> = None;
         loop {
             let (busy, landing) = {
                 let mut t = self.table.lock();
@@ -665,6 +705,7 @@ impl App {
                         );
                         let mut out = self.out.borrow_mut();
                         self.table.lock().give_up_landing(port, &mut out);
+                        landed = None;
                     }
                 }
                 (Some(now), _) => landed = Some((now, Instant::now())),
@@ -679,6 +720,7 @@ impl App {
                         );
                         let mut out = self.out.borrow_mut();
                         self.table.lock().take_back(port, s, &mut out);
+                        seen = None;
                     }
                 }
                 (Some(s), _) => seen = Some((s, Instant::now())),

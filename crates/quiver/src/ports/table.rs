@@ -594,6 +594,8 @@ impl Table {
         };
         let i = match i {
             Some(i) => i,
+            // An empty message: delivered as a whole one (it needs no buffer).
+            None if total == 0 => return woke | self.deliver(via, p.dest_port, from, &[], out),
             None => {
                 let port = p.dest_port;
                 let slot = &self.slots[usize::from(port)];
@@ -726,7 +728,13 @@ impl Table {
                 self.stats.parked += 1;
                 woke |= self.drain_parked(out);
             }
-            Into::Nowhere => self.partial_pieces += u64::from(!counted),
+            Into::Nowhere => {
+                self.partial_pieces += u64::from(!counted);
+                // What its sender sent meanwhile waited behind it.
+                if !self.parked.is_empty() {
+                    woke |= self.drain_parked(out);
+                }
+            }
         }
         woke
     }
@@ -749,12 +757,13 @@ impl Table {
         false
     }
 
-    /// The sender and progress of the message landing in `port`'s buffer, if one is.
-    pub(super) fn landing_in(&self, port: u8) -> Option<(u32, usize)> {
+    /// The sender, number and progress of the message landing in `port`'s buffer, if
+    /// one is.
+    pub(super) fn landing_in(&self, port: u8) -> Option<(u32, u64, usize)> {
         self.landings
             .iter()
             .find(|l| l.port == port && matches!(l.into, Into::Buffer))
-            .map(|l| (l.via, l.next))
+            .map(|l| (l.via, l.parked_at, l.next))
     }
 
     /// Gives up the message landing in `port`'s buffer (its sender went silent): lost,
@@ -1566,6 +1575,29 @@ mod tests {
             (1, 3, 2)
         );
         assert!(t.parked.is_empty() && t.landings.is_empty());
+    }
+
+    #[test]
+    fn a_message_behind_a_refused_one_in_pieces_moves_on_when_that_ends() {
+        let (mut t, got) = recording_table();
+        // Port 6 has no buffer: refused at its first piece, the rest dropped; rank 1's
+        // next message waits for its last piece, then goes.
+        handle(&mut t, 1, &piece(6, 5, 0, 4, b"ab"));
+        handle(&mut t, 1, &msg(3, 5, b"next"));
+        assert!(got.lock().unwrap().is_empty());
+        handle(&mut t, 1, &piece(6, 5, 2, 4, b"cd"));
+        assert_eq!(*got.lock().unwrap(), [(1, b"next".to_vec())]);
+        assert_eq!(t.errors.len(), 1);
+    }
+
+    #[test]
+    fn an_empty_message_in_one_piece_ends_a_half_sent_one_and_is_delivered() {
+        let (mut t, got) = recording_table();
+        handle(&mut t, 1, &piece(3, 5, 0, 8, b"half"));
+        handle(&mut t, 1, &piece(3, 5, 0, 0, b""));
+        assert_eq!(*got.lock().unwrap(), [(1, Vec::new())]);
+        assert!(t.landings.is_empty() && t.hold(3));
+        assert_eq!(t.stats.malformed, 0);
     }
 
     #[test]

@@ -26,8 +26,9 @@
 //! they arrive (no reassembly copy): each is a `Piece` header (16 bytes: b'P', the
 //! destination port, the sender's port, a zero byte, the piece's offset in the message
 //! and the message's length, both u32, then four zero bytes; all little-endian) before
-//! its part of the payload. A sender's pieces of one message follow each other in its
-//! channel, in order, from offset 0.
+//! its part of the payload (at least a byte; an empty message is one empty piece). A
+//! sender's pieces of one message follow each other in its channel, in order, from
+//! offset 0; a new start ends a message left half sent.
 //!
 //! The sender's rank comes from the engine (the channel it arrived on), not from the
 //! header, so a peer cannot claim another's rank; a broadcast names its root, which the
@@ -229,11 +230,14 @@ impl Piece {
     }
 
     /// Splits `msg` into a piece's header and its bytes; `None` unless it is a
-    /// well-formed piece: reserved bytes zero, at least one byte, and every byte inside
-    /// the message.
+    /// well-formed piece: reserved bytes zero, at least one byte (but for the one piece
+    /// of an empty message, offset and length 0), and every byte inside the message.
     pub(crate) fn decode(msg: &[u8]) -> Option<(Piece, &[u8])> {
         let (b, bytes) = msg.split_first_chunk::<PIECE_LEN>()?;
-        if b[0] != PIECE || b[3] != 0 || b[12..] != [0; 4] || bytes.is_empty() {
+        if b[0] != PIECE || b[3] != 0 || b[12..] != [0; 4] {
+            return None;
+        }
+        if bytes.is_empty() && b[4..12] != [0; 8] {
             return None;
         }
         let p = Piece {
@@ -344,6 +348,13 @@ mod tests {
             bad.push(0);
             assert_eq!(Piece::decode(&bad), None, "byte {i}");
         }
+        // The one piece of an empty message (sent after a half-sent one).
+        let empty = Piece {
+            offset: 0,
+            total: 0,
+            ..p
+        };
+        assert_eq!(Piece::decode(&empty.encode()), Some((empty, &[][..])));
         // A piece is no other message, and no other message a piece.
         assert_eq!(Header::decode(&m), None);
         assert_eq!(Deposited::decode(&p.encode()), None);

@@ -558,7 +558,8 @@ impl Drop for PyPorts {
         if let Some(cell) = self.ports.try_get() {
             if let Some(p) = cell.borrow_mut().take() {
                 Python::attach(|py| {
-                    // SAFETY: as in `close`.
+                    // SAFETY: the ports are this thread's (`try_get` gave them);
+                    // nothing of Python's is carried.
                     unsafe { detached(py, p, drop) }
                 });
             }

@@ -172,9 +172,10 @@ impl PyRma {
         let buf = Buffer::get(data, false, what)?;
         let (ptr, len) = (buf.ptr() as usize, buf.len());
         let r = self.with_window(py, window, move |r, w| {
+            // (Another Python thread writing it meanwhile is the program's race on the
+            // bytes, never a read outside them.)
             // SAFETY: the export keeps the memory in place until `buf` is dropped,
-            // after the call; another Python thread writing it meanwhile is the
-            // program's race on the bytes, never a read outside them.
+            // after the call.
             let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
             f(r, w, data)
         });
@@ -194,10 +195,10 @@ impl PyRma {
         let b = Buffer::get(buf, true, what)?;
         let (ptr, len) = (b.ptr() as usize, b.len());
         let r = self.with_window(py, window, move |r, w| {
+            // (Another Python thread writing it meanwhile, the GIL released, is the
+            // program's race on the bytes, as with mpi4py, never a write outside them.)
             // SAFETY: the export keeps the memory in place and writable until `b` is
-            // dropped, after the call (resizing an exported object is refused); another
-            // Python thread writing it meanwhile, the GIL released, is the program's race
-            // on the bytes (as with mpi4py), never a write outside them.
+            // dropped, after the call (resizing an exported object is refused).
             let dst = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
             f(r, w, dst)
         });
@@ -551,7 +552,8 @@ impl Drop for PyRma {
         if let Some(cell) = self.rma.try_get() {
             if let Some(r) = cell.borrow_mut().take() {
                 Python::attach(|py| {
-                    // SAFETY: as in `close`.
+                    // SAFETY: the endpoint is this thread's (`try_get` gave it);
+                    // nothing of Python's is carried.
                     unsafe { detached(py, r, drop) }
                 });
             }

@@ -491,33 +491,33 @@ impl<L: Link, C: Clock> Station<L, C> {
         }
     }
 
-    /// Sends `messages` (each a header and a body, each fitting one frame:
-    /// [`Station::frame_payload`]) on network route `route`, in order, handed to the link
-    /// together; never waits (what the window does not take goes as credits return:
-    /// check [`Station::send_backlogged`] between batches). `Ok(false)` for a route that
-    /// is not a network channel of this station's (nothing sent).
-    pub(crate) fn send_batch(&self, route: usize, messages: &[(&[u8], &[u8])]) -> Result<bool> {
+    /// Sends `messages` (each a header and a body, each fitting one frame of a network
+    /// route: [`Station::frame_payload`]) on route `route`, in order; on a network route
+    /// they are handed to the link together and never wait (what the window does not
+    /// take goes as credits return: check [`Station::send_backlogged`] between batches),
+    /// on any other one by one as [`Station::send`] without waiting does.
+    pub(crate) fn send_batch(&self, route: usize, messages: &[(&[u8], &[u8])]) -> Result<()> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
         let peer = match inner.routes.get(route) {
             Some((dest, Route::Net { peer })) => {
-                if inner.failed.contains(&dest.rank) {
-                    return Err(Error::PeerFailed {
-                        rank: dest.rank,
-                        dpid: dest.dpid,
-                        reason: "found failed earlier".into(),
-                    });
-                }
+                inner.check_not_failed(dest)?;
                 *peer
             }
-            _ => return Ok(false),
+            _ => {
+                drop(guard);
+                for &(head, body) in messages {
+                    self.send(route, head, body, false)?;
+                }
+                return Ok(());
+            }
         };
         let (net, stats) = inner.driver();
         net.send_batch(peer, messages, stats)?;
         for (head, body) in messages {
             inner.count_sent(head.len() + body.len());
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Whether a writer that does not wait ([`Station::send`] with `wait` false) has a
@@ -583,13 +583,7 @@ impl<L: Link, C: Clock> Station<L, C> {
         let inner = &mut *guard;
         if !inner.failed.is_empty() {
             let peer = inner.routes[route].0;
-            if inner.failed.contains(&peer.rank) {
-                return Err(Error::PeerFailed {
-                    rank: peer.rank,
-                    dpid: peer.dpid,
-                    reason: "found failed earlier".into(),
-                });
-            }
+            inner.check_not_failed(&peer)?;
         }
         let (dest, how) = &mut inner.routes[route];
         match how {
@@ -1158,6 +1152,19 @@ impl<L: Link, C: Clock> Inner<L, C> {
             .as_mut()
             .expect("a network route implies the driver");
         (net, &mut self.stats)
+    }
+
+    /// `PeerFailed` when `peer`'s rank was found failed (every operation towards it
+    /// fails).
+    fn check_not_failed(&self, peer: &Source) -> Result<()> {
+        if self.failed.contains(&peer.rank) {
+            return Err(Error::PeerFailed {
+                rank: peer.rank,
+                dpid: peer.dpid,
+                reason: "found failed earlier".into(),
+            });
+        }
+        Ok(())
     }
 
     /// A message of `len` bytes was sent.

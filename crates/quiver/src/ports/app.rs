@@ -135,11 +135,13 @@ impl App {
             indirect: false,
         }
         .encode();
+        let frame = station.frame_payload(route).filter(|&f| f > PIECE_LEN);
         self.table.lock().slots[usize::from(port)].dest = Some(Bound::One {
             to,
             head,
             route,
             deposit,
+            frame,
         });
         Ok(())
     }
@@ -219,13 +221,14 @@ impl App {
                 head,
                 route,
                 deposit,
+                frame,
             }) => {
                 // Too long for a message is too long for a deposit (the copy path says so).
                 let sent = (deposit
                     && data.len() >= DEPOSIT_MIN
                     && head.len() + data.len() <= on.station().job().config.max_message
                     && self.try_deposit(on, port, to, route, head[1], data)?)
-                    || self.send_one(on, port, to, route, &head, data, block)?;
+                    || self.send_one(on, port, (to, route, frame), &head, data, block)?;
                 if sent {
                     self.count_sent(data.len());
                 }
@@ -400,27 +403,21 @@ impl App {
     /// which the receiver writes into its port's buffer as they arrive (no reassembly
     /// copy there). Once the first piece left, the others wait for room whatever
     /// `block` says: the message is under way.
-    #[allow(clippy::too_many_arguments)]
     fn send_one(
         &self,
         on: &impl Footing,
         port: u8,
-        to: Source,
-        route: usize,
+        (to, route, frame): (Source, usize, Option<usize>),
         head: &[u8],
         data: &[u8],
         block: bool,
     ) -> Result<bool> {
-        let station = on.station();
         let half_sent = || self.half_sent.borrow().contains(&to.rank);
-        let frame = match station.frame_payload(route) {
-            Some(frame)
-                if frame > PIECE_LEN && (head.len() + data.len() > frame || half_sent()) =>
-            {
-                frame
-            }
+        let frame = match frame {
+            Some(frame) if head.len() + data.len() > frame || half_sent() => frame,
             _ => return self.send_to(on, port, to, route, head, data, block),
         };
+        let station = on.station();
         let max = station.job().config.max_message;
         if head.len() + data.len() > max {
             return Err(Error::MessageTooLarge {
@@ -509,9 +506,7 @@ impl App {
             }
             let batch: Vec<(&[u8], &[u8])> = (0..n).map(|i| (&heads[i][..], bodies[i])).collect();
             match station.send_batch(route, &batch) {
-                Ok(true) => {}
-                // Not a network channel after all: frame_payload said it was.
-                Ok(false) => unreachable!("a route with a frame size is a network channel"),
+                Ok(()) => {}
                 Err(e) => {
                     if !first || parts.peek().is_some() {
                         self.half_sent.borrow_mut().push(to.rank);
@@ -661,26 +656,18 @@ impl App {
                 return (then(&mut t), Ok(()));
             }
         }
-        let held = self.hold_claimed(on, port);
-        let mut then = Some(then);
-        loop {
-            let mut t = self.table.lock();
-            if t.hold(port) {
-                let f = then.take().expect("called once");
-                return (f(&mut t), held);
-            }
-            drop(t);
-            // Taken again meanwhile (a message came between the two locks): wait again.
-            if let Err(e) = self.hold_claimed(on, port) {
-                tracing::debug!("port {port}: {e} while taking its buffer back");
-            }
-        }
+        self.hold_claimed(on, port, then)
     }
 
-    /// [`App::hold_then`]'s wait while a sender holds the buffer.
+    /// [`App::hold_then`] of a buffer a sender holds now.
     #[cold]
     #[inline(never)]
-    fn hold_claimed(&self, on: &impl Footing, port: u8) -> Result<()> {
+    fn hold_claimed<R>(
+        &self,
+        on: &impl Footing,
+        port: u8,
+        then: impl FnOnce(&mut Table) -> R,
+    ) -> (R, Result<()>) {
         let limit = on.station().job().config.peer_timeout;
         let mut first = None;
         let mut seen: Option<(super::mailbox::State, Instant)> = None;
@@ -689,7 +676,7 @@ impl App {
             let (busy, landing) = {
                 let mut t = self.table.lock();
                 if t.hold(port) {
-                    break;
+                    return (then(&mut t), first.map_or(Ok(()), Err));
                 }
                 (t.holder(port), t.landing_in(port))
             };
@@ -735,7 +722,6 @@ impl App {
                 }
             }
         }
-        first.map_or(Ok(()), Err)
     }
 
     /// One message of `len` bytes sent through a port (to one rank, or to all).
@@ -818,39 +804,44 @@ impl App {
                 Ok(busy)
             }
             Ok(None) => Ok(busy),
-            Err(e) => {
-                let rank = match &e {
-                    Error::PeerFailed { rank, .. } | Error::PeerClosed { rank, .. } => *rank,
-                    _ => return Err(e),
-                };
-                // Every port bound to the failed rank hears of it: its error handler, or
-                // the application's next wait, test or progress. The engine's error is
-                // returned only when no port sends to that rank.
-                let mut table = self.table.lock();
-                // A message it was writing into a buffer here is lost with it (a peer
-                // that closed finishes what it claimed: its notice is in the ring).
-                if matches!(e, Error::PeerFailed { .. }) {
-                    table.revoke_claims(rank, &mut out);
-                }
-                // A message it was sending here in pieces will not be finished.
-                table.abandon_landings(rank, &mut out);
-                // Its places in this rank's broadcast ring come back, and it gets no more.
-                table.ring.forget(rank);
-                table.native_local.retain(|&r| r != rank);
-                let mut bound = false;
-                for port in 0..RESERVED_PORT {
-                    let dest = table.slots[usize::from(port)].dest;
-                    if dest.is_some_and(|b| b.reaches(rank)) {
-                        table.report(PortError::DestinationFailed { port, rank });
-                        bound = true;
-                    }
-                }
-                if bound {
-                    Ok(true)
-                } else {
-                    Err(e)
-                }
+            Err(e) => self.peer_lost(e, &mut out),
+        }
+    }
+
+    /// What [`App::poll`] does with an error of the engine: a failed or closed peer
+    /// reaches every port bound to it (its error handler, or the application's next
+    /// wait, test or progress); the error is returned only when no port sends to that
+    /// rank, and every other error as it is.
+    #[cold]
+    #[inline(never)]
+    fn peer_lost(&self, e: Error, out: &mut Outbox) -> Result<bool> {
+        let rank = match &e {
+            Error::PeerFailed { rank, .. } | Error::PeerClosed { rank, .. } => *rank,
+            _ => return Err(e),
+        };
+        let mut table = self.table.lock();
+        // A message it was writing into a buffer here is lost with it (a peer that
+        // closed finishes what it claimed: its notice is in the ring).
+        if matches!(e, Error::PeerFailed { .. }) {
+            table.revoke_claims(rank, out);
+        }
+        // A message it was sending here in pieces will not be finished.
+        table.abandon_landings(rank, out);
+        // Its places in this rank's broadcast ring come back, and it gets no more.
+        table.ring.forget(rank);
+        table.native_local.retain(|&r| r != rank);
+        let mut bound = false;
+        for port in 0..RESERVED_PORT {
+            let dest = table.slots[usize::from(port)].dest;
+            if dest.is_some_and(|b| b.reaches(rank)) {
+                table.report(PortError::DestinationFailed { port, rank });
+                bound = true;
             }
+        }
+        if bound {
+            Ok(true)
+        } else {
+            Err(e)
         }
     }
 

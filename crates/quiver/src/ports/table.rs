@@ -45,6 +45,9 @@ pub(super) enum Bound {
         /// `to` is on this node and has mailboxes: a long message may go straight into
         /// its buffer ([`super::app::App::try_deposit`]).
         deposit: bool,
+        /// The payload of one frame of `route`, a network channel: a longer message goes
+        /// in pieces of it ([`super::app::App::send_one`]); `None` for other routes.
+        frame: Option<usize>,
     },
     /// Every other process of the job, port `head`'s destination port of each: down
     /// the binomial tree rooted at this process (`tree`), or, where the link
@@ -86,9 +89,6 @@ pub(super) struct Slot {
     pub on_error: Option<ErrorFn>,
     /// Signals not yet consumed by a wait.
     pub signals: u64,
-    /// A message from another node is being written into `buffer` piece by piece
-    /// ([`Landing`]): nothing else writes or shows the buffer until it is complete.
-    pub landing: bool,
 }
 
 impl Slot {
@@ -163,7 +163,7 @@ struct Landing {
 
 /// Where a [`Landing`]'s pieces go.
 enum Into {
-    /// Straight into the port's buffer, which it holds (`Slot::landing`).
+    /// Straight into the port's buffer, which it holds ([`Table::landing_on`]).
     Buffer,
     /// Aside, to be delivered whole once complete (the buffer was busy when the first
     /// piece came: another message was being written into it, or messages waited).
@@ -227,10 +227,11 @@ impl Table {
         let Some(area) = &self.mailboxes else {
             return;
         };
-        let slot = &mut self.slots[usize::from(port)];
-        if !self.parked.is_empty() || port == RESERVED_PORT || self.closing || slot.landing {
+        if !self.parked.is_empty() || port == RESERVED_PORT || self.closing || self.landing_on(port)
+        {
             return;
         }
+        let slot = &mut self.slots[usize::from(port)];
         let Some(Buffer::Shared(b)) = &slot.buffer else {
             return;
         };
@@ -243,11 +244,11 @@ impl Table {
     /// way, and its notice comes next in that sender's ring), and while a message from
     /// another node is being written into it piece by piece.
     pub(super) fn hold(&mut self, port: u8) -> bool {
-        let slot = &mut self.slots[usize::from(port)];
-        if slot.landing {
+        if self.landing_on(port) {
             // A message from another node is half written into it: its pieces first.
             return false;
         }
+        let slot = &mut self.slots[usize::from(port)];
         if !slot.armed {
             return true;
         }
@@ -490,7 +491,7 @@ impl Table {
     /// port's buffer (the first `len` bytes of what it is given), brought by `via`'s
     /// channel; false from `fill` (it could not, and wrote nothing) drops the message,
     /// counted malformed.
-    #[inline]
+    #[inline(always)]
     fn deliver_with(
         &mut self,
         via: u32,
@@ -504,53 +505,87 @@ impl Table {
             self.report(PortError::Reserved { port, from, len });
             return true;
         }
-        let mut woke = false;
-        let slot = &self.slots[usize::from(port)];
-        // A message of this sender landing in pieces came first: this one waits for it.
-        let landing = !self.landings.is_empty() && self.landings.iter().any(|l| l.via == via);
-        if slot.armed || slot.landing || landing || !self.parked.is_empty() {
-            if !self.parked.is_empty() {
-                woke |= self.drain_parked(out);
-            }
-            let behind = landing || self.parked.iter().any(|p| p.via == via);
-            let fits = self.slots[usize::from(port)]
-                .buffer
-                .as_ref()
-                .is_some_and(|b| len <= b.len());
-            if fits && (behind || !self.hold(port)) {
-                // A sender of the node holds the buffer, or this sender has a message
-                // waiting: this one waits too, in order. Senders see the flag (raised
-                // before this message's slot is released) and deposit nothing more
-                // until the waiting is over, so no sender's notice waits behind one
-                // of its own messages.
-                let mut held = vec![0; len];
-                if !fill(&mut held) {
-                    self.stats.malformed += 1;
-                    return woke;
-                }
-                if let Some(area) = &self.mailboxes {
-                    area.set_parking(true);
-                }
-                self.parked.push_back(Parked {
-                    via,
-                    seq: self.parked_count,
-                    port,
-                    from,
-                    msg: held,
-                });
-                self.parked_count += 1;
-                self.stats.parked += 1;
-                return woke;
-            }
-            // (A message that cannot fit is reported now: it needs no buffer.)
+        // Nearly always: nothing armed, set aside or landing in pieces (kept out of line,
+        // so that this path stays inlined).
+        if self.slots[usize::from(port)].armed
+            || !self.parked.is_empty()
+            || !self.landings.is_empty()
+        {
+            return self.deliver_contended(via, port, from, len, fill, out);
         }
-        woke |= self.deliver_held(port, from, len, fill, out);
+        self.deliver_now(port, from, len, fill, out)
+    }
+
+    /// [`Table::deliver_with`] into a port that nothing else may be writing.
+    #[inline(always)]
+    fn deliver_now(
+        &mut self,
+        port: u8,
+        from: Origin,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+        out: &mut Outbox,
+    ) -> bool {
+        let woke = self.deliver_held(port, from, len, fill, out);
         if len >= super::DEPOSIT_MIN {
             // A long message came by copy: the next may come straight (after a short
             // one the port stays unarmed, `Slot::small`).
             self.arm_after_handler(port);
         }
         woke
+    }
+
+    /// [`Table::deliver_with`] when the port is armed, or messages are set aside or
+    /// landing in pieces: the message waits if it must.
+    #[cold]
+    #[inline(never)]
+    fn deliver_contended(
+        &mut self,
+        via: u32,
+        port: u8,
+        from: Origin,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+        out: &mut Outbox,
+    ) -> bool {
+        let mut woke = false;
+        if !self.parked.is_empty() {
+            woke |= self.drain_parked(out);
+        }
+        // A message of this sender landing in pieces came first: this one waits for it.
+        let landing = self.landings.iter().any(|l| l.via == via);
+        let behind = landing || self.parked.iter().any(|p| p.via == via);
+        let fits = self.slots[usize::from(port)]
+            .buffer
+            .as_ref()
+            .is_some_and(|b| len <= b.len());
+        if fits && (behind || !self.hold(port)) {
+            // A sender of the node holds the buffer, a message from another node is
+            // landing in it, or this sender has a message waiting: this one waits too,
+            // in order. Senders see the flag (raised before this message's slot is
+            // released) and deposit nothing more until the waiting is over, so no
+            // sender's notice waits behind one of its own messages.
+            let mut held = vec![0; len];
+            if !fill(&mut held) {
+                self.stats.malformed += 1;
+                return woke;
+            }
+            if let Some(area) = &self.mailboxes {
+                area.set_parking(true);
+            }
+            self.parked.push_back(Parked {
+                via,
+                seq: self.parked_count,
+                port,
+                from,
+                msg: held,
+            });
+            self.parked_count += 1;
+            self.stats.parked += 1;
+            return woke;
+        }
+        // (A message that cannot fit is reported now: it needs no buffer.)
+        woke | self.deliver_now(port, from, len, fill, out)
     }
 
     /// Takes one piece of a message from `via` (a rank of another node): at offset 0
@@ -629,14 +664,13 @@ impl Table {
                             woke = true;
                             Into::Nowhere
                         }
-                        Some(_) if slot.landing || !self.parked.is_empty() => {
+                        Some(_) if self.landing_on(port) || !self.parked.is_empty() => {
                             Into::Aside(Vec::with_capacity(total))
                         }
                         Some(_) if !self.hold(port) => Into::Aside(Vec::with_capacity(total)),
-                        Some(_) => {
-                            self.slots[usize::from(port)].landing = true;
-                            Into::Buffer
-                        }
+                        // The buffer is this message's until its last piece
+                        // (`landing_on`).
+                        Some(_) => Into::Buffer,
                     }
                 };
                 self.landings.push(Landing {
@@ -692,7 +726,6 @@ impl Table {
         let mut woke = false;
         match l.into {
             Into::Buffer => {
-                self.slots[usize::from(l.port)].landing = false;
                 self.stats.landed += 1;
                 woke |= self.deliver_held(l.port, l.from, l.total, |_| true, out);
                 if l.total >= super::DEPOSIT_MIN {
@@ -745,9 +778,7 @@ impl Table {
     fn abandon(&mut self, i: usize, out: &mut Outbox) -> bool {
         let l = self.landings.swap_remove(i);
         if let Into::Buffer = l.into {
-            let slot = &mut self.slots[usize::from(l.port)];
-            slot.landing = false;
-            slot.forget_last();
+            self.slots[usize::from(l.port)].forget_last();
             self.arm_after_handler(l.port);
         }
         // What waited for the buffer, or behind this sender's message, moves on.
@@ -757,23 +788,31 @@ impl Table {
         false
     }
 
+    /// Which landing writes into `port`'s buffer, if one does.
+    fn buffer_landing(&self, port: u8) -> Option<usize> {
+        self.landings
+            .iter()
+            .position(|l| l.port == port && matches!(l.into, Into::Buffer))
+    }
+
+    /// Whether a message from another node is being written into `port`'s buffer piece
+    /// by piece: nothing else writes or shows the buffer until it is complete.
+    #[inline]
+    pub(super) fn landing_on(&self, port: u8) -> bool {
+        !self.landings.is_empty() && self.buffer_landing(port).is_some()
+    }
+
     /// The sender, number and progress of the message landing in `port`'s buffer, if
     /// one is.
     pub(super) fn landing_in(&self, port: u8) -> Option<(u32, u64, usize)> {
-        self.landings
-            .iter()
-            .find(|l| l.port == port && matches!(l.into, Into::Buffer))
-            .map(|l| (l.via, l.parked_at, l.next))
+        let l = &self.landings[self.buffer_landing(port)?];
+        Some((l.via, l.parked_at, l.next))
     }
 
     /// Gives up the message landing in `port`'s buffer (its sender went silent): lost,
     /// as one its sender never finished.
     pub(super) fn give_up_landing(&mut self, port: u8, out: &mut Outbox) -> bool {
-        match self
-            .landings
-            .iter()
-            .position(|l| l.port == port && matches!(l.into, Into::Buffer))
-        {
+        match self.buffer_landing(port) {
             Some(i) => self.abandon(i, out),
             None => false,
         }
@@ -840,7 +879,7 @@ impl Table {
     }
 
     /// [`Table::deliver_with`] into a buffer no sender holds.
-    #[inline]
+    #[inline(always)]
     fn deliver_held(
         &mut self,
         port: u8,
@@ -1147,6 +1186,47 @@ pub(super) struct Handler<'a> {
     pub handled: u64,
 }
 
+impl Handler<'_> {
+    /// A message that is not a port message: a piece of one, a deposit's notice, a
+    /// release of broadcast ring places, or malformed (out of line: the port message's
+    /// path stays small).
+    #[inline(never)]
+    fn handle_other(&mut self, from: Source, msg: &[u8], out: &mut Outbox) {
+        let t = &mut *self.table;
+        if let Some((p, bytes)) = Piece::decode(msg) {
+            if from.dpid == t.dpid {
+                self.woke |= t.take_piece(from.rank, p, bytes, out);
+            } else {
+                t.stats.malformed += 1;
+            }
+            return;
+        }
+        if let Some(d) = Deposited::decode(msg) {
+            if from.dpid == t.dpid {
+                self.woke |= t.deliver_deposit(from, d, out);
+            } else {
+                t.stats.malformed += 1;
+            }
+            return;
+        }
+        match Release::decode(msg) {
+            // A root closing asks for what this rank copied from its ring.
+            Some(r) if r.offset == FLUSH_RELEASES && from.dpid == t.dpid => {
+                if let Some(back) = t.flush_copied(from.rank, r.id) {
+                    out.forward(from, &back.encode(), &[]);
+                }
+            }
+            // A rank of this node copied a broadcast out of this rank's ring.
+            Some(r) if r.id == t.ring.id && from.dpid == t.dpid => {
+                if !t.ring.release(from.rank, r.offset) {
+                    t.stats.malformed += 1;
+                }
+            }
+            _ => t.stats.malformed += 1,
+        }
+    }
+}
+
 impl Protocol for Handler<'_> {
     #[inline]
     fn handle_message(
@@ -1158,38 +1238,7 @@ impl Protocol for Handler<'_> {
     ) -> Disposition {
         self.handled += 1;
         let Some((head, payload)) = Header::decode(msg) else {
-            let t = &mut *self.table;
-            if let Some((p, bytes)) = Piece::decode(msg) {
-                if from.dpid == t.dpid {
-                    self.woke |= t.take_piece(from.rank, p, bytes, out);
-                } else {
-                    t.stats.malformed += 1;
-                }
-                return Disposition::Consumed;
-            }
-            if let Some(d) = Deposited::decode(msg) {
-                if from.dpid == t.dpid {
-                    self.woke |= t.deliver_deposit(from, d, out);
-                } else {
-                    t.stats.malformed += 1;
-                }
-                return Disposition::Consumed;
-            }
-            match Release::decode(msg) {
-                // A root closing asks for what this rank copied from its ring.
-                Some(r) if r.offset == FLUSH_RELEASES && from.dpid == t.dpid => {
-                    if let Some(back) = t.flush_copied(from.rank, r.id) {
-                        out.forward(from, &back.encode(), &[]);
-                    }
-                }
-                // A rank of this node copied a broadcast out of this rank's ring.
-                Some(r) if r.id == t.ring.id && from.dpid == t.dpid => {
-                    if !t.ring.release(from.rank, r.offset) {
-                        t.stats.malformed += 1;
-                    }
-                }
-                _ => t.stats.malformed += 1,
-            }
+            self.handle_other(from, msg, out);
             return Disposition::Consumed;
         };
         let t = &mut *self.table;
@@ -1638,7 +1687,7 @@ mod tests {
             let before = t.stats.malformed;
             handle(&mut t, 1, &bad);
             assert_eq!(t.stats.malformed, before + 1);
-            assert!(t.landings.is_empty() && !t.slots[3].landing);
+            assert!(t.landings.is_empty() && !t.landing_on(3));
             assert!(
                 t.slots[3].last_from.is_none(),
                 "the buffer shows no message"
@@ -1883,6 +1932,7 @@ mod tests {
             .encode(),
             route: 0,
             deposit: false,
+            frame: None,
         });
         t.slots[1].handler = Some(Box::new(|d: &mut Delivery<'_>| {
             let mut reply = d.data().to_vec();

@@ -1,14 +1,36 @@
 //! Fuzzes the tagged protocol's message decoder (`tagged::wire`, `Msg::decode`): it must
 //! never panic; a decoded message's payload must be the tail of the input (inside it,
 //! never copied), no longer than the input less the header; and re-encoding a decoded
-//! message (its header, then its payload) must decode to the same message.
+//! message (its header, then its payload) must decode to the same message. The blocking
+//! receive's short cut (`wire::eager`) must read an `Eager` message as the decoder does
+//! and nothing else.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use quiver::fuzzing::tagged::{Msg, MAX_HEADER};
+use quiver::fuzzing::tagged::{eager, Msg, MAX_HEADER};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(msg) = Msg::decode(data) else {
+    let decoded = Msg::decode(data);
+    if let Some((tag, number, payload)) = eager(data) {
+        match decoded {
+            Ok(Msg::Push { head, data: d }) => assert!(
+                head.tag == tag
+                    && head.msg == number
+                    && head.total == payload.len() as u64
+                    && head.pushed == head.total
+                    && d == payload,
+                "{head:?}: the short cut read ({tag}, {number}, {} bytes)",
+                payload.len()
+            ),
+            other => panic!("the short cut read an Eager message the decoder reads as {other:?}"),
+        }
+    } else {
+        assert!(
+            data.first() != Some(&8) || decoded.is_err(),
+            "an Eager message the short cut missed: {decoded:?}"
+        );
+    }
+    let Ok(msg) = decoded else {
         return;
     };
     let header = msg.header();

@@ -5,7 +5,7 @@
 
 /// The Push-Pull protocol's messages (`tagged::wire`).
 pub mod tagged {
-    pub use crate::tagged::wire::{Msg, MAX_HEADER};
+    pub use crate::tagged::wire::{eager, Msg, MAX_HEADER};
 }
 
 /// GAMMA's ports: the protocol handler of one process's port table (`ports::table`)

@@ -229,6 +229,11 @@ impl<M> Matching<M> {
         Some(r.id)
     }
 
+    /// Receives posted and not matched yet.
+    pub(super) fn posted(&self) -> usize {
+        self.posted
+    }
+
     /// Receive `id` for (`src`, `tag`) is posted: the unexpected message it takes (no
     /// longer queued), or `None`, and then the receive waits in the posted queue. `id`
     /// must not be posted already.

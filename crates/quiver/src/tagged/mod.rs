@@ -262,6 +262,9 @@ impl Tagged {
     /// the receiver to post a matching receive: two ranks that both `send` such a message
     /// to each other before receiving wait for ever. Use [`Scope::isend`] there.
     pub fn send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<()> {
+        if self.pp.send_eager(&self.ep, dest, tag, data)? {
+            return Ok(());
+        }
         match self.pp.start_send(&self.ep, dest, tag, data, false)? {
             Some(id) => self.wait_op(id).map(|_| ()),
             // Left whole in its first push: complete.
@@ -272,8 +275,13 @@ impl Tagged {
     /// Receives the first message that matches (`src`, `tag`) into `buf`.
     /// [`Error::Truncated`] if it is longer than `buf` (which then holds its start).
     pub fn recv(&self, buf: &mut [u8], src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Status> {
-        let id = self.start_recv(buf.as_mut_ptr(), buf.len(), src.into(), tag.into())?;
-        self.wait_op(id)
+        self.pp.recv(
+            &self.ep,
+            buf.as_mut_ptr(),
+            buf.len(),
+            src.into(),
+            tag.into(),
+        )
     }
 
     /// The status of the first message that matches, without receiving it, if one has

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::link::Transport;
 use crate::rma::{GetError, Got, Offer, Peer, Remote, SingleCopy};
 use crate::FastMap;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 
 /// The outbox's bound. Every item answers one operation of the application's (a `Pull`
@@ -146,6 +146,13 @@ impl State {
         }
         *in_flight += pushed;
         true
+    }
+
+    /// Whether `n` more pushed bytes from `source` stay within its credit.
+    fn push_fits(&self, source: u32, n: usize) -> bool {
+        self.push_owed
+            .get(source as usize)
+            .is_some_and(|&owed| owed + n as u64 <= self.push_credit)
     }
 
     /// `n` pushed bytes from `source` arrived: false (and an error for the application,
@@ -329,18 +336,94 @@ pub(super) struct PushPull {
     /// This process's id, which a `Push` names for same-node pulls (read once: getpid
     /// is a system call).
     pid: u32,
+    /// The station's route to each rank's endpoint once connected ([`NO_ROUTE`]
+    /// before): a station's routes are never renumbered, and a send looks its route up
+    /// here instead of in the station's map.
+    routes: Box<[Cell<u32>]>,
+}
+
+/// [`PushPull::routes`] of a rank not connected yet.
+const NO_ROUTE: u32 = u32::MAX;
+
+/// How a blocking receive that was not posted ended its wait ([`PushPull::recv`]).
+pub(super) enum Direct {
+    /// An `Eager` message landed in the buffer: the receive's result.
+    Landed(Result<Status>),
+    /// Another message came first: the receive is posted (operation `id`), and the
+    /// message was handled after it.
+    Posted(u64),
 }
 
 impl PushPull {
     /// The protocol of rank `rank` in state `st`, pulling on one node through `rma`.
     pub(super) fn new(st: State, rma: SingleCopy, rank: u32) -> PushPull {
+        let ranks = st.push_in_flight.len();
         PushPull {
+            routes: (0..ranks).map(|_| Cell::new(NO_ROUTE)).collect(),
             st: RefCell::new(st),
             out: RefCell::new(Outbox::new(OUTBOX_ITEMS)),
             rma,
             rank,
             pid: std::process::id(),
         }
+    }
+
+    /// The route to `dest`'s endpoint, connecting first if there is none (waiting up to
+    /// `QUIVER_CONNECT_TIMEOUT` for the peer to open it).
+    #[inline]
+    fn route(&self, on: &impl Footing, dest: u32) -> Result<usize> {
+        let cached = self.routes.get(dest as usize);
+        if let Some(route) = cached.map(Cell::get).filter(|&r| r != NO_ROUTE) {
+            return Ok(route as usize);
+        }
+        let station = on.station();
+        let to = Source {
+            rank: dest,
+            dpid: station.dpid(),
+        };
+        let route = station.connect(to).map_err(|e| on.report(e))?;
+        if let (Some(c), Ok(r)) = (cached, u32::try_from(route)) {
+            c.set(r);
+        }
+        Ok(route)
+    }
+
+    /// A blocking send of a message that leaves whole in one `Eager` push (push mode
+    /// `Pull` or `All`, at most BTP(1) bytes, credit left at its receiver): it keeps no
+    /// record and is complete once written. `Ok(false)`, having done nothing, for any
+    /// other message ([`PushPull::start_send`] then).
+    pub(super) fn send_eager(
+        &self,
+        on: &impl Footing,
+        dest: u32,
+        tag: u32,
+        data: &[u8],
+    ) -> Result<bool> {
+        let route = self.route(on, dest)?;
+        let len = data.len();
+        let msg = {
+            let mut st = self.st.borrow_mut();
+            if st.mode == PushMode::Zero || len > st.btp1 || !st.take_push_credit(dest, len) {
+                return Ok(false);
+            }
+            let msg = st.next_msg;
+            st.next_msg += 1;
+            msg
+        };
+        let to = Source {
+            rank: dest,
+            dpid: on.station().dpid(),
+        };
+        let head = wire::eager_header(tag, msg);
+        if let Err(e) = self.write_progressing(on, route, to, &head, data) {
+            // It did not leave: its bytes never reach the receiver's buffer.
+            let mut st = self.st.borrow_mut();
+            if let Some(c) = st.push_in_flight.get_mut(dest as usize) {
+                *c = c.saturating_sub(len as u64);
+            }
+            return Err(e);
+        }
+        Ok(true)
     }
 
     /// Starts sending `data` to `dest` with `tag`: the id of the operation, or `None`
@@ -361,7 +444,7 @@ impl PushPull {
             dpid: station.dpid(),
         };
         // Connected (and checked) before anything is registered.
-        let route = station.connect(to).map_err(|e| on.report(e))?;
+        let route = self.route(on, dest)?;
         let len = data.len();
         // The pipeline of the route's transport, looked up only where it can matter
         // (push mode pull, longer than BTP(1)).
@@ -526,6 +609,145 @@ impl PushPull {
         // receiver will pull now, off the critical path.
         touch_pages(rest);
         Ok(())
+    }
+
+    /// A blocking receive ([`super::Tagged::recv`]) of the first message from `src`
+    /// with `tag` into the `cap` bytes at `ptr`.
+    ///
+    /// While nothing else is under way (no receive posted, no waiting message it
+    /// accepts, no send waiting for its receiver, no pull, nothing in the outbox), the
+    /// receive is not posted at all: it waits for the next message, and an `Eager` one
+    /// it accepts lands in the buffer at once, with no record of the operation. It is
+    /// the message that the posted receive would have taken: no other receive could
+    /// come first. Any other message posts the receive first and is then handled as
+    /// the handler handles every message (so it may match the receive), and the wait
+    /// goes on as a posted receive's.
+    pub(super) fn recv(
+        &self,
+        on: &impl Footing,
+        ptr: *mut u8,
+        cap: usize,
+        src: Src,
+        tag: Tag,
+    ) -> Result<Status> {
+        if self.nothing_under_way(src, tag) {
+            let direct = on
+                .station()
+                .wait_for(|| self.receive_directly(on, ptr, cap, src, tag), None)?;
+            return match direct {
+                Direct::Landed(result) => result,
+                Direct::Posted(id) => self.wait_op(on, id),
+            };
+        }
+        let id = self.start_recv(on, ptr, cap, src, tag)?;
+        self.wait_op(on, id)
+    }
+
+    /// Whether a receive for (`src`, `tag`) may wait without being posted
+    /// ([`PushPull::recv`]): nothing is posted, nothing waiting matches it, and no
+    /// work is left that only polling does (pulls, split copies, the outbox).
+    pub(super) fn nothing_under_way(&self, src: Src, tag: Tag) -> bool {
+        let st = self.st.borrow();
+        st.matching.posted() == 0
+            && st.outgoing.is_empty()
+            && st.to_pull.is_empty()
+            && st.pulls.is_empty()
+            && st.errors.is_empty()
+            && st.matching.probe(src, tag).is_none()
+            && self.out.borrow().is_empty()
+            && !self.rma.busy()
+    }
+
+    /// One poll of [`PushPull::recv`]'s unposted wait: `None` when nothing arrived.
+    pub(super) fn receive_directly(
+        &self,
+        on: &impl Footing,
+        ptr: *mut u8,
+        cap: usize,
+        src: Src,
+        tag: Tag,
+    ) -> Result<Option<Direct>> {
+        let station = on.station();
+        let report = |e| on.report(e);
+        let mut got = station.poll_into(|r| r, report)?;
+        if got.is_none() && station.rearm_doorbells() {
+            // The descriptor was handed out: a sender may have published before the
+            // doorbells were reset.
+            got = station.poll_into(|r| r, report)?;
+        }
+        let Some(r) = got else {
+            return Ok(None);
+        };
+        let bytes: &[u8] = if r.len == 0 {
+            &[]
+        } else {
+            // SAFETY: a received message's bytes stay in place until its token is
+            // released (`route::Received`), which happens after their last use here.
+            unsafe { std::slice::from_raw_parts(r.ptr, r.len) }
+        };
+        let source = r.source.rank;
+        let landed = {
+            let mut st = self.st.borrow_mut();
+            let st = &mut *st;
+            match wire::eager(bytes) {
+                Some((t, _, data))
+                    if super::matching::accepts(src, tag, source, t)
+                        && st.push_fits(source, data.len()) =>
+                {
+                    let n = data.len();
+                    st.push_owed[source as usize] += n as u64;
+                    // SAFETY: the caller's buffer holds `cap` bytes, valid and untouched
+                    // by anyone else for the whole blocking receive; at most `cap` are
+                    // written.
+                    unsafe { crate::link::copy_bytes(data.as_ptr(), ptr, n.min(cap)) };
+                    free_pushed(st, &mut self.out.borrow_mut(), r.source, n);
+                    Some(if n > cap {
+                        Err(Error::Truncated {
+                            len: n as u64,
+                            capacity: cap,
+                            rank: source,
+                            tag: t,
+                        })
+                    } else {
+                        Ok(Status {
+                            peer: source,
+                            tag: t,
+                            len: n as u64,
+                        })
+                    })
+                }
+                _ => None,
+            }
+        };
+        if let Some(result) = landed {
+            station.release_token(r.token);
+            if !self.out.borrow().is_empty() {
+                // A credit for the sender: an error is its peer's, reported through
+                // the error handler; this receive is complete.
+                let _ = self.send_outbox(on);
+            }
+            return Ok(Some(Direct::Landed(result)));
+        }
+        // Posted before the message is handled, as the posted receive's wait would
+        // have handled it: it may be the one the receive takes.
+        let id = match self.start_recv(on, ptr, cap, src, tag) {
+            Ok(id) => id,
+            Err(e) => {
+                station.release_token(r.token);
+                return Err(e);
+            }
+        };
+        {
+            let mut st = self.st.borrow_mut();
+            let mut out = self.out.borrow_mut();
+            let mut handler = Handler::new(&mut st, Some(&self.rma));
+            handler.handle_message(Time::ZERO, r.source, bytes, &mut out);
+        }
+        station.release_token(r.token);
+        // What it answers leaves now; an error (and one the handler found) comes back
+        // from the posted receive's wait.
+        let _ = self.send_outbox(on);
+        Ok(Some(Direct::Posted(id)))
     }
 
     pub(super) fn start_recv(

@@ -10,7 +10,7 @@
 //! The simulated network joins two nodes, so every pull is a pull by request (same-node
 //! gets are I/O: `rma`'s own tests and the process tests cover them).
 
-use super::pushpull::{PushPull, State};
+use super::pushpull::{Direct, PushPull, State};
 use super::{PushMode, Src, Status, Tag, TaggedStats};
 use crate::config::{Config, TransportChoice};
 use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, StoreDir, DPID};
@@ -177,36 +177,7 @@ fn exchange_with_credit(
                     continue;
                 };
                 let (len, tag) = theirs.sends[k];
-                let want = payload(peer, k, len);
-                let buf = &rank.recvs[k].0;
-                let cap = buf.len();
-                match result {
-                    Ok(status) => {
-                        assert!(cap >= len, "receive {k} of rank {r}: {status:?} in {cap}");
-                        assert_eq!(
-                            status,
-                            Status {
-                                peer,
-                                tag,
-                                len: len as u64
-                            }
-                        );
-                    }
-                    Err(Error::Truncated {
-                        len: l,
-                        capacity,
-                        rank: from,
-                        tag: t,
-                    }) => {
-                        assert!(cap < len, "receive {k} of rank {r} truncated in {cap}");
-                        assert_eq!((l, capacity, from, t), (len as u64, cap, peer, tag));
-                    }
-                    Err(e) => panic!("receive {k} of rank {r}: {e}"),
-                }
-                assert!(
-                    buf[..] == want[..cap.min(len)],
-                    "receive {k} of rank {r}: the bytes differ"
-                );
+                check_receive(r, k, (len, tag), &rank.recvs[k].0, result);
                 rank.recvs[k].1 = None;
                 checked[r] += 1;
             }
@@ -261,6 +232,47 @@ fn exchange_with_credit(
         );
     }
     stats
+}
+
+/// Checks what receive `k` of rank `r` got of its peer's message `k` (`len` bytes with
+/// `tag`) in `buf`: its status, or the truncation its buffer calls for, and the bytes.
+fn check_receive(
+    r: usize,
+    k: usize,
+    (len, tag): (usize, u32),
+    buf: &[u8],
+    result: Result<Status, Error>,
+) {
+    let peer = 1 - r as u32;
+    let want = payload(peer, k, len);
+    let cap = buf.len();
+    match result {
+        Ok(status) => {
+            assert!(cap >= len, "receive {k} of rank {r}: {status:?} in {cap}");
+            assert_eq!(
+                status,
+                Status {
+                    peer,
+                    tag,
+                    len: len as u64
+                }
+            );
+        }
+        Err(Error::Truncated {
+            len: l,
+            capacity,
+            rank: from,
+            tag: t,
+        }) => {
+            assert!(cap < len, "receive {k} of rank {r} truncated in {cap}");
+            assert_eq!((l, capacity, from, t), (len as u64, cap, peer, tag));
+        }
+        Err(e) => panic!("receive {k} of rank {r}: {e}"),
+    }
+    assert!(
+        buf[..] == want[..cap.min(len)],
+        "receive {k} of rank {r}: the bytes differ"
+    );
 }
 
 /// A side with `n` messages whose lengths and modes come from `seed`.
@@ -504,6 +516,251 @@ fn an_abandoned_send_reads_nothing_more_and_fails_its_receive() {
         "a byte was read from the send buffer after it was abandoned"
     );
     assert!(pps[0].st.borrow().is_quiet() && pps[1].st.borrow().is_quiet());
+}
+
+/// One step of a rank's program in [`blocking_calls_land_unposted_or_fall_back`].
+#[derive(Clone, Copy)]
+enum Step {
+    /// A blocking send of the rank's message `i`.
+    Send(usize),
+    /// A non-blocking send of the rank's message `i`, waited for at the end.
+    Isend(usize),
+    /// A blocking receive of the peer's message `k` into `cap` bytes.
+    Recv(usize, usize),
+}
+
+/// Where a rank's blocking call is (the polls of its wait, one at a time).
+enum Blocked {
+    /// A send with a record, waiting for its receiver.
+    Send(u64),
+    /// A receive not posted (`PushPull::recv` while nothing else is under way).
+    Unposted(usize, Vec<u8>),
+    /// A posted receive.
+    Posted(usize, Vec<u8>, u64),
+}
+
+/// Blocking calls as `Tagged::send` and `Tagged::recv` make them, step by step, in a
+/// ping-pong of messages of every size between two nodes, clean and under seeded
+/// faults: a message sent whole lands in the receive that waits for it unposted; a
+/// message of another tag (rank 0 now and then sends one that rank 1 takes only at the
+/// end), a longer one or one too long for its receive's buffer posts the receive first
+/// and is handled as any other; every receive gets its bytes and status, in order.
+#[test]
+fn blocking_calls_land_unposted_or_fall_back() {
+    for seed in 0..4u64 {
+        let faults = if seed == 0 {
+            FaultConfig::none()
+        } else {
+            FaultConfig::parse(&format!("loss=0.03,dup=0.02,reorder=0.03,seed={seed}")).unwrap()
+        };
+        // The last seed with a small pushed buffer: senders run out of credit.
+        let push_credit = if seed == 3 {
+            16 << 10
+        } else {
+            Config::default().push_credit
+        };
+        let config = Config {
+            push_credit,
+            ..two_nodes()
+        };
+        let (net, stations, jobs, _store) = station_pair_in(&config, &faults);
+        let pps = [0, 1].map(|r| {
+            PushPull::new(
+                State::new(&config, 2),
+                SingleCopy::open(&jobs[r], DPID).unwrap(),
+                r as u32,
+            )
+        });
+        let mut rng = SimRng::new(seed);
+        let mut len = || match rng.below(3) {
+            0 => rng.below(64) as usize,
+            1 => 64 + rng.below(4000) as usize,
+            _ => 4096 + rng.below(30_000) as usize,
+        };
+        let mut sends: [Vec<(usize, u32)>; 2] = Default::default();
+        let mut programs: [Vec<Step>; 2] = Default::default();
+        let mut asides = Vec::new();
+        let mut rng = SimRng::new(seed + 1000);
+        let mut cap = |len: usize| if rng.below(6) == 0 { len * 6 / 10 } else { len };
+        for round in 0..60 {
+            // (Short: a write that waits for room in the simulator would wait for ever,
+            // its peer not running meanwhile.)
+            if round % 10 == 2 {
+                sends[0].push((len() % 1500, 9));
+                programs[0].push(Step::Isend(sends[0].len() - 1));
+                asides.push(sends[0].len() - 1);
+            }
+            let tag = round % 3;
+            for r in 0..2 {
+                let l = len();
+                sends[r].push((l, tag));
+                let i = sends[r].len() - 1;
+                programs[r].push(Step::Send(i));
+                programs[1 - r].push(Step::Recv(i, cap(l)));
+            }
+            // So rank 0 sends the ping and then receives the pong, rank 1 the other way.
+        }
+        for k in asides {
+            programs[1].push(Step::Recv(k, cap(sends[0][k].0)));
+        }
+        let data: [Vec<Vec<u8>>; 2] = [0, 1].map(|r| {
+            sends[r]
+                .iter()
+                .enumerate()
+                .map(|(i, &(l, _))| payload(r as u32, i, l))
+                .collect()
+        });
+        let (mut next, mut blocked) = ([0usize; 2], [None, None]);
+        let mut isends = Vec::new();
+        let mut idle = 0;
+        // Sends that left without a record, receives landed unposted, receives posted
+        // by a message that came first.
+        let (mut eager, mut landed, mut fell_back) = (0, 0, 0);
+        while (0..2).any(|r| next[r] < programs[r].len() || blocked[r].is_some()) {
+            let mut moved = false;
+            for r in 0..2 {
+                let (pp, station) = (&pps[r], &stations[r]);
+                let peer = 1 - r as u32;
+                blocked[r] = match blocked[r].take() {
+                    None if next[r] < programs[r].len() => {
+                        moved = true;
+                        next[r] += 1;
+                        match programs[r][next[r] - 1] {
+                            Step::Send(i) => {
+                                let (d, tag) = (&data[r][i], sends[r][i].1);
+                                if pp.send_eager(station, peer, tag, d).unwrap() {
+                                    eager += 1;
+                                    None
+                                } else {
+                                    let id = pp.start_send(station, peer, tag, d, true).unwrap();
+                                    Some(Blocked::Send(id.unwrap()))
+                                }
+                            }
+                            Step::Isend(i) => {
+                                let (d, tag) = (&data[r][i], sends[r][i].1);
+                                let id = pp.start_send(station, peer, tag, d, true).unwrap();
+                                isends.push(id.unwrap());
+                                None
+                            }
+                            Step::Recv(k, cap) => {
+                                let mut buf = vec![0xEE; cap];
+                                let (src, tag) = (Src::Rank(peer), Tag::Is(sends[1 - r][k].1));
+                                if pp.nothing_under_way(src, tag) {
+                                    Some(Blocked::Unposted(k, buf))
+                                } else {
+                                    let id = pp
+                                        .start_recv(station, buf.as_mut_ptr(), cap, src, tag)
+                                        .unwrap();
+                                    Some(Blocked::Posted(k, buf, id))
+                                }
+                            }
+                        }
+                    }
+                    None => {
+                        // Done with its program: it still answers and retransmits, as a
+                        // rank in its next call (or closing its endpoint) does.
+                        pp.progress(station).unwrap();
+                        None
+                    }
+                    Some(Blocked::Send(id)) => {
+                        moved |= pp.poll(station).unwrap();
+                        match pp.take_if_done(id) {
+                            Some(result) => {
+                                result.unwrap();
+                                moved = true;
+                                None
+                            }
+                            None => Some(Blocked::Send(id)),
+                        }
+                    }
+                    Some(Blocked::Unposted(k, mut buf)) => {
+                        let tag = Tag::Is(sends[1 - r][k].1);
+                        let (ptr, cap) = (buf.as_mut_ptr(), buf.len());
+                        match pp.receive_directly(station, ptr, cap, Src::Rank(peer), tag) {
+                            Ok(None) => Some(Blocked::Unposted(k, buf)),
+                            Ok(Some(Direct::Landed(result))) => {
+                                check_receive(r, k, sends[1 - r][k], &buf, result);
+                                (landed, moved) = (landed + 1, true);
+                                None
+                            }
+                            Ok(Some(Direct::Posted(id))) => {
+                                (fell_back, moved) = (fell_back + 1, true);
+                                Some(Blocked::Posted(k, buf, id))
+                            }
+                            Err(e) => panic!("rank {r}, receive {k}: {e}"),
+                        }
+                    }
+                    Some(Blocked::Posted(k, buf, id)) => {
+                        moved |= pp.poll(station).unwrap();
+                        match pp.take_if_done(id) {
+                            Some(result) => {
+                                check_receive(r, k, sends[1 - r][k], &buf, result);
+                                moved = true;
+                                None
+                            }
+                            None => Some(Blocked::Posted(k, buf, id)),
+                        }
+                    }
+                };
+            }
+            if !moved {
+                // (A bound on rounds, not on virtual time: timers keep the time moving
+                // in small steps.)
+                idle += 1;
+                let state = |b: &Option<Blocked>| match b {
+                    Some(Blocked::Send(_)) => "sending",
+                    Some(Blocked::Unposted(..)) => "receiving unposted",
+                    Some(Blocked::Posted(..)) => "receiving posted",
+                    None => "-",
+                };
+                assert!(
+                    idle < 200_000,
+                    "seed {seed}: stuck at steps {next:?}, {} and {}",
+                    state(&blocked[0]),
+                    state(&blocked[1])
+                );
+                assert!(
+                    advance_until(
+                        &net,
+                        [stations[0].poll_timeout(), stations[1].poll_timeout()],
+                        None
+                    ),
+                    "seed {seed}: nothing left to happen at steps {next:?}"
+                );
+            }
+        }
+        assert!(
+            eager > 0 && landed > 0 && fell_back > 0,
+            "seed {seed}: eager {eager}, landed {landed}, fell back {fell_back}"
+        );
+        for id in isends {
+            assert!(drive_until(&net, &stations, &pps, [true, true], |pps| {
+                pps[0].take_if_done(id).is_some_and(|r| r.is_ok())
+            }));
+        }
+        // What is still on its way (credits, acknowledgements) arrives; then nothing is
+        // left in flight and every pushed byte is accounted for.
+        let until = net.borrow().now() + Duration::from_millis(100);
+        drive_until(&net, &stations, &pps, [true, true], |_| {
+            net.borrow().now() >= until
+        });
+        for r in 0..2 {
+            let st = pps[r].st.borrow();
+            assert_eq!(
+                st.stats.dropped, 0,
+                "seed {seed}: rank {r} dropped messages"
+            );
+            assert!(
+                st.is_quiet(),
+                "seed {seed}: rank {r} has something in flight"
+            );
+            assert_eq!(
+                st.push_in_flight(1 - r as u32),
+                pps[1 - r].st.borrow().push_owed(r as u32),
+                "seed {seed}: rank {r}'s push credit"
+            );
+        }
+    }
 }
 
 mod properties {

@@ -102,6 +102,30 @@ pub enum Msg<'a> {
     Abandon { msg: u64 },
 }
 
+/// The header of an `Eager` message (the whole message of `tag`, the sender's number
+/// `msg`, follows it).
+#[inline]
+pub fn eager_header(tag: u32, msg: u64) -> [u8; EAGER_HEADER] {
+    let mut h = [0; EAGER_HEADER];
+    h[0] = EAGER;
+    h[4..8].copy_from_slice(&tag.to_le_bytes());
+    h[8..16].copy_from_slice(&msg.to_le_bytes());
+    h
+}
+
+/// An `Eager` message's tag, number and payload; `None` for every other message (and a
+/// short one).
+#[inline]
+pub fn eager(b: &[u8]) -> Option<(u32, u64, &[u8])> {
+    let (head, data) = b.split_first_chunk::<EAGER_HEADER>()?;
+    if head[0] != EAGER {
+        return None;
+    }
+    let tag = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    let msg = u64::from_le_bytes(head[8..16].try_into().unwrap_or_default());
+    Some((tag, msg, data))
+}
+
 /// A header, built on the stack.
 pub struct Header {
     bytes: [u8; MAX_HEADER],
@@ -129,9 +153,7 @@ impl Msg<'_> {
         };
         match *self {
             Msg::Push { head: a, data } if a.is_whole(data.len()) => {
-                put(&mut h, &[EAGER, 0, 0, 0]);
-                put(&mut h, &a.tag.to_le_bytes());
-                put(&mut h, &a.msg.to_le_bytes());
+                put(&mut h, &eager_header(a.tag, a.msg));
             }
             Msg::Push { head: a, .. } => {
                 put(&mut h, &[PUSH, 0]);
@@ -220,8 +242,7 @@ impl Msg<'_> {
                 Msg::Push { head, data }
             }
             EAGER => {
-                let (tag, msg) = (u32_at(4).ok_or(short)?, u64_at(8).ok_or(short)?);
-                let data = &b[EAGER_HEADER..];
+                let (tag, msg, data) = eager(b).ok_or(short)?;
                 let len = data.len() as u64;
                 Msg::Push {
                     head: Announce {

@@ -275,6 +275,7 @@ impl SingleCopy {
 
     /// Whether gets are under way on the pull thread (their completions come from a
     /// thread: poll [`SingleCopy::completed`], do not block on the endpoint).
+    #[inline]
     pub(crate) fn busy(&self) -> bool {
         self.puller.borrow().as_ref().is_some_and(|p| p.pending > 0)
     }

@@ -169,6 +169,13 @@ impl SingleCopy {
         }
     }
 
+    /// Whether this endpoint offered a split copy that a receiver may be reading
+    /// (then [`SingleCopy::help`] has work to look for).
+    #[inline]
+    pub(crate) fn helping(&self) -> bool {
+        !self.helping.borrow().is_empty()
+    }
+
     /// Writes the units the getters left to this endpoint in the split copies they have
     /// opened. Returns whether it wrote (or tried to write) any.
     pub(crate) fn help(&self) -> bool {

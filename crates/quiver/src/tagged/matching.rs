@@ -202,15 +202,17 @@ impl<M> Matching<M> {
     /// that accept it.
     fn take_posted(&mut self, source: u32, tag: u32) -> Option<u64> {
         let mut best: Option<(u64, usize, usize)> = None;
-        for (src, t) in [
-            (Src::Rank(source), Tag::Is(tag)),
-            (Src::Any, Tag::Is(tag)),
-            (Src::Rank(source), Tag::Any),
-            (Src::Any, Tag::Any),
-        ] {
-            if self.patterns[pattern(src, t)] == 0 {
+        for (p, &posted) in self.patterns.iter().enumerate() {
+            if posted == 0 {
                 continue;
             }
+            // The pattern's bits as `pattern` sets them.
+            let src = if p & 1 == 0 {
+                Src::Rank(source)
+            } else {
+                Src::Any
+            };
+            let t = if p & 2 == 0 { Tag::Is(tag) } else { Tag::Any };
             let q = self.pattern_queue(src, t);
             let Some(i) = self.receives[q]
                 .iter()

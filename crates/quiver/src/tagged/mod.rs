@@ -184,9 +184,18 @@ pub use crate::rma::window::SharedBuf;
 
 /// The application's calls, on the protocol.
 impl Tagged {
-    fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<u64> {
+    /// Starts a non-blocking send: a message that leaves whole in one push is complete
+    /// at once and keeps no record (its request carries its status).
+    fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<Ticket> {
+        if self.pp.send_eager(&self.ep, dest, tag, data)? {
+            return Ok(Ticket::Sent(Status {
+                peer: dest,
+                tag,
+                len: data.len() as u64,
+            }));
+        }
         let id = self.pp.start_send(&self.ep, dest, tag, data, true)?;
-        Ok(id.expect("a send recorded whole has an id"))
+        Ok(Ticket::Op(id.expect("a send recorded whole has an id")))
     }
 
     fn start_recv(&self, ptr: *mut u8, cap: usize, src: Src, tag: Tag) -> Result<u64> {
@@ -368,20 +377,20 @@ impl Tagged {
 /// [`Tagged::test_raw`] said so) or the tagged endpoint is dropped, which first
 /// abandons every pending operation.
 impl Tagged {
-    fn raw(&self, id: u64) -> RawRequest {
+    fn raw(&self, ticket: Ticket) -> RawRequest {
         RawRequest {
             endpoint: self.serial,
-            id,
+            ticket,
         }
     }
 
-    fn own(&self, req: &RawRequest) -> Result<u64> {
+    fn own(&self, req: &RawRequest) -> Result<Ticket> {
         if req.endpoint != self.serial {
             return Err(Error::Config(
                 "the request belongs to another tagged endpoint".into(),
             ));
         }
-        Ok(req.id)
+        Ok(req.ticket)
     }
 
     /// Starts sending `len` bytes at `data` to `dest` with `tag`.
@@ -405,7 +414,7 @@ impl Tagged {
             // which the protocol keeps the range as a raw pointer.
             unsafe { std::slice::from_raw_parts(data, len) }
         };
-        self.start_send(dest, tag, data).map(|id| self.raw(id))
+        self.start_send(dest, tag, data).map(|t| self.raw(t))
     }
 
     /// Posts a receive of the first message matching (`src`, `tag`) into the `cap`
@@ -428,20 +437,18 @@ impl Tagged {
             buf
         };
         self.start_recv(buf, cap, src.into(), tag.into())
-            .map(|id| self.raw(id))
+            .map(|id| self.raw(Ticket::Op(id)))
     }
 
     /// Makes progress and says whether the operation is complete (its wait then returns
     /// at once, and its buffer is no longer used).
     pub fn test_raw(&self, req: &RawRequest) -> Result<bool> {
-        let id = self.own(req)?;
-        self.pp.test_op(&self.ep, id)
+        self.test_ticket(self.own(req)?)
     }
 
     /// Waits for the operation to complete.
     pub fn wait_raw(&self, req: RawRequest) -> Result<Status> {
-        let id = self.own(&req)?;
-        self.wait_op(id)
+        self.wait_ticket(self.own(&req)?)
     }
 
     /// Waits at most `limit` for the operation: `None` if it is still pending then (wait
@@ -449,7 +456,8 @@ impl Tagged {
     /// wait of it is an error). Lets a binding check for interrupts while it waits.
     pub fn wait_raw_within(&self, req: &RawRequest, limit: Duration) -> Option<Result<Status>> {
         let id = match self.own(req) {
-            Ok(id) => id,
+            Ok(Ticket::Op(id)) => id,
+            Ok(Ticket::Sent(status)) => return Some(Ok(status)),
             Err(e) => return Some(Err(e)),
         };
         let deadline = Instant::now().checked_add(limit);
@@ -459,11 +467,11 @@ impl Tagged {
     /// Waits for one of `reqs` to complete and returns its index and result; that
     /// request is spent.
     pub fn wait_any_raw(&self, reqs: &[&RawRequest]) -> Result<(usize, Result<Status>)> {
-        let ids = reqs
+        let tickets = reqs
             .iter()
             .map(|r| self.own(r))
-            .collect::<Result<Vec<u64>>>()?;
-        self.wait_any_id(&ids)
+            .collect::<Result<Vec<Ticket>>>()?;
+        self.wait_any_ticket(&tickets)
     }
 
     /// Like [`Tagged::wait_any_raw`], waiting at most `limit`: `None` if none of `reqs`
@@ -473,32 +481,32 @@ impl Tagged {
         reqs: &[&RawRequest],
         limit: Duration,
     ) -> Result<Option<(usize, Result<Status>)>> {
-        let ids = reqs
+        let tickets = reqs
             .iter()
             .map(|r| self.own(r))
-            .collect::<Result<Vec<u64>>>()?;
-        self.wait_any_until(&ids, Instant::now().checked_add(limit))
+            .collect::<Result<Vec<Ticket>>>()?;
+        self.wait_any_until(&tickets, Instant::now().checked_add(limit))
     }
 
     /// Cancels a receive that no message has matched yet; returns whether it did
     /// (waiting for it then gives [`Error::Cancelled`]).
     pub fn cancel_raw(&self, req: &RawRequest) -> bool {
-        self.own(req).is_ok_and(|id| self.pp.cancel_op(id))
+        matches!(self.own(req), Ok(Ticket::Op(id)) if self.pp.cancel_op(id))
     }
 
     /// Ends the operation whether or not it is complete, so that its buffer may be
     /// reused at once: a receive is withdrawn (its sender, if matched, is answered), a
     /// send stops and its receiver's receive fails. For a wait interrupted by the user.
     pub fn abandon_raw(&self, req: RawRequest) {
-        if let Ok(id) = self.own(&req) {
+        if let Ok(Ticket::Op(id)) = self.own(&req) {
             if self.pp.take_if_done(id).is_none() {
                 self.pp.abandon(&self.ep, id);
             }
         }
     }
 
-    fn wait_any_id(&self, ids: &[u64]) -> Result<(usize, Result<Status>)> {
-        match self.wait_any_until(ids, None)? {
+    fn wait_any_ticket(&self, tickets: &[Ticket]) -> Result<(usize, Result<Status>)> {
+        match self.wait_any_until(tickets, None)? {
             Some(done) => Ok(done),
             None => unreachable!("a wait without a deadline returns only when one is done"),
         }
@@ -506,16 +514,20 @@ impl Tagged {
 
     fn wait_any_until(
         &self,
-        ids: &[u64],
+        tickets: &[Ticket],
         deadline: Option<Instant>,
     ) -> Result<Option<(usize, Result<Status>)>> {
-        if ids.is_empty() {
+        if tickets.is_empty() {
             return Err(Error::Config("wait_any on no requests".into()));
         }
         loop {
             while self.pp.poll(&self.ep)? {}
-            for (i, &id) in ids.iter().enumerate() {
-                if let Some(r) = self.pp.take_if_done(id) {
+            for (i, &ticket) in tickets.iter().enumerate() {
+                let done = match ticket {
+                    Ticket::Op(id) => self.pp.take_if_done(id),
+                    Ticket::Sent(status) => Some(Ok(status)),
+                };
+                if let Some(r) = done {
                     return Ok(Some((i, r)));
                 }
             }
@@ -551,7 +563,34 @@ fn left_until(deadline: Option<Instant>) -> std::result::Result<Option<Duration>
 pub struct RawRequest {
     /// The [`Tagged::serial`] of the endpoint that started it.
     endpoint: u64,
-    id: u64,
+    ticket: Ticket,
+}
+
+/// What a request stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ticket {
+    /// Operation `id` of the protocol's table.
+    Op(u64),
+    /// A send that was complete when it started (it left whole in one push: nothing
+    /// records it, nothing will answer it), with its status.
+    Sent(Status),
+}
+
+/// Operations of the protocol's table waited for through tickets.
+impl Tagged {
+    fn test_ticket(&self, ticket: Ticket) -> Result<bool> {
+        match ticket {
+            Ticket::Op(id) => self.pp.test_op(&self.ep, id),
+            Ticket::Sent(_) => Ok(true),
+        }
+    }
+
+    fn wait_ticket(&self, ticket: Ticket) -> Result<Status> {
+        match ticket {
+            Ticket::Op(id) => self.wait_op(id),
+            Ticket::Sent(status) => Ok(status),
+        }
+    }
 }
 
 /// A closing tagged endpoint first sends the answers its peers wait for (a `Done` for a
@@ -583,15 +622,17 @@ pub struct Scope<'scope, 'env: 'scope> {
 #[must_use = "an operation completes when waited for (or when its scope ends)"]
 pub struct Request<'scope> {
     t: &'scope Tagged,
-    id: u64,
+    ticket: Ticket,
 }
 
 impl<'scope, 'env> Scope<'scope, 'env> {
     /// Starts sending `data` to `dest` with `tag`.
     pub fn isend(&'scope self, dest: u32, tag: u32, data: &'scope [u8]) -> Result<Request<'scope>> {
-        let id = self.t.start_send(dest, tag, data)?;
-        self.started.borrow_mut().push(id);
-        Ok(Request { t: self.t, id })
+        let ticket = self.t.start_send(dest, tag, data)?;
+        if let Ticket::Op(id) = ticket {
+            self.started.borrow_mut().push(id);
+        }
+        Ok(Request { t: self.t, ticket })
     }
 
     /// Posts a receive of the first message matching (`src`, `tag`) into `buf`.
@@ -605,14 +646,17 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             .t
             .start_recv(buf.as_mut_ptr(), buf.len(), src.into(), tag.into())?;
         self.started.borrow_mut().push(id);
-        Ok(Request { t: self.t, id })
+        Ok(Request {
+            t: self.t,
+            ticket: Ticket::Op(id),
+        })
     }
 
     /// Waits for one of `reqs` to complete, removes it and returns its index (in `reqs`
     /// before removal) and result.
     pub fn wait_any(&self, reqs: &mut Vec<Request<'scope>>) -> Result<(usize, Result<Status>)> {
-        let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
-        let (i, r) = self.t.wait_any_id(&ids)?;
+        let tickets: Vec<Ticket> = reqs.iter().map(|r| r.ticket).collect();
+        let (i, r) = self.t.wait_any_ticket(&tickets)?;
         drop(reqs.remove(i));
         Ok((i, r))
     }
@@ -654,17 +698,17 @@ impl Request<'_> {
     /// Makes progress and says whether the operation is complete ([`Request::wait`]
     /// then returns its result at once).
     pub fn test(&self) -> Result<bool> {
-        self.t.pp.test_op(&self.t.ep, self.id)
+        self.t.test_ticket(self.ticket)
     }
 
     /// Waits for the operation to complete.
     pub fn wait(self) -> Result<Status> {
-        self.t.wait_op(self.id)
+        self.t.wait_ticket(self.ticket)
     }
 
     /// Cancels a receive that no message has matched yet; returns whether it did
     /// (waiting for it then gives [`Error::Cancelled`]).
     pub fn cancel(&self) -> bool {
-        self.t.pp.cancel_op(self.id)
+        matches!(self.ticket, Ticket::Op(id) if self.t.pp.cancel_op(id))
     }
 }

@@ -55,6 +55,25 @@ impl<T> Ops<T> {
         self.get(id).is_some()
     }
 
+    /// Looks operation `id` up once: `None` if there is none, else what `take` makes of
+    /// it, the operation forgotten when that is `Some`.
+    #[inline]
+    pub(super) fn take_if<R>(
+        &mut self,
+        id: u64,
+        take: impl FnOnce(&mut T) -> Option<R>,
+    ) -> Option<Option<R>> {
+        let index = Self::index(id);
+        let taken = match self.slots.get_mut(index) {
+            Some((i, op)) if *i == id => take(op),
+            _ => return None,
+        };
+        if taken.is_some() {
+            self.slots.remove(index);
+        }
+        Some(taken)
+    }
+
     pub(super) fn remove(&mut self, id: &u64) -> Option<T> {
         self.get(id)?;
         Some(self.slots.remove(Self::index(*id)).1)

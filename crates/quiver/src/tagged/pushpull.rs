@@ -342,6 +342,11 @@ pub(super) struct PushPull {
     routes: Box<[Cell<u32>]>,
 }
 
+/// Messages a drive of the station hands the handler before it returns to the
+/// application once an operation completed (`Handler::wants_more`), as UCX's progress
+/// reads up to 16 messages of a shared-memory queue per call.
+const DRIVE_BATCH: usize = 16;
+
 /// [`PushPull::routes`] of a rank not connected yet.
 const NO_ROUTE: u32 = u32::MAX;
 
@@ -701,20 +706,7 @@ impl PushPull {
                     // written.
                     unsafe { crate::link::copy_bytes(data.as_ptr(), ptr, n.min(cap)) };
                     free_pushed(st, &mut self.out.borrow_mut(), r.source, n);
-                    Some(if n > cap {
-                        Err(Error::Truncated {
-                            len: n as u64,
-                            capacity: cap,
-                            rank: source,
-                            tag: t,
-                        })
-                    } else {
-                        Ok(Status {
-                            peer: source,
-                            tag: t,
-                            len: n as u64,
-                        })
-                    })
+                    Some(whole_result(source, t, n as u64, cap))
                 }
                 _ => None,
             }
@@ -840,8 +832,8 @@ impl PushPull {
     /// the outbox holds, handles every protocol message that has arrived). Returns
     /// whether anything happened.
     pub(super) fn poll(&self, on: &impl Footing) -> Result<bool> {
-        let helped = self.rma.help();
-        let collected = self.collect_pulls(on);
+        let helped = self.rma.helping() && self.rma.help();
+        let collected = self.rma.busy() && self.collect_pulls(on);
         let pulled = self.make_pulls(on)?;
         let drove = self.drive(on)?;
         Ok(helped || collected || pulled || drove)
@@ -1107,13 +1099,19 @@ impl PushPull {
 
     /// The result of operation `id` if it is complete (it is then forgotten).
     pub(super) fn take_if_done(&self, id: u64) -> Option<Result<Status>> {
+        self.take_if_known(id).flatten()
+    }
+
+    /// [`PushPull::take_if_done`], `None` for an operation not known (never started,
+    /// or its result already taken) and `Some(None)` for one still pending.
+    fn take_if_known(&self, id: u64) -> Option<Option<Result<Status>>> {
         let mut st = self.st.borrow_mut();
         if !st.pulls.is_empty() && st.pulls.contains_key(&id) {
             // The pull thread still writes into its buffer (a receive its sender
             // abandoned meanwhile): not before `collect_pulls` has its report.
-            return None;
+            return Some(None);
         }
-        let done = match st.ops.get_mut(&id)? {
+        st.ops.take_if(id, |op| match op {
             Op::Send(s) => match s.state {
                 SendState::Pending => None,
                 SendState::Done => Some(Ok(Status {
@@ -1134,11 +1132,7 @@ impl PushPull {
                 ..
             }) => Some(r.take().unwrap_or(Err(Error::Cancelled))),
             _ => None,
-        };
-        if done.is_some() {
-            st.ops.remove(&id);
-        }
-        done
+        })
     }
 
     /// Whether operation `id` is complete (its result stays for `wait`).
@@ -1173,18 +1167,19 @@ impl PushPull {
         id: u64,
         deadline: Option<std::time::Instant>,
     ) -> Option<Result<Status>> {
-        if !self.st.borrow().ops.contains_key(&id) {
-            return Some(Err(Error::Config(format!(
-                "operation {id} was already waited for"
-            ))));
-        }
         // Looked at before every poll: many operations are complete when they start (a
         // send pushed whole, a receive of a message that waited), and the wait returns
         // as soon as a message was handled, which may have completed it.
-        loop {
-            if let Some(r) = self.take_if_done(id) {
-                return Some(r);
+        match self.take_if_known(id) {
+            None => {
+                return Some(Err(Error::Config(format!(
+                    "operation {id} was already waited for"
+                ))))
             }
+            Some(Some(r)) => return Some(r),
+            Some(None) => {}
+        }
+        loop {
             // Polled at least once whatever the deadline: a wait of zero still makes
             // progress, so that polling with it completes the operation.
             let step = match self.poll(on) {
@@ -1207,13 +1202,14 @@ impl PushPull {
                 }
                 Err(e) => Err(e),
             };
+            // After an error too: the buffer goes back to the caller, but an operation
+            // that completed meanwhile gives its own result (the error went through the
+            // error handler, and a failed rank is remembered).
+            if let Some(r) = self.take_if_done(id) {
+                return Some(r);
+            }
             if let Err(e) = step {
-                // The buffer goes back to the caller: first nothing may use it any more.
-                // An operation that completed meanwhile gives its own result (the error
-                // went through the error handler, and a failed rank is remembered).
-                if let Some(r) = self.take_if_done(id) {
-                    return Some(r);
-                }
+                // First nothing may use the buffer any more.
                 self.abandon(on, id);
                 return Some(Err(e));
             }
@@ -1349,8 +1345,11 @@ impl Protocol for Handler<'_> {
 
     fn wants_more(&self) -> bool {
         // Back to the application once an operation completed (it may be the one it
-        // waits for); the rest waits for the next drive.
-        self.st.completions == self.completions
+        // waits for) and a batch of messages was handled: the rest waits for the next
+        // drive. The batch spreads a drive's and a wait's cost over the messages that
+        // wait at once (a window of small messages), and delays the application by a
+        // few messages' handling at most.
+        self.st.completions == self.completions || self.handled < DRIVE_BATCH
     }
 
     fn range_header(&self, key: u64, offset: u64, _len: usize, head: &mut Vec<u8>) {
@@ -1400,7 +1399,12 @@ impl<'a> Handler<'a> {
     fn handle(&mut self, from: Source, bytes: &[u8], out: &mut Outbox) {
         let source = from.rank;
         let st = &mut *self.st;
-        let msg_in = match Msg::decode(bytes) {
+        // The most common message first, read without the general decoder.
+        let decoded = match wire::eager(bytes) {
+            Some((tag, msg, data)) => Ok(Msg::eager(tag, msg, data)),
+            None => Msg::decode(bytes),
+        };
+        let msg_in = match decoded {
             Ok(m) => m,
             Err(why) => {
                 tracing::debug!("tagged message from rank {source} dropped: {why}");
@@ -1633,8 +1637,18 @@ fn begin_receive(
     let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
         return;
     };
-    let expected = head.total.min(r.cap as u64);
     let n = have.len().min(r.cap);
+    if have.len() as u64 == head.total {
+        // The whole message came with its announcement (an `Eager` one): it is
+        // received with this copy, and its sender waits for nothing.
+        // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
+        // completes (its scope or blocking call outlives it); n <= cap.
+        unsafe { crate::link::copy_bytes(have.as_ptr(), r.ptr, n) };
+        r.state = RecvState::Done(Some(whole_result(from.rank, head.tag, head.total, r.cap)));
+        st.completions += 1;
+        return;
+    }
+    let expected = head.total.min(r.cap as u64);
     // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
     // completes (its scope or blocking call outlives it); n <= cap.
     unsafe { std::ptr::copy_nonoverlapping(have.as_ptr(), r.ptr, n) };
@@ -1727,25 +1741,32 @@ fn finish_if_complete(r: &mut RecvOp, completions: &mut u64) -> bool {
     } = r.state
     {
         if landed >= expected {
-            r.state = RecvState::Done(Some(if total > r.cap as u64 {
-                Err(Error::Truncated {
-                    len: total,
-                    capacity: r.cap,
-                    rank: source,
-                    tag,
-                })
-            } else {
-                Ok(Status {
-                    peer: source,
-                    tag,
-                    len: total,
-                })
-            }));
+            r.state = RecvState::Done(Some(whole_result(source, tag, total, r.cap)));
             *completions += 1;
             return true;
         }
     }
     false
+}
+
+/// The result of a receive into `cap` bytes of a message of `total` bytes from `source`
+/// with `tag`, every byte of it that fits landed.
+#[inline]
+fn whole_result(source: u32, tag: u32, total: u64, cap: usize) -> Result<Status> {
+    if total > cap as u64 {
+        Err(Error::Truncated {
+            len: total,
+            capacity: cap,
+            rank: source,
+            tag,
+        })
+    } else {
+        Ok(Status {
+            peer: source,
+            tag,
+            len: total,
+        })
+    }
 }
 
 /// Reads one byte per page of `data`, so that its pages are mapped before the transfer
@@ -1843,7 +1864,12 @@ mod tests {
         h.range_done(peer, 0, true, &mut out);
         assert!(matches!(h.st.ops.get(&0), Some(Op::Send(s)) if s.state == SendState::Done));
         assert!(h.st.outgoing.is_empty());
-        assert!(!h.wants_more(), "a completion returns to the application");
+        assert!(h.wants_more(), "a few messages are handled in a batch");
+        h.handled = DRIVE_BATCH;
+        assert!(
+            !h.wants_more(),
+            "a completion returns to the application after the batch"
+        );
     }
 
     /// An answer that cannot be sent fails the send instead of leaving it pending.

@@ -203,6 +203,26 @@ impl Msg<'_> {
         }
     }
 
+    /// The `Push` an `Eager` message of `tag`, the sender's number `msg` and payload
+    /// `data` stands for (the whole message, nothing to pull).
+    #[inline]
+    pub fn eager(tag: u32, msg: u64, data: &[u8]) -> Msg<'_> {
+        let len = data.len() as u64;
+        Msg::Push {
+            head: Announce {
+                slot: 0,
+                tag,
+                msg,
+                total: len,
+                pushed: len,
+                pid: 0,
+                seg: 0,
+                addr: 0,
+            },
+            data,
+        }
+    }
+
     /// Decodes one message.
     pub fn decode(b: &[u8]) -> Result<Msg<'_>, &'static str> {
         let u32_at = |o: usize| {
@@ -243,20 +263,7 @@ impl Msg<'_> {
             }
             EAGER => {
                 let (tag, msg, data) = eager(b).ok_or(short)?;
-                let len = data.len() as u64;
-                Msg::Push {
-                    head: Announce {
-                        slot: 0,
-                        tag,
-                        msg,
-                        total: len,
-                        pushed: len,
-                        pid: 0,
-                        seg: 0,
-                        addr: 0,
-                    },
-                    data,
-                }
+                Msg::eager(tag, msg, data)
             }
             MORE | DATA => {
                 let (msg, offset) = (u64_at(8).ok_or(short)?, u64_at(16).ok_or(short)?);

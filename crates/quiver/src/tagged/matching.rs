@@ -122,6 +122,17 @@ fn take_at<T>(q: &mut VecDeque<T>, i: usize) -> Option<T> {
     }
 }
 
+/// Where the first receive of pattern (`src`, `tag`) is in queue `q`, and its posting
+/// number. The front is looked at first: it is usually the one.
+#[inline]
+fn first_posted(q: &VecDeque<Posted>, src: Src, tag: Tag) -> Option<(usize, u64)> {
+    let of = |r: &Posted| r.src == src && r.tag == tag;
+    match q.front() {
+        Some(r) if of(r) => Some((0, r.order)),
+        _ => q.iter().position(of).map(|i| (i, q[i].order)),
+    }
+}
+
 /// Where the first value of (`source`, `tag`) is in queue `q` (usually its front).
 fn first_of<T>(q: &VecDeque<Pair<T>>, source: u32, tag: u32) -> Option<usize> {
     q.iter().position(|p| p.source == source && p.tag == tag)
@@ -214,13 +225,9 @@ impl<M> Matching<M> {
             };
             let t = if p & 2 == 0 { Tag::Is(tag) } else { Tag::Any };
             let q = self.pattern_queue(src, t);
-            let Some(i) = self.receives[q]
-                .iter()
-                .position(|r| r.src == src && r.tag == t)
-            else {
+            let Some((i, order)) = first_posted(&self.receives[q], src, t) else {
                 continue;
             };
-            let order = self.receives[q][i].order;
             if best.is_none_or(|(o, _, _)| order < o) {
                 best = Some((order, q, i));
             }

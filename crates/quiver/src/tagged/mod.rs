@@ -671,6 +671,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let ids = std::mem::take(&mut *self.started.borrow_mut());
         let mut first_err = None;
         for id in ids {
+            // Most were waited for already: one look at the table for them.
+            if !self.t.pp.is_pending(id) {
+                continue;
+            }
             self.t.pp.cancel_op(id);
             if !self.t.pp.is_pending(id) {
                 continue;

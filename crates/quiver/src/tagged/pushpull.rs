@@ -1130,7 +1130,11 @@ impl PushPull {
             Op::Recv(RecvOp {
                 state: RecvState::Done(r),
                 ..
-            }) => Some(r.take().unwrap_or(Err(Error::Cancelled))),
+            }) => Some(match r.take() {
+                Some(result) => result,
+                // Taken before (never: a result is taken once, with the operation).
+                None => Err(Error::Cancelled),
+            }),
             _ => None,
         })
     }
@@ -1171,11 +1175,7 @@ impl PushPull {
         // send pushed whole, a receive of a message that waited), and the wait returns
         // as soon as a message was handled, which may have completed it.
         match self.take_if_known(id) {
-            None => {
-                return Some(Err(Error::Config(format!(
-                    "operation {id} was already waited for"
-                ))))
-            }
+            None => return Some(Err(waited_twice(id))),
             Some(Some(r)) => return Some(r),
             Some(None) => {}
         }
@@ -1747,6 +1747,12 @@ fn finish_if_complete(r: &mut RecvOp, completions: &mut u64) -> bool {
         }
     }
     false
+}
+
+/// The error of a wait for operation `id`, whose result was taken already.
+#[cold]
+fn waited_twice(id: u64) -> Error {
+    Error::Config(format!("operation {id} was already waited for"))
 }
 
 /// The result of a receive into `cap` bytes of a message of `total` bytes from `source`

@@ -354,6 +354,15 @@ fn raw_requests_complete_time_out_and_are_abandoned() {
                 let r = unsafe { t.isend_raw(1, 7, big.as_ptr(), big.len()) }.unwrap();
                 let s = t.wait_raw(r).unwrap();
                 assert_eq!(s.len, big.len() as u64, "{name}");
+                // A message that leaves whole is complete when it starts: its request
+                // says so at once, carries its status, and cannot be cancelled.
+                let small = pattern(0, 4, 100);
+                // SAFETY: `small` lives, untouched, until the request is waited for.
+                let r = unsafe { t.isend_raw(1, 8, small.as_ptr(), small.len()) }.unwrap();
+                assert!(t.test_raw(&r).unwrap() && !t.cancel_raw(&r), "{name}");
+                let (i, s) = t.wait_any_raw(&[&r]).unwrap();
+                assert_eq!((i, s.unwrap().len), (0, 100), "{name}");
+                assert_eq!(t.wait_raw(r).unwrap().tag, 8, "{name}");
                 t.recv(&mut go, 1, 0).unwrap(); // rank 1 holds a receive and drops
             } else {
                 let mut never = vec![0u8; 1 << 20];
@@ -374,6 +383,9 @@ fn raw_requests_complete_time_out_and_are_abandoned() {
                 };
                 assert_eq!(s.len, 1 << 20, "{name}");
                 assert!(b == pattern(0, 3, 1 << 20), "{name}");
+                let mut small = [0u8; 100];
+                t.recv(&mut small, 0, 8).unwrap();
+                assert!(small[..] == pattern(0, 4, 100)[..], "{name}");
                 assert!(
                     never.iter().all(|&x| x == 0),
                     "{name}: abandoned, yet written"

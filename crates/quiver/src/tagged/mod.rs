@@ -453,7 +453,9 @@ impl Tagged {
 
     /// Waits at most `limit` for the operation: `None` if it is still pending then (wait
     /// again, or abandon it), otherwise its result (the request is then spent: a later
-    /// wait of it is an error). Lets a binding check for interrupts while it waits.
+    /// wait of it is an error, but for a send that was complete when it started, whose
+    /// request carries its status and gives it again). Lets a binding check for
+    /// interrupts while it waits.
     pub fn wait_raw_within(&self, req: &RawRequest, limit: Duration) -> Option<Result<Status>> {
         let id = match self.own(req) {
             Ok(Ticket::Op(id)) => id,

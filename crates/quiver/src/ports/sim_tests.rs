@@ -178,3 +178,93 @@ mod properties {
         }
     }
 }
+
+/// A message from another node whose sender goes silent half-way (the first of three
+/// pieces arrived, then nothing: a peer that stopped, not one whose channel failed)
+/// holds its port's buffer for the peer timeout only: the application's call that
+/// takes the buffer back waits that long for the rest, then gives the message up
+/// (nothing of it is delivered), and the port takes the sender's next message whole.
+#[test]
+fn a_message_left_half_sent_is_given_up_after_the_peer_timeout() {
+    let timeout = Duration::from_millis(100);
+    let config = Config {
+        transport: TransportChoice::Udp,
+        connect_timeout: Duration::from_secs(2),
+        max_message: 16 << 10,
+        peer_timeout: timeout,
+        ..Config::default()
+    };
+    let (net, stations, _jobs, _dir) = station_pair_in(&config, &FaultConfig::none());
+    let stations: &[SimStation; 2] = &stations;
+    let apps = [App::new(0, 2, DPID, None), App::new(1, 2, DPID, None)];
+    let delivered = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    {
+        let mut t = apps[1].table.lock();
+        t.slots[2].buffer = Some(vec![0; 64 << 10].into());
+        let d = delivered.clone();
+        t.slots[2].handler = Some(Box::new(move |m: &mut Delivery<'_>| {
+            d.lock().unwrap().push(m.data().to_vec());
+        }));
+    }
+    let to = crate::addr::Source {
+        rank: 1,
+        dpid: DPID,
+    };
+    let route = stations[0].connect(to).unwrap();
+    let frame = stations[0].frame_payload(route).expect("a network route");
+    let chunk = frame - super::wire::PIECE_LEN;
+    let first = super::wire::Piece {
+        dest_port: 2,
+        src_port: 1,
+        offset: 0,
+        total: (3 * chunk) as u32,
+    }
+    .encode();
+    let body = vec![7u8; chunk];
+    stations[0]
+        .send_batch(route, &[(&first[..], &body[..])])
+        .unwrap();
+    while apps[1].table.lock().landing_in(2).is_none() {
+        let moved = apps[1].poll(&stations[1]).unwrap() | apps[0].poll(&stations[0]).unwrap();
+        if !moved {
+            assert!(
+                advance_until(
+                    &net,
+                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
+                    None
+                ),
+                "the first piece never landed"
+            );
+        }
+    }
+    let start = std::time::Instant::now();
+    let ((), held) = apps[1].hold_then(&stations[1], 2, |_| ());
+    held.unwrap();
+    assert!(
+        start.elapsed() >= timeout,
+        "given up after {:?}, before the peer timeout",
+        start.elapsed()
+    );
+    assert!(apps[1].table.lock().landing_in(2).is_none());
+    assert!(
+        delivered.lock().unwrap().is_empty(),
+        "a half message was delivered"
+    );
+    // The sender's next message, whole, is delivered.
+    apps[0].bind_dest(&stations[0], 1, 1, 2).unwrap();
+    assert!(apps[0].send(&stations[0], 1, b"after", true).unwrap());
+    while delivered.lock().unwrap().is_empty() {
+        let moved = apps[1].poll(&stations[1]).unwrap() | apps[0].poll(&stations[0]).unwrap();
+        if !moved {
+            assert!(
+                advance_until(
+                    &net,
+                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
+                    None
+                ),
+                "the next message never came"
+            );
+        }
+    }
+    assert_eq!(*delivered.lock().unwrap(), vec![b"after".to_vec()]);
+}

@@ -1104,6 +1104,7 @@ impl PushPull {
 
     /// [`PushPull::take_if_done`], `None` for an operation not known (never started,
     /// or its result already taken) and `Some(None)` for one still pending.
+    #[inline]
     fn take_if_known(&self, id: u64) -> Option<Option<Result<Status>>> {
         let mut st = self.st.borrow_mut();
         if !st.pulls.is_empty() && st.pulls.contains_key(&id) {
@@ -1165,6 +1166,7 @@ impl PushPull {
     /// Waits for operation `id` until `deadline` at most: its result when it completed
     /// (it is then forgotten), `None` when the deadline passed first (it stays pending).
     /// A wait that fails abandons the operation ([`PushPull::abandon`]).
+    #[inline]
     pub(super) fn wait_op_until(
         &self,
         on: &impl Footing,
@@ -1175,10 +1177,20 @@ impl PushPull {
         // send pushed whole, a receive of a message that waited), and the wait returns
         // as soon as a message was handled, which may have completed it.
         match self.take_if_known(id) {
-            None => return Some(Err(waited_twice(id))),
-            Some(Some(r)) => return Some(r),
-            Some(None) => {}
+            None => Some(Err(waited_twice(id))),
+            Some(Some(r)) => Some(r),
+            Some(None) => self.wait_pending(on, id, deadline),
         }
+    }
+
+    /// [`PushPull::wait_op_until`] of an operation still pending.
+    #[inline(never)]
+    fn wait_pending(
+        &self,
+        on: &impl Footing,
+        id: u64,
+        deadline: Option<std::time::Instant>,
+    ) -> Option<Result<Status>> {
         loop {
             // Polled at least once whatever the deadline: a wait of zero still makes
             // progress, so that polling with it completes the operation.

@@ -736,8 +736,9 @@ impl PushPull {
             handler.handle_message(Time::ZERO, r.source, bytes, &mut out);
         }
         station.release_token(r.token);
-        // What it answers leaves now; an error (and one the handler found) comes back
-        // from the posted receive's wait.
+        // What it answers leaves now. An error of the outbox is a peer's (reported
+        // through the error handler; a failed peer is remembered for the calls that name
+        // it); one the handler found comes back from the posted receive's wait.
         let _ = self.send_outbox(on);
         Ok(Some(Direct::Posted(id)))
     }
@@ -867,8 +868,14 @@ impl PushPull {
             station.release_token(r.token);
         }
         let handled = handler.handled > 0;
-        if let Some(e) = st.errors.pop_front() {
-            return Err(on.report(e));
+        // An error the handler found goes to the application's next call: not to this
+        // one when it completed an operation (a batch goes on after a completion, and
+        // the wait would return that operation's result, the error only reported).
+        let completed = handler.completions != handler.st.completions;
+        if !completed {
+            if let Some(e) = st.errors.pop_front() {
+                return Err(on.report(e));
+            }
         }
         Ok(handled || out.sent() != sent)
     }

@@ -375,7 +375,7 @@ fn sim_station(
 
 /// Moves virtual time to the next arrival or station deadline; false past
 /// [`VIRTUAL_LIMIT`].
-fn advance_stations<L: Link>(
+pub(crate) fn advance_stations<L: Link>(
     net: &Rc<RefCell<SimNet>>,
     stations: &[Station<L, SimClock>; 2],
 ) -> bool {

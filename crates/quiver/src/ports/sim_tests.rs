@@ -8,7 +8,7 @@
 use super::app::App;
 use super::{Delivery, PortError};
 use crate::config::{Config, TransportChoice};
-use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, DPID};
+use crate::engine::sim_tests::{advance_stations, station_pair_in, SimStation, DPID};
 use crate::link::fault::{FaultConfig, SimRng};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -89,11 +89,7 @@ fn exchange(faults: &FaultConfig, seed: u64, count: usize) -> (u64, u64) {
         }
         if !moved {
             assert!(
-                advance_until(
-                    &net,
-                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
-                    None
-                ),
+                advance_stations(&net, stations),
                 "stuck after {next} sends, {} kept, {} answers",
                 kept.lock().unwrap().len(),
                 answers.lock().unwrap().len()
@@ -224,19 +220,19 @@ fn a_message_left_half_sent_is_given_up_after_the_peer_timeout() {
     stations[0]
         .send_batch(route, &[(&first[..], &body[..])])
         .unwrap();
-    while apps[1].table.lock().landing_in(2).is_none() {
-        let moved = apps[1].poll(&stations[1]).unwrap() | apps[0].poll(&stations[0]).unwrap();
-        if !moved {
-            assert!(
-                advance_until(
-                    &net,
-                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
-                    None
-                ),
-                "the first piece never landed"
-            );
+    // Both ranks make progress, in virtual time, until `done` holds.
+    let run_until = |done: &dyn Fn() -> bool, what: &str| {
+        while !done() {
+            let moved = apps[1].poll(&stations[1]).unwrap() | apps[0].poll(&stations[0]).unwrap();
+            if !moved {
+                assert!(advance_stations(&net, stations), "{what}");
+            }
         }
-    }
+    };
+    run_until(
+        &|| apps[1].table.lock().landing_in(2).is_some(),
+        "the first piece never landed",
+    );
     let start = std::time::Instant::now();
     let ((), held) = apps[1].hold_then(&stations[1], 2, |_| ());
     held.unwrap();
@@ -253,18 +249,9 @@ fn a_message_left_half_sent_is_given_up_after_the_peer_timeout() {
     // The sender's next message, whole, is delivered.
     apps[0].bind_dest(&stations[0], 1, 1, 2).unwrap();
     assert!(apps[0].send(&stations[0], 1, b"after", true).unwrap());
-    while delivered.lock().unwrap().is_empty() {
-        let moved = apps[1].poll(&stations[1]).unwrap() | apps[0].poll(&stations[0]).unwrap();
-        if !moved {
-            assert!(
-                advance_until(
-                    &net,
-                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
-                    None
-                ),
-                "the next message never came"
-            );
-        }
-    }
+    run_until(
+        &|| !delivered.lock().unwrap().is_empty(),
+        "the next message never came",
+    );
     assert_eq!(*delivered.lock().unwrap(), vec![b"after".to_vec()]);
 }

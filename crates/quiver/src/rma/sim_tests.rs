@@ -14,7 +14,7 @@ use super::window::{SharedObject, PUBLISHED_IDS};
 use crate::addr::Source;
 use crate::config::{Config, TransportChoice};
 use crate::engine::protocol::Outbox;
-use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, DPID};
+use crate::engine::sim_tests::{advance_stations, station_pair_in, SimStation, DPID};
 use crate::link::fault::{FaultConfig, SimRng};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -48,12 +48,7 @@ fn drive_until(
             break;
         }
         assert!(
-            net.borrow().now() < until
-                && advance_until(
-                    net,
-                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
-                    None
-                ),
+            net.borrow().now() < until && advance_stations(net, stations),
             "stuck waiting for {what}"
         );
     }

@@ -13,7 +13,7 @@
 use super::pushpull::{Direct, PushPull, State};
 use super::{PushMode, Src, Status, Tag, TaggedStats};
 use crate::config::{Config, TransportChoice};
-use crate::engine::sim_tests::{advance_until, station_pair_in, SimStation, StoreDir, DPID};
+use crate::engine::sim_tests::{advance_stations, station_pair_in, SimStation, StoreDir, DPID};
 use crate::engine::stats::EndpointStats;
 use crate::error::Error;
 use crate::link::fault::{FaultConfig, SimRng};
@@ -184,11 +184,7 @@ fn exchange_with_credit(
         }
         if !moved {
             assert!(
-                advance_until(
-                    &net,
-                    [stations[0].poll_timeout(), stations[1].poll_timeout()],
-                    None
-                ),
+                advance_stations(&net, &stations),
                 "stuck: checked {checked:?} receives"
             );
         }
@@ -207,11 +203,7 @@ fn exchange_with_credit(
         for (r, rank) in ranks.iter().enumerate() {
             rank.pp.progress(&stations[r]).unwrap();
         }
-        advance_until(
-            &net,
-            [stations[0].poll_timeout(), stations[1].poll_timeout()],
-            None,
-        );
+        advance_stations(&net, &stations);
     }
     for (r, rank) in ranks.iter().enumerate() {
         let st = rank.pp.st.borrow();
@@ -410,11 +402,7 @@ fn drive_until(
         if until(pps) {
             break;
         }
-        if !advance_until(
-            net,
-            [stations[0].poll_timeout(), stations[1].poll_timeout()],
-            None,
-        ) {
+        if !advance_stations(net, stations) {
             return false;
         }
     }
@@ -728,11 +716,7 @@ fn blocking_calls_land_unposted_or_fall_back() {
                     state(&blocked[1])
                 );
                 assert!(
-                    advance_until(
-                        &net,
-                        [stations[0].poll_timeout(), stations[1].poll_timeout()],
-                        None
-                    ),
+                    advance_stations(&net, &stations),
                     "seed {seed}: nothing left to happen at steps {next:?}"
                 );
             }

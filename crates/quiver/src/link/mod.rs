@@ -329,6 +329,11 @@ pub(crate) fn copy_into(dst: &mut [u8], src: &[u8]) {
 /// `len` bytes, the two ranges not overlapping.
 #[inline]
 pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+    if len <= SMALL_COPY_MAX {
+        // SAFETY: the caller's contract.
+        unsafe { copy_small(src, dst, len) };
+        return;
+    }
     if !in_pieces(src, dst, len) {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
@@ -340,6 +345,42 @@ pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
         // SAFETY: done + n <= len: inside both ranges of the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n) };
         done += n;
+    }
+}
+
+/// Lengths [`copy_bytes`] copies inline, without a call to `memcpy` (which then costs
+/// more than the copy: a small tagged message's landing, every message's header).
+const SMALL_COPY_MAX: usize = 16;
+
+/// [`copy_bytes`] of at most [`SMALL_COPY_MAX`] bytes: two loads that may overlap, then
+/// two stores, of the widest word that fits (as `memcpy` does for these lengths).
+///
+/// # Safety
+/// As [`copy_bytes`], and `len <= SMALL_COPY_MAX`.
+#[inline(always)]
+unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: each word below lies inside `src..src + len` or `dst..dst + len` (`len`
+    // at least its size, its start at most `len` minus its size), which the caller gives
+    // readable and writable and not overlapping; both words are read before either is
+    // written.
+    unsafe {
+        if len >= 8 {
+            let a = src.cast::<u64>().read_unaligned();
+            let b = src.add(len - 8).cast::<u64>().read_unaligned();
+            dst.cast::<u64>().write_unaligned(a);
+            dst.add(len - 8).cast::<u64>().write_unaligned(b);
+        } else if len >= 4 {
+            let a = src.cast::<u32>().read_unaligned();
+            let b = src.add(len - 4).cast::<u32>().read_unaligned();
+            dst.cast::<u32>().write_unaligned(a);
+            dst.add(len - 4).cast::<u32>().write_unaligned(b);
+        } else if len > 0 {
+            // 1 to 3 bytes: the first, the middle and the last (some the same).
+            let (a, b, c) = (*src, *src.add(len / 2), *src.add(len - 1));
+            *dst = a;
+            *dst.add(len / 2) = b;
+            *dst.add(len - 1) = c;
+        }
     }
 }
 
@@ -371,7 +412,8 @@ mod copy_tests {
         let want = buf[..src_end].to_vec();
         let base = 24 << 10; // a multiple of 4 KiB past the source
         for distance in [0usize, 1, 16, 31, 32, 63, 64, 100, 4095] {
-            for len in [0usize, 1, 100, 4095, 4096, 4097, 10_000, 16_000] {
+            let small = 0..=super::SMALL_COPY_MAX + 1;
+            for len in small.chain([100, 4095, 4096, 4097, 10_000, 16_000]) {
                 let dst = base + distance;
                 buf[src_end..].fill(0);
                 let pieces = super::in_pieces(buf.as_ptr(), buf[dst..].as_ptr(), len);

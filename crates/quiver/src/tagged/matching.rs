@@ -114,6 +114,7 @@ fn take_first<T: Copy>(q: &mut VecDeque<Pair<T>>, source: u32, tag: u32) -> Opti
 }
 
 /// Takes item `i` out of `q` (the front, usually: cheaper than a removal).
+#[inline(always)]
 fn take_at<T>(q: &mut VecDeque<T>, i: usize) -> Option<T> {
     if i == 0 {
         q.pop_front()
@@ -124,13 +125,19 @@ fn take_at<T>(q: &mut VecDeque<T>, i: usize) -> Option<T> {
 
 /// Where the first receive of pattern (`src`, `tag`) is in queue `q`, and its posting
 /// number. The front is looked at first: it is usually the one.
-#[inline]
+#[inline(always)]
 fn first_posted(q: &VecDeque<Posted>, src: Src, tag: Tag) -> Option<(usize, u64)> {
-    let of = |r: &Posted| r.src == src && r.tag == tag;
     match q.front() {
-        Some(r) if of(r) => Some((0, r.order)),
-        _ => q.iter().position(of).map(|i| (i, q[i].order)),
+        Some(r) if r.src == src && r.tag == tag => Some((0, r.order)),
+        _ => search_posted(q, src, tag),
     }
+}
+
+/// [`first_posted`] past the front.
+#[inline(never)]
+fn search_posted(q: &VecDeque<Posted>, src: Src, tag: Tag) -> Option<(usize, u64)> {
+    let i = q.iter().position(|r| r.src == src && r.tag == tag)?;
+    Some((i, q[i].order))
 }
 
 /// Where the first value of (`source`, `tag`) is in queue `q` (usually its front).
@@ -174,6 +181,7 @@ impl<M> Matching<M> {
     /// A message from `source` with `tag`, named `key`, arrived: the posted receive it
     /// matches (no longer posted), or `None`, and then the message, built by `msg`,
     /// waits in the unexpected queue.
+    #[inline(always)]
     pub(super) fn arrive(
         &mut self,
         source: u32,
@@ -182,7 +190,12 @@ impl<M> Matching<M> {
         msg: impl FnOnce() -> M,
     ) -> Option<u64> {
         if self.posted > 0 {
-            if let Some(id) = self.take_posted(source, tag) {
+            let taken = if self.posted == self.patterns[0] {
+                self.take_posted_exact(source, tag)
+            } else {
+                self.take_posted(source, tag)
+            };
+            if let Some(id) = taken {
                 self.posted -= 1;
                 return Some(id);
             }
@@ -211,6 +224,7 @@ impl<M> Matching<M> {
     /// The earliest posted receive that accepts a message from `source` with `tag`,
     /// taken out of its queue: the earliest of the first receives of the four patterns
     /// that accept it.
+    #[inline(never)]
     fn take_posted(&mut self, source: u32, tag: u32) -> Option<u64> {
         let mut best: Option<(u64, usize, usize)> = None;
         for (p, &posted) in self.patterns.iter().enumerate() {
@@ -238,6 +252,17 @@ impl<M> Matching<M> {
         Some(r.id)
     }
 
+    /// [`Matching::take_posted`] where every receive posted names its sender and tag
+    /// (the common case): the first of (`source`, `tag`)'s own is the one.
+    #[inline(always)]
+    fn take_posted_exact(&mut self, source: u32, tag: u32) -> Option<u64> {
+        let q = self.queue(source, tag);
+        let (i, _) = first_posted(&self.receives[q], Src::Rank(source), Tag::Is(tag))?;
+        let r = take_at(&mut self.receives[q], i)?;
+        self.patterns[0] -= 1;
+        Some(r.id)
+    }
+
     /// Receives posted and not matched yet.
     pub(super) fn posted(&self) -> usize {
         self.posted
@@ -246,15 +271,12 @@ impl<M> Matching<M> {
     /// Receive `id` for (`src`, `tag`) is posted: the unexpected message it takes (no
     /// longer queued), or `None`, and then the receive waits in the posted queue. `id`
     /// must not be posted already.
+    #[inline(always)]
     pub(super) fn post(&mut self, id: u64, src: Src, tag: Tag) -> Option<Arrived<M>> {
-        if let Some(n) = self.first_unexpected(src, tag) {
-            let a = self.unexpected.remove(&n)?;
-            // The earliest message a receive accepts is the earliest of its own sender
-            // and tag.
-            let q = self.queue(a.source, a.tag);
-            take_first(&mut self.arrivals[q], a.source, a.tag);
-            self.by_key.remove(&(a.source, a.key));
-            return Some(a);
+        if !self.unexpected.is_empty() {
+            if let Some(a) = self.take_unexpected(src, tag) {
+                return Some(a);
+            }
         }
         let order = self.next_post;
         self.next_post += 1;
@@ -268,6 +290,20 @@ impl<M> Matching<M> {
             id,
         });
         None
+    }
+
+    /// The earliest unexpected message a receive for (`src`, `tag`) accepts, taken out
+    /// of the queues.
+    #[inline(never)]
+    fn take_unexpected(&mut self, src: Src, tag: Tag) -> Option<Arrived<M>> {
+        let n = self.first_unexpected(src, tag)?;
+        let a = self.unexpected.remove(&n)?;
+        // The earliest message a receive accepts is the earliest of its own sender and
+        // tag.
+        let q = self.queue(a.source, a.tag);
+        take_first(&mut self.arrivals[q], a.source, a.tag);
+        self.by_key.remove(&(a.source, a.key));
+        Some(a)
     }
 
     /// The arrival number of the earliest unexpected message a receive for (`src`,

@@ -175,6 +175,9 @@ pub struct Tagged {
     /// Tells this endpoint's [`RawRequest`]s from other endpoints' (unique in the
     /// process).
     serial: u64,
+    /// The list of a finished scope's operations, kept for the next scope (its memory
+    /// would otherwise be allocated again, growing, in every window of operations).
+    spare_list: RefCell<Vec<u64>>,
 }
 
 /// The next [`Tagged::serial`].
@@ -198,10 +201,12 @@ impl Tagged {
         Ok(Ticket::Op(id.expect("a send recorded whole has an id")))
     }
 
+    #[inline]
     fn start_recv(&self, ptr: *mut u8, cap: usize, src: Src, tag: Tag) -> Result<u64> {
         self.pp.start_recv(&self.ep, ptr, cap, src, tag)
     }
 
+    #[inline]
     fn wait_op(&self, id: u64) -> Result<Status> {
         self.pp.wait_op(&self.ep, id)
     }
@@ -217,6 +222,7 @@ impl Tagged {
             ep,
             pp: PushPull::new(st, rma, job.rank()),
             serial: SERIALS.fetch_add(1, Ordering::Relaxed),
+            spare_list: RefCell::new(Vec::new()),
         })
     }
 
@@ -356,7 +362,8 @@ impl Tagged {
     ) -> Result<T> {
         let scope = Scope {
             t: self,
-            started: RefCell::new(Vec::new()),
+            // Empty: a finished scope clears it (a scope inside this one gets a new list).
+            started: RefCell::new(std::mem::take(&mut *self.spare_list.borrow_mut())),
             _scope: PhantomData,
             _env: PhantomData,
         };
@@ -620,6 +627,9 @@ pub struct Scope<'scope, 'env: 'scope> {
     _env: PhantomData<&'env mut &'env ()>,
 }
 
+/// The longest list of a scope's operations kept for the next scope.
+const SPARE_LIST_MAX: usize = 4096;
+
 /// A pending operation of a [`Scope`].
 #[must_use = "an operation completes when waited for (or when its scope ends)"]
 pub struct Request<'scope> {
@@ -670,9 +680,12 @@ impl<'scope, 'env> Scope<'scope, 'env> {
 
     /// Cancels what nothing matched and waits for the rest.
     fn finish(&self) -> Result<()> {
-        let ids = std::mem::take(&mut *self.started.borrow_mut());
+        let mut ids = std::mem::take(&mut *self.started.borrow_mut());
         let mut first_err = None;
-        for id in ids {
+        // Usually every operation was waited for, and no other is under way: nothing to
+        // look up one by one.
+        let pending = if self.t.pp.has_ops() { &ids[..] } else { &[] };
+        for &id in pending {
             // Most were waited for already: one look at the table for them.
             if !self.t.pp.is_pending(id) {
                 continue;
@@ -686,6 +699,10 @@ impl<'scope, 'env> Scope<'scope, 'env> {
                     first_err.get_or_insert(e);
                 }
             }
+        }
+        if ids.capacity() <= SPARE_LIST_MAX {
+            ids.clear();
+            *self.t.spare_list.borrow_mut() = ids;
         }
         first_err.map_or(Ok(()), Err)
     }

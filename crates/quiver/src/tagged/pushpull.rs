@@ -22,7 +22,7 @@
 //! (`dropped`) and dropped, never a panic; a receive buffer is written only inside its
 //! capacity and only while its operation is pending.
 
-use super::matching::Matching;
+use super::matching::{Arrived, Matching};
 use super::ops::Ops;
 use super::select::{self, Pipeline, Way};
 use super::wire::{self, Announce, Msg};
@@ -148,6 +148,13 @@ impl State {
         true
     }
 
+    /// A first push of `n` bytes found no posted receive: it waits in the pushed buffer.
+    fn keep_unexpected(&mut self, n: usize) {
+        self.stats.unexpected += 1;
+        self.pushed_bytes += n as u64;
+        self.stats.pushed_buffer_peak = self.stats.pushed_buffer_peak.max(self.pushed_bytes);
+    }
+
     /// Whether `n` more pushed bytes from `source` stay within its credit.
     fn push_fits(&self, source: u32, n: usize) -> bool {
         self.push_owed
@@ -157,6 +164,7 @@ impl State {
 
     /// `n` pushed bytes from `source` arrived: false (and an error for the application,
     /// the message dropped) if they exceed the sender's credit.
+    #[inline(always)]
     fn charge_push(&mut self, source: u32, n: usize) -> bool {
         let limit = self.push_credit;
         let Some(owed) = self.push_owed.get_mut(source as usize) else {
@@ -164,25 +172,34 @@ impl State {
             return false;
         };
         if *owed + n as u64 > limit {
-            self.stats.dropped += 1;
-            self.errors.push_back(Error::Protocol {
-                rank: source,
-                reason: format!(
-                    "it pushed {} bytes beyond its credit of {limit} (QUIVER_PUSH_CREDIT \
-                     must be the same on every rank); the message was dropped",
-                    *owed + n as u64 - limit
-                ),
-            });
+            let beyond = *owed + n as u64 - limit;
+            self.refuse_push(source, beyond);
             return false;
         }
         *owed += n as u64;
         true
+    }
+
+    /// A push from `source` came `beyond` bytes past its credit: dropped, and an error
+    /// for the application.
+    #[cold]
+    fn refuse_push(&mut self, source: u32, beyond: u64) {
+        self.stats.dropped += 1;
+        self.errors.push_back(Error::Protocol {
+            rank: source,
+            reason: format!(
+                "it pushed {beyond} bytes beyond its credit of {} (QUIVER_PUSH_CREDIT must be \
+                 the same on every rank); the message was dropped",
+                self.push_credit
+            ),
+        });
     }
 }
 
 /// `n` pushed bytes from `from` left the pushed buffer (or never entered it: they
 /// matched at once, or were dropped): once a quarter of the credit is free, it goes
 /// back to the sender.
+#[inline]
 fn free_pushed(st: &mut State, out: &mut Outbox, from: Source, n: usize) {
     let i = from.rank as usize;
     let (Some(freed), Some(owed)) = (st.push_freed.get_mut(i), st.push_owed.get_mut(i)) else {
@@ -216,9 +233,9 @@ impl State {
     pub(super) fn landed_after_pull(&self, id: u64) -> Option<u64> {
         match self.ops.get(&id) {
             Some(Op::Recv(RecvOp {
-                state: RecvState::Receiving { landed, .. },
+                state: RecvState::Receiving(rc),
                 ..
-            })) if !self.to_pull.iter().any(|j| j.op == id) => Some(*landed),
+            })) if !self.to_pull.iter().any(|j| j.op == id) => Some(rc.landed),
             _ => None,
         }
     }
@@ -239,6 +256,9 @@ pub(super) enum Op {
     Send(SendOp),
     Recv(RecvOp),
 }
+
+// An operation and its id fill at most one cache line of the table.
+const _: () = assert!(std::mem::size_of::<(u64, Op)>() <= 64);
 
 pub(super) struct SendOp {
     dest: u32,
@@ -276,28 +296,38 @@ pub(super) enum RecvState {
         src: Src,
         tag: Tag,
     },
-    Receiving {
-        source: u32,
-        tag: u32,
-        msg: u64,
-        total: u64,
-        /// Bytes that will land in the buffer: min(total, capacity).
-        expected: u64,
-        /// Distinct bytes landed in the buffer so far.
-        landed: u64,
-        /// Where the next pushed bytes (`More`) must start, and where they end: pushed
-        /// bytes arrive in order, so a repeated or misplaced one is refused.
-        push_next: u64,
-        push_end: u64,
-        /// Where the next pulled bytes (`Data`) must start (they arrive in order, up
-        /// to `expected`).
-        pull_next: u64,
-        /// Whether the sender waits for this receive's word (its message was not
-        /// pushed whole).
-        sender_waits: bool,
-    },
-    Done(Option<Result<Status>>),
+    /// Matched to a message that did not come whole. Boxed: the state of every other
+    /// receive then fits, with its operation's id, in one cache line of the table.
+    Receiving(Box<Receiving>),
+    Done(Option<Outcome>),
 }
+
+/// A receive matched to message `msg` of `source`, whose bytes are landing.
+pub(super) struct Receiving {
+    source: u32,
+    tag: u32,
+    msg: u64,
+    total: u64,
+    /// Bytes that will land in the buffer: min(total, capacity).
+    expected: u64,
+    /// Distinct bytes landed in the buffer so far.
+    landed: u64,
+    /// Where the next pushed bytes (`More`) must start, and where they end: pushed
+    /// bytes arrive in order, so a repeated or misplaced one is refused.
+    push_next: u64,
+    push_end: u64,
+    /// Where the next pulled bytes (`Data`) must start (they arrive in order, up to
+    /// `expected`).
+    pull_next: u64,
+    /// Whether the sender waits for this receive's word (its message was not pushed
+    /// whole).
+    sender_waits: bool,
+}
+
+/// An operation's result as the table keeps it: the error boxed, so that what a
+/// message's path writes and moves is three words, not the nine of a [`Result`] of
+/// [`Error`] (a result becomes one again when the application takes it).
+pub(super) type Outcome = std::result::Result<Status, Box<Error>>;
 
 /// A first push that found no posted receive, with the pushed bytes that followed it.
 pub(super) struct Unexpected {
@@ -353,7 +383,7 @@ const NO_ROUTE: u32 = u32::MAX;
 /// How a blocking receive that was not posted ended its wait ([`PushPull::recv`]).
 pub(super) enum Direct {
     /// An `Eager` message landed in the buffer: the receive's result.
-    Landed(Result<Status>),
+    Landed(Outcome),
     /// Another message came first: the receive is posted (operation `id`), and the
     /// message was handled after it.
     Posted(u64),
@@ -640,7 +670,7 @@ impl PushPull {
                 .station()
                 .wait_for(|| self.receive_directly(on, ptr, cap, src, tag), None)?;
             return match direct {
-                Direct::Landed(result) => result,
+                Direct::Landed(result) => result.map_err(|e| *e),
                 Direct::Posted(id) => self.wait_op(on, id),
             };
         }
@@ -757,40 +787,44 @@ impl PushPull {
         // handled later, they meet the posted receives in posting order, and this one
         // last, as they would have met it here. A message already in the unexpected
         // queue is matched here.
-        let found = {
+        let mut st = self.st.borrow_mut();
+        let id = st.ops.insert(Op::Recv(RecvOp {
+            ptr,
+            cap,
+            state: RecvState::Posted { src, tag },
+        }));
+        if let Some(waiting) = st.matching.post(id, src, tag) {
+            drop(st);
+            self.receive_waiting(on, id, waiting);
+        }
+        Ok(id)
+    }
+
+    /// Receive `id`, just started, takes message `a`, which was waiting.
+    #[inline(never)]
+    fn receive_waiting(&self, on: &impl Footing, id: u64, a: Arrived<Unexpected>) {
+        {
             let mut st = self.st.borrow_mut();
             let st = &mut *st;
-            let id = st.ops.insert(Op::Recv(RecvOp {
-                ptr,
-                cap,
-                state: RecvState::Posted { src, tag },
-            }));
-            let found = st.matching.post(id, src, tag);
-            if let Some(a) = &found {
-                st.pushed_bytes -= a.msg.data.len() as u64;
-                let from = Source {
-                    rank: a.source,
-                    dpid: on.station().dpid(),
-                };
-                let mut out = self.out.borrow_mut();
-                free_pushed(st, &mut out, from, a.msg.data.len());
-                begin_receive(st, &mut out, id, from, &a.msg.head, &a.msg.data);
-            }
-            (id, found.is_some())
-        };
-        if found.1 {
-            // The pull of a message that was waiting starts now, as it would have on
-            // arrival, and its answer leaves at once (the receive may be complete
-            // already, and its caller not come back for a while). The receive is
-            // registered (and may be under way): its id must reach the caller, whose
-            // wait or scope keeps the buffer until it ends. A failure of this pull ends
-            // the receive itself (`make_pulls`); an error of the outbox (another peer's)
-            // comes back from a later call.
-            if let Err(e) = self.make_pulls(on).and_then(|_| self.send_outbox(on)) {
-                tracing::debug!("tagged receive {}: {e}", found.0);
-            }
+            st.pushed_bytes -= a.msg.data.len() as u64;
+            let from = Source {
+                rank: a.source,
+                dpid: on.station().dpid(),
+            };
+            let mut out = self.out.borrow_mut();
+            free_pushed(st, &mut out, from, a.msg.data.len());
+            begin_receive(st, &mut out, id, from, &a.msg.head, &a.msg.data);
         }
-        Ok(found.0)
+        // The pull of a message that was waiting starts now, as it would have on
+        // arrival, and its answer leaves at once (the receive may be complete already,
+        // and its caller not come back for a while). The receive is registered (and may
+        // be under way): its id must reach the caller, whose wait or scope keeps the
+        // buffer until it ends. A failure of this pull ends the receive itself
+        // (`make_pulls`); an error of the outbox (another peer's) comes back from a
+        // later call.
+        if let Err(e) = self.make_pulls(on).and_then(|_| self.send_outbox(on)) {
+            tracing::debug!("tagged receive {id}: {e}");
+        }
     }
 
     /// Sends what the outbox holds as far as the routes take it now.
@@ -904,7 +938,7 @@ impl PushPull {
                 let mut st = self.st.borrow_mut();
                 st.incoming.remove(&(job.source.rank, job.head.msg));
                 if let Some(Op::Recv(r)) = st.ops.get_mut(&job.op) {
-                    r.state = RecvState::Done(Some(Err(e)));
+                    r.state = RecvState::Done(Some(Err(Box::new(e))));
                     st.completions += 1;
                 }
             }
@@ -1041,10 +1075,10 @@ impl PushPull {
             Err(e) => {
                 st.incoming.remove(&(source, msg));
                 if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
-                    r.state = RecvState::Done(Some(Err(Error::Protocol {
+                    r.state = RecvState::Done(Some(Err(Box::new(Error::Protocol {
                         rank: source,
                         reason: format!("pulling message {msg}: {e}"),
-                    })));
+                    }))));
                     st.completions += 1;
                 }
                 Msg::Done { msg }
@@ -1108,13 +1142,13 @@ impl PushPull {
 
     /// The result of operation `id` if it is complete (it is then forgotten).
     pub(super) fn take_if_done(&self, id: u64) -> Option<Result<Status>> {
-        self.take_if_known(id).flatten()
+        self.take_if_known(id).flatten().map(|r| r.map_err(|e| *e))
     }
 
     /// [`PushPull::take_if_done`], `None` for an operation not known (never started,
     /// or its result already taken) and `Some(None)` for one still pending.
-    #[inline]
-    fn take_if_known(&self, id: u64) -> Option<Option<Result<Status>>> {
+    #[inline(always)]
+    fn take_if_known(&self, id: u64) -> Option<Option<Outcome>> {
         let mut st = self.st.borrow_mut();
         if !st.pulls.is_empty() && st.pulls.contains_key(&id) {
             // The pull thread still writes into its buffer (a receive its sender
@@ -1122,6 +1156,15 @@ impl PushPull {
             return Some(None);
         }
         st.ops.take_if(id, |op| match op {
+            Op::Recv(RecvOp {
+                state: RecvState::Done(r),
+                ..
+            }) => Some(match r.take() {
+                Some(result) => result,
+                // Taken before (never: a result is taken once, with the operation).
+                None => Err(Box::new(Error::Cancelled)),
+            }),
+            Op::Recv(_) => None,
             Op::Send(s) => match s.state {
                 SendState::Pending => None,
                 SendState::Done => Some(Ok(Status {
@@ -1129,23 +1172,8 @@ impl PushPull {
                     tag: s.tag,
                     len: s.len as u64,
                 })),
-                SendState::Failed => Some(Err(Error::Protocol {
-                    rank: s.dest,
-                    reason: format!(
-                        "the bytes of message {} the receiver asked for could not all be sent",
-                        s.msg
-                    ),
-                })),
+                SendState::Failed => Some(Err(send_failed(s))),
             },
-            Op::Recv(RecvOp {
-                state: RecvState::Done(r),
-                ..
-            }) => Some(match r.take() {
-                Some(result) => result,
-                // Taken before (never: a result is taken once, with the operation).
-                None => Err(Error::Cancelled),
-            }),
-            _ => None,
         })
     }
 
@@ -1165,6 +1193,7 @@ impl PushPull {
         })
     }
 
+    #[inline]
     pub(super) fn wait_op(&self, on: &impl Footing, id: u64) -> Result<Status> {
         match self.wait_op_until(on, id, None) {
             Some(r) => r,
@@ -1187,7 +1216,7 @@ impl PushPull {
         // as soon as a message was handled, which may have completed it.
         match self.take_if_known(id) {
             None => Some(Err(waited_twice(id))),
-            Some(Some(r)) => Some(r),
+            Some(Some(r)) => Some(r.map_err(|e| *e)),
             Some(None) => self.wait_pending(on, id, deadline),
         }
     }
@@ -1272,12 +1301,13 @@ impl PushPull {
                     RecvState::Posted { src, tag } => {
                         st.matching.cancel(id, src, tag);
                     }
-                    RecvState::Receiving {
-                        source,
-                        msg,
-                        sender_waits,
-                        ..
-                    } => {
+                    RecvState::Receiving(rc) => {
+                        let Receiving {
+                            source,
+                            msg,
+                            sender_waits,
+                            ..
+                        } = *rc;
                         st.incoming.remove(&(source, msg));
                         st.discarding.remove(&(source, msg));
                         st.to_pull.retain(|job| job.op != id);
@@ -1323,7 +1353,7 @@ impl PushPull {
             return false;
         }
         if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
-            r.state = RecvState::Done(Some(Err(Error::Cancelled)));
+            r.state = RecvState::Done(Some(Err(Box::new(Error::Cancelled))));
         }
         true
     }
@@ -1331,6 +1361,11 @@ impl PushPull {
     /// Whether operation `id` is still known (not taken by a wait).
     pub(super) fn is_pending(&self, id: u64) -> bool {
         self.st.borrow().ops.contains_key(&id)
+    }
+
+    /// Whether any operation is under way (or its result not taken yet).
+    pub(super) fn has_ops(&self) -> bool {
+        !self.st.borrow().ops.is_empty()
     }
 }
 
@@ -1417,15 +1452,42 @@ impl<'a> Handler<'a> {
         }
     }
 
+    #[inline(always)]
     fn handle(&mut self, from: Source, bytes: &[u8], out: &mut Outbox) {
+        // The most common message first, read without the general decoder.
+        match wire::eager(bytes) {
+            Some((tag, msg, data)) => self.handle_eager(from, tag, msg, data, out),
+            None => self.handle_other(from, bytes, out),
+        }
+    }
+
+    /// An `Eager` message: the whole of message `msg`, with `tag`.
+    #[inline(always)]
+    fn handle_eager(&mut self, from: Source, tag: u32, msg: u64, data: &[u8], out: &mut Outbox) {
         let source = from.rank;
         let st = &mut *self.st;
-        // The most common message first, read without the general decoder.
-        let decoded = match wire::eager(bytes) {
-            Some((tag, msg, data)) => Ok(Msg::eager(tag, msg, data)),
-            None => Msg::decode(bytes),
-        };
-        let msg_in = match decoded {
+        if !st.charge_push(source, data.len()) {
+            return;
+        }
+        let matched = st.matching.arrive(source, tag, msg, || Unexpected {
+            head: wire::Announce::eager(tag, msg, data.len()),
+            data: data.to_vec(),
+        });
+        match matched {
+            Some(id) => {
+                free_pushed(st, out, from, data.len());
+                receive_whole(st, id, source, tag, data);
+            }
+            None => st.keep_unexpected(data.len()),
+        }
+    }
+
+    /// Every message but an `Eager` one.
+    #[inline(never)]
+    fn handle_other(&mut self, from: Source, bytes: &[u8], out: &mut Outbox) {
+        let source = from.rank;
+        let st = &mut *self.st;
+        let msg_in = match Msg::decode(bytes) {
             Ok(m) => m,
             Err(why) => {
                 tracing::debug!("tagged message from rank {source} dropped: {why}");
@@ -1449,12 +1511,7 @@ impl<'a> Handler<'a> {
                         free_pushed(st, out, from, data.len());
                         begin_receive(st, out, id, from, &head, data)
                     }
-                    None => {
-                        st.stats.unexpected += 1;
-                        st.pushed_bytes += data.len() as u64;
-                        st.stats.pushed_buffer_peak =
-                            st.stats.pushed_buffer_peak.max(st.pushed_bytes);
-                    }
+                    None => st.keep_unexpected(data.len()),
                 }
             }
             Msg::More { msg, offset, data } => {
@@ -1583,13 +1640,13 @@ impl<'a> Handler<'a> {
                 if let Some(id) = st.incoming.remove(&(source, msg)) {
                     st.to_pull.retain(|job| job.op != id);
                     if let Some(Op::Recv(r)) = st.ops.get_mut(&id) {
-                        r.state = RecvState::Done(Some(Err(Error::Protocol {
+                        r.state = RecvState::Done(Some(Err(Box::new(Error::Protocol {
                             rank: source,
                             reason: format!(
                                 "it abandoned message {msg} before it was received whole \
                                  (its wait returned early with an error)"
                             ),
-                        })));
+                        }))));
                         st.completions += 1;
                     }
                 } else if let Some(u) = st.matching.remove_unexpected(source, msg) {
@@ -1613,17 +1670,17 @@ enum Lane {
 /// ones up to what the buffer expects); returns false, landing nothing, if they are not
 /// (repeated, misplaced or too many: a peer's error), so no byte is counted twice.
 fn land(r: &mut RecvOp, lane: Lane, offset: u64, data: &[u8]) -> bool {
-    let RecvState::Receiving {
+    let RecvState::Receiving(rc) = &mut r.state else {
+        return false;
+    };
+    let Receiving {
         expected,
         landed,
         push_next,
         push_end,
         pull_next,
         ..
-    } = &mut r.state
-    else {
-        return false;
-    };
+    } = &mut **rc;
     let (next, end) = match lane {
         Lane::Pushed => (push_next, *push_end),
         Lane::Pulled => (pull_next, *expected),
@@ -1647,7 +1704,41 @@ fn land(r: &mut RecvOp, lane: Lane, offset: u64, data: &[u8]) -> bool {
 /// A message matched receive `id`: copies what was pushed, records the pull of the
 /// rest (made by `PushPull::make_pulls`, outside the handler: it may attach to another
 /// process), and tells a sender of a truncated message that nothing more is needed.
+#[inline(always)]
 fn begin_receive(
+    st: &mut State,
+    out: &mut Outbox,
+    id: u64,
+    from: Source,
+    head: &Announce,
+    have: &[u8],
+) {
+    if have.len() as u64 == head.total {
+        receive_whole(st, id, from.rank, head.tag, have);
+    } else {
+        begin_partial_receive(st, out, id, from, head, have);
+    }
+}
+
+/// Receive `id` matched a message that came whole with its announcement (an `Eager`
+/// one, `data`, from `source` with `tag`): it is received with this copy, and its sender
+/// waits for nothing.
+#[inline(always)]
+fn receive_whole(st: &mut State, id: u64, source: u32, tag: u32, data: &[u8]) {
+    let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {
+        return;
+    };
+    let n = data.len().min(r.cap);
+    // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
+    // completes (its scope or blocking call outlives it); n <= cap.
+    unsafe { crate::link::copy_bytes(data.as_ptr(), r.ptr, n) };
+    r.state = RecvState::Done(Some(whole_result(source, tag, data.len() as u64, r.cap)));
+    st.completions += 1;
+}
+
+/// [`begin_receive`] of a message that did not come whole.
+#[inline(never)]
+fn begin_partial_receive(
     st: &mut State,
     out: &mut Outbox,
     id: u64,
@@ -1659,23 +1750,13 @@ fn begin_receive(
         return;
     };
     let n = have.len().min(r.cap);
-    if have.len() as u64 == head.total {
-        // The whole message came with its announcement (an `Eager` one): it is
-        // received with this copy, and its sender waits for nothing.
-        // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
-        // completes (its scope or blocking call outlives it); n <= cap.
-        unsafe { crate::link::copy_bytes(have.as_ptr(), r.ptr, n) };
-        r.state = RecvState::Done(Some(whole_result(from.rank, head.tag, head.total, r.cap)));
-        st.completions += 1;
-        return;
-    }
     let expected = head.total.min(r.cap as u64);
     // SAFETY: the receive's buffer is valid for `cap` bytes until the operation
     // completes (its scope or blocking call outlives it); n <= cap.
     unsafe { std::ptr::copy_nonoverlapping(have.as_ptr(), r.ptr, n) };
     // Bytes of the message past what was pushed, and inside the buffer.
     let pull_len = expected.saturating_sub(head.pushed);
-    r.state = RecvState::Receiving {
+    r.state = RecvState::Receiving(Box::new(Receiving {
         source: from.rank,
         tag: head.tag,
         msg: head.msg,
@@ -1686,7 +1767,7 @@ fn begin_receive(
         push_end: head.pushed,
         pull_next: head.pushed,
         sender_waits: head.total > head.pushed,
-    };
+    }));
     if head.pushed > r.cap as u64 && (have.len() as u64) < head.pushed {
         // `More` messages will bring bytes past the buffer.
         st.discarding.insert((from.rank, head.msg), head.pushed);
@@ -1711,16 +1792,10 @@ fn begin_receive(
 /// `len` more bytes of message `msg` from `source` landed in receive `op`.
 fn landed(st: &mut State, op: u64, source: u32, msg: u64, len: u64) {
     if let Some(Op::Recv(r)) = st.ops.get_mut(&op) {
-        if let RecvState::Receiving {
-            landed,
-            pull_next,
-            expected,
-            ..
-        } = &mut r.state
-        {
-            *landed += len;
+        if let RecvState::Receiving(rc) = &mut r.state {
+            rc.landed += len;
             // The pulled lane is complete: no `Data` may land in it any more.
-            *pull_next = *expected;
+            rc.pull_next = rc.expected;
         }
         if finish_if_complete(r, &mut st.completions) {
             st.incoming.remove(&(source, msg));
@@ -1752,22 +1827,26 @@ fn queue(out: &mut Outbox, stats: &mut TaggedStats, to: Source, msg: &Msg<'_>) {
 
 /// Marks a receive complete once every expected byte has landed; returns whether it is.
 fn finish_if_complete(r: &mut RecvOp, completions: &mut u64) -> bool {
-    if let RecvState::Receiving {
-        source,
-        tag,
-        total,
-        expected,
-        landed,
-        ..
-    } = r.state
-    {
-        if landed >= expected {
-            r.state = RecvState::Done(Some(whole_result(source, tag, total, r.cap)));
+    if let RecvState::Receiving(rc) = &r.state {
+        if rc.landed >= rc.expected {
+            r.state = RecvState::Done(Some(whole_result(rc.source, rc.tag, rc.total, r.cap)));
             *completions += 1;
             return true;
         }
     }
     false
+}
+
+/// The error of send `s`, whose pulled bytes could not all be sent.
+#[cold]
+fn send_failed(s: &SendOp) -> Box<Error> {
+    Box::new(Error::Protocol {
+        rank: s.dest,
+        reason: format!(
+            "the bytes of message {} the receiver asked for could not all be sent",
+            s.msg
+        ),
+    })
 }
 
 /// The error of a wait for operation `id`, whose result was taken already.
@@ -1779,14 +1858,14 @@ fn waited_twice(id: u64) -> Error {
 /// The result of a receive into `cap` bytes of a message of `total` bytes from `source`
 /// with `tag`, every byte of it that fits landed.
 #[inline]
-fn whole_result(source: u32, tag: u32, total: u64, cap: usize) -> Result<Status> {
+fn whole_result(source: u32, tag: u32, total: u64, cap: usize) -> Outcome {
     if total > cap as u64 {
-        Err(Error::Truncated {
+        Err(Box::new(Error::Truncated {
             len: total,
             capacity: cap,
             rank: source,
             tag,
-        })
+        }))
     } else {
         Ok(Status {
             peer: source,
@@ -1994,9 +2073,9 @@ mod tests {
             matches!(
                 h.st.ops.get(&id),
                 Some(Op::Recv(RecvOp {
-                    state: RecvState::Receiving { landed: 60, .. },
+                    state: RecvState::Receiving(rc),
                     ..
-                }))
+                })) if rc.landed == 60
             ),
             "the receive must wait for bytes 60..100"
         );

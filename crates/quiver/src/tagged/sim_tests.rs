@@ -675,6 +675,7 @@ fn blocking_calls_land_unposted_or_fall_back() {
                         match pp.receive_directly(station, ptr, cap, Src::Rank(peer), tag) {
                             Ok(None) => Some(Blocked::Unposted(k, buf)),
                             Ok(Some(Direct::Landed(result))) => {
+                                let result = result.map_err(|e| *e);
                                 check_receive(r, k, sends[1 - r][k], &buf, result);
                                 (landed, moved) = (landed + 1, true);
                                 None

@@ -61,6 +61,23 @@ pub struct Announce {
 }
 
 impl Announce {
+    /// The announcement an `Eager` message of `tag`, the sender's number `msg` and `len`
+    /// bytes stands for (the whole message, nothing to pull).
+    #[inline]
+    pub fn eager(tag: u32, msg: u64, len: usize) -> Announce {
+        let len = len as u64;
+        Announce {
+            slot: 0,
+            tag,
+            msg,
+            total: len,
+            pushed: len,
+            pid: 0,
+            seg: 0,
+            addr: 0,
+        }
+    }
+
     /// Whether a first push of `first` bytes with this announcement carries the whole
     /// message and nothing more is to be known: it goes as an `Eager` message. (The
     /// sender's pid and address matter only to a pull; a message pushed whole has
@@ -207,18 +224,8 @@ impl Msg<'_> {
     /// `data` stands for (the whole message, nothing to pull).
     #[inline]
     pub fn eager(tag: u32, msg: u64, data: &[u8]) -> Msg<'_> {
-        let len = data.len() as u64;
         Msg::Push {
-            head: Announce {
-                slot: 0,
-                tag,
-                msg,
-                total: len,
-                pushed: len,
-                pid: 0,
-                seg: 0,
-                addr: 0,
-            },
+            head: Announce::eager(tag, msg, data.len()),
             data,
         }
     }

@@ -175,8 +175,9 @@ impl<L: Link, C: Clock> Receivers<L, C> {
     }
 
     /// Gives a received message's memory back to the receiver it came from: the one
-    /// release path of every kind of message.
-    #[inline]
+    /// release path of every kind of message. A ring's record inline (every message's
+    /// path on shared memory), the others out of line.
+    #[inline(always)]
     pub(crate) fn release(&mut self, t: Token) {
         match t {
             Token::Shm { chan, token } => {
@@ -184,6 +185,16 @@ impl<L: Link, C: Clock> Receivers<L, C> {
                     shm.release(chan, token);
                 }
             }
+            other => self.release_other(other),
+        }
+    }
+
+    /// [`Receivers::release`] of a token that is not a ring's.
+    #[inline(never)]
+    fn release_other(&mut self, t: Token) {
+        match t {
+            // Released inline by `release`: never here.
+            Token::Shm { .. } => {}
             Token::Net { slot, peer } => {
                 if let Some(net) = self.net.as_mut() {
                     net.release_slot(slot, peer);

@@ -897,7 +897,7 @@ impl<L: Link, C: Clock> Station<L, C> {
     }
 
     /// Gives a received message's memory back to the receiver it came from.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release_token(&self, t: Token) {
         self.inner.borrow_mut().rx.release(t);
     }

@@ -126,7 +126,7 @@ mod imp_crate {
         }
 
         /// The next message of any sender, round-robin across senders.
-        #[inline]
+        #[inline(always)]
         pub(crate) fn poll(&mut self) -> Option<Received> {
             if self.seg.claimed_slots() > self.known_slots {
                 self.discover();
@@ -194,7 +194,7 @@ mod imp_crate {
                 || self.seg.claimed_slots() > self.known_slots
         }
 
-        #[inline]
+        #[inline(always)]
         pub(crate) fn release(&mut self, chan: u32, token: u64) {
             if let Some(c) = self.chans.get_mut(chan as usize) {
                 c.consumer.release(token);

@@ -19,17 +19,20 @@
 //!   slack), so the consumer never mistakes stale bytes from an earlier lap for a header.
 //! - A record never straddles the end of the ring: the producer writes a `WRAP` header
 //!   and continues at offset 0 (after zeroing the header there).
-//! - The producer also wraps early, past [`EARLY_WRAP_AT`] bytes into the ring, when the
-//!   consumer has released all but a few KiB of what was pushed: a stream of small
-//!   messages that the consumer keeps up with then cycles through the first few KiB,
-//!   which stay in both cores' caches, instead of through the whole ring (4 MiB by
-//!   default: every record a cache miss on both sides). A consumer that lags (a bulk
-//!   transfer, held tokens) sees the whole ring as before.
-//! - The consumer publishes its tail (`Release`) lazily: when [`PUBLISH_EVERY`] bytes (or
-//!   an eighth of a small ring) have been freed, or when it finds the ring empty; the
-//!   producer reloads it (`Acquire`) only when its cached copy says the ring is full, or
-//!   when it might wrap early. On the fast path each side touches the record's cache
-//!   lines and nothing else: no lock, allocation or system call.
+//! - The producer also wraps early, past [`EARLY_WRAP_AT`] bytes into the ring, with a
+//!   record of at most [`EARLY_WRAP_RECORD`] bytes, when the consumer has released
+//!   everything pushed (as far as it published): a stream of small messages that the
+//!   consumer keeps up with then cycles through the first few KiB, which stay in both
+//!   cores' caches, instead of through the whole ring (4 MiB by default: every record a
+//!   cache miss on both sides). Nothing unreleased may be left behind the wrap: a token
+//!   held there would keep the tail, and the producer's room, at that spot of the ring
+//!   until its release. A consumer that lags (a bulk transfer, held tokens) sees the
+//!   whole ring as before.
+//! - The consumer publishes its tail (`Release`) lazily: when an eighth of the ring has
+//!   been freed or when it finds the ring empty; the producer reloads it (`Acquire`) only
+//!   when its cached copy says the ring is full, or when it might wrap early. On the fast
+//!   path each side touches the record's cache lines and nothing else: no lock,
+//!   allocation or system call.
 //! - Tokens may be released out of order; the tail advances over the released prefix.
 //! - Headers read from shared memory are validated: a corrupt header is an error, never
 //!   an out-of-bounds access.
@@ -47,15 +50,9 @@ const LEN_MASK: u64 = 0xffff_ffff;
 /// How far into the ring the producer goes before it wraps early (if the consumer keeps
 /// up); a quarter of a smaller ring.
 pub(crate) const EARLY_WRAP_AT: usize = 16 << 10;
-/// Bytes pushed and not yet released (as far as the consumer published) with which the
-/// producer still wraps early; an eighth of a smaller ring.
-const EARLY_WRAP_SLACK: usize = 4 << 10;
 /// Largest record with which the producer wraps early: larger ones are bulk transfers,
 /// whose consumer rarely keeps up (the producer would reload the tail for nothing).
-const EARLY_WRAP_RECORD: u64 = 1024;
-/// Bytes released after which the consumer publishes its tail; an eighth of a smaller
-/// ring. Half the slack: a consumer that keeps up is seen to.
-const PUBLISH_EVERY: usize = EARLY_WRAP_SLACK / 2;
+pub(crate) const EARLY_WRAP_RECORD: u64 = 1024;
 
 /// Bytes a record of `len` payload bytes occupies.
 pub(crate) fn stride(len: usize) -> usize {
@@ -207,8 +204,6 @@ pub(crate) struct Producer {
     cached_tail: u64,
     /// [`EARLY_WRAP_AT`] for this ring's size.
     early_wrap_at: u64,
-    /// [`EARLY_WRAP_SLACK`] for this ring's size.
-    early_wrap_slack: u64,
 }
 
 impl Producer {
@@ -221,20 +216,19 @@ impl Producer {
             head: 0,
             cached_tail: 0,
             early_wrap_at: EARLY_WRAP_AT.min(cap / 4) as u64,
-            early_wrap_slack: EARLY_WRAP_SLACK.min(cap / 8) as u64,
         }
     }
 
-    /// Whether the consumer has released all but [`EARLY_WRAP_SLACK`] bytes of what was
-    /// pushed (its tail reloaded if the cached one says otherwise).
+    /// Whether the consumer has released everything pushed, as far as it published (its
+    /// tail reloaded if the cached one says otherwise).
     #[inline]
-    fn nearly_drained(&mut self) -> bool {
-        if self.head - self.cached_tail <= self.early_wrap_slack {
+    fn seen_drained(&mut self) -> bool {
+        if self.cached_tail == self.head {
             return true;
         }
         // Acquire, as in `push_with`.
         self.cached_tail = self.tail.get().load(Ordering::Acquire);
-        self.head - self.cached_tail <= self.early_wrap_slack
+        self.cached_tail == self.head
     }
 
     /// Largest payload this ring accepts.
@@ -276,13 +270,13 @@ impl Producer {
         let rec = stride(len) as u64;
         let idx = self.head & (cap - 1);
         let contiguous = cap - idx;
-        // Early (module documentation): the unreleased bytes, at most the slack, lie just
-        // before `idx`, past the record and the zero header written at the start.
+        // Early (module documentation): nothing is unreleased, and the record and the
+        // zero header after it fit before `idx`.
         let wrap = rec > contiguous
             || (rec <= EARLY_WRAP_RECORD
                 && idx >= self.early_wrap_at
-                && idx >= rec + HDR as u64 + self.early_wrap_slack
-                && self.nearly_drained());
+                && idx >= rec + HDR as u64
+                && self.seen_drained());
         // Room for the record, the padding to the end if it must wrap, and the zeroed
         // header of the next record.
         let needed = if wrap { contiguous + rec } else { rec } + HDR as u64;
@@ -341,8 +335,6 @@ pub(crate) struct Consumer {
     mem: RingMem,
     tail: TailRef,
     max_len: usize,
-    /// [`PUBLISH_EVERY`] for this ring's size.
-    publish_every: u64,
     read_pos: u64,
     released: u64,
     published: u64,
@@ -360,12 +352,10 @@ impl Consumer {
     /// A consumer of a fresh ring; records longer than `max_len` are treated as corrupt.
     pub(crate) fn new(mem: RingMem, tail: TailRef, max_len: usize) -> Consumer {
         let max_len = max_len.min(max_payload(mem.capacity));
-        let publish_every = PUBLISH_EVERY.min(mem.capacity / 8) as u64;
         Consumer {
             mem,
             tail,
             max_len,
-            publish_every,
             read_pos: 0,
             released: 0,
             published: 0,
@@ -479,10 +469,10 @@ impl Consumer {
         self.maybe_publish();
     }
 
-    /// Publishes the tail once [`PUBLISH_EVERY`] bytes have been freed since the last time.
+    /// Publishes the tail once an eighth of the ring has been freed since the last time.
     #[inline]
     fn maybe_publish(&mut self) {
-        if self.released - self.published >= self.publish_every {
+        if self.released - self.published >= self.mem.capacity as u64 / 8 {
             self.publish();
         }
     }
@@ -663,6 +653,8 @@ mod tests {
             furthest = furthest.max(r.idx);
             assert_eq!(read(&c, r), msg);
             c.release(r.token);
+            // A receiver polls again: finding the ring empty, it publishes its tail.
+            assert!(c.try_pop().unwrap().is_none());
         }
         // 20 000 records of 32 bytes would reach 640 KiB without early wraps.
         assert!(
@@ -672,27 +664,63 @@ mod tests {
     }
 
     #[test]
-    fn a_lagging_consumer_sees_the_whole_ring() {
+    fn a_consumer_that_holds_or_lags_sees_the_whole_ring() {
         let cap = 1 << 20;
-        let (_r, mut p, mut c) = ring(cap, 1000);
-        // The first record held: the tail stays at 0, so no early wrap is allowed.
-        assert!(p.try_push(&[7; 24]));
+        let big = vec![9u8; 4 * EARLY_WRAP_AT];
+        // Held: one small record kept while the others are read, released and
+        // published; behind a wrap, it would leave the producer about its offset of room.
+        let (_r, mut p, mut c) = ring(cap, 1 << 20);
+        let small = |p: &mut Producer, n: u32| {
+            for round in 0..n {
+                assert!(p.try_push(&round.to_le_bytes().repeat(6)), "round {round}");
+            }
+        };
+        // Up to just before the early wrap's start, all read and released (and
+        // published: the last poll finds the ring empty).
+        small(&mut p, 500);
+        read_all(&mut c);
+        // One record held just before that start, a few after it read and released.
+        small(&mut p, 1);
         let held = c.try_pop().unwrap().unwrap();
+        small(&mut p, 20);
+        read_all(&mut c);
+        assert!(
+            p.head as usize > EARLY_WRAP_AT,
+            "past the early wrap's start"
+        );
+        small(&mut p, 100);
+        assert!(
+            p.try_push(&big),
+            "the ring's room is whole while a token is held"
+        );
+        // Lagging: everything released but nothing published yet (no empty poll, less
+        // than an eighth of the ring): the producer keeps going through the ring.
+        let (_r2, mut p2, mut c2) = ring(cap, 1000);
         let mut furthest = 0;
         for round in 0..2_000u32 {
             let msg = round.to_le_bytes().repeat(6);
-            assert!(p.try_push(&msg), "round {round}");
-            let r = c.try_pop().unwrap().expect("message");
+            assert!(p2.try_push(&msg), "round {round}");
+            let r = c2.try_pop().unwrap().expect("message");
             furthest = furthest.max(r.idx);
-            assert_eq!(read(&c, r), msg);
-            c.release(r.token);
+            assert_eq!(read(&c2, r), msg);
+            c2.release(r.token);
         }
         assert!(
             furthest > 2 * EARLY_WRAP_AT,
             "records stopped at {furthest}"
         );
-        assert_eq!(read(&c, held), [7; 24]);
         c.release(held.token);
+        assert_eq!(read_all(&mut c).last(), Some(&big));
+    }
+
+    /// Every record left, read and released in order.
+    fn read_all(c: &mut Consumer) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while let Some(r) = c.try_pop().unwrap() {
+            out.push(read(c, r));
+            c.release(r.token);
+        }
+        out
     }
 
     #[test]
@@ -875,7 +903,7 @@ mod loom_tests {
     }
 
     /// Small records on a ring where the producer may wrap early (16 words = 128 bytes:
-    /// early past 32 bytes with at most 16 unreleased), the consumer publishing only as
+    /// early past 32 bytes, once everything is released), the consumer publishing only as
     /// it does by itself: the fourth record goes back to the start or after the third
     /// depending on the interleaving, and every message arrives once, in order, intact.
     #[test]

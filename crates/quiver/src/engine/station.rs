@@ -829,10 +829,12 @@ impl<L: Link, C: Clock> Station<L, C> {
             self.send_outbox(protocol, out).map_err(&report)?;
         }
         let mut now = None;
+        let mut consumed = false;
         while !out.is_full() {
             let Some(r) = self.poll_into(|r| r, &report)? else {
                 break;
             };
+            consumed = true;
             let msg: &[u8] = if r.len == 0 {
                 &[]
             } else {
@@ -857,6 +859,13 @@ impl<L: Link, C: Clock> Station<L, C> {
             }
             if !protocol.wants_more() {
                 break;
+            }
+        }
+        if consumed {
+            // A batch that stopped before the ring was found empty: the shared-memory
+            // senders learn how far it got (rings: `publish_if_caught_up`).
+            if let Some(shm) = self.inner.borrow_mut().rx.shm.as_mut() {
+                shm.settle();
             }
         }
         Ok(None)

@@ -201,6 +201,14 @@ mod imp_crate {
             }
         }
 
+        /// Tells the senders whose rings were read up to what was released
+        /// ([`Consumer::publish_if_caught_up`]): at the end of a batch of reads.
+        pub(crate) fn settle(&mut self) {
+            for c in &mut self.chans {
+                c.consumer.publish_if_caught_up();
+            }
+        }
+
         /// Arms the wake-up: senders ring the doorbell from now on.
         pub(crate) fn arm(&self) {
             self.seg.header().wake.arm();

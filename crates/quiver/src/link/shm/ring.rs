@@ -29,7 +29,8 @@
 //!   until its release. A consumer that lags (a bulk transfer, held tokens) sees the
 //!   whole ring as before.
 //! - The consumer publishes its tail (`Release`) lazily: when an eighth of the ring has
-//!   been freed or when it finds the ring empty; the producer reloads it (`Acquire`) only
+//!   been freed, when it finds the ring empty, or when a batch of reads ends with
+//!   everything read released; the producer reloads it (`Acquire`) only
 //!   when its cached copy says the ring is full, or when it might wrap early. On the fast
 //!   path each side touches the record's cache lines and nothing else: no lock,
 //!   allocation or system call.
@@ -477,6 +478,16 @@ impl Consumer {
         }
     }
 
+    /// Publishes the tail if everything read is released and the producer has not been
+    /// told: for a reader that stops after a batch without polling the ring empty, so
+    /// that a producer that waits for it to catch up sees it did (and may wrap early).
+    #[inline]
+    pub(crate) fn publish_if_caught_up(&mut self) {
+        if self.released == self.read_pos && self.published != self.released {
+            self.publish();
+        }
+    }
+
     /// Publishes the released position to the producer now.
     pub(crate) fn publish(&mut self) {
         // Release: our reads of the released records happen before the producer reuses them.
@@ -711,6 +722,33 @@ mod tests {
         );
         c.release(held.token);
         assert_eq!(read_all(&mut c).last(), Some(&big));
+    }
+
+    #[test]
+    fn a_batch_that_caught_up_publishes_its_tail() {
+        let (_r, mut p, mut c) = ring(1 << 20, 1000);
+        for _ in 0..3 {
+            assert!(p.try_push(&[1; 24]));
+        }
+        // Two read and released, without polling the ring empty: not published yet.
+        for _ in 0..2 {
+            let r = c.try_pop().unwrap().unwrap();
+            c.release(r.token);
+        }
+        assert!(!p.drained());
+        c.publish_if_caught_up();
+        assert_eq!(
+            c.tail.get().load(Ordering::Relaxed),
+            64,
+            "two records of 32 bytes"
+        );
+        // The third held: nothing more to publish until it is released.
+        let held = c.try_pop().unwrap().unwrap();
+        c.publish_if_caught_up();
+        assert_eq!(c.tail.get().load(Ordering::Relaxed), 64);
+        c.release(held.token);
+        c.publish_if_caught_up();
+        assert!(p.drained());
     }
 
     /// Every record left, read and released in order.

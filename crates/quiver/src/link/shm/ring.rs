@@ -908,67 +908,51 @@ mod loom_tests {
         (p, c)
     }
 
-    /// A producer and a consumer on a tiny ring (so that records wrap and the producer
-    /// waits for released space): every message arrives once, in order, intact.
+    /// Runs a producer of `msgs` and a consumer on a ring of `words` words under every
+    /// interleaving; the consumer publishes after each release if `publish_each` (else
+    /// only as it does by itself). Every message arrives once, in order, intact.
+    fn deliver_in_order(words: usize, msgs: Vec<Vec<u8>>, publish_each: bool) {
+        let (mut p, mut c) = halves(words);
+        let expect = msgs.clone();
+        let prod = loom::thread::spawn(move || {
+            for m in &msgs {
+                while !p.try_push(m) {
+                    loom::thread::yield_now();
+                }
+            }
+        });
+        let mut got = 0;
+        while got < expect.len() {
+            match c.try_pop().expect("corrupt") {
+                Some(r) => {
+                    assert_eq!(c.mem().read_payload(r.idx, r.len), expect[got]);
+                    c.release(r.token);
+                    if publish_each {
+                        c.publish();
+                    }
+                    got += 1;
+                }
+                None => loom::thread::yield_now(),
+            }
+        }
+        prod.join().unwrap();
+    }
+
+    /// A tiny ring, so that records wrap and the producer waits for released space.
     #[test]
     fn spsc_ring_delivers_in_order_under_all_interleavings() {
         loom::model(|| {
             // 8 words = 64 bytes: max payload 40, so three 16-byte records force a wrap.
-            let (mut p, mut c) = halves(8);
-            let msgs: Vec<Vec<u8>> = vec![vec![1u8; 16], vec![2u8; 9], vec![3u8; 16]];
-            let expect = msgs.clone();
-            let prod = loom::thread::spawn(move || {
-                for m in &msgs {
-                    while !p.try_push(m) {
-                        loom::thread::yield_now();
-                    }
-                }
-            });
-            let mut got = 0;
-            while got < expect.len() {
-                match c.try_pop().expect("corrupt") {
-                    Some(r) => {
-                        assert_eq!(c.mem().read_payload(r.idx, r.len), expect[got]);
-                        c.release(r.token);
-                        c.publish();
-                        got += 1;
-                    }
-                    None => loom::thread::yield_now(),
-                }
-            }
-            prod.join().unwrap();
+            deliver_in_order(8, vec![vec![1u8; 16], vec![2u8; 9], vec![3u8; 16]], true);
         });
     }
 
     /// Small records on a ring where the producer may wrap early (16 words = 128 bytes:
     /// early past 32 bytes, once everything is released), the consumer publishing only as
     /// it does by itself: the fourth record goes back to the start or after the third
-    /// depending on the interleaving, and every message arrives once, in order, intact.
+    /// depending on the interleaving.
     #[test]
     fn early_wraps_deliver_in_order_under_all_interleavings() {
-        loom::model(|| {
-            let (mut p, mut c) = halves(16);
-            let msgs: Vec<Vec<u8>> = (1..=4u8).map(|i| vec![i; 8]).collect();
-            let expect = msgs.clone();
-            let prod = loom::thread::spawn(move || {
-                for m in &msgs {
-                    while !p.try_push(m) {
-                        loom::thread::yield_now();
-                    }
-                }
-            });
-            let mut got = 0;
-            while got < expect.len() {
-                match c.try_pop().expect("corrupt") {
-                    Some(r) => {
-                        assert_eq!(c.mem().read_payload(r.idx, r.len), expect[got]);
-                        c.release(r.token);
-                        got += 1;
-                    }
-                    None => loom::thread::yield_now(),
-                }
-            }
-            prod.join().unwrap();
-        });
+        loom::model(|| deliver_in_order(16, (1..=4u8).map(|i| vec![i; 8]).collect(), false));
     }
 }

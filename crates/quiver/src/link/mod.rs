@@ -359,10 +359,10 @@ const SMALL_COPY_MAX: usize = 16;
 /// As [`copy_bytes`], and `len <= SMALL_COPY_MAX`.
 #[inline(always)]
 unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
-    // SAFETY: each word below lies inside `src..src + len` or `dst..dst + len` (`len`
-    // at least its size, its start at most `len` minus its size), which the caller gives
-    // readable and writable and not overlapping; both words are read before either is
+    // Each word below lies inside `src..src + len` or `dst..dst + len`: `len` is at least
+    // its size, its start at most `len` minus its size. Both are read before either is
     // written.
+    // SAFETY: those ranges are readable and writable, not overlapping (the caller's).
     unsafe {
         if len >= 8 {
             let a = src.cast::<u64>().read_unaligned();

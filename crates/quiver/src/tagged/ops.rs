@@ -12,7 +12,6 @@ pub(super) struct Ops<T> {
     slots: Vec<Slot<T>>,
     /// Indexes of the vacant slots, the last vacated last.
     vacant: Vec<u32>,
-    len: usize,
     next_serial: u64,
 }
 
@@ -30,7 +29,6 @@ impl<T> Ops<T> {
         Ops {
             slots: Vec::new(),
             vacant: Vec::new(),
-            len: 0,
             next_serial: 0,
         }
     }
@@ -40,7 +38,6 @@ impl<T> Ops<T> {
     pub(super) fn insert(&mut self, op: T) -> u64 {
         let serial = self.next_serial << 32;
         self.next_serial = (self.next_serial + 1) & 0xffff_ffff;
-        self.len += 1;
         match self.vacant.pop() {
             Some(index) => {
                 let id = serial | u64::from(index);
@@ -70,14 +67,6 @@ impl<T> Ops<T> {
             .filter(|s| s.id == id && s.op.is_some())
     }
 
-    /// Empties `slot`, of index `index`, dropping its operation in place.
-    #[inline]
-    fn vacate(vacant: &mut Vec<u32>, len: &mut usize, slot: &mut Slot<T>, index: usize) {
-        slot.op = None;
-        *len -= 1;
-        vacant.push(index as u32);
-    }
-
     pub(super) fn get(&self, id: &u64) -> Option<&T> {
         match self.slots.get(Self::index(*id)) {
             Some(s) if s.id == *id => s.op.as_ref(),
@@ -103,16 +92,15 @@ impl<T> Ops<T> {
         take: impl FnOnce(&mut T) -> Option<R>,
     ) -> Option<Option<R>> {
         let index = Self::index(id);
-        let Ops {
-            slots, vacant, len, ..
-        } = self;
-        let slot = match slots.get_mut(index) {
+        let slot = match self.slots.get_mut(index) {
             Some(s) if s.id == id => s,
             _ => return None,
         };
         let taken = take(slot.op.as_mut()?);
         if taken.is_some() {
-            Self::vacate(vacant, len, slot, index);
+            // Dropped in place, not moved out.
+            slot.op = None;
+            self.vacant.push(index as u32);
         }
         Some(taken)
     }
@@ -120,13 +108,12 @@ impl<T> Ops<T> {
     pub(super) fn remove(&mut self, id: &u64) -> Option<T> {
         let index = Self::index(*id);
         let op = self.slot_mut(*id)?.op.take();
-        self.len -= 1;
         self.vacant.push(index as u32);
         op
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.vacant.len() == self.slots.len()
     }
 
     /// The ids of every operation, in no particular order.

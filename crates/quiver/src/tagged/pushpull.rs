@@ -148,13 +148,6 @@ impl State {
         true
     }
 
-    /// A first push of `n` bytes found no posted receive: it waits in the pushed buffer.
-    fn keep_unexpected(&mut self, n: usize) {
-        self.stats.unexpected += 1;
-        self.pushed_bytes += n as u64;
-        self.stats.pushed_buffer_peak = self.stats.pushed_buffer_peak.max(self.pushed_bytes);
-    }
-
     /// Whether `n` more pushed bytes from `source` stay within its credit.
     fn push_fits(&self, source: u32, n: usize) -> bool {
         self.push_owed
@@ -1456,29 +1449,14 @@ impl<'a> Handler<'a> {
     fn handle(&mut self, from: Source, bytes: &[u8], out: &mut Outbox) {
         // The most common message first, read without the general decoder.
         match wire::eager(bytes) {
-            Some((tag, msg, data)) => self.handle_eager(from, tag, msg, data, out),
+            Some((tag, msg, data)) => handle_push(
+                self.st,
+                out,
+                from,
+                Announce::eager(tag, msg, data.len()),
+                data,
+            ),
             None => self.handle_other(from, bytes, out),
-        }
-    }
-
-    /// An `Eager` message: the whole of message `msg`, with `tag`.
-    #[inline(always)]
-    fn handle_eager(&mut self, from: Source, tag: u32, msg: u64, data: &[u8], out: &mut Outbox) {
-        let source = from.rank;
-        let st = &mut *self.st;
-        if !st.charge_push(source, data.len()) {
-            return;
-        }
-        let matched = st.matching.arrive(source, tag, msg, || Unexpected {
-            head: wire::Announce::eager(tag, msg, data.len()),
-            data: data.to_vec(),
-        });
-        match matched {
-            Some(id) => {
-                free_pushed(st, out, from, data.len());
-                receive_whole(st, id, source, tag, data);
-            }
-            None => st.keep_unexpected(data.len()),
         }
     }
 
@@ -1496,24 +1474,7 @@ impl<'a> Handler<'a> {
             }
         };
         match msg_in {
-            Msg::Push { head, data } => {
-                if !st.charge_push(source, data.len()) {
-                    return;
-                }
-                let matched = st
-                    .matching
-                    .arrive(source, head.tag, head.msg, || Unexpected {
-                        head,
-                        data: data.to_vec(),
-                    });
-                match matched {
-                    Some(id) => {
-                        free_pushed(st, out, from, data.len());
-                        begin_receive(st, out, id, from, &head, data)
-                    }
-                    None => st.keep_unexpected(data.len()),
-                }
-            }
+            Msg::Push { head, data } => handle_push(st, out, from, head, data),
             Msg::More { msg, offset, data } => {
                 if !st.charge_push(source, data.len()) {
                     return;
@@ -1699,6 +1660,32 @@ fn land(r: &mut RecvOp, lane: Lane, offset: u64, data: &[u8]) -> bool {
     }
     *landed += n;
     true
+}
+
+/// A first push (an `Eager` message is one, whole) of message `head.msg` from `from`:
+/// the receive it matches begins, or it waits in the pushed buffer.
+#[inline(always)]
+fn handle_push(st: &mut State, out: &mut Outbox, from: Source, head: Announce, data: &[u8]) {
+    if !st.charge_push(from.rank, data.len()) {
+        return;
+    }
+    let matched = st
+        .matching
+        .arrive(from.rank, head.tag, head.msg, || Unexpected {
+            head,
+            data: data.to_vec(),
+        });
+    match matched {
+        Some(id) => {
+            free_pushed(st, out, from, data.len());
+            begin_receive(st, out, id, from, &head, data)
+        }
+        None => {
+            st.stats.unexpected += 1;
+            st.pushed_bytes += data.len() as u64;
+            st.stats.pushed_buffer_peak = st.stats.pushed_buffer_peak.max(st.pushed_bytes);
+        }
+    }
 }
 
 /// A message matched receive `id`: copies what was pushed, records the pull of the

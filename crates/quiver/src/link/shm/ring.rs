@@ -654,19 +654,9 @@ mod tests {
 
     #[test]
     fn small_messages_cycle_near_the_start_while_the_consumer_keeps_up() {
-        let cap = 1 << 20;
-        let (_r, mut p, mut c) = ring(cap, 1000);
-        let mut furthest = 0;
-        for round in 0..20_000u32 {
-            let msg = round.to_le_bytes().repeat(6);
-            assert!(p.try_push(&msg), "round {round}");
-            let r = c.try_pop().unwrap().expect("message");
-            furthest = furthest.max(r.idx);
-            assert_eq!(read(&c, r), msg);
-            c.release(r.token);
-            // A receiver polls again: finding the ring empty, it publishes its tail.
-            assert!(c.try_pop().unwrap().is_none());
-        }
+        let (_r, mut p, mut c) = ring(1 << 20, 1000);
+        // A receiver that polls again finds the ring empty and publishes its tail.
+        let furthest = stream_small(&mut p, &mut c, 20_000, true);
         // 20 000 records of 32 bytes would reach 640 KiB without early wraps.
         assert!(
             furthest < EARLY_WRAP_AT + 64,
@@ -707,15 +697,7 @@ mod tests {
         // Lagging: everything released but nothing published yet (no empty poll, less
         // than an eighth of the ring): the producer keeps going through the ring.
         let (_r2, mut p2, mut c2) = ring(cap, 1000);
-        let mut furthest = 0;
-        for round in 0..2_000u32 {
-            let msg = round.to_le_bytes().repeat(6);
-            assert!(p2.try_push(&msg), "round {round}");
-            let r = c2.try_pop().unwrap().expect("message");
-            furthest = furthest.max(r.idx);
-            assert_eq!(read(&c2, r), msg);
-            c2.release(r.token);
-        }
+        let furthest = stream_small(&mut p2, &mut c2, 2_000, false);
         assert!(
             furthest > 2 * EARLY_WRAP_AT,
             "records stopped at {furthest}"
@@ -749,6 +731,25 @@ mod tests {
         c.release(held.token);
         c.publish_if_caught_up();
         assert!(p.drained());
+    }
+
+    /// Pushes `rounds` records of 24 bytes, each read (checked) and released at once, and
+    /// after each a poll of the empty ring if `poll_empty`; the furthest offset a record
+    /// lay at.
+    fn stream_small(p: &mut Producer, c: &mut Consumer, rounds: u32, poll_empty: bool) -> usize {
+        let mut furthest = 0;
+        for round in 0..rounds {
+            let msg = round.to_le_bytes().repeat(6);
+            assert!(p.try_push(&msg), "round {round}");
+            let r = c.try_pop().unwrap().expect("message");
+            furthest = furthest.max(r.idx);
+            assert_eq!(read(c, r), msg);
+            c.release(r.token);
+            if poll_empty {
+                assert!(c.try_pop().unwrap().is_none());
+            }
+        }
+        furthest
     }
 
     /// Every record left, read and released in order.

@@ -915,3 +915,56 @@ fn receive_abandoned_by_a_failure(free: bool) {
         }
     });
 }
+
+/// `Scope::wait_all` hands back every request's own result, in the order of the
+/// requests, whatever order they complete in: sends complete when they start, a
+/// truncated receive, receives whose messages arrive in the reverse order of posting,
+/// one of them already complete when the wait starts.
+#[test]
+fn wait_all_returns_each_result_in_the_order_of_its_requests() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let t = Tagged::open(&job, 41).unwrap();
+        if job.rank() == 1 {
+            // Tag 7 first (its receive is posted last), then, once rank 0 has posted
+            // everything, 6 (8 bytes for a 2-byte buffer) and 5.
+            t.send(0, 7, b"seventh").unwrap();
+            let mut go = [0u8; 1];
+            t.recv(&mut go, 0, 99).unwrap();
+            t.send(0, 6, b"too long").unwrap();
+            t.send(0, 5, b"fifth").unwrap();
+            return;
+        }
+        t.probe(1, 7).unwrap();
+        let (mut five, mut six, mut seven) = ([0u8; 5], [0u8; 2], [0u8; 7]);
+        let results = t
+            .scope(|s| {
+                let reqs = vec![
+                    s.isend(1, 10, b"a")?,
+                    s.irecv(&mut five, 1, 5)?,
+                    s.isend(1, 11, b"bc")?,
+                    s.irecv(&mut six, 1, 6)?,
+                    s.irecv(&mut seven, 1, 7)?,
+                ];
+                t.send(1, 99, &[1])?;
+                Ok(s.wait_all(reqs))
+            })
+            .unwrap();
+        let status = |r: &quiver::Result<quiver::tagged::Status>| {
+            r.as_ref()
+                .map(|s| (s.peer, s.tag, s.len))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(status(&results[0]), Ok((1, 10, 1)));
+        assert_eq!(status(&results[1]), Ok((1, 5, 5)));
+        assert_eq!(status(&results[2]), Ok((1, 11, 2)));
+        assert!(
+            matches!(results[3], Err(Error::Truncated { .. })),
+            "{:?}",
+            results[3]
+        );
+        assert_eq!(status(&results[4]), Ok((1, 7, 7)));
+        assert_eq!(results.len(), 5);
+        assert_eq!((&five, &six, &seven), (b"fifth", b"to", b"seventh"));
+        // The sends to rank 1 were never received: its endpoint closes without them.
+    });
+}

@@ -26,7 +26,7 @@ use super::matching::{Arrived, Matching};
 use super::ops::Ops;
 use super::select::{self, Pipeline, Way};
 use super::wire::{self, Announce, Msg};
-use super::{PushMode, Src, Status, Tag, TaggedStats, SECOND_PUSH_MAX};
+use super::{PushMode, Src, Status, Tag, TaggedStats, Ticket, SECOND_PUSH_MAX};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::config::Config;
@@ -1148,26 +1148,40 @@ impl PushPull {
             // abandoned meanwhile): not before `collect_pulls` has its report.
             return Some(None);
         }
-        st.ops.take_if(id, |op| match op {
-            Op::Recv(RecvOp {
-                state: RecvState::Done(r),
-                ..
-            }) => Some(match r.take() {
-                Some(result) => result,
-                // Taken before (never: a result is taken once, with the operation).
-                None => Err(Box::new(Error::Cancelled)),
-            }),
-            Op::Recv(_) => None,
-            Op::Send(s) => match s.state {
-                SendState::Pending => None,
-                SendState::Done => Some(Ok(Status {
-                    peer: s.dest,
-                    tag: s.tag,
-                    len: s.len as u64,
-                })),
-                SendState::Failed => Some(Err(send_failed(s))),
-            },
-        })
+        st.ops.take_if(id, take_result)
+    }
+
+    /// Takes, in order and under one look at the table, the results of the operations at
+    /// the front of `ids` that are complete (`Ticket`s: a send complete at its start
+    /// gives its status), until the first still pending; returns how many it took. The
+    /// same results as [`PushPull::take_if_done`] of each, in turn.
+    pub(super) fn take_done_run(
+        &self,
+        tickets: impl Iterator<Item = Ticket>,
+        results: &mut Vec<Result<Status>>,
+    ) -> usize {
+        let mut st = self.st.borrow_mut();
+        let mut taken = 0;
+        for ticket in tickets {
+            let id = match ticket {
+                Ticket::Sent(status) => {
+                    results.push(Ok(status));
+                    taken += 1;
+                    continue;
+                }
+                Ticket::Op(id) => id,
+            };
+            if !st.pulls.is_empty() && st.pulls.contains_key(&id) {
+                break;
+            }
+            match st.ops.take_if(id, take_result) {
+                None => results.push(Err(waited_twice(id))),
+                Some(Some(r)) => results.push(r.map_err(|e| *e)),
+                Some(None) => break,
+            }
+            taken += 1;
+        }
+        taken
     }
 
     /// Whether operation `id` is complete (its result stays for `wait`).
@@ -1838,6 +1852,31 @@ fn send_failed(s: &SendOp) -> Box<Error> {
 
 /// The error of a wait for operation `id`, whose result was taken already.
 #[cold]
+/// The result of operation `op` if it is complete (taken out of it), else `None`.
+#[inline(always)]
+fn take_result(op: &mut Op) -> Option<Outcome> {
+    match op {
+        Op::Recv(RecvOp {
+            state: RecvState::Done(r),
+            ..
+        }) => Some(match r.take() {
+            Some(result) => result,
+            // Taken before (never: a result is taken once, with the operation).
+            None => Err(Box::new(Error::Cancelled)),
+        }),
+        Op::Recv(_) => None,
+        Op::Send(s) => match s.state {
+            SendState::Pending => None,
+            SendState::Done => Some(Ok(Status {
+                peer: s.dest,
+                tag: s.tag,
+                len: s.len as u64,
+            })),
+            SendState::Failed => Some(Err(send_failed(s))),
+        },
+    }
+}
+
 fn waited_twice(id: u64) -> Error {
     Error::Config(format!("operation {id} was already waited for"))
 }

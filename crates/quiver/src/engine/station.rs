@@ -829,7 +829,16 @@ impl<L: Link, C: Clock> Station<L, C> {
             self.send_outbox(protocol, out).map_err(&report)?;
         }
         let mut now = None;
-        let mut consumed = false;
+        // This node's rings first, by the short path: a batch of small messages (a
+        // window) spends most of its time here.
+        let (mut consumed, delivered) = self.drive_rings(protocol, out, &report, &mut now)?;
+        if delivered.is_some() {
+            return Ok(delivered);
+        }
+        if consumed && !protocol.wants_more() {
+            self.settle_rings();
+            return Ok(None);
+        }
         while !out.is_full() {
             let Some(r) = self.poll_into(|r| r, &report)? else {
                 break;
@@ -862,13 +871,108 @@ impl<L: Link, C: Clock> Station<L, C> {
             }
         }
         if consumed {
-            // A batch that stopped before the ring was found empty: the shared-memory
-            // senders learn how far it got (rings: `publish_if_caught_up`).
-            if let Some(shm) = self.inner.borrow_mut().rx.shm.as_mut() {
-                shm.settle();
-            }
+            self.settle_rings();
         }
         Ok(None)
+    }
+
+    /// A batch that stopped before the ring was found empty: the shared-memory senders
+    /// learn how far it got (rings: `publish_if_caught_up`).
+    fn settle_rings(&self) {
+        if let Some(shm) = self.inner.borrow_mut().rx.shm.as_mut() {
+            shm.settle();
+        }
+    }
+
+    /// [`Station::drive`]'s loop over this node's rings alone: the same steps as the
+    /// general loop (errors first, a message handed to `protocol` and released when
+    /// consumed, the outbox sent after it, until the protocol wants no more or the
+    /// outbox is full), without the general receive path's wrapping of each message.
+    /// Stops at the first empty poll, leaving the network to the general loop. Returns
+    /// whether it consumed a message, and the message the protocol left for delivery.
+    #[inline(always)]
+    fn drive_rings<P: Protocol + ?Sized>(
+        &self,
+        protocol: &mut P,
+        out: &mut Outbox,
+        report: &impl Fn(Error) -> Error,
+        now: &mut Option<Time>,
+    ) -> Result<(bool, Option<Received>)> {
+        let (mut count, mut bytes) = (0u64, 0u64);
+        let mut delivered = None;
+        while !out.is_full() {
+            let r = {
+                let mut guard = self.inner.borrow_mut();
+                let inner = &mut *guard;
+                if !inner.errors.is_empty() {
+                    // The general loop reports them.
+                    break;
+                }
+                let Some(shm) = inner.rx.shm.as_mut() else {
+                    break;
+                };
+                match shm.poll() {
+                    Some(r) => r,
+                    None => break,
+                }
+            };
+            count += 1;
+            bytes += r.len as u64;
+            let msg: &[u8] = if r.len == 0 {
+                &[]
+            } else {
+                // SAFETY: a ring's record stays in place until its token is released
+                // (`Consumer::release`), which happens after this borrow ends.
+                unsafe { std::slice::from_raw_parts(r.ptr, r.len) }
+            };
+            let at = *now.get_or_insert_with(|| {
+                if protocol.uses_time() {
+                    self.clock.now()
+                } else {
+                    Time::ZERO
+                }
+            });
+            match protocol.handle_message(at, r.source, msg, out) {
+                Disposition::Consumed => {
+                    if let Some(shm) = self.inner.borrow_mut().rx.shm.as_mut() {
+                        shm.release(r.chan, r.token);
+                    }
+                }
+                Disposition::Deliver => {
+                    delivered = Some(Received {
+                        ptr: r.ptr,
+                        len: r.len,
+                        source: r.source,
+                        token: Token::Shm {
+                            chan: r.chan,
+                            token: r.token,
+                        },
+                    });
+                    break;
+                }
+            }
+            if !out.is_empty() {
+                if let Err(e) = self.send_outbox(protocol, out) {
+                    self.count_received(count, bytes);
+                    return Err(report(e));
+                }
+            }
+            if !protocol.wants_more() {
+                break;
+            }
+        }
+        self.count_received(count, bytes);
+        Ok((count > 0, delivered))
+    }
+
+    /// Counts `count` messages of `bytes` in all received (by [`Station::drive_rings`]).
+    #[inline(always)]
+    fn count_received(&self, count: u64, bytes: u64) {
+        if count > 0 {
+            let stats = &mut self.inner.borrow_mut().stats;
+            stats.msgs_received += count;
+            stats.bytes_received += bytes;
+        }
     }
 
     /// Sends the outbox's items, in order per destination, until a route would make the

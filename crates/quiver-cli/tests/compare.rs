@@ -100,6 +100,7 @@ fn compare_runs_one_small_scenario() {
         "kernel TCP sockets",
         "Open MPI",
         "UCX (tag)",
+        "UCX (UCP tag, OSU windows)",
     ] {
         let measured = summary.iter().any(|r| r["system"] == name);
         let skip = skipped.iter().find(|s| s["system"] == name);

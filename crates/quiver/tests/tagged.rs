@@ -968,3 +968,39 @@ fn wait_all_returns_each_result_in_the_order_of_its_requests() {
         // The sends to rank 1 were never received: its endpoint closes without them.
     });
 }
+
+/// A request of an outer scope's endpoint waited for in an inner scope of another
+/// endpoint is its own endpoint's: `wait_all` looks each request up where it was made
+/// (the two tables number their operations alike, so a look in the wrong one would take
+/// another operation's result).
+#[test]
+fn wait_all_waits_for_each_request_on_its_own_endpoint() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let a = Tagged::open(&job, 42).unwrap();
+        let b = Tagged::open(&job, 43).unwrap();
+        if job.rank() == 1 {
+            let mut go = [0u8; 1];
+            a.recv(&mut go, 0, 99).unwrap();
+            a.send(0, 1, b"on a").unwrap();
+            b.send(0, 1, b"on b!").unwrap();
+            return;
+        }
+        let (mut on_a, mut on_b) = ([0u8; 4], [0u8; 5]);
+        a.scope(|outer| {
+            let ra = outer.irecv(&mut on_a, 1, 1)?;
+            b.scope(|inner| {
+                let rb = inner.irecv(&mut on_b, 1, 1)?;
+                a.send(1, 99, &[1])?;
+                let results = inner.wait_all(vec![rb, ra]);
+                let got: Vec<_> = results
+                    .into_iter()
+                    .map(|r| r.map(|s| (s.peer, s.tag, s.len)))
+                    .collect::<quiver::Result<_>>()?;
+                assert_eq!(got, vec![(1, 1, 5), (1, 1, 4)]);
+                Ok(())
+            })
+        })
+        .unwrap();
+        assert_eq!((&on_a, &on_b), (b"on a", b"on b!"));
+    });
+}

@@ -888,8 +888,10 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// general loop (errors first, a message handed to `protocol` and released when
     /// consumed, the outbox sent after it, until the protocol wants no more or the
     /// outbox is full), without the general receive path's wrapping of each message.
-    /// Stops at the first empty poll, leaving the network to the general loop. Returns
-    /// whether it consumed a message, and the message the protocol left for delivery.
+    /// Stops at the first empty poll (leaving the network to the general loop), at an
+    /// error queued for the general loop to report, at a message left for delivery,
+    /// when the protocol wants no more, or when the outbox is full. Returns whether it
+    /// consumed a message, and the message the protocol left for delivery.
     #[inline(always)]
     fn drive_rings<P: Protocol + ?Sized>(
         &self,
@@ -913,7 +915,11 @@ impl<L: Link, C: Clock> Station<L, C> {
                 };
                 match shm.poll() {
                     Some(r) => r,
-                    None => break,
+                    None => {
+                        // As the general poll does on an empty look at the rings.
+                        inner.stats.corrupt_rings = shm.corrupt;
+                        break;
+                    }
                 }
             };
             count += 1;

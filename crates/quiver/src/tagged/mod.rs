@@ -678,15 +678,18 @@ impl<'scope, 'env> Scope<'scope, 'env> {
         let mut results = Vec::with_capacity(reqs.len());
         let mut next = 0;
         while next < reqs.len() {
-            // Those complete already, under one look at the table (a window's messages
-            // complete many at a time); then a wait, which makes progress, for the
-            // first that is not.
-            next += self
-                .t
-                .pp
-                .take_done_run(reqs[next..].iter().map(|r| r.ticket), &mut results);
+            // Those complete already, under one look at their endpoint's table (a
+            // window's messages complete many at a time; a request of an outer scope may
+            // be another endpoint's); then a wait, which makes progress, for the first
+            // that is not.
+            let t = reqs[next].t;
+            let run = reqs[next..]
+                .iter()
+                .take_while(|r| std::ptr::eq(r.t, t))
+                .map(|r| r.ticket);
+            next += t.pp.take_done_run(run, &mut results);
             if let Some(r) = reqs.get(next) {
-                results.push(self.t.wait_ticket(r.ticket));
+                results.push(r.t.wait_ticket(r.ticket));
                 next += 1;
             }
         }

@@ -1850,8 +1850,6 @@ fn send_failed(s: &SendOp) -> Box<Error> {
     })
 }
 
-/// The error of a wait for operation `id`, whose result was taken already.
-#[cold]
 /// The result of operation `op` if it is complete (taken out of it), else `None`.
 #[inline(always)]
 fn take_result(op: &mut Op) -> Option<Outcome> {
@@ -1877,6 +1875,8 @@ fn take_result(op: &mut Op) -> Option<Outcome> {
     }
 }
 
+/// The error of a wait for operation `id`, whose result was taken already.
+#[cold]
 fn waited_twice(id: u64) -> Error {
     Error::Config(format!("operation {id} was already waited for"))
 }

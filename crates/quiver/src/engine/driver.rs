@@ -596,6 +596,23 @@ impl<L: Link, C: Clock> Driver<L, C> {
         Ok(true)
     }
 
+    /// Queues a whole message to peer `i` without sending anything yet (the offload
+    /// engine gathers a round's commands, then sends each peer's frames together:
+    /// [`transmit_queued`](Self::transmit_queued)). `Ok(false)`: the channel has
+    /// failed, and the message is dropped.
+    pub(crate) fn queue(&mut self, i: usize, data: &[u8]) -> Result<bool> {
+        let now = self.now();
+        self.core.send(i, now, data)
+    }
+
+    /// Sends what the window lets out of the frames queued for peer `i`.
+    pub(crate) fn transmit_queued(&mut self, i: usize, stats: &mut EndpointStats) -> Result<()> {
+        let now = self.now();
+        self.transmit(i, now, stats)?;
+        self.update_deadline();
+        Ok(())
+    }
+
     /// Whether peer `i`'s window is closed (no credit left).
     #[inline]
     pub(crate) fn is_blocked(&self, i: usize) -> bool {

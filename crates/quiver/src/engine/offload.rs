@@ -573,7 +573,33 @@ impl Engine {
         Ok(work)
     }
 
+    /// Takes the application's commands: the messages of a round are queued and each
+    /// peer's frames sent together at the end (a burst of small messages leaves in one
+    /// batch of the link, not a system call each), or as soon as a window's worth waits
+    /// for one peer; no command is taken while a peer's window is closed.
     fn take_commands(&mut self) -> Result<bool> {
+        let mut queued_for = Vec::new();
+        let r = self.take_commands_queueing(&mut queued_for);
+        let sent = self.transmit_queued(&queued_for);
+        let work = r?;
+        sent?;
+        Ok(work)
+    }
+
+    /// Sends what was queued for `peers` and notes a peer whose window is then closed.
+    fn transmit_queued(&mut self, peers: &[usize]) -> Result<()> {
+        for &i in peers {
+            self.net.transmit_queued(i, &mut self.stats)?;
+            if self.net.is_blocked(i) {
+                self.blocked_on = Some(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Engine::take_commands`]'s loop; the peers it queued messages for, and has not
+    /// sent them to yet, in `queued_for`.
+    fn take_commands_queueing(&mut self, queued_for: &mut Vec<usize>) -> Result<bool> {
         let mut work = false;
         loop {
             if let Some(i) = self.blocked_on {
@@ -597,8 +623,17 @@ impl Engine {
             let bytes = unsafe { std::slice::from_raw_parts(ptr, rec.len) };
             let (kind, peer) = parse_header(bytes);
             let body = &bytes[REC_HDR..];
+            if kind != CMD_SEND {
+                // What follows (a flush, a close) comes after the messages before it.
+                let sent = self.transmit_queued(queued_for);
+                queued_for.clear();
+                if let Err(e) = sent {
+                    self.commands.release(rec.token);
+                    return Err(e);
+                }
+            }
             let r = match kind {
-                CMD_SEND => self.send(peer, body),
+                CMD_SEND => self.queue_send(peer, body, queued_for),
                 CMD_CONNECT => self.net.peer(peer, false).map(|_| ()),
                 CMD_FLUSH => {
                     let seq = u64::from_le_bytes(body.try_into().unwrap_or_default());
@@ -617,16 +652,24 @@ impl Engine {
         }
     }
 
-    fn send(&mut self, peer: Source, data: &[u8]) -> Result<()> {
+    /// Queues a message of the application's for `peer` (sent by
+    /// [`Engine::transmit_queued`]), at once with those queued before it when a window's
+    /// worth waits.
+    fn queue_send(&mut self, peer: Source, data: &[u8], queued_for: &mut Vec<usize>) -> Result<()> {
         let i = self.net.peer(peer, false)?;
-        if !self.net.send(i, data, &mut self.stats)? {
+        if !self.net.queue(i, data)? {
             if self.reported.insert(peer) {
                 self.errors.push_back(self.net.failure_of(i));
             }
             return Ok(());
         }
-        if self.net.is_blocked(i) {
-            self.blocked_on = Some(i);
+        if !queued_for.contains(&i) {
+            queued_for.push(i);
+        }
+        let (waiting, window) = self.net.waiting_frames(i);
+        if waiting >= window {
+            queued_for.retain(|&q| q != i);
+            self.transmit_queued(&[i])?;
         }
         Ok(())
     }

@@ -33,10 +33,8 @@ fn sizes() -> Vec<usize> {
 /// port 4 and checks it; rank 1 checks what it kept.
 fn every_size_and_answers(c: Config) {
     // Messages longer than a frame reach a rank of another node in pieces, written into
-    // the buffer as their frames arrive (not through the offload engine, which takes
-    // whole messages).
-    let in_pieces =
-        c.transport != TransportChoice::Auto && c.reliability != ReliabilityMode::Offload;
+    // the buffer as their frames arrive (through the offload engine too).
+    let in_pieces = c.transport != TransportChoice::Auto;
     run_ranks(2, c, move |job| {
         let ports = Ports::open(&job, DPID).unwrap();
         let sizes = sizes();

@@ -578,24 +578,6 @@ impl<L: Link, C: Clock> Driver<L, C> {
         Ok(())
     }
 
-    /// Queues a whole message to peer `i` and sends what the window lets out: the
-    /// offload engine's send, which never waits. `Ok(false)`: the channel has failed
-    /// (reported by [`failure_of`](Self::failure_of)), and the message is dropped.
-    pub(crate) fn send(
-        &mut self,
-        i: usize,
-        data: &[u8],
-        stats: &mut EndpointStats,
-    ) -> Result<bool> {
-        let now = self.now();
-        if !self.core.send(i, now, data)? {
-            return Ok(false);
-        }
-        self.transmit(i, now, stats)?;
-        self.update_deadline();
-        Ok(true)
-    }
-
     /// Queues a whole message to peer `i` without sending anything yet (the offload
     /// engine gathers a round's commands, then sends each peer's frames together:
     /// [`transmit_queued`](Self::transmit_queued)). `Ok(false)`: the channel has

@@ -38,7 +38,7 @@ use crate::error::{Error, Result};
 use crate::job::JobShared;
 use crate::link::shm::ring::{Consumer, HeapEnd, HeapRing, Producer};
 use crate::link::shm::wake::WakeLine;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -117,6 +117,8 @@ struct News {
     flush_error: Option<Error>,
     /// The engine thread has ended (after `Close`, or on a fatal error).
     stopped: bool,
+    /// The longest message that reaches each connected peer in one frame.
+    frames: HashMap<Source, usize>,
 }
 
 /// State shared by the application and the engine thread.
@@ -258,13 +260,24 @@ impl Offload {
     }
 
     fn push(&mut self, kind: u8, peer: Source, body: &[u8], mode: WaitMode) -> Result<bool> {
+        self.push_parts(kind, peer, (&[], body), mode)
+    }
+
+    /// [`Offload::push`] of a command whose body is `head` then `body` (copied once).
+    fn push_parts(
+        &mut self,
+        kind: u8,
+        peer: Source,
+        (part, body): (&[u8], &[u8]),
+        mode: WaitMode,
+    ) -> Result<bool> {
         let head = rec_header(kind, peer);
         let mut stalled = false;
-        if !self.commands.try_push2(&head, body) {
+        if !self.commands.try_push3(&head, part, body) {
             stalled = true;
             let (commands, shared) = (&mut self.commands, &self.shared);
             backoff_until(mode, None, || {
-                if commands.try_push2(&head, body) {
+                if commands.try_push3(&head, part, body) {
                     return Ok(Some(()));
                 }
                 // A failed channel may be why the engine stopped taking commands.
@@ -283,31 +296,62 @@ impl Offload {
         Ok(stalled)
     }
 
-    /// Hands a message for `peer` to the engine; returns once it is copied (true if the
-    /// command ring was full and the call waited).
-    pub(crate) fn send(&mut self, peer: Source, data: &[u8], mode: WaitMode) -> Result<bool> {
-        if data.len() > self.max_message {
-            return Err(Error::MessageTooLarge {
-                len: data.len(),
-                max: self.max_message,
-            });
-        }
-        self.push(CMD_SEND, peer, data, mode)
+    /// Hands a message for `peer`, `head` then `data`, to the engine; returns once it is
+    /// copied (true if the command ring was full and the call waited).
+    pub(crate) fn send(
+        &mut self,
+        peer: Source,
+        (head, data): (&[u8], &[u8]),
+        mode: WaitMode,
+    ) -> Result<bool> {
+        self.check_len(head.len() + data.len())?;
+        self.push_parts(CMD_SEND, peer, (head, data), mode)
     }
 
     /// Like [`Offload::send`] without waiting: false if the command ring is full.
-    pub(crate) fn try_send(&mut self, peer: Source, data: &[u8]) -> Result<bool> {
-        if data.len() > self.max_message {
-            return Err(Error::MessageTooLarge {
-                len: data.len(),
-                max: self.max_message,
-            });
-        }
-        if !self.commands.try_push2(&rec_header(CMD_SEND, peer), data) {
+    pub(crate) fn try_send(&mut self, peer: Source, (head, data): (&[u8], &[u8])) -> Result<bool> {
+        self.check_len(head.len() + data.len())?;
+        if !self
+            .commands
+            .try_push3(&rec_header(CMD_SEND, peer), head, data)
+        {
             return Ok(false);
         }
         self.shared.wake_engine();
         Ok(true)
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.max_message {
+            return Err(Error::MessageTooLarge {
+                len,
+                max: self.max_message,
+            });
+        }
+        Ok(())
+    }
+
+    /// The longest message that reaches `peer` in one frame of its channel, once the
+    /// engine has set that channel up ([`Offload::connect`]): waits for it up to
+    /// `timeout`; `None` if it did not come (the channel failed, the engine stopped).
+    pub(crate) fn frame_payload(
+        &self,
+        peer: Source,
+        mode: WaitMode,
+        timeout: Duration,
+    ) -> Option<usize> {
+        let shared = &self.shared;
+        backoff_until(mode, Some(timeout), || {
+            let news = shared.news();
+            if let Some(&n) = news.frames.get(&peer) {
+                return Ok(Some(n));
+            }
+            if news.stopped || shared.has_errors.load(Ordering::Acquire) {
+                return Err(stopped());
+            }
+            Ok(None)
+        })
+        .ok()
     }
 
     /// Asks the engine to set up the channel to `peer` (registered in the rendezvous).
@@ -634,7 +678,11 @@ impl Engine {
             }
             let r = match kind {
                 CMD_SEND => self.queue_send(peer, body, queued_for),
-                CMD_CONNECT => self.net.peer(peer, false).map(|_| ()),
+                CMD_CONNECT => self.net.peer(peer, false).map(|i| {
+                    // What the application's protocols cut their messages to.
+                    let n = self.net.lone_max(i);
+                    self.shared.news().frames.insert(peer, n);
+                }),
                 CMD_FLUSH => {
                     let seq = u64::from_le_bytes(body.try_into().unwrap_or_default());
                     self.flush_pending = Some(seq);
@@ -663,15 +711,7 @@ impl Engine {
             }
             return Ok(());
         }
-        if !queued_for.contains(&i) {
-            queued_for.push(i);
-        }
-        let (waiting, window) = self.net.waiting_frames(i);
-        if waiting >= window {
-            queued_for.retain(|&q| q != i);
-            self.transmit_queued(&[i])?;
-        }
-        Ok(())
+        self.queued(i, queued_for)
     }
 
     /// Moves received messages into the delivery ring while it has room. A message read
@@ -754,6 +794,7 @@ impl Engine {
         };
         let before = s.out.sent();
         let mut errors = Vec::new();
+        let mut queued_for = Vec::new();
         let joined = &mut s.joined;
         s.out.flush(
             &mut *s.protocol,
@@ -770,10 +811,15 @@ impl Engine {
                 };
                 // `None`: the window is closed, this destination waits for credits (the
                 // acknowledgement that brings them wakes the engine).
-                self.send_for_service(to, bytes).map(|sent| sent.is_some())
+                self.send_for_service(to, bytes, &mut queued_for)
+                    .map(|sent| sent.is_some())
             },
             |e| errors.push(e),
         );
+        // What was queued leaves together, as the application's commands do.
+        if let Err(e) = self.transmit_queued(&queued_for) {
+            errors.push(e);
+        }
         // Work done: something left, or something was dropped (what a dropped range's
         // end queued then goes in the next round).
         let sent = s.out.sent() != before || !errors.is_empty();
@@ -782,18 +828,39 @@ impl Engine {
         sent
     }
 
-    /// Sends a served protocol's message to `peer` into its channel if the window is
+    /// Queues a served protocol's message to `peer` in its channel if the window is
     /// open (`Some`), else nothing (`None`); the error of a failed channel (reported once
-    /// through the news as well) or of a peer that cannot be reached.
-    fn send_for_service(&mut self, peer: Source, data: &[u8]) -> Result<Option<()>> {
+    /// through the news as well) or of a peer that cannot be reached. Sent as
+    /// [`Engine::queue_send`] sends (`queued_for`: the peers to send to at the end).
+    fn send_for_service(
+        &mut self,
+        peer: Source,
+        data: &[u8],
+        queued_for: &mut Vec<usize>,
+    ) -> Result<Option<()>> {
         let i = self.net.peer(peer, false)?;
         if self.net.is_blocked(i) && !self.net.peer_at(i).closed {
             return Ok(None);
         }
-        if !self.net.send(i, data, &mut self.stats)? {
+        if !self.net.queue(i, data)? {
             return Err(self.net.failure_of(i));
         }
+        self.queued(i, queued_for)?;
         Ok(Some(()))
+    }
+
+    /// Peer `i` has a message queued: it is sent with the others at the end of the
+    /// round (`queued_for`), or now when a window's worth waits for it.
+    fn queued(&mut self, i: usize, queued_for: &mut Vec<usize>) -> Result<()> {
+        if !queued_for.contains(&i) {
+            queued_for.push(i);
+        }
+        let (waiting, window) = self.net.waiting_frames(i);
+        if waiting >= window {
+            queued_for.retain(|&q| q != i);
+            self.transmit_queued(&[i])?;
+        }
+        Ok(())
     }
 
     /// Failed channels are reported once each.

@@ -481,12 +481,18 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// The longest message that reaches `route`'s peer in one frame of its network
     /// channel (a protocol that cuts its data into such pieces has each piece handed
     /// to the peer's protocol where its frame lies, with no reassembly copy); `None`
-    /// for a route that is not a network channel of this station's (shared memory, the
-    /// offload engine's).
+    /// for a route that is not a network channel (shared memory, a group), or one of
+    /// the offload engine's that the engine has not set up within the connect timeout
+    /// (or while it reports an error).
     pub(crate) fn frame_payload(&self, route: usize) -> Option<usize> {
         let inner = self.inner.borrow();
         match inner.routes.get(route) {
             Some((_, Route::Net { peer })) => inner.rx.net.as_ref().map(|n| n.lone_max(*peer)),
+            Some((dest, Route::Offload)) if !dest.is_group() => {
+                inner.rx.offload.as_ref().and_then(|off| {
+                    off.frame_payload(*dest, self.waiter.mode, self.job.config.connect_timeout)
+                })
+            }
             _ => None,
         }
     }
@@ -495,7 +501,9 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// route: [`Station::frame_payload`]) on route `route`, in order; on a network route
     /// they are handed to the link together and never wait (what the window does not
     /// take goes as credits return: check [`Station::send_backlogged`] between batches),
-    /// on any other one by one as [`Station::send`] without waiting does.
+    /// on any other one by one as [`Station::send`] does, waiting for room (the offload
+    /// engine's command ring, which its thread empties whatever this one does; a caller
+    /// batches only on routes with a frame payload).
     pub(crate) fn send_batch(&self, route: usize, messages: &[(&[u8], &[u8])]) -> Result<()> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
@@ -507,7 +515,7 @@ impl<L: Link, C: Clock> Station<L, C> {
             _ => {
                 drop(guard);
                 for &(head, body) in messages {
-                    self.send(route, head, body, false)?;
+                    self.send(route, head, body, true)?;
                 }
                 return Ok(());
             }
@@ -588,14 +596,12 @@ impl<L: Link, C: Clock> Station<L, C> {
         let (dest, how) = &mut inner.routes[route];
         match how {
             Route::Offload => {
-                let mut joined = Vec::new();
-                let data = contiguous(head, data, &mut joined);
                 let off = inner.rx.offload.as_mut().expect("an offload connection");
                 if !wait {
-                    if !off.try_send(*dest, data)? {
+                    if !off.try_send(*dest, (head, data))? {
                         return Ok(false);
                     }
-                } else if off.send(*dest, data, self.waiter.mode)? {
+                } else if off.send(*dest, (head, data), self.waiter.mode)? {
                     inner.stats.send_stalls += 1;
                 }
             }
@@ -1330,17 +1336,6 @@ impl<L: Link, C: Clock> Inner<L, C> {
             || self.rx.shm.as_ref().is_some_and(|s| s.has_data())
             || self.rx.offload.as_ref().is_some_and(|o| o.has_news())
     }
-}
-
-/// `head` then `data` as one slice: `data` itself when there is no head, else both
-/// copied into `buf` (the offload engine takes one contiguous message).
-fn contiguous<'a>(head: &[u8], data: &'a [u8], buf: &'a mut Vec<u8>) -> &'a [u8] {
-    if head.is_empty() {
-        return data;
-    }
-    buf.extend_from_slice(head);
-    buf.extend_from_slice(data);
-    buf
 }
 
 /// Waiting for what the personality's `poll` returns, between the station and the wait

@@ -262,6 +262,17 @@ impl Producer {
         })
     }
 
+    /// [`Producer::try_push2`] of a record made of three parts (a command's header, a
+    /// message's header and its body: the offload engine's commands).
+    #[cfg(not(loom))]
+    pub(crate) fn try_push3(&mut self, a: &[u8], b: &[u8], c: &[u8]) -> bool {
+        self.push_with(a.len() + b.len() + c.len(), |mem, at| {
+            mem.write_payload(at, a);
+            mem.write_payload(at + a.len(), b);
+            mem.write_payload(at + a.len() + b.len(), c);
+        })
+    }
+
     /// Reserves a record of `len` payload bytes, lets `write(mem, offset)` fill it, and
     /// publishes it.
     #[inline(always)]

@@ -13,9 +13,11 @@
 //!
 //! Errors, counters and the flush state go through a mutex the application looks at
 //! only when an atomic flag says there is news. Flow control carries across the rings:
-//! a closed window stops the engine taking commands, so a full command ring makes
-//! `write` wait; a full delivery ring stops the engine delivering, so receive buffers
-//! stay taken and the sender runs out of credits. Nothing is dropped.
+//! a peer's closed window stops the engine taking commands (once its frames of the
+//! round are sent: at most a window's worth waits for a peer before they are), so a
+//! full command ring makes `write` wait; a full delivery ring stops the engine
+//! delivering, so receive buffers stay taken and the sender runs out of credits.
+//! Nothing is dropped.
 //!
 //! `QUIVER_OFFLOAD_CPU` pins the engine thread to one CPU.
 //!
@@ -321,6 +323,13 @@ impl Offload {
         Ok(true)
     }
 
+    /// Whether the command ring has about room for a batch of commands as long as a
+    /// message (half of it free): a caller that must not wait starts a batch only then
+    /// (a batch that still finds it full waits for the rest).
+    pub(crate) fn has_room_for_a_message(&self) -> bool {
+        self.commands.half_free()
+    }
+
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.max_message {
             return Err(Error::MessageTooLarge {
@@ -333,7 +342,9 @@ impl Offload {
 
     /// The longest message that reaches `peer` in one frame of its channel, once the
     /// engine has set that channel up ([`Offload::connect`]): waits for it up to
-    /// `timeout`; `None` if it did not come (the channel failed, the engine stopped).
+    /// `timeout`; `None` if it did not come in that time, or the engine stopped or
+    /// reported an error meanwhile (any: the caller then sends whole messages, which
+    /// the engine cuts to frames itself).
     pub(crate) fn frame_payload(
         &self,
         peer: Source,
@@ -620,7 +631,8 @@ impl Engine {
     /// Takes the application's commands: the messages of a round are queued and each
     /// peer's frames sent together at the end (a burst of small messages leaves in one
     /// batch of the link, not a system call each), or as soon as a window's worth waits
-    /// for one peer; no command is taken while a peer's window is closed.
+    /// for one peer; once the frames sent leave a peer's window closed (the
+    /// application's or a served protocol's), no command is taken until it opens.
     fn take_commands(&mut self) -> Result<bool> {
         let mut queued_for = Vec::new();
         let r = self.take_commands_queueing(&mut queued_for);
@@ -630,15 +642,21 @@ impl Engine {
         Ok(work)
     }
 
-    /// Sends what was queued for `peers` and notes a peer whose window is then closed.
+    /// Sends what was queued for `peers` (to every one of them, whatever fails: the
+    /// first error is returned) and notes a peer whose window is then closed.
     fn transmit_queued(&mut self, peers: &[usize]) -> Result<()> {
+        let mut first = Ok(());
         for &i in peers {
-            self.net.transmit_queued(i, &mut self.stats)?;
+            if let Err(e) = self.net.transmit_queued(i, &mut self.stats) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
             if self.net.is_blocked(i) {
                 self.blocked_on = Some(i);
             }
         }
-        Ok(())
+        first
     }
 
     /// [`Engine::take_commands`]'s loop; the peers it queued messages for, and has not
@@ -668,13 +686,12 @@ impl Engine {
             let (kind, peer) = parse_header(bytes);
             let body = &bytes[REC_HDR..];
             if kind != CMD_SEND {
-                // What follows (a flush, a close) comes after the messages before it.
-                let sent = self.transmit_queued(queued_for);
-                queued_for.clear();
-                if let Err(e) = sent {
-                    self.commands.release(rec.token);
-                    return Err(e);
+                // What follows (a flush, a close) comes after the messages before it; it
+                // runs whatever their sending met (reported as the engine's other errors).
+                if let Err(e) = self.transmit_queued(queued_for) {
+                    self.errors.push_back(e);
                 }
+                queued_for.clear();
             }
             let r = match kind {
                 CMD_SEND => self.queue_send(peer, body, queued_for),

@@ -502,8 +502,11 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// they are handed to the link together and never wait (what the window does not
     /// take goes as credits return: check [`Station::send_backlogged`] between batches),
     /// on any other one by one as [`Station::send`] does, waiting for room (the offload
-    /// engine's command ring, which its thread empties whatever this one does; a caller
-    /// batches only on routes with a frame payload).
+    /// engine's command ring: a caller that must not wait checks
+    /// [`Station::send_backlogged`] first; the engine empties it unless a peer's window
+    /// stays closed, which the peer's engine reopens without its application when the
+    /// messages are a served protocol's, as ports' and RMA's are; a caller batches only
+    /// on routes with a frame payload).
     pub(crate) fn send_batch(&self, route: usize, messages: &[(&[u8], &[u8])]) -> Result<()> {
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
@@ -532,7 +535,9 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// window's worth of frames queued on network route `route` already, waiting for
     /// credits: it should make progress before it queues more (so that its queue, and
     /// the bursts it sends when credits come back, stay one window long, as a waiting
-    /// writer's do). False for every other route.
+    /// writer's do); on an offload route, whether the engine's command ring lacks room
+    /// for a batch of pieces of one message ([`Station::send_batch`] would wait for it).
+    /// False for every other route.
     pub(crate) fn send_backlogged(&self, route: usize) -> bool {
         let inner = self.inner.borrow();
         match inner.routes.get(route) {
@@ -540,6 +545,11 @@ impl<L: Link, C: Clock> Station<L, C> {
                 let (waiting, window) = n.waiting_frames(*peer);
                 waiting >= window
             }),
+            Some((_, Route::Offload)) => inner
+                .rx
+                .offload
+                .as_ref()
+                .is_some_and(|off| !off.has_room_for_a_message()),
             _ => false,
         }
     }

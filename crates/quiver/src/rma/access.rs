@@ -90,8 +90,9 @@ const SHARED_LOOKS: u32 = 4096;
 const PROGRESS_ROUNDS: usize = 64;
 /// Windows a process may allocate in its life (numbers above are the barrier areas').
 const MAX_WINDOWS: u32 = 1 << 28;
-/// The piece of a put or get when the route's frame size is unknown (an offload route
-/// the engine has not set up in time): the engine reassembles larger ones.
+/// The piece of a put or get when the route has no frame size (a same-node rank's
+/// registered window, an offload route the engine has not set up in time): the engine
+/// reassembles larger ones.
 const DEFAULT_PIECE: usize = 8 << 10;
 
 /// One side of a strided transfer: `count` elements of `elem` bytes, element `i` at byte

@@ -237,6 +237,15 @@ impl Producer {
         max_payload(self.mem.capacity)
     }
 
+    /// Whether at least half of the ring is free (as far as the consumer published its
+    /// tail): about room for a batch of records as long as the longest record (the
+    /// offload engine's command ring, whose capacity is twice that).
+    #[cfg(not(loom))]
+    pub(crate) fn half_free(&self) -> bool {
+        let used = self.head - self.tail.get().load(Ordering::Acquire);
+        used <= self.mem.capacity as u64 / 2
+    }
+
     /// Whether the consumer has released every record pushed (as far as it published
     /// its tail; Acquire: what it read of them happened before).
     #[cfg_attr(loom, allow(dead_code))]
@@ -265,6 +274,7 @@ impl Producer {
     /// [`Producer::try_push2`] of a record made of three parts (a command's header, a
     /// message's header and its body: the offload engine's commands).
     #[cfg(not(loom))]
+    #[inline]
     pub(crate) fn try_push3(&mut self, a: &[u8], b: &[u8], c: &[u8]) -> bool {
         self.push_with(a.len() + b.len() + c.len(), |mem, at| {
             mem.write_payload(at, a);

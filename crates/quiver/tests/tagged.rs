@@ -991,6 +991,8 @@ fn wait_all_waits_for_each_request_on_its_own_endpoint() {
             b.scope(|inner| {
                 let rb = inner.irecv(&mut on_b, 1, 1)?;
                 a.send(1, 99, &[1])?;
+                // Both complete before the wait: it takes them in one run per endpoint.
+                while !(rb.test()? && ra.test()?) {}
                 let results = inner.wait_all(vec![rb, ra]);
                 let got: Vec<_> = results
                     .into_iter()

@@ -682,12 +682,7 @@ impl<'scope, 'env> Scope<'scope, 'env> {
             // window's messages complete many at a time; a request of an outer scope may
             // be another endpoint's); then a wait, which makes progress, for the first
             // that is not.
-            let t = reqs[next].t;
-            let run = reqs[next..]
-                .iter()
-                .take_while(|r| std::ptr::eq(r.t, t))
-                .map(|r| r.ticket);
-            next += t.pp.take_done_run(run, &mut results);
+            next += reqs[next].t.pp.take_done_run(&reqs[next..], &mut results);
             if let Some(r) = reqs.get(next) {
                 results.push(r.t.wait_ticket(r.ticket));
                 next += 1;

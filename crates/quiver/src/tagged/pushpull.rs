@@ -26,7 +26,7 @@ use super::matching::{Arrived, Matching};
 use super::ops::Ops;
 use super::select::{self, Pipeline, Way};
 use super::wire::{self, Announce, Msg};
-use super::{PushMode, Src, Status, Tag, TaggedStats, Ticket, SECOND_PUSH_MAX};
+use super::{PushMode, Request, Src, Status, Tag, TaggedStats, Ticket, SECOND_PUSH_MAX};
 use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::config::Config;
@@ -1151,19 +1151,24 @@ impl PushPull {
         st.ops.take_if(id, take_result)
     }
 
-    /// Takes, in order and under one look at the table, the results of the operations at
-    /// the front of `ids` that are complete (`Ticket`s: a send complete at its start
-    /// gives its status), until the first still pending; returns how many it took. The
-    /// same results as [`PushPull::take_if_done`] of each, in turn.
+    /// Takes, in order and under one look at the table, the results of the requests at
+    /// the front of `reqs` that are this endpoint's and complete (a send complete at its
+    /// start gives its status), until the first still pending or another endpoint's;
+    /// returns how many it took. The same results as [`PushPull::take_if_done`] of each,
+    /// in turn.
     pub(super) fn take_done_run(
         &self,
-        tickets: impl Iterator<Item = Ticket>,
+        reqs: &[Request<'_>],
         results: &mut Vec<Result<Status>>,
     ) -> usize {
         let mut st = self.st.borrow_mut();
         let mut taken = 0;
-        for ticket in tickets {
-            let id = match ticket {
+        for r in reqs {
+            // A request of an outer scope may be another endpoint's, whose ids are its own.
+            if !std::ptr::eq(&r.t.pp, self) {
+                break;
+            }
+            let id = match r.ticket {
                 Ticket::Sent(status) => {
                     results.push(Ok(status));
                     taken += 1;

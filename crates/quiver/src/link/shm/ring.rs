@@ -827,6 +827,43 @@ mod tests {
         assert!(c.try_pop().is_err());
     }
 
+    /// A record of three parts (the offload engine's commands) reads back as their
+    /// concatenation, whatever the parts' lengths and alignment; and the producer says
+    /// it has half the ring free only while at most half is taken.
+    #[test]
+    fn three_part_records_and_half_free() {
+        let (_r, mut p, mut c) = ring(1024, 512);
+        assert!(p.half_free(), "an empty ring");
+        for (a, b, d) in [(3usize, 0usize, 5usize), (16, 9, 0), (1, 1, 1), (0, 0, 0)] {
+            let (x, y, z) = (vec![0xa1u8; a], vec![0xb2u8; b], vec![0xc3u8; d]);
+            assert!(p.try_push3(&x, &y, &z));
+            let r = c.try_pop().unwrap().expect("the record");
+            // SAFETY: the record is unreleased, so its bytes stay in place.
+            let got = unsafe { std::slice::from_raw_parts(c.mem().payload_ptr(r.idx), r.len) };
+            assert_eq!(got, [x, y, z].concat(), "parts of {a}, {b} and {d} bytes");
+            c.release(r.token);
+        }
+        c.publish();
+        assert!(p.half_free());
+        // Records of 100 bytes (112 with the header and padding) until more than half
+        // of the 1024 bytes is taken.
+        let mut pushed = 0;
+        while p.half_free() {
+            assert!(p.try_push(&[7; 100]));
+            pushed += 1;
+        }
+        assert_eq!(pushed, 5, "4 records (448 bytes) leave half free, 5 do not");
+        let mut tokens = Vec::new();
+        while let Some(r) = c.try_pop().unwrap() {
+            tokens.push(r.token);
+        }
+        for t in tokens {
+            c.release(t);
+        }
+        c.publish();
+        assert!(p.half_free(), "released and published: free again");
+    }
+
     /// A heap ring between two threads: records of two parts arrive whole, in order,
     /// across many wraps, with the consumer releasing out of order now and then.
     #[test]

@@ -1,0 +1,99 @@
+//! MPI's errors as the core reports them: an error class (MPI's list, which every ABI
+//! numbers its own way) and a sentence saying what went wrong.
+
+use std::fmt;
+
+/// MPI's error classes that the core reports. A front-end maps each to its ABI's number
+/// (`MPI_ERR_COMM`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// An invalid buffer pointer.
+    Buffer,
+    /// An invalid count.
+    Count,
+    /// An invalid or uncommitted datatype.
+    Type,
+    /// An invalid tag.
+    Tag,
+    /// An invalid or freed communicator.
+    Comm,
+    /// An invalid rank.
+    Rank,
+    /// An invalid request.
+    Request,
+    /// An invalid root.
+    Root,
+    /// An invalid group.
+    Group,
+    /// An invalid reduction operation, or one not defined on the datatype.
+    Op,
+    /// An invalid argument of another kind.
+    Arg,
+    /// A message longer than its receive buffer.
+    Truncate,
+    /// A peer failed, or the network failed in a way the library could not repair.
+    Other,
+    /// A bug or an impossible state in the library.
+    Intern,
+    /// The library is not initialised, or already finalised.
+    NotInitialized,
+    /// An MPI call this library does not implement.
+    Unsupported,
+    /// An invalid window (one-sided).
+    Win,
+}
+
+/// An MPI error: its class and what happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpiError {
+    /// The error class.
+    pub class: Class,
+    /// What happened, for `MPI_Error_string`.
+    pub message: String,
+    /// The status of the receive that failed, where there is one (a truncated
+    /// message's source, tag and the bytes received).
+    pub status: Option<crate::Status>,
+}
+
+impl MpiError {
+    /// An error of `class` saying `message`.
+    pub fn new(class: Class, message: impl Into<String>) -> MpiError {
+        MpiError {
+            class,
+            message: message.into(),
+            status: None,
+        }
+    }
+}
+
+impl fmt::Display for MpiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for MpiError {}
+
+/// quiver's errors in MPI's classes: a truncated message is `MPI_ERR_TRUNCATE`, the rest
+/// (a failed peer, a network that gave up) `MPI_ERR_OTHER`, with quiver's sentence.
+impl From<quiver::Error> for MpiError {
+    fn from(e: quiver::Error) -> MpiError {
+        let class = match e {
+            quiver::Error::Truncated { .. } => Class::Truncate,
+            _ => Class::Other,
+        };
+        MpiError::new(class, format!("quiver: {e}"))
+    }
+}
+
+/// The core's results.
+pub type Result<T, E = MpiError> = std::result::Result<T, E>;
+
+/// Fails with `class` and `message` unless `ok`.
+pub(crate) fn check(ok: bool, class: Class, message: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(MpiError::new(class, message()))
+    }
+}

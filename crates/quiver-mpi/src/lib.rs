@@ -1,0 +1,412 @@
+//! MPI on quiver, independent of any MPI ABI.
+//!
+//! [`Mpi`] is one process's MPI library state: the job it joined (`quiver run`, Hydra,
+//! Open MPI's `mpirun`, Slurm: quiver's bootstrap), its communicators, requests and
+//! derived datatypes. It speaks in the core's own terms ([`Peer`], [`TagSel`], [`Layout`],
+//! [`Op`], ids of communicators and requests); the front-ends (`quiver-mpich`:
+//! `libmpi.so.12` with MPICH's ABI) map their handles and constants onto it.
+//!
+//! How MPI maps onto quiver:
+//!
+//! - **Point-to-point** is quiver's tagged messaging (Push-Pull), which keeps MPI's
+//!   matching rules (source and tag wildcards, non-overtaking order). Each communicator
+//!   has its own tagged endpoint, so a wildcard receive never matches another
+//!   communicator's message, and a second one for its collectives, so a collective's
+//!   messages never match the application's receives (MPI's separate contexts). The
+//!   endpoints' DPIDs are [`DPID_BASE`] + 2 × the communicator's context id (+ 1).
+//! - **Collectives** are algorithms over the collective endpoint (`coll`): binomial
+//!   trees for broadcast and reduction, dissemination for the barrier, direct exchange
+//!   for the all-to-alls; correct and simple, not yet quiver's own collectives.
+//! - **Progress**: a blocking call drives, besides the endpoint it waits on, every
+//!   endpoint with operations outstanding, so a send started on one communicator
+//!   completes while the process waits on another (MPI's progress rule).
+//! - **Datatypes** travel packed (`datatype`): contiguous ones straight from and into
+//!   the application's buffer, others through a packed copy.
+//!
+//! Threads: MPI_THREAD_SERIALIZED. The state is used by one thread at a time (the
+//! front-ends keep it behind a lock and report a concurrent call as an error).
+
+pub mod coll;
+pub mod datatype;
+pub mod error;
+pub mod op;
+mod p2p;
+
+pub use datatype::{Block, Elem, Layout, Num};
+pub use error::{Class, MpiError, Result};
+pub use op::{Builtin, Op, UserFn};
+pub use p2p::{ReqId, Status};
+
+use error::check;
+use quiver::tagged::Tagged;
+use quiver::Job;
+use std::cell::{Cell, OnceCell};
+
+/// The DPID of `MPI_COMM_WORLD`'s point-to-point endpoint; communicator `c` uses
+/// `DPID_BASE + 2c` (point-to-point) and `DPID_BASE + 2c + 1` (collectives).
+pub const DPID_BASE: u16 = 0x4d00;
+/// Context ids (communicators alive or freed) a process can have: the DPIDs above
+/// `DPID_BASE` end there.
+pub const MAX_CONTEXTS: u16 = (u16::MAX - DPID_BASE) / 2;
+
+/// The id of `MPI_COMM_WORLD`.
+pub const WORLD: usize = 0;
+/// The id of `MPI_COMM_SELF`.
+pub const SELF: usize = 1;
+
+/// A sender or destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// A rank of the communicator.
+    Rank(u32),
+    /// `MPI_ANY_SOURCE` (receives only).
+    Any,
+    /// `MPI_PROC_NULL`: the operation completes at once and moves nothing.
+    Null,
+}
+
+/// The tags a receive accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagSel {
+    /// This tag.
+    Is(u32),
+    /// `MPI_ANY_TAG`.
+    Any,
+}
+
+/// The two tagged endpoints of a communicator.
+pub(crate) struct Endpoints {
+    /// The application's point-to-point messages.
+    pub(crate) p2p: Tagged,
+    /// The communicator's collectives.
+    pub(crate) coll: Tagged,
+}
+
+/// A communicator: a group of the job's ranks with its own endpoints.
+pub struct Comm {
+    /// The job rank of each of its ranks.
+    ranks: Vec<u32>,
+    /// Its rank of each job rank (`u32::MAX`: not a member).
+    of_job: Vec<u32>,
+    /// This process's rank in it.
+    rank: u32,
+    /// Its context id (its endpoints' DPIDs).
+    context: u16,
+    /// Its endpoints, opened when it is created (`MPI_COMM_SELF`'s on first use: no
+    /// other process waits for them).
+    eps: OnceCell<Endpoints>,
+    /// Operations started and not yet complete on each endpoint (point-to-point,
+    /// collectives): the endpoints a blocking call must keep driving.
+    outstanding: [Cell<u32>; 2],
+    /// The next collective's sequence number (its messages' tag).
+    coll_seq: Cell<u32>,
+    /// `MPI_Comm_set_name`'s.
+    pub name: String,
+}
+
+impl Comm {
+    /// Its size.
+    pub fn size(&self) -> u32 {
+        self.ranks.len() as u32
+    }
+
+    /// This process's rank in it.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The job rank of its rank `r`.
+    pub fn job_rank(&self, r: u32) -> u32 {
+        self.ranks[r as usize]
+    }
+
+    /// Its ranks' job ranks, in rank order (its group).
+    pub fn group(&self) -> &[u32] {
+        &self.ranks
+    }
+
+    /// Its rank of job rank `j`, if `j` is a member.
+    pub fn rank_of_job(&self, j: u32) -> Option<u32> {
+        self.of_job
+            .get(j as usize)
+            .copied()
+            .filter(|&r| r != u32::MAX)
+    }
+
+    /// Its context id.
+    pub fn context(&self) -> u16 {
+        self.context
+    }
+}
+
+/// One process's MPI state. See the [crate documentation](crate).
+pub struct Mpi {
+    job: Job,
+    /// Communicators by id (`None`: freed).
+    comms: Vec<Option<Comm>>,
+    /// The requests.
+    reqs: p2p::Requests,
+    /// Requests freed before they completed (`MPI_Request_free`).
+    detached: Vec<p2p::Entry>,
+    /// The next context id this process would take.
+    next_context: u16,
+}
+
+impl Mpi {
+    /// Joins the job the environment describes (quiver's bootstrap: `quiver run`,
+    /// Hydra's PMI, `mpirun`, `srun`) and opens `MPI_COMM_WORLD`.
+    pub fn init() -> Result<Mpi> {
+        let job = Job::from_env()?;
+        Mpi::with_job(job)
+    }
+
+    /// MPI on a job already joined.
+    pub fn with_job(job: Job) -> Result<Mpi> {
+        let size = job.size();
+        let me = job.rank();
+        let mut mpi = Mpi {
+            job,
+            comms: Vec::new(),
+            reqs: p2p::Requests::default(),
+            detached: Vec::new(),
+            next_context: 2,
+        };
+        let world = mpi.new_comm((0..size).collect(), 0)?;
+        mpi.open(&world)?;
+        mpi.comms.push(Some(world));
+        let selfc = mpi.new_comm(vec![me], 1)?;
+        mpi.comms.push(Some(selfc));
+        Ok(mpi)
+    }
+
+    /// The job underneath.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// Communicator `c`.
+    pub fn comm(&self, c: usize) -> Result<&Comm> {
+        self.comms.get(c).and_then(Option::as_ref).ok_or_else(|| {
+            MpiError::new(
+                Class::Comm,
+                format!("communicator {c} does not exist or was freed"),
+            )
+        })
+    }
+
+    /// Communicator `c`, mutably.
+    pub fn comm_mut(&mut self, c: usize) -> Result<&mut Comm> {
+        self.comms
+            .get_mut(c)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| {
+                MpiError::new(
+                    Class::Comm,
+                    format!("communicator {c} does not exist or was freed"),
+                )
+            })
+    }
+
+    fn new_comm(&self, ranks: Vec<u32>, context: u16) -> Result<Comm> {
+        check(context < MAX_CONTEXTS, Class::Intern, || {
+            format!("out of communicator contexts ({MAX_CONTEXTS} per process)")
+        })?;
+        let me = self.job.rank();
+        let mut of_job = vec![u32::MAX; self.job.size() as usize];
+        for (r, &j) in ranks.iter().enumerate() {
+            of_job[j as usize] = r as u32;
+        }
+        let rank = of_job[me as usize];
+        check(rank != u32::MAX, Class::Intern, || {
+            "a communicator without this process".into()
+        })?;
+        Ok(Comm {
+            ranks,
+            of_job,
+            rank,
+            context,
+            eps: OnceCell::new(),
+            outstanding: [Cell::new(0), Cell::new(0)],
+            coll_seq: Cell::new(0),
+            name: String::new(),
+        })
+    }
+
+    /// Opens the endpoints of `comm` if they are not open.
+    fn open<'c>(&self, comm: &'c Comm) -> Result<&'c Endpoints> {
+        if let Some(eps) = comm.eps.get() {
+            return Ok(eps);
+        }
+        let dpid = DPID_BASE + 2 * comm.context;
+        let eps = Endpoints {
+            p2p: Tagged::open(&self.job, dpid)?,
+            coll: Tagged::open(&self.job, dpid + 1)?,
+        };
+        Ok(comm.eps.get_or_init(|| eps))
+    }
+
+    /// The endpoints of communicator `c` (opened on first use).
+    pub(crate) fn eps(&self, c: usize) -> Result<(&Comm, &Endpoints)> {
+        let comm = self.comm(c)?;
+        Ok((comm, self.open(comm)?))
+    }
+
+    /// Registers a communicator of `ranks` (job ranks) made collectively over `parent`
+    /// (every member calls it with the same ranks; the ranks of `parent` that are not
+    /// members call [`Mpi::agree_context`] alone). Returns its id.
+    fn add_comm(&mut self, ranks: Vec<u32>, context: u16) -> Result<usize> {
+        let comm = self.new_comm(ranks, context)?;
+        self.open(&comm)?;
+        let id = match self.comms.iter().position(Option::is_none) {
+            // Ids 0 and 1 are never freed.
+            Some(free) => free,
+            None => {
+                self.comms.push(None);
+                self.comms.len() - 1
+            }
+        };
+        self.comms[id] = Some(comm);
+        Ok(id)
+    }
+
+    /// Agrees on a context id for a communicator made over `parent`: the largest of
+    /// the members' next free ids, which every process then moves past (one allreduce).
+    fn agree_context(&mut self, parent: usize) -> Result<u16> {
+        let mine = u32::from(self.next_context);
+        let mut agreed = 0u32;
+        let u32s = Layout::builtin(Elem::Num(Num::U32));
+        let send: *const u8 = (&mine as *const u32).cast();
+        let recv: *mut u8 = (&mut agreed as *mut u32).cast();
+        // SAFETY: one u32 at each, borrowed for the call.
+        unsafe {
+            self.allreduce(
+                Some(send),
+                recv,
+                1,
+                &u32s,
+                &Op::Builtin(Builtin::Max),
+                parent,
+                0,
+            )
+        }?;
+        check(agreed < u32::from(MAX_CONTEXTS), Class::Intern, || {
+            format!("out of communicator contexts ({MAX_CONTEXTS} per process)")
+        })?;
+        self.next_context = agreed as u16 + 1;
+        Ok(agreed as u16)
+    }
+
+    /// `MPI_Comm_dup`.
+    pub fn comm_dup(&mut self, parent: usize) -> Result<usize> {
+        let ranks = self.comm(parent)?.ranks.clone();
+        let context = self.agree_context(parent)?;
+        let id = self.add_comm(ranks, context)?;
+        self.barrier(parent)?;
+        Ok(id)
+    }
+
+    /// `MPI_Comm_split`: `None` for `color` is `MPI_UNDEFINED` (no new communicator).
+    pub fn comm_split(
+        &mut self,
+        parent: usize,
+        color: Option<u32>,
+        key: i32,
+    ) -> Result<Option<usize>> {
+        let n = self.comm(parent)?.size() as usize;
+        // Each rank's (color + 1, or 0 for none; key).
+        let mine = [color.map_or(0, |c| i64::from(c) + 1), i64::from(key)];
+        let mut all = vec![[0i64; 2]; n];
+        self.allgather_bytes(parent, bytes_of(&mine), bytes_of_mut(&mut all))?;
+        let context = self.agree_context(parent)?;
+        let result = match color {
+            None => None,
+            Some(c) => {
+                let comm = self.comm(parent)?;
+                let mut members: Vec<(i64, u32)> = all
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, ck)| ck[0] == i64::from(c) + 1)
+                    .map(|(r, ck)| (ck[1], r as u32))
+                    .collect();
+                // By key, ties by rank in the parent.
+                members.sort();
+                let ranks = members.iter().map(|&(_, r)| comm.job_rank(r)).collect();
+                Some(self.add_comm(ranks, context)?)
+            }
+        };
+        // Nobody sends on the new endpoints before every member opened them... nor
+        // needs to: a sender waits for its peer's endpoint. The barrier keeps one
+        // split's traffic from racing the next split's context agreement.
+        self.barrier(parent)?;
+        Ok(result)
+    }
+
+    /// `MPI_Comm_create` / `MPI_Comm_create_group` with the members' job ranks (in
+    /// their new rank order); a process not in `ranks` gets `None`.
+    pub fn comm_create(&mut self, parent: usize, ranks: Vec<u32>) -> Result<Option<usize>> {
+        let context = self.agree_context(parent)?;
+        let me = self.job.rank();
+        let id = if ranks.contains(&me) {
+            Some(self.add_comm(ranks, context)?)
+        } else {
+            None
+        };
+        self.barrier(parent)?;
+        Ok(id)
+    }
+
+    /// `MPI_Comm_free`: its endpoints close once their last answers are sent.
+    pub fn comm_free(&mut self, c: usize) -> Result<()> {
+        check(c > SELF, Class::Comm, || {
+            "MPI_COMM_WORLD and MPI_COMM_SELF cannot be freed".into()
+        })?;
+        let comm = self.comm(c)?;
+        check(
+            comm.outstanding.iter().all(|o| o.get() == 0),
+            Class::Comm,
+            || "the communicator has operations outstanding".into(),
+        )?;
+        self.comms[c] = None;
+        Ok(())
+    }
+
+    /// `MPI_Finalize`: a barrier, then every communicator closes (its endpoints first
+    /// send the answers their peers wait for).
+    pub fn finalize(mut self) -> Result<()> {
+        self.finish_detached();
+        let synced = self.barrier(WORLD);
+        self.reqs.clear();
+        // Freed in reverse order of creation, the world last.
+        while let Some(c) = self.comms.pop() {
+            drop(c);
+        }
+        synced
+    }
+}
+
+/// Values whose bytes are all initialised and any bytes make a valid value (no padding,
+/// no invalid bit patterns): sent and received as bytes by the collectives.
+///
+/// # Safety
+///
+/// Only for types with that property.
+pub(crate) unsafe trait Plain: Copy {}
+// SAFETY: integers and arrays of them have no padding and no invalid bit patterns.
+unsafe impl Plain for u32 {}
+// SAFETY: as above.
+unsafe impl Plain for i64 {}
+// SAFETY: as above.
+unsafe impl Plain for [i64; 2] {}
+
+/// The bytes of plain values.
+pub(crate) fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
+    // SAFETY: `T: Plain` has every byte initialised; the bytes are read only, for as
+    // long as `v` is borrowed.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// The bytes of plain values, writable.
+pub(crate) fn bytes_of_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: `T: Plain` accepts any bytes; `v` is borrowed mutably for as long.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+}

@@ -1,0 +1,724 @@
+//! Point-to-point: MPI's sends, receives and requests on the communicators' tagged
+//! endpoints, and the progress rule that lets a blocking call complete operations of
+//! other endpoints.
+//!
+//! A request is an entry of the process's table ([`ReqId`] is its index) holding the
+//! tagged endpoint's raw request, and for a datatype that is not contiguous the packed
+//! copy it sends from or receives into (unpacked when the receive completes).
+
+use crate::error::{check, Class, MpiError, Result};
+use crate::{Comm, Layout, Mpi, Peer, TagSel};
+use quiver::tagged::{RawRequest, Src, Tag, Tagged};
+
+/// A request's index in the process's table.
+pub type ReqId = usize;
+
+/// What a completed operation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    /// The sender (of a receive; [`Peer::Null`] for `MPI_PROC_NULL`).
+    pub source: Peer,
+    /// The message's tag ([`TagSel::Any`] for `MPI_PROC_NULL`).
+    pub tag: TagSel,
+    /// Bytes received (sent, for a send).
+    pub bytes: u64,
+    /// Whether the operation was cancelled.
+    pub cancelled: bool,
+}
+
+impl Status {
+    /// The status of an operation with `MPI_PROC_NULL`.
+    pub const NULL: Status = Status {
+        source: Peer::Null,
+        tag: TagSel::Any,
+        bytes: 0,
+        cancelled: false,
+    };
+}
+
+/// Which of a communicator's endpoints.
+pub(crate) const P2P: usize = 0;
+pub(crate) const COLL: usize = 1;
+
+/// A receive into a type that is not contiguous: the packed bytes arrive in `tmp` and
+/// are scattered into the application's `count` elements at `buf` on completion.
+struct Unpack {
+    tmp: Vec<u8>,
+    buf: *mut u8,
+    layout: Layout,
+}
+
+/// An operation on an endpoint, not complete.
+pub(crate) struct Pending {
+    raw: RawRequest,
+    /// Where a non-contiguous receive's bytes go.
+    unpack: Option<Unpack>,
+    /// A non-contiguous send's packed bytes (alive until the send completes).
+    _packed: Option<Vec<u8>>,
+}
+
+enum State {
+    /// On the endpoint, not complete.
+    Pending(Pending),
+    /// Complete when started (`MPI_PROC_NULL`).
+    Done(Status),
+}
+
+pub(crate) struct Entry {
+    comm: usize,
+    ep: usize,
+    state: State,
+}
+
+/// The process's requests.
+#[derive(Default)]
+pub(crate) struct Requests {
+    table: Vec<Option<Entry>>,
+    free: Vec<usize>,
+}
+
+impl Requests {
+    fn add(&mut self, e: Entry) -> ReqId {
+        match self.free.pop() {
+            Some(i) => {
+                self.table[i] = Some(e);
+                i
+            }
+            None => {
+                self.table.push(Some(e));
+                self.table.len() - 1
+            }
+        }
+    }
+
+    fn take(&mut self, id: ReqId) -> Result<Entry> {
+        let e = self
+            .table
+            .get_mut(id)
+            .and_then(Option::take)
+            .ok_or_else(|| MpiError::new(Class::Request, format!("request {id} does not exist")))?;
+        self.free.push(id);
+        Ok(e)
+    }
+
+    fn get(&self, id: ReqId) -> Result<&Entry> {
+        self.table
+            .get(id)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| MpiError::new(Class::Request, format!("request {id} does not exist")))
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.table.clear();
+        self.free.clear();
+    }
+}
+
+impl Comm {
+    fn dest(&self, r: u32) -> Result<u32> {
+        check(r < self.size(), Class::Rank, || {
+            format!(
+                "rank {r} is not in the communicator of {} ranks",
+                self.size()
+            )
+        })?;
+        Ok(self.job_rank(r))
+    }
+
+    fn src(&self, p: Peer) -> Result<Src> {
+        match p {
+            Peer::Any => Ok(Src::Any),
+            Peer::Rank(r) => self.dest(r).map(Src::Rank),
+            Peer::Null => Err(MpiError::new(
+                Class::Intern,
+                "MPI_PROC_NULL reached the endpoint",
+            )),
+        }
+    }
+
+    /// quiver's status of a receive in the communicator's ranks.
+    fn status(&self, s: quiver::tagged::Status) -> Status {
+        Status {
+            source: self.rank_of_job(s.peer).map_or(Peer::Null, Peer::Rank),
+            tag: TagSel::Is(s.tag),
+            bytes: s.len,
+            cancelled: false,
+        }
+    }
+
+    /// quiver's error in MPI's terms (a truncated message keeps its status).
+    fn error(&self, e: quiver::Error) -> MpiError {
+        let status = match e {
+            quiver::Error::Truncated {
+                capacity,
+                rank,
+                tag,
+                ..
+            } => Some(Status {
+                source: self.rank_of_job(rank).map_or(Peer::Null, Peer::Rank),
+                tag: TagSel::Is(tag),
+                bytes: capacity as u64,
+                cancelled: false,
+            }),
+            quiver::Error::Cancelled => {
+                return MpiError {
+                    status: Some(Status {
+                        cancelled: true,
+                        ..Status::NULL
+                    }),
+                    ..MpiError::new(Class::Other, "cancelled")
+                }
+            }
+            _ => None,
+        };
+        MpiError { status, ..e.into() }
+    }
+}
+
+fn tag_of(t: TagSel) -> Tag {
+    match t {
+        TagSel::Any => Tag::Any,
+        TagSel::Is(t) => Tag::Is(t),
+    }
+}
+
+/// Progress across endpoints.
+impl Mpi {
+    /// Whether an endpoint other than (`comm`, `ep`) has operations outstanding.
+    fn others_busy(&self, comm: usize, ep: usize) -> bool {
+        self.comms.iter().enumerate().any(|(c, o)| {
+            o.as_ref().is_some_and(|o| {
+                o.outstanding
+                    .iter()
+                    .enumerate()
+                    .any(|(e, n)| n.get() > 0 && (c, e) != (comm, ep))
+            })
+        })
+    }
+
+    /// Handles what arrived on every endpoint other than (`comm`, `ep`) with operations
+    /// outstanding.
+    fn drive_others(&self, comm: usize, ep: usize) -> Result<()> {
+        for (c, o) in self.comms.iter().enumerate() {
+            let Some(o) = o else { continue };
+            let Some(eps) = o.eps.get() else { continue };
+            for (e, n) in o.outstanding.iter().enumerate() {
+                if n.get() > 0 && (c, e) != (comm, ep) {
+                    let t = if e == P2P { &eps.p2p } else { &eps.coll };
+                    t.progress().map_err(|err| o.error(err))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for `raw` of endpoint (`comm`, `ep`), driving the other busy endpoints
+    /// meanwhile (straight to the endpoint's own wait when there are none).
+    pub(crate) fn wait_raw(&self, comm: usize, ep: usize, raw: RawRequest) -> Result<Status> {
+        let (c, eps) = self.eps(comm)?;
+        let t = if ep == P2P { &eps.p2p } else { &eps.coll };
+        let out = if self.others_busy(comm, ep) {
+            loop {
+                match t.test_raw(&raw) {
+                    Ok(true) => break t.wait_raw(raw),
+                    Ok(false) => self.drive_others(comm, ep)?,
+                    Err(e) => break Err(e),
+                }
+            }
+        } else {
+            t.wait_raw(raw)
+        };
+        out.map(|s| c.status(s)).map_err(|e| c.error(e))
+    }
+
+    /// Starts a send of `bytes` at `data` on endpoint `ep` of `comm`.
+    ///
+    /// # Safety
+    ///
+    /// `data..data + bytes` stays readable and unchanged until the request completes.
+    pub(crate) unsafe fn start_send(
+        &self,
+        comm: usize,
+        ep: usize,
+        dest: u32,
+        tag: u32,
+        data: *const u8,
+        bytes: usize,
+    ) -> Result<RawRequest> {
+        let (c, eps) = self.eps(comm)?;
+        let t: &Tagged = if ep == P2P { &eps.p2p } else { &eps.coll };
+        let to = c.dest(dest)?;
+        // SAFETY: the caller's promise.
+        let raw = unsafe { t.isend_raw(to, tag, data, bytes) }.map_err(|e| c.error(e))?;
+        c.outstanding[ep].set(c.outstanding[ep].get() + 1);
+        Ok(raw)
+    }
+
+    /// Starts a receive of at most `cap` bytes into `buf` on endpoint `ep` of `comm`.
+    ///
+    /// # Safety
+    ///
+    /// `buf..buf + cap` stays writable, and untouched by others, until the request
+    /// completes.
+    pub(crate) unsafe fn start_recv(
+        &self,
+        comm: usize,
+        ep: usize,
+        src: Peer,
+        tag: TagSel,
+        buf: *mut u8,
+        cap: usize,
+    ) -> Result<RawRequest> {
+        let (c, eps) = self.eps(comm)?;
+        let t: &Tagged = if ep == P2P { &eps.p2p } else { &eps.coll };
+        let from = c.src(src)?;
+        // SAFETY: the caller's promise.
+        let raw = unsafe { t.irecv_raw(buf, cap, from, tag_of(tag)) }.map_err(|e| c.error(e))?;
+        c.outstanding[ep].set(c.outstanding[ep].get() + 1);
+        Ok(raw)
+    }
+
+    /// Completes `raw` (see [`Mpi::wait_raw`]) and counts it off its endpoint.
+    pub(crate) fn finish_raw(&self, comm: usize, ep: usize, raw: RawRequest) -> Result<Status> {
+        let out = self.wait_raw(comm, ep, raw);
+        let c = self.comm(comm)?;
+        c.outstanding[ep].set(c.outstanding[ep].get().saturating_sub(1));
+        out
+    }
+
+    /// Starts sending `count` elements of `layout` at `buf` to rank `dest` of `comm`
+    /// on endpoint `ep` (packed first unless contiguous).
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` stay readable and unchanged until it completes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn post_send(
+        &self,
+        comm: usize,
+        ep: usize,
+        buf: *const u8,
+        count: usize,
+        layout: &Layout,
+        dest: u32,
+        tag: u32,
+    ) -> Result<Pending> {
+        let bytes = layout.bytes(count)?;
+        if layout.is_contiguous() {
+            // SAFETY: the caller's promise.
+            let raw = unsafe { self.start_send(comm, ep, dest, tag, buf, bytes) }?;
+            return Ok(Pending {
+                raw,
+                unpack: None,
+                _packed: None,
+            });
+        }
+        let mut packed = Vec::new();
+        // SAFETY: the caller promises the elements readable.
+        unsafe { layout.pack(buf, count, &mut packed) };
+        // SAFETY: `packed` moves into the pending operation (its heap buffer stays put)
+        // and lives until the operation completes.
+        let raw = unsafe { self.start_send(comm, ep, dest, tag, packed.as_ptr(), packed.len()) }?;
+        Ok(Pending {
+            raw,
+            unpack: None,
+            _packed: Some(packed),
+        })
+    }
+
+    /// Starts receiving at most `count` elements of `layout` into `buf` from `src` of
+    /// `comm` on endpoint `ep` (into a packed copy unless contiguous).
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` stay writable, and untouched by others, until it
+    /// completes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn post_recv(
+        &self,
+        comm: usize,
+        ep: usize,
+        buf: *mut u8,
+        count: usize,
+        layout: &Layout,
+        src: Peer,
+        tag: TagSel,
+    ) -> Result<Pending> {
+        let bytes = layout.bytes(count)?;
+        if layout.is_contiguous() {
+            // SAFETY: the caller's promise.
+            let raw = unsafe { self.start_recv(comm, ep, src, tag, buf, bytes) }?;
+            return Ok(Pending {
+                raw,
+                unpack: None,
+                _packed: None,
+            });
+        }
+        let mut tmp = vec![0u8; bytes];
+        // SAFETY: `tmp` moves into the pending operation (its heap buffer stays put) and
+        // lives until it completes.
+        let raw = unsafe { self.start_recv(comm, ep, src, tag, tmp.as_mut_ptr(), bytes) }?;
+        Ok(Pending {
+            raw,
+            unpack: Some(Unpack {
+                tmp,
+                buf,
+                layout: layout.clone(),
+            }),
+            _packed: None,
+        })
+    }
+
+    /// Completes a pending operation (unpacking what a receive got).
+    pub(crate) fn finish(&self, comm: usize, ep: usize, p: Pending) -> Result<Status> {
+        let s = self.finish_raw(comm, ep, p.raw)?;
+        if let Some(u) = p.unpack {
+            let n = (s.bytes as usize).min(u.tmp.len());
+            // SAFETY: `post_recv`'s caller promised the elements writable until now;
+            // `n` bytes cover at most the `count` elements posted.
+            unsafe { u.layout.unpack(&u.tmp[..n], u.buf) };
+        }
+        Ok(s)
+    }
+}
+
+/// The application's point-to-point calls.
+impl Mpi {
+    /// `MPI_Isend` of `count` elements of `layout` at `buf`.
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` stay readable and unchanged until the request completes.
+    pub unsafe fn isend(
+        &mut self,
+        buf: *const u8,
+        count: usize,
+        layout: &Layout,
+        dest: Peer,
+        tag: u32,
+        comm: usize,
+    ) -> Result<ReqId> {
+        layout.check_committed()?;
+        let dest = match dest {
+            Peer::Null => {
+                self.comm(comm)?;
+                return Ok(self.reqs.add(Entry {
+                    comm,
+                    ep: P2P,
+                    state: State::Done(Status::NULL),
+                }));
+            }
+            Peer::Any => {
+                return Err(MpiError::new(
+                    Class::Rank,
+                    "MPI_ANY_SOURCE is not a destination",
+                ))
+            }
+            Peer::Rank(r) => r,
+        };
+        // SAFETY: the caller's promise.
+        let p = unsafe { self.post_send(comm, P2P, buf, count, layout, dest, tag) }?;
+        Ok(self.reqs.add(Entry {
+            comm,
+            ep: P2P,
+            state: State::Pending(p),
+        }))
+    }
+
+    /// `MPI_Irecv` of at most `count` elements of `layout` into `buf`.
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` stay writable, and untouched by others, until the request
+    /// completes.
+    pub unsafe fn irecv(
+        &mut self,
+        buf: *mut u8,
+        count: usize,
+        layout: &Layout,
+        src: Peer,
+        tag: TagSel,
+        comm: usize,
+    ) -> Result<ReqId> {
+        layout.check_committed()?;
+        if src == Peer::Null {
+            self.comm(comm)?;
+            return Ok(self.reqs.add(Entry {
+                comm,
+                ep: P2P,
+                state: State::Done(Status::NULL),
+            }));
+        }
+        // SAFETY: the caller's promise.
+        let p = unsafe { self.post_recv(comm, P2P, buf, count, layout, src, tag) }?;
+        Ok(self.reqs.add(Entry {
+            comm,
+            ep: P2P,
+            state: State::Pending(p),
+        }))
+    }
+
+    /// `MPI_Send`.
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` are readable.
+    pub unsafe fn send(
+        &mut self,
+        buf: *const u8,
+        count: usize,
+        layout: &Layout,
+        dest: Peer,
+        tag: u32,
+        comm: usize,
+    ) -> Result<()> {
+        if let (Peer::Rank(d), true) = (dest, layout.is_contiguous() && layout.committed) {
+            if !self.others_busy(comm, P2P) {
+                let (c, eps) = self.eps(comm)?;
+                let to = c.dest(d)?;
+                let bytes = layout.bytes(count)?;
+                let data = if bytes == 0 {
+                    &[][..]
+                } else {
+                    // SAFETY: the caller promises `count` contiguous elements at `buf`.
+                    unsafe { std::slice::from_raw_parts(buf, bytes) }
+                };
+                return eps.p2p.send(to, tag, data).map_err(|e| c.error(e));
+            }
+        }
+        // SAFETY: the caller's promise; the request is waited for before returning.
+        let req = unsafe { self.isend(buf, count, layout, dest, tag, comm) }?;
+        self.wait(req).map(|_| ())
+    }
+
+    /// `MPI_Recv`.
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` are writable and not borrowed elsewhere.
+    pub unsafe fn recv(
+        &mut self,
+        buf: *mut u8,
+        count: usize,
+        layout: &Layout,
+        src: Peer,
+        tag: TagSel,
+        comm: usize,
+    ) -> Result<Status> {
+        if src != Peer::Null
+            && layout.is_contiguous()
+            && layout.committed
+            && !self.others_busy(comm, P2P)
+        {
+            let (c, eps) = self.eps(comm)?;
+            let from = c.src(src)?;
+            let bytes = layout.bytes(count)?;
+            let data = if bytes == 0 {
+                &mut [][..]
+            } else {
+                // SAFETY: the caller promises `count` contiguous writable elements.
+                unsafe { std::slice::from_raw_parts_mut(buf, bytes) }
+            };
+            return eps
+                .p2p
+                .recv(data, from, tag_of(tag))
+                .map(|s| c.status(s))
+                .map_err(|e| c.error(e));
+        }
+        // SAFETY: the caller's promise; the request is waited for before returning.
+        let req = unsafe { self.irecv(buf, count, layout, src, tag, comm) }?;
+        self.wait(req)
+    }
+
+    /// `MPI_Wait`: the request is spent.
+    pub fn wait(&mut self, req: ReqId) -> Result<Status> {
+        let e = self.reqs.take(req)?;
+        self.complete(e)
+    }
+
+    fn complete(&self, e: Entry) -> Result<Status> {
+        match e.state {
+            State::Done(s) => Ok(s),
+            State::Pending(p) => self.finish(e.comm, e.ep, p),
+        }
+    }
+
+    /// `MPI_Test`: the status if complete (the request is then spent).
+    pub fn test(&mut self, req: ReqId) -> Result<Option<Status>> {
+        if self.is_done(req)? {
+            self.wait(req).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Makes progress on the request's endpoint and says whether it is complete.
+    fn is_done(&self, req: ReqId) -> Result<bool> {
+        self.entry_done(self.reqs.get(req)?)
+    }
+
+    fn entry_done(&self, e: &Entry) -> Result<bool> {
+        match &e.state {
+            State::Done(_) => Ok(true),
+            State::Pending(Pending { raw, .. }) => {
+                let (c, eps) = self.eps(e.comm)?;
+                let t = if e.ep == P2P { &eps.p2p } else { &eps.coll };
+                let done = t.test_raw(raw).map_err(|err| c.error(err))?;
+                if !done {
+                    self.drive_others(e.comm, e.ep)?;
+                }
+                Ok(done)
+            }
+        }
+    }
+
+    /// `MPI_Waitall`: each request's result, in order (`None`: `MPI_REQUEST_NULL`).
+    pub fn waitall(&mut self, reqs: &[Option<ReqId>]) -> Vec<Result<Status>> {
+        reqs.iter()
+            .map(|r| match r {
+                Some(r) => self.wait(*r),
+                None => Ok(Status::NULL),
+            })
+            .collect()
+    }
+
+    /// `MPI_Waitany`: the index and result of one completed request; `None` when all
+    /// are `MPI_REQUEST_NULL`.
+    pub fn waitany(&mut self, reqs: &[Option<ReqId>]) -> Result<Option<(usize, Result<Status>)>> {
+        if reqs.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        loop {
+            if let Some(done) = self.testany(reqs)? {
+                return Ok(Some(done));
+            }
+        }
+    }
+
+    /// `MPI_Testany` (one pass): the index and result of a completed request.
+    pub fn testany(&mut self, reqs: &[Option<ReqId>]) -> Result<Option<(usize, Result<Status>)>> {
+        for (i, r) in reqs.iter().enumerate() {
+            if let Some(r) = *r {
+                if self.is_done(r)? {
+                    return Ok(Some((i, self.wait(r))));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// `MPI_Testall`: whether all are complete (then every one is spent and its
+    /// result returned; otherwise none is).
+    pub fn testall(&mut self, reqs: &[Option<ReqId>]) -> Result<Option<Vec<Result<Status>>>> {
+        for r in reqs.iter().flatten() {
+            if !self.is_done(*r)? {
+                return Ok(None);
+            }
+        }
+        Ok(Some(self.waitall(reqs)))
+    }
+
+    /// `MPI_Request_get_status`-like: whether the request is complete, without
+    /// spending it.
+    pub fn peek(&mut self, req: ReqId) -> Result<bool> {
+        self.is_done(req)
+    }
+
+    /// `MPI_Cancel` of a receive no message matched yet (a send, or a matched receive,
+    /// completes normally).
+    pub fn cancel(&mut self, req: ReqId) -> Result<()> {
+        let e = self.reqs.get(req)?;
+        if let State::Pending(Pending { raw, .. }) = &e.state {
+            let (_, eps) = self.eps(e.comm)?;
+            let t = if e.ep == P2P { &eps.p2p } else { &eps.coll };
+            t.cancel_raw(raw);
+        }
+        Ok(())
+    }
+
+    /// `MPI_Request_free`: nobody will wait for the operation; it completes on its
+    /// own (driven by later calls, finished at the latest by [`Mpi::finalize`]).
+    pub fn request_free(&mut self, req: ReqId) -> Result<()> {
+        let e = self.reqs.take(req)?;
+        self.detached.push(e);
+        // Those complete by now leave the list.
+        let mut i = 0;
+        while i < self.detached.len() {
+            if self.entry_done(&self.detached[i])? {
+                let e = self.detached.swap_remove(i);
+                let _ = self.complete(e);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes the requests nobody waits for ([`Mpi::request_free`]).
+    pub(crate) fn finish_detached(&mut self) {
+        for e in std::mem::take(&mut self.detached) {
+            let _ = self.complete(e);
+        }
+    }
+
+    /// `MPI_Iprobe`: the status of a matching message, if one arrived.
+    pub fn iprobe(&mut self, src: Peer, tag: TagSel, comm: usize) -> Result<Option<Status>> {
+        if src == Peer::Null {
+            return Ok(Some(Status::NULL));
+        }
+        let (c, eps) = self.eps(comm)?;
+        self.drive_others(comm, P2P)?;
+        let from = c.src(src)?;
+        eps.p2p
+            .iprobe(from, tag_of(tag))
+            .map(|s| s.map(|s| c.status(s)))
+            .map_err(|e| c.error(e))
+    }
+
+    /// `MPI_Probe`.
+    pub fn probe(&mut self, src: Peer, tag: TagSel, comm: usize) -> Result<Status> {
+        loop {
+            if let Some(s) = self.iprobe(src, tag, comm)? {
+                return Ok(s);
+            }
+        }
+    }
+
+    /// `MPI_Sendrecv`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Mpi::send`] for the send buffer and [`Mpi::recv`] for the receive buffer;
+    /// the two do not overlap.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn sendrecv(
+        &mut self,
+        sbuf: *const u8,
+        scount: usize,
+        stype: &Layout,
+        dest: Peer,
+        stag: u32,
+        rbuf: *mut u8,
+        rcount: usize,
+        rtype: &Layout,
+        src: Peer,
+        rtag: TagSel,
+        comm: usize,
+    ) -> Result<Status> {
+        // SAFETY: the caller's promises; both requests are waited for here.
+        let r = unsafe { self.irecv(rbuf, rcount, rtype, src, rtag, comm) }?;
+        // SAFETY: as above.
+        let s = match unsafe { self.isend(sbuf, scount, stype, dest, stag, comm) } {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.cancel(r);
+                let _ = self.wait(r);
+                return Err(e);
+            }
+        };
+        let sent = self.wait(s);
+        let got = self.wait(r);
+        sent?;
+        got
+    }
+}

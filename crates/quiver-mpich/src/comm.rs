@@ -1,0 +1,387 @@
+//! Communicators, groups and their attributes.
+
+use crate::abi::*;
+use crate::handles::{self, comm_handle, comm_id, GROUP};
+use crate::types::slice;
+use crate::{call, count, Lib};
+use quiver_mpi::{Class, MpiError};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::AtomicI32;
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_size(comm: c_int, size: *mut c_int) -> c_int {
+    call("MPI_Comm_size", comm, |lib| {
+        let n = lib.mpi.comm(comm_id(comm)?)?.size();
+        // SAFETY: MPI's contract: `size` is writable.
+        unsafe { size.write(n as c_int) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_rank(comm: c_int, rank: *mut c_int) -> c_int {
+    call("MPI_Comm_rank", comm, |lib| {
+        let r = lib.mpi.comm(comm_id(comm)?)?.rank();
+        // SAFETY: MPI's contract: `rank` is writable.
+        unsafe { rank.write(r as c_int) };
+        Ok(())
+    })
+}
+
+/// Writes a new communicator's handle (`MPI_COMM_NULL` for none), with its parent's
+/// error handler.
+fn put_comm(
+    lib: &mut Lib,
+    parent: usize,
+    id: Option<usize>,
+    out: *mut c_int,
+) -> Result<(), MpiError> {
+    let h = match id {
+        Some(c) => {
+            if let Some(&eh) = lib.errhandlers.get(&parent) {
+                lib.errhandlers.insert(c, eh);
+            }
+            comm_handle(c)?
+        }
+        None => MPI_COMM_NULL,
+    };
+    // SAFETY: MPI's contract: `out` is writable.
+    unsafe { out.write(h) };
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_dup(comm: c_int, new: *mut c_int) -> c_int {
+    call("MPI_Comm_dup", comm, |lib| {
+        let p = comm_id(comm)?;
+        let c = lib.mpi.comm_dup(p)?;
+        put_comm(lib, p, Some(c), new)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_split(comm: c_int, color: c_int, key: c_int, new: *mut c_int) -> c_int {
+    call("MPI_Comm_split", comm, |lib| {
+        let p = comm_id(comm)?;
+        let color = match color {
+            MPI_UNDEFINED => None,
+            c if c >= 0 => Some(c as u32),
+            c => return Err(MpiError::new(Class::Arg, format!("color {c} is negative"))),
+        };
+        let c = lib.mpi.comm_split(p, color, key)?;
+        put_comm(lib, p, c, new)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_create(comm: c_int, group: c_int, new: *mut c_int) -> c_int {
+    call("MPI_Comm_create", comm, |lib| {
+        let p = comm_id(comm)?;
+        let ranks = group_ranks(lib, group)?.to_vec();
+        let c = lib.mpi.comm_create(p, ranks)?;
+        put_comm(lib, p, c, new)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_free(comm: *mut c_int) -> c_int {
+    call("MPI_Comm_free", MPI_COMM_WORLD, |lib| {
+        // SAFETY: MPI's contract: `comm` points at a handle.
+        let c = comm_id(unsafe { comm.read() })?;
+        lib.mpi.comm_free(c)?;
+        lib.errhandlers.remove(&c);
+        // SAFETY: as above, writable.
+        unsafe { comm.write(MPI_COMM_NULL) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_compare(a: c_int, b: c_int, result: *mut c_int) -> c_int {
+    call("MPI_Comm_compare", a, |lib| {
+        let (ga, gb) = (
+            lib.mpi.comm(comm_id(a)?)?.group(),
+            lib.mpi.comm(comm_id(b)?)?.group(),
+        );
+        let r = if a == b {
+            MPI_IDENT
+        } else {
+            compare(ga, gb, MPI_CONGRUENT)
+        };
+        // SAFETY: MPI's contract: `result` is writable.
+        unsafe { result.write(r) };
+        Ok(())
+    })
+}
+
+/// How two groups compare: `same` (MPI_IDENT for groups, MPI_CONGRUENT for
+/// communicators) when equal in order, MPI_SIMILAR with the same members, else
+/// MPI_UNEQUAL.
+fn compare(a: &[u32], b: &[u32], same: c_int) -> c_int {
+    if a == b {
+        return same;
+    }
+    let (mut x, mut y) = (a.to_vec(), b.to_vec());
+    x.sort_unstable();
+    y.sort_unstable();
+    if x == y {
+        MPI_SIMILAR
+    } else {
+        MPI_UNEQUAL
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_test_inter(comm: c_int, flag: *mut c_int) -> c_int {
+    call("MPI_Comm_test_inter", comm, |lib| {
+        lib.mpi.comm(comm_id(comm)?)?;
+        // SAFETY: MPI's contract: `flag` is writable.
+        unsafe { flag.write(0) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_set_name(comm: c_int, name: *const c_char) -> c_int {
+    call("MPI_Comm_set_name", comm, |lib| {
+        // SAFETY: MPI's contract: a NUL-terminated string.
+        let s = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        lib.mpi.comm_mut(comm_id(comm)?)?.name = s;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_get_name(comm: c_int, name: *mut c_char, len: *mut c_int) -> c_int {
+    call("MPI_Comm_get_name", comm, |lib| {
+        let c = lib.mpi.comm(comm_id(comm)?)?;
+        let s = match (comm, c.name.as_str()) {
+            (MPI_COMM_WORLD, "") => "MPI_COMM_WORLD",
+            (MPI_COMM_SELF, "") => "MPI_COMM_SELF",
+            (_, s) => s,
+        };
+        let n = s.len().min(MPI_MAX_OBJECT_NAME as usize - 1);
+        // SAFETY: MPI's contract: MPI_MAX_OBJECT_NAME bytes at `name`, `len` writable.
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.as_ptr().cast(), name, n);
+            name.add(n).write(0);
+            len.write(n as c_int);
+        }
+        Ok(())
+    })
+}
+
+/// The values of the predefined attributes (MPI hands out pointers to them).
+static TAG_UB: AtomicI32 = AtomicI32::new(handles::TAG_UB);
+static HOST: AtomicI32 = AtomicI32::new(MPI_PROC_NULL);
+static IO: AtomicI32 = AtomicI32::new(MPI_ANY_SOURCE);
+static WTIME_IS_GLOBAL: AtomicI32 = AtomicI32::new(0);
+static UNIVERSE_SIZE: AtomicI32 = AtomicI32::new(0);
+static APPNUM: AtomicI32 = AtomicI32::new(0);
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_get_attr(
+    comm: c_int,
+    key: c_int,
+    value: *mut c_void,
+    flag: *mut c_int,
+) -> c_int {
+    call("MPI_Comm_get_attr", comm, |lib| {
+        lib.mpi.comm(comm_id(comm)?)?;
+        let at = match key {
+            MPI_TAG_UB => Some(&TAG_UB),
+            MPI_HOST => Some(&HOST),
+            MPI_IO => Some(&IO),
+            MPI_WTIME_IS_GLOBAL => Some(&WTIME_IS_GLOBAL),
+            MPI_UNIVERSE_SIZE => {
+                UNIVERSE_SIZE.store(
+                    lib.mpi.job().size() as c_int,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                Some(&UNIVERSE_SIZE)
+            }
+            MPI_APPNUM => Some(&APPNUM),
+            _ => None,
+        };
+        // SAFETY: MPI's contract: `value` points at a pointer, `flag` is writable. An
+        // AtomicI32 has the layout of an int.
+        unsafe {
+            flag.write(c_int::from(at.is_some()));
+            if let Some(a) = at {
+                value.cast::<*const AtomicI32>().write(a);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The job ranks of group handle `g`.
+fn group_ranks(lib: &Lib, g: c_int) -> Result<&[u32], MpiError> {
+    if g == MPI_GROUP_EMPTY {
+        return Ok(&[]);
+    }
+    handles::index_of(g, GROUP)
+        .and_then(|i| lib.groups.get(i))
+        .and_then(Option::as_deref)
+        .ok_or_else(|| MpiError::new(Class::Group, format!("{g:#x} is not a group")))
+}
+
+fn put_group(lib: &mut Lib, ranks: Vec<u32>, out: *mut c_int) -> Result<(), MpiError> {
+    let i = match lib.groups.iter().position(Option::is_none) {
+        Some(i) => i,
+        None => {
+            lib.groups.push(None);
+            lib.groups.len() - 1
+        }
+    };
+    lib.groups[i] = Some(ranks);
+    let h = handles::handle(GROUP, i)?;
+    // SAFETY: MPI's contract: `out` is writable.
+    unsafe { out.write(h) };
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Comm_group(comm: c_int, group: *mut c_int) -> c_int {
+    call("MPI_Comm_group", comm, |lib| {
+        let ranks = lib.mpi.comm(comm_id(comm)?)?.group().to_vec();
+        put_group(lib, ranks, group)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Group_size(g: c_int, size: *mut c_int) -> c_int {
+    call("MPI_Group_size", MPI_COMM_WORLD, |lib| {
+        let n = group_ranks(lib, g)?.len();
+        // SAFETY: MPI's contract: `size` is writable.
+        unsafe { size.write(n as c_int) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Group_rank(g: c_int, rank: *mut c_int) -> c_int {
+    call("MPI_Group_rank", MPI_COMM_WORLD, |lib| {
+        let me = lib.mpi.job().rank();
+        let r = group_ranks(lib, g)?
+            .iter()
+            .position(|&j| j == me)
+            .map_or(MPI_UNDEFINED, |r| r as c_int);
+        // SAFETY: MPI's contract: `rank` is writable.
+        unsafe { rank.write(r) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Group_translate_ranks(
+    a: c_int,
+    n: c_int,
+    ranks: *const c_int,
+    b: c_int,
+    out: *mut c_int,
+) -> c_int {
+    call("MPI_Group_translate_ranks", MPI_COMM_WORLD, |lib| {
+        let n = count(n, "count")?;
+        let (ga, gb) = (group_ranks(lib, a)?, group_ranks(lib, b)?);
+        // SAFETY: MPI's contract: `n` ranks in, room for `n` out.
+        let rs = unsafe { slice(ranks, n) };
+        for (i, &r) in rs.iter().enumerate() {
+            let t = if r == MPI_PROC_NULL {
+                MPI_PROC_NULL
+            } else {
+                let j = usize::try_from(r)
+                    .ok()
+                    .and_then(|r| ga.get(r))
+                    .ok_or_else(|| {
+                        MpiError::new(Class::Rank, format!("rank {r} is not in the group"))
+                    })?;
+                gb.iter()
+                    .position(|x| x == j)
+                    .map_or(MPI_UNDEFINED, |p| p as c_int)
+            };
+            // SAFETY: as above.
+            unsafe { out.add(i).write(t) };
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Group_incl(
+    g: c_int,
+    n: c_int,
+    ranks: *const c_int,
+    new: *mut c_int,
+) -> c_int {
+    call("MPI_Group_incl", MPI_COMM_WORLD, |lib| {
+        let n = count(n, "count")?;
+        let members = group_ranks(lib, g)?;
+        // SAFETY: MPI's contract: `n` ranks.
+        let rs = unsafe { slice(ranks, n) };
+        let picked = rs
+            .iter()
+            .map(|&r| {
+                usize::try_from(r)
+                    .ok()
+                    .and_then(|r| members.get(r).copied())
+                    .ok_or_else(|| {
+                        MpiError::new(Class::Rank, format!("rank {r} is not in the group"))
+                    })
+            })
+            .collect::<Result<Vec<u32>, MpiError>>()?;
+        put_group(lib, picked, new)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Group_excl(
+    g: c_int,
+    n: c_int,
+    ranks: *const c_int,
+    new: *mut c_int,
+) -> c_int {
+    call("MPI_Group_excl", MPI_COMM_WORLD, |lib| {
+        let n = count(n, "count")?;
+        let members = group_ranks(lib, g)?;
+        // SAFETY: MPI's contract: `n` ranks.
+        let rs = unsafe { slice(ranks, n) };
+        let kept = members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !rs.contains(&(*i as c_int)))
+            .map(|(_, &j)| j)
+            .collect();
+        put_group(lib, kept, new)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Group_compare(a: c_int, b: c_int, result: *mut c_int) -> c_int {
+    call("MPI_Group_compare", MPI_COMM_WORLD, |lib| {
+        let r = compare(group_ranks(lib, a)?, group_ranks(lib, b)?, MPI_IDENT);
+        // SAFETY: MPI's contract: `result` is writable.
+        unsafe { result.write(r) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Group_free(g: *mut c_int) -> c_int {
+    call("MPI_Group_free", MPI_COMM_WORLD, |lib| {
+        // SAFETY: MPI's contract: `g` points at a handle.
+        let h = unsafe { g.read() };
+        if h != MPI_GROUP_EMPTY {
+            let i = handles::index_of(h, GROUP)
+                .filter(|&i| lib.groups.get(i).is_some_and(Option::is_some));
+            let i =
+                i.ok_or_else(|| MpiError::new(Class::Group, format!("{h:#x} is not a group")))?;
+            lib.groups[i] = None;
+        }
+        // SAFETY: as above, writable.
+        unsafe { g.write(MPI_GROUP_NULL) };
+        Ok(())
+    })
+}

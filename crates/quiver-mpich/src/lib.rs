@@ -1,0 +1,180 @@
+//! `libmpi.so.12`: MPI with MPICH's ABI on quiver (`quiver-mpi`).
+//!
+//! Binaries built against MPICH or Intel MPI (IMB, mpi4py's MPICH variant, the
+//! application's own) load this library instead of MPICH's and run on quiver: its
+//! handles, constants and `MPI_Status` are MPICH's, read from MPICH's header at build
+//! time (`build.rs`, module [`abi`]). What is implemented works; every other function of
+//! MPICH's `mpi_proto.h` exists, says once on stderr that quiver does not implement it,
+//! and returns `MPI_ERR_UNSUPPORTED_OPERATION` (`stubs`, generated).
+//!
+//! Threads: `MPI_THREAD_FUNNELED`. The library's state lives on the thread that called
+//! `MPI_Init` (quiver's endpoints stay on the thread that opened them); a call from
+//! another thread is an error that says so.
+//!
+//! The parts: this file holds the library's state ([`Lib`], on the initialising
+//! thread), the error path (error handlers, `MPI_Error_string`)
+//! and the handle tables; `handles` decodes MPICH's handles; `init`, `p2p`, `coll`,
+//! `types`, `comm` the MPI calls of each area.
+
+#![allow(non_snake_case, non_camel_case_types)]
+// MPI's C functions take raw pointers from the application: each says what it needs
+// of them in MPI's own terms (the MPI standard's), not a `# Safety` section each.
+#![allow(
+    clippy::missing_safety_doc,
+    clippy::not_unsafe_ptr_arg_deref,
+    clippy::too_many_arguments
+)]
+
+mod coll;
+mod comm;
+mod handles;
+mod init;
+mod p2p;
+mod types;
+
+/// MPICH's constants, from its `mpi.h`.
+#[allow(dead_code, clippy::all)]
+pub mod abi {
+    use std::ffi::c_int;
+    include!(concat!(env!("OUT_DIR"), "/mpich_abi.rs"));
+}
+
+#[allow(clippy::all, unused_imports)]
+mod stubs {
+    use crate::abi::*;
+    use crate::unsupported;
+    use std::ffi::{c_int, c_void};
+    include!(concat!(env!("OUT_DIR"), "/stubs.rs"));
+}
+
+use abi::*;
+use quiver_mpi::{Class, Mpi, MpiError, Op};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Once;
+
+/// MPICH's `MPI_Status`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MPI_Status {
+    pub count_lo: c_int,
+    pub count_hi_and_cancelled: c_int,
+    pub MPI_SOURCE: c_int,
+    pub MPI_TAG: c_int,
+    pub MPI_ERROR: c_int,
+}
+
+/// Where the library is in its life.
+static PHASE: AtomicU8 = AtomicU8::new(BEFORE);
+const BEFORE: u8 = 0;
+const RUNNING: u8 = 1;
+const AFTER: u8 = 2;
+
+thread_local! {
+    /// The library's state, between `MPI_Init` and `MPI_Finalize`, on the thread that
+    /// called `MPI_Init`. Never dropped at the thread's end (a process that exits
+    /// without `MPI_Finalize` does not wait for its endpoints' last answers there).
+    pub(crate) static LIB: RefCell<Option<ManuallyDrop<Lib>>> = const { RefCell::new(None) };
+}
+
+/// One process's MPI library: the core and the tables of handles the core does not
+/// know (datatypes, operations, groups, error handlers).
+pub(crate) struct Lib {
+    pub(crate) mpi: Mpi,
+    pub(crate) types: types::Types,
+    /// Applications' operations by index (`handles::USER_OP | index`).
+    pub(crate) ops: Vec<Option<Op>>,
+    /// Groups (job ranks) by index (`handles::GROUP | index`).
+    pub(crate) groups: Vec<Option<Vec<u32>>>,
+    /// The error handler of each communicator id (absent: `MPI_ERRORS_ARE_FATAL`).
+    pub(crate) errhandlers: HashMap<usize, c_int>,
+    /// The last message of each error class, for `MPI_Error_string`.
+    pub(crate) messages: HashMap<c_int, String>,
+}
+
+/// The number of an error class in MPICH's ABI.
+pub(crate) fn class_code(c: Class) -> c_int {
+    match c {
+        Class::Buffer => MPI_ERR_BUFFER,
+        Class::Count => MPI_ERR_COUNT,
+        Class::Type => MPI_ERR_TYPE,
+        Class::Tag => MPI_ERR_TAG,
+        Class::Comm => MPI_ERR_COMM,
+        Class::Rank => MPI_ERR_RANK,
+        Class::Request => MPI_ERR_REQUEST,
+        Class::Root => MPI_ERR_ROOT,
+        Class::Group => MPI_ERR_GROUP,
+        Class::Op => MPI_ERR_OP,
+        Class::Arg => MPI_ERR_ARG,
+        Class::Truncate => MPI_ERR_TRUNCATE,
+        Class::Other => MPI_ERR_OTHER,
+        Class::Intern => MPI_ERR_INTERN,
+        Class::NotInitialized => MPI_ERR_OTHER,
+        Class::Unsupported => MPI_ERR_UNSUPPORTED_OPERATION,
+        Class::Win => MPI_ERR_WIN,
+    }
+}
+
+/// Runs an MPI call `name` on the library's state: its error goes to the error handler
+/// of communicator handle `comm` (fatal by default: the message on stderr and the
+/// process exits, as MPI's `MPI_ERRORS_ARE_FATAL`), and becomes its class's number.
+pub(crate) fn call(
+    name: &str,
+    comm: c_int,
+    f: impl FnOnce(&mut Lib) -> Result<(), MpiError>,
+) -> c_int {
+    LIB.with(|cell| {
+        let Ok(mut guard) = cell.try_borrow_mut() else {
+            return fatal_or(name, MPI_ERR_OTHER, "called inside another MPI call (from a reduction's function?)", true);
+        };
+        let Some(lib) = guard.as_mut() else {
+            let why = match PHASE.load(Ordering::Relaxed) {
+                BEFORE => "called before MPI_Init",
+                AFTER => "called after MPI_Finalize",
+                _ => "called from a thread other than MPI_Init's: quiver's MPI is MPI_THREAD_FUNNELED",
+            };
+            return fatal_or(name, MPI_ERR_OTHER, why, true);
+        };
+        match f(lib) {
+            Ok(()) => MPI_SUCCESS,
+            Err(e) => lib.fail(name, comm, e),
+        }
+    })
+}
+
+impl Lib {
+    /// Reports `e` of call `name` through the error handler of communicator `comm`.
+    pub(crate) fn fail(&mut self, name: &str, comm: c_int, e: MpiError) -> c_int {
+        let code = class_code(e.class);
+        let handler = handles::comm_id(comm)
+            .ok()
+            .and_then(|c| self.errhandlers.get(&c).copied())
+            .unwrap_or(MPI_ERRORS_ARE_FATAL);
+        self.messages.insert(code, format!("{name}: {}", e.message));
+        fatal_or(name, code, &e.message, handler != MPI_ERRORS_RETURN)
+    }
+}
+
+/// Returns `code`, or, when `fatal`, says what failed and ends the process.
+fn fatal_or(name: &str, code: c_int, message: &str, fatal: bool) -> c_int {
+    if fatal {
+        eprintln!("quiver MPI: {name}: {message} (MPI_ERRORS_ARE_FATAL: exiting)");
+        std::process::exit(1);
+    }
+    code
+}
+
+/// A function quiver does not implement: says so once on stderr.
+pub(crate) fn unsupported(once: &Once, name: &str) {
+    once.call_once(|| {
+        eprintln!("quiver MPI: {name} is not supported (it returns MPI_ERR_UNSUPPORTED_OPERATION)")
+    });
+}
+
+/// An argument that must not be negative, as a count.
+pub(crate) fn count(n: c_int, what: &str) -> Result<usize, MpiError> {
+    usize::try_from(n).map_err(|_| MpiError::new(Class::Count, format!("{what} {n} is negative")))
+}

@@ -43,15 +43,38 @@ fn op(lib: &Lib, h: c_int) -> Result<Op, MpiError> {
 /// MPI's `MPI_User_function`.
 type UserFunction = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut c_int);
 
-#[no_mangle]
-pub extern "C" fn MPI_Op_create(f: Option<UserFunction>, commute: c_int, out: *mut c_int) -> c_int {
-    call("MPI_Op_create", MPI_COMM_WORLD, |lib| {
+/// MPI's `MPI_User_function_c` (counts of `MPI_Count`).
+type UserFunctionC = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut i64, *mut c_int);
+
+/// An application's function, in either of MPI's two signatures.
+#[derive(Clone, Copy)]
+enum UserFunc {
+    Int(UserFunction),
+    Wide(UserFunctionC),
+}
+
+fn op_create(name: &str, f: Option<UserFunc>, commute: c_int, out: *mut c_int) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib| {
         let f = f.ok_or_else(|| MpiError::new(Class::Arg, "a null function"))?;
         let wrapped: quiver_mpi::UserFn = Arc::new(move |inp, inout, n, dt| {
-            let (mut n, mut dt) = (n as c_int, dt as c_int);
+            let mut dt = dt as c_int;
             // SAFETY: MPI's contract for user functions: `n` elements of `dt` at both;
-            // the function may not call MPI (it would find the library busy).
-            unsafe { f(inp.cast_mut().cast(), inout.cast(), &mut n, &mut dt) };
+            // the function may not call MPI (it would find the library busy). Counts
+            // above an int's range go to the `_c` signature only (the core splits
+            // nothing: a reduction of more elements than that is not made by the
+            // classic calls, whose counts are ints).
+            unsafe {
+                match f {
+                    UserFunc::Int(f) => {
+                        let mut n = n as c_int;
+                        f(inp.cast_mut().cast(), inout.cast(), &mut n, &mut dt)
+                    }
+                    UserFunc::Wide(f) => {
+                        let mut n = n as i64;
+                        f(inp.cast_mut().cast(), inout.cast(), &mut n, &mut dt)
+                    }
+                }
+            };
         });
         let i = match lib.ops.iter().position(Option::is_none) {
             Some(i) => i,
@@ -69,6 +92,20 @@ pub extern "C" fn MPI_Op_create(f: Option<UserFunction>, commute: c_int, out: *m
         unsafe { out.write(h) };
         Ok(())
     })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Op_create(f: Option<UserFunction>, commute: c_int, out: *mut c_int) -> c_int {
+    op_create("MPI_Op_create", f.map(UserFunc::Int), commute, out)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Op_create_c(
+    f: Option<UserFunctionC>,
+    commute: c_int,
+    out: *mut c_int,
+) -> c_int {
+    op_create("MPI_Op_create_c", f.map(UserFunc::Wide), commute, out)
 }
 
 #[no_mangle]
@@ -100,15 +137,8 @@ pub extern "C" fn MPI_Barrier(comm: c_int) -> c_int {
     call("MPI_Barrier", comm, |lib| lib.mpi.barrier(comm_id(comm)?))
 }
 
-#[no_mangle]
-pub extern "C" fn MPI_Bcast(
-    buf: *mut c_void,
-    n: c_int,
-    dt: c_int,
-    root: c_int,
-    comm: c_int,
-) -> c_int {
-    call("MPI_Bcast", comm, |lib| {
+fn bcast(name: &str, buf: *mut c_void, n: i64, dt: c_int, root: c_int, comm: c_int) -> c_int {
+    call(name, comm, |lib| {
         let (n, root, c) = (
             count(n, "count")?,
             count(root, "root")? as u32,
@@ -122,16 +152,38 @@ pub extern "C" fn MPI_Bcast(
 }
 
 #[no_mangle]
-pub extern "C" fn MPI_Reduce(
+pub extern "C" fn MPI_Bcast(
+    buf: *mut c_void,
+    n: c_int,
+    dt: c_int,
+    root: c_int,
+    comm: c_int,
+) -> c_int {
+    bcast("MPI_Bcast", buf, n as i64, dt, root, comm)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Bcast_c(
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    root: c_int,
+    comm: c_int,
+) -> c_int {
+    bcast("MPI_Bcast_c", buf, n, dt, root, comm)
+}
+
+fn reduce(
+    name: &str,
     sbuf: *const c_void,
     rbuf: *mut c_void,
-    n: c_int,
+    n: i64,
     dt: c_int,
     o: c_int,
     root: c_int,
     comm: c_int,
 ) -> c_int {
-    call("MPI_Reduce", comm, |lib| {
+    call(name, comm, |lib| {
         let (n, root, c) = (
             count(n, "count")?,
             count(root, "root")? as u32,
@@ -150,15 +202,41 @@ pub extern "C" fn MPI_Reduce(
 }
 
 #[no_mangle]
-pub extern "C" fn MPI_Allreduce(
+pub extern "C" fn MPI_Reduce(
     sbuf: *const c_void,
     rbuf: *mut c_void,
     n: c_int,
     dt: c_int,
     o: c_int,
+    root: c_int,
     comm: c_int,
 ) -> c_int {
-    call("MPI_Allreduce", comm, |lib| {
+    reduce("MPI_Reduce", sbuf, rbuf, n as i64, dt, o, root, comm)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Reduce_c(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    o: c_int,
+    root: c_int,
+    comm: c_int,
+) -> c_int {
+    reduce("MPI_Reduce_c", sbuf, rbuf, n, dt, o, root, comm)
+}
+
+fn allreduce(
+    name: &str,
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    o: c_int,
+    comm: c_int,
+) -> c_int {
+    call(name, comm, |lib| {
         let (n, c) = (count(n, "count")?, comm_id(comm)?);
         let op = op(lib, o)?;
         lib.types.learn(dt);
@@ -173,14 +251,38 @@ pub extern "C" fn MPI_Allreduce(
 }
 
 #[no_mangle]
-pub extern "C" fn MPI_Reduce_local(
-    inbuf: *const c_void,
-    inoutbuf: *mut c_void,
+pub extern "C" fn MPI_Allreduce(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
     n: c_int,
     dt: c_int,
     o: c_int,
+    comm: c_int,
 ) -> c_int {
-    call("MPI_Reduce_local", MPI_COMM_WORLD, |lib| {
+    allreduce("MPI_Allreduce", sbuf, rbuf, n as i64, dt, o, comm)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Allreduce_c(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    o: c_int,
+    comm: c_int,
+) -> c_int {
+    allreduce("MPI_Allreduce_c", sbuf, rbuf, n, dt, o, comm)
+}
+
+fn reduce_local(
+    name: &str,
+    inbuf: *const c_void,
+    inoutbuf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    o: c_int,
+) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib| {
         let n = count(n, "count")?;
         let op = op(lib, o)?;
         let l = lib.types.lookup(dt)?;
@@ -203,25 +305,76 @@ pub extern "C" fn MPI_Reduce_local(
     })
 }
 
+#[no_mangle]
+pub extern "C" fn MPI_Reduce_local(
+    inbuf: *const c_void,
+    inoutbuf: *mut c_void,
+    n: c_int,
+    dt: c_int,
+    o: c_int,
+) -> c_int {
+    reduce_local("MPI_Reduce_local", inbuf, inoutbuf, n as i64, dt, o)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Reduce_local_c(
+    inbuf: *const c_void,
+    inoutbuf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    o: c_int,
+) -> c_int {
+    reduce_local("MPI_Reduce_local_c", inbuf, inoutbuf, n, dt, o)
+}
+
+/// An array of counts or displacements of the application's: `int`s (the classic
+/// calls) or 64-bit `MPI_Count`s and `MPI_Aint`s (the `_c` calls).
+#[derive(Clone, Copy)]
+enum Arr {
+    Int(*const c_int),
+    Wide(*const i64),
+}
+
+impl Arr {
+    /// Its first `n` values.
+    ///
+    /// # Safety
+    ///
+    /// `n` values are readable there (when `n > 0`).
+    unsafe fn values(self, n: usize) -> Vec<i64> {
+        match self {
+            // SAFETY: the caller's promise.
+            Arr::Int(p) => unsafe { slice(p, n) }
+                .iter()
+                .map(|&v| i64::from(v))
+                .collect(),
+            // SAFETY: the caller's promise.
+            Arr::Wide(p) => unsafe { slice(p, n) }.to_vec(),
+        }
+    }
+}
+
 /// `n` pieces of elements of `l`: `count` each, one after the other from `base`
 /// (`counts` is `Err(count)`), or `counts[i]` at displacement `displs[i]` (in extents).
 fn pieces(
     base: *const c_void,
     l: &Layout,
     n: usize,
-    counts: Result<*const c_int, c_int>,
-    displs: *const c_int,
+    counts: Result<Arr, i64>,
+    displs: Arr,
 ) -> Result<Vec<Elems<'_>>, MpiError> {
-    let each = match counts {
+    let each: Result<(Vec<i64>, Vec<i64>), usize> = match counts {
         Err(c) => Err(count(c, "count")?),
         // SAFETY: MPI's contract: a count and a displacement per rank.
-        Ok(p) => Ok(unsafe { (slice(p, n), slice(displs, n)) }),
+        Ok(p) => Ok(unsafe { (p.values(n), displs.values(n)) }),
     };
     (0..n)
         .map(|i| {
-            let (count, at) = match each {
-                Err(c) => (c, (i * c) as isize),
-                Ok((counts, displs)) => (crate::count(counts[i], "count")?, displs[i] as isize),
+            let (count, at) = match &each {
+                Err(c) => (*c, (i * c) as isize),
+                Ok((ref counts, ref displs)) => {
+                    (crate::count(counts[i], "count")?, displs[i] as isize)
+                }
             };
             Ok(Elems {
                 ptr: base.cast::<u8>().wrapping_offset(at * l.extent),
@@ -246,11 +399,36 @@ pub extern "C" fn MPI_Gather(
     gatherv(
         "MPI_Gather",
         sbuf,
+        i64::from(sn),
+        sdt,
+        rbuf,
+        Err(i64::from(rn)),
+        Arr::Int(std::ptr::null()),
+        rdt,
+        root,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Gather_c(
+    sbuf: *const c_void,
+    sn: i64,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rn: i64,
+    rdt: c_int,
+    root: c_int,
+    comm: c_int,
+) -> c_int {
+    gatherv(
+        "MPI_Gather_c",
+        sbuf,
         sn,
         sdt,
         rbuf,
         Err(rn),
-        std::ptr::null(),
+        Arr::Wide(std::ptr::null()),
         rdt,
         root,
         comm,
@@ -272,11 +450,37 @@ pub extern "C" fn MPI_Gatherv(
     gatherv(
         "MPI_Gatherv",
         sbuf,
+        i64::from(sn),
+        sdt,
+        rbuf,
+        Ok(Arr::Int(rns)),
+        Arr::Int(displs),
+        rdt,
+        root,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Gatherv_c(
+    sbuf: *const c_void,
+    sn: i64,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rns: *const i64,
+    displs: *const isize,
+    rdt: c_int,
+    root: c_int,
+    comm: c_int,
+) -> c_int {
+    gatherv(
+        "MPI_Gatherv_c",
+        sbuf,
         sn,
         sdt,
         rbuf,
-        Ok(rns),
-        displs,
+        Ok(Arr::Wide(rns)),
+        Arr::Wide(displs.cast()),
         rdt,
         root,
         comm,
@@ -286,11 +490,11 @@ pub extern "C" fn MPI_Gatherv(
 fn gatherv(
     name: &str,
     sbuf: *const c_void,
-    sn: c_int,
+    sn: i64,
     sdt: c_int,
     rbuf: *mut c_void,
-    rns: Result<*const c_int, c_int>,
-    displs: *const c_int,
+    rns: Result<Arr, i64>,
+    displs: Arr,
     rdt: c_int,
     root: c_int,
     comm: c_int,
@@ -343,8 +547,33 @@ pub extern "C" fn MPI_Scatter(
     scatterv(
         "MPI_Scatter",
         sbuf,
+        Err(i64::from(sn)),
+        Arr::Int(std::ptr::null()),
+        sdt,
+        rbuf,
+        i64::from(rn),
+        rdt,
+        root,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Scatter_c(
+    sbuf: *const c_void,
+    sn: i64,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rn: i64,
+    rdt: c_int,
+    root: c_int,
+    comm: c_int,
+) -> c_int {
+    scatterv(
+        "MPI_Scatter_c",
+        sbuf,
         Err(sn),
-        std::ptr::null(),
+        Arr::Wide(std::ptr::null()),
         sdt,
         rbuf,
         rn,
@@ -369,8 +598,34 @@ pub extern "C" fn MPI_Scatterv(
     scatterv(
         "MPI_Scatterv",
         sbuf,
-        Ok(sns),
-        displs,
+        Ok(Arr::Int(sns)),
+        Arr::Int(displs),
+        sdt,
+        rbuf,
+        i64::from(rn),
+        rdt,
+        root,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Scatterv_c(
+    sbuf: *const c_void,
+    sns: *const i64,
+    displs: *const isize,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rn: i64,
+    rdt: c_int,
+    root: c_int,
+    comm: c_int,
+) -> c_int {
+    scatterv(
+        "MPI_Scatterv_c",
+        sbuf,
+        Ok(Arr::Wide(sns)),
+        Arr::Wide(displs.cast()),
         sdt,
         rbuf,
         rn,
@@ -383,11 +638,11 @@ pub extern "C" fn MPI_Scatterv(
 fn scatterv(
     name: &str,
     sbuf: *const c_void,
-    sns: Result<*const c_int, c_int>,
-    displs: *const c_int,
+    sns: Result<Arr, i64>,
+    displs: Arr,
     sdt: c_int,
     rbuf: *mut c_void,
-    rn: c_int,
+    rn: i64,
     rdt: c_int,
     root: c_int,
     comm: c_int,
@@ -434,11 +689,34 @@ pub extern "C" fn MPI_Allgather(
     allgatherv(
         "MPI_Allgather",
         sbuf,
+        i64::from(sn),
+        sdt,
+        rbuf,
+        Err(i64::from(rn)),
+        Arr::Int(std::ptr::null()),
+        rdt,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Allgather_c(
+    sbuf: *const c_void,
+    sn: i64,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rn: i64,
+    rdt: c_int,
+    comm: c_int,
+) -> c_int {
+    allgatherv(
+        "MPI_Allgather_c",
+        sbuf,
         sn,
         sdt,
         rbuf,
         Err(rn),
-        std::ptr::null(),
+        Arr::Wide(std::ptr::null()),
         rdt,
         comm,
     )
@@ -458,11 +736,35 @@ pub extern "C" fn MPI_Allgatherv(
     allgatherv(
         "MPI_Allgatherv",
         sbuf,
+        i64::from(sn),
+        sdt,
+        rbuf,
+        Ok(Arr::Int(rns)),
+        Arr::Int(displs),
+        rdt,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Allgatherv_c(
+    sbuf: *const c_void,
+    sn: i64,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rns: *const i64,
+    displs: *const isize,
+    rdt: c_int,
+    comm: c_int,
+) -> c_int {
+    allgatherv(
+        "MPI_Allgatherv_c",
+        sbuf,
         sn,
         sdt,
         rbuf,
-        Ok(rns),
-        displs,
+        Ok(Arr::Wide(rns)),
+        Arr::Wide(displs.cast()),
         rdt,
         comm,
     )
@@ -471,11 +773,11 @@ pub extern "C" fn MPI_Allgatherv(
 fn allgatherv(
     name: &str,
     sbuf: *const c_void,
-    sn: c_int,
+    sn: i64,
     sdt: c_int,
     rbuf: *mut c_void,
-    rns: Result<*const c_int, c_int>,
-    displs: *const c_int,
+    rns: Result<Arr, i64>,
+    displs: Arr,
     rdt: c_int,
     comm: c_int,
 ) -> c_int {
@@ -518,12 +820,36 @@ pub extern "C" fn MPI_Alltoall(
     alltoallv(
         "MPI_Alltoall",
         sbuf,
+        Err(i64::from(sn)),
+        Arr::Int(std::ptr::null()),
+        sdt,
+        rbuf,
+        Err(i64::from(rn)),
+        Arr::Int(std::ptr::null()),
+        rdt,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Alltoall_c(
+    sbuf: *const c_void,
+    sn: i64,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rn: i64,
+    rdt: c_int,
+    comm: c_int,
+) -> c_int {
+    alltoallv(
+        "MPI_Alltoall_c",
+        sbuf,
         Err(sn),
-        std::ptr::null(),
+        Arr::Wide(std::ptr::null()),
         sdt,
         rbuf,
         Err(rn),
-        std::ptr::null(),
+        Arr::Wide(std::ptr::null()),
         rdt,
         comm,
     )
@@ -544,12 +870,38 @@ pub extern "C" fn MPI_Alltoallv(
     alltoallv(
         "MPI_Alltoallv",
         sbuf,
-        Ok(sns),
-        sdispls,
+        Ok(Arr::Int(sns)),
+        Arr::Int(sdispls),
         sdt,
         rbuf,
-        Ok(rns),
-        rdispls,
+        Ok(Arr::Int(rns)),
+        Arr::Int(rdispls),
+        rdt,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Alltoallv_c(
+    sbuf: *const c_void,
+    sns: *const i64,
+    sdispls: *const isize,
+    sdt: c_int,
+    rbuf: *mut c_void,
+    rns: *const i64,
+    rdispls: *const isize,
+    rdt: c_int,
+    comm: c_int,
+) -> c_int {
+    alltoallv(
+        "MPI_Alltoallv_c",
+        sbuf,
+        Ok(Arr::Wide(sns)),
+        Arr::Wide(sdispls.cast()),
+        sdt,
+        rbuf,
+        Ok(Arr::Wide(rns)),
+        Arr::Wide(rdispls.cast()),
         rdt,
         comm,
     )
@@ -558,12 +910,12 @@ pub extern "C" fn MPI_Alltoallv(
 fn alltoallv(
     name: &str,
     sbuf: *const c_void,
-    sns: Result<*const c_int, c_int>,
-    sd: *const c_int,
+    sns: Result<Arr, i64>,
+    sd: Arr,
     sdt: c_int,
     rbuf: *mut c_void,
-    rns: Result<*const c_int, c_int>,
-    rd: *const c_int,
+    rns: Result<Arr, i64>,
+    rd: Arr,
     rdt: c_int,
     comm: c_int,
 ) -> c_int {
@@ -601,7 +953,35 @@ pub extern "C" fn MPI_Reduce_scatter_block(
     o: c_int,
     comm: c_int,
 ) -> c_int {
-    reduce_scatter("MPI_Reduce_scatter_block", sbuf, rbuf, Err(rn), dt, o, comm)
+    reduce_scatter(
+        "MPI_Reduce_scatter_block",
+        sbuf,
+        rbuf,
+        Err(i64::from(rn)),
+        dt,
+        o,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Reduce_scatter_block_c(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    rn: i64,
+    dt: c_int,
+    o: c_int,
+    comm: c_int,
+) -> c_int {
+    reduce_scatter(
+        "MPI_Reduce_scatter_block_c",
+        sbuf,
+        rbuf,
+        Err(rn),
+        dt,
+        o,
+        comm,
+    )
 }
 
 #[no_mangle]
@@ -613,7 +993,35 @@ pub extern "C" fn MPI_Reduce_scatter(
     o: c_int,
     comm: c_int,
 ) -> c_int {
-    reduce_scatter("MPI_Reduce_scatter", sbuf, rbuf, Ok(rns), dt, o, comm)
+    reduce_scatter(
+        "MPI_Reduce_scatter",
+        sbuf,
+        rbuf,
+        Ok(Arr::Int(rns)),
+        dt,
+        o,
+        comm,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Reduce_scatter_c(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    rns: *const i64,
+    dt: c_int,
+    o: c_int,
+    comm: c_int,
+) -> c_int {
+    reduce_scatter(
+        "MPI_Reduce_scatter_c",
+        sbuf,
+        rbuf,
+        Ok(Arr::Wide(rns)),
+        dt,
+        o,
+        comm,
+    )
 }
 
 /// A reduction to rank 0 into a temporary, scattered from there.
@@ -621,7 +1029,7 @@ fn reduce_scatter(
     name: &str,
     sbuf: *const c_void,
     rbuf: *mut c_void,
-    rns: Result<*const c_int, c_int>,
+    rns: Result<Arr, i64>,
     dt: c_int,
     o: c_int,
     comm: c_int,
@@ -643,9 +1051,9 @@ fn reduce_scatter(
         let counts: Vec<usize> = match rns {
             Err(n) => vec![count(n, "count")?; size],
             // SAFETY: MPI's contract: a count per rank.
-            Ok(p) => unsafe { slice(p, size) }
-                .iter()
-                .map(|&n| count(n, "count"))
+            Ok(p) => unsafe { p.values(size) }
+                .into_iter()
+                .map(|n| count(n, "count"))
                 .collect::<Result<_, _>>()?,
         };
         let total: usize = counts.iter().sum();
@@ -697,7 +1105,19 @@ pub extern "C" fn MPI_Scan(
     o: c_int,
     comm: c_int,
 ) -> c_int {
-    scan("MPI_Scan", sbuf, rbuf, n, dt, o, comm, false)
+    scan("MPI_Scan", sbuf, rbuf, i64::from(n), dt, o, comm, false)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Scan_c(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    o: c_int,
+    comm: c_int,
+) -> c_int {
+    scan("MPI_Scan_c", sbuf, rbuf, n, dt, o, comm, false)
 }
 
 #[no_mangle]
@@ -709,14 +1129,26 @@ pub extern "C" fn MPI_Exscan(
     o: c_int,
     comm: c_int,
 ) -> c_int {
-    scan("MPI_Exscan", sbuf, rbuf, n, dt, o, comm, true)
+    scan("MPI_Exscan", sbuf, rbuf, i64::from(n), dt, o, comm, true)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Exscan_c(
+    sbuf: *const c_void,
+    rbuf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    o: c_int,
+    comm: c_int,
+) -> c_int {
+    scan("MPI_Exscan_c", sbuf, rbuf, n, dt, o, comm, true)
 }
 
 fn scan(
     name: &str,
     sbuf: *const c_void,
     rbuf: *mut c_void,
-    n: c_int,
+    n: i64,
     dt: c_int,
     o: c_int,
     comm: c_int,

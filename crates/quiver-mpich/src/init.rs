@@ -300,3 +300,15 @@ pub extern "C" fn MPI_Errhandler_free(handler: *mut c_int) -> c_int {
     unsafe { handler.write(MPI_ERRHANDLER_NULL) };
     MPI_SUCCESS
 }
+
+/// Not the standard ABI (that is `libmpi_abi.so.1`'s): -1 and -1, as MPICH's
+/// `libmpi.so.12` says.
+#[no_mangle]
+pub extern "C" fn MPI_Abi_get_version(major: *mut c_int, minor: *mut c_int) -> c_int {
+    // SAFETY: MPI's contract: both are writable.
+    unsafe {
+        major.write(-1);
+        minor.write(-1);
+    }
+    MPI_SUCCESS
+}

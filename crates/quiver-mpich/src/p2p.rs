@@ -9,16 +9,16 @@ use crate::{call, class_code, count, MPI_Status};
 use quiver_mpi::{Class, MpiError, Status};
 use std::ffi::{c_int, c_void};
 
-#[no_mangle]
-pub extern "C" fn MPI_Send(
+fn send(
+    name: &str,
     buf: *const c_void,
-    n: c_int,
+    n: i64,
     dt: c_int,
     to: c_int,
     tag: c_int,
     comm: c_int,
 ) -> c_int {
-    call("MPI_Send", comm, |lib| {
+    call(name, comm, |lib| {
         let (n, to, tag, c) = (
             count(n, "count")?,
             dest(to)?,
@@ -30,6 +30,30 @@ pub extern "C" fn MPI_Send(
         // SAFETY: MPI's contract: `n` elements of `dt` readable at `buf`.
         unsafe { lib.mpi.send(buf.cast(), n, l, to, tag, c) }
     })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Send(
+    buf: *const c_void,
+    n: c_int,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+) -> c_int {
+    send("MPI_Send", buf, n as i64, dt, to, tag, comm)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Send_c(
+    buf: *const c_void,
+    n: i64,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+) -> c_int {
+    send("MPI_Send_c", buf, n, dt, to, tag, comm)
 }
 
 #[no_mangle]
@@ -59,17 +83,17 @@ pub extern "C" fn MPI_Rsend(
     MPI_Send(buf, n, dt, to, tag, comm)
 }
 
-#[no_mangle]
-pub extern "C" fn MPI_Recv(
+fn recv(
+    name: &str,
     buf: *mut c_void,
-    n: c_int,
+    n: i64,
     dt: c_int,
     from: c_int,
     tag: c_int,
     comm: c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call("MPI_Recv", comm, |lib| {
+    call(name, comm, |lib| {
         let (n, from, tag, c) = (
             count(n, "count")?,
             source(from)?,
@@ -82,6 +106,32 @@ pub extern "C" fn MPI_Recv(
         let r = unsafe { lib.mpi.recv(buf.cast(), n, l, from, tag, c) };
         finish(r, status)
     })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Recv(
+    buf: *mut c_void,
+    n: c_int,
+    dt: c_int,
+    from: c_int,
+    tag: c_int,
+    comm: c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    recv("MPI_Recv", buf, n as i64, dt, from, tag, comm, status)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Recv_c(
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    from: c_int,
+    tag: c_int,
+    comm: c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    recv("MPI_Recv_c", buf, n, dt, from, tag, comm, status)
 }
 
 /// Writes a receive's status (also a failed one's, where it has one) and passes the
@@ -111,17 +161,17 @@ fn put_request(out: *mut c_int, id: usize) -> Result<(), MpiError> {
     Ok(())
 }
 
-#[no_mangle]
-pub extern "C" fn MPI_Isend(
+fn isend(
+    name: &str,
     buf: *const c_void,
-    n: c_int,
+    n: i64,
     dt: c_int,
     to: c_int,
     tag: c_int,
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    call("MPI_Isend", comm, |lib| {
+    call(name, comm, |lib| {
         let (n, to, tag, c) = (
             count(n, "count")?,
             dest(to)?,
@@ -134,6 +184,32 @@ pub extern "C" fn MPI_Isend(
         let id = unsafe { lib.mpi.isend(buf.cast(), n, l, to, tag, c) }?;
         put_request(req, id)
     })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Isend(
+    buf: *const c_void,
+    n: c_int,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+    req: *mut c_int,
+) -> c_int {
+    isend("MPI_Isend", buf, n as i64, dt, to, tag, comm, req)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Isend_c(
+    buf: *const c_void,
+    n: i64,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+    req: *mut c_int,
+) -> c_int {
+    isend("MPI_Isend_c", buf, n, dt, to, tag, comm, req)
 }
 
 #[no_mangle]
@@ -162,17 +238,17 @@ pub extern "C" fn MPI_Irsend(
     MPI_Isend(buf, n, dt, to, tag, comm, req)
 }
 
-#[no_mangle]
-pub extern "C" fn MPI_Irecv(
+fn irecv(
+    name: &str,
     buf: *mut c_void,
-    n: c_int,
+    n: i64,
     dt: c_int,
     from: c_int,
     tag: c_int,
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    call("MPI_Irecv", comm, |lib| {
+    call(name, comm, |lib| {
         let (n, from, tag, c) = (
             count(n, "count")?,
             source(from)?,
@@ -185,6 +261,32 @@ pub extern "C" fn MPI_Irecv(
         let id = unsafe { lib.mpi.irecv(buf.cast(), n, l, from, tag, c) }?;
         put_request(req, id)
     })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Irecv(
+    buf: *mut c_void,
+    n: c_int,
+    dt: c_int,
+    from: c_int,
+    tag: c_int,
+    comm: c_int,
+    req: *mut c_int,
+) -> c_int {
+    irecv("MPI_Irecv", buf, n as i64, dt, from, tag, comm, req)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Irecv_c(
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    from: c_int,
+    tag: c_int,
+    comm: c_int,
+    req: *mut c_int,
+) -> c_int {
+    irecv("MPI_Irecv_c", buf, n, dt, from, tag, comm, req)
 }
 
 #[no_mangle]
@@ -520,22 +622,22 @@ pub extern "C" fn MPI_Request_free(req: *mut c_int) -> c_int {
     })
 }
 
-#[no_mangle]
-pub extern "C" fn MPI_Sendrecv(
+fn sendrecv(
+    name: &str,
     sbuf: *const c_void,
-    sn: c_int,
+    sn: i64,
     sdt: c_int,
     to: c_int,
     stag: c_int,
     rbuf: *mut c_void,
-    rn: c_int,
+    rn: i64,
     rdt: c_int,
     from: c_int,
     rtag: c_int,
     comm: c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call("MPI_Sendrecv", comm, |lib| {
+    call(name, comm, |lib| {
         let c = comm_id(comm)?;
         let (sn, to, stag) = (count(sn, "count")?, dest(to)?, send_tag(stag)?);
         let (rn, from, rtag) = (count(rn, "count")?, source(from)?, recv_tag(rtag)?);
@@ -563,9 +665,73 @@ pub extern "C" fn MPI_Sendrecv(
 }
 
 #[no_mangle]
-pub extern "C" fn MPI_Sendrecv_replace(
+pub extern "C" fn MPI_Sendrecv(
+    sbuf: *const c_void,
+    sn: c_int,
+    sdt: c_int,
+    to: c_int,
+    stag: c_int,
+    rbuf: *mut c_void,
+    rn: c_int,
+    rdt: c_int,
+    from: c_int,
+    rtag: c_int,
+    comm: c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    sendrecv(
+        "MPI_Sendrecv",
+        sbuf,
+        sn as i64,
+        sdt,
+        to,
+        stag,
+        rbuf,
+        rn as i64,
+        rdt,
+        from,
+        rtag,
+        comm,
+        status,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Sendrecv_c(
+    sbuf: *const c_void,
+    sn: i64,
+    sdt: c_int,
+    to: c_int,
+    stag: c_int,
+    rbuf: *mut c_void,
+    rn: i64,
+    rdt: c_int,
+    from: c_int,
+    rtag: c_int,
+    comm: c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    sendrecv(
+        "MPI_Sendrecv_c",
+        sbuf,
+        sn,
+        sdt,
+        to,
+        stag,
+        rbuf,
+        rn,
+        rdt,
+        from,
+        rtag,
+        comm,
+        status,
+    )
+}
+
+fn sendrecv_replace(
+    name: &str,
     buf: *mut c_void,
-    n: c_int,
+    n: i64,
     dt: c_int,
     to: c_int,
     stag: c_int,
@@ -574,7 +740,7 @@ pub extern "C" fn MPI_Sendrecv_replace(
     comm: c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call("MPI_Sendrecv_replace", comm, |lib| {
+    call(name, comm, |lib| {
         let c = comm_id(comm)?;
         let (n, to, stag, from, rtag) = (
             count(n, "count")?,
@@ -611,6 +777,58 @@ pub extern "C" fn MPI_Sendrecv_replace(
         };
         finish(r, status)
     })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Sendrecv_replace(
+    buf: *mut c_void,
+    n: c_int,
+    dt: c_int,
+    to: c_int,
+    stag: c_int,
+    from: c_int,
+    rtag: c_int,
+    comm: c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    sendrecv_replace(
+        "MPI_Sendrecv_replace",
+        buf,
+        n as i64,
+        dt,
+        to,
+        stag,
+        from,
+        rtag,
+        comm,
+        status,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Sendrecv_replace_c(
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    to: c_int,
+    stag: c_int,
+    from: c_int,
+    rtag: c_int,
+    comm: c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    sendrecv_replace(
+        "MPI_Sendrecv_replace_c",
+        buf,
+        n,
+        dt,
+        to,
+        stag,
+        from,
+        rtag,
+        comm,
+        status,
+    )
 }
 
 #[no_mangle]
@@ -651,4 +869,54 @@ pub extern "C" fn MPI_Probe(
         unsafe { write_status(status, &s, None) };
         Ok(())
     })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Ssend_c(
+    buf: *const c_void,
+    n: i64,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+) -> c_int {
+    MPI_Send_c(buf, n, dt, to, tag, comm)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Rsend_c(
+    buf: *const c_void,
+    n: i64,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+) -> c_int {
+    MPI_Send_c(buf, n, dt, to, tag, comm)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Issend_c(
+    buf: *const c_void,
+    n: i64,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+    req: *mut c_int,
+) -> c_int {
+    MPI_Isend_c(buf, n, dt, to, tag, comm, req)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Irsend_c(
+    buf: *const c_void,
+    n: i64,
+    dt: c_int,
+    to: c_int,
+    tag: c_int,
+    comm: c_int,
+    req: *mut c_int,
+) -> c_int {
+    MPI_Isend_c(buf, n, dt, to, tag, comm, req)
 }

@@ -242,9 +242,8 @@ pub extern "C" fn MPI_Type_dup(old: c_int, new: *mut c_int) -> c_int {
     })
 }
 
-#[no_mangle]
-pub extern "C" fn MPI_Type_contiguous(n: c_int, old: c_int, new: *mut c_int) -> c_int {
-    call("MPI_Type_contiguous", MPI_COMM_WORLD, |lib| {
+fn type_contiguous(name: &str, n: i64, old: c_int, new: *mut c_int) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib| {
         let n = count(n, "count")?;
         create(lib, old, new, |l| {
             Layout::hindexed([(0, n)], l).map(uncommitted)
@@ -252,9 +251,35 @@ pub extern "C" fn MPI_Type_contiguous(n: c_int, old: c_int, new: *mut c_int) -> 
     })
 }
 
+#[no_mangle]
+pub extern "C" fn MPI_Type_contiguous(n: c_int, old: c_int, new: *mut c_int) -> c_int {
+    type_contiguous("MPI_Type_contiguous", n as i64, old, new)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_contiguous_c(n: i64, old: c_int, new: *mut c_int) -> c_int {
+    type_contiguous("MPI_Type_contiguous_c", n, old, new)
+}
+
 fn uncommitted(mut l: Layout) -> Layout {
     l.committed = false;
     l
+}
+
+fn type_vector(
+    name: &str,
+    n: i64,
+    blocklen: i64,
+    stride: i64,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib| {
+        let (n, b) = (count(n, "count")?, count(blocklen, "block length")?);
+        create(lib, old, new, |l| {
+            Layout::hvector(n, b, stride as isize * l.extent, l)
+        })
+    })
 }
 
 #[no_mangle]
@@ -265,11 +290,38 @@ pub extern "C" fn MPI_Type_vector(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call("MPI_Type_vector", MPI_COMM_WORLD, |lib| {
+    type_vector(
+        "MPI_Type_vector",
+        n as i64,
+        blocklen as i64,
+        stride as i64,
+        old,
+        new,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_vector_c(
+    n: i64,
+    blocklen: i64,
+    stride: i64,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    type_vector("MPI_Type_vector_c", n, blocklen, stride, old, new)
+}
+
+fn type_create_hvector(
+    name: &str,
+    n: i64,
+    blocklen: i64,
+    stride: i64,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib| {
         let (n, b) = (count(n, "count")?, count(blocklen, "block length")?);
-        create(lib, old, new, |l| {
-            Layout::hvector(n, b, stride as isize * l.extent, l)
-        })
+        create(lib, old, new, |l| Layout::hvector(n, b, stride as isize, l))
     })
 }
 
@@ -281,10 +333,25 @@ pub extern "C" fn MPI_Type_create_hvector(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call("MPI_Type_create_hvector", MPI_COMM_WORLD, |lib| {
-        let (n, b) = (count(n, "count")?, count(blocklen, "block length")?);
-        create(lib, old, new, |l| Layout::hvector(n, b, stride, l))
-    })
+    type_create_hvector(
+        "MPI_Type_create_hvector",
+        n as i64,
+        blocklen as i64,
+        stride as i64,
+        old,
+        new,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_create_hvector_c(
+    n: i64,
+    blocklen: i64,
+    stride: i64,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    type_create_hvector("MPI_Type_create_hvector_c", n, blocklen, stride, old, new)
 }
 
 #[no_mangle]
@@ -331,6 +398,14 @@ pub extern "C" fn MPI_Type_create_hindexed(
     })
 }
 
+fn type_create_resized(name: &str, old: c_int, lb: i64, extent: i64, new: *mut c_int) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib| {
+        create(lib, old, new, |l| {
+            Ok(Layout::resized(l, lb as isize, extent as isize))
+        })
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn MPI_Type_create_resized(
     old: c_int,
@@ -338,9 +413,23 @@ pub extern "C" fn MPI_Type_create_resized(
     extent: isize,
     new: *mut c_int,
 ) -> c_int {
-    call("MPI_Type_create_resized", MPI_COMM_WORLD, |lib| {
-        create(lib, old, new, |l| Ok(Layout::resized(l, lb, extent)))
-    })
+    type_create_resized(
+        "MPI_Type_create_resized",
+        old,
+        lb as i64,
+        extent as i64,
+        new,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_create_resized_c(
+    old: c_int,
+    lb: i64,
+    extent: i64,
+    new: *mut c_int,
+) -> c_int {
+    type_create_resized("MPI_Type_create_resized_c", old, lb, extent, new)
 }
 
 #[no_mangle]
@@ -408,4 +497,119 @@ pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize) -> &'a [T] {
     }
     // SAFETY: the caller's promise.
     unsafe { std::slice::from_raw_parts(p, n) }
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_size_c(dt: c_int, size: *mut i64) -> c_int {
+    MPI_Type_size_x(dt, size)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_get_extent_c(dt: c_int, lb: *mut i64, extent: *mut i64) -> c_int {
+    // MPI_Count and MPI_Aint are both 64 bits here.
+    MPI_Type_get_extent(dt, lb.cast(), extent.cast())
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_get_true_extent_c(dt: c_int, lb: *mut i64, extent: *mut i64) -> c_int {
+    MPI_Type_get_true_extent(dt, lb.cast(), extent.cast())
+}
+
+/// Elements of `dt` in the bytes a status says were received (`per`: the bytes of one
+/// element counted: the type's size, or its basic element's).
+fn elements(
+    name: &str,
+    status: *const MPI_Status,
+    dt: c_int,
+    per: fn(&Layout) -> usize,
+) -> Result<i64, MpiError> {
+    let mut out = 0;
+    let rc = call(name, MPI_COMM_WORLD, |lib| {
+        let size = per(lib.types.lookup(dt)?) as i64;
+        // SAFETY: MPI's contract: `status` points at a status.
+        let bytes = handles::status_bytes(unsafe { &*status });
+        out = if size == 0 {
+            0
+        } else if bytes % size != 0 {
+            i64::from(MPI_UNDEFINED)
+        } else {
+            bytes / size
+        };
+        Ok(())
+    });
+    if rc == MPI_SUCCESS {
+        Ok(out)
+    } else {
+        Err(MpiError::new(Class::Type, "bad datatype"))
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Get_count_c(status: *const MPI_Status, dt: c_int, out: *mut i64) -> c_int {
+    match elements("MPI_Get_count_c", status, dt, |l| l.size) {
+        Ok(n) => {
+            // SAFETY: MPI's contract: `out` is writable.
+            unsafe { out.write(n) };
+            MPI_SUCCESS
+        }
+        Err(_) => MPI_ERR_TYPE,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Get_elements_c(status: *const MPI_Status, dt: c_int, out: *mut i64) -> c_int {
+    match elements("MPI_Get_elements_c", status, dt, |l| {
+        l.elem.map_or(1, |e| e.size())
+    }) {
+        Ok(n) => {
+            // SAFETY: MPI's contract: `out` is writable.
+            unsafe { out.write(n) };
+            MPI_SUCCESS
+        }
+        Err(_) => MPI_ERR_TYPE,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_indexed_c(
+    n: i64,
+    blocklens: *const i64,
+    displs: *const i64,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    call("MPI_Type_indexed_c", MPI_COMM_WORLD, |lib| {
+        let n = count(n, "count")?;
+        // SAFETY: MPI's contract: `n` block lengths and displacements.
+        let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
+        let blocks = lens
+            .iter()
+            .zip(ds)
+            .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
+            .collect::<Result<Vec<_>, MpiError>>()?;
+        create(lib, old, new, |l| {
+            Layout::hindexed(blocks.iter().map(|&(d, b)| (d * l.extent, b)), l)
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_create_hindexed_c(
+    n: i64,
+    blocklens: *const i64,
+    displs: *const i64,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    call("MPI_Type_create_hindexed_c", MPI_COMM_WORLD, |lib| {
+        let n = count(n, "count")?;
+        // SAFETY: MPI's contract: `n` block lengths and displacements.
+        let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
+        let blocks = lens
+            .iter()
+            .zip(ds)
+            .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
+            .collect::<Result<Vec<_>, MpiError>>()?;
+        create(lib, old, new, |l| Layout::hindexed(blocks, l))
+    })
 }

@@ -138,6 +138,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "M", requires = "cluster",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub ppn: Option<u32>,
+    /// Run an MPI program built against MPICH or Intel MPI (`libmpi.so.12`) on quiver's
+    /// MPI: the ranks load quiver's `libmpi.so.12` (from `QUIVER_MPI_LIB`, a directory,
+    /// or the one built beside this `quiver`: `cargo build --release -p quiver-mpich`).
+    #[arg(long)]
+    pub mpi: bool,
     /// The program to start and its arguments.
     #[arg(
         value_name = "PROGRAM",
@@ -202,6 +207,24 @@ pub fn main(args: RunArgs) -> i32 {
             }
         },
     };
+    let mut extra_env = Vec::new();
+    if args.mpi {
+        match mpi_library_dir() {
+            Ok(dir) => {
+                let mut path = dir.into_os_string().into_string().unwrap_or_default();
+                if let Ok(old) = std::env::var("LD_LIBRARY_PATH") {
+                    if !old.is_empty() {
+                        path = format!("{path}:{old}");
+                    }
+                }
+                extra_env.push(("LD_LIBRARY_PATH".to_string(), path));
+            }
+            Err(e) => {
+                eprintln!("quiver run: --mpi: {e}");
+                return 2;
+            }
+        }
+    }
     let spec = LaunchSpec {
         n: args.np,
         program,
@@ -209,7 +232,7 @@ pub fn main(args: RunArgs) -> i32 {
         prefix: !args.no_prefix,
         timeout,
         pin_cpus: args.pin || (!args.no_pin && args.np as usize > allowed_cpus().len()),
-        extra_env: Vec::new(),
+        extra_env,
         keep_going: args.keep_going,
         placement,
     };
@@ -220,6 +243,52 @@ pub fn main(args: RunArgs) -> i32 {
             1
         }
     }
+}
+
+/// A directory with quiver's `libmpi.so.12` (and `libmpi.so`, which mpi4py looks for
+/// first): `QUIVER_MPI_LIB`, or `mpi/` beside this executable, made there (links to the
+/// `libmpi.so` cargo built beside it) when missing, or the installed `../lib`.
+fn mpi_library_dir() -> Result<std::path::PathBuf, String> {
+    use std::path::PathBuf;
+    if let Some(dir) = std::env::var_os("QUIVER_MPI_LIB") {
+        let dir = PathBuf::from(dir);
+        return if dir.join("libmpi.so.12").exists() {
+            Ok(dir)
+        } else {
+            Err(format!(
+                "QUIVER_MPI_LIB={} has no libmpi.so.12",
+                dir.display()
+            ))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let bin = exe.parent().ok_or("this executable has no directory")?;
+    let built = bin.join("libmpi.so");
+    if built.exists() {
+        let dir = bin.join("mpi");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for name in ["libmpi.so.12", "libmpi.so"] {
+            let link = dir.join(name);
+            if !link.exists() {
+                // Two jobs starting at once may both make it: the second finds it made.
+                if let Err(e) = std::os::unix::fs::symlink("../libmpi.so", &link) {
+                    if e.kind() != std::io::ErrorKind::AlreadyExists {
+                        return Err(format!("{}: {e}", link.display()));
+                    }
+                }
+            }
+        }
+        return Ok(dir);
+    }
+    let installed = bin.join("../lib");
+    if installed.join("libmpi.so.12").exists() {
+        return Ok(installed);
+    }
+    Err(format!(
+        "quiver's libmpi.so.12 is not beside {} (build it: cargo build --release -p quiver-mpich; \
+         or set QUIVER_MPI_LIB to its directory)",
+        exe.display()
+    ))
 }
 
 /// How long ranks get between `SIGTERM` and `SIGKILL`.

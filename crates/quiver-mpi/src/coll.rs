@@ -291,19 +291,11 @@ impl Mpi {
         handle: u64,
     ) -> Result<Option<Vec<u8>>> {
         layout.check_committed()?;
-        let elem = layout.elem;
-        op.check(elem)?;
-        let elem = elem.ok_or_else(|| {
-            MpiError::new(
-                Class::Op,
-                "reductions need a datatype of one kind of number",
-            )
-        })?;
+        op.check_layout(layout)?;
         let (n, r) = self.size_rank(comm, 0)?;
         let mut acc = Vec::new();
         // SAFETY: the caller's promise.
         unsafe { layout.pack(data, count, &mut acc) };
-        let per = elem.size();
         let bytes = Layout::builtin(crate::Elem::Bytes {
             size: 1,
             bitwise: false,
@@ -324,15 +316,9 @@ impl Mpi {
                 }?;
                 self.c_finish(comm, vec![p])?;
                 // Lower ranks' (acc) op higher ranks': inout = in op inout.
-                // SAFETY: both hold `acc.len() / per` elements.
+                // SAFETY: both hold `acc.len()` bytes.
                 unsafe {
-                    op.apply(
-                        elem,
-                        acc.len() / per,
-                        acc.as_ptr(),
-                        higher.as_mut_ptr(),
-                        handle,
-                    )
+                    op.combine(layout, acc.len(), acc.as_ptr(), higher.as_mut_ptr(), handle)
                 }?;
                 acc = higher;
             }
@@ -549,13 +535,7 @@ impl Mpi {
         exclusive: bool,
     ) -> Result<()> {
         layout.check_committed()?;
-        op.check(layout.elem)?;
-        let elem = layout.elem.ok_or_else(|| {
-            MpiError::new(
-                Class::Op,
-                "reductions need a datatype of one kind of number",
-            )
-        })?;
+        op.check_layout(layout)?;
         let tag = self.next_tag(comm)?;
         let (n, r) = self.size_rank(comm, 0)?;
         let mut mine = Vec::new();
@@ -565,7 +545,6 @@ impl Mpi {
             size: 1,
             bitwise: false,
         });
-        let n_elems = mine.len() / elem.size();
         // The prefix of the ranks below, then this rank's included.
         let mut upto = mine.clone();
         if r > 0 {
@@ -574,8 +553,16 @@ impl Mpi {
             let p = unsafe { self.c_recv(comm, r - 1, tag, Mpi::bytes_mut(&mut below, &bytes)) }?;
             self.c_finish(comm, vec![p])?;
             // below op mine.
-            // SAFETY: both hold `n_elems` elements.
-            unsafe { op.apply(elem, n_elems, below.as_ptr(), upto.as_mut_ptr(), handle) }?;
+            // SAFETY: both hold `mine.len()` bytes.
+            unsafe {
+                op.combine(
+                    layout,
+                    mine.len(),
+                    below.as_ptr(),
+                    upto.as_mut_ptr(),
+                    handle,
+                )
+            }?;
             let result = if exclusive { &below } else { &upto };
             // SAFETY: the caller promises `recv` writable.
             unsafe { layout.unpack(result, recv) };

@@ -5,7 +5,7 @@
 //! data, in the argument order MPI prescribes, so that a non-commutative operation sees
 //! its operands in rank order when the caller feeds them so (`coll` does).
 
-use crate::datatype::{Elem, Num};
+use crate::datatype::{Elem, Layout, Num};
 use crate::error::{Class, MpiError, Result};
 use std::sync::Arc;
 
@@ -159,6 +159,53 @@ impl Op {
         let b = [0u8; 64];
         // SAFETY: one element is at most 32 bytes (a long double pair) < 64.
         unsafe { Op::Builtin(*op).apply(elem, 1, b.as_ptr(), a.as_mut_ptr(), 0) }
+    }
+
+    /// Fails unless the operation can combine elements of `layout`: one of MPI's needs a
+    /// type of one kind of number; an application's function sees the data as the type
+    /// lays it out in memory, which the packed data the collectives move is only for a
+    /// contiguous type (so here it needs one).
+    pub fn check_layout(&self, layout: &Layout) -> Result<()> {
+        match self {
+            Op::Builtin(_) => self.check(layout.elem),
+            Op::User { .. } if layout.is_contiguous() => Ok(()),
+            Op::User { .. } => Err(MpiError::new(
+                Class::Unsupported,
+                "an application's reduction on a datatype that is not contiguous",
+            )),
+        }
+    }
+
+    /// `inout = in op inout` over `len` bytes of packed elements of `layout` (checked
+    /// with [`Op::check_layout`]); an application's function gets the count of the
+    /// type's elements, as MPI says.
+    ///
+    /// # Safety
+    ///
+    /// `len` bytes readable at `inp` and writable at `inout`, not overlapping.
+    pub unsafe fn combine(
+        &self,
+        layout: &Layout,
+        len: usize,
+        inp: *const u8,
+        inout: *mut u8,
+        handle: u64,
+    ) -> Result<()> {
+        if layout.size == 0 || len == 0 {
+            return Ok(());
+        }
+        let (elem, n) = match (self, layout.elem) {
+            (Op::User { .. }, _) => (Elem::Opaque { size: layout.size }, len / layout.size),
+            (Op::Builtin(_), Some(e)) => (e, len / e.size()),
+            (Op::Builtin(_), None) => {
+                return Err(MpiError::new(
+                    Class::Op,
+                    "reductions need a datatype of one kind of number",
+                ))
+            }
+        };
+        // SAFETY: the caller's promise: `n` elements of `elem` are `len` bytes.
+        unsafe { self.apply(elem, n, inp, inout, handle) }
     }
 
     /// `inout[i] = in[i] op inout[i]` for `count` elements of `elem` (`handle`: the

@@ -286,22 +286,16 @@ fn reduce_local(
         let n = count(n, "count")?;
         let op = op(lib, o)?;
         let l = lib.types.lookup(dt)?;
-        let elem = l.elem.ok_or_else(|| {
-            MpiError::new(
-                Class::Op,
-                "reductions need a datatype of one kind of number",
-            )
-        })?;
         if !l.is_contiguous() {
             return Err(MpiError::new(
                 Class::Unsupported,
                 "MPI_Reduce_local on a datatype that is not contiguous",
             ));
         }
-        op.check(Some(elem))?;
-        let elems = l.size / elem.size().max(1) * n;
-        // SAFETY: MPI's contract: `n` elements at each buffer, apart.
-        unsafe { op.apply(elem, elems, inbuf.cast(), inoutbuf.cast(), dt as u64) }
+        op.check_layout(l)?;
+        let bytes = l.bytes(n)?;
+        // SAFETY: MPI's contract: `n` elements (contiguous: `bytes`) at each buffer, apart.
+        unsafe { op.combine(l, bytes, inbuf.cast(), inoutbuf.cast(), dt as u64) }
     })
 }
 

@@ -1,0 +1,411 @@
+//! MPI programs built against MPICH run on quiver's `libmpi.so.12` unchanged: a C
+//! program of our own that checks every byte it receives (`tests/c/verify.c`, compiled
+//! with the MPICH wheel's `mpicc`, run first on MPICH itself so that its checks are known
+//! to hold for a real MPI), Intel's prebuilt IMB-P2P and IMB-MPI1 (from the `impi-rt`
+//! wheel), and mpi4py's own benchmarks, on 1 to 4 ranks of one node, and between the
+//! two nodes of an emulated cluster.
+//!
+//! The wheels come from PyPI through `bench/mpi-wheels` (into the target directory, once).
+//! Without pip, network access to PyPI or root (for the cluster), a test says why in one
+//! line and passes; under `.ci/run` (`QUIVER_CI` set) it fails instead. Jobs run one at a
+//! time, each under `quiver run --timeout`.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Seconds a job may run; generous for a loaded two-core machine.
+const LIMIT: &str = "300";
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Skips a test this machine cannot run, saying why; fails under `.ci/run`.
+fn cannot_run(why: &str) {
+    if std::env::var_os("QUIVER_CI").is_some() {
+        panic!("{why} (QUIVER_CI is set: .ci/run must run this test)");
+    }
+    eprintln!("skipped: {why}");
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository")
+}
+
+/// This test binary's `<target>/<profile>` directory.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("<target>/<profile>/deps")
+        .to_path_buf()
+}
+
+/// A command without the variables that would make a program think it is in a job
+/// already, nor cargo's `LD_LIBRARY_PATH` (its `libmpi.so` would shadow the library a
+/// job is meant to load).
+fn command(program: impl AsRef<OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_remove("LD_LIBRARY_PATH").env_remove("PYTHONPATH");
+    for (var, _) in std::env::vars_os() {
+        let v = var.to_string_lossy();
+        if [
+            "QUIVER_", "OMPI_", "PMI_", "PMIX_", "SLURM_", "HYDRA_", "PRTE_", "MPI4PY_",
+        ]
+        .iter()
+        .any(|p| v.starts_with(p))
+        {
+            cmd.env_remove(&var);
+        }
+    }
+    cmd
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "status {}\n--- stdout:\n{}\n--- stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn output(mut cmd: Command) -> Output {
+    let what = format!("{cmd:?}");
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"))
+}
+
+/// The launcher and `libmpi.so` of this profile, built (cargo has them up to date when
+/// the whole workspace was built; a test run of this package alone builds them here).
+fn quiver() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = profile_dir();
+        let profile = match dir.file_name().and_then(OsStr::to_str) {
+            Some("debug") => "dev".to_string(),
+            Some(p) => p.to_string(),
+            None => panic!("no profile in {}", dir.display()),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = command(cargo);
+        build
+            .current_dir(repo())
+            .args([
+                "build",
+                "--profile",
+                &profile,
+                "-p",
+                "quiver-cli",
+                "-p",
+                "quiver-mpich",
+            ])
+            .arg("--target-dir")
+            .arg(dir.parent().expect("<target>"));
+        let out = output(build);
+        assert!(out.status.success(), "cargo build\n{}", describe(&out));
+        dir.join("quiver")
+    })
+}
+
+/// The wheels' install directories (`bench/mpi-wheels`), or why they cannot be had.
+fn wheels() -> Result<&'static [PathBuf; 3], String> {
+    static WHEELS: OnceLock<Result<[PathBuf; 3], String>> = OnceLock::new();
+    WHEELS
+        .get_or_init(|| {
+            let target = profile_dir().parent().expect("<target>").to_path_buf();
+            let mut cmd = command(repo().join("bench/mpi-wheels"));
+            cmd.arg("--target-dir")
+                .arg(&target)
+                .args(["mpich", "impi_rt", "mpi4py"]);
+            let out = output(cmd);
+            if !out.status.success() {
+                return Err(format!(
+                    "bench/mpi-wheels could not install the MPI wheels from PyPI:\n{}",
+                    describe(&out)
+                ));
+            }
+            let dirs: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(PathBuf::from)
+                .collect();
+            dirs.try_into()
+                .map_err(|d| format!("bench/mpi-wheels printed {d:?}"))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Runs `program args` as `n` ranks of a job on quiver's MPI (`extra`: more arguments
+/// of `quiver run`, placed before `--mpi`).
+fn on_quiver(
+    extra: &[&str],
+    n: u32,
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &OsStr)],
+) -> Output {
+    let mut cmd = command(quiver());
+    cmd.args(["run", "--timeout", LIMIT, "--no-prefix"])
+        .args(extra)
+        .args(["--mpi", "-n", &n.to_string(), "--"])
+        .arg(program)
+        .args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    output(cmd)
+}
+
+/// `tests/c/verify.c` built with the MPICH wheel's `mpicc` (once).
+fn verify_program(mpich: &Path) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = profile_dir().join("mpi-tests").join("verify");
+            std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+            let mut cc = command(mpich.join("bin/mpicc"));
+            cc.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+                .arg(&exe)
+                .arg(repo().join("crates/quiver-mpich/tests/c/verify.c"));
+            let out = output(cc);
+            assert!(out.status.success(), "mpicc\n{}", describe(&out));
+            exe
+        })
+        .clone()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_program_built_with_mpichs_mpicc_checks_every_byte_on_mpich_and_on_quiver() {
+    let _one = serial();
+    let [mpich, _, _] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    let verify = verify_program(mpich);
+    // On MPICH itself, with its own launcher: the checks hold for a real MPI.
+    let mut real = command("timeout");
+    real.arg(LIMIT)
+        .arg(mpich.join("bin/mpiexec"))
+        .args(["-n", "3"])
+        .arg(&verify);
+    let out = output(real);
+    assert!(
+        out.status.success() && stdout(&out).contains("verify: OK (3 ranks, another MPI)"),
+        "on MPICH\n{}",
+        describe(&out)
+    );
+    for n in 1..=4 {
+        let out = on_quiver(&[], n, &verify, &[], &[]);
+        assert!(
+            out.status.success()
+                && stdout(&out).contains(&format!("verify: OK ({n} ranks, quiver)")),
+            "{n} ranks on quiver\n{}",
+            describe(&out)
+        );
+        // The one call it makes that quiver does not implement says so, once per rank.
+        let said = String::from_utf8_lossy(&out.stderr)
+            .matches("MPI_Intercomm_create is not supported")
+            .count();
+        assert_eq!(said, n as usize, "{}", describe(&out));
+    }
+}
+
+/// The benchmarks IMB printed a table for.
+fn benchmarked(out: &Output) -> Vec<String> {
+    stdout(out)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("# Benchmarking "))
+        .map(|b| b.split_whitespace().next().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn imb_p2p_runs_all_its_benchmarks() {
+    let _one = serial();
+    let [_, impi, _] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    let imb = impi.join("bin/IMB-P2P");
+    for (n, expect) in [
+        (
+            2,
+            &[
+                "PingPong",
+                "PingPing",
+                "Unirandom",
+                "Birandom",
+                "Corandom",
+                "SendRecv_Replace",
+            ][..],
+        ),
+        (
+            4,
+            &[
+                "PingPong",
+                "PingPing",
+                "Unirandom",
+                "Birandom",
+                "Corandom",
+                "Stencil2D",
+                "SendRecv_Replace",
+            ][..],
+        ),
+    ] {
+        let out = on_quiver(
+            &[],
+            n,
+            &imb,
+            &["-msglog", "0:18", "-iter", "200", "-time", "2"],
+            &[],
+        );
+        assert!(
+            out.status.success(),
+            "IMB-P2P on {n} ranks\n{}",
+            describe(&out)
+        );
+        assert_eq!(
+            benchmarked(&out),
+            expect,
+            "IMB-P2P on {n} ranks\n{}",
+            describe(&out)
+        );
+        assert!(
+            stdout(&out).contains("All processes entering MPI_Finalize"),
+            "{}",
+            describe(&out)
+        );
+    }
+}
+
+#[test]
+fn imb_mpi1_runs_its_collectives_on_2_and_4_ranks() {
+    let _one = serial();
+    let [_, impi, _] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    let imb = impi.join("bin/IMB-MPI1");
+    let all = [
+        "PingPong",
+        "PingPing",
+        "Sendrecv",
+        "Exchange",
+        "Allreduce",
+        "Reduce",
+        "Reduce_local",
+        "Reduce_scatter",
+        "Reduce_scatter_block",
+        "Allgather",
+        "Allgatherv",
+        "Gather",
+        "Gatherv",
+        "Scatter",
+        "Scatterv",
+        "Alltoall",
+        "Alltoallv",
+        "Bcast",
+        "Barrier",
+    ];
+    for n in [2, 4] {
+        let out = on_quiver(
+            &[],
+            n,
+            &imb,
+            &[
+                "-msglog",
+                "0:12",
+                "-iter",
+                "50",
+                "-time",
+                "2",
+                "-npmin",
+                &n.to_string(),
+            ],
+            &[],
+        );
+        assert!(
+            out.status.success(),
+            "IMB-MPI1 on {n} ranks\n{}",
+            describe(&out)
+        );
+        let got = benchmarked(&out);
+        for b in all {
+            assert!(
+                got.iter().any(|g| g == b),
+                "IMB-MPI1 on {n} ranks ran no {b}\n{}",
+                describe(&out)
+            );
+        }
+    }
+}
+
+#[test]
+fn mpi4py_runs_its_benchmarks() {
+    let _one = serial();
+    let [_, _, mpi4py] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    let site = std::fs::read_dir(mpi4py.join("lib"))
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(Result::ok)
+        .map(|e| e.path().join("site-packages"))
+        .expect("mpi4py's site-packages");
+    let env = [("PYTHONPATH", site.as_os_str())];
+    let python = Path::new("python3");
+    let hello = on_quiver(&[], 3, python, &["-m", "mpi4py.bench", "helloworld"], &env);
+    for r in 0..3 {
+        assert!(
+            stdout(&hello).contains(&format!("I am process {r} of 3")),
+            "{}",
+            describe(&hello)
+        );
+    }
+    let ring = on_quiver(
+        &[],
+        3,
+        python,
+        &["-m", "mpi4py.bench", "ringtest", "-n", "1024", "-l", "100"],
+        &env,
+    );
+    assert!(
+        ring.status.success() && stdout(&ring).contains("(3 processes, 1024 bytes)"),
+        "{}",
+        describe(&ring)
+    );
+    let pp = on_quiver(
+        &[],
+        2,
+        python,
+        &[
+            "-m",
+            "mpi4py.bench",
+            "pingpong",
+            "-n",
+            "1048576",
+            "-l",
+            "100",
+        ],
+        &env,
+    );
+    assert!(
+        pp.status.success() && stdout(&pp).contains("1048576"),
+        "{}",
+        describe(&pp)
+    );
+}

@@ -17,9 +17,15 @@
 //! - **Collectives** are algorithms over the collective endpoint (`coll`): binomial
 //!   trees for broadcast and reduction, dissemination for the barrier, direct exchange
 //!   for the all-to-alls; correct and simple, not yet quiver's own collectives.
-//! - **Progress**: a blocking call drives, besides the endpoint it waits on, every
-//!   endpoint with operations outstanding, so a send started on one communicator
-//!   completes while the process waits on another (MPI's progress rule).
+//! - **Progress**: a blocking call waits inside quiver on its endpoint only while every
+//!   other endpoint of the process is idle ([`quiver::tagged::Tagged::idle`]: nothing
+//!   under way, nothing owed, no network timer). Otherwise it keeps the others going:
+//!   at every turn while one has operations outstanding (a send started on one
+//!   communicator completes while the process waits on another: MPI's progress rule),
+//!   else every 200 µs (the acknowledgements, retransmissions, heartbeats and last
+//!   answers a network endpoint owes: a rank that waited on its collective endpoint
+//!   alone left a peer waiting for the `Done` of its last receive until the peer timed
+//!   out).
 //! - **Datatypes** travel packed (`datatype`): contiguous ones straight from and into
 //!   the application's buffer, others through a packed copy.
 //!

@@ -36,6 +36,10 @@ impl Status {
     };
 }
 
+/// How long a blocking call waits on one endpoint before it gives the process's other
+/// endpoints a round of work (see [`Mpi::wait_raw`]).
+pub(crate) const DRIVE_EVERY: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// Which of a communicator's endpoints.
 pub(crate) const P2P: usize = 0;
 pub(crate) const COLL: usize = 1;
@@ -196,37 +200,60 @@ impl Mpi {
         })
     }
 
-    /// Handles what arrived on every endpoint other than (`comm`, `ep`) with operations
-    /// outstanding.
-    fn drive_others(&self, comm: usize, ep: usize) -> Result<()> {
+    /// One round of protocol work on every open endpoint other than (`comm`, `ep`):
+    /// what arrived, acknowledgements, retransmissions, answers owed (a `Done`, the
+    /// bytes a receiver asked for), heartbeats. Their errors are left for their own
+    /// operations to report (a peer that failed fails every later operation with it).
+    fn drive_others(&self, comm: usize, ep: usize) {
         for (c, o) in self.comms.iter().enumerate() {
-            let Some(o) = o else { continue };
-            let Some(eps) = o.eps.get() else { continue };
-            for (e, n) in o.outstanding.iter().enumerate() {
-                if n.get() > 0 && (c, e) != (comm, ep) {
-                    let t = if e == P2P { &eps.p2p } else { &eps.coll };
-                    t.progress().map_err(|err| o.error(err))?;
-                }
+            let Some(eps) = o.as_ref().and_then(|o| o.eps.get()) else {
+                continue;
+            };
+            if (c, P2P) != (comm, ep) {
+                let _ = eps.p2p.progress();
+            }
+            if (c, COLL) != (comm, ep) {
+                let _ = eps.coll.progress();
             }
         }
-        Ok(())
     }
 
-    /// Waits for `raw` of endpoint (`comm`, `ep`), driving the other busy endpoints
-    /// meanwhile (straight to the endpoint's own wait when there are none).
+    /// Whether every open endpoint other than (`comm`, `ep`) is idle
+    /// ([`Tagged::idle`]): a blocking call may then wait inside quiver on its own.
+    fn others_idle(&self, comm: usize, ep: usize) -> bool {
+        self.comms.iter().enumerate().all(|(c, o)| {
+            let Some(eps) = o.as_ref().and_then(|o| o.eps.get()) else {
+                return true;
+            };
+            ((c, P2P) == (comm, ep) || eps.p2p.idle())
+                && ((c, COLL) == (comm, ep) || eps.coll.idle())
+        })
+    }
+
+    /// Waits for `raw` of endpoint (`comm`, `ep`), keeping the process's other
+    /// endpoints going until they are idle: at every turn while one of them has
+    /// operations outstanding (a peer may be waiting for its answer), otherwise every
+    /// [`DRIVE_EVERY`] (what they owe then: acknowledgements, retransmissions, a last
+    /// `Done`). Once they are idle, it waits inside quiver (spinning, then blocking).
     pub(crate) fn wait_raw(&self, comm: usize, ep: usize, raw: RawRequest) -> Result<Status> {
         let (c, eps) = self.eps(comm)?;
         let t = if ep == P2P { &eps.p2p } else { &eps.coll };
-        let out = if self.others_busy(comm, ep) {
-            loop {
+        let out = loop {
+            if self.others_idle(comm, ep) {
+                break t.wait_raw(raw);
+            }
+            if self.others_busy(comm, ep) {
                 match t.test_raw(&raw) {
                     Ok(true) => break t.wait_raw(raw),
-                    Ok(false) => self.drive_others(comm, ep)?,
+                    Ok(false) => self.drive_others(comm, ep),
                     Err(e) => break Err(e),
                 }
+            } else {
+                match t.wait_raw_within(&raw, DRIVE_EVERY) {
+                    Some(r) => break r,
+                    None => self.drive_others(comm, ep),
+                }
             }
-        } else {
-            t.wait_raw(raw)
         };
         out.map(|s| c.status(s)).map_err(|e| c.error(e))
     }
@@ -472,11 +499,13 @@ impl Mpi {
         tag: u32,
         comm: usize,
     ) -> Result<()> {
+        // Contiguous data needs no request of the table; with the other endpoints idle,
+        // quiver's own blocking send.
         if let (Peer::Rank(d), true) = (dest, layout.is_contiguous() && layout.committed) {
-            if !self.others_busy(comm, P2P) {
+            let bytes = layout.bytes(count)?;
+            if self.others_idle(comm, P2P) {
                 let (c, eps) = self.eps(comm)?;
                 let to = c.dest(d)?;
-                let bytes = layout.bytes(count)?;
                 let data = if bytes == 0 {
                     &[][..]
                 } else {
@@ -485,6 +514,10 @@ impl Mpi {
                 };
                 return eps.p2p.send(to, tag, data).map_err(|e| c.error(e));
             }
+            // SAFETY: the caller promises `count` contiguous elements at `buf`; the send
+            // is waited for before returning.
+            let raw = unsafe { self.start_send(comm, P2P, d, tag, buf, bytes) }?;
+            return self.finish_raw(comm, P2P, raw).map(|_| ());
         }
         // SAFETY: the caller's promise; the request is waited for before returning.
         let req = unsafe { self.isend(buf, count, layout, dest, tag, comm) }?;
@@ -505,25 +538,24 @@ impl Mpi {
         tag: TagSel,
         comm: usize,
     ) -> Result<Status> {
-        if src != Peer::Null
-            && layout.is_contiguous()
-            && layout.committed
-            && !self.others_busy(comm, P2P)
-        {
-            let (c, eps) = self.eps(comm)?;
-            let from = c.src(src)?;
+        if src != Peer::Null && layout.is_contiguous() && layout.committed {
             let bytes = layout.bytes(count)?;
-            let data = if bytes == 0 {
-                &mut [][..]
-            } else {
-                // SAFETY: the caller promises `count` contiguous writable elements.
-                unsafe { std::slice::from_raw_parts_mut(buf, bytes) }
-            };
-            return eps
-                .p2p
-                .recv(data, from, tag_of(tag))
-                .map(|s| c.status(s))
-                .map_err(|e| c.error(e));
+            if self.others_idle(comm, P2P) {
+                let (c, eps) = self.eps(comm)?;
+                let from = c.src(src)?;
+                let data = if bytes == 0 {
+                    &mut [][..]
+                } else {
+                    // SAFETY: the caller promises `count` contiguous writable elements.
+                    unsafe { std::slice::from_raw_parts_mut(buf, bytes) }
+                };
+                let got = eps.p2p.recv(data, from, tag_of(tag));
+                return got.map(|s| c.status(s)).map_err(|e| c.error(e));
+            }
+            // SAFETY: the caller promises `count` contiguous writable elements at `buf`;
+            // the receive is waited for before returning.
+            let raw = unsafe { self.start_recv(comm, P2P, src, tag, buf, bytes) }?;
+            return self.finish_raw(comm, P2P, raw);
         }
         // SAFETY: the caller's promise; the request is waited for before returning.
         let req = unsafe { self.irecv(buf, count, layout, src, tag, comm) }?;
@@ -565,7 +597,7 @@ impl Mpi {
                 let t = if e.ep == P2P { &eps.p2p } else { &eps.coll };
                 let done = t.test_raw(raw).map_err(|err| c.error(err))?;
                 if !done {
-                    self.drive_others(e.comm, e.ep)?;
+                    self.drive_others(e.comm, e.ep);
                 }
                 Ok(done)
             }
@@ -667,7 +699,7 @@ impl Mpi {
             return Ok(Some(Status::NULL));
         }
         let (c, eps) = self.eps(comm)?;
-        self.drive_others(comm, P2P)?;
+        self.drive_others(comm, P2P);
         let from = c.src(src)?;
         eps.p2p
             .iprobe(from, tag_of(tag))

@@ -409,3 +409,106 @@ fn mpi4py_runs_its_benchmarks() {
         describe(&pp)
     );
 }
+
+/// Why an emulated cluster cannot be built here, if it cannot (root and `ip`, `tc`,
+/// `nft` are needed).
+fn no_cluster() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let caps = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if caps & (1 << 12) == 0 || caps & (1 << 21) == 0 {
+        return Some("not root (an emulated cluster needs CAP_NET_ADMIN and CAP_SYS_ADMIN)".into());
+    }
+    for tool in ["ip", "tc", "nft"] {
+        if Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_err()
+        {
+            return Some(format!("the `{tool}` command is missing"));
+        }
+    }
+    None
+}
+
+/// An emulated cluster, removed when dropped.
+struct Cluster(String);
+
+impl Cluster {
+    fn up(nodes: u32) -> Cluster {
+        let name = format!("t{}m", std::process::id());
+        let mut cmd = command(quiver());
+        cmd.args(["cluster", "up", &name, "--nodes", &nodes.to_string()]);
+        let out = output(cmd);
+        let cluster = Cluster(name);
+        assert!(out.status.success(), "cluster up\n{}", describe(&out));
+        cluster
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let mut cmd = command(quiver());
+        cmd.args(["cluster", "down", &self.0]);
+        let _ = output(cmd);
+    }
+}
+
+#[test]
+fn between_two_nodes_every_byte_arrives_and_imb_p2p_runs() {
+    let _one = serial();
+    if let Some(why) = no_cluster() {
+        return cannot_run(&why);
+    }
+    let [mpich, impi, _] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    let verify = verify_program(mpich);
+    let cluster = Cluster::up(2);
+    let on = ["--cluster", cluster.0.as_str()];
+    for (n, transport) in [(2, "auto"), (4, "auto"), (2, "udp")] {
+        let env = [("QUIVER_TRANSPORT", OsStr::new(transport))];
+        let out = on_quiver(&on, n, &verify, &[], &env);
+        assert!(
+            out.status.success()
+                && stdout(&out).contains(&format!("verify: OK ({n} ranks, quiver)")),
+            "{n} ranks on 2 nodes, transport {transport}\n{}",
+            describe(&out)
+        );
+    }
+    let imb = impi.join("bin/IMB-P2P");
+    let out = on_quiver(
+        &on,
+        2,
+        &imb,
+        &[
+            "PingPong",
+            "PingPing",
+            "SendRecv_Replace",
+            "-msglog",
+            "0:20",
+            "-iter",
+            "100",
+            "-time",
+            "2",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "IMB-P2P on 2 nodes\n{}",
+        describe(&out)
+    );
+    assert_eq!(
+        benchmarked(&out),
+        ["PingPong", "PingPing", "SendRecv_Replace"],
+        "{}",
+        describe(&out)
+    );
+}

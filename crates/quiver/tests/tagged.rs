@@ -254,6 +254,56 @@ fn wildcards_keep_each_senders_order() {
     }
 }
 
+/// An endpoint is idle only while it owes nothing: not with an operation under way; on
+/// shared memory idle again once it is done, over the network never once it has a
+/// channel (its heartbeats and acknowledgements are timers that must be served).
+#[test]
+fn an_endpoint_is_idle_only_when_it_owes_nothing() {
+    for (name, c) in transports() {
+        run_ranks(2, c, move |job| {
+            let t = Tagged::open(&job, 44).unwrap();
+            assert!(t.idle(), "{name}: a new endpoint");
+            let data = pattern(0, 1, 70_000);
+            let mut buf = vec![0; 70_000];
+            t.scope(|s| {
+                let req = if job.rank() == 0 {
+                    s.isend(1, 5, &data)?
+                } else {
+                    s.irecv(&mut buf, 0, 5)?
+                };
+                assert!(
+                    !t.idle(),
+                    "{name}: rank {} with an operation under way",
+                    job.rank()
+                );
+                req.wait().map(|_| ())
+            })
+            .unwrap();
+            if name == "udp" {
+                t.progress().unwrap();
+                assert!(
+                    !t.idle(),
+                    "{name}: rank {} with a network channel",
+                    job.rank()
+                );
+            } else {
+                let start = std::time::Instant::now();
+                while !t.idle() {
+                    assert!(
+                        start.elapsed() < std::time::Duration::from_secs(20),
+                        "{name}: rank {} never idle again",
+                        job.rank()
+                    );
+                    t.progress().unwrap();
+                }
+            }
+            if job.rank() == 1 {
+                assert!(buf == data, "{name}");
+            }
+        });
+    }
+}
+
 /// A receive for a specific tag skips earlier messages with other tags, which stay for
 /// later receives, in order.
 #[test]

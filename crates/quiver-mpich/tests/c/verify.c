@@ -27,6 +27,14 @@ static unsigned char pattern(int src, int dst, size_t i, int round) {
     return (unsigned char)(src * 131 + dst * 31 + i * 7 + round * 13 + (i >> 9));
 }
 
+/* The text of an error code. */
+static const char *error_text(int rc) {
+    static char text[MPI_MAX_ERROR_STRING];
+    int len;
+    MPI_Error_string(rc, text, &len);
+    return text;
+}
+
 static void fill(unsigned char *b, size_t n, int src, int dst, int round) {
     for (size_t i = 0; i < n; i++) b[i] = pattern(src, dst, i, round);
 }
@@ -64,7 +72,7 @@ static void point_to_point(void) {
         MPI_Status st;
         int rc = MPI_Sendrecv(out, (int)n, MPI_BYTE, right, k, in, (int)n + 1, MPI_BYTE, left, k,
                               MPI_COMM_WORLD, &st);
-        CHECK(rc == MPI_SUCCESS, "sendrecv of %zu bytes: %d", n, rc);
+        CHECK(rc == MPI_SUCCESS, "sendrecv of %zu bytes: %s", n, error_text(rc));
         int got = -1;
         MPI_Get_count(&st, MPI_BYTE, &got);
         CHECK(got == (int)n, "count %d, not %zu", got, n);
@@ -114,7 +122,8 @@ static void point_to_point(void) {
     for (int p = 0; p < size; p++) MPI_Isend(out + p * n, (int)n, MPI_BYTE, p, 77, MPI_COMM_WORLD, &reqs[size + p]);
     for (int done = 0; done < 2 * size; done++) {
         int idx;
-        MPI_Waitany(2 * size, reqs, &idx, MPI_STATUS_IGNORE);
+        int rc = MPI_Waitany(2 * size, reqs, &idx, MPI_STATUS_IGNORE);
+        CHECK(rc == MPI_SUCCESS, "waitany: %s", error_text(rc));
     }
     for (int p = 0; p < size; p++) {
         size_t at = bad_byte(in + p * n, n, p, rank, 77);
@@ -130,15 +139,17 @@ static void point_to_point(void) {
     MPI_Datatype every_other;
     MPI_Type_vector(1000, 1, 2, MPI_DOUBLE, &every_other);
     MPI_Type_commit(&every_other);
-    MPI_Sendrecv(src, 1, every_other, right, 9, dst, 1000, MPI_DOUBLE, left, 9, MPI_COMM_WORLD,
-                 MPI_STATUS_IGNORE);
+    int rc = MPI_Sendrecv(src, 1, every_other, right, 9, dst, 1000, MPI_DOUBLE, left, 9, MPI_COMM_WORLD,
+                          MPI_STATUS_IGNORE);
+    CHECK(rc == MPI_SUCCESS, "vector sendrecv: %s", error_text(rc));
     for (int i = 0; i < 1000; i++)
         CHECK(dst[i] == left * 1e4 + 2 * i, "vector element %d: %g", i, dst[i]);
     /* And contiguous sent, received into the vector's places. */
     double back[2000];
     for (int i = 0; i < 2000; i++) back[i] = -1;
-    MPI_Sendrecv(dst, 1000, MPI_DOUBLE, left, 10, back, 1, every_other, right, 10, MPI_COMM_WORLD,
-                 MPI_STATUS_IGNORE);
+    rc = MPI_Sendrecv(dst, 1000, MPI_DOUBLE, left, 10, back, 1, every_other, right, 10, MPI_COMM_WORLD,
+                      MPI_STATUS_IGNORE);
+    CHECK(rc == MPI_SUCCESS, "sendrecv into a vector: %s", error_text(rc));
     for (int i = 0; i < 2000; i++)
         CHECK(back[i] == (i % 2 ? -1 : rank * 1e4 + i), "unpacked element %d: %g", i, back[i]);
     MPI_Type_free(&every_other);

@@ -348,6 +348,17 @@ impl Tagged {
         }
     }
 
+    /// Whether this endpoint has nothing to do until a message arrives: no operation
+    /// under way or not yet waited for, no answer queued for a peer, and no network
+    /// timer running (acknowledgements, retransmissions, heartbeats: an endpoint with a
+    /// network channel is never idle). A runtime that drives several endpoints from one
+    /// thread may block on one while the others are idle; one that is not idle must be
+    /// driven ([`Tagged::progress`]) meanwhile, since in `host` and `none` reliability
+    /// nothing moves outside quiver's calls.
+    pub fn idle(&self) -> bool {
+        self.pp.idle() && self.ep.poll_timeout().is_none()
+    }
+
     /// Handles every protocol message that has arrived; returns without waiting.
     pub fn progress(&self) -> Result<()> {
         self.pp.progress(&self.ep)

@@ -1278,6 +1278,21 @@ impl PushPull {
         }
     }
 
+    /// Whether nothing is under way: no operation recorded (pending or not yet waited
+    /// for), no receive posted, no pull to make or being made, no answer queued, no
+    /// error to report, no split copy.
+    pub(super) fn idle(&self) -> bool {
+        let st = self.st.borrow();
+        st.ops.is_empty()
+            && st.matching.posted() == 0
+            && st.outgoing.is_empty()
+            && st.to_pull.is_empty()
+            && st.pulls.is_empty()
+            && st.errors.is_empty()
+            && self.out.borrow().is_empty()
+            && !self.rma.busy()
+    }
+
     /// The ids of every operation not yet waited for.
     pub(super) fn pending_ops(&self) -> Vec<u64> {
         self.st.borrow().ops.keys().collect()

@@ -578,6 +578,18 @@ impl Mpi {
         Ok(())
     }
 
+    /// The largest of the ranks' `mine`: the library's own allreduce (context ids).
+    pub(crate) fn allreduce_max(&mut self, comm: usize, mine: u32) -> Result<u32> {
+        let u32s = Layout::builtin(crate::Elem::Num(crate::Num::U32));
+        let mut agreed = 0u32;
+        let send: *const u8 = (&mine as *const u32).cast();
+        let recv: *mut u8 = (&mut agreed as *mut u32).cast();
+        let max = Op::Builtin(crate::Builtin::Max);
+        // SAFETY: one u32 at each, borrowed for the call.
+        unsafe { self.allreduce(Some(send), recv, 1, &u32s, &max, comm, 0) }?;
+        Ok(agreed)
+    }
+
     /// Sends `mine` to every rank and gathers everyone's into `all` (equal sizes): the
     /// library's own allgather (communicator splits).
     pub(crate) fn allgather_bytes(
@@ -627,4 +639,31 @@ unsafe fn copy_elems(from: Elems<'_>, to: Elems<'_>) -> Result<()> {
     // SAFETY: the caller's promise.
     unsafe { to.layout.unpack(&packed, to.ptr.cast_mut()) };
     Ok(())
+}
+
+/// Values whose bytes are all initialised and any bytes make a valid value (no padding,
+/// no invalid bit patterns): sent and received as bytes by the collectives.
+///
+/// # Safety
+///
+/// Only for types with that property.
+pub(crate) unsafe trait Plain: Copy {}
+// SAFETY: integers and arrays of them have no padding and no invalid bit patterns.
+unsafe impl Plain for u32 {}
+// SAFETY: as above.
+unsafe impl Plain for i64 {}
+// SAFETY: as above.
+unsafe impl Plain for [i64; 2] {}
+
+/// The bytes of plain values.
+pub(crate) fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
+    // SAFETY: `T: Plain` has every byte initialised; the bytes are read only, for as
+    // long as `v` is borrowed.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// The bytes of plain values, writable.
+pub(crate) fn bytes_of_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
+    // SAFETY: `T: Plain` accepts any bytes; `v` is borrowed mutably for as long.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }

@@ -43,6 +43,7 @@ pub use error::{Class, MpiError, Result};
 pub use op::{Builtin, Op, UserFn};
 pub use p2p::{ReqId, Status};
 
+use coll::{bytes_of, bytes_of_mut};
 use error::check;
 use quiver::tagged::Tagged;
 use quiver::Job;
@@ -279,22 +280,7 @@ impl Mpi {
     /// the members' next free ids, which every process then moves past (one allreduce).
     fn agree_context(&mut self, parent: usize) -> Result<u16> {
         let mine = u32::from(self.next_context);
-        let mut agreed = 0u32;
-        let u32s = Layout::builtin(Elem::Num(Num::U32));
-        let send: *const u8 = (&mine as *const u32).cast();
-        let recv: *mut u8 = (&mut agreed as *mut u32).cast();
-        // SAFETY: one u32 at each, borrowed for the call.
-        unsafe {
-            self.allreduce(
-                Some(send),
-                recv,
-                1,
-                &u32s,
-                &Op::Builtin(Builtin::Max),
-                parent,
-                0,
-            )
-        }?;
+        let agreed = self.allreduce_max(parent, mine)?;
         check(agreed < u32::from(MAX_CONTEXTS), Class::Intern, || {
             format!("out of communicator contexts ({MAX_CONTEXTS} per process)")
         })?;
@@ -388,31 +374,4 @@ impl Mpi {
         }
         synced
     }
-}
-
-/// Values whose bytes are all initialised and any bytes make a valid value (no padding,
-/// no invalid bit patterns): sent and received as bytes by the collectives.
-///
-/// # Safety
-///
-/// Only for types with that property.
-pub(crate) unsafe trait Plain: Copy {}
-// SAFETY: integers and arrays of them have no padding and no invalid bit patterns.
-unsafe impl Plain for u32 {}
-// SAFETY: as above.
-unsafe impl Plain for i64 {}
-// SAFETY: as above.
-unsafe impl Plain for [i64; 2] {}
-
-/// The bytes of plain values.
-pub(crate) fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
-    // SAFETY: `T: Plain` has every byte initialised; the bytes are read only, for as
-    // long as `v` is borrowed.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
-}
-
-/// The bytes of plain values, writable.
-pub(crate) fn bytes_of_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
-    // SAFETY: `T: Plain` accepts any bytes; `v` is borrowed mutably for as long.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }

@@ -7,7 +7,7 @@
 use crate::abi::*;
 use crate::MPI_Status;
 use quiver_mpi::{Class, MpiError, Peer, Status, TagSel};
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 
 /// The high bits of the handles of communicators, requests, groups and operations that
 /// the library creates (MPICH's "indirect" kind and each object's type bits); the low
@@ -140,3 +140,15 @@ pub unsafe fn write_status(out: *mut MPI_Status, s: &Status, error: Option<c_int
 pub fn status_bytes(s: &MPI_Status) -> i64 {
     i64::from(s.count_lo as u32) | (i64::from(s.count_hi_and_cancelled >> 1) << 32)
 }
+
+/// An exported pointer variable of `mpi.h` (`MPI_UNWEIGHTED`, `MPI_F_STATUS_IGNORE`...).
+#[repr(transparent)]
+pub struct DataPtr(pub *mut c_void);
+
+// SAFETY: the pointer is a constant address (of a sentinel in `SENTINELS`), never
+// written, and nothing is read or written through it: sharing it between threads shares
+// an integer.
+unsafe impl Sync for DataPtr {}
+
+/// What the exported pointer variables point at: one distinct address each.
+pub static SENTINELS: [u64; 16] = [0; 16];

@@ -28,6 +28,8 @@
 mod coll;
 mod comm;
 mod handles;
+
+pub use handles::{DataPtr, SENTINELS};
 mod init;
 mod p2p;
 mod types;
@@ -51,22 +53,10 @@ use abi::*;
 use quiver_mpi::{Class, Mpi, MpiError, Op};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Once;
-
-/// An exported pointer variable of `mpi.h` (`MPI_UNWEIGHTED`, `MPI_F_STATUS_IGNORE`...).
-#[repr(transparent)]
-pub struct DataPtr(pub *mut c_void);
-
-// SAFETY: the pointer is a constant address (of a sentinel in `SENTINELS`), never
-// written, and nothing is read or written through it: sharing it between threads shares
-// an integer.
-unsafe impl Sync for DataPtr {}
-
-/// What the exported pointer variables point at: one distinct address each.
-pub static SENTINELS: [u64; 16] = [0; 16];
 
 /// MPICH's `MPI_Status`.
 #[repr(C)]

@@ -216,6 +216,24 @@ fn constants(h: &str) -> String {
     for (name, v) in &ptrs {
         writeln!(s, "pub const {name}: isize = {v};").unwrap();
     }
+    // The builtin datatypes: MPICH's kind bits "builtin" and type bits "datatype".
+    let builtins: Vec<&String> = ints
+        .iter()
+        .filter(|(_, v)| (**v as u32) & 0xfc00_0000 == 0x4c00_0000)
+        .map(|(n, _)| n)
+        .collect();
+    writeln!(s, "/// Every builtin datatype of mpi.h.").unwrap();
+    writeln!(
+        s,
+        "pub const BUILTIN_DATATYPES: [c_int; {}] = [{}];",
+        builtins.len(),
+        builtins
+            .iter()
+            .map(|n| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+    .unwrap();
     s
 }
 

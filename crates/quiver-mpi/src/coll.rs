@@ -119,11 +119,16 @@ impl Mpi {
                 layout: &byte,
             };
             // SAFETY: empty messages touch no memory.
-            let ops = unsafe {
-                vec![
-                    self.c_recv(comm, (r + n - k) % n, tag, none)?,
-                    self.c_send(comm, (r + k) % n, tag, none)?,
-                ]
+            let recv = unsafe { self.c_recv(comm, (r + n - k) % n, tag, none) }?;
+            // SAFETY: as above.
+            let ops = match unsafe { self.c_send(comm, (r + k) % n, tag, none) } {
+                Ok(send) => vec![recv, send],
+                Err(e) => {
+                    // The receive is withdrawn (its wait ends it), not left posted.
+                    self.cancel_pending(comm, COLL, &recv);
+                    let _ = self.c_finish(comm, vec![recv]);
+                    return Err(e);
+                }
             };
             self.c_finish(comm, ops)?;
             k *= 2;

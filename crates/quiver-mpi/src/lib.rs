@@ -367,11 +367,14 @@ impl Mpi {
     pub fn finalize(mut self) -> Result<()> {
         self.finish_detached();
         let synced = self.barrier(WORLD);
-        self.reqs.clear();
-        // Freed in reverse order of creation, the world last.
+        // The endpoints first: closing one abandons its operations still pending (the
+        // pull thread and split copies let go of their buffers), and only then may the
+        // requests' own buffers (packed copies) go. In reverse order of creation.
         while let Some(c) = self.comms.pop() {
             drop(c);
         }
+        self.reqs.clear();
+        self.detached.clear();
         synced
     }
 }

@@ -155,9 +155,9 @@ impl Op {
             };
         };
         // A trial on one zeroed element says whether it is defined.
-        let mut a = [0u8; 64];
-        let b = [0u8; 64];
-        // SAFETY: one element is at most 32 bytes (a long double pair) < 64.
+        let mut a = vec![0u8; elem.size()];
+        let b = vec![0u8; elem.size()];
+        // SAFETY: one element of `elem` in each.
         unsafe { Op::Builtin(*op).apply(elem, 1, b.as_ptr(), a.as_mut_ptr(), 0) }
     }
 

@@ -50,6 +50,9 @@ struct Unpack {
     tmp: Vec<u8>,
     buf: *mut u8,
     layout: Layout,
+    /// Bytes the application's elements hold (a matched message longer than this is
+    /// truncated).
+    room: usize,
 }
 
 /// An operation on an endpoint, not complete.
@@ -64,8 +67,11 @@ pub(crate) struct Pending {
 enum State {
     /// On the endpoint, not complete.
     Pending(Pending),
-    /// Complete when started (`MPI_PROC_NULL`).
+    /// Complete when started (`MPI_PROC_NULL`), or completed by
+    /// [`Mpi::request_status`] and kept for its wait.
     Done(Status),
+    /// Failed, found by [`Mpi::request_status`]; its wait reports it.
+    Failed(MpiError),
 }
 
 pub(crate) struct Entry {
@@ -95,6 +101,16 @@ impl Requests {
         }
     }
 
+    /// Puts `e` back as request `id` (just taken).
+    fn restore(&mut self, id: ReqId, e: Entry) {
+        if self.free.last() == Some(&id) {
+            self.free.pop();
+        } else {
+            self.free.retain(|&f| f != id);
+        }
+        self.table[id] = Some(e);
+    }
+
     fn take(&mut self, id: ReqId) -> Result<Entry> {
         let e = self
             .table
@@ -103,6 +119,13 @@ impl Requests {
             .ok_or_else(|| MpiError::new(Class::Request, format!("request {id} does not exist")))?;
         self.free.push(id);
         Ok(e)
+    }
+
+    fn get_mut(&mut self, id: ReqId) -> Result<&mut Entry> {
+        self.table
+            .get_mut(id)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| MpiError::new(Class::Request, format!("request {id} does not exist")))
     }
 
     fn get(&self, id: ReqId) -> Result<&Entry> {
@@ -164,15 +187,6 @@ impl Comm {
                 bytes: capacity as u64,
                 cancelled: false,
             }),
-            quiver::Error::Cancelled => {
-                return MpiError {
-                    status: Some(Status {
-                        cancelled: true,
-                        ..Status::NULL
-                    }),
-                    ..MpiError::new(Class::Other, "cancelled")
-                }
-            }
             _ => None,
         };
         MpiError { status, ..e.into() }
@@ -246,7 +260,12 @@ impl Mpi {
                 match t.test_raw(&raw) {
                     Ok(true) => break t.wait_raw(raw),
                     Ok(false) => self.drive_others(comm, ep),
-                    Err(e) => break Err(e),
+                    // As quiver's own waits: a wait that fails ends its operation, so
+                    // that nothing uses the buffer once the caller has it back.
+                    Err(e) => {
+                        t.abandon_raw(raw);
+                        break Err(e);
+                    }
                 }
             } else {
                 match t.wait_raw_within(&raw, DRIVE_EVERY) {
@@ -255,7 +274,15 @@ impl Mpi {
                 }
             }
         };
-        out.map(|s| c.status(s)).map_err(|e| c.error(e))
+        match out {
+            Ok(s) => Ok(c.status(s)),
+            // A cancelled receive completes, its status saying so (MPI_Test_cancelled).
+            Err(quiver::Error::Cancelled) => Ok(Status {
+                cancelled: true,
+                ..Status::NULL
+            }),
+            Err(e) => Err(c.error(e)),
+        }
     }
 
     /// Starts a send of `bytes` at `data` on endpoint `ep` of `comm`.
@@ -391,19 +418,44 @@ impl Mpi {
                 tmp,
                 buf,
                 layout: layout.clone(),
+                room: bytes,
             }),
             _packed: None,
         })
+    }
+
+    /// Cancels a pending receive no message matched yet (its wait then completes it).
+    pub(crate) fn cancel_pending(&self, comm: usize, ep: usize, p: &Pending) {
+        if let Ok((_, eps)) = self.eps(comm) {
+            let t = if ep == P2P { &eps.p2p } else { &eps.coll };
+            t.cancel_raw(&p.raw);
+        }
     }
 
     /// Completes a pending operation (unpacking what a receive got).
     pub(crate) fn finish(&self, comm: usize, ep: usize, p: Pending) -> Result<Status> {
         let s = self.finish_raw(comm, ep, p.raw)?;
         if let Some(u) = p.unpack {
-            let n = (s.bytes as usize).min(u.tmp.len());
-            // SAFETY: `post_recv`'s caller promised the elements writable until now;
-            // `n` bytes cover at most the `count` elements posted.
+            let n = (s.bytes as usize).min(u.tmp.len()).min(u.room);
+            // SAFETY: the caller of `post_recv` (or `imrecv`) promised the elements
+            // writable until now; `n` bytes cover at most the elements it named.
             unsafe { u.layout.unpack(&u.tmp[..n], u.buf) };
+            if (s.bytes as usize) > u.room {
+                let cut = Status {
+                    bytes: u.room as u64,
+                    ..s
+                };
+                return Err(MpiError {
+                    status: Some(cut),
+                    ..MpiError::new(
+                        Class::Truncate,
+                        format!(
+                            "a message of {} bytes truncated to the receive buffer of {}",
+                            s.bytes, u.room
+                        ),
+                    )
+                });
+            }
         }
         Ok(s)
     }
@@ -571,6 +623,7 @@ impl Mpi {
     fn complete(&self, e: Entry) -> Result<Status> {
         match e.state {
             State::Done(s) => Ok(s),
+            State::Failed(err) => Err(err),
             State::Pending(p) => self.finish(e.comm, e.ep, p),
         }
     }
@@ -591,7 +644,7 @@ impl Mpi {
 
     fn entry_done(&self, e: &Entry) -> Result<bool> {
         match &e.state {
-            State::Done(_) => Ok(true),
+            State::Done(_) | State::Failed(_) => Ok(true),
             State::Pending(Pending { raw, .. }) => {
                 let (c, eps) = self.eps(e.comm)?;
                 let t = if e.ep == P2P { &eps.p2p } else { &eps.coll };
@@ -650,10 +703,30 @@ impl Mpi {
         Ok(Some(self.waitall(reqs)))
     }
 
-    /// `MPI_Request_get_status`-like: whether the request is complete, without
-    /// spending it.
+    /// Whether the request is complete (it stays for its wait).
     pub fn peek(&mut self, req: ReqId) -> Result<bool> {
         self.is_done(req)
+    }
+
+    /// `MPI_Request_get_status`: the status if the request is complete, without spending
+    /// it (its result is kept for its wait; a failure is kept as well, and reported by
+    /// the wait).
+    pub fn request_status(&mut self, req: ReqId) -> Result<Option<Status>> {
+        if let State::Done(s) = self.reqs.get(req)?.state {
+            return Ok(Some(s));
+        }
+        if !self.is_done(req)? {
+            return Ok(None);
+        }
+        let e = self.reqs.take(req)?;
+        let (comm, ep) = (e.comm, e.ep);
+        let result = self.complete(e);
+        let state = match &result {
+            Ok(s) => State::Done(*s),
+            Err(err) => State::Failed(err.clone()),
+        };
+        self.reqs.restore(req, Entry { comm, ep, state });
+        result.map(Some)
     }
 
     /// `MPI_Cancel` of a receive no message matched yet (a send, or a matched receive,
@@ -705,6 +778,106 @@ impl Mpi {
             .iprobe(from, tag_of(tag))
             .map(|s| s.map(|s| c.status(s)))
             .map_err(|e| c.error(e))
+    }
+
+    /// `MPI_Improbe`: a message that matches, if one arrived, taken out of matching (no
+    /// other receive can take it) and held as a request for [`Mpi::imrecv`]. Its bytes
+    /// are received into a buffer of the library's, copied to the application's by
+    /// `imrecv`'s completion.
+    pub fn improbe(
+        &mut self,
+        src: Peer,
+        tag: TagSel,
+        comm: usize,
+    ) -> Result<Option<(Status, ReqId)>> {
+        let Some(st) = self.iprobe(src, tag, comm)? else {
+            return Ok(None);
+        };
+        let (Peer::Rank(from), TagSel::Is(t)) = (st.source, st.tag) else {
+            return Err(MpiError::new(
+                Class::Intern,
+                "a probed message without a source or tag",
+            ));
+        };
+        let bytes = usize::try_from(st.bytes)
+            .map_err(|_| MpiError::new(Class::Count, "a message longer than memory"))?;
+        let mut tmp = vec![0u8; bytes];
+        // The earliest message of (from, t) is the one probed: any earlier one would have
+        // matched the probe's pattern too, and messages of one sender stay in order.
+        // SAFETY: `tmp` moves into the request (its heap buffer stays put) and lives
+        // until it completes.
+        let raw = unsafe {
+            self.start_recv(
+                comm,
+                P2P,
+                Peer::Rank(from),
+                TagSel::Is(t),
+                tmp.as_mut_ptr(),
+                bytes,
+            )
+        }?;
+        let unpack = Unpack {
+            tmp,
+            buf: std::ptr::null_mut(),
+            layout: Layout::builtin(crate::Elem::Bytes {
+                size: 1,
+                bitwise: false,
+            }),
+            room: 0,
+        };
+        let id = self.reqs.add(Entry {
+            comm,
+            ep: P2P,
+            state: State::Pending(Pending {
+                raw,
+                unpack: Some(unpack),
+                _packed: None,
+            }),
+        });
+        Ok(Some((st, id)))
+    }
+
+    /// `MPI_Mprobe`: [`Mpi::improbe`], waiting for a message.
+    pub fn mprobe(&mut self, src: Peer, tag: TagSel, comm: usize) -> Result<(Status, ReqId)> {
+        loop {
+            if let Some(got) = self.improbe(src, tag, comm)? {
+                return Ok(got);
+            }
+        }
+    }
+
+    /// `MPI_Imrecv`: the message held as request `msg` ([`Mpi::improbe`]) goes to
+    /// `count` elements of `layout` at `buf` (truncated, with `MPI_ERR_TRUNCATE`, if
+    /// longer); returns the request to wait for (the same id).
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` stay writable, and untouched by others, until the request
+    /// completes.
+    pub unsafe fn imrecv(
+        &mut self,
+        msg: ReqId,
+        buf: *mut u8,
+        count: usize,
+        layout: &Layout,
+    ) -> Result<ReqId> {
+        layout.check_committed()?;
+        let room = layout.bytes(count)?;
+        let e = self.reqs.get_mut(msg)?;
+        match &mut e.state {
+            State::Pending(Pending {
+                unpack: Some(u), ..
+            }) if u.buf.is_null() && u.room == 0 => {
+                u.buf = buf;
+                u.layout = layout.clone();
+                u.room = room;
+                Ok(msg)
+            }
+            _ => Err(MpiError::new(
+                Class::Request,
+                "not a message of MPI_Mprobe or MPI_Improbe",
+            )),
+        }
     }
 
     /// `MPI_Probe`.

@@ -54,7 +54,7 @@ enum UserFunc {
 }
 
 fn op_create(name: &str, f: Option<UserFunc>, commute: c_int, out: *mut c_int) -> c_int {
-    call(name, MPI_COMM_WORLD, |lib| {
+    call(name, MPI_COMM_WORLD, |lib, _| {
         let f = f.ok_or_else(|| MpiError::new(Class::Arg, "a null function"))?;
         let wrapped: quiver_mpi::UserFn = Arc::new(move |inp, inout, n, dt| {
             let mut dt = dt as c_int;
@@ -110,7 +110,7 @@ pub extern "C" fn MPI_Op_create_c(
 
 #[no_mangle]
 pub extern "C" fn MPI_Op_free(h: *mut c_int) -> c_int {
-    call("MPI_Op_free", MPI_COMM_WORLD, |lib| {
+    call("MPI_Op_free", MPI_COMM_WORLD, |lib, _| {
         // SAFETY: MPI's contract: `h` points at a handle.
         let i = handles::index_of(unsafe { h.read() }, USER_OP)
             .filter(|&i| lib.ops.get(i).is_some_and(Option::is_some))
@@ -124,7 +124,7 @@ pub extern "C" fn MPI_Op_free(h: *mut c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Op_commutative(h: c_int, flag: *mut c_int) -> c_int {
-    call("MPI_Op_commutative", MPI_COMM_WORLD, |lib| {
+    call("MPI_Op_commutative", MPI_COMM_WORLD, |lib, _| {
         let c = op(lib, h)?.commutative();
         // SAFETY: MPI's contract: `flag` is writable.
         unsafe { flag.write(c_int::from(c)) };
@@ -134,18 +134,19 @@ pub extern "C" fn MPI_Op_commutative(h: c_int, flag: *mut c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Barrier(comm: c_int) -> c_int {
-    call("MPI_Barrier", comm, |lib| lib.mpi.barrier(comm_id(comm)?))
+    call("MPI_Barrier", comm, |lib, _| {
+        lib.mpi.barrier(comm_id(comm)?)
+    })
 }
 
 fn bcast(name: &str, buf: *mut c_void, n: i64, dt: c_int, root: c_int, comm: c_int) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, root, c) = (
             count(n, "count")?,
             count(root, "root")? as u32,
             comm_id(comm)?,
         );
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         // SAFETY: MPI's contract: `n` elements at `buf`.
         unsafe { lib.mpi.bcast(buf.cast(), n, l, root, c) }
     })
@@ -183,15 +184,14 @@ fn reduce(
     root: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, root, c) = (
             count(n, "count")?,
             count(root, "root")? as u32,
             comm_id(comm)?,
         );
         let op = op(lib, o)?;
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         let send = (!in_place(sbuf)).then_some(sbuf.cast());
         // SAFETY: MPI's contract: `n` elements at each buffer.
         unsafe {
@@ -236,11 +236,10 @@ fn allreduce(
     o: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, c) = (count(n, "count")?, comm_id(comm)?);
         let op = op(lib, o)?;
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         let send = (!in_place(sbuf)).then_some(sbuf.cast());
         // SAFETY: MPI's contract: `n` elements at each buffer.
         unsafe {
@@ -282,10 +281,10 @@ fn reduce_local(
     dt: c_int,
     o: c_int,
 ) -> c_int {
-    call(name, MPI_COMM_WORLD, |lib| {
+    call(name, MPI_COMM_WORLD, |lib, types| {
         let n = count(n, "count")?;
         let op = op(lib, o)?;
-        let l = lib.types.lookup(dt)?;
+        let l = types.get(dt)?;
         if !l.is_contiguous() {
             return Err(MpiError::new(
                 Class::Unsupported,
@@ -493,14 +492,12 @@ fn gatherv(
     root: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (root, c) = (count(root, "root")? as u32, comm_id(comm)?);
         let (size, me) = {
             let cm = lib.mpi.comm(c)?;
             (cm.size() as usize, cm.rank())
         };
-        lib.types.learn(sdt);
-        lib.types.learn(rdt);
         let at_root = me == root;
         let send = if in_place(sbuf) && at_root {
             None
@@ -508,11 +505,11 @@ fn gatherv(
             Some(Elems {
                 ptr: sbuf.cast(),
                 count: count(sn, "count")?,
-                layout: lib.types.get(sdt)?,
+                layout: types.get(sdt)?,
             })
         };
         let recv = if at_root {
-            let rl = lib.types.get(rdt)?;
+            let rl = types.get(rdt)?;
             pieces(rbuf, rl, size, rns, displs)?
         } else {
             Vec::new()
@@ -641,14 +638,12 @@ fn scatterv(
     root: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (root, c) = (count(root, "root")? as u32, comm_id(comm)?);
         let (size, me) = {
             let cm = lib.mpi.comm(c)?;
             (cm.size() as usize, cm.rank())
         };
-        lib.types.learn(sdt);
-        lib.types.learn(rdt);
         let at_root = me == root;
         let recv = if in_place(rbuf) && at_root {
             None
@@ -656,11 +651,11 @@ fn scatterv(
             Some(Elems {
                 ptr: rbuf.cast(),
                 count: count(rn, "count")?,
-                layout: lib.types.get(rdt)?,
+                layout: types.get(rdt)?,
             })
         };
         let send = if at_root {
-            let sl = lib.types.get(sdt)?;
+            let sl = types.get(sdt)?;
             pieces(sbuf, sl, size, sns, displs)?
         } else {
             Vec::new()
@@ -775,15 +770,13 @@ fn allgatherv(
     rdt: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let c = comm_id(comm)?;
         let (size, me) = {
             let cm = lib.mpi.comm(c)?;
             (cm.size() as usize, cm.rank() as usize)
         };
-        lib.types.learn(sdt);
-        lib.types.learn(rdt);
-        let rl = lib.types.get(rdt)?;
+        let rl = types.get(rdt)?;
         let recv = pieces(rbuf, rl, size, rns, displs)?;
         let (mine, own) = if in_place(sbuf) {
             (recv[me], None)
@@ -791,7 +784,7 @@ fn allgatherv(
             let s = Elems {
                 ptr: sbuf.cast(),
                 count: count(sn, "count")?,
-                layout: lib.types.get(sdt)?,
+                layout: types.get(sdt)?,
             };
             (s, Some((s, recv[me])))
         };
@@ -913,7 +906,7 @@ fn alltoallv(
     rdt: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let c = comm_id(comm)?;
         if in_place(sbuf) {
             return Err(MpiError::new(
@@ -925,9 +918,7 @@ fn alltoallv(
             let cm = lib.mpi.comm(c)?;
             (cm.size() as usize, cm.rank() as usize)
         };
-        lib.types.learn(sdt);
-        lib.types.learn(rdt);
-        let (sl, rl) = (lib.types.get(sdt)?, lib.types.get(rdt)?);
+        let (sl, rl) = (types.get(sdt)?, types.get(rdt)?);
         let send = pieces(sbuf, sl, size, sns, sd)?;
         let recv = pieces(rbuf.cast_const(), rl, size, rns, rd)?;
         // SAFETY: MPI's contract: the send pieces readable, the receive pieces writable.
@@ -1028,14 +1019,14 @@ fn reduce_scatter(
     o: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let c = comm_id(comm)?;
         let (size, me) = {
             let cm = lib.mpi.comm(c)?;
             (cm.size() as usize, cm.rank() as usize)
         };
         let op = op(lib, o)?;
-        let l = lib.types.lookup(dt)?;
+        let l = types.get(dt)?;
         if !l.is_contiguous() {
             return Err(MpiError::new(
                 Class::Unsupported,
@@ -1148,11 +1139,10 @@ fn scan(
     comm: c_int,
     exclusive: bool,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, c) = (count(n, "count")?, comm_id(comm)?);
         let op = op(lib, o)?;
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         let send = (!in_place(sbuf)).then_some(sbuf.cast());
         // SAFETY: MPI's contract: `n` elements at each buffer.
         unsafe {

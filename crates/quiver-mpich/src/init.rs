@@ -26,13 +26,15 @@ fn init() -> c_int {
         Ok(mpi) => {
             let lib = ManuallyDrop::new(Lib {
                 mpi,
-                types: crate::types::Types::new(),
                 ops: Vec::new(),
                 groups: Vec::new(),
                 errhandlers: HashMap::new(),
+                keyvals: Vec::new(),
+                attrs: Vec::new(),
                 messages: HashMap::new(),
             });
             LIB.with(|cell| *cell.borrow_mut() = Some(lib));
+            crate::TYPES.with(|t| *t.borrow_mut() = Some(crate::types::Types::new()));
             PHASE.store(RUNNING, Ordering::Relaxed);
             MPI_SUCCESS
         }
@@ -79,6 +81,12 @@ pub extern "C" fn MPI_Finalized(flag: *mut c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Finalize() -> c_int {
+    // MPI deletes MPI_COMM_SELF's attributes first, in the reverse order of their
+    // setting, while MPI still works (libraries hang their clean-up there).
+    let _ = call("MPI_Finalize", MPI_COMM_WORLD, |lib, _| {
+        crate::comm::delete_attrs(lib, quiver_mpi::SELF, true);
+        Ok(())
+    });
     let Some(lib) = LIB.with(|cell| cell.try_borrow_mut().ok().and_then(|mut l| l.take())) else {
         eprintln!(
             "quiver MPI: MPI_Finalize: MPI is not initialised (or this is not MPI_Init's thread)"
@@ -86,6 +94,7 @@ pub extern "C" fn MPI_Finalize() -> c_int {
         return MPI_ERR_OTHER;
     };
     PHASE.store(AFTER, Ordering::Relaxed);
+    crate::TYPES.with(|t| t.borrow_mut().take());
     match ManuallyDrop::into_inner(lib).mpi.finalize() {
         Ok(()) => MPI_SUCCESS,
         Err(e) => {
@@ -110,9 +119,10 @@ pub extern "C" fn MPI_Query_thread(provided: *mut c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Is_thread_main(flag: *mut c_int) -> c_int {
-    // Any thread may call (one at a time): each is "main" as far as MPI can tell.
+    // The thread that called MPI_Init is the one whose state is there.
+    let main = LIB.with(|cell| cell.try_borrow().map_or(true, |l| l.is_some()));
     // SAFETY: MPI's contract: `flag` is writable.
-    unsafe { flag.write(1) };
+    unsafe { flag.write(c_int::from(main)) };
     MPI_SUCCESS
 }
 
@@ -261,7 +271,7 @@ pub extern "C" fn MPI_Error_string(code: c_int, buf: *mut c_char, len: *mut c_in
 
 #[no_mangle]
 pub extern "C" fn MPI_Comm_set_errhandler(comm: c_int, handler: c_int) -> c_int {
-    call("MPI_Comm_set_errhandler", comm, |lib| {
+    call("MPI_Comm_set_errhandler", comm, |lib, _| {
         let c = handles::comm_id(comm)?;
         lib.mpi.comm(c)?;
         match handler {
@@ -279,7 +289,7 @@ pub extern "C" fn MPI_Comm_set_errhandler(comm: c_int, handler: c_int) -> c_int 
 
 #[no_mangle]
 pub extern "C" fn MPI_Comm_get_errhandler(comm: c_int, handler: *mut c_int) -> c_int {
-    call("MPI_Comm_get_errhandler", comm, |lib| {
+    call("MPI_Comm_get_errhandler", comm, |lib, _| {
         let c = handles::comm_id(comm)?;
         lib.mpi.comm(c)?;
         let h = lib

@@ -32,6 +32,7 @@ mod handles;
 pub use handles::{DataPtr, SENTINELS};
 mod init;
 mod p2p;
+mod status;
 mod types;
 
 /// MPICH's constants, from its `mpi.h`.
@@ -53,7 +54,7 @@ use abi::*;
 use quiver_mpi::{Class, Mpi, MpiError, Op};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Once;
@@ -80,19 +81,50 @@ thread_local! {
     /// called `MPI_Init`. Never dropped at the thread's end (a process that exits
     /// without `MPI_Finalize` does not wait for its endpoints' last answers there).
     pub(crate) static LIB: RefCell<Option<ManuallyDrop<Lib>>> = const { RefCell::new(None) };
+
+    /// The datatypes, beside the rest of the state so that an application's reduction
+    /// function, which runs inside a collective, may ask about them (mpi4py's do:
+    /// `MPI_Type_get_extent` before calling the Python function).
+    pub(crate) static TYPES: RefCell<Option<types::Types>> = const { RefCell::new(None) };
+
+    /// The application's functions a call must run once it let go of the state (an
+    /// attribute's copy and delete functions, which may call MPI).
+    static DEFERRED: RefCell<Vec<Box<dyn FnOnce()>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` when the current call has let go of the state.
+pub(crate) fn defer(f: impl FnOnce() + 'static) {
+    DEFERRED.with(|d| d.borrow_mut().push(Box::new(f)));
+}
+
+/// Runs what the call deferred.
+pub(crate) fn run_deferred() {
+    loop {
+        let Some(f) = DEFERRED.with(|d| {
+            let mut d = d.borrow_mut();
+            (!d.is_empty()).then(|| d.remove(0))
+        }) else {
+            return;
+        };
+        f();
+    }
 }
 
 /// One process's MPI library: the core and the tables of handles the core does not
 /// know (datatypes, operations, groups, error handlers).
 pub(crate) struct Lib {
     pub(crate) mpi: Mpi,
-    pub(crate) types: types::Types,
     /// Applications' operations by index (`handles::USER_OP | index`).
     pub(crate) ops: Vec<Option<Op>>,
     /// Groups (job ranks) by index (`handles::GROUP | index`).
     pub(crate) groups: Vec<Option<Vec<u32>>>,
     /// The error handler of each communicator id (absent: `MPI_ERRORS_ARE_FATAL`).
     pub(crate) errhandlers: HashMap<usize, c_int>,
+    /// Attribute keys of the application's by index (`comm::KEYVAL | index`).
+    pub(crate) keyvals: Vec<Option<comm::Keyval>>,
+    /// Attributes set on communicators: (communicator id, key index, value), in the
+    /// order they were set.
+    pub(crate) attrs: Vec<(usize, usize, *mut c_void)>,
     /// The last message of each error class, for `MPI_Error_string`.
     pub(crate) messages: HashMap<c_int, String>,
 }
@@ -120,14 +152,81 @@ pub(crate) fn class_code(c: Class) -> c_int {
     }
 }
 
-/// Runs an MPI call `name` on the library's state: its error goes to the error handler
-/// of communicator handle `comm` (fatal by default: the message on stderr and the
-/// process exits, as MPI's `MPI_ERRORS_ARE_FATAL`), and becomes its class's number.
+/// Runs an MPI call `name` on the library's state and its datatypes: its error goes to
+/// the error handler of communicator handle `comm` (fatal by default: the message on
+/// stderr and the process exits, as MPI's `MPI_ERRORS_ARE_FATAL`), and becomes its
+/// class's number.
 pub(crate) fn call(
     name: &str,
     comm: c_int,
-    f: impl FnOnce(&mut Lib) -> Result<(), MpiError>,
+    f: impl FnOnce(&mut Lib, &types::Types) -> Result<(), MpiError>,
 ) -> c_int {
+    let rc = TYPES.with(|t| {
+        let Ok(types) = t.try_borrow() else {
+            return fatal_or(
+                name,
+                MPI_ERR_OTHER,
+                "called while datatypes are being made",
+                true,
+            );
+        };
+        with_lib(name, comm, |lib| match types.as_ref() {
+            Some(types) => f(lib, types),
+            None => Err(MpiError::new(Class::Intern, "no datatype table")),
+        })
+    });
+    run_deferred();
+    rc
+}
+
+/// [`call`] for the calls that make or free datatypes.
+pub(crate) fn call_types(
+    name: &str,
+    f: impl FnOnce(&mut types::Types) -> Result<(), MpiError>,
+) -> c_int {
+    TYPES.with(|t| {
+        let Ok(mut types) = t.try_borrow_mut() else {
+            return fatal_or(
+                name,
+                MPI_ERR_OTHER,
+                "called inside another MPI call (from a reduction's function?)",
+                true,
+            );
+        };
+        with_lib(name, MPI_COMM_WORLD, |_| match types.as_mut() {
+            Some(types) => f(types),
+            None => Err(MpiError::new(Class::Intern, "no datatype table")),
+        })
+    })
+}
+
+/// The calls that only read datatypes: also from inside an application's reduction
+/// function (its error then returns its code; no handler runs).
+pub(crate) fn query(name: &str, f: impl FnOnce(&types::Types) -> Result<(), MpiError>) -> c_int {
+    let result = TYPES.with(|t| match t.try_borrow() {
+        Ok(types) => types.as_ref().map(f),
+        Err(_) => Some(Err(MpiError::new(
+            Class::Other,
+            "called while datatypes are being made",
+        ))),
+    });
+    match result {
+        Some(Ok(())) => MPI_SUCCESS,
+        Some(Err(e)) => LIB.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut guard) => match guard.as_mut() {
+                Some(lib) => lib.fail(name, MPI_COMM_WORLD, e),
+                None => class_code(e.class),
+            },
+            // Inside a collective (a reduction's function): the code alone.
+            Err(_) => class_code(e.class),
+        }),
+        // Not initialised: the same message as every other call.
+        None => with_lib(name, MPI_COMM_WORLD, |_| Ok(())),
+    }
+}
+
+/// Runs `f` on the library's state (see [`call`]).
+fn with_lib(name: &str, comm: c_int, f: impl FnOnce(&mut Lib) -> Result<(), MpiError>) -> c_int {
     LIB.with(|cell| {
         let Ok(mut guard) = cell.try_borrow_mut() else {
             return fatal_or(name, MPI_ERR_OTHER, "called inside another MPI call (from a reduction's function?)", true);

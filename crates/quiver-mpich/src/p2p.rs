@@ -18,15 +18,14 @@ fn send(
     tag: c_int,
     comm: c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, to, tag, c) = (
             count(n, "count")?,
             dest(to)?,
             send_tag(tag)?,
             comm_id(comm)?,
         );
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         // SAFETY: MPI's contract: `n` elements of `dt` readable at `buf`.
         unsafe { lib.mpi.send(buf.cast(), n, l, to, tag, c) }
     })
@@ -93,15 +92,14 @@ fn recv(
     comm: c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, from, tag, c) = (
             count(n, "count")?,
             source(from)?,
             recv_tag(tag)?,
             comm_id(comm)?,
         );
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         // SAFETY: MPI's contract: room for `n` elements of `dt` at `buf`.
         let r = unsafe { lib.mpi.recv(buf.cast(), n, l, from, tag, c) };
         finish(r, status)
@@ -171,15 +169,14 @@ fn isend(
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, to, tag, c) = (
             count(n, "count")?,
             dest(to)?,
             send_tag(tag)?,
             comm_id(comm)?,
         );
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         // SAFETY: MPI's contract: the elements stay readable until the request completes.
         let id = unsafe { lib.mpi.isend(buf.cast(), n, l, to, tag, c) }?;
         put_request(req, id)
@@ -248,15 +245,14 @@ fn irecv(
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let (n, from, tag, c) = (
             count(n, "count")?,
             source(from)?,
             recv_tag(tag)?,
             comm_id(comm)?,
         );
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         // SAFETY: MPI's contract: the elements stay writable until the request completes.
         let id = unsafe { lib.mpi.irecv(buf.cast(), n, l, from, tag, c) }?;
         put_request(req, id)
@@ -291,7 +287,7 @@ pub extern "C" fn MPI_Irecv_c(
 
 #[no_mangle]
 pub extern "C" fn MPI_Wait(req: *mut c_int, status: *mut MPI_Status) -> c_int {
-    call("MPI_Wait", MPI_COMM_WORLD, |lib| {
+    call("MPI_Wait", MPI_COMM_WORLD, |lib, _| {
         // SAFETY: MPI's contract: `req` points at a request handle.
         let Some(id) = req_id(unsafe { req.read() })? else {
             // SAFETY: as in `finish`.
@@ -306,7 +302,7 @@ pub extern "C" fn MPI_Wait(req: *mut c_int, status: *mut MPI_Status) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Test(req: *mut c_int, flag: *mut c_int, status: *mut MPI_Status) -> c_int {
-    call("MPI_Test", MPI_COMM_WORLD, |lib| {
+    call("MPI_Test", MPI_COMM_WORLD, |lib, _| {
         // SAFETY: MPI's contract: `req` points at a request handle, `flag` is writable.
         let Some(id) = req_id(unsafe { req.read() })? else {
             // SAFETY: as above.
@@ -316,15 +312,14 @@ pub extern "C" fn MPI_Test(req: *mut c_int, flag: *mut c_int, status: *mut MPI_S
             }
             return Ok(());
         };
-        let r = match lib.mpi.test(id) {
-            Ok(None) => {
-                // SAFETY: as above.
-                unsafe { flag.write(0) };
-                return Ok(());
-            }
-            Ok(Some(s)) => Ok(s),
-            Err(e) => Err(e),
-        };
+        // A failure to make progress leaves the request as it was (still the caller's
+        // to wait for); only a request found complete is spent.
+        if !lib.mpi.peek(id)? {
+            // SAFETY: as above.
+            unsafe { flag.write(0) };
+            return Ok(());
+        }
+        let r = lib.mpi.wait(id);
         // SAFETY: as above.
         unsafe {
             flag.write(1);
@@ -380,7 +375,7 @@ fn finish_all(
 
 #[no_mangle]
 pub extern "C" fn MPI_Waitall(n: c_int, reqs: *mut c_int, statuses: *mut MPI_Status) -> c_int {
-    let rc = call("MPI_Waitall", MPI_COMM_WORLD, |lib| {
+    let rc = call("MPI_Waitall", MPI_COMM_WORLD, |lib, _| {
         let ids = ids(n, reqs)?;
         let results = lib.mpi.waitall(&ids);
         let which: Vec<usize> = (0..ids.len()).collect();
@@ -405,7 +400,7 @@ pub extern "C" fn MPI_Testall(
     flag: *mut c_int,
     statuses: *mut MPI_Status,
 ) -> c_int {
-    let rc = call("MPI_Testall", MPI_COMM_WORLD, |lib| {
+    let rc = call("MPI_Testall", MPI_COMM_WORLD, |lib, _| {
         let ids = ids(n, reqs)?;
         match lib.mpi.testall(&ids)? {
             None => {
@@ -433,7 +428,7 @@ fn any(
     status: *mut MPI_Status,
     block: bool,
 ) -> c_int {
-    call(name, MPI_COMM_WORLD, |lib| {
+    call(name, MPI_COMM_WORLD, |lib, _| {
         let ids = ids(n, reqs)?;
         let done = if block {
             lib.mpi.waitany(&ids)?
@@ -443,8 +438,11 @@ fn any(
             match lib.mpi.testany(&ids)? {
                 Some(d) => Some(d),
                 None => {
-                    // SAFETY: MPI's contract: `flag` is writable for MPI_Testany.
-                    unsafe { flag.write(0) };
+                    // SAFETY: MPI's contract: `flag` and `index` are writable.
+                    unsafe {
+                        flag.write(0);
+                        index.write(MPI_UNDEFINED);
+                    }
                     return Ok(());
                 }
             }
@@ -511,7 +509,7 @@ fn some(
     statuses: *mut MPI_Status,
     block: bool,
 ) -> c_int {
-    let rc = call(name, MPI_COMM_WORLD, |lib| {
+    let rc = call(name, MPI_COMM_WORLD, |lib, _| {
         let ids = ids(n, reqs)?;
         if ids.iter().all(Option::is_none) {
             // SAFETY: MPI's contract: `outcount` is writable.
@@ -521,11 +519,22 @@ fn some(
         loop {
             let mut which = Vec::new();
             let mut results = Vec::new();
+            // A request whose progress fails is reported as completed with that error
+            // (spent), like one whose wait fails: every request this pass took is
+            // written out below, none is lost.
             for (i, id) in ids.iter().enumerate() {
                 if let Some(id) = *id {
-                    if lib.mpi.peek(id)? {
-                        which.push(i);
-                        results.push(lib.mpi.wait(id));
+                    match lib.mpi.peek(id) {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            which.push(i);
+                            results.push(lib.mpi.wait(id));
+                        }
+                        Err(e) => {
+                            let _ = lib.mpi.request_free(id);
+                            which.push(i);
+                            results.push(Err(e));
+                        }
                     }
                 }
             }
@@ -578,22 +587,27 @@ pub extern "C" fn MPI_Testsome(
 pub extern "C" fn MPI_Request_get_status(
     req: c_int,
     flag: *mut c_int,
-    _status: *mut MPI_Status,
+    status: *mut MPI_Status,
 ) -> c_int {
-    call("MPI_Request_get_status", MPI_COMM_WORLD, |lib| {
+    call("MPI_Request_get_status", MPI_COMM_WORLD, |lib, _| {
         let done = match req_id(req)? {
-            None => true,
-            Some(id) => lib.mpi.peek(id)?,
+            None => Some(Status::NULL),
+            Some(id) => lib.mpi.request_status(id)?,
         };
-        // SAFETY: MPI's contract: `flag` is writable.
-        unsafe { flag.write(c_int::from(done)) };
+        // SAFETY: MPI's contract: `flag` is writable; the status as in `finish`.
+        unsafe {
+            flag.write(c_int::from(done.is_some()));
+            if let Some(s) = done {
+                write_status(status, &s, None);
+            }
+        }
         Ok(())
     })
 }
 
 #[no_mangle]
 pub extern "C" fn MPI_Cancel(req: *mut c_int) -> c_int {
-    call("MPI_Cancel", MPI_COMM_WORLD, |lib| {
+    call("MPI_Cancel", MPI_COMM_WORLD, |lib, _| {
         // SAFETY: MPI's contract: `req` points at a request handle.
         match req_id(unsafe { req.read() })? {
             Some(id) => lib.mpi.cancel(id),
@@ -611,7 +625,7 @@ pub extern "C" fn MPI_Test_cancelled(status: *const MPI_Status, flag: *mut c_int
 
 #[no_mangle]
 pub extern "C" fn MPI_Request_free(req: *mut c_int) -> c_int {
-    call("MPI_Request_free", MPI_COMM_WORLD, |lib| {
+    call("MPI_Request_free", MPI_COMM_WORLD, |lib, _| {
         // SAFETY: MPI's contract: `req` points at a request handle.
         let Some(id) = req_id(unsafe { req.read() })? else {
             return Err(MpiError::new(Class::Request, "MPI_REQUEST_NULL"));
@@ -637,13 +651,11 @@ fn sendrecv(
     comm: c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let c = comm_id(comm)?;
         let (sn, to, stag) = (count(sn, "count")?, dest(to)?, send_tag(stag)?);
         let (rn, from, rtag) = (count(rn, "count")?, source(from)?, recv_tag(rtag)?);
-        lib.types.learn(sdt);
-        lib.types.learn(rdt);
-        let (sl, rl) = (lib.types.get(sdt)?, lib.types.get(rdt)?);
+        let (sl, rl) = (types.get(sdt)?, types.get(rdt)?);
         // SAFETY: MPI's contract: both buffers valid, apart.
         let r = unsafe {
             lib.mpi.sendrecv(
@@ -740,7 +752,7 @@ fn sendrecv_replace(
     comm: c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call(name, comm, |lib| {
+    call(name, comm, |lib, types| {
         let c = comm_id(comm)?;
         let (n, to, stag, from, rtag) = (
             count(n, "count")?,
@@ -749,8 +761,7 @@ fn sendrecv_replace(
             source(from)?,
             recv_tag(rtag)?,
         );
-        lib.types.learn(dt);
-        let l = lib.types.get(dt)?;
+        let l = types.get(dt)?;
         // The outgoing data is copied (packed) first, so the receive may overwrite it.
         let mut out = Vec::new();
         // SAFETY: MPI's contract: `n` elements at `buf`.
@@ -839,7 +850,7 @@ pub extern "C" fn MPI_Iprobe(
     flag: *mut c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call("MPI_Iprobe", comm, |lib| {
+    call("MPI_Iprobe", comm, |lib, _| {
         let r = lib
             .mpi
             .iprobe(source(from)?, recv_tag(tag)?, comm_id(comm)?)?;
@@ -861,7 +872,7 @@ pub extern "C" fn MPI_Probe(
     comm: c_int,
     status: *mut MPI_Status,
 ) -> c_int {
-    call("MPI_Probe", comm, |lib| {
+    call("MPI_Probe", comm, |lib, _| {
         let s = lib
             .mpi
             .probe(source(from)?, recv_tag(tag)?, comm_id(comm)?)?;
@@ -919,4 +930,189 @@ pub extern "C" fn MPI_Irsend_c(
     req: *mut c_int,
 ) -> c_int {
     MPI_Isend_c(buf, n, dt, to, tag, comm, req)
+}
+
+/// Writes a matched message's handle (`MPI_MESSAGE_NO_PROC` for `MPI_PROC_NULL`).
+fn put_message(out: *mut c_int, id: Option<usize>) -> Result<(), MpiError> {
+    let h = match id {
+        Some(id) => handles::handle(REQUEST, id)?,
+        None => MPI_MESSAGE_NO_PROC,
+    };
+    // SAFETY: MPI's contract: `out` is writable.
+    unsafe { out.write(h) };
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Improbe(
+    from: c_int,
+    tag: c_int,
+    comm: c_int,
+    flag: *mut c_int,
+    message: *mut c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    call("MPI_Improbe", comm, |lib, _| {
+        let (from, tag, c) = (source(from)?, recv_tag(tag)?, comm_id(comm)?);
+        let got = if from == quiver_mpi::Peer::Null {
+            lib.mpi.comm(c)?;
+            Some((Status::NULL, None))
+        } else {
+            lib.mpi.improbe(from, tag, c)?.map(|(s, id)| (s, Some(id)))
+        };
+        // SAFETY: MPI's contract: `flag` is writable; the status as in `finish`.
+        unsafe { flag.write(c_int::from(got.is_some())) };
+        if let Some((s, id)) = got {
+            put_message(message, id)?;
+            // SAFETY: as above.
+            unsafe { write_status(status, &s, None) };
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Mprobe(
+    from: c_int,
+    tag: c_int,
+    comm: c_int,
+    message: *mut c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    call("MPI_Mprobe", comm, |lib, _| {
+        let (from, tag, c) = (source(from)?, recv_tag(tag)?, comm_id(comm)?);
+        let (s, id) = if from == quiver_mpi::Peer::Null {
+            lib.mpi.comm(c)?;
+            (Status::NULL, None)
+        } else {
+            let (s, id) = lib.mpi.mprobe(from, tag, c)?;
+            (s, Some(id))
+        };
+        put_message(message, id)?;
+        // SAFETY: as in `finish`.
+        unsafe { write_status(status, &s, None) };
+        Ok(())
+    })
+}
+
+/// The request of a matched message (`None`: `MPI_MESSAGE_NO_PROC`); the handle is
+/// set to `MPI_MESSAGE_NULL`, the message being received.
+fn take_message(message: *mut c_int) -> Result<Option<usize>, MpiError> {
+    // SAFETY: MPI's contract: `message` points at a message handle.
+    let h = unsafe { message.read() };
+    let id = match h {
+        MPI_MESSAGE_NO_PROC => None,
+        MPI_MESSAGE_NULL => {
+            return Err(MpiError::new(
+                quiver_mpi::Class::Request,
+                "MPI_MESSAGE_NULL",
+            ))
+        }
+        h => Some(handles::index_of(h, REQUEST).ok_or_else(|| {
+            MpiError::new(
+                quiver_mpi::Class::Request,
+                format!("{h:#x} is not a message"),
+            )
+        })?),
+    };
+    // SAFETY: as above, writable.
+    unsafe { message.write(MPI_MESSAGE_NULL) };
+    Ok(id)
+}
+
+fn mrecv(
+    name: &str,
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    message: *mut c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib, types| {
+        let n = count(n, "count")?;
+        let l = types.get(dt)?;
+        let Some(msg) = take_message(message)? else {
+            // SAFETY: as in `finish`.
+            unsafe { write_status(status, &Status::NULL, None) };
+            return Ok(());
+        };
+        // SAFETY: MPI's contract: room for `n` elements at `buf`; waited for here.
+        let req = unsafe { lib.mpi.imrecv(msg, buf.cast(), n, l) }?;
+        finish(lib.mpi.wait(req), status)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Mrecv(
+    buf: *mut c_void,
+    n: c_int,
+    dt: c_int,
+    message: *mut c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    mrecv("MPI_Mrecv", buf, i64::from(n), dt, message, status)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Mrecv_c(
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    message: *mut c_int,
+    status: *mut MPI_Status,
+) -> c_int {
+    mrecv("MPI_Mrecv_c", buf, n, dt, message, status)
+}
+
+fn imrecv(
+    name: &str,
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    message: *mut c_int,
+    req: *mut c_int,
+) -> c_int {
+    call(name, MPI_COMM_WORLD, |lib, types| {
+        let n = count(n, "count")?;
+        let l = types.get(dt)?;
+        let id = match take_message(message)? {
+            // SAFETY: MPI's contract: room for `n` elements at `buf` until completion.
+            Some(msg) => unsafe { lib.mpi.imrecv(msg, buf.cast(), n, l) }?,
+            // A request of MPI_PROC_NULL: complete at once.
+            // SAFETY: nothing is received.
+            None => unsafe {
+                lib.mpi.irecv(
+                    buf.cast(),
+                    0,
+                    l,
+                    quiver_mpi::Peer::Null,
+                    quiver_mpi::TagSel::Any,
+                    quiver_mpi::WORLD,
+                )
+            }?,
+        };
+        put_request(req, id)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Imrecv(
+    buf: *mut c_void,
+    n: c_int,
+    dt: c_int,
+    message: *mut c_int,
+    req: *mut c_int,
+) -> c_int {
+    imrecv("MPI_Imrecv", buf, i64::from(n), dt, message, req)
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Imrecv_c(
+    buf: *mut c_void,
+    n: i64,
+    dt: c_int,
+    message: *mut c_int,
+    req: *mut c_int,
+) -> c_int {
+    imrecv("MPI_Imrecv_c", buf, n, dt, message, req)
 }

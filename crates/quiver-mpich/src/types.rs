@@ -4,7 +4,7 @@
 
 use crate::abi::*;
 use crate::handles::{self, DATATYPE};
-use crate::{call, count, Lib, MPI_Status};
+use crate::{call_types, count, query, MPI_Status};
 use quiver_mpi::{Class, Elem, Layout, MpiError, Num};
 use std::ffi::{c_int, c_void};
 
@@ -62,8 +62,18 @@ impl Types {
                 size,
             })
         };
+        let mut builtin: Vec<Option<(c_int, Layout)>> = vec![None; 256];
+        for h in BUILTIN_DATATYPES {
+            // MPICH's builtin handles carry their size in bits 8-15 and an index in the
+            // low byte (unique among them).
+            let size = ((h >> 8) & 0xff) as usize;
+            let elem = builtin_elem(h)
+                .filter(|e| e.size() == size)
+                .unwrap_or(Elem::Opaque { size });
+            builtin[(h & 0xff) as usize] = Some((h, Layout::builtin(elem)));
+        }
         Types {
-            builtin: vec![None; 256],
+            builtin,
             pairs: vec![
                 (MPI_FLOAT_INT, pair(Num::F32, 4, 8)),
                 (MPI_DOUBLE_INT, pair(Num::F64, 8, 16)),
@@ -99,28 +109,6 @@ impl Types {
         ))
     }
 
-    /// Learns the builtin `h` on its first use (MPICH encodes its size in bits 8-15).
-    pub(crate) fn learn(&mut self, h: c_int) {
-        if h & !0xffff != 0x4c00_0000 || h == MPI_DATATYPE_NULL {
-            return;
-        }
-        let slot = (h & 0xff) as usize;
-        if self.builtin[slot].as_ref().is_some_and(|(bh, _)| *bh == h) {
-            return;
-        }
-        let size = ((h >> 8) & 0xff) as usize;
-        let elem = builtin_elem(h)
-            .filter(|e| e.size() == size)
-            .unwrap_or(Elem::Opaque { size });
-        self.builtin[slot] = Some((h, Layout::builtin(elem)));
-    }
-
-    /// The layout of `h`, learning it if it is a builtin.
-    pub(crate) fn lookup(&mut self, h: c_int) -> Result<&Layout, MpiError> {
-        self.learn(h);
-        self.get(h)
-    }
-
     fn add(&mut self, l: Layout) -> Result<c_int, MpiError> {
         let i = match self.derived.iter().position(Option::is_none) {
             Some(i) => i,
@@ -143,13 +131,13 @@ impl Types {
 
 /// Writes a new type's handle, or fails.
 fn create(
-    lib: &mut Lib,
+    types: &mut Types,
     old: c_int,
     out: *mut c_int,
     f: impl FnOnce(&Layout) -> Result<Layout, MpiError>,
 ) -> Result<(), MpiError> {
-    let new = f(lib.types.lookup(old)?)?;
-    let h = lib.types.add(new)?;
+    let new = f(types.get(old)?)?;
+    let h = types.add(new)?;
     // SAFETY: MPI's contract: `out` points at a writable handle.
     unsafe { out.write(h) };
     Ok(())
@@ -157,8 +145,8 @@ fn create(
 
 #[no_mangle]
 pub extern "C" fn MPI_Type_size(dt: c_int, size: *mut c_int) -> c_int {
-    call("MPI_Type_size", MPI_COMM_WORLD, |lib| {
-        let s = lib.types.lookup(dt)?.size;
+    query("MPI_Type_size", |types| {
+        let s = types.get(dt)?.size;
         // SAFETY: MPI's contract: `size` is writable.
         unsafe { size.write(c_int::try_from(s).unwrap_or(MPI_UNDEFINED)) };
         Ok(())
@@ -167,8 +155,8 @@ pub extern "C" fn MPI_Type_size(dt: c_int, size: *mut c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Type_size_x(dt: c_int, size: *mut i64) -> c_int {
-    call("MPI_Type_size_x", MPI_COMM_WORLD, |lib| {
-        let s = lib.types.lookup(dt)?.size;
+    query("MPI_Type_size_x", |types| {
+        let s = types.get(dt)?.size;
         // SAFETY: MPI's contract: `size` is writable.
         unsafe { size.write(s as i64) };
         Ok(())
@@ -177,8 +165,8 @@ pub extern "C" fn MPI_Type_size_x(dt: c_int, size: *mut i64) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Type_get_extent(dt: c_int, lb: *mut isize, extent: *mut isize) -> c_int {
-    call("MPI_Type_get_extent", MPI_COMM_WORLD, |lib| {
-        let l = lib.types.lookup(dt)?;
+    query("MPI_Type_get_extent", |types| {
+        let l = types.get(dt)?;
         // SAFETY: MPI's contract: both are writable.
         unsafe {
             lb.write(l.lb);
@@ -190,8 +178,8 @@ pub extern "C" fn MPI_Type_get_extent(dt: c_int, lb: *mut isize, extent: *mut is
 
 #[no_mangle]
 pub extern "C" fn MPI_Type_get_true_extent(dt: c_int, lb: *mut isize, extent: *mut isize) -> c_int {
-    call("MPI_Type_get_true_extent", MPI_COMM_WORLD, |lib| {
-        let l = lib.types.lookup(dt)?;
+    query("MPI_Type_get_true_extent", |types| {
+        let l = types.get(dt)?;
         let lo = l.blocks.iter().map(|b| b.disp).min().unwrap_or(0);
         let hi = l
             .blocks
@@ -210,13 +198,13 @@ pub extern "C" fn MPI_Type_get_true_extent(dt: c_int, lb: *mut isize, extent: *m
 
 #[no_mangle]
 pub extern "C" fn MPI_Type_commit(dt: *mut c_int) -> c_int {
-    call("MPI_Type_commit", MPI_COMM_WORLD, |lib| {
+    call_types("MPI_Type_commit", |types| {
         // SAFETY: MPI's contract: `dt` points at a handle.
         let h = unsafe { dt.read() };
-        if lib.types.lookup(h)?.committed {
+        if types.get(h)?.committed {
             return Ok(());
         }
-        if let Some(l) = lib.types.derived_mut(h)? {
+        if let Some(l) = types.derived_mut(h)? {
             l.committed = true;
         }
         Ok(())
@@ -225,10 +213,10 @@ pub extern "C" fn MPI_Type_commit(dt: *mut c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Type_free(dt: *mut c_int) -> c_int {
-    call("MPI_Type_free", MPI_COMM_WORLD, |lib| {
+    call_types("MPI_Type_free", |types| {
         // SAFETY: MPI's contract: `dt` points at a handle.
         let h = unsafe { dt.read() };
-        *lib.types.derived_mut(h)? = None;
+        *types.derived_mut(h)? = None;
         // SAFETY: as above, writable.
         unsafe { dt.write(MPI_DATATYPE_NULL) };
         Ok(())
@@ -237,15 +225,15 @@ pub extern "C" fn MPI_Type_free(dt: *mut c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Type_dup(old: c_int, new: *mut c_int) -> c_int {
-    call("MPI_Type_dup", MPI_COMM_WORLD, |lib| {
-        create(lib, old, new, |l| Ok(l.clone()))
+    call_types("MPI_Type_dup", |types| {
+        create(types, old, new, |l| Ok(l.clone()))
     })
 }
 
 fn type_contiguous(name: &str, n: i64, old: c_int, new: *mut c_int) -> c_int {
-    call(name, MPI_COMM_WORLD, |lib| {
+    call_types(name, |types| {
         let n = count(n, "count")?;
-        create(lib, old, new, |l| {
+        create(types, old, new, |l| {
             Layout::hindexed([(0, n)], l).map(uncommitted)
         })
     })
@@ -274,9 +262,9 @@ fn type_vector(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call(name, MPI_COMM_WORLD, |lib| {
+    call_types(name, |types| {
         let (n, b) = (count(n, "count")?, count(blocklen, "block length")?);
-        create(lib, old, new, |l| {
+        create(types, old, new, |l| {
             Layout::hvector(n, b, stride as isize * l.extent, l)
         })
     })
@@ -319,9 +307,11 @@ fn type_create_hvector(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call(name, MPI_COMM_WORLD, |lib| {
+    call_types(name, |types| {
         let (n, b) = (count(n, "count")?, count(blocklen, "block length")?);
-        create(lib, old, new, |l| Layout::hvector(n, b, stride as isize, l))
+        create(types, old, new, |l| {
+            Layout::hvector(n, b, stride as isize, l)
+        })
     })
 }
 
@@ -362,7 +352,7 @@ pub extern "C" fn MPI_Type_indexed(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call("MPI_Type_indexed", MPI_COMM_WORLD, |lib| {
+    call_types("MPI_Type_indexed", |types| {
         let n = count(n, "count")?;
         // SAFETY: MPI's contract: `n` block lengths and displacements.
         let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
@@ -371,7 +361,7 @@ pub extern "C" fn MPI_Type_indexed(
             .zip(ds)
             .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
             .collect::<Result<Vec<_>, MpiError>>()?;
-        create(lib, old, new, |l| {
+        create(types, old, new, |l| {
             Layout::hindexed(blocks.iter().map(|&(d, b)| (d * l.extent, b)), l)
         })
     })
@@ -385,7 +375,7 @@ pub extern "C" fn MPI_Type_create_hindexed(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call("MPI_Type_create_hindexed", MPI_COMM_WORLD, |lib| {
+    call_types("MPI_Type_create_hindexed", |types| {
         let n = count(n, "count")?;
         // SAFETY: MPI's contract: `n` block lengths and displacements.
         let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
@@ -394,13 +384,13 @@ pub extern "C" fn MPI_Type_create_hindexed(
             .zip(ds)
             .map(|(&b, &d)| Ok((d, count(b, "block length")?)))
             .collect::<Result<Vec<_>, MpiError>>()?;
-        create(lib, old, new, |l| Layout::hindexed(blocks, l))
+        create(types, old, new, |l| Layout::hindexed(blocks, l))
     })
 }
 
 fn type_create_resized(name: &str, old: c_int, lb: i64, extent: i64, new: *mut c_int) -> c_int {
-    call(name, MPI_COMM_WORLD, |lib| {
-        create(lib, old, new, |l| {
+    call_types(name, |types| {
+        create(types, old, new, |l| {
             Ok(Layout::resized(l, lb as isize, extent as isize))
         })
     })
@@ -434,8 +424,8 @@ pub extern "C" fn MPI_Type_create_resized_c(
 
 #[no_mangle]
 pub extern "C" fn MPI_Get_count(status: *const MPI_Status, dt: c_int, out: *mut c_int) -> c_int {
-    call("MPI_Get_count", MPI_COMM_WORLD, |lib| {
-        let size = lib.types.lookup(dt)?.size as i64;
+    query("MPI_Get_count", |types| {
+        let size = types.get(dt)?.size as i64;
         // SAFETY: MPI's contract: a status and a writable int.
         let bytes = handles::status_bytes(unsafe { &*status });
         let n = if size == 0 {
@@ -453,8 +443,8 @@ pub extern "C" fn MPI_Get_count(status: *const MPI_Status, dt: c_int, out: *mut 
 
 #[no_mangle]
 pub extern "C" fn MPI_Get_elements(status: *const MPI_Status, dt: c_int, out: *mut c_int) -> c_int {
-    call("MPI_Get_elements", MPI_COMM_WORLD, |lib| {
-        let l = lib.types.lookup(dt)?;
+    query("MPI_Get_elements", |types| {
+        let l = types.get(dt)?;
         let basic = l.elem.map_or(1, |e| e.size()) as i64;
         // SAFETY: MPI's contract: a status and a writable int.
         let bytes = handles::status_bytes(unsafe { &*status });
@@ -524,8 +514,8 @@ fn elements(
     per: fn(&Layout) -> usize,
 ) -> Result<i64, MpiError> {
     let mut out = 0;
-    let rc = call(name, MPI_COMM_WORLD, |lib| {
-        let size = per(lib.types.lookup(dt)?) as i64;
+    let rc = query(name, |types| {
+        let size = per(types.get(dt)?) as i64;
         // SAFETY: MPI's contract: `status` points at a status.
         let bytes = handles::status_bytes(unsafe { &*status });
         out = if size == 0 {
@@ -578,7 +568,7 @@ pub extern "C" fn MPI_Type_indexed_c(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call("MPI_Type_indexed_c", MPI_COMM_WORLD, |lib| {
+    call_types("MPI_Type_indexed_c", |types| {
         let n = count(n, "count")?;
         // SAFETY: MPI's contract: `n` block lengths and displacements.
         let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
@@ -587,7 +577,7 @@ pub extern "C" fn MPI_Type_indexed_c(
             .zip(ds)
             .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
             .collect::<Result<Vec<_>, MpiError>>()?;
-        create(lib, old, new, |l| {
+        create(types, old, new, |l| {
             Layout::hindexed(blocks.iter().map(|&(d, b)| (d * l.extent, b)), l)
         })
     })
@@ -601,7 +591,7 @@ pub extern "C" fn MPI_Type_create_hindexed_c(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call("MPI_Type_create_hindexed_c", MPI_COMM_WORLD, |lib| {
+    call_types("MPI_Type_create_hindexed_c", |types| {
         let n = count(n, "count")?;
         // SAFETY: MPI's contract: `n` block lengths and displacements.
         let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
@@ -610,6 +600,6 @@ pub extern "C" fn MPI_Type_create_hindexed_c(
             .zip(ds)
             .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
             .collect::<Result<Vec<_>, MpiError>>()?;
-        create(lib, old, new, |l| Layout::hindexed(blocks, l))
+        create(types, old, new, |l| Layout::hindexed(blocks, l))
     })
 }

@@ -2,8 +2,9 @@
 //! program of our own that checks every byte it receives (`tests/c/verify.c`, compiled
 //! with the MPICH wheel's `mpicc`, run first on MPICH itself so that its checks are known
 //! to hold for a real MPI), Intel's prebuilt IMB-P2P and IMB-MPI1 (from the `impi-rt`
-//! wheel), and mpi4py's own benchmarks, on 1 to 4 ranks of one node, and between the
-//! two nodes of an emulated cluster.
+//! wheel), mpi4py's own benchmarks and a script of mpi4py's common calls with every
+//! result checked (`tests/python/checks.py`), on 1 to 4 ranks of one node, and between
+//! the two nodes of an emulated cluster.
 //!
 //! The wheels come from PyPI through `bench/mpi-wheels` (into the target directory, once).
 //! Without pip, network access to PyPI or root (for the cluster), a test says why in one

@@ -109,6 +109,9 @@ pub struct Comm {
     coll_seq: Cell<u32>,
     /// `MPI_Comm_set_name`'s.
     pub name: String,
+    /// Freed by the application (`MPI_Comm_free`) while operations on it were still
+    /// under way: they complete, nothing new starts, and it goes once they are done.
+    freed: Cell<bool>,
 }
 
 impl Comm {
@@ -193,6 +196,19 @@ impl Mpi {
 
     /// Communicator `c`.
     pub fn comm(&self, c: usize) -> Result<&Comm> {
+        self.comm_any(c)
+            .ok()
+            .filter(|comm| !comm.freed.get())
+            .ok_or_else(|| {
+                MpiError::new(
+                    Class::Comm,
+                    format!("communicator {c} does not exist or was freed"),
+                )
+            })
+    }
+
+    /// Communicator `c`, also one freed whose operations are still completing.
+    pub(crate) fn comm_any(&self, c: usize) -> Result<&Comm> {
         self.comms.get(c).and_then(Option::as_ref).ok_or_else(|| {
             MpiError::new(
                 Class::Comm,
@@ -206,6 +222,7 @@ impl Mpi {
         self.comms
             .get_mut(c)
             .and_then(Option::as_mut)
+            .filter(|comm| !comm.freed.get())
             .ok_or_else(|| {
                 MpiError::new(
                     Class::Comm,
@@ -236,6 +253,7 @@ impl Mpi {
             outstanding: [Cell::new(0), Cell::new(0)],
             coll_seq: Cell::new(0),
             name: String::new(),
+            freed: Cell::new(false),
         })
     }
 
@@ -254,7 +272,7 @@ impl Mpi {
 
     /// The endpoints of communicator `c` (opened on first use).
     pub(crate) fn eps(&self, c: usize) -> Result<(&Comm, &Endpoints)> {
-        let comm = self.comm(c)?;
+        let comm = self.comm_any(c)?;
         Ok((comm, self.open(comm)?))
     }
 
@@ -353,13 +371,22 @@ impl Mpi {
             "MPI_COMM_WORLD and MPI_COMM_SELF cannot be freed".into()
         })?;
         let comm = self.comm(c)?;
-        check(
-            comm.outstanding.iter().all(|o| o.get() == 0),
-            Class::Comm,
-            || "the communicator has operations outstanding".into(),
-        )?;
-        self.comms[c] = None;
+        // MPI lets operations started on it complete: it goes when they have.
+        comm.freed.set(true);
+        self.reap();
         Ok(())
+    }
+
+    /// Drops the freed communicators whose operations have all completed.
+    pub(crate) fn reap(&mut self) {
+        for slot in &mut self.comms {
+            if slot
+                .as_ref()
+                .is_some_and(|c| c.freed.get() && c.outstanding.iter().all(|o| o.get() == 0))
+            {
+                *slot = None;
+            }
+        }
     }
 
     /// `MPI_Finalize`: a barrier, then every communicator closes (its endpoints first

@@ -299,6 +299,7 @@ impl Mpi {
         data: *const u8,
         bytes: usize,
     ) -> Result<RawRequest> {
+        self.comm(comm)?;
         let (c, eps) = self.eps(comm)?;
         let t: &Tagged = if ep == P2P { &eps.p2p } else { &eps.coll };
         let to = c.dest(dest)?;
@@ -323,6 +324,7 @@ impl Mpi {
         buf: *mut u8,
         cap: usize,
     ) -> Result<RawRequest> {
+        self.comm(comm)?;
         let (c, eps) = self.eps(comm)?;
         let t: &Tagged = if ep == P2P { &eps.p2p } else { &eps.coll };
         let from = c.src(src)?;
@@ -335,7 +337,7 @@ impl Mpi {
     /// Completes `raw` (see [`Mpi::wait_raw`]) and counts it off its endpoint.
     pub(crate) fn finish_raw(&self, comm: usize, ep: usize, raw: RawRequest) -> Result<Status> {
         let out = self.wait_raw(comm, ep, raw);
-        let c = self.comm(comm)?;
+        let c = self.comm_any(comm)?;
         c.outstanding[ep].set(c.outstanding[ep].get().saturating_sub(1));
         out
     }
@@ -617,7 +619,13 @@ impl Mpi {
     /// `MPI_Wait`: the request is spent.
     pub fn wait(&mut self, req: ReqId) -> Result<Status> {
         let e = self.reqs.take(req)?;
-        self.complete(e)
+        let comm = e.comm;
+        let done = self.complete(e);
+        if self.comm(comm).is_err() {
+            // The last operation of a freed communicator may have completed.
+            self.reap();
+        }
+        done
     }
 
     fn complete(&self, e: Entry) -> Result<Status> {

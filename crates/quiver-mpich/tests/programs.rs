@@ -354,6 +354,16 @@ fn imb_mpi1_runs_its_collectives_on_2_and_4_ranks() {
     }
 }
 
+/// The `site-packages` of the mpi4py wheel's prefix.
+fn site_packages(mpi4py: &Path) -> PathBuf {
+    std::fs::read_dir(mpi4py.join("lib"))
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(Result::ok)
+        .map(|e| e.path().join("site-packages"))
+        .expect("mpi4py's site-packages")
+}
+
 #[test]
 fn mpi4py_runs_its_benchmarks() {
     let _one = serial();
@@ -361,12 +371,7 @@ fn mpi4py_runs_its_benchmarks() {
         Ok(w) => w,
         Err(why) => return cannot_run(&why),
     };
-    let site = std::fs::read_dir(mpi4py.join("lib"))
-        .ok()
-        .and_then(|mut d| d.next())
-        .and_then(Result::ok)
-        .map(|e| e.path().join("site-packages"))
-        .expect("mpi4py's site-packages");
+    let site = site_packages(mpi4py);
     let env = [("PYTHONPATH", site.as_os_str())];
     let python = Path::new("python3");
     let hello = on_quiver(&[], 3, python, &["-m", "mpi4py.bench", "helloworld"], &env);
@@ -461,12 +466,12 @@ impl Drop for Cluster {
 }
 
 #[test]
-fn between_two_nodes_every_byte_arrives_and_imb_p2p_runs() {
+fn between_two_nodes_every_byte_arrives_and_imb_p2p_and_mpi4py_run() {
     let _one = serial();
     if let Some(why) = no_cluster() {
         return cannot_run(&why);
     }
-    let [mpich, impi, _] = match wheels() {
+    let [mpich, impi, mpi4py] = match wheels() {
         Ok(w) => w,
         Err(why) => return cannot_run(&why),
     };

@@ -272,6 +272,21 @@ static void communicators(void) {
         CHECK(x == 20 + peer && y == 10 + peer, "communicators mixed: %d %d", x, y);
     }
     MPI_Comm_free(&dup);
+    /* A communicator freed with operations pending on it: they complete. */
+    MPI_Comm d2;
+    MPI_Comm_dup(MPI_COMM_WORLD, &d2);
+    if (size >= 2 && rank < 2) {
+        int v = 42 + rank, w = -1;
+        MPI_Request rq[2];
+        MPI_Irecv(&w, 1, MPI_INT, 1 - rank, 3, d2, &rq[0]);
+        MPI_Isend(&v, 1, MPI_INT, 1 - rank, 3, d2, &rq[1]);
+        int rc = MPI_Comm_free(&d2);
+        CHECK(rc == MPI_SUCCESS && d2 == MPI_COMM_NULL, "free with operations pending: %d", rc);
+        rc = MPI_Waitall(2, rq, MPI_STATUSES_IGNORE);
+        CHECK(rc == MPI_SUCCESS && w == 43 - rank, "operations of a freed communicator: %d, %d", rc, w);
+    } else {
+        MPI_Comm_free(&d2);
+    }
     MPI_Comm_free(&half);
     MPI_Group_free(&wg);
     MPI_Group_free(&hg);

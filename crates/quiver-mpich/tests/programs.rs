@@ -493,17 +493,7 @@ fn between_two_nodes_every_byte_arrives_and_imb_p2p_and_mpi4py_run() {
         &on,
         2,
         &imb,
-        &[
-            "PingPong",
-            "PingPing",
-            "SendRecv_Replace",
-            "-msglog",
-            "0:20",
-            "-iter",
-            "100",
-            "-time",
-            "2",
-        ],
+        &["-msglog", "0:20", "-iter", "100", "-time", "2"],
         &[],
     );
     assert!(
@@ -513,7 +503,37 @@ fn between_two_nodes_every_byte_arrives_and_imb_p2p_and_mpi4py_run() {
     );
     assert_eq!(
         benchmarked(&out),
-        ["PingPong", "PingPing", "SendRecv_Replace"],
+        [
+            "PingPong",
+            "PingPing",
+            "Unirandom",
+            "Birandom",
+            "Corandom",
+            "SendRecv_Replace"
+        ],
+        "{}",
+        describe(&out)
+    );
+    // mpi4py between the nodes: a benchmark and the checked calls.
+    let site = site_packages(mpi4py);
+    let env = [("PYTHONPATH", site.as_os_str())];
+    let python = Path::new("python3");
+    let ring = on_quiver(
+        &on,
+        2,
+        python,
+        &["-m", "mpi4py.bench", "ringtest", "-n", "1024", "-l", "100"],
+        &env,
+    );
+    assert!(
+        ring.status.success() && stdout(&ring).contains("(2 processes, 1024 bytes)"),
+        "{}",
+        describe(&ring)
+    );
+    let checks = repo().join("crates/quiver-mpich/tests/python/checks.py");
+    let out = on_quiver(&on, 2, python, &[checks.to_str().unwrap()], &env);
+    assert!(
+        out.status.success() && stdout(&out).contains("mpi4py checks: OK"),
         "{}",
         describe(&out)
     );

@@ -3,7 +3,7 @@
 
 use crate::abi::*;
 use crate::handles;
-use crate::{call, class_code, Lib, AFTER, BEFORE, LIB, PHASE, RUNNING};
+use crate::{call, class_code, Lib, AFTER, BEFORE, PHASE, RUNNING, STATE};
 use quiver_mpi::{Class, Mpi, MpiError};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -17,7 +17,7 @@ const PROVIDED: c_int = MPI_THREAD_FUNNELED;
 
 fn init() -> c_int {
     if PHASE.load(Ordering::Relaxed) != BEFORE {
-        eprintln!("quiver MPI: MPI_Init: called twice (or after MPI_Finalize)");
+        crate::say!("quiver MPI: MPI_Init: called twice (or after MPI_Finalize)");
         std::process::exit(1);
     }
     // Time starts at initialisation.
@@ -33,13 +33,15 @@ fn init() -> c_int {
                 attrs: Vec::new(),
                 messages: HashMap::new(),
             });
-            LIB.with(|cell| *cell.borrow_mut() = Some(lib));
-            crate::TYPES.with(|t| *t.borrow_mut() = Some(crate::types::Types::new()));
+            STATE.with(|st| {
+                *st.lib.borrow_mut() = Some(lib);
+                *st.types.borrow_mut() = Some(ManuallyDrop::new(crate::types::Types::new()));
+            });
             PHASE.store(RUNNING, Ordering::Relaxed);
             MPI_SUCCESS
         }
         Err(e) => {
-            eprintln!("quiver MPI: MPI_Init: {e}");
+            crate::say!("quiver MPI: MPI_Init: {e}");
             std::process::exit(1);
         }
     }
@@ -87,18 +89,20 @@ pub extern "C" fn MPI_Finalize() -> c_int {
         crate::comm::delete_attrs(lib, quiver_mpi::SELF, true);
         Ok(())
     });
-    let Some(lib) = LIB.with(|cell| cell.try_borrow_mut().ok().and_then(|mut l| l.take())) else {
-        eprintln!(
+    let Some(lib) = STATE.with(|st| st.lib.try_borrow_mut().ok().and_then(|mut l| l.take())) else {
+        crate::say!(
             "quiver MPI: MPI_Finalize: MPI is not initialised (or this is not MPI_Init's thread)"
         );
         return MPI_ERR_OTHER;
     };
     PHASE.store(AFTER, Ordering::Relaxed);
-    crate::TYPES.with(|t| t.borrow_mut().take());
+    if let Some(types) = STATE.with(|st| st.types.borrow_mut().take()) {
+        drop(ManuallyDrop::into_inner(types));
+    }
     match ManuallyDrop::into_inner(lib).mpi.finalize() {
         Ok(()) => MPI_SUCCESS,
         Err(e) => {
-            eprintln!("quiver MPI: MPI_Finalize: {e}");
+            crate::say!("quiver MPI: MPI_Finalize: {e}");
             class_code(e.class)
         }
     }
@@ -106,7 +110,7 @@ pub extern "C" fn MPI_Finalize() -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Abort(_comm: c_int, code: c_int) -> c_int {
-    eprintln!("quiver MPI: MPI_Abort with code {code}");
+    crate::say!("quiver MPI: MPI_Abort with code {code}");
     std::process::exit(if code == 0 { 1 } else { code });
 }
 
@@ -120,7 +124,7 @@ pub extern "C" fn MPI_Query_thread(provided: *mut c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn MPI_Is_thread_main(flag: *mut c_int) -> c_int {
     // The thread that called MPI_Init is the one whose state is there.
-    let main = LIB.with(|cell| cell.try_borrow().map_or(true, |l| l.is_some()));
+    let main = STATE.with(|st| st.lib.try_borrow().map_or(true, |l| l.is_some()));
     // SAFETY: MPI's contract: `flag` is writable.
     unsafe { flag.write(c_int::from(main)) };
     MPI_SUCCESS
@@ -255,7 +259,8 @@ fn class_text(code: c_int) -> &'static str {
 
 #[no_mangle]
 pub extern "C" fn MPI_Error_string(code: c_int, buf: *mut c_char, len: *mut c_int) -> c_int {
-    let last = LIB.with(|cell| {
+    let last = STATE.with(|st| {
+        let cell = &st.lib;
         cell.try_borrow()
             .ok()
             .and_then(|g| g.as_ref().and_then(|l| l.messages.get(&code).cloned()))

@@ -25,6 +25,18 @@
     clippy::too_many_arguments
 )]
 
+/// Writes one line to stderr in one `write`, so that the lines of ranks that share a
+/// pipe never interleave (`eprintln!` writes a line in pieces).
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut line = format!($($arg)*);
+        line.push('\n');
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 mod coll;
 mod comm;
 mod handles;
@@ -76,35 +88,50 @@ const BEFORE: u8 = 0;
 const RUNNING: u8 = 1;
 const AFTER: u8 = 2;
 
-thread_local! {
-    /// The library's state, between `MPI_Init` and `MPI_Finalize`, on the thread that
-    /// called `MPI_Init`. Never dropped at the thread's end (a process that exits
-    /// without `MPI_Finalize` does not wait for its endpoints' last answers there).
-    pub(crate) static LIB: RefCell<Option<ManuallyDrop<Lib>>> = const { RefCell::new(None) };
+/// A function of the application's to run once a call let go of the state.
+type Deferred = Box<dyn FnOnce()>;
 
-    /// The datatypes, beside the rest of the state so that an application's reduction
-    /// function, which runs inside a collective, may ask about them (mpi4py's do:
+/// The library's state on the thread that called `MPI_Init`, in one thread-local (one
+/// look-up per call: in a shared library each costs a `__tls_get_addr`) without drop
+/// glue (no destructor to register; nothing is dropped at the thread's end: a process
+/// that exits without `MPI_Finalize` does not wait for its endpoints' last answers
+/// there).
+pub(crate) struct State {
+    /// Between `MPI_Init` and `MPI_Finalize`.
+    pub(crate) lib: RefCell<Option<ManuallyDrop<Lib>>>,
+    /// The datatypes, beside the rest so that an application's reduction function,
+    /// which runs inside a collective, may ask about them (mpi4py's do:
     /// `MPI_Type_get_extent` before calling the Python function).
-    pub(crate) static TYPES: RefCell<Option<types::Types>> = const { RefCell::new(None) };
-
+    pub(crate) types: RefCell<Option<ManuallyDrop<types::Types>>>,
     /// The application's functions a call must run once it let go of the state (an
     /// attribute's copy and delete functions, which may call MPI).
-    static DEFERRED: RefCell<Vec<Box<dyn FnOnce()>>> = const { RefCell::new(Vec::new()) };
+    deferred: RefCell<ManuallyDrop<Vec<Deferred>>>,
+}
+
+thread_local! {
+    pub(crate) static STATE: State = const {
+        State {
+            lib: RefCell::new(None),
+            types: RefCell::new(None),
+            deferred: RefCell::new(ManuallyDrop::new(Vec::new())),
+        }
+    };
 }
 
 /// Runs `f` when the current call has let go of the state.
 pub(crate) fn defer(f: impl FnOnce() + 'static) {
-    DEFERRED.with(|d| d.borrow_mut().push(Box::new(f)));
+    STATE.with(|st| st.deferred.borrow_mut().push(Box::new(f)));
 }
 
 /// Runs what the call deferred.
-pub(crate) fn run_deferred() {
+fn run_deferred(st: &State) {
     loop {
-        let Some(f) = DEFERRED.with(|d| {
-            let mut d = d.borrow_mut();
-            (!d.is_empty()).then(|| d.remove(0))
-        }) else {
-            return;
+        let f = {
+            let mut d = st.deferred.borrow_mut();
+            if d.is_empty() {
+                return;
+            }
+            d.remove(0)
         };
         f();
     }
@@ -161,22 +188,22 @@ pub(crate) fn call(
     comm: c_int,
     f: impl FnOnce(&mut Lib, &types::Types) -> Result<(), MpiError>,
 ) -> c_int {
-    let rc = TYPES.with(|t| {
-        let Ok(types) = t.try_borrow() else {
-            return fatal_or(
+    STATE.with(|st| {
+        let rc = match st.types.try_borrow() {
+            Ok(types) => with_lib(st, name, comm, |lib| match types.as_deref() {
+                Some(types) => f(lib, types),
+                None => Err(MpiError::new(Class::Intern, "no datatype table")),
+            }),
+            Err(_) => fatal_or(
                 name,
                 MPI_ERR_OTHER,
                 "called while datatypes are being made",
                 true,
-            );
+            ),
         };
-        with_lib(name, comm, |lib| match types.as_ref() {
-            Some(types) => f(lib, types),
-            None => Err(MpiError::new(Class::Intern, "no datatype table")),
-        })
-    });
-    run_deferred();
-    rc
+        run_deferred(st);
+        rc
+    })
 }
 
 /// [`call`] for the calls that make or free datatypes.
@@ -184,8 +211,8 @@ pub(crate) fn call_types(
     name: &str,
     f: impl FnOnce(&mut types::Types) -> Result<(), MpiError>,
 ) -> c_int {
-    TYPES.with(|t| {
-        let Ok(mut types) = t.try_borrow_mut() else {
+    STATE.with(|st| {
+        let Ok(mut types) = st.types.try_borrow_mut() else {
             return fatal_or(
                 name,
                 MPI_ERR_OTHER,
@@ -193,7 +220,7 @@ pub(crate) fn call_types(
                 true,
             );
         };
-        with_lib(name, MPI_COMM_WORLD, |_| match types.as_mut() {
+        with_lib(st, name, MPI_COMM_WORLD, |_| match types.as_deref_mut() {
             Some(types) => f(types),
             None => Err(MpiError::new(Class::Intern, "no datatype table")),
         })
@@ -203,47 +230,57 @@ pub(crate) fn call_types(
 /// The calls that only read datatypes: also from inside an application's reduction
 /// function (its error then returns its code; no handler runs).
 pub(crate) fn query(name: &str, f: impl FnOnce(&types::Types) -> Result<(), MpiError>) -> c_int {
-    let result = TYPES.with(|t| match t.try_borrow() {
-        Ok(types) => types.as_ref().map(f),
-        Err(_) => Some(Err(MpiError::new(
-            Class::Other,
-            "called while datatypes are being made",
-        ))),
-    });
-    match result {
-        Some(Ok(())) => MPI_SUCCESS,
-        Some(Err(e)) => LIB.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut guard) => match guard.as_mut() {
-                Some(lib) => lib.fail(name, MPI_COMM_WORLD, e),
-                None => class_code(e.class),
+    STATE.with(|st| {
+        let result = match st.types.try_borrow() {
+            Ok(types) => types.as_deref().map(f),
+            Err(_) => Some(Err(MpiError::new(
+                Class::Other,
+                "called while datatypes are being made",
+            ))),
+        };
+        match result {
+            Some(Ok(())) => MPI_SUCCESS,
+            Some(Err(e)) => match st.lib.try_borrow_mut() {
+                Ok(mut guard) => match guard.as_mut() {
+                    Some(lib) => lib.fail(name, MPI_COMM_WORLD, e),
+                    None => class_code(e.class),
+                },
+                // Inside a collective (a reduction's function): the code alone.
+                Err(_) => class_code(e.class),
             },
-            // Inside a collective (a reduction's function): the code alone.
-            Err(_) => class_code(e.class),
-        }),
-        // Not initialised: the same message as every other call.
-        None => with_lib(name, MPI_COMM_WORLD, |_| Ok(())),
-    }
+            // Not initialised: the same message as every other call.
+            None => with_lib(st, name, MPI_COMM_WORLD, |_| Ok(())),
+        }
+    })
 }
 
 /// Runs `f` on the library's state (see [`call`]).
-fn with_lib(name: &str, comm: c_int, f: impl FnOnce(&mut Lib) -> Result<(), MpiError>) -> c_int {
-    LIB.with(|cell| {
-        let Ok(mut guard) = cell.try_borrow_mut() else {
-            return fatal_or(name, MPI_ERR_OTHER, "called inside another MPI call (from a reduction's function?)", true);
+fn with_lib(
+    st: &State,
+    name: &str,
+    comm: c_int,
+    f: impl FnOnce(&mut Lib) -> Result<(), MpiError>,
+) -> c_int {
+    let Ok(mut guard) = st.lib.try_borrow_mut() else {
+        return fatal_or(
+            name,
+            MPI_ERR_OTHER,
+            "called inside another MPI call (from a reduction's function?)",
+            true,
+        );
+    };
+    let Some(lib) = guard.as_mut() else {
+        let why = match PHASE.load(Ordering::Relaxed) {
+            BEFORE => "called before MPI_Init",
+            AFTER => "called after MPI_Finalize",
+            _ => "called from a thread other than MPI_Init's: quiver's MPI is MPI_THREAD_FUNNELED",
         };
-        let Some(lib) = guard.as_mut() else {
-            let why = match PHASE.load(Ordering::Relaxed) {
-                BEFORE => "called before MPI_Init",
-                AFTER => "called after MPI_Finalize",
-                _ => "called from a thread other than MPI_Init's: quiver's MPI is MPI_THREAD_FUNNELED",
-            };
-            return fatal_or(name, MPI_ERR_OTHER, why, true);
-        };
-        match f(lib) {
-            Ok(()) => MPI_SUCCESS,
-            Err(e) => lib.fail(name, comm, e),
-        }
-    })
+        return fatal_or(name, MPI_ERR_OTHER, why, true);
+    };
+    match f(lib) {
+        Ok(()) => MPI_SUCCESS,
+        Err(e) => lib.fail(name, comm, e),
+    }
 }
 
 impl Lib {
@@ -262,7 +299,7 @@ impl Lib {
 /// Returns `code`, or, when `fatal`, says what failed and ends the process.
 fn fatal_or(name: &str, code: c_int, message: &str, fatal: bool) -> c_int {
     if fatal {
-        eprintln!("quiver MPI: {name}: {message} (MPI_ERRORS_ARE_FATAL: exiting)");
+        crate::say!("quiver MPI: {name}: {message} (MPI_ERRORS_ARE_FATAL: exiting)");
         std::process::exit(1);
     }
     code
@@ -271,7 +308,9 @@ fn fatal_or(name: &str, code: c_int, message: &str, fatal: bool) -> c_int {
 /// A function quiver does not implement: says so once on stderr.
 pub(crate) fn unsupported(once: &Once, name: &str) {
     once.call_once(|| {
-        eprintln!("quiver MPI: {name} is not supported (it returns MPI_ERR_UNSUPPORTED_OPERATION)")
+        crate::say!(
+            "quiver MPI: {name} is not supported (it returns MPI_ERR_UNSUPPORTED_OPERATION)"
+        )
     });
 }
 

@@ -553,6 +553,7 @@ impl Mpi {
         tag: u32,
         comm: usize,
     ) -> Result<()> {
+        self.comm(comm)?;
         // Contiguous data needs no request of the table; with the other endpoints idle,
         // quiver's own blocking send.
         if let (Peer::Rank(d), true) = (dest, layout.is_contiguous() && layout.committed) {
@@ -592,6 +593,7 @@ impl Mpi {
         tag: TagSel,
         comm: usize,
     ) -> Result<Status> {
+        self.comm(comm)?;
         if src != Peer::Null && layout.is_contiguous() && layout.committed {
             let bytes = layout.bytes(count)?;
             if self.others_idle(comm, P2P) {
@@ -776,6 +778,7 @@ impl Mpi {
 
     /// `MPI_Iprobe`: the status of a matching message, if one arrived.
     pub fn iprobe(&mut self, src: Peer, tag: TagSel, comm: usize) -> Result<Option<Status>> {
+        self.comm(comm)?;
         if src == Peer::Null {
             return Ok(Some(Status::NULL));
         }

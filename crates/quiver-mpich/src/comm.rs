@@ -88,10 +88,25 @@ pub extern "C" fn MPI_Comm_create(comm: c_int, group: c_int, new: *mut c_int) ->
 pub extern "C" fn MPI_Comm_free(comm: *mut c_int) -> c_int {
     call("MPI_Comm_free", MPI_COMM_WORLD, |lib, _| {
         // SAFETY: MPI's contract: `comm` points at a handle.
-        let c = comm_id(unsafe { comm.read() })?;
-        lib.mpi.comm_free(c)?;
-        lib.errhandlers.remove(&c);
+        let h = unsafe { comm.read() };
+        let c = comm_id(h)?;
+        if c <= quiver_mpi::SELF {
+            return Err(MpiError::new(
+                Class::Comm,
+                "MPI_COMM_WORLD and MPI_COMM_SELF cannot be freed",
+            ));
+        }
+        lib.mpi.comm(c)?;
+        // The attributes' delete functions run first, with the communicator still
+        // valid (they may use it); then it is freed.
         delete_attrs(lib, c, false);
+        crate::defer(move || {
+            let _ = call("MPI_Comm_free", MPI_COMM_WORLD, |lib, _| {
+                lib.mpi.comm_free(c)?;
+                lib.errhandlers.remove(&c);
+                Ok(())
+            });
+        });
         // SAFETY: as above, writable.
         unsafe { comm.write(MPI_COMM_NULL) };
         Ok(())
@@ -456,8 +471,15 @@ pub(crate) fn delete_attrs(lib: &mut Lib, c: usize, reverse: bool) {
     if reverse {
         gone.reverse();
     }
-    for (c, k, v) in gone {
+    for &(c, k, v) in &gone {
         defer_delete(lib, c, k, v);
+    }
+    // Keys freed while these attributes used them go with the last of them.
+    for (_, k, _) in gone {
+        if lib.keyvals[k].as_ref().is_some_and(|kv| kv.freed) && !lib.attrs.iter().any(|a| a.1 == k)
+        {
+            lib.keyvals[k] = None;
+        }
     }
 }
 
@@ -569,11 +591,10 @@ pub extern "C" fn MPI_Comm_delete_attr(comm: c_int, key: c_int) -> c_int {
     call("MPI_Comm_delete_attr", comm, |lib, _| {
         let c = comm_id(comm)?;
         let k = keyval_index(lib, key)?;
-        let at = lib
-            .attrs
-            .iter()
-            .position(|a| (a.0, a.1) == (c, k))
-            .ok_or_else(|| MpiError::new(Class::Arg, "no such attribute on the communicator"))?;
+        // An attribute never set: nothing to delete (as MPICH).
+        let Some(at) = lib.attrs.iter().position(|a| (a.0, a.1) == (c, k)) else {
+            return Ok(());
+        };
         let (_, _, old) = lib.attrs.remove(at);
         defer_delete(lib, c, k, old);
         if lib.keyvals[k].as_ref().is_some_and(|kv| kv.freed) && !lib.attrs.iter().any(|a| a.1 == k)

@@ -530,10 +530,14 @@ fn some(
                             which.push(i);
                             results.push(lib.mpi.wait(id));
                         }
+                        // A failure to make progress belongs to no request: none is
+                        // spent by it (their buffers stay in use). What this pass took
+                        // is reported; with nothing taken, the failure is.
                         Err(e) => {
-                            let _ = lib.mpi.request_free(id);
-                            which.push(i);
-                            results.push(Err(e));
+                            if which.is_empty() {
+                                return Err(e);
+                            }
+                            break;
                         }
                     }
                 }
@@ -995,29 +999,29 @@ pub extern "C" fn MPI_Mprobe(
     })
 }
 
-/// The request of a matched message (`None`: `MPI_MESSAGE_NO_PROC`); the handle is
-/// set to `MPI_MESSAGE_NULL`, the message being received.
-fn take_message(message: *mut c_int) -> Result<Option<usize>, MpiError> {
+/// The request of a matched message (`None`: `MPI_MESSAGE_NO_PROC`).
+fn message_id(message: *mut c_int) -> Result<Option<usize>, MpiError> {
     // SAFETY: MPI's contract: `message` points at a message handle.
     let h = unsafe { message.read() };
-    let id = match h {
-        MPI_MESSAGE_NO_PROC => None,
-        MPI_MESSAGE_NULL => {
-            return Err(MpiError::new(
-                quiver_mpi::Class::Request,
-                "MPI_MESSAGE_NULL",
-            ))
-        }
-        h => Some(handles::index_of(h, REQUEST).ok_or_else(|| {
+    match h {
+        MPI_MESSAGE_NO_PROC => Ok(None),
+        MPI_MESSAGE_NULL => Err(MpiError::new(
+            quiver_mpi::Class::Request,
+            "MPI_MESSAGE_NULL",
+        )),
+        h => handles::index_of(h, REQUEST).map(Some).ok_or_else(|| {
             MpiError::new(
                 quiver_mpi::Class::Request,
                 format!("{h:#x} is not a message"),
             )
-        })?),
-    };
-    // SAFETY: as above, writable.
+        }),
+    }
+}
+
+/// The message handle once its message is being received.
+fn spend_message(message: *mut c_int) {
+    // SAFETY: MPI's contract: `message` points at a writable message handle.
     unsafe { message.write(MPI_MESSAGE_NULL) };
-    Ok(id)
 }
 
 fn mrecv(
@@ -1031,13 +1035,17 @@ fn mrecv(
     call(name, MPI_COMM_WORLD, |lib, types| {
         let n = count(n, "count")?;
         let l = types.get(dt)?;
-        let Some(msg) = take_message(message)? else {
+        let Some(msg) = message_id(message)? else {
+            spend_message(message);
             // SAFETY: as in `finish`.
             unsafe { write_status(status, &Status::NULL, None) };
             return Ok(());
         };
         // SAFETY: MPI's contract: room for `n` elements at `buf`; waited for here.
         let req = unsafe { lib.mpi.imrecv(msg, buf.cast(), n, l) }?;
+        // Checked and taken: the handle is spent only now (a refused receive leaves the
+        // message to the caller).
+        spend_message(message);
         finish(lib.mpi.wait(req), status)
     })
 }
@@ -1075,7 +1083,7 @@ fn imrecv(
     call(name, MPI_COMM_WORLD, |lib, types| {
         let n = count(n, "count")?;
         let l = types.get(dt)?;
-        let id = match take_message(message)? {
+        let id = match message_id(message)? {
             // SAFETY: MPI's contract: room for `n` elements at `buf` until completion.
             Some(msg) => unsafe { lib.mpi.imrecv(msg, buf.cast(), n, l) }?,
             // A request of MPI_PROC_NULL: complete at once.
@@ -1091,6 +1099,7 @@ fn imrecv(
                 )
             }?,
         };
+        spend_message(message);
         put_request(req, id)
     })
 }

@@ -238,6 +238,43 @@ static void collectives(MPI_Comm comm) {
     free(all), free(mine), free(counts), free(displs), free(vbuf), free(own), free(contrib);
 }
 
+static int deletes, delete_saw_size;
+
+/* An attribute's delete function: counts, and uses the communicator (still valid). */
+static int on_delete(MPI_Comm comm, int key, void *value, void *extra) {
+    (void)key;
+    (void)extra;
+    int n = -1;
+    MPI_Comm_size(comm, &n);
+    delete_saw_size = n;
+    deletes += (int)(long)value;
+    return MPI_SUCCESS;
+}
+
+static void attributes(void) {
+    int key;
+    MPI_Comm_create_keyval(MPI_COMM_DUP_FN, on_delete, &key, NULL);
+    MPI_Comm a, b;
+    MPI_Comm_dup(MPI_COMM_WORLD, &a);
+    MPI_Comm_set_attr(a, key, (void *)7L);
+    MPI_Comm_dup(a, &b); /* the attribute is copied (MPI_COMM_DUP_FN) */
+    void *v = NULL;
+    int flag = 0;
+    MPI_Comm_get_attr(b, key, &v, &flag);
+    CHECK(flag && v == (void *)7L, "copied attribute %d %p", flag, v);
+    int rc = MPI_Comm_delete_attr(MPI_COMM_WORLD, key); /* never set there */
+    CHECK(rc == MPI_SUCCESS, "deleting an absent attribute: %d", rc);
+    MPI_Comm_free(&a);
+    CHECK(deletes == 7 && delete_saw_size == size, "delete function: %d, size %d", deletes, delete_saw_size);
+    MPI_Comm_free_keyval(&key);
+    CHECK(key == MPI_KEYVAL_INVALID, "freed key");
+    MPI_Comm_free(&b); /* its attribute's key was freed: its delete function still runs */
+    CHECK(deletes == 14, "delete function after the key was freed: %d", deletes);
+    int *ub = NULL;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    CHECK(flag && *ub >= 32767, "MPI_TAG_UB");
+}
+
 static void communicators(void) {
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half);
@@ -337,6 +374,7 @@ int main(int argc, char **argv) {
     point_to_point();
     collectives(MPI_COMM_WORLD);
     communicators();
+    attributes();
     errors(quiver);
 
     int total = 0;

@@ -344,50 +344,6 @@ pub extern "C" fn MPI_Type_create_hvector_c(
     type_create_hvector("MPI_Type_create_hvector_c", n, blocklen, stride, old, new)
 }
 
-#[no_mangle]
-pub extern "C" fn MPI_Type_indexed(
-    n: c_int,
-    blocklens: *const c_int,
-    displs: *const c_int,
-    old: c_int,
-    new: *mut c_int,
-) -> c_int {
-    call_types("MPI_Type_indexed", |types| {
-        let n = count(n, "count")?;
-        // SAFETY: MPI's contract: `n` block lengths and displacements.
-        let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
-        let blocks = lens
-            .iter()
-            .zip(ds)
-            .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
-            .collect::<Result<Vec<_>, MpiError>>()?;
-        create(types, old, new, |l| {
-            Layout::hindexed(blocks.iter().map(|&(d, b)| (d * l.extent, b)), l)
-        })
-    })
-}
-
-#[no_mangle]
-pub extern "C" fn MPI_Type_create_hindexed(
-    n: c_int,
-    blocklens: *const c_int,
-    displs: *const isize,
-    old: c_int,
-    new: *mut c_int,
-) -> c_int {
-    call_types("MPI_Type_create_hindexed", |types| {
-        let n = count(n, "count")?;
-        // SAFETY: MPI's contract: `n` block lengths and displacements.
-        let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
-        let blocks = lens
-            .iter()
-            .zip(ds)
-            .map(|(&b, &d)| Ok((d, count(b, "block length")?)))
-            .collect::<Result<Vec<_>, MpiError>>()?;
-        create(types, old, new, |l| Layout::hindexed(blocks, l))
-    })
-}
-
 fn type_create_resized(name: &str, old: c_int, lb: i64, extent: i64, new: *mut c_int) -> c_int {
     call_types(name, |types| {
         create(types, old, new, |l| {
@@ -560,6 +516,52 @@ pub extern "C" fn MPI_Get_elements_c(status: *const MPI_Status, dt: c_int, out: 
     }
 }
 
+/// `MPI_Type_indexed` (`in_extents`: displacements in the old type's extents) and
+/// `MPI_Type_create_hindexed` (in bytes), classic (`int` counts) or `_c` (`MPI_Count`).
+fn indexed<L: Copy + Into<i64>, D: Copy + Into<i64>>(
+    name: &str,
+    n: i64,
+    blocklens: *const L,
+    displs: *const D,
+    in_extents: bool,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    call_types(name, |types| {
+        let n = count(n, "count")?;
+        // SAFETY: MPI's contract: `n` block lengths and displacements.
+        let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
+        let blocks = lens
+            .iter()
+            .zip(ds)
+            .map(|(&b, &d)| Ok((d.into() as isize, count(b, "block length")?)))
+            .collect::<Result<Vec<_>, MpiError>>()?;
+        create(types, old, new, |l| {
+            let scale = if in_extents { l.extent } else { 1 };
+            Layout::hindexed(blocks.iter().map(|&(d, b)| (d * scale, b)), l)
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn MPI_Type_indexed(
+    n: c_int,
+    blocklens: *const c_int,
+    displs: *const c_int,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    indexed(
+        "MPI_Type_indexed",
+        i64::from(n),
+        blocklens,
+        displs,
+        true,
+        old,
+        new,
+    )
+}
+
 #[no_mangle]
 pub extern "C" fn MPI_Type_indexed_c(
     n: i64,
@@ -568,19 +570,27 @@ pub extern "C" fn MPI_Type_indexed_c(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call_types("MPI_Type_indexed_c", |types| {
-        let n = count(n, "count")?;
-        // SAFETY: MPI's contract: `n` block lengths and displacements.
-        let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
-        let blocks = lens
-            .iter()
-            .zip(ds)
-            .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
-            .collect::<Result<Vec<_>, MpiError>>()?;
-        create(types, old, new, |l| {
-            Layout::hindexed(blocks.iter().map(|&(d, b)| (d * l.extent, b)), l)
-        })
-    })
+    indexed("MPI_Type_indexed_c", n, blocklens, displs, true, old, new)
+}
+
+// MPI_Aint is a 64-bit integer here, as MPI_Count.
+#[no_mangle]
+pub extern "C" fn MPI_Type_create_hindexed(
+    n: c_int,
+    blocklens: *const c_int,
+    displs: *const isize,
+    old: c_int,
+    new: *mut c_int,
+) -> c_int {
+    indexed(
+        "MPI_Type_create_hindexed",
+        i64::from(n),
+        blocklens,
+        displs.cast::<i64>(),
+        false,
+        old,
+        new,
+    )
 }
 
 #[no_mangle]
@@ -591,15 +601,13 @@ pub extern "C" fn MPI_Type_create_hindexed_c(
     old: c_int,
     new: *mut c_int,
 ) -> c_int {
-    call_types("MPI_Type_create_hindexed_c", |types| {
-        let n = count(n, "count")?;
-        // SAFETY: MPI's contract: `n` block lengths and displacements.
-        let (lens, ds) = unsafe { (slice(blocklens, n), slice(displs, n)) };
-        let blocks = lens
-            .iter()
-            .zip(ds)
-            .map(|(&b, &d)| Ok((d as isize, count(b, "block length")?)))
-            .collect::<Result<Vec<_>, MpiError>>()?;
-        create(types, old, new, |l| Layout::hindexed(blocks, l))
-    })
+    indexed(
+        "MPI_Type_create_hindexed_c",
+        n,
+        blocklens,
+        displs,
+        false,
+        old,
+        new,
+    )
 }

@@ -153,6 +153,24 @@ static void point_to_point(void) {
     for (int i = 0; i < 2000; i++)
         CHECK(back[i] == (i % 2 ? -1 : rank * 1e4 + i), "unpacked element %d: %g", i, back[i]);
     MPI_Type_free(&every_other);
+
+    /* Indexed (in the old type's extents) and hindexed (in bytes): ints 0, 1, 5 and 7. */
+    int ints[8], got[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < 8; i++) ints[i] = rank * 100 + i;
+    int lens[2] = {2, 1}, at[2] = {0, 5};
+    MPI_Aint bytes_at[2] = {0, 7 * sizeof(int)};
+    int lens2[2] = {0, 1};
+    MPI_Datatype idx, hidx;
+    MPI_Type_indexed(2, lens, at, MPI_INT, &idx);
+    MPI_Type_create_hindexed(2, lens2, bytes_at, MPI_INT, &hidx);
+    MPI_Type_commit(&idx);
+    MPI_Type_commit(&hidx);
+    MPI_Sendrecv(ints, 1, idx, right, 11, got, 3, MPI_INT, left, 11, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Sendrecv(ints, 1, hidx, right, 12, got + 3, 1, MPI_INT, left, 12, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    CHECK(got[0] == left * 100 && got[1] == left * 100 + 1 && got[2] == left * 100 + 5 && got[3] == left * 100 + 7,
+          "indexed: %d %d %d %d", got[0], got[1], got[2], got[3]);
+    MPI_Type_free(&idx);
+    MPI_Type_free(&hidx);
 }
 
 static void collectives(MPI_Comm comm) {

@@ -68,6 +68,23 @@ impl Mpi {
         }
     }
 
+    /// Adds a posted operation to `ops`; if posting failed, ends the ones posted
+    /// (nothing uses their buffers afterwards) and fails.
+    fn c_post(&self, comm: usize, ops: &mut Vec<Pending>, posted: Result<Pending>) -> Result<()> {
+        match posted {
+            Ok(p) => {
+                ops.push(p);
+                Ok(())
+            }
+            Err(e) => {
+                for p in std::mem::take(ops) {
+                    self.abandon_pending(comm, COLL, p);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Completes every pending operation (all of them, even after a failure), then
     /// returns the first failure.
     fn c_finish(&self, comm: usize, ops: Vec<Pending>) -> Result<()> {
@@ -124,9 +141,8 @@ impl Mpi {
             let ops = match unsafe { self.c_send(comm, (r + k) % n, tag, none) } {
                 Ok(send) => vec![recv, send],
                 Err(e) => {
-                    // The receive is withdrawn (its wait ends it), not left posted.
-                    self.cancel_pending(comm, COLL, &recv);
-                    let _ = self.c_finish(comm, vec![recv]);
+                    // The receive is withdrawn, not left posted.
+                    self.abandon_pending(comm, COLL, recv);
                     return Err(e);
                 }
             };
@@ -193,13 +209,9 @@ impl Mpi {
         while mask > 0 {
             if vr + mask < n {
                 // SAFETY: the caller's promise; the sends complete before returning.
-                match unsafe { self.c_send(comm, real(vr + mask), tag, e) } {
-                    Ok(p) => ops.push(p),
-                    Err(err) => {
-                        let _ = self.c_finish(comm, ops);
-                        return Err(err);
-                    }
-                }
+                self.c_post(comm, &mut ops, unsafe {
+                    self.c_send(comm, real(vr + mask), tag, e)
+                })?;
             }
             mask >>= 1;
         }
@@ -412,13 +424,7 @@ impl Mpi {
                 continue;
             }
             // SAFETY: the caller's promise; completed below.
-            match unsafe { self.c_recv(comm, i, tag, *piece) } {
-                Ok(p) => ops.push(p),
-                Err(e) => {
-                    let _ = self.c_finish(comm, ops);
-                    return Err(e);
-                }
-            }
+            self.c_post(comm, &mut ops, unsafe { self.c_recv(comm, i, tag, *piece) })?;
         }
         self.c_finish(comm, ops)
     }
@@ -458,13 +464,9 @@ impl Mpi {
                 continue;
             }
             // SAFETY: the caller's promise; completed below.
-            match unsafe { self.c_send(comm, i as u32, tag, *piece) } {
-                Ok(p) => ops.push(p),
-                Err(e) => {
-                    let _ = self.c_finish(comm, ops);
-                    return Err(e);
-                }
-            }
+            self.c_post(comm, &mut ops, unsafe {
+                self.c_send(comm, i as u32, tag, *piece)
+            })?;
         }
         self.c_finish(comm, ops)
     }
@@ -499,24 +501,16 @@ impl Mpi {
         for k in 1..n {
             let from = (r + n - k) % n;
             // SAFETY: the caller's promise; completed below.
-            match unsafe { self.c_recv(comm, from as u32, tag, recv[from]) } {
-                Ok(p) => ops.push(p),
-                Err(e) => {
-                    let _ = self.c_finish(comm, ops);
-                    return Err(e);
-                }
-            }
+            self.c_post(comm, &mut ops, unsafe {
+                self.c_recv(comm, from as u32, tag, recv[from])
+            })?;
         }
         for k in 1..n {
             let to = (r + k) % n;
             // SAFETY: as above.
-            match unsafe { self.c_send(comm, to as u32, tag, send[to]) } {
-                Ok(p) => ops.push(p),
-                Err(e) => {
-                    let _ = self.c_finish(comm, ops);
-                    return Err(e);
-                }
-            }
+            self.c_post(comm, &mut ops, unsafe {
+                self.c_send(comm, to as u32, tag, send[to])
+            })?;
         }
         self.c_finish(comm, ops)
     }

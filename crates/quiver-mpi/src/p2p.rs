@@ -426,11 +426,13 @@ impl Mpi {
         })
     }
 
-    /// Cancels a pending receive no message matched yet (its wait then completes it).
-    pub(crate) fn cancel_pending(&self, comm: usize, ep: usize, p: &Pending) {
-        if let Ok((_, eps)) = self.eps(comm) {
+    /// Ends a pending operation whether or not it completed (a receive is withdrawn, a
+    /// send stops): nothing uses its buffers afterwards.
+    pub(crate) fn abandon_pending(&self, comm: usize, ep: usize, p: Pending) {
+        if let Ok((c, eps)) = self.eps(comm) {
             let t = if ep == P2P { &eps.p2p } else { &eps.coll };
-            t.cancel_raw(&p.raw);
+            t.abandon_raw(p.raw);
+            c.outstanding[ep].set(c.outstanding[ep].get().saturating_sub(1));
         }
     }
 

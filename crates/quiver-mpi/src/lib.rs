@@ -270,7 +270,14 @@ impl Mpi {
         Ok(comm.eps.get_or_init(|| eps))
     }
 
-    /// The endpoints of communicator `c` (opened on first use).
+    /// Communicator `c`, not freed, and its endpoints: where new operations start.
+    pub(crate) fn live_eps(&self, c: usize) -> Result<(&Comm, &Endpoints)> {
+        let comm = self.comm(c)?;
+        Ok((comm, self.open(comm)?))
+    }
+
+    /// The endpoints of communicator `c` (opened on first use), also of one freed
+    /// whose operations are still completing.
     pub(crate) fn eps(&self, c: usize) -> Result<(&Comm, &Endpoints)> {
         let comm = self.comm_any(c)?;
         Ok((comm, self.open(comm)?))
@@ -282,15 +289,8 @@ impl Mpi {
     fn add_comm(&mut self, ranks: Vec<u32>, context: u16) -> Result<usize> {
         let comm = self.new_comm(ranks, context)?;
         self.open(&comm)?;
-        let id = match self.comms.iter().position(Option::is_none) {
-            // Ids 0 and 1 are never freed.
-            Some(free) => free,
-            None => {
-                self.comms.push(None);
-                self.comms.len() - 1
-            }
-        };
-        self.comms[id] = Some(comm);
+        // Ids 0 and 1 (the world, self) are never freed: others never take them.
+        let id = store(&mut self.comms, comm);
         Ok(id)
     }
 
@@ -403,5 +403,37 @@ impl Mpi {
         self.reqs.clear();
         self.detached.clear();
         synced
+    }
+}
+
+/// Puts `item` in the first free slot of `table` (a new one when none is free) and
+/// returns its index: the tables behind the handles of communicators, datatypes,
+/// operations, groups and attribute keys.
+pub fn store<T>(table: &mut Vec<Option<T>>, item: T) -> usize {
+    match table.iter().position(Option::is_none) {
+        Some(i) => {
+            table[i] = Some(item);
+            i
+        }
+        None => {
+            table.push(Some(item));
+            table.len() - 1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::store;
+
+    #[test]
+    fn a_freed_slot_is_taken_again_before_the_table_grows() {
+        let mut t: Vec<Option<&str>> = Vec::new();
+        assert_eq!(store(&mut t, "a"), 0);
+        assert_eq!(store(&mut t, "b"), 1);
+        t[0] = None;
+        assert_eq!(store(&mut t, "c"), 0);
+        assert_eq!(store(&mut t, "d"), 2);
+        assert_eq!(t, [Some("c"), Some("b"), Some("d")]);
     }
 }

@@ -299,8 +299,7 @@ impl Mpi {
         data: *const u8,
         bytes: usize,
     ) -> Result<RawRequest> {
-        self.comm(comm)?;
-        let (c, eps) = self.eps(comm)?;
+        let (c, eps) = self.live_eps(comm)?;
         let t: &Tagged = if ep == P2P { &eps.p2p } else { &eps.coll };
         let to = c.dest(dest)?;
         // SAFETY: the caller's promise.
@@ -324,8 +323,7 @@ impl Mpi {
         buf: *mut u8,
         cap: usize,
     ) -> Result<RawRequest> {
-        self.comm(comm)?;
-        let (c, eps) = self.eps(comm)?;
+        let (c, eps) = self.live_eps(comm)?;
         let t: &Tagged = if ep == P2P { &eps.p2p } else { &eps.coll };
         let from = c.src(src)?;
         // SAFETY: the caller's promise.
@@ -485,11 +483,7 @@ impl Mpi {
         let dest = match dest {
             Peer::Null => {
                 self.comm(comm)?;
-                return Ok(self.reqs.add(Entry {
-                    comm,
-                    ep: P2P,
-                    state: State::Done(Status::NULL),
-                }));
+                return Ok(self.p2p_request(comm, State::Done(Status::NULL)));
             }
             Peer::Any => {
                 return Err(MpiError::new(
@@ -501,11 +495,7 @@ impl Mpi {
         };
         // SAFETY: the caller's promise.
         let p = unsafe { self.post_send(comm, P2P, buf, count, layout, dest, tag) }?;
-        Ok(self.reqs.add(Entry {
-            comm,
-            ep: P2P,
-            state: State::Pending(p),
-        }))
+        Ok(self.p2p_request(comm, State::Pending(p)))
     }
 
     /// `MPI_Irecv` of at most `count` elements of `layout` into `buf`.
@@ -526,19 +516,20 @@ impl Mpi {
         layout.check_committed()?;
         if src == Peer::Null {
             self.comm(comm)?;
-            return Ok(self.reqs.add(Entry {
-                comm,
-                ep: P2P,
-                state: State::Done(Status::NULL),
-            }));
+            return Ok(self.p2p_request(comm, State::Done(Status::NULL)));
         }
         // SAFETY: the caller's promise.
         let p = unsafe { self.post_recv(comm, P2P, buf, count, layout, src, tag) }?;
-        Ok(self.reqs.add(Entry {
+        Ok(self.p2p_request(comm, State::Pending(p)))
+    }
+
+    /// A request of the table for a point-to-point operation of `comm`.
+    fn p2p_request(&mut self, comm: usize, state: State) -> ReqId {
+        self.reqs.add(Entry {
             comm,
             ep: P2P,
-            state: State::Pending(p),
-        }))
+            state,
+        })
     }
 
     /// `MPI_Send`.
@@ -555,13 +546,12 @@ impl Mpi {
         tag: u32,
         comm: usize,
     ) -> Result<()> {
-        self.comm(comm)?;
         // Contiguous data needs no request of the table; with the other endpoints idle,
         // quiver's own blocking send.
         if let (Peer::Rank(d), true) = (dest, layout.is_contiguous() && layout.committed) {
             let bytes = layout.bytes(count)?;
             if self.others_idle(comm, P2P) {
-                let (c, eps) = self.eps(comm)?;
+                let (c, eps) = self.live_eps(comm)?;
                 let to = c.dest(d)?;
                 let data = if bytes == 0 {
                     &[][..]
@@ -595,11 +585,10 @@ impl Mpi {
         tag: TagSel,
         comm: usize,
     ) -> Result<Status> {
-        self.comm(comm)?;
         if src != Peer::Null && layout.is_contiguous() && layout.committed {
             let bytes = layout.bytes(count)?;
             if self.others_idle(comm, P2P) {
-                let (c, eps) = self.eps(comm)?;
+                let (c, eps) = self.live_eps(comm)?;
                 let from = c.src(src)?;
                 let data = if bytes == 0 {
                     &mut [][..]
@@ -780,11 +769,10 @@ impl Mpi {
 
     /// `MPI_Iprobe`: the status of a matching message, if one arrived.
     pub fn iprobe(&mut self, src: Peer, tag: TagSel, comm: usize) -> Result<Option<Status>> {
-        self.comm(comm)?;
+        let (c, eps) = self.live_eps(comm)?;
         if src == Peer::Null {
             return Ok(Some(Status::NULL));
         }
-        let (c, eps) = self.eps(comm)?;
         self.drive_others(comm, P2P);
         let from = c.src(src)?;
         eps.p2p
@@ -838,15 +826,12 @@ impl Mpi {
             }),
             room: 0,
         };
-        let id = self.reqs.add(Entry {
-            comm,
-            ep: P2P,
-            state: State::Pending(Pending {
-                raw,
-                unpack: Some(unpack),
-                _packed: None,
-            }),
-        });
+        let pending = Pending {
+            raw,
+            unpack: Some(unpack),
+            _packed: None,
+        };
+        let id = self.p2p_request(comm, State::Pending(pending));
         Ok(Some((st, id)))
     }
 

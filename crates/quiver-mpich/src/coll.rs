@@ -58,35 +58,29 @@ fn op_create(name: &str, f: Option<UserFunc>, commute: c_int, out: *mut c_int) -
         let f = f.ok_or_else(|| MpiError::new(Class::Arg, "a null function"))?;
         let wrapped: quiver_mpi::UserFn = Arc::new(move |inp, inout, n, dt| {
             let mut dt = dt as c_int;
-            // SAFETY: MPI's contract for user functions: `n` elements of `dt` at both;
-            // the function may not call MPI (it would find the library busy). Counts
-            // above an int's range go to the `_c` signature only (the core splits
-            // nothing: a reduction of more elements than that is not made by the
-            // classic calls, whose counts are ints).
-            unsafe {
-                match f {
-                    UserFunc::Int(f) => {
-                        let mut n = n as c_int;
-                        f(inp.cast_mut().cast(), inout.cast(), &mut n, &mut dt)
-                    }
-                    UserFunc::Wide(f) => {
-                        let mut n = n as i64;
-                        f(inp.cast_mut().cast(), inout.cast(), &mut n, &mut dt)
-                    }
+            // A classic function's count is an int: the classic calls, whose counts are
+            // ints, never reduce more elements than that.
+            match f {
+                UserFunc::Int(f) => {
+                    let mut n = n as c_int;
+                    // SAFETY: MPI's contract for user functions: `n` elements of `dt`
+                    // at both (the function may ask about `dt`, nothing else of MPI).
+                    unsafe { f(inp.cast_mut().cast(), inout.cast(), &mut n, &mut dt) }
                 }
-            };
-        });
-        let i = match lib.ops.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                lib.ops.push(None);
-                lib.ops.len() - 1
+                UserFunc::Wide(f) => {
+                    let mut n = n as i64;
+                    // SAFETY: as above, with an MPI_Count.
+                    unsafe { f(inp.cast_mut().cast(), inout.cast(), &mut n, &mut dt) }
+                }
             }
-        };
-        lib.ops[i] = Some(Op::User {
-            f: wrapped,
-            commute: commute != 0,
         });
+        let i = quiver_mpi::store(
+            &mut lib.ops,
+            Op::User {
+                f: wrapped,
+                commute: commute != 0,
+            },
+        );
         let h = handles::handle(USER_OP, i)?;
         // SAFETY: MPI's contract: `out` is writable.
         unsafe { out.write(h) };

@@ -261,14 +261,7 @@ fn group_ranks(lib: &Lib, g: c_int) -> Result<&[u32], MpiError> {
 }
 
 fn put_group(lib: &mut Lib, ranks: Vec<u32>, out: *mut c_int) -> Result<(), MpiError> {
-    let i = match lib.groups.iter().position(Option::is_none) {
-        Some(i) => i,
-        None => {
-            lib.groups.push(None);
-            lib.groups.len() - 1
-        }
-    };
-    lib.groups[i] = Some(ranks);
+    let i = quiver_mpi::store(&mut lib.groups, ranks);
     let h = handles::handle(GROUP, i)?;
     // SAFETY: MPI's contract: `out` is writable.
     unsafe { out.write(h) };
@@ -532,19 +525,15 @@ pub extern "C" fn MPI_Comm_create_keyval(
     extra: *mut c_void,
 ) -> c_int {
     call("MPI_Comm_create_keyval", MPI_COMM_WORLD, |lib, _| {
-        let i = match lib.keyvals.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                lib.keyvals.push(None);
-                lib.keyvals.len() - 1
-            }
-        };
-        lib.keyvals[i] = Some(Keyval {
-            copy,
-            delete,
-            extra,
-            freed: false,
-        });
+        let i = quiver_mpi::store(
+            &mut lib.keyvals,
+            Keyval {
+                copy,
+                delete,
+                extra,
+                freed: false,
+            },
+        );
         let h = handles::handle(KEYVAL, i)?;
         // SAFETY: MPI's contract: `keyval` is writable.
         unsafe { keyval.write(h) };

@@ -110,14 +110,7 @@ impl Types {
     }
 
     fn add(&mut self, l: Layout) -> Result<c_int, MpiError> {
-        let i = match self.derived.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                self.derived.push(None);
-                self.derived.len() - 1
-            }
-        };
-        self.derived[i] = Some(l);
+        let i = quiver_mpi::store(&mut self.derived, l);
         handles::handle(DATATYPE, i)
     }
 

@@ -211,10 +211,15 @@ def nonblocking(comm, job):
         del payload
         gc.collect()
         assert alive() is not None, "the buffer of a pending send was let go"
+        # Only now may rank 1 receive: had it posted its receive before, it could have
+        # pulled the whole message while this rank was descheduled, and the send would
+        # have completed before its request was dropped.
+        comm.Send(b"go", 1, 87)
         comm.Recv(bytearray(2), 1, 89)  # rank 1 received it
         comm.Iprobe()
         assert alive() is None, "a completed orphan kept its buffer"
     else:
+        comm.Recv(bytearray(2), 0, 87)
         got = np.empty(4 << 20, dtype=np.uint8)
         comm.Recv(got, 0, 88)
         assert same_bytes(got, pattern(88, 4 << 20))

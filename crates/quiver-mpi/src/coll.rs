@@ -653,6 +653,8 @@ unsafe impl Plain for u32 {}
 unsafe impl Plain for i64 {}
 // SAFETY: as above.
 unsafe impl Plain for [i64; 2] {}
+// SAFETY: as above.
+unsafe impl Plain for [u64; 2] {}
 
 /// The bytes of plain values.
 pub(crate) fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {

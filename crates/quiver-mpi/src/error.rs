@@ -41,6 +41,15 @@ pub enum Class {
     Unsupported,
     /// An invalid window (one-sided).
     Win,
+    /// A one-sided call out of its synchronization (an unlock without a lock, a window
+    /// freed while locked).
+    RmaSync,
+    /// A one-sided access outside the target's window.
+    RmaRange,
+    /// An invalid displacement unit or target displacement.
+    Disp,
+    /// Memory could not be allocated.
+    NoMem,
 }
 
 /// An MPI error: its class and what happened.
@@ -80,6 +89,7 @@ impl From<quiver::Error> for MpiError {
     fn from(e: quiver::Error) -> MpiError {
         let class = match e {
             quiver::Error::Truncated { .. } => Class::Truncate,
+            quiver::Error::Rma(quiver::rma::RmaError::OutOfBounds { .. }) => Class::RmaRange,
             _ => Class::Other,
         };
         MpiError::new(class, format!("quiver: {e}"))

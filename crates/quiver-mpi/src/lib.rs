@@ -37,17 +37,21 @@ pub mod datatype;
 pub mod error;
 pub mod op;
 mod p2p;
+pub mod rma;
 
 pub use datatype::{Block, Elem, Layout, Num};
 pub use error::{Class, MpiError, Result};
 pub use op::{Builtin, Op, UserFn};
 pub use p2p::{ReqId, Status};
+pub use rma::{Flavor, LockType, Win};
 
 use coll::{bytes_of, bytes_of_mut};
 use error::check;
+use quiver::rma::{Rma, SharedMemory};
 use quiver::tagged::Tagged;
 use quiver::Job;
 use std::cell::{Cell, OnceCell};
+use std::collections::BTreeMap;
 
 /// The DPID of `MPI_COMM_WORLD`'s point-to-point endpoint; communicator `c` uses
 /// `DPID_BASE + 2c` (point-to-point) and `DPID_BASE + 2c + 1` (collectives).
@@ -160,6 +164,12 @@ pub struct Mpi {
     detached: Vec<p2p::Entry>,
     /// The next context id this process would take.
     next_context: u16,
+    /// The one-sided endpoint, opened on first use.
+    rma: OnceCell<Rma>,
+    /// Windows by id (`None`: freed).
+    wins: Vec<Option<Win>>,
+    /// `MPI_Alloc_mem`'s memory not freed yet, by address.
+    memories: BTreeMap<usize, SharedMemory>,
 }
 
 impl Mpi {
@@ -180,6 +190,9 @@ impl Mpi {
             reqs: p2p::Requests::default(),
             detached: Vec::new(),
             next_context: 2,
+            rma: OnceCell::new(),
+            wins: Vec::new(),
+            memories: BTreeMap::new(),
         };
         let world = mpi.new_comm((0..size).collect(), 0)?;
         mpi.open(&world)?;
@@ -394,6 +407,13 @@ impl Mpi {
     pub fn finalize(mut self) -> Result<()> {
         self.finish_detached();
         let synced = self.barrier(WORLD);
+        // Windows not freed go with their endpoint; memory `MPI_Alloc_mem` gave that the
+        // application did not give back stays mapped (it may still read it).
+        self.wins.clear();
+        for (_, mem) in std::mem::take(&mut self.memories) {
+            mem.leak();
+        }
+        drop(self.rma.take());
         // The endpoints first: closing one abandons its operations still pending (the
         // pull thread and split copies let go of their buffers), and only then may the
         // requests' own buffers (packed copies) go. In reverse order of creation.

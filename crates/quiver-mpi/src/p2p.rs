@@ -202,16 +202,19 @@ fn tag_of(t: TagSel) -> Tag {
 
 /// Progress across endpoints.
 impl Mpi {
-    /// Whether an endpoint other than (`comm`, `ep`) has operations outstanding.
+    /// Whether an endpoint other than (`comm`, `ep`) has operations outstanding (the
+    /// one-sided endpoint while windows exist: other ranks' requests for them may come
+    /// at any time).
     fn others_busy(&self, comm: usize, ep: usize) -> bool {
-        self.comms.iter().enumerate().any(|(c, o)| {
-            o.as_ref().is_some_and(|o| {
-                o.outstanding
-                    .iter()
-                    .enumerate()
-                    .any(|(e, n)| n.get() > 0 && (c, e) != (comm, ep))
+        self.rma_active()
+            || self.comms.iter().enumerate().any(|(c, o)| {
+                o.as_ref().is_some_and(|o| {
+                    o.outstanding
+                        .iter()
+                        .enumerate()
+                        .any(|(e, n)| n.get() > 0 && (c, e) != (comm, ep))
+                })
             })
-        })
     }
 
     /// One round of protocol work on every open endpoint other than (`comm`, `ep`):
@@ -219,6 +222,7 @@ impl Mpi {
     /// bytes a receiver asked for), heartbeats. Their errors are left for their own
     /// operations to report (a peer that failed fails every later operation with it).
     fn drive_others(&self, comm: usize, ep: usize) {
+        self.drive_rma();
         for (c, o) in self.comms.iter().enumerate() {
             let Some(eps) = o.as_ref().and_then(|o| o.eps.get()) else {
                 continue;
@@ -232,16 +236,22 @@ impl Mpi {
         }
     }
 
+    /// One round of protocol work on every endpoint of the process.
+    pub(crate) fn drive_all(&self) {
+        self.drive_others(usize::MAX, usize::MAX);
+    }
+
     /// Whether every open endpoint other than (`comm`, `ep`) is idle
     /// ([`Tagged::idle`]): a blocking call may then wait inside quiver on its own.
     fn others_idle(&self, comm: usize, ep: usize) -> bool {
-        self.comms.iter().enumerate().all(|(c, o)| {
-            let Some(eps) = o.as_ref().and_then(|o| o.eps.get()) else {
-                return true;
-            };
-            ((c, P2P) == (comm, ep) || eps.p2p.idle())
-                && ((c, COLL) == (comm, ep) || eps.coll.idle())
-        })
+        !self.rma_active()
+            && self.comms.iter().enumerate().all(|(c, o)| {
+                let Some(eps) = o.as_ref().and_then(|o| o.eps.get()) else {
+                    return true;
+                };
+                ((c, P2P) == (comm, ep) || eps.p2p.idle())
+                    && ((c, COLL) == (comm, ep) || eps.coll.idle())
+            })
     }
 
     /// Waits for `raw` of endpoint (`comm`, `ep`), keeping the process's other

@@ -15,7 +15,7 @@ fn in_place(p: *const c_void) -> bool {
 }
 
 /// The operation of handle `h`.
-fn op(lib: &Lib, h: c_int) -> Result<Op, MpiError> {
+pub(crate) fn op(lib: &Lib, h: c_int) -> Result<Op, MpiError> {
     let b = match h {
         MPI_MAX => Builtin::Max,
         MPI_MIN => Builtin::Min,

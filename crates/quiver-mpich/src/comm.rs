@@ -260,7 +260,7 @@ fn group_ranks(lib: &Lib, g: c_int) -> Result<&[u32], MpiError> {
         .ok_or_else(|| MpiError::new(Class::Group, format!("{g:#x} is not a group")))
 }
 
-fn put_group(lib: &mut Lib, ranks: Vec<u32>, out: *mut c_int) -> Result<(), MpiError> {
+pub(crate) fn put_group(lib: &mut Lib, ranks: Vec<u32>, out: *mut c_int) -> Result<(), MpiError> {
     let i = quiver_mpi::store(&mut lib.groups, ranks);
     let h = handles::handle(GROUP, i)?;
     // SAFETY: MPI's contract: `out` is writable.

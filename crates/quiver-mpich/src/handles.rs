@@ -9,14 +9,15 @@ use crate::MPI_Status;
 use quiver_mpi::{Class, MpiError, Peer, Status, TagSel};
 use std::ffi::{c_int, c_void};
 
-/// The high bits of the handles of communicators, requests, groups and operations that
-/// the library creates (MPICH's "indirect" kind and each object's type bits); the low
-/// 26 bits are an index.
+/// The high bits of the handles of communicators, requests, groups, operations, datatypes
+/// and windows that the library creates (MPICH's "indirect" kind and each object's type
+/// bits); the low 26 bits are an index.
 pub const COMM: c_int = 0x8400_0000_u32 as c_int;
 pub const REQUEST: c_int = 0xac00_0000_u32 as c_int;
 pub const GROUP: c_int = 0x8800_0000_u32 as c_int;
 pub const USER_OP: c_int = 0x9800_0000_u32 as c_int;
 pub const DATATYPE: c_int = 0xcc00_0000_u32 as c_int;
+pub const WIN: c_int = 0xa000_0000_u32 as c_int;
 const INDEX: c_int = 0x03ff_ffff;
 const KIND: c_int = !INDEX;
 

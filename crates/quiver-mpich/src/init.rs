@@ -1,12 +1,12 @@
 //! Starting and ending: `MPI_Init`, `MPI_Finalize`, the environment's queries, time,
-//! memory, errors and error handlers.
+//! errors and error handlers.
 
 use crate::abi::*;
 use crate::handles;
 use crate::{call, class_code, Lib, AFTER, BEFORE, PHASE, RUNNING, STATE};
 use quiver_mpi::{Class, Mpi, MpiError};
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, CStr};
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
@@ -29,6 +29,8 @@ fn init() -> c_int {
                 ops: Vec::new(),
                 groups: Vec::new(),
                 errhandlers: HashMap::new(),
+                win_errhandlers: HashMap::new(),
+                win_attrs: HashMap::new(),
                 keyvals: Vec::new(),
                 attrs: Vec::new(),
                 messages: HashMap::new(),
@@ -199,28 +201,6 @@ pub extern "C" fn MPI_Wtime() -> f64 {
 #[no_mangle]
 pub extern "C" fn MPI_Wtick() -> f64 {
     1e-9
-}
-
-#[no_mangle]
-pub extern "C" fn MPI_Alloc_mem(size: isize, _info: c_int, base: *mut c_void) -> c_int {
-    let Ok(size) = usize::try_from(size) else {
-        return MPI_ERR_ARG;
-    };
-    // SAFETY: malloc of any size; checked below.
-    let p = unsafe { libc::malloc(size.max(1)) };
-    if p.is_null() {
-        return MPI_ERR_NO_MEM;
-    }
-    // SAFETY: MPI's contract: `base` points at a writable pointer.
-    unsafe { base.cast::<*mut c_void>().write(p) };
-    MPI_SUCCESS
-}
-
-#[no_mangle]
-pub extern "C" fn MPI_Free_mem(base: *mut c_void) -> c_int {
-    // SAFETY: MPI's contract: `base` came from MPI_Alloc_mem (malloc).
-    unsafe { libc::free(base) };
-    MPI_SUCCESS
 }
 
 #[no_mangle]

@@ -14,7 +14,7 @@
 //! The parts: this file holds the library's state ([`Lib`], on the initialising
 //! thread), the error path (error handlers, `MPI_Error_string`)
 //! and the handle tables; `handles` decodes MPICH's handles; `init`, `p2p`, `coll`,
-//! `types`, `comm` the MPI calls of each area.
+//! `types`, `comm`, `rma` the MPI calls of each area.
 
 #![allow(non_snake_case, non_camel_case_types)]
 // MPI's C functions take raw pointers from the application: each says what it needs
@@ -44,6 +44,7 @@ mod handles;
 pub use handles::{DataPtr, SENTINELS};
 mod init;
 mod p2p;
+mod rma;
 mod status;
 mod types;
 
@@ -147,6 +148,10 @@ pub(crate) struct Lib {
     pub(crate) groups: Vec<Option<Vec<u32>>>,
     /// The error handler of each communicator id (absent: `MPI_ERRORS_ARE_FATAL`).
     pub(crate) errhandlers: HashMap<usize, c_int>,
+    /// The error handler of each window id (absent: `MPI_ERRORS_ARE_FATAL`).
+    pub(crate) win_errhandlers: HashMap<usize, c_int>,
+    /// The values of each window's predefined attributes.
+    pub(crate) win_attrs: HashMap<usize, Box<rma::WinAttrs>>,
     /// Attribute keys of the application's by index (`comm::KEYVAL | index`).
     pub(crate) keyvals: Vec<Option<comm::Keyval>>,
     /// Attributes set on communicators: (communicator id, key index, value), in the
@@ -176,7 +181,20 @@ pub(crate) fn class_code(c: Class) -> c_int {
         Class::NotInitialized => MPI_ERR_OTHER,
         Class::Unsupported => MPI_ERR_UNSUPPORTED_OPERATION,
         Class::Win => MPI_ERR_WIN,
+        Class::RmaSync => MPI_ERR_RMA_SYNC,
+        Class::RmaRange => MPI_ERR_RMA_RANGE,
+        Class::Disp => MPI_ERR_DISP,
+        Class::NoMem => MPI_ERR_NO_MEM,
     }
+}
+
+/// The object whose error handler reports a call's error.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum On {
+    /// A communicator's handle.
+    Comm(c_int),
+    /// A window's handle.
+    Win(c_int),
 }
 
 /// Runs an MPI call `name` on the library's state and its datatypes: its error goes to
@@ -188,9 +206,18 @@ pub(crate) fn call(
     comm: c_int,
     f: impl FnOnce(&mut Lib, &types::Types) -> Result<(), MpiError>,
 ) -> c_int {
+    call_on(name, On::Comm(comm), f)
+}
+
+/// [`call`] with the error handler of `on`.
+pub(crate) fn call_on(
+    name: &str,
+    on: On,
+    f: impl FnOnce(&mut Lib, &types::Types) -> Result<(), MpiError>,
+) -> c_int {
     STATE.with(|st| {
         let rc = match st.types.try_borrow() {
-            Ok(types) => with_lib(st, name, comm, |lib| match types.as_deref() {
+            Ok(types) => with_lib(st, name, on, |lib| match types.as_deref() {
                 Some(types) => f(lib, types),
                 None => Err(MpiError::new(Class::Intern, "no datatype table")),
             }),
@@ -220,9 +247,11 @@ pub(crate) fn call_types(
                 true,
             );
         };
-        with_lib(st, name, MPI_COMM_WORLD, |_| match types.as_deref_mut() {
-            Some(types) => f(types),
-            None => Err(MpiError::new(Class::Intern, "no datatype table")),
+        with_lib(st, name, On::Comm(MPI_COMM_WORLD), |_| {
+            match types.as_deref_mut() {
+                Some(types) => f(types),
+                None => Err(MpiError::new(Class::Intern, "no datatype table")),
+            }
         })
     })
 }
@@ -242,14 +271,14 @@ pub(crate) fn query(name: &str, f: impl FnOnce(&types::Types) -> Result<(), MpiE
             Some(Ok(())) => MPI_SUCCESS,
             Some(Err(e)) => match st.lib.try_borrow_mut() {
                 Ok(mut guard) => match guard.as_mut() {
-                    Some(lib) => lib.fail(name, MPI_COMM_WORLD, e),
+                    Some(lib) => lib.fail(name, On::Comm(MPI_COMM_WORLD), e),
                     None => class_code(e.class),
                 },
                 // Inside a collective (a reduction's function): the code alone.
                 Err(_) => class_code(e.class),
             },
             // Not initialised: the same message as every other call.
-            None => with_lib(st, name, MPI_COMM_WORLD, |_| Ok(())),
+            None => with_lib(st, name, On::Comm(MPI_COMM_WORLD), |_| Ok(())),
         }
     })
 }
@@ -258,7 +287,7 @@ pub(crate) fn query(name: &str, f: impl FnOnce(&types::Types) -> Result<(), MpiE
 fn with_lib(
     st: &State,
     name: &str,
-    comm: c_int,
+    on: On,
     f: impl FnOnce(&mut Lib) -> Result<(), MpiError>,
 ) -> c_int {
     let Ok(mut guard) = st.lib.try_borrow_mut() else {
@@ -279,18 +308,22 @@ fn with_lib(
     };
     match f(lib) {
         Ok(()) => MPI_SUCCESS,
-        Err(e) => lib.fail(name, comm, e),
+        Err(e) => lib.fail(name, on, e),
     }
 }
 
 impl Lib {
-    /// Reports `e` of call `name` through the error handler of communicator `comm`.
-    pub(crate) fn fail(&mut self, name: &str, comm: c_int, e: MpiError) -> c_int {
+    /// Reports `e` of call `name` through the error handler of `on`.
+    pub(crate) fn fail(&mut self, name: &str, on: On, e: MpiError) -> c_int {
         let code = class_code(e.class);
-        let handler = handles::comm_id(comm)
-            .ok()
-            .and_then(|c| self.errhandlers.get(&c).copied())
-            .unwrap_or(MPI_ERRORS_ARE_FATAL);
+        let handler = match on {
+            On::Comm(h) => handles::comm_id(h)
+                .ok()
+                .and_then(|c| self.errhandlers.get(&c).copied()),
+            On::Win(h) => handles::index_of(h, handles::WIN)
+                .and_then(|w| self.win_errhandlers.get(&w).copied()),
+        }
+        .unwrap_or(MPI_ERRORS_ARE_FATAL);
         self.messages.insert(code, format!("{name}: {}", e.message));
         fatal_or(name, code, &e.message, handler != MPI_ERRORS_RETURN)
     }

@@ -1,10 +1,11 @@
-//! MPI programs built against MPICH run on quiver's `libmpi.so.12` unchanged: a C
-//! program of our own that checks every byte it receives (`tests/c/verify.c`, compiled
-//! with the MPICH wheel's `mpicc`, run first on MPICH itself so that its checks are known
-//! to hold for a real MPI), Intel's prebuilt IMB-P2P and IMB-MPI1 (from the `impi-rt`
-//! wheel), mpi4py's own benchmarks and a script of mpi4py's common calls with every
-//! result checked (`tests/python/checks.py`), on 1 to 4 ranks of one node, and between
-//! the two nodes of an emulated cluster.
+//! MPI programs built against MPICH run on quiver's `libmpi.so.12` unchanged: C programs
+//! of our own that check every byte they receive (`tests/c/verify.c`, and
+//! `tests/c/rma.c` for one-sided communication; compiled with the MPICH wheel's `mpicc`,
+//! run first on MPICH itself so that their checks are known to hold for a real MPI),
+//! Intel's prebuilt IMB-P2P, IMB-MPI1 and IMB-RMA (from the `impi-rt` wheel), mpi4py's
+//! own benchmarks and a script of mpi4py's common calls with every result checked
+//! (`tests/python/checks.py`), on 1 to 4 ranks of one node, and between the two nodes
+//! of an emulated cluster.
 //!
 //! The wheels come from PyPI through `bench/mpi-wheels` (into the target directory, once).
 //! Without pip, network access to PyPI or root (for the cluster), a test says why in one
@@ -169,19 +170,42 @@ fn on_quiver(
 /// `tests/c/verify.c` built with the MPICH wheel's `mpicc` (once).
 fn verify_program(mpich: &Path) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = profile_dir().join("mpi-tests").join("verify");
-            std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-            let mut cc = command(mpich.join("bin/mpicc"));
-            cc.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-                .arg(&exe)
-                .arg(repo().join("crates/quiver-mpich/tests/c/verify.c"));
-            let out = output(cc);
-            assert!(out.status.success(), "mpicc\n{}", describe(&out));
-            exe
-        })
-        .clone()
+    BUILT.get_or_init(|| build_c(mpich, "verify")).clone()
+}
+
+/// `tests/c/rma.c` built with the MPICH wheel's `mpicc` (once).
+fn rma_program(mpich: &Path) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build_c(mpich, "rma")).clone()
+}
+
+/// `tests/c/NAME.c` built with the MPICH wheel's `mpicc`.
+fn build_c(mpich: &Path, name: &str) -> PathBuf {
+    let exe = profile_dir().join("mpi-tests").join(name);
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    let mut cc = command(mpich.join("bin/mpicc"));
+    cc.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(repo().join(format!("crates/quiver-mpich/tests/c/{name}.c")));
+    let out = output(cc);
+    assert!(out.status.success(), "mpicc\n{}", describe(&out));
+    exe
+}
+
+/// Runs `program` on 3 ranks of the MPICH wheel's own library and launcher: its checks
+/// hold for a real MPI, and it says so with `ok`.
+fn passes_on_mpich(mpich: &Path, program: &Path, ok: &str) {
+    let mut real = command("timeout");
+    real.arg(LIMIT)
+        .arg(mpich.join("bin/mpiexec"))
+        .args(["-n", "3"])
+        .arg(program);
+    let out = output(real);
+    assert!(
+        out.status.success() && stdout(&out).contains(&format!("{ok} (3 ranks, another MPI)")),
+        "on MPICH\n{}",
+        describe(&out)
+    );
 }
 
 fn stdout(out: &Output) -> String {
@@ -196,18 +220,7 @@ fn a_program_built_with_mpichs_mpicc_checks_every_byte_on_mpich_and_on_quiver() 
         Err(why) => return cannot_run(&why),
     };
     let verify = verify_program(mpich);
-    // On MPICH itself, with its own launcher: the checks hold for a real MPI.
-    let mut real = command("timeout");
-    real.arg(LIMIT)
-        .arg(mpich.join("bin/mpiexec"))
-        .args(["-n", "3"])
-        .arg(&verify);
-    let out = output(real);
-    assert!(
-        out.status.success() && stdout(&out).contains("verify: OK (3 ranks, another MPI)"),
-        "on MPICH\n{}",
-        describe(&out)
-    );
+    passes_on_mpich(mpich, &verify, "verify: OK");
     for n in 1..=4 {
         let out = on_quiver(&[], n, &verify, &[], &[]);
         assert!(
@@ -221,6 +234,78 @@ fn a_program_built_with_mpichs_mpicc_checks_every_byte_on_mpich_and_on_quiver() 
             .matches("MPI_Intercomm_create is not supported")
             .count();
         assert_eq!(said, n as usize, "{}", describe(&out));
+    }
+}
+
+#[test]
+fn one_sided_calls_check_every_byte_on_mpich_and_on_quiver() {
+    let _one = serial();
+    let [mpich, _, _] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    let rma = rma_program(mpich);
+    passes_on_mpich(mpich, &rma, "rma: OK");
+    for n in 1..=4 {
+        let out = on_quiver(&[], n, &rma, &[], &[]);
+        assert!(
+            out.status.success() && stdout(&out).contains(&format!("rma: OK ({n} ranks, quiver)")),
+            "{n} ranks on quiver\n{}",
+            describe(&out)
+        );
+    }
+}
+
+/// IMB-RMA's benchmarks, in the order it runs them.
+const IMB_RMA: [&str; 17] = [
+    "Unidir_put",
+    "Bidir_put",
+    "Unidir_get",
+    "Bidir_get",
+    "Put_local",
+    "Put_all_local",
+    "One_put_all",
+    "All_put_all",
+    "One_get_all",
+    "All_get_all",
+    "Exchange_put",
+    "Exchange_get",
+    "Accumulate",
+    "Get_accumulate",
+    "Fetch_and_op",
+    "Compare_and_swap",
+    "Truly_passive_put",
+];
+
+/// Runs IMB-RMA with `args` on `n` ranks (`extra`: `quiver run`'s own arguments) and
+/// checks that every benchmark ran.
+fn imb_rma_runs(impi: &Path, extra: &[&str], n: u32, args: &[&str]) {
+    let out = on_quiver(extra, n, &impi.join("bin/IMB-RMA"), args, &[]);
+    assert!(
+        out.status.success() && stdout(&out).contains("All processes entering MPI_Finalize"),
+        "IMB-RMA on {n} ranks {extra:?}\n{}",
+        describe(&out)
+    );
+    let mut ran = benchmarked(&out);
+    // Those with an aggregate and a non-aggregate mode print two tables.
+    ran.dedup();
+    assert_eq!(ran, IMB_RMA, "IMB-RMA on {n} ranks\n{}", describe(&out));
+}
+
+#[test]
+fn imb_rma_runs_all_its_benchmarks() {
+    let _one = serial();
+    let [_, impi, _] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    for n in [2, 4] {
+        imb_rma_runs(
+            impi,
+            &[],
+            n,
+            &["-msglog", "0:18", "-iter", "200", "-time", "2"],
+        );
     }
 }
 
@@ -466,7 +551,7 @@ impl Drop for Cluster {
 }
 
 #[test]
-fn between_two_nodes_every_byte_arrives_and_imb_p2p_and_mpi4py_run() {
+fn between_two_nodes_every_byte_arrives_and_imb_p2p_imb_rma_and_mpi4py_run() {
     let _one = serial();
     if let Some(why) = no_cluster() {
         return cannot_run(&why);
@@ -488,6 +573,24 @@ fn between_two_nodes_every_byte_arrives_and_imb_p2p_and_mpi4py_run() {
             describe(&out)
         );
     }
+    // One-sided: every byte, and IMB-RMA (small sizes: between the nodes each flush
+    // and atomic is a round trip).
+    let rma = rma_program(mpich);
+    for (n, transport) in [(2, "auto"), (4, "auto"), (2, "udp")] {
+        let env = [("QUIVER_TRANSPORT", OsStr::new(transport))];
+        let out = on_quiver(&on, n, &rma, &[], &env);
+        assert!(
+            out.status.success() && stdout(&out).contains(&format!("rma: OK ({n} ranks, quiver)")),
+            "{n} ranks on 2 nodes, transport {transport}\n{}",
+            describe(&out)
+        );
+    }
+    imb_rma_runs(
+        impi,
+        &on,
+        2,
+        &["-msglog", "0:10", "-iter", "50", "-time", "1"],
+    );
     let imb = impi.join("bin/IMB-P2P");
     let out = on_quiver(
         &on,

@@ -35,27 +35,63 @@ fn data_len(rank: u32) -> usize {
 /// adds 1 to word 0 of rank 0's window 0 `ADDS` times and rank 0 finds the exact sum;
 /// compare-and-swap and swap return what they found.
 fn every_operation(c: Config, size: u32) {
-    every_operation_on(c, size, false);
+    every_operation_on(c, size, Memory::Allocated);
 }
 
-/// [`every_operation`] on windows of memory the ranks `registered` (else allocated);
-/// at the end the ranks free their windows (registered memory comes
-/// back holding what was put into it).
-fn every_operation_on(c: Config, size: u32, registered: bool) {
+/// What the windows of [`every_operation_on`] are made of.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Memory {
+    /// The node's shared pool, a window each ([`Rma::allocate`]).
+    Allocated,
+    /// Parts of one piece of the shared pool, at offsets, the window numbers skipped
+    /// ahead ([`Rma::alloc_memory`], [`Rma::expose`], [`Rma::skip_window_numbers`]).
+    Parts,
+    /// Vectors handed over ([`Rma::register`]).
+    Registered,
+    /// The application's buffers, lent ([`Rma::register_borrowed`]).
+    Lent,
+}
+
+/// [`every_operation`] on windows of `memory`; at the end the ranks free their windows
+/// (registered memory comes back holding what was put into it; lent memory holds it).
+fn every_operation_on(c: Config, size: u32, memory: Memory) {
     let (same_node, cma) = (c.transport == TransportChoice::Auto, c.cma);
+    let registered = matches!(memory, Memory::Registered | Memory::Lent);
     run_ranks(size, c, move |job| {
         let rma = Rma::open(&job, DPID).unwrap();
         let (me, n) = (job.rank(), job.size());
-        let window = |len: usize| {
-            if registered {
-                rma.register(vec![0u8; len]).unwrap()
-            } else {
-                rma.allocate(len).unwrap()
+        // Lent buffers outlive their windows; 8-byte aligned (u64s) for the atomics.
+        let mut lent: Vec<Vec<u64>> = Vec::new();
+        let shared = rma.alloc_memory(8192 + data_len(me)).unwrap();
+        if memory == Memory::Parts {
+            rma.skip_window_numbers(5).unwrap();
+            assert!(rma.skip_window_numbers(4).is_err(), "numbers only go up");
+        }
+        let mut window = |len: usize| match memory {
+            Memory::Allocated => rma.allocate(len).unwrap(),
+            Memory::Registered => rma.register(vec![0u8; len]).unwrap(),
+            Memory::Parts => {
+                let offset = if len == 64 { 24 } else { 4096 };
+                rma.expose(&shared, offset, len).unwrap()
+            }
+            Memory::Lent => {
+                lent.push(vec![0u64; len.div_ceil(8)]);
+                let buf = lent.last_mut().unwrap();
+                // SAFETY: `lent` keeps the buffer, untouched, until after the window
+                // is freed (collectively: no rank accesses it after).
+                unsafe { rma.register_borrowed(buf.as_mut_ptr().cast(), len) }.unwrap()
             }
         };
         let counters = window(64);
         let data = window(data_len(me));
-        assert_eq!((counters.number(), data.number()), (0, 1));
+        let first = if memory == Memory::Parts { 5 } else { 0 };
+        assert_eq!((counters.number(), data.number()), (first, first + 1));
+        if memory == Memory::Parts {
+            // The parts lie where they were asked for in the memory.
+            assert_eq!(data.as_ptr(), shared.as_ptr().wrapping_add(4096));
+            assert_eq!(shared.offset_of(data.as_ptr(), data.len()), Some(4096));
+            assert!(rma.expose(&shared, 8192, data_len(me) + 1).is_err());
+        }
         let next = (me + 1) % n;
         let prev = (me + n - 1) % n;
         let mut offset = 0u64;
@@ -160,7 +196,7 @@ fn every_operation_on(c: Config, size: u32, registered: bool) {
         job.barrier_progressing(&[&rma]).unwrap();
         let expected = data.to_vec();
         let back = rma.free(data).unwrap();
-        assert_eq!(back.is_some(), registered);
+        assert_eq!(back.is_some(), memory == Memory::Registered);
         if let Some(back) = back {
             assert!(
                 back == expected,
@@ -168,22 +204,54 @@ fn every_operation_on(c: Config, size: u32, registered: bool) {
             );
         }
         rma.free(counters).unwrap();
+        if memory == Memory::Lent {
+            let bytes: Vec<u8> = lent[1].iter().flat_map(|w| w.to_ne_bytes()).collect();
+            assert!(
+                bytes[..expected.len()] == expected,
+                "the lent buffer holds the puts"
+            );
+        }
+        if memory == Memory::Parts {
+            // SAFETY: the windows are freed: nobody else writes the memory.
+            let part =
+                unsafe { std::slice::from_raw_parts(shared.as_ptr().add(4096), expected.len()) };
+            assert!(part == expected, "the memory holds the puts");
+        }
     });
 }
 
 #[test]
 fn every_operation_on_registered_memory_over_shm() {
-    every_operation_on(config(TransportChoice::Auto), 3, true);
+    every_operation_on(config(TransportChoice::Auto), 3, Memory::Registered);
+}
+
+#[test]
+fn every_operation_on_lent_memory_over_shm() {
+    every_operation_on(config(TransportChoice::Auto), 3, Memory::Lent);
+}
+
+#[test]
+fn every_operation_on_parts_of_shared_memory_over_shm() {
+    every_operation_on(config(TransportChoice::Auto), 3, Memory::Parts);
+}
+
+#[test]
+fn every_operation_on_parts_of_shared_memory_over_udp() {
+    every_operation_on(config(TransportChoice::Udp), 3, Memory::Parts);
 }
 
 #[test]
 fn every_operation_on_registered_memory_over_shm_without_cross_memory_attach() {
-    every_operation_on(config(TransportChoice::Auto).with_cma(false), 3, true);
+    every_operation_on(
+        config(TransportChoice::Auto).with_cma(false),
+        3,
+        Memory::Registered,
+    );
 }
 
 #[test]
 fn every_operation_on_registered_memory_over_udp() {
-    every_operation_on(config(TransportChoice::Udp), 3, true);
+    every_operation_on(config(TransportChoice::Udp), 3, Memory::Registered);
 }
 
 #[test]

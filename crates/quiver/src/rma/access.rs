@@ -168,6 +168,54 @@ pub struct RmaStats {
     pub malformed: u64,
 }
 
+/// Memory of the node's shared pool that windows are made of ([`Rma::alloc_memory`],
+/// [`Rma::expose`]): this process reads and writes it as its own, and same-node ranks
+/// reach the windows made of it directly. Its bytes may change at any time by other
+/// ranks' puts and atomics once a window exposes them.
+pub struct SharedMemory {
+    obj: Arc<SharedObject>,
+    object: u32,
+}
+
+impl std::fmt::Debug for SharedMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMemory")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl SharedMemory {
+    /// The first byte (page-aligned).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.obj.ptr()
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.obj.len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps the memory mapped for the rest of the process's life, its name removed (no
+    /// peer maps it again): for memory handed out to an application that may still use
+    /// it after the library that gave it is gone (`MPI_Finalize` before `MPI_Free_mem`).
+    pub fn leak(self) {
+        self.obj.unlink();
+        std::mem::forget(self);
+    }
+
+    /// Where `len` bytes at `ptr` start in this memory, if they lie inside it.
+    pub fn offset_of(&self, ptr: *const u8, len: usize) -> Option<usize> {
+        let start = (ptr as usize).checked_sub(self.as_ptr() as usize)?;
+        (start.checked_add(len)? <= self.len()).then_some(start)
+    }
+}
+
 /// A window of this rank: memory of the node's shared pool ([`Rma::allocate`]) or of
 /// this process ([`Rma::register`]) that the job's ranks read and write with [`Rma`].
 /// Its bytes may change at any time by other ranks' puts and atomics: reach them through [`Window::read`], [`Window::write`] and
@@ -207,7 +255,8 @@ impl Window {
     }
 
     /// Its first byte (page-aligned for an allocated window, 8-byte aligned for a
-    /// registered one), for code that lays its own data out in it.
+    /// registered one, where it was put for a part of shared memory or lent memory),
+    /// for code that lays its own data out in it.
     pub fn as_ptr(&self) -> *mut u8 {
         self.mem.ptr()
     }
@@ -279,7 +328,8 @@ impl Drop for Window {
 }
 
 /// What an origin knows of another rank's window: its object (0: memory the rank
-/// registered, at `addr` in process `pid`), generation and length.
+/// registered, at `addr` in process `pid`; else the window starts at byte `addr` of
+/// the object), generation and length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Key {
     object: u32,
@@ -295,7 +345,7 @@ impl Key {
     }
 
     fn encode(&self) -> String {
-        if self.is_registered() {
+        if self.is_registered() || self.addr != 0 {
             format!(
                 "{}/{}/{}/{}/{}",
                 self.object, self.generation, self.len, self.pid, self.addr
@@ -315,9 +365,11 @@ impl Key {
             addr: 0,
         };
         if let Some(pid) = it.next() {
-            k.pid = u32::try_from(pid.ok()?).ok().filter(|&p| p != 0)?;
+            // A pid: registered memory at `addr` of that process; none (0): the window
+            // starts at `addr` of its shared object.
+            k.pid = u32::try_from(pid.ok()?).ok()?;
             k.addr = it.next()?.ok()?;
-            // A registered window's bytes must fit the address space.
+            // The window's bytes must fit the address space (or the object).
             k.addr.checked_add(k.len)?;
         }
         it.next().is_none().then_some(k)
@@ -568,17 +620,49 @@ impl Rma {
     /// for it, up to the job's connect timeout, `QUIVER_CONNECT_TIMEOUT`, then fails
     /// with [`RmaError::NoWindow`]).
     pub fn allocate(&self, len: usize) -> Result<Window> {
+        let memory = self.alloc_memory(len)?;
+        self.expose(&memory, 0, len)
+    }
+
+    /// `len` zeroed bytes of the node's shared pool that windows are made of later, in
+    /// whole or in parts ([`Rma::expose`]): what `MPI_Alloc_mem` hands out, so that a
+    /// window the application makes on it later is reached directly by same-node
+    /// ranks. No other rank takes part. The memory stays as long as this value or a
+    /// window on it does.
+    pub fn alloc_memory(&self, len: usize) -> Result<SharedMemory> {
         static OBJECTS: AtomicU32 = AtomicU32::new(0);
         let n = OBJECTS.fetch_add(1, Ordering::Relaxed);
         if n >= MAX_WINDOWS {
             return Err(Error::Config(format!(
-                "this process allocated {MAX_WINDOWS} windows"
+                "this process allocated {MAX_WINDOWS} shared windows or memories"
             )));
         }
         let job = self.ep.station().job();
         let object = WINDOW_IDS | n;
-        let mem = SharedObject::create(job.job_id, job.rank, object, len, true)?;
-        self.expose(WindowMemory::Shared(mem), object, 0)
+        let obj = SharedObject::create(job.job_id, job.rank, object, len, true)?;
+        Ok(SharedMemory {
+            obj: Arc::new(obj),
+            object,
+        })
+    }
+
+    /// Makes `len` bytes at `offset` of `memory` this rank's part of the job's next
+    /// window (as [`Rma::allocate`], in the same order on every rank). Same-node ranks
+    /// reach it directly, as an allocated window. Several windows may share one
+    /// memory, overlapping or not.
+    pub fn expose(&self, memory: &SharedMemory, offset: usize, len: usize) -> Result<Window> {
+        if offset.checked_add(len).is_none_or(|end| end > memory.len()) {
+            return Err(Error::Config(format!(
+                "bytes {offset}..+{len} lie outside the shared memory ({} bytes)",
+                memory.len()
+            )));
+        }
+        let mem = WindowMemory::Shared {
+            obj: memory.obj.clone(),
+            offset,
+            len,
+        };
+        self.expose_memory(mem, memory.object, offset as u64)
     }
 
     /// Makes `memory`, which this process owns, this rank's part of the job's next
@@ -597,14 +681,52 @@ impl Rma {
                 "a registered window must be 8-byte aligned (its words are atomic)".into(),
             ));
         }
+        self.register_memory(WindowMemory::register(memory))
+    }
+
+    /// [`Rma::register`] for `len` bytes at `ptr` that the caller only lends (an MPI
+    /// library's `MPI_Win_create` on the application's buffer): they are never freed
+    /// here. They need not be aligned; atomics need their words 8-byte aligned.
+    ///
+    /// # Safety
+    ///
+    /// The bytes stay allocated, in place, and are read and written by nothing but
+    /// atomics and raw copies (the job's ranks write them at any time) until the window
+    /// is dropped and no rank accesses it any more (after [`Rma::free`], or a barrier
+    /// of the ranks that use it once the window is dropped).
+    pub unsafe fn register_borrowed(&self, ptr: *mut u8, len: usize) -> Result<Window> {
+        // SAFETY: the caller's promise, passed on.
+        self.register_memory(unsafe { WindowMemory::borrowed(ptr, len) })
+    }
+
+    fn register_memory(&self, mem: WindowMemory) -> Result<Window> {
         // Same-node ranks attach to this process to reach the memory: let them (where
         // Yama asks for it), once, at the first registration.
         if self.config_cma && !self.permitted.get() {
             super::reach::permit_peers(self.ep.station().job());
             self.permitted.set(true);
         }
-        let addr = memory.as_ptr() as usize as u64;
-        self.expose(WindowMemory::register(memory), 0, addr)
+        let addr = mem.ptr() as usize as u64;
+        self.expose_memory(mem, 0, addr)
+    }
+
+    /// The number this rank's next window takes.
+    pub fn next_window_number(&self) -> u32 {
+        self.next_window.get()
+    }
+
+    /// Makes this rank's next window take number `number` (at least
+    /// [`Rma::next_window_number`]): windows of some of the job's ranks only (an MPI
+    /// communicator's), whose ranks agree on a number none of them used yet.
+    pub fn skip_window_numbers(&self, number: u32) -> Result<()> {
+        if number < self.next_window.get() || number >= MAX_WINDOWS {
+            return Err(Error::Config(format!(
+                "window number {number} is taken (the next free one is {})",
+                self.next_window.get()
+            )));
+        }
+        self.next_window.set(number);
+        Ok(())
     }
 
     /// Frees `window` once every rank is done with it, and gives registered memory
@@ -627,8 +749,10 @@ impl Rma {
         flushed.map(|()| back)
     }
 
-    /// Exposes `mem` as this rank's part of the next window and publishes its key.
-    fn expose(&self, mem: WindowMemory, object: u32, addr: u64) -> Result<Window> {
+    /// Exposes `mem` as this rank's part of the next window and publishes its key:
+    /// `object` is the shared object it lies in (0 for registered memory), `addr` where
+    /// it starts there (registered memory: its address in this process).
+    fn expose_memory(&self, mem: WindowMemory, object: u32, addr: u64) -> Result<Window> {
         let station = self.ep.station();
         let job = station.job();
         let len = mem.len();
@@ -1791,15 +1915,24 @@ impl Rma {
         if rank == job.rank {
             return Ok(window.mem.ptr());
         }
-        if let Some(m) = self.mapped.borrow().get(&(rank, key.object)) {
-            return Ok(m.ptr());
-        }
         let no_window = || {
             Error::Rma(RmaError::NoWindow {
                 rank,
                 window: window.number,
             })
         };
+        // The key's bytes are what origins check against: the mapping must hold them
+        // (`parse` checked that their end does not overflow).
+        let start = |m: &SharedObject| {
+            if (m.len() as u64) < key.addr + key.len {
+                return Err(no_window());
+            }
+            // In bounds: checked just above.
+            Ok(m.ptr().wrapping_add(key.addr as usize))
+        };
+        if let Some(m) = self.mapped.borrow().get(&(rank, key.object)) {
+            return start(m);
+        }
         if key.object & WINDOW_IDS != WINDOW_IDS {
             return Err(no_window());
         }
@@ -1807,11 +1940,7 @@ impl Rma {
             tracing::debug!("window {} of rank {rank}: {e}", window.number);
             no_window()
         })?;
-        // The key's length is what origins check against: the mapping must have it.
-        if (mem.len() as u64) < key.len {
-            return Err(no_window());
-        }
-        let ptr = mem.ptr();
+        let ptr = start(&mem)?;
         self.mapped
             .borrow_mut()
             .insert((rank, key.object), Arc::new(mem));

@@ -1,7 +1,8 @@
 //! What a window's bytes are: memory of the node's shared pool (a [`SharedObject`] the
-//! node's ranks map), or memory the application handed over ([`Rma::register`]: a
-//! `Vec<u8>` that stays where it is, reached by same-node ranks through cross-memory
-//! attach and by other nodes through the target's engine).
+//! node's ranks map, whole or a part of it: [`Rma::expose`]), or memory the
+//! application handed over ([`Rma::register`]: a `Vec<u8>` that stays where it is,
+//! reached by same-node ranks through cross-memory attach and by other nodes through
+//! the target's engine; or bytes it only lends, [`Rma::register_borrowed`]).
 //!
 //! Guarantees: the bytes stay at one address, 8-byte aligned (so a word at an offset
 //! that is a multiple of 8 is aligned), for as long as any [`WindowMemory`] reference
@@ -12,21 +13,29 @@
 //! never write memory the allocator has handed to someone else.
 //!
 //! [`Rma::register`]: super::Rma::register
+//! [`Rma::register_borrowed`]: super::Rma::register_borrowed
+//! [`Rma::expose`]: super::Rma::expose
 //! [`Rma::free`]: super::Rma::free
 
 use super::window::SharedObject;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The bytes of one of this rank's windows.
 pub(crate) enum WindowMemory {
-    /// Memory of the node's shared pool.
-    Shared(SharedObject),
+    /// `len` bytes at `offset` of an object of the node's shared pool (all of it for
+    /// [`Rma::allocate`](super::Rma::allocate)'s windows).
+    Shared {
+        obj: Arc<SharedObject>,
+        offset: usize,
+        len: usize,
+    },
     /// A `Vec<u8>` the application registered, taken apart (its parts are put back
     /// together only by `take_back`).
     Registered(Registered),
 }
 
-/// A registered `Vec<u8>`'s parts; `None` once given back.
+/// A registered `Vec<u8>`'s parts; `None` once given back, and for lent bytes
+/// ([`WindowMemory::borrowed`]), which are never freed here.
 pub(crate) struct Registered {
     ptr: *mut u8,
     len: usize,
@@ -41,6 +50,17 @@ unsafe impl Send for Registered {}
 unsafe impl Sync for Registered {}
 
 impl WindowMemory {
+    /// All of `obj`.
+    #[cfg(test)]
+    pub(crate) fn shared(obj: SharedObject) -> WindowMemory {
+        let len = obj.len();
+        WindowMemory::Shared {
+            obj: Arc::new(obj),
+            offset: 0,
+            len,
+        }
+    }
+
     /// Takes `v` over (the caller checked its alignment).
     pub(crate) fn register(v: Vec<u8>) -> WindowMemory {
         let mut v = std::mem::ManuallyDrop::new(v);
@@ -52,14 +72,14 @@ impl WindowMemory {
         })
     }
 
-    /// `len` bytes at `ptr`, never given back nor freed here: the fuzz target's window
-    /// in the middle of guard bytes.
+    /// `len` bytes at `ptr`, never given back nor freed here (memory the application
+    /// lends, [`Rma::register_borrowed`](super::Rma::register_borrowed); the fuzz
+    /// target's window in the middle of guard bytes).
     ///
     /// # Safety
     ///
     /// The caller owns the bytes and keeps them alive, unmoved and untouched otherwise
-    /// while this value lives.
-    #[cfg(any(test, feature = "fuzzing"))]
+    /// (but by atomics and raw copies) while this value lives.
     pub(crate) unsafe fn borrowed(ptr: *mut u8, len: usize) -> WindowMemory {
         WindowMemory::Registered(Registered {
             ptr,
@@ -71,7 +91,8 @@ impl WindowMemory {
     /// The first byte.
     pub(crate) fn ptr(&self) -> *mut u8 {
         match self {
-            WindowMemory::Shared(o) => o.ptr(),
+            // `offset + len` lies inside the object (`Rma::expose` checked it).
+            WindowMemory::Shared { obj, offset, .. } => obj.ptr().wrapping_add(*offset),
             WindowMemory::Registered(r) => r.ptr,
         }
     }
@@ -79,7 +100,7 @@ impl WindowMemory {
     /// Bytes of the window.
     pub(crate) fn len(&self) -> usize {
         match self {
-            WindowMemory::Shared(o) => o.len(),
+            WindowMemory::Shared { len, .. } => *len,
             WindowMemory::Registered(r) => r.len,
         }
     }

@@ -75,7 +75,7 @@ use std::sync::Arc;
 use window::SharedBuf;
 
 pub use crate::error::RmaError;
-pub use access::{Combine, GetRequest, Rma, RmaStats, Strided, Window};
+pub use access::{Combine, GetRequest, Rma, RmaStats, SharedMemory, Strided, Window};
 
 /// Where the seed's three libraries ([`pvm`], [`rrmsg`], [`dmsg`]) spent their time, the
 /// split of the seed's Figures 11-14: moving data, synchronizing, copying.

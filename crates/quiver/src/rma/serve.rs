@@ -871,7 +871,7 @@ mod tests {
         s.exposed.insert(
             3,
             Exposure {
-                mem: Arc::new(WindowMemory::Shared(mem)),
+                mem: Arc::new(WindowMemory::shared(mem)),
                 generation: 77,
             },
         );

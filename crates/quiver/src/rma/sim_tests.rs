@@ -63,7 +63,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
         ..Config::default()
     };
     let (net, stations, jobs, _dir) = station_pair_in(&config, faults);
-    let mem = Arc::new(WindowMemory::Shared(
+    let mem = Arc::new(WindowMemory::shared(
         SharedObject::create(
             jobs[1].job_id(),
             1,

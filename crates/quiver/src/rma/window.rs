@@ -272,6 +272,13 @@ impl SharedObject {
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
+
+    /// Removes the owner's name now (the mapping stays): no peer maps it any more.
+    pub(crate) fn unlink(&self) {
+        if let Some(name) = &self.owned {
+            object::unlink(name);
+        }
+    }
 }
 
 impl Drop for SharedObject {

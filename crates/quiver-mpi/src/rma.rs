@@ -1,0 +1,803 @@
+//! One-sided communication: MPI's windows, their synchronization and their accesses,
+//! on quiver's [`Rma`] (the deposit seed's personality).
+//!
+//! How it maps:
+//!
+//! - **Memory.** `MPI_Alloc_mem` hands out memory of the node's shared pool
+//!   ([`Rma::alloc_memory`]); a window made on it (`MPI_Win_create` on memory from
+//!   `MPI_Alloc_mem`, as IMB's are, or `MPI_Win_allocate`) is exposed as a part of that
+//!   memory ([`Rma::expose`]), so that same-node ranks put, get and update it directly
+//!   (a copy, a CPU atomic): the target takes no part, MPI's "truly passive" mode. A
+//!   window on other memory (the stack, `malloc`) is lent to quiver
+//!   ([`Rma::register_borrowed`]): same-node ranks reach it by cross-memory attach,
+//!   atomics and other nodes through the target's side of the protocol, which the
+//!   target's MPI calls drive (or the offload engine's thread).
+//! - **Windows.** Each window has its own communicator (a duplicate: the application
+//!   may free its own), a control part of 16 bytes per rank (the lock word and the
+//!   accumulate mutex) and the data part. The ranks of the communicator agree on the
+//!   windows' numbers (the largest of their next free ones, [`Rma::skip_window_numbers`]):
+//!   windows of disjoint communicators are made concurrently.
+//! - **Synchronization.** `MPI_Win_fence` is a flush of every put and a barrier of the
+//!   window's communicator. Passive target: `MPI_Win_lock` takes a readers-writer lock
+//!   in the target's control word (shared holders count, an exclusive holder sets
+//!   [`EXCLUSIVE`]) with quiver's atomics; `MPI_Win_unlock` flushes, then lets go.
+//!   `MPI_Win_flush` is quiver's flush; gets complete before they return, puts once their
+//!   source may be reused, so the `_local` flushes have nothing left to wait for.
+//! - **Accumulates.** Concurrent accumulates to one location are atomic per element, as
+//!   MPI asks (with its default `accumulate_ops` of `same_op_no_op`: the operations that
+//!   meet at one location are one operation or `MPI_NO_OP`). On 8-byte integers, `SUM`,
+//!   `REPLACE` and `NO_OP` (and compare-and-swap) are quiver's 64-bit atomics, one per
+//!   element. Everything else takes the target's accumulate mutex, reads, combines,
+//!   writes, flushes and lets go. The choice depends on the datatype, the operation and
+//!   the alignment only, so two operations on one location always take the same way.
+//!
+//! What is not here: post/start/complete/wait epochs, request-based operations
+//! (`MPI_Rput`...), dynamic and shared-memory windows (their calls say they are not
+//! supported). Epochs are not checked: an access outside one works as inside.
+
+use crate::error::check;
+use crate::op::{Builtin, Op};
+use crate::{Class, Elem, Layout, Mpi, MpiError, Num, Peer, Result, DPID_BASE};
+use quiver::rma::{Rma, SharedMemory, Window};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// The DPID of the process's one-sided endpoint (below the communicators').
+pub const RMA_DPID: u16 = DPID_BASE - 1;
+
+/// The lock word in a rank's control part.
+const LOCK: u64 = 0;
+/// The accumulate mutex: 0 when free, else its holder's job rank + 1.
+const MUTEX: u64 = 8;
+const CONTROL_LEN: usize = 16;
+/// The lock word's bit of an exclusive holder; below it, the shared holders count.
+pub const EXCLUSIVE: u64 = 1 << 62;
+/// Failed tries of a lock or the mutex before each next one yields the core (the
+/// holder may be waiting for it on an oversubscribed node).
+const SPINS: u32 = 64;
+
+/// How `MPI_Win_lock` locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockType {
+    /// `MPI_LOCK_SHARED`: with other shared holders.
+    Shared,
+    /// `MPI_LOCK_EXCLUSIVE`: alone.
+    Exclusive,
+}
+
+/// What a lock this process holds took at the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Shared,
+    Exclusive,
+    /// `MPI_MODE_NOCHECK`: nothing (the application promises no conflicting lock).
+    Nothing,
+}
+
+/// How a window was made (`MPI_WIN_CREATE_FLAVOR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    /// `MPI_Win_create`: the application's memory.
+    Create,
+    /// `MPI_Win_allocate`: memory the window allocated.
+    Allocate,
+}
+
+/// One MPI window: this rank's part and what it knows of the others'.
+pub struct Win {
+    /// Its own communicator (a duplicate of the one it was made on).
+    comm: usize,
+    data: Window,
+    control: Window,
+    /// Each rank's displacement unit.
+    units: Vec<u64>,
+    /// Whether every rank's part starts 8-byte aligned (8-byte integers may then be
+    /// updated with quiver's atomics).
+    aligned: bool,
+    base: *mut u8,
+    size: usize,
+    unit: u64,
+    flavor: Flavor,
+    /// The memory `MPI_Win_allocate` allocated for it.
+    _memory: Option<SharedMemory>,
+    /// The locks this process holds, by rank of the window.
+    locks: HashMap<u32, Held>,
+    /// `MPI_Win_set_name`'s.
+    pub name: String,
+}
+
+impl Win {
+    /// This rank's part: its first byte, length and displacement unit.
+    pub fn local(&self) -> (*mut u8, usize, u64) {
+        (self.base, self.size, self.unit)
+    }
+
+    /// How it was made.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
+    }
+
+    /// The communicator of its ranks (its own).
+    pub fn comm(&self) -> usize {
+        self.comm
+    }
+}
+
+/// Bytes at `buf` of `count` elements of `layout`, packed (the application's bytes
+/// themselves when the type is contiguous).
+///
+/// # Safety
+///
+/// The elements at `buf` are readable.
+unsafe fn packed<'a>(buf: *const u8, count: usize, layout: &Layout) -> Result<Cow<'a, [u8]>> {
+    let len = layout.bytes(count)?;
+    if len == 0 {
+        return Ok(Cow::Borrowed(&[]));
+    }
+    if layout.is_contiguous() {
+        // SAFETY: the caller's promise: `count` contiguous elements at `buf`.
+        return Ok(Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(buf, len)
+        }));
+    }
+    let mut out = Vec::new();
+    // SAFETY: the caller's promise.
+    unsafe { layout.pack(buf, count, &mut out) };
+    Ok(Cow::Owned(out))
+}
+
+/// The runs of the target's bytes of `count` elements of `layout` whose first element
+/// starts at byte `at` of the window: (offset in the window, range of the packed data),
+/// in packing order.
+fn target_runs(
+    at: u64,
+    count: usize,
+    layout: &Layout,
+) -> Result<Vec<(u64, std::ops::Range<usize>)>> {
+    let total = layout.bytes(count)?;
+    if layout.is_contiguous() {
+        return Ok(vec![(at, 0..total)]);
+    }
+    let bad = || MpiError::new(Class::Disp, "the target datatype reaches before the window");
+    let mut runs: Vec<(u64, std::ops::Range<usize>)> = Vec::new();
+    let mut packed = 0usize;
+    for i in 0..count as i128 {
+        for b in &layout.blocks {
+            let off = i128::from(at) + i * layout.extent as i128 + b.disp as i128;
+            let off = u64::try_from(off).map_err(|_| bad())?;
+            let range = packed..packed + b.len;
+            packed += b.len;
+            match runs.last_mut() {
+                // Continues the previous run in the window and in the data.
+                Some((o, r)) if *o + r.len() as u64 == off => r.end = range.end,
+                _ => runs.push((off, range)),
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// Whether `op` on elements of `layout` is quiver's 64-bit atomics, word by word.
+fn native(op: &Op, layout: &Layout) -> bool {
+    matches!(layout.elem, Some(Elem::Num(Num::I64 | Num::U64)))
+        && matches!(
+            op,
+            Op::Builtin(Builtin::Sum | Builtin::Replace | Builtin::NoOp)
+        )
+}
+
+fn word(bytes: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&bytes[..8]);
+    u64::from_ne_bytes(w)
+}
+
+/// One-sided communication.
+impl Mpi {
+    /// The process's one-sided endpoint, opened on first use (every rank opens it on the
+    /// same DPID; opening it waits for nobody).
+    fn rma(&self) -> Result<&Rma> {
+        if let Some(r) = self.rma.get() {
+            return Ok(r);
+        }
+        let r = Rma::open(&self.job, RMA_DPID)?;
+        Ok(self.rma.get_or_init(|| r))
+    }
+
+    /// Whether the one-sided endpoint needs the process's progress (windows exist:
+    /// other ranks' requests may arrive for them).
+    pub(crate) fn rma_active(&self) -> bool {
+        self.rma.get().is_some() && self.wins.iter().any(Option::is_some)
+    }
+
+    /// One round of the one-sided endpoint's protocol (requests for this rank's
+    /// windows, answers to its own).
+    pub(crate) fn drive_rma(&self) {
+        if let Some(r) = self.rma.get() {
+            let _ = r.progress();
+        }
+    }
+
+    /// `MPI_Alloc_mem`: `size` bytes of the node's shared pool (at least one), which a
+    /// window made on them later shares with the node's ranks.
+    pub fn alloc_mem(&mut self, size: usize) -> Result<*mut u8> {
+        let mem = self.rma()?.alloc_memory(size.max(1)).map_err(|e| {
+            MpiError::new(Class::NoMem, format!("{size} bytes of shared memory: {e}"))
+        })?;
+        let p = mem.as_ptr();
+        self.memories.insert(p as usize, mem);
+        Ok(p)
+    }
+
+    /// `MPI_Free_mem`: false when `base` is not memory [`Mpi::alloc_mem`] handed out.
+    /// A window made on it keeps it until the window is freed.
+    pub fn free_mem(&mut self, base: *mut u8) -> bool {
+        self.memories.remove(&(base as usize)).is_some()
+    }
+
+    /// The memory of [`Mpi::alloc_mem`] that holds `len` bytes at `p`, and where they
+    /// start in it.
+    fn memory_of(&self, p: *const u8, len: usize) -> Option<(&SharedMemory, usize)> {
+        let (_, mem) = self.memories.range(..=p as usize).next_back()?;
+        Some((mem, mem.offset_of(p, len)?))
+    }
+
+    /// `MPI_Win_create` on `size` bytes at `base` (displacements in units of `unit`
+    /// bytes), collective over `comm`. Returns the window's id.
+    ///
+    /// # Safety
+    ///
+    /// The bytes stay allocated until the window is freed ([`Mpi::win_free`]), and the
+    /// application reads and writes them only as MPI allows (other ranks write them).
+    pub unsafe fn win_create(
+        &mut self,
+        base: *mut u8,
+        size: usize,
+        unit: u64,
+        comm: usize,
+    ) -> Result<usize> {
+        self.make_win(comm, base, size, unit, Flavor::Create, None)
+    }
+
+    /// `MPI_Win_allocate`: a window on `size` new bytes of the node's shared pool.
+    /// Returns the window's id and its first byte.
+    pub fn win_allocate(
+        &mut self,
+        size: usize,
+        unit: u64,
+        comm: usize,
+    ) -> Result<(usize, *mut u8)> {
+        let mem = self.rma()?.alloc_memory(size)?;
+        let base = mem.as_ptr();
+        let w = self.make_win(comm, base, size, unit, Flavor::Allocate, Some(mem))?;
+        Ok((w, base))
+    }
+
+    fn make_win(
+        &mut self,
+        comm: usize,
+        mut base: *mut u8,
+        size: usize,
+        unit: u64,
+        flavor: Flavor,
+        owned: Option<SharedMemory>,
+    ) -> Result<usize> {
+        check(unit > 0, Class::Disp, || {
+            "the displacement unit must be positive".into()
+        })?;
+        self.rma()?;
+        let wcomm = self.comm_dup(comm)?;
+        // A window number that none of the members used yet.
+        let mine = self.rma()?.next_window_number();
+        let agreed = self.allreduce_max(wcomm, mine)?;
+        let rma = self.rma()?;
+        rma.skip_window_numbers(agreed)?;
+        let control = rma.allocate(CONTROL_LEN)?;
+        if size == 0 {
+            // No bytes, but never a null pointer for quiver.
+            base = std::ptr::NonNull::<u64>::dangling().as_ptr().cast();
+        }
+        let data = match (&owned, self.memory_of(base, size)) {
+            (Some(mem), _) => rma.expose(mem, 0, size)?,
+            (None, Some((mem, offset))) if size > 0 => rma.expose(mem, offset, size)?,
+            // SAFETY: `win_create`'s caller keeps the bytes until the window is freed.
+            _ => unsafe { rma.register_borrowed(base, size)? },
+        };
+        let mine: [u64; 2] = [unit, u64::from((base as usize).is_multiple_of(8))];
+        let n = self.comm(wcomm)?.size() as usize;
+        let mut all = vec![[0u64; 2]; n];
+        self.allgather_bytes(
+            wcomm,
+            crate::coll::bytes_of(&[mine]),
+            crate::coll::bytes_of_mut(&mut all),
+        )?;
+        let win = Win {
+            comm: wcomm,
+            data,
+            control,
+            units: all.iter().map(|a| a[0]).collect(),
+            aligned: all.iter().all(|a| a[1] == 1),
+            base,
+            size,
+            unit,
+            flavor,
+            _memory: owned,
+            locks: HashMap::new(),
+            name: String::new(),
+        };
+        Ok(crate::store(&mut self.wins, win))
+    }
+
+    /// Window `w`.
+    pub fn win(&self, w: usize) -> Result<&Win> {
+        self.wins
+            .get(w)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| MpiError::new(Class::Win, format!("window {w} does not exist")))
+    }
+
+    /// Window `w`, mutably.
+    pub fn win_mut(&mut self, w: usize) -> Result<&mut Win> {
+        self.wins
+            .get_mut(w)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| MpiError::new(Class::Win, format!("window {w} does not exist")))
+    }
+
+    /// `MPI_Win_free`: collective; every rank's accesses end first.
+    pub fn win_free(&mut self, w: usize) -> Result<()> {
+        let win = self.win(w)?;
+        check(win.locks.is_empty(), Class::RmaSync, || {
+            "the window is freed while this process holds a lock on it".into()
+        })?;
+        let comm = win.comm;
+        let flushed = self.rma()?.flush_all();
+        self.barrier(comm)?;
+        // No rank accesses it any more: its parts go (the memory `MPI_Alloc_mem` gave
+        // stays the application's).
+        self.wins[w] = None;
+        self.comm_free(comm)?;
+        Ok(flushed?)
+    }
+
+    /// `MPI_Win_fence`: every access before it is complete everywhere after it.
+    pub fn win_fence(&mut self, w: usize) -> Result<()> {
+        let comm = self.win(w)?.comm;
+        self.rma()?.flush_all()?;
+        self.barrier(comm)
+    }
+
+    /// The window's rank `r` as a job rank, with the rank checked.
+    fn target(&self, win: &Win, r: u32) -> Result<u32> {
+        let comm = self.comm_any(win.comm)?;
+        check(r < comm.size(), Class::Rank, || {
+            format!("rank {r} is not in the window's group of {}", comm.size())
+        })?;
+        Ok(comm.job_rank(r))
+    }
+
+    /// Keeps the process's endpoints going while it waits for another rank.
+    fn spin(&self, tries: &mut u32) {
+        self.drive_all();
+        *tries += 1;
+        if *tries > SPINS {
+            std::thread::yield_now();
+        }
+    }
+
+    /// `MPI_Win_lock` on rank `r` (`nocheck`: `MPI_MODE_NOCHECK`, nothing is taken).
+    pub fn win_lock(&mut self, w: usize, kind: LockType, r: u32, nocheck: bool) -> Result<()> {
+        let win = self.win(w)?;
+        let j = self.target(win, r)?;
+        check(!win.locks.contains_key(&r), Class::RmaSync, || {
+            format!("this process holds a lock on rank {r} of the window already")
+        })?;
+        let held = if nocheck {
+            Held::Nothing
+        } else {
+            self.take_lock(win, j, kind)?;
+            match kind {
+                LockType::Shared => Held::Shared,
+                LockType::Exclusive => Held::Exclusive,
+            }
+        };
+        self.win_mut(w)?.locks.insert(r, held);
+        Ok(())
+    }
+
+    fn take_lock(&self, win: &Win, j: u32, kind: LockType) -> Result<()> {
+        let rma = self.rma()?;
+        let mut tries = 0;
+        loop {
+            match kind {
+                LockType::Shared => {
+                    let was = rma.fetch_add(j, &win.control, LOCK, 1)?;
+                    if was & EXCLUSIVE == 0 {
+                        return Ok(());
+                    }
+                    // An exclusive holder: step back and try again.
+                    rma.fetch_add(j, &win.control, LOCK, 1u64.wrapping_neg())?;
+                }
+                LockType::Exclusive => {
+                    if rma.compare_swap(j, &win.control, LOCK, 0, EXCLUSIVE)? == 0 {
+                        return Ok(());
+                    }
+                }
+            }
+            self.spin(&mut tries);
+        }
+    }
+
+    /// `MPI_Win_unlock` of rank `r`: its accesses are complete at the target, then the
+    /// lock goes.
+    pub fn win_unlock(&mut self, w: usize, r: u32) -> Result<()> {
+        let win = self.win(w)?;
+        let j = self.target(win, r)?;
+        let Some(&held) = win.locks.get(&r) else {
+            return Err(MpiError::new(
+                Class::RmaSync,
+                format!("this process holds no lock on rank {r} of the window"),
+            ));
+        };
+        let rma = self.rma()?;
+        let flushed = rma.flush(j);
+        let released = match held {
+            Held::Shared => rma
+                .fetch_add(j, &win.control, LOCK, 1u64.wrapping_neg())
+                .map(drop),
+            Held::Exclusive => rma
+                .fetch_add(j, &win.control, LOCK, EXCLUSIVE.wrapping_neg())
+                .map(drop),
+            Held::Nothing => Ok(()),
+        };
+        self.win_mut(w)?.locks.remove(&r);
+        flushed?;
+        Ok(released?)
+    }
+
+    /// `MPI_Win_lock_all`: a shared lock on every rank.
+    pub fn win_lock_all(&mut self, w: usize, nocheck: bool) -> Result<()> {
+        let n = self.comm_any(self.win(w)?.comm)?.size();
+        check(self.win(w)?.locks.is_empty(), Class::RmaSync, || {
+            "this process holds a lock on the window already".into()
+        })?;
+        for r in 0..n {
+            if let Err(e) = self.win_lock(w, LockType::Shared, r, nocheck) {
+                // The locks taken go again.
+                let _ = self.win_unlock_all(w);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// `MPI_Win_unlock_all`.
+    pub fn win_unlock_all(&mut self, w: usize) -> Result<()> {
+        let mut held: Vec<u32> = self.win(w)?.locks.keys().copied().collect();
+        check(!held.is_empty(), Class::RmaSync, || {
+            "this process holds no lock on the window".into()
+        })?;
+        held.sort_unstable();
+        // Every put leaves before the first answer is waited for.
+        let flushed = self.rma()?.flush_all();
+        let mut first = flushed.err().map(MpiError::from);
+        for r in held {
+            if let Err(e) = self.win_unlock(w, r) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// `MPI_Win_flush`: every access of this process to rank `r` is complete there.
+    pub fn win_flush(&self, w: usize, r: u32) -> Result<()> {
+        let j = self.target(self.win(w)?, r)?;
+        Ok(self.rma()?.flush(j)?)
+    }
+
+    /// `MPI_Win_flush_all`.
+    pub fn win_flush_all(&self, w: usize) -> Result<()> {
+        self.win(w)?;
+        Ok(self.rma()?.flush_all()?)
+    }
+
+    /// `MPI_Win_flush_local(_all)`: every access of this process has let go of its
+    /// buffers already (puts return once their source may be reused, gets once their
+    /// data are in): only progress.
+    pub fn win_flush_local(&self, w: usize) -> Result<()> {
+        self.win(w)?;
+        self.drive_rma();
+        Ok(())
+    }
+
+    /// `MPI_Put` of `ocount` elements of `otype` at `origin` to `tcount` elements of
+    /// `ttype` at displacement `disp` of rank `target`'s part.
+    ///
+    /// # Safety
+    ///
+    /// The origin's elements are readable.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn put(
+        &self,
+        w: usize,
+        origin: *const u8,
+        ocount: usize,
+        otype: &Layout,
+        target: Peer,
+        disp: i64,
+        tcount: usize,
+        ttype: &Layout,
+    ) -> Result<()> {
+        let Some((win, j, at)) = self.access(w, target, disp)? else {
+            return Ok(());
+        };
+        // SAFETY: the caller's promise.
+        let data = unsafe { packed(origin, ocount, otype)? };
+        same_size(data.len(), tcount, ttype)?;
+        let rma = self.rma()?;
+        for (off, range) in target_runs(at, tcount, ttype)? {
+            rma.put(j, &win.data, off, &data[range])?;
+        }
+        Ok(())
+    }
+
+    /// `MPI_Get`: the other way.
+    ///
+    /// # Safety
+    ///
+    /// The origin's elements are writable and not borrowed elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn get(
+        &self,
+        w: usize,
+        origin: *mut u8,
+        ocount: usize,
+        otype: &Layout,
+        target: Peer,
+        disp: i64,
+        tcount: usize,
+        ttype: &Layout,
+    ) -> Result<()> {
+        let Some((win, j, at)) = self.access(w, target, disp)? else {
+            return Ok(());
+        };
+        let len = otype.bytes(ocount)?;
+        same_size(len, tcount, ttype)?;
+        let data = self.read_runs(win, j, at, tcount, ttype, len)?;
+        // SAFETY: the caller's promise: `ocount` writable elements at `origin`.
+        unsafe { otype.unpack(&data, origin) };
+        Ok(())
+    }
+
+    /// The packed bytes of `tcount` elements of `ttype` at byte `at` of job rank `j`'s
+    /// part.
+    fn read_runs(
+        &self,
+        win: &Win,
+        j: u32,
+        at: u64,
+        tcount: usize,
+        ttype: &Layout,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let rma = self.rma()?;
+        let mut data = vec![0u8; len];
+        for (off, range) in target_runs(at, tcount, ttype)? {
+            rma.get(j, &win.data, off, &mut data[range])?;
+        }
+        Ok(data)
+    }
+
+    /// The window, the target's job rank and the byte its displacement names; `None`
+    /// for `MPI_PROC_NULL`.
+    fn access(&self, w: usize, target: Peer, disp: i64) -> Result<Option<(&Win, u32, u64)>> {
+        let win = self.win(w)?;
+        let r = match target {
+            Peer::Rank(r) => r,
+            Peer::Null => return Ok(None),
+            Peer::Any => return Err(MpiError::new(Class::Rank, "MPI_ANY_SOURCE as a target")),
+        };
+        let j = self.target(win, r)?;
+        let at = u64::try_from(disp)
+            .ok()
+            .and_then(|d| d.checked_mul(win.units[r as usize]))
+            .ok_or_else(|| MpiError::new(Class::Disp, format!("displacement {disp}")))?;
+        Ok(Some((win, j, at)))
+    }
+
+    /// `MPI_Accumulate`, `MPI_Get_accumulate` and `MPI_Fetch_and_op`: `tcount` elements
+    /// of `ttype` at the target become `origin op target` (the origin's data, packed;
+    /// none for `MPI_NO_OP`), element by element atomically with respect to other
+    /// accumulates; `result` receives what was there before.
+    ///
+    /// # Safety
+    ///
+    /// `result`'s elements, when given, are writable and not borrowed elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn accumulate(
+        &self,
+        w: usize,
+        origin: &[u8],
+        result: Option<(*mut u8, usize, &Layout)>,
+        target: Peer,
+        disp: i64,
+        tcount: usize,
+        ttype: &Layout,
+        op: &Op,
+    ) -> Result<()> {
+        check(matches!(op, Op::Builtin(_)), Class::Op, || {
+            "one-sided accumulates take MPI's operations only".into()
+        })?;
+        op.check(ttype.elem)?;
+        let Some((win, j, at)) = self.access(w, target, disp)? else {
+            return Ok(());
+        };
+        let len = ttype.bytes(tcount)?;
+        let no_op = matches!(op, Op::Builtin(Builtin::NoOp));
+        if !no_op {
+            same_size(origin.len(), tcount, ttype)?;
+        }
+        if let Some((_, n, layout)) = result {
+            same_size(layout.bytes(n)?, tcount, ttype)?;
+        }
+        let runs = target_runs(at, tcount, ttype)?;
+        let rma = self.rma()?;
+        let old = if native(op, ttype) && win.aligned && runs.iter().all(|(o, _)| o % 8 == 0) {
+            let mut old = vec![0u8; len];
+            for (off, range) in runs {
+                for k in (range.start..range.end).step_by(8) {
+                    let at = off + (k - range.start) as u64;
+                    let v = if no_op { 0 } else { word(&origin[k..]) };
+                    let was = match op {
+                        Op::Builtin(Builtin::Replace) => rma.swap(j, &win.data, at, v)?,
+                        _ => rma.fetch_add(j, &win.data, at, v)?,
+                    };
+                    old[k..k + 8].copy_from_slice(&was.to_ne_bytes());
+                }
+            }
+            old
+        } else {
+            self.under_mutex(win, j, || {
+                let old = self.read_runs(win, j, at, tcount, ttype, len)?;
+                if !no_op {
+                    let mut new = old.clone();
+                    // SAFETY: `origin` and `new` hold `len` bytes of packed elements.
+                    unsafe { op.combine(ttype, len, origin.as_ptr(), new.as_mut_ptr(), 0)? };
+                    for (off, range) in target_runs(at, tcount, ttype)? {
+                        rma.put(j, &win.data, off, &new[range])?;
+                    }
+                    rma.flush(j)?;
+                }
+                Ok(old)
+            })?
+        };
+        if let Some((buf, _, layout)) = result {
+            // SAFETY: the caller's promise.
+            unsafe { layout.unpack(&old, buf) };
+        }
+        Ok(())
+    }
+
+    /// `MPI_Compare_and_swap` of one element of `ty`: the target's becomes `origin` if
+    /// it is `compare`; `result` receives what it was.
+    ///
+    /// # Safety
+    ///
+    /// `origin`, `compare` and `result` hold one element of `ty` each, `result`
+    /// writable.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn compare_and_swap(
+        &self,
+        w: usize,
+        origin: *const u8,
+        compare: *const u8,
+        result: *mut u8,
+        ty: &Layout,
+        target: Peer,
+        disp: i64,
+    ) -> Result<()> {
+        check(
+            ty.is_contiguous() && ty.blocks.len() == 1,
+            Class::Type,
+            || "compare-and-swap takes one element of a predefined type".into(),
+        )?;
+        let Some((win, j, at)) = self.access(w, target, disp)? else {
+            return Ok(());
+        };
+        let n = ty.size;
+        // SAFETY: the caller's promise: one element each.
+        let (new, cmp) = unsafe {
+            (
+                std::slice::from_raw_parts(origin, n),
+                std::slice::from_raw_parts(compare, n),
+            )
+        };
+        let rma = self.rma()?;
+        let old = if n == 8 && native(&Op::Builtin(Builtin::Sum), ty) && win.aligned && at % 8 == 0
+        {
+            rma.compare_swap(j, &win.data, at, word(cmp), word(new))?
+                .to_ne_bytes()
+                .to_vec()
+        } else {
+            self.under_mutex(win, j, || {
+                let mut old = vec![0u8; n];
+                rma.get(j, &win.data, at, &mut old)?;
+                if old == cmp {
+                    rma.put(j, &win.data, at, new)?;
+                    rma.flush(j)?;
+                }
+                Ok(old)
+            })?
+        };
+        // SAFETY: the caller's promise: one writable element.
+        unsafe { std::ptr::copy_nonoverlapping(old.as_ptr(), result, n) };
+        Ok(())
+    }
+
+    /// Runs `f` holding the accumulate mutex of job rank `j`'s part of `win`.
+    fn under_mutex<T>(&self, win: &Win, j: u32, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let rma = self.rma()?;
+        let me = u64::from(self.job.rank()) + 1;
+        let mut tries = 0;
+        while rma.compare_swap(j, &win.control, MUTEX, 0, me)? != 0 {
+            self.spin(&mut tries);
+        }
+        let out = f();
+        let released = rma.swap(j, &win.control, MUTEX, 0);
+        let out = out?;
+        released?;
+        Ok(out)
+    }
+}
+
+/// Fails unless `len` packed bytes are `count` elements of `layout`.
+fn same_size(len: usize, count: usize, layout: &Layout) -> Result<()> {
+    let want = layout.bytes(count)?;
+    check(len == want, Class::Arg, || {
+        format!("the origin has {len} bytes of data and the target {want}")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints() -> Layout {
+        Layout::builtin(Elem::Num(Num::I32))
+    }
+
+    #[test]
+    fn a_contiguous_target_is_one_run_and_a_vector_one_per_block() {
+        assert_eq!(target_runs(40, 3, &ints()).unwrap(), vec![(40, 0..12)]);
+        // 3 blocks of 2 ints, one every 4 ints: 8 bytes every 16.
+        let v = Layout::hvector(3, 2, 16, &ints()).unwrap();
+        assert_eq!(
+            target_runs(8, 1, &v).unwrap(),
+            vec![(8, 0..8), (24, 8..16), (40, 16..24)]
+        );
+        // A type whose elements follow each other (an int 4 bytes after its address):
+        // one run.
+        let shifted = Layout::hindexed([(4isize, 1usize)], &ints()).unwrap();
+        assert!(!shifted.is_contiguous());
+        assert_eq!(target_runs(0, 3, &shifted).unwrap(), vec![(4, 0..12)]);
+    }
+
+    #[test]
+    fn a_type_reaching_before_the_window_is_an_error() {
+        let neg = Layout::hindexed([(-8isize, 1usize)], &ints()).unwrap();
+        assert_eq!(target_runs(4, 1, &neg).unwrap_err().class, Class::Disp);
+        assert_eq!(target_runs(8, 1, &neg).unwrap(), vec![(0, 0..4)]);
+    }
+
+    #[test]
+    fn only_sums_replacements_and_reads_of_8_byte_integers_are_native() {
+        let longs = Layout::builtin(Elem::Num(Num::I64));
+        let doubles = Layout::builtin(Elem::Num(Num::F64));
+        assert!(native(&Op::Builtin(Builtin::Sum), &longs));
+        assert!(native(&Op::Builtin(Builtin::NoOp), &longs));
+        assert!(native(&Op::Builtin(Builtin::Replace), &longs));
+        assert!(!native(&Op::Builtin(Builtin::Max), &longs));
+        assert!(!native(&Op::Builtin(Builtin::Sum), &doubles));
+        assert!(!native(&Op::Builtin(Builtin::Sum), &ints()));
+    }
+}

@@ -138,9 +138,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "M", requires = "cluster",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub ppn: Option<u32>,
-    /// Run an MPI program built against MPICH or Intel MPI (`libmpi.so.12`) on quiver's
-    /// MPI: the ranks load quiver's `libmpi.so.12` (from `QUIVER_MPI_LIB`, a directory,
-    /// or the one built beside this `quiver`: `cargo build --release -p quiver-mpich`).
+    /// Run an MPI program built against MPICH or Intel MPI (`libmpi.so.12`), or against
+    /// the MPI-5 standard ABI (`libmpi_abi.so.1`), on quiver's MPI: the ranks load
+    /// quiver's libraries (from `QUIVER_MPI_LIB`, a directory, or the ones built beside
+    /// this `quiver`: `cargo build --release -p quiver-mpich -p quiver-mpi-abi`).
     #[arg(long)]
     pub mpi: bool,
     /// The program to start and its arguments.
@@ -246,8 +247,9 @@ pub fn main(args: RunArgs) -> i32 {
 }
 
 /// A directory with quiver's `libmpi.so.12` (and `libmpi.so`, which mpi4py looks for
-/// first): `QUIVER_MPI_LIB`, or `mpi/` beside this executable, made there (links to the
-/// `libmpi.so` cargo built beside it) when missing, or the installed `../lib`.
+/// first, and `libmpi_abi.so.1`, the MPI-5 standard ABI's): `QUIVER_MPI_LIB`, or `mpi/`
+/// beside this executable, made there (links to the libraries cargo built beside it)
+/// when missing, or the installed `../lib`.
 fn mpi_library_dir() -> Result<std::path::PathBuf, String> {
     use std::path::PathBuf;
     if let Some(dir) = std::env::var_os("QUIVER_MPI_LIB") {
@@ -267,11 +269,21 @@ fn mpi_library_dir() -> Result<std::path::PathBuf, String> {
     if built.exists() {
         let dir = bin.join("mpi");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for name in ["libmpi.so.12", "libmpi.so"] {
+        // The MPI-5 standard ABI's library, when it was built: it loads libmpi.so.12
+        // from its own directory.
+        let abi = bin
+            .join("libmpi_abi.so")
+            .exists()
+            .then_some(("libmpi_abi.so.1", "../libmpi_abi.so"));
+        let links = [
+            ("libmpi.so.12", "../libmpi.so"),
+            ("libmpi.so", "../libmpi.so"),
+        ];
+        for (name, to) in links.into_iter().chain(abi) {
             let link = dir.join(name);
             if !link.exists() {
                 // Two jobs starting at once may both make it: the second finds it made.
-                if let Err(e) = std::os::unix::fs::symlink("../libmpi.so", &link) {
+                if let Err(e) = std::os::unix::fs::symlink(to, &link) {
                     if e.kind() != std::io::ErrorKind::AlreadyExists {
                         return Err(format!("{}: {e}", link.display()));
                     }

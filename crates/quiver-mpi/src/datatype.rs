@@ -220,6 +220,13 @@ impl Layout {
     /// Every block of the `count` elements at `buf` is readable.
     pub unsafe fn pack(&self, buf: *const u8, count: usize, out: &mut Vec<u8>) {
         out.reserve(self.size * count);
+        if self.is_contiguous() && self.size > 0 {
+            // One copy rather than one per element.
+            // SAFETY: the caller promises the elements readable: contiguous, they are
+            // `size * count` bytes from `buf`.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(buf, self.size * count) });
+            return;
+        }
         for i in 0..count {
             let elem = buf.wrapping_offset(self.extent * i as isize);
             for b in &self.blocks {
@@ -239,6 +246,13 @@ impl Layout {
     /// Every block of the elements `data` covers, at `buf`, is writable and not
     /// borrowed elsewhere.
     pub unsafe fn unpack(&self, data: &[u8], buf: *mut u8) {
+        if self.is_contiguous() {
+            // One copy rather than one per element.
+            // SAFETY: the caller promises the elements `data` covers writable:
+            // contiguous, they are `data.len()` bytes from `buf`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, data.len()) };
+            return;
+        }
         let mut from = 0;
         let mut i = 0isize;
         while from < data.len() {

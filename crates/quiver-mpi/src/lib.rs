@@ -170,6 +170,8 @@ pub struct Mpi {
     wins: Vec<Option<Win>>,
     /// `MPI_Alloc_mem`'s memory not freed yet, by address.
     memories: BTreeMap<usize, SharedMemory>,
+    /// A buffer accumulates reuse (the target's bytes).
+    scratch: Cell<Vec<u8>>,
 }
 
 impl Mpi {
@@ -193,6 +195,7 @@ impl Mpi {
             rma: OnceCell::new(),
             wins: Vec::new(),
             memories: BTreeMap::new(),
+            scratch: Cell::new(Vec::new()),
         };
         let world = mpi.new_comm((0..size).collect(), 0)?;
         mpi.open(&world)?;

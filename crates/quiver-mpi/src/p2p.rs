@@ -39,6 +39,8 @@ impl Status {
 /// How long a blocking call waits on one endpoint before it gives the process's other
 /// endpoints a round of work (see [`Mpi::wait_raw`]).
 pub(crate) const DRIVE_EVERY: std::time::Duration = std::time::Duration::from_micros(200);
+/// Turns of a busy wait between two yields of the core.
+const YIELD_EVERY: u32 = 64;
 
 /// Which of a communicator's endpoints.
 pub(crate) const P2P: usize = 0;
@@ -262,6 +264,7 @@ impl Mpi {
     pub(crate) fn wait_raw(&self, comm: usize, ep: usize, raw: RawRequest) -> Result<Status> {
         let (c, eps) = self.eps(comm)?;
         let t = if ep == P2P { &eps.p2p } else { &eps.coll };
+        let mut turns = 0u32;
         let out = loop {
             if self.others_idle(comm, ep) {
                 break t.wait_raw(raw);
@@ -269,7 +272,16 @@ impl Mpi {
             if self.others_busy(comm, ep) {
                 match t.test_raw(&raw) {
                     Ok(true) => break t.wait_raw(raw),
-                    Ok(false) => self.drive_others(comm, ep),
+                    Ok(false) => {
+                        self.drive_others(comm, ep);
+                        // A process that waits this way may wait long (while its windows
+                        // exist, every wait does): it lets a rank that shares its core
+                        // run.
+                        turns = turns.wrapping_add(1);
+                        if turns.is_multiple_of(YIELD_EVERY) {
+                            std::thread::yield_now();
+                        }
+                    }
                     // As quiver's own waits: a wait that fails ends its operation, so
                     // that nothing uses the buffer once the caller has it back.
                     Err(e) => {

@@ -24,12 +24,13 @@
 //!   `MPI_Win_flush` is quiver's flush; gets complete before they return, puts once their
 //!   source may be reused, so the `_local` flushes have nothing left to wait for.
 //! - **Accumulates.** Concurrent accumulates to one location are atomic per element, as
-//!   MPI asks (with its default `accumulate_ops` of `same_op_no_op`: the operations that
-//!   meet at one location are one operation or `MPI_NO_OP`). On 8-byte integers, `SUM`,
-//!   `REPLACE` and `NO_OP` (and compare-and-swap) are quiver's 64-bit atomics, one per
-//!   element. Everything else takes the target's accumulate mutex, reads, combines,
-//!   writes, flushes and lets go. The choice depends on the datatype, the operation and
-//!   the alignment only, so two operations on one location always take the same way.
+//!   MPI asks. Every accumulate and compare-and-swap on an aligned 8-byte integer is
+//!   quiver's 64-bit atomics (`SUM` a fetch-and-add, `REPLACE` a swap, `NO_OP` a
+//!   fetch-and-add of 0, the others a compare-and-swap loop). Everything else (other
+//!   types, words off 8 bytes) takes the target's accumulate mutex, reads, combines,
+//!   writes, flushes and lets go. The way depends on the element's type and address
+//!   only, so all operations on one location meet in the same atomics or the same
+//!   mutex.
 //!
 //! What is not here: post/start/complete/wait epochs, request-based operations
 //! (`MPI_Rput`...), dynamic and shared-memory windows (their calls say they are not
@@ -99,7 +100,7 @@ pub struct Win {
     unit: u64,
     flavor: Flavor,
     /// The memory `MPI_Win_allocate` allocated for it.
-    _memory: Option<SharedMemory>,
+    _memory: Option<Owned>,
     /// The locks this process holds, by rank of the window.
     locks: HashMap<u32, Held>,
     /// `MPI_Win_set_name`'s.
@@ -123,13 +124,20 @@ impl Win {
     }
 }
 
+/// The memory `MPI_Win_allocate` allocated: of the node's shared pool, or (where that is
+/// full) the process's own, lent to quiver.
+enum Owned {
+    Shared(SharedMemory),
+    Private(#[allow(dead_code)] Vec<u64>),
+}
+
 /// Bytes at `buf` of `count` elements of `layout`, packed (the application's bytes
 /// themselves when the type is contiguous).
 ///
 /// # Safety
 ///
-/// The elements at `buf` are readable.
-unsafe fn packed<'a>(buf: *const u8, count: usize, layout: &Layout) -> Result<Cow<'a, [u8]>> {
+/// The elements at `buf` are readable, and stay unchanged while the result lives.
+pub unsafe fn packed<'a>(buf: *const u8, count: usize, layout: &Layout) -> Result<Cow<'a, [u8]>> {
     let len = layout.bytes(count)?;
     if len == 0 {
         return Ok(Cow::Borrowed(&[]));
@@ -177,13 +185,13 @@ fn target_runs(
     Ok(runs)
 }
 
-/// Whether `op` on elements of `layout` is quiver's 64-bit atomics, word by word.
-fn native(op: &Op, layout: &Layout) -> bool {
-    matches!(layout.elem, Some(Elem::Num(Num::I64 | Num::U64)))
-        && matches!(
-            op,
-            Op::Builtin(Builtin::Sum | Builtin::Replace | Builtin::NoOp)
-        )
+/// Whether elements of `layout` are 8-byte integers: every accumulate on one of them at
+/// an aligned address is quiver's 64-bit atomics (a compare-and-swap loop for the
+/// operations with no atomic of their own), so that all meet in the same CPU atomics.
+fn eight_byte_ints(layout: &Layout) -> Option<Elem> {
+    layout
+        .elem
+        .filter(|e| matches!(e, Elem::Num(Num::I64 | Num::U64)))
 }
 
 fn word(bytes: &[u8]) -> u64 {
@@ -267,20 +275,27 @@ impl Mpi {
         unit: u64,
         comm: usize,
     ) -> Result<(usize, *mut u8)> {
-        let mem = self.rma()?.alloc_memory(size)?;
-        let base = mem.as_ptr();
-        let w = self.make_win(comm, base, size, unit, Flavor::Allocate, Some(mem))?;
+        // Where the pool is full, private memory lent to quiver: every rank goes on to
+        // the collective part either way.
+        let (base, owned) = match self.rma()?.alloc_memory(size) {
+            Ok(mem) => (mem.as_ptr(), Owned::Shared(mem)),
+            Err(_) => {
+                let mut words = vec![0u64; size.div_ceil(8)];
+                (words.as_mut_ptr().cast(), Owned::Private(words))
+            }
+        };
+        let w = self.make_win(comm, base, size, unit, Flavor::Allocate, Some(owned))?;
         Ok((w, base))
     }
 
     fn make_win(
         &mut self,
         comm: usize,
-        mut base: *mut u8,
+        base: *mut u8,
         size: usize,
         unit: u64,
         flavor: Flavor,
-        owned: Option<SharedMemory>,
+        owned: Option<Owned>,
     ) -> Result<usize> {
         check(unit > 0, Class::Disp, || {
             "the displacement unit must be positive".into()
@@ -293,15 +308,19 @@ impl Mpi {
         let rma = self.rma()?;
         rma.skip_window_numbers(agreed)?;
         let control = rma.allocate(CONTROL_LEN)?;
-        if size == 0 {
-            // No bytes, but never a null pointer for quiver.
-            base = std::ptr::NonNull::<u64>::dangling().as_ptr().cast();
-        }
+        // No bytes: never a null pointer for quiver (the application's stays the
+        // window's base).
+        let lent = if size == 0 {
+            std::ptr::NonNull::<u64>::dangling().as_ptr().cast()
+        } else {
+            base
+        };
         let data = match (&owned, self.memory_of(base, size)) {
-            (Some(mem), _) => rma.expose(mem, 0, size)?,
+            (Some(Owned::Shared(mem)), _) => rma.expose(mem, 0, size)?,
             (None, Some((mem, offset))) if size > 0 => rma.expose(mem, offset, size)?,
-            // SAFETY: `win_create`'s caller keeps the bytes until the window is freed.
-            _ => unsafe { rma.register_borrowed(base, size)? },
+            // SAFETY: `win_create`'s caller keeps the bytes until the window is freed;
+            // `win_allocate`'s are the window's own (`Win::_memory`), dropped after it.
+            _ => unsafe { rma.register_borrowed(lent, size)? },
         };
         let mine: [u64; 2] = [unit, u64::from((base as usize).is_multiple_of(8))];
         let n = self.comm(wcomm)?.size() as usize;
@@ -563,14 +582,22 @@ impl Mpi {
         };
         let len = otype.bytes(ocount)?;
         same_size(len, tcount, ttype)?;
-        let data = self.read_runs(win, j, at, tcount, ttype, len)?;
+        if otype.is_contiguous() && len > 0 {
+            // Straight into the application's buffer.
+            // SAFETY: the caller's promise: `ocount` writable elements at `origin`,
+            // contiguous: `len` bytes.
+            let dst = unsafe { std::slice::from_raw_parts_mut(origin, len) };
+            return self.read_runs(win, j, at, tcount, ttype, dst);
+        }
+        let mut data = vec![0u8; len];
+        self.read_runs(win, j, at, tcount, ttype, &mut data)?;
         // SAFETY: the caller's promise: `ocount` writable elements at `origin`.
         unsafe { otype.unpack(&data, origin) };
         Ok(())
     }
 
-    /// The packed bytes of `tcount` elements of `ttype` at byte `at` of job rank `j`'s
-    /// part.
+    /// Reads `tcount` elements of `ttype` at byte `at` of job rank `j`'s part into
+    /// `dst`, packed.
     fn read_runs(
         &self,
         win: &Win,
@@ -578,14 +605,13 @@ impl Mpi {
         at: u64,
         tcount: usize,
         ttype: &Layout,
-        len: usize,
-    ) -> Result<Vec<u8>> {
+        dst: &mut [u8],
+    ) -> Result<()> {
         let rma = self.rma()?;
-        let mut data = vec![0u8; len];
         for (off, range) in target_runs(at, tcount, ttype)? {
-            rma.get(j, &win.data, off, &mut data[range])?;
+            rma.get(j, &win.data, off, &mut dst[range])?;
         }
-        Ok(data)
+        Ok(())
     }
 
     /// The window, the target's job rank and the byte its displacement names; `None`
@@ -640,42 +666,56 @@ impl Mpi {
         if let Some((_, n, layout)) = result {
             same_size(layout.bytes(n)?, tcount, ttype)?;
         }
+        if len == 0 {
+            return Ok(());
+        }
         let runs = target_runs(at, tcount, ttype)?;
         let rma = self.rma()?;
-        let old = if native(op, ttype) && win.aligned && runs.iter().all(|(o, _)| o % 8 == 0) {
-            let mut old = vec![0u8; len];
-            for (off, range) in runs {
-                for k in (range.start..range.end).step_by(8) {
-                    let at = off + (k - range.start) as u64;
-                    let v = if no_op { 0 } else { word(&origin[k..]) };
-                    let was = match op {
-                        Op::Builtin(Builtin::Replace) => rma.swap(j, &win.data, at, v)?,
-                        _ => rma.fetch_add(j, &win.data, at, v)?,
-                    };
-                    old[k..k + 8].copy_from_slice(&was.to_ne_bytes());
+        // The target's bytes as they were, in a buffer kept from call to call (a fresh
+        // one of a large accumulate costs its page faults every time).
+        let mut old = self.scratch.take();
+        old.clear();
+        old.resize(len, 0);
+        let words = eight_byte_ints(ttype);
+        let done = if let Some(elem) = words {
+            (|| {
+                for (off, range) in runs {
+                    for k in (range.start..range.end).step_by(8) {
+                        let at = off + (k - range.start) as u64;
+                        let v = if no_op { 0 } else { word(&origin[k..]) };
+                        let was = self.word_op(win, j, at, op, elem, v)?;
+                        old[k..k + 8].copy_from_slice(&was.to_ne_bytes());
+                    }
                 }
-            }
-            old
+                Ok(())
+            })()
         } else {
             self.under_mutex(win, j, || {
-                let old = self.read_runs(win, j, at, tcount, ttype, len)?;
-                if !no_op {
-                    let mut new = old.clone();
-                    // SAFETY: `origin` and `new` hold `len` bytes of packed elements.
-                    unsafe { op.combine(ttype, len, origin.as_ptr(), new.as_mut_ptr(), 0)? };
-                    for (off, range) in target_runs(at, tcount, ttype)? {
-                        rma.put(j, &win.data, off, &new[range])?;
-                    }
-                    rma.flush(j)?;
+                self.read_runs(win, j, at, tcount, ttype, &mut old)?;
+                if no_op {
+                    return Ok(());
                 }
-                Ok(old)
-            })?
+                if let Some((buf, _, layout)) = result {
+                    // Before `old` becomes the new value.
+                    // SAFETY: the caller's promise.
+                    unsafe { layout.unpack(&old, buf) };
+                }
+                // SAFETY: `origin` and `old` hold `len` bytes of packed elements.
+                unsafe { op.combine(ttype, len, origin.as_ptr(), old.as_mut_ptr(), 0)? };
+                for (off, range) in target_runs(at, tcount, ttype)? {
+                    rma.put(j, &win.data, off, &old[range])?;
+                }
+                Ok(rma.flush(j)?)
+            })
         };
-        if let Some((buf, _, layout)) = result {
+        // The mutex's way wrote the result before it combined (unless MPI_NO_OP).
+        let written = words.is_none() && !no_op;
+        if let (Ok(()), Some((buf, _, layout)), false) = (&done, result, written) {
             // SAFETY: the caller's promise.
             unsafe { layout.unpack(&old, buf) };
         }
-        Ok(())
+        self.scratch.set(old);
+        done
     }
 
     /// `MPI_Compare_and_swap` of one element of `ty`: the target's becomes `origin` if
@@ -713,8 +753,7 @@ impl Mpi {
             )
         };
         let rma = self.rma()?;
-        let old = if n == 8 && native(&Op::Builtin(Builtin::Sum), ty) && win.aligned && at % 8 == 0
-        {
+        let old = if eight_byte_ints(ty).is_some() && win.aligned && at.is_multiple_of(8) {
             rma.compare_swap(j, &win.data, at, word(cmp), word(new))?
                 .to_ne_bytes()
                 .to_vec()
@@ -732,6 +771,48 @@ impl Mpi {
         // SAFETY: the caller's promise: one writable element.
         unsafe { std::ptr::copy_nonoverlapping(old.as_ptr(), result, n) };
         Ok(())
+    }
+
+    /// `op` with the 8-byte integer `v` (`elem`) on the word at byte `at` of job rank
+    /// `j`'s part: quiver's atomics where the word is aligned, else under the mutex, as
+    /// every other operation on that word. Returns the word before.
+    fn word_op(&self, win: &Win, j: u32, at: u64, op: &Op, elem: Elem, v: u64) -> Result<u64> {
+        let rma = self.rma()?;
+        // `v op current`, as the accumulate asks.
+        let combine = |current: u64| -> Result<u64> {
+            let mut out = current.to_ne_bytes();
+            let inp = v.to_ne_bytes();
+            // SAFETY: one element of `elem` (8 bytes) in each.
+            unsafe { op.apply(elem, 1, inp.as_ptr(), out.as_mut_ptr(), 0)? };
+            Ok(u64::from_ne_bytes(out))
+        };
+        if !(win.aligned && at.is_multiple_of(8)) {
+            return self.under_mutex(win, j, || {
+                let mut cur = [0u8; 8];
+                rma.get(j, &win.data, at, &mut cur)?;
+                let was = u64::from_ne_bytes(cur);
+                if !matches!(op, Op::Builtin(Builtin::NoOp)) {
+                    rma.put(j, &win.data, at, &combine(was)?.to_ne_bytes())?;
+                    rma.flush(j)?;
+                }
+                Ok(was)
+            });
+        }
+        Ok(match op {
+            Op::Builtin(Builtin::Sum) => rma.fetch_add(j, &win.data, at, v)?,
+            Op::Builtin(Builtin::Replace) => rma.swap(j, &win.data, at, v)?,
+            Op::Builtin(Builtin::NoOp) => rma.fetch_add(j, &win.data, at, 0)?,
+            _ => {
+                let mut cur = rma.fetch_add(j, &win.data, at, 0)?;
+                loop {
+                    let was = rma.compare_swap(j, &win.data, at, cur, combine(cur)?)?;
+                    if was == cur {
+                        break cur;
+                    }
+                    cur = was;
+                }
+            }
+        })
     }
 
     /// Runs `f` holding the accumulate mutex of job rank `j`'s part of `win`.
@@ -790,14 +871,13 @@ mod tests {
     }
 
     #[test]
-    fn only_sums_replacements_and_reads_of_8_byte_integers_are_native() {
+    fn only_8_byte_integers_take_quivers_atomics() {
         let longs = Layout::builtin(Elem::Num(Num::I64));
-        let doubles = Layout::builtin(Elem::Num(Num::F64));
-        assert!(native(&Op::Builtin(Builtin::Sum), &longs));
-        assert!(native(&Op::Builtin(Builtin::NoOp), &longs));
-        assert!(native(&Op::Builtin(Builtin::Replace), &longs));
-        assert!(!native(&Op::Builtin(Builtin::Max), &longs));
-        assert!(!native(&Op::Builtin(Builtin::Sum), &doubles));
-        assert!(!native(&Op::Builtin(Builtin::Sum), &ints()));
+        let strided = Layout::hvector(2, 1, 16, &longs).unwrap();
+        assert!(eight_byte_ints(&longs).is_some());
+        assert!(eight_byte_ints(&strided).is_some());
+        assert!(eight_byte_ints(&Layout::builtin(Elem::Num(Num::U64))).is_some());
+        assert!(eight_byte_ints(&Layout::builtin(Elem::Num(Num::F64))).is_none());
+        assert!(eight_byte_ints(&ints()).is_none());
     }
 }

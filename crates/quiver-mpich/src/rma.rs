@@ -10,7 +10,7 @@ use crate::abi::*;
 use crate::comm::put_group;
 use crate::handles::{self, dest, WIN};
 use crate::{call, call_on, count, Lib, On};
-use quiver_mpi::{Class, Flavor, Layout, LockType, MpiError, Op};
+use quiver_mpi::{Class, Flavor, Layout, LockType, MpiError, Op, Peer};
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Mutex;
@@ -118,6 +118,8 @@ fn win_id(h: c_int) -> Result<usize, MpiError> {
 /// Records window `w` made as `flavor`, and writes its handle to `out`.
 fn put_win(lib: &mut Lib, w: usize, out: *mut c_int) -> Result<(), MpiError> {
     let h = handles::handle(WIN, w)?;
+    // A new window in a reused slot starts with the default handler.
+    lib.win_errhandlers.remove(&w);
     let win = lib.mpi.win(w)?;
     let (_, size, unit) = win.local();
     let attrs = Box::new(WinAttrs {
@@ -253,12 +255,16 @@ pub extern "C" fn MPI_Win_free(win: *mut c_int) -> c_int {
     // SAFETY: MPI's contract: `win` points at a window handle, writable.
     let h = unsafe { win.read() };
     on_win("MPI_Win_free", h, |lib, w, _| {
-        lib.mpi.win_free(w)?;
-        lib.win_attrs.remove(&w);
-        lib.win_errhandlers.remove(&w);
-        // SAFETY: as above.
-        unsafe { win.write(MPI_WIN_NULL) };
-        Ok(())
+        let freed = lib.mpi.win_free(w);
+        if lib.mpi.win(w).is_err() {
+            // Gone (a failed flush is reported, the window freed all the same): its
+            // handle's attributes and handler go with it.
+            lib.win_attrs.remove(&w);
+            lib.win_errhandlers.remove(&w);
+            // SAFETY: as above.
+            unsafe { win.write(MPI_WIN_NULL) };
+        }
+        freed
     })
 }
 
@@ -275,19 +281,27 @@ pub extern "C" fn MPI_Win_lock(kind: c_int, rank: c_int, assert: c_int, win: c_i
             MPI_LOCK_EXCLUSIVE => LockType::Exclusive,
             k => return Err(MpiError::new(Class::Arg, format!("lock type {k}"))),
         };
-        let r = rank_of(rank)?;
-        lib.mpi.win_lock(w, kind, r, assert & MPI_MODE_NOCHECK != 0)
+        match rank_of(rank)? {
+            Some(r) => lib.mpi.win_lock(w, kind, r, assert & MPI_MODE_NOCHECK != 0),
+            None => lib.mpi.win(w).map(drop),
+        }
     })
 }
 
-fn rank_of(rank: c_int) -> Result<u32, MpiError> {
-    u32::try_from(rank).map_err(|_| MpiError::new(Class::Rank, format!("rank {rank}")))
+/// A synchronization call's target rank; `None` for `MPI_PROC_NULL` (the call does
+/// nothing, as MPICH's).
+fn rank_of(rank: c_int) -> Result<Option<u32>, MpiError> {
+    Ok(match dest(rank)? {
+        Peer::Rank(r) => Some(r),
+        _ => None,
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn MPI_Win_unlock(rank: c_int, win: c_int) -> c_int {
-    on_win("MPI_Win_unlock", win, |lib, w, _| {
-        lib.mpi.win_unlock(w, rank_of(rank)?)
+    on_win("MPI_Win_unlock", win, |lib, w, _| match rank_of(rank)? {
+        Some(r) => lib.mpi.win_unlock(w, r),
+        None => lib.mpi.win(w).map(drop),
     })
 }
 
@@ -307,8 +321,9 @@ pub extern "C" fn MPI_Win_unlock_all(win: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn MPI_Win_flush(rank: c_int, win: c_int) -> c_int {
-    on_win("MPI_Win_flush", win, |lib, w, _| {
-        lib.mpi.win_flush(w, rank_of(rank)?)
+    on_win("MPI_Win_flush", win, |lib, w, _| match rank_of(rank)? {
+        Some(r) => lib.mpi.win_flush(w, r),
+        None => lib.mpi.win(w).map(drop),
     })
 }
 
@@ -488,13 +503,12 @@ fn accumulate(
         let (tn, tl) = origin(types, tn, tt)?;
         let no_op = matches!(o, Op::Builtin(quiver_mpi::op::Builtin::NoOp));
         let data = if no_op {
-            Vec::new()
+            std::borrow::Cow::Borrowed(&[][..])
         } else {
             let (on, ol) = origin(types, on, ot)?;
-            let mut data = Vec::new();
-            // SAFETY: MPI's contract: `on` elements of `ot` readable at `obuf`.
-            unsafe { ol.pack(obuf.cast(), on, &mut data) };
-            data
+            // SAFETY: MPI's contract: `on` elements of `ot` readable at `obuf`, unchanged
+            // during the call.
+            unsafe { quiver_mpi::rma::packed(obuf.cast(), on, ol)? }
         };
         let result = match result {
             Some((rbuf, rn, rt)) => {

@@ -1,7 +1,9 @@
 //! MPI programs built against MPICH run on quiver's `libmpi.so.12` unchanged: C programs
 //! of our own that check every byte they receive (`tests/c/verify.c`, and
 //! `tests/c/rma.c` for one-sided communication; compiled with the MPICH wheel's `mpicc`,
-//! run first on MPICH itself so that their checks are known to hold for a real MPI),
+//! run first on MPICH itself so that their checks are known to hold for a real MPI; and
+//! `tests/c/abi.c`, compiled with its `mpicc_abi` for the MPI-5 standard ABI, on
+//! quiver's `libmpi_abi.so.1`, crates/quiver-mpi-abi),
 //! Intel's prebuilt IMB-P2P, IMB-MPI1 and IMB-RMA (from the `impi-rt` wheel), mpi4py's
 //! own benchmarks and a script of mpi4py's common calls with every result checked
 //! (`tests/python/checks.py`), on 1 to 4 ranks of one node, and between the two nodes
@@ -179,11 +181,24 @@ fn rma_program(mpich: &Path) -> PathBuf {
     BUILT.get_or_init(|| build_c(mpich, "rma")).clone()
 }
 
+/// `tests/c/abi.c` built with the MPICH wheel's `mpicc_abi` (once).
+fn abi_program(mpich: &Path) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| build_with(mpich, "mpicc_abi", "abi"))
+        .clone()
+}
+
 /// `tests/c/NAME.c` built with the MPICH wheel's `mpicc`.
 fn build_c(mpich: &Path, name: &str) -> PathBuf {
+    build_with(mpich, "mpicc", name)
+}
+
+/// `tests/c/NAME.c` built with the MPICH wheel's compiler wrapper `cc`.
+fn build_with(mpich: &Path, cc: &str, name: &str) -> PathBuf {
     let exe = profile_dir().join("mpi-tests").join(name);
     std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-    let mut cc = command(mpich.join("bin/mpicc"));
+    let mut cc = command(mpich.join("bin").join(cc));
     cc.args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
         .arg(repo().join(format!("crates/quiver-mpich/tests/c/{name}.c")));
@@ -250,6 +265,29 @@ fn one_sided_calls_check_every_byte_on_mpich_and_on_quiver() {
         let out = on_quiver(&[], n, &rma, &[], &[]);
         assert!(
             out.status.success() && stdout(&out).contains(&format!("rma: OK ({n} ranks, quiver)")),
+            "{n} ranks on quiver\n{}",
+            describe(&out)
+        );
+    }
+}
+
+#[test]
+fn a_program_of_the_standard_abi_runs_on_mpichs_and_on_quivers_libmpi_abi() {
+    let _one = serial();
+    let [mpich, _, _] = match wheels() {
+        Ok(w) => w,
+        Err(why) => return cannot_run(&why),
+    };
+    // Built by `cargo test --workspace` (a crate of its own).
+    if !profile_dir().join("libmpi_abi.so").exists() {
+        return cannot_run("libmpi_abi.so is not built (cargo build --release -p quiver-mpi-abi)");
+    }
+    let abi = abi_program(mpich);
+    passes_on_mpich(mpich, &abi, "abi: OK");
+    for n in 1..=4 {
+        let out = on_quiver(&[], n, &abi, &[], &[]);
+        assert!(
+            out.status.success() && stdout(&out).contains(&format!("abi: OK ({n} ranks, quiver)")),
             "{n} ranks on quiver\n{}",
             describe(&out)
         );

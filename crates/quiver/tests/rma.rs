@@ -277,6 +277,53 @@ fn every_operation_over_eth() {
     every_operation(config(TransportChoice::Eth), 2);
 }
 
+/// Windows that start off a word (a part of shared memory at an odd offset, lent memory
+/// at an odd address): puts and gets work, atomics are refused as misaligned wherever
+/// they are applied (in the mapping here, by the target's side over the network), and
+/// the window's own words are too.
+fn windows_off_a_word(c: Config) {
+    run_ranks(2, c, move |job| {
+        let rma = Rma::open(&job, DPID).unwrap();
+        let other = 1 - job.rank();
+        let shared = rma.alloc_memory(4096).unwrap();
+        let part = rma.expose(&shared, 3, 64).unwrap();
+        let mut lent = vec![0u64; 9];
+        // SAFETY: `lent` outlives the window and is touched by nobody else.
+        let odd =
+            unsafe { rma.register_borrowed(lent.as_mut_ptr().cast::<u8>().add(1), 64) }.unwrap();
+        for w in [&part, &odd] {
+            assert!(matches!(
+                rma_error(rma.fetch_add(other, w, 8, 1)),
+                RmaError::Misaligned { .. }
+            ));
+            assert!(matches!(
+                rma_error(rma.compare_swap(other, w, 0, 0, 1)),
+                RmaError::Misaligned { .. }
+            ));
+            assert!(w.word(8).is_err(), "a word of its own off 8 bytes");
+            rma.put(other, w, 5, b"hello").unwrap();
+            rma.flush(other).unwrap();
+            let mut back = [0u8; 5];
+            rma.get(other, w, 5, &mut back).unwrap();
+            assert_eq!(&back, b"hello");
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+        rma.free(odd).unwrap();
+        rma.free(part).unwrap();
+        drop(lent);
+    });
+}
+
+#[test]
+fn atomics_on_windows_off_a_word_are_refused_over_shm() {
+    windows_off_a_word(config(TransportChoice::Auto));
+}
+
+#[test]
+fn atomics_on_windows_off_a_word_are_refused_over_udp() {
+    windows_off_a_word(config(TransportChoice::Udp));
+}
+
 fn rma_error(r: quiver::Result<impl std::fmt::Debug>) -> RmaError {
     match r {
         Err(Error::Rma(e)) => e,

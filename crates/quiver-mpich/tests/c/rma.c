@@ -13,18 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int rank, size, failures;
-
-#define CHECK(cond, ...)                                                            \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            if (failures++ < 20) {                                                  \
-                fprintf(stderr, "rank %d: line %d: ", rank, __LINE__);              \
-                fprintf(stderr, __VA_ARGS__);                                       \
-                fprintf(stderr, "\n");                                              \
-            }                                                                       \
-        }                                                                           \
-    } while (0)
+#include "check.h"
 
 static unsigned char pattern(int src, size_t i, int round) {
     return (unsigned char)(src * 131 + i * 7 + round * 13 + (i >> 9));
@@ -110,6 +99,7 @@ static void atomics(void) {
         long cas;     /* a ticket taken by compare-and-swap */
         int icas;     /* the same with ints */
         int pad;
+        long lmax;    /* MPI_Accumulate MAX of longs (a compare-and-swap loop on quiver) */
     } *c;
     MPI_Alloc_mem(sizeof *c, MPI_INFO_NULL, &c);
     memset(c, 0, sizeof *c);
@@ -133,6 +123,8 @@ static void atomics(void) {
             CHECK(old >= 0 && old < (long)ADDS * size, "fetched %ld", old);
             CHECK(was % 2 == 0, "get-accumulated %d", was);
             MPI_Accumulate(&my_max, 1, MPI_INT, t, 28, 1, MPI_INT, MPI_MAX, win);
+            long my_lmax = (long)rank * ADDS + k;
+            MPI_Accumulate(&my_lmax, 1, MPI_LONG, t, 48, 1, MPI_LONG, MPI_MAX, win);
             /* Take a ticket: increment by compare-and-swap until it holds. */
             long cur = 0, got;
             for (;;) {
@@ -163,6 +155,7 @@ static void atomics(void) {
     CHECK(c->max == 100 + size - 1, "max %d", c->max);
     CHECK(c->cas == n, "compare-and-swap tickets %ld, not %ld", c->cas, n);
     CHECK(c->icas == n, "int compare-and-swap tickets %d, not %ld", c->icas, n);
+    CHECK(c->lmax == (long)(size - 1) * ADDS + ADDS - 1, "long max %ld", c->lmax);
     MPI_Win_unlock(rank, win);
     /* A fetch of MPI_NO_OP reads without changing. */
     long peek = -1, dummy = 5;
@@ -257,11 +250,22 @@ static void attributes_and_errors(void) {
     int cls;
     MPI_Error_class(rc, &cls);
     CHECK(cls == MPI_ERR_RMA_SYNC, "an unlock without a lock: class %d", cls);
+    /* Synchronization with MPI_PROC_NULL does nothing and succeeds. */
+    rc = MPI_Win_lock(MPI_LOCK_SHARED, MPI_PROC_NULL, 0, win);
+    CHECK(rc == MPI_SUCCESS, "a lock of MPI_PROC_NULL: %d", rc);
+    rc = MPI_Win_unlock(MPI_PROC_NULL, win);
+    CHECK(rc == MPI_SUCCESS, "an unlock of MPI_PROC_NULL: %d", rc);
     /* A put to MPI_PROC_NULL moves nothing and succeeds. */
     MPI_Win_fence(0, win);
     rc = MPI_Put(mem, 1, MPI_BYTE, MPI_PROC_NULL, 0, 1, MPI_BYTE, win);
     CHECK(rc == MPI_SUCCESS, "a put to MPI_PROC_NULL");
     MPI_Win_fence(0, win);
+    MPI_Win_free(&win);
+    /* An empty window keeps the base it was given. */
+    static char nothing[8];
+    MPI_Win_create(nothing + 1, 0, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &win);
+    MPI_Win_get_attr(win, MPI_WIN_BASE, &base, &flag);
+    CHECK(flag && base == nothing + 1, "an empty window's base");
     MPI_Win_free(&win);
 }
 

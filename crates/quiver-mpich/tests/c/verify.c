@@ -10,18 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int rank, size, failures;
-
-#define CHECK(cond, ...)                                                            \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            if (failures++ < 20) {                                                  \
-                fprintf(stderr, "rank %d: line %d: ", rank, __LINE__);              \
-                fprintf(stderr, __VA_ARGS__);                                       \
-                fprintf(stderr, "\n");                                              \
-            }                                                                       \
-        }                                                                           \
-    } while (0)
+#include "check.h"
 
 static unsigned char pattern(int src, int dst, size_t i, int round) {
     return (unsigned char)(src * 131 + dst * 31 + i * 7 + round * 13 + (i >> 9));

@@ -282,15 +282,15 @@ impl Window {
     /// The 64-bit word at `offset` (8-byte aligned), as the remote atomics see it.
     pub fn word(&self, offset: usize) -> Result<&AtomicU64> {
         self.check(offset, 8)?;
-        if !offset.is_multiple_of(8) {
+        if !aligned(self.mem.ptr(), offset as u64) {
             return Err(Error::Rma(RmaError::Misaligned {
                 rank: u32::MAX,
                 window: self.number,
                 offset: offset as u64,
             }));
         }
-        // SAFETY: in bounds and aligned (checked; the memory is 8-byte aligned, see
-        // `memory`), and alive as long as `self`.
+        // SAFETY: in bounds and the word's address aligned (both checked), and alive as
+        // long as `self`.
         Ok(unsafe { &*(self.mem.ptr().add(offset) as *const AtomicU64) })
     }
 
@@ -325,6 +325,12 @@ impl Drop for Window {
         drop(s);
         self.freed.fetch_add(1, Ordering::Release);
     }
+}
+
+/// Whether the word at `offset` of memory starting at `base` is 8-byte aligned (a window
+/// may start anywhere: a part of shared memory, lent memory).
+pub(crate) fn aligned(base: *const u8, offset: u64) -> bool {
+    (base as u64).wrapping_add(offset).is_multiple_of(8)
 }
 
 /// What an origin knows of another rank's window: its object (0: memory the rank
@@ -649,7 +655,9 @@ impl Rma {
     /// Makes `len` bytes at `offset` of `memory` this rank's part of the job's next
     /// window (as [`Rma::allocate`], in the same order on every rank). Same-node ranks
     /// reach it directly, as an allocated window. Several windows may share one
-    /// memory, overlapping or not.
+    /// memory, overlapping or not. Atomics need their words 8-byte aligned in memory
+    /// (an `offset` that is not a multiple of 8 moves them: they are refused as
+    /// [`RmaError::Misaligned`]).
     pub fn expose(&self, memory: &SharedMemory, offset: usize, len: usize) -> Result<Window> {
         if offset.checked_add(len).is_none_or(|end| end > memory.len()) {
             return Err(Error::Config(format!(
@@ -686,7 +694,8 @@ impl Rma {
 
     /// [`Rma::register`] for `len` bytes at `ptr` that the caller only lends (an MPI
     /// library's `MPI_Win_create` on the application's buffer): they are never freed
-    /// here. They need not be aligned; atomics need their words 8-byte aligned.
+    /// here. They need not be aligned; atomics need their words 8-byte aligned in memory
+    /// (others are refused as [`RmaError::Misaligned`]).
     ///
     /// # Safety
     ///
@@ -1054,9 +1063,12 @@ impl Rma {
             self.put(rank, window, offset, data)?;
         }
         match self.path(rank, window, key)? {
+            Path::Direct(mem) if !aligned(mem, counter) => {
+                return Err(refusal(Status::Misaligned, rank, at, 8, key.len));
+            }
             Path::Direct(mem) => {
-                // SAFETY: counter + 8 <= the mapping's length, 8-aligned (checked); the
-                // mapping outlives this call (`path`).
+                // SAFETY: counter + 8 <= the mapping's length, the word's address
+                // 8-aligned (both checked); the mapping outlives this call (`path`).
                 let word = unsafe { &*(mem.add(counter as usize) as *const AtomicU64) };
                 // Release: the target that sees the count sees the data.
                 word.fetch_add(1, Ordering::Release);
@@ -1595,10 +1607,13 @@ impl Rma {
             return Err(refusal(Status::Misaligned, rank, at, 8, key.len));
         }
         match self.path(rank, window, key)? {
+            // A window that starts off a word (a part of shared memory, lent memory).
+            Path::Direct(mem) if !aligned(mem, offset) => {
+                Err(refusal(Status::Misaligned, rank, at, 8, key.len))
+            }
             Path::Direct(mem) => {
-                // SAFETY: offset + 8 <= the mapping's length (checked), offset % 8 == 0
-                // and the window's memory is 8-byte aligned (`memory`); the mapping
-                // outlives this call.
+                // SAFETY: offset + 8 <= the mapping's length, the word's address 8-byte
+                // aligned (both checked); the mapping outlives this call.
                 let word = unsafe { &*(mem.add(offset as usize) as *const AtomicU64) };
                 self.stats.borrow_mut().direct += 1;
                 Ok(op.apply(word, a, b))

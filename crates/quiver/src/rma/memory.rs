@@ -4,9 +4,10 @@
 //! reached by same-node ranks through cross-memory attach and by other nodes through
 //! the target's engine; or bytes it only lends, [`Rma::register_borrowed`]).
 //!
-//! Guarantees: the bytes stay at one address, 8-byte aligned (so a word at an offset
-//! that is a multiple of 8 is aligned), for as long as any [`WindowMemory`] reference
-//! lives. Registered memory goes back to the application only through
+//! Guarantees: the bytes stay at one address for as long as any [`WindowMemory`]
+//! reference lives. Allocated windows and registered `Vec`s start 8-byte aligned; a part
+//! of shared memory or lent memory may start anywhere, so whoever makes a word atomic
+//! checks its address (`access::aligned`). Registered memory goes back to the application only through
 //! [`WindowMemory::take_back`], which the collective [`Rma::free`] calls once every
 //! rank's operations on the window are done; dropped any other way it is leaked, never
 //! freed, because a same-node rank could still write it by cross-memory attach and must

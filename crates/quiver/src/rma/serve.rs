@@ -265,12 +265,14 @@ fn answer_in_pieces(
 /// The 64-bit word at `at`, checked (in bounds, 8-byte aligned).
 pub(crate) fn word(exposed: &HashMap<u32, Exposure>, at: At) -> Result<&AtomicU64, Status> {
     let (mem, offset) = locate(exposed, at, 8)?;
-    if !offset.is_multiple_of(8) {
+    // The word's address: a window may start anywhere (a part of shared memory, lent
+    // memory).
+    if !super::access::aligned(mem.ptr(), offset as u64) {
         return Err(Status::Misaligned);
     }
     // Every access to window words by the protocol is atomic.
-    // SAFETY: offset + 8 <= the window's length (`locate`); its memory is 8-byte aligned
-    // (`memory`), so is offset % 8 == 0; it lives while `exposed` holds it (the borrow).
+    // SAFETY: offset + 8 <= the window's length (`locate`), the word's address 8-byte
+    // aligned (checked); it lives while `exposed` holds it (the borrow).
     Ok(unsafe { &*(mem.ptr().add(offset) as *const AtomicU64) })
 }
 

@@ -88,8 +88,9 @@ fn output(mut cmd: Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot start {what}: {e}"))
 }
 
-/// The launcher and `libmpi.so` of this profile, built (cargo has them up to date when
-/// the whole workspace was built; a test run of this package alone builds them here).
+/// The launcher, `libmpi.so` and `libmpi_abi.so` of this profile, built (cargo has them
+/// up to date when the whole workspace was built; a test run of this package alone builds
+/// them here; `cargo test` never builds a cdylib of another package).
 fn quiver() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -111,6 +112,8 @@ fn quiver() -> &'static Path {
                 "quiver-cli",
                 "-p",
                 "quiver-mpich",
+                "-p",
+                "quiver-mpi-abi",
             ])
             .arg("--target-dir")
             .arg(dir.parent().expect("<target>"));
@@ -278,10 +281,9 @@ fn a_program_of_the_standard_abi_runs_on_mpichs_and_on_quivers_libmpi_abi() {
         Ok(w) => w,
         Err(why) => return cannot_run(&why),
     };
-    // Built by `cargo test --workspace` (a crate of its own).
-    if !profile_dir().join("libmpi_abi.so").exists() {
-        return cannot_run("libmpi_abi.so is not built (cargo build --release -p quiver-mpi-abi)");
-    }
+    // Built with the launcher (a crate of its own).
+    let lib = quiver().with_file_name("libmpi_abi.so");
+    assert!(lib.exists(), "{} was not built", lib.display());
     let abi = abi_program(mpich);
     passes_on_mpich(mpich, &abi, "abi: OK");
     for n in 1..=4 {

@@ -553,11 +553,7 @@ impl Mpi {
         // SAFETY: the caller's promise.
         let data = unsafe { packed(origin, ocount, otype)? };
         same_size(data.len(), tcount, ttype)?;
-        let rma = self.rma()?;
-        for (off, range) in target_runs(at, tcount, ttype)? {
-            rma.put(j, &win.data, off, &data[range])?;
-        }
-        Ok(())
+        self.write_runs(win, j, at, tcount, ttype, &data)
     }
 
     /// `MPI_Get`: the other way.
@@ -593,6 +589,24 @@ impl Mpi {
         self.read_runs(win, j, at, tcount, ttype, &mut data)?;
         // SAFETY: the caller's promise: `ocount` writable elements at `origin`.
         unsafe { otype.unpack(&data, origin) };
+        Ok(())
+    }
+
+    /// Writes `data`, `tcount` packed elements of `ttype`, at byte `at` of job rank
+    /// `j`'s part.
+    fn write_runs(
+        &self,
+        win: &Win,
+        j: u32,
+        at: u64,
+        tcount: usize,
+        ttype: &Layout,
+        data: &[u8],
+    ) -> Result<()> {
+        let rma = self.rma()?;
+        for (off, range) in target_runs(at, tcount, ttype)? {
+            rma.put(j, &win.data, off, &data[range])?;
+        }
         Ok(())
     }
 
@@ -702,9 +716,7 @@ impl Mpi {
                 }
                 // SAFETY: `origin` and `old` hold `len` bytes of packed elements.
                 unsafe { op.combine(ttype, len, origin.as_ptr(), old.as_mut_ptr(), 0)? };
-                for (off, range) in target_runs(at, tcount, ttype)? {
-                    rma.put(j, &win.data, off, &old[range])?;
-                }
+                self.write_runs(win, j, at, tcount, ttype, &old)?;
                 Ok(rma.flush(j)?)
             })
         };

@@ -179,15 +179,26 @@ pub extern "C" fn MPI_Comm_get_name(comm: c_int, name: *mut c_char, len: *mut c_
             (MPI_COMM_SELF, "") => "MPI_COMM_SELF",
             (_, s) => s,
         };
-        let n = s.len().min(MPI_MAX_OBJECT_NAME as usize - 1);
-        // SAFETY: MPI's contract: MPI_MAX_OBJECT_NAME bytes at `name`, `len` writable.
-        unsafe {
-            std::ptr::copy_nonoverlapping(s.as_ptr().cast(), name, n);
-            name.add(n).write(0);
-            len.write(n as c_int);
-        }
+        // SAFETY: MPI's contract.
+        unsafe { write_name(s, name, len) };
         Ok(())
     })
+}
+
+/// Writes object name `s` (cut to `MPI_MAX_OBJECT_NAME - 1` bytes) and its length: what
+/// `MPI_Comm_get_name` and `MPI_Win_get_name` answer.
+///
+/// # Safety
+///
+/// `MPI_MAX_OBJECT_NAME` bytes writable at `name`, `len` writable.
+pub(crate) unsafe fn write_name(s: &str, name: *mut c_char, len: *mut c_int) {
+    let n = s.len().min(MPI_MAX_OBJECT_NAME as usize - 1);
+    // SAFETY: the caller's promise; `n` < MPI_MAX_OBJECT_NAME.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr().cast(), name, n);
+        name.add(n).write(0);
+        len.write(n as c_int);
+    }
 }
 
 /// The values of the predefined attributes (MPI hands out pointers to them).

@@ -259,17 +259,20 @@ pub extern "C" fn MPI_Comm_set_errhandler(comm: c_int, handler: c_int) -> c_int 
     call("MPI_Comm_set_errhandler", comm, |lib, _| {
         let c = handles::comm_id(comm)?;
         lib.mpi.comm(c)?;
-        match handler {
-            MPI_ERRORS_ARE_FATAL | MPI_ERRORS_RETURN | MPI_ERRORS_ABORT => {
-                lib.errhandlers.insert(c, handler);
-                Ok(())
-            }
-            _ => Err(MpiError::new(
-                Class::Arg,
-                "only MPI_ERRORS_ARE_FATAL, MPI_ERRORS_ABORT and MPI_ERRORS_RETURN are supported",
-            )),
-        }
+        lib.errhandlers.insert(c, errhandler(handler)?);
+        Ok(())
     })
+}
+
+/// Error handler `handler`, if it is one the library has (the predefined ones).
+pub(crate) fn errhandler(handler: c_int) -> Result<c_int, MpiError> {
+    match handler {
+        MPI_ERRORS_ARE_FATAL | MPI_ERRORS_RETURN | MPI_ERRORS_ABORT => Ok(handler),
+        _ => Err(MpiError::new(
+            Class::Arg,
+            "only MPI_ERRORS_ARE_FATAL, MPI_ERRORS_ABORT and MPI_ERRORS_RETURN are supported",
+        )),
+    }
 }
 
 #[no_mangle]

@@ -365,9 +365,11 @@ fn origin(types: &crate::types::Types, n: i64, dt: c_int) -> Result<(usize, &Lay
     Ok((count(n, "count")?, l))
 }
 
-fn put(
+/// `MPI_Put` and (`get`) `MPI_Get`, with their `_c` twins.
+fn put_get(
     name: &str,
-    (obuf, on, ot): (*const c_void, i64, c_int),
+    get: bool,
+    (obuf, on, ot): (*mut c_void, i64, c_int),
     rank: c_int,
     disp: isize,
     (tn, tt): (i64, c_int),
@@ -376,10 +378,15 @@ fn put(
     on_win(name, win, |lib, w, types| {
         let (on, ol) = origin(types, on, ot)?;
         let (tn, tl) = origin(types, tn, tt)?;
-        // SAFETY: MPI's contract: `on` elements of `ot` readable at `obuf`.
+        let (to, disp) = (dest(rank)?, disp as i64);
+        // SAFETY: MPI's contract: `on` elements of `ot` at `obuf`, readable for a put,
+        // writable for a get.
         unsafe {
-            lib.mpi
-                .put(w, obuf.cast(), on, ol, dest(rank)?, disp as i64, tn, tl)
+            if get {
+                lib.mpi.get(w, obuf.cast(), on, ol, to, disp, tn, tl)
+            } else {
+                lib.mpi.put(w, obuf.cast(), on, ol, to, disp, tn, tl)
+            }
         }
     })
 }
@@ -395,9 +402,10 @@ pub extern "C" fn MPI_Put(
     tt: c_int,
     win: c_int,
 ) -> c_int {
-    put(
+    put_get(
         "MPI_Put",
-        (obuf, on.into(), ot),
+        false,
+        (obuf.cast_mut(), on.into(), ot),
         rank,
         disp,
         (tn.into(), tt),
@@ -416,26 +424,8 @@ pub extern "C" fn MPI_Put_c(
     tt: c_int,
     win: c_int,
 ) -> c_int {
-    put("MPI_Put_c", (obuf, on, ot), rank, disp, (tn, tt), win)
-}
-
-fn get(
-    name: &str,
-    (obuf, on, ot): (*mut c_void, i64, c_int),
-    rank: c_int,
-    disp: isize,
-    (tn, tt): (i64, c_int),
-    win: c_int,
-) -> c_int {
-    on_win(name, win, |lib, w, types| {
-        let (on, ol) = origin(types, on, ot)?;
-        let (tn, tl) = origin(types, tn, tt)?;
-        // SAFETY: MPI's contract: `on` elements of `ot` writable at `obuf`.
-        unsafe {
-            lib.mpi
-                .get(w, obuf.cast(), on, ol, dest(rank)?, disp as i64, tn, tl)
-        }
-    })
+    let o = (obuf.cast_mut(), on, ot);
+    put_get("MPI_Put_c", false, o, rank, disp, (tn, tt), win)
 }
 
 #[no_mangle]
@@ -449,8 +439,9 @@ pub extern "C" fn MPI_Get(
     tt: c_int,
     win: c_int,
 ) -> c_int {
-    get(
+    put_get(
         "MPI_Get",
+        true,
         (obuf, on.into(), ot),
         rank,
         disp,
@@ -470,7 +461,7 @@ pub extern "C" fn MPI_Get_c(
     tt: c_int,
     win: c_int,
 ) -> c_int {
-    get("MPI_Get_c", (obuf, on, ot), rank, disp, (tn, tt), win)
+    put_get("MPI_Get_c", true, (obuf, on, ot), rank, disp, (tn, tt), win)
 }
 
 /// The builtin operation of handle `op` (one-sided accumulates take MPI's only).
@@ -721,14 +712,8 @@ pub extern "C" fn MPI_Win_set_name(win: c_int, name: *const c_char) -> c_int {
 #[no_mangle]
 pub extern "C" fn MPI_Win_get_name(win: c_int, name: *mut c_char, len: *mut c_int) -> c_int {
     on_win("MPI_Win_get_name", win, |lib, w, _| {
-        let s = &lib.mpi.win(w)?.name;
-        let n = s.len().min(MPI_MAX_OBJECT_NAME as usize - 1);
         // SAFETY: MPI's contract: MPI_MAX_OBJECT_NAME bytes at `name`, `len` writable.
-        unsafe {
-            std::ptr::copy_nonoverlapping(s.as_ptr().cast(), name, n);
-            name.add(n).write(0);
-            len.write(n as c_int);
-        }
+        unsafe { crate::comm::write_name(&lib.mpi.win(w)?.name, name, len) };
         Ok(())
     })
 }
@@ -737,16 +722,9 @@ pub extern "C" fn MPI_Win_get_name(win: c_int, name: *mut c_char, len: *mut c_in
 pub extern "C" fn MPI_Win_set_errhandler(win: c_int, handler: c_int) -> c_int {
     on_win("MPI_Win_set_errhandler", win, |lib, w, _| {
         lib.mpi.win(w)?;
-        match handler {
-            MPI_ERRORS_ARE_FATAL | MPI_ERRORS_RETURN | MPI_ERRORS_ABORT => {
-                lib.win_errhandlers.insert(w, handler);
-                Ok(())
-            }
-            _ => Err(MpiError::new(
-                Class::Arg,
-                "only MPI_ERRORS_ARE_FATAL, MPI_ERRORS_ABORT and MPI_ERRORS_RETURN are supported",
-            )),
-        }
+        lib.win_errhandlers
+            .insert(w, crate::init::errhandler(handler)?);
+        Ok(())
     })
 }
 

@@ -1,23 +1,42 @@
 /* A blocking MPI ping-pong of N bytes, ITERS round trips (rank 0 sends first): the
  * smallest program that shows what an MPI library adds to each MPI_Send and MPI_Recv
  * (run one rank under callgrind; docs/PERFORMANCE.md, "The MPI layer's instructions").
- * Usage: mpi_pingpong N ITERS */
+ * With a third argument `pingping`, both ranks post MPI_Irecv, MPI_Send and MPI_Wait at
+ * once, as IMB-P2P's PingPing does.
+ * Usage: mpi_pingpong N ITERS [pingping] */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (argc < 3) {
-        if (rank == 0) fprintf(stderr, "usage: mpi_pingpong N ITERS\n");
+        if (rank == 0) fprintf(stderr, "usage: mpi_pingpong N ITERS [pingping]\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     int n = atoi(argv[1]), iters = atoi(argv[2]);
     if (n < 0 || n > 65536 || iters < 0) MPI_Abort(MPI_COMM_WORLD, 2);
-    static char buf[65536];
+    static char buf[65536], rbuf[65536];
     int peer = 1 - rank;
+    if (argc > 3 && strcmp(argv[3], "pingping") == 0) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        for (int i = 0; i < iters; i++) {
+            MPI_Request req;
+            MPI_Irecv(rbuf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD, &req);
+            MPI_Send(buf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
+            MPI_Wait(&req, MPI_STATUS_IGNORE);
+        }
+        if (rank == 0 && iters > 0)
+            printf("pingping %d B: %.3f us per iteration\n", n, (MPI_Wtime() - t0) * 1e6 / iters);
+        MPI_Finalize();
+        return 0;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
     for (int i = 0; i < iters; i++) {
         if (rank == 0) {
             MPI_Send(buf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
@@ -27,6 +46,8 @@ int main(int argc, char **argv) {
             MPI_Send(buf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
         }
     }
+    if (rank == 0 && iters > 0)
+        printf("pingpong %d B: %.3f us one way\n", n, (MPI_Wtime() - t0) * 1e6 / iters / 2);
     MPI_Finalize();
     return 0;
 }

@@ -52,32 +52,55 @@ pub enum Class {
     NoMem,
 }
 
-/// An MPI error: its class and what happened.
+/// An MPI error: its class and what happened. One pointer wide (the details are
+/// boxed), so that the core's results stay small on the paths that succeed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MpiError {
-    /// The error class.
-    pub class: Class,
-    /// What happened, for `MPI_Error_string`.
-    pub message: String,
-    /// The status of the receive that failed, where there is one (a truncated
-    /// message's source, tag and the bytes received).
-    pub status: Option<crate::Status>,
+pub struct MpiError(Box<Details>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Details {
+    class: Class,
+    message: String,
+    status: Option<crate::Status>,
 }
 
 impl MpiError {
     /// An error of `class` saying `message`.
+    #[cold]
     pub fn new(class: Class, message: impl Into<String>) -> MpiError {
-        MpiError {
+        MpiError(Box::new(Details {
             class,
             message: message.into(),
             status: None,
-        }
+        }))
+    }
+
+    /// The error class.
+    pub fn class(&self) -> Class {
+        self.0.class
+    }
+
+    /// What happened, for `MPI_Error_string`.
+    pub fn message(&self) -> &str {
+        &self.0.message
+    }
+
+    /// The status of the receive that failed, where there is one (a truncated
+    /// message's source, tag and the bytes received).
+    pub fn status(&self) -> Option<crate::Status> {
+        self.0.status
+    }
+
+    /// The error with `status` as its receive's status.
+    pub fn with_status(mut self, status: Option<crate::Status>) -> MpiError {
+        self.0.status = status;
+        self
     }
 }
 
 impl fmt::Display for MpiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.0.message)
     }
 }
 

@@ -403,7 +403,7 @@ mod tests {
         let e = Op::Builtin(Builtin::Band)
             .check(Some(Elem::Num(Num::F64)))
             .unwrap_err();
-        assert_eq!(e.class, Class::Op);
+        assert_eq!(e.class(), Class::Op);
         assert!(Op::Builtin(Builtin::Sum)
             .check(Some(Elem::Num(Num::F64)))
             .is_ok());

@@ -60,8 +60,9 @@ struct Unpack {
 /// An operation on an endpoint, not complete.
 pub(crate) struct Pending {
     raw: RawRequest,
-    /// Where a non-contiguous receive's bytes go.
-    unpack: Option<Unpack>,
+    /// Where a non-contiguous receive's bytes go (boxed: the contiguous operations'
+    /// requests stay small, and are moved in and out of the table at every call).
+    unpack: Option<Box<Unpack>>,
     /// A non-contiguous send's packed bytes (alive until the send completes).
     _packed: Option<Vec<u8>>,
 }
@@ -191,7 +192,7 @@ impl Comm {
             }),
             _ => None,
         };
-        MpiError { status, ..e.into() }
+        MpiError::from(e).with_status(status)
     }
 }
 
@@ -436,12 +437,12 @@ impl Mpi {
         let raw = unsafe { self.start_recv(comm, ep, src, tag, tmp.as_mut_ptr(), bytes) }?;
         Ok(Pending {
             raw,
-            unpack: Some(Unpack {
+            unpack: Some(Box::new(Unpack {
                 tmp,
                 buf,
                 layout: layout.clone(),
                 room: bytes,
-            }),
+            })),
             _packed: None,
         })
     }
@@ -469,16 +470,14 @@ impl Mpi {
                     bytes: u.room as u64,
                     ..s
                 };
-                return Err(MpiError {
-                    status: Some(cut),
-                    ..MpiError::new(
-                        Class::Truncate,
-                        format!(
-                            "a message of {} bytes truncated to the receive buffer of {}",
-                            s.bytes, u.room
-                        ),
-                    )
-                });
+                return Err(MpiError::new(
+                    Class::Truncate,
+                    format!(
+                        "a message of {} bytes truncated to the receive buffer of {}",
+                        s.bytes, u.room
+                    ),
+                )
+                .with_status(Some(cut)));
             }
         }
         Ok(s)
@@ -850,7 +849,7 @@ impl Mpi {
         };
         let pending = Pending {
             raw,
-            unpack: Some(unpack),
+            unpack: Some(Box::new(unpack)),
             _packed: None,
         };
         let id = self.p2p_request(comm, State::Pending(pending));

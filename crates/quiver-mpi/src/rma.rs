@@ -878,7 +878,7 @@ mod tests {
     #[test]
     fn a_type_reaching_before_the_window_is_an_error() {
         let neg = Layout::hindexed([(-8isize, 1usize)], &ints()).unwrap();
-        assert_eq!(target_runs(4, 1, &neg).unwrap_err().class, Class::Disp);
+        assert_eq!(target_runs(4, 1, &neg).unwrap_err().class(), Class::Disp);
         assert_eq!(target_runs(8, 1, &neg).unwrap(), vec![(0, 0..4)]);
     }
 

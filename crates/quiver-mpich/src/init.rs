@@ -105,7 +105,7 @@ pub extern "C" fn MPI_Finalize() -> c_int {
         Ok(()) => MPI_SUCCESS,
         Err(e) => {
             crate::say!("quiver MPI: MPI_Finalize: {e}");
-            class_code(e.class)
+            class_code(e.class())
         }
     }
 }

@@ -125,7 +125,16 @@ pub(crate) fn defer(f: impl FnOnce() + 'static) {
 }
 
 /// Runs what the call deferred.
+#[inline]
 fn run_deferred(st: &State) {
+    if st.deferred.borrow().is_empty() {
+        return;
+    }
+    run_deferred_now(st);
+}
+
+#[inline(never)]
+fn run_deferred_now(st: &State) {
     loop {
         let f = {
             let mut d = st.deferred.borrow_mut();
@@ -272,10 +281,10 @@ pub(crate) fn query(name: &str, f: impl FnOnce(&types::Types) -> Result<(), MpiE
             Some(Err(e)) => match st.lib.try_borrow_mut() {
                 Ok(mut guard) => match guard.as_mut() {
                     Some(lib) => lib.fail(name, On::Comm(MPI_COMM_WORLD), e),
-                    None => class_code(e.class),
+                    None => class_code(e.class()),
                 },
                 // Inside a collective (a reduction's function): the code alone.
-                Err(_) => class_code(e.class),
+                Err(_) => class_code(e.class()),
             },
             // Not initialised: the same message as every other call.
             None => with_lib(st, name, On::Comm(MPI_COMM_WORLD), |_| Ok(())),
@@ -315,7 +324,7 @@ fn with_lib(
 impl Lib {
     /// Reports `e` of call `name` through the error handler of `on`.
     pub(crate) fn fail(&mut self, name: &str, on: On, e: MpiError) -> c_int {
-        let code = class_code(e.class);
+        let code = class_code(e.class());
         let handler = match on {
             On::Comm(h) => handles::comm_id(h)
                 .ok()
@@ -324,8 +333,9 @@ impl Lib {
                 .and_then(|w| self.win_errhandlers.get(&w).copied()),
         }
         .unwrap_or(MPI_ERRORS_ARE_FATAL);
-        self.messages.insert(code, format!("{name}: {}", e.message));
-        fatal_or(name, code, &e.message, handler != MPI_ERRORS_RETURN)
+        self.messages
+            .insert(code, format!("{name}: {}", e.message()));
+        fatal_or(name, code, e.message(), handler != MPI_ERRORS_RETURN)
     }
 }
 

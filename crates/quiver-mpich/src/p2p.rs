@@ -142,9 +142,9 @@ fn finish(r: Result<Status, MpiError>, status: *mut MPI_Status) -> Result<(), Mp
             Ok(())
         }
         Err(e) => {
-            if let Some(s) = &e.status {
+            if let Some(s) = e.status() {
                 // SAFETY: as above.
-                unsafe { write_status(status, s, None) };
+                unsafe { write_status(status, &s, None) };
             }
             Err(e)
         }
@@ -355,7 +355,7 @@ fn finish_all(
             Ok(s) => (*s, MPI_SUCCESS),
             Err(e) => {
                 failed.get_or_insert_with(|| e.clone());
-                (e.status.unwrap_or(Status::NULL), class_code(e.class))
+                (e.status().unwrap_or(Status::NULL), class_code(e.class()))
             }
         };
         if !handles::ignored(statuses) {
@@ -367,8 +367,8 @@ fn finish_all(
         None => Ok(()),
         // Reported as MPI_ERR_IN_STATUS (`in_status`); each status has its error.
         Some(e) => Err(MpiError::new(
-            e.class,
-            format!("a request failed (its status says which): {}", e.message),
+            e.class(),
+            format!("a request failed (its status says which): {}", e.message()),
         )),
     }
 }

@@ -326,6 +326,64 @@ fn tags_select_and_skipped_messages_wait() {
     });
 }
 
+/// A posted receive waited for alone (the short path from the ring) lets the messages it
+/// does not accept wait for later receives, in order, and reports a truncation with its
+/// sizes; a second receive posted meanwhile is matched in posting order.
+#[test]
+fn a_receive_waited_for_alone_skips_and_truncates_like_any_other() {
+    run_ranks(2, config(TransportChoice::Auto), |job| {
+        let t = Tagged::open(&job, 47).unwrap();
+        if job.rank() == 0 {
+            let mut go = [0u8; 2];
+            t.recv(&mut go, 1, 0).unwrap();
+            for (tag, body) in [(1u32, &b"one"[..]), (2, b"two"), (2, &[9u8; 200][..])] {
+                t.send(1, tag, body).unwrap();
+            }
+            t.recv(&mut go, 1, 0).unwrap();
+            t.send(1, 3, b"first").unwrap();
+            t.send(1, 3, b"second").unwrap();
+        } else {
+            let mut b = [0u8; 8];
+            let mut small = [0u8; 100];
+            t.scope(|s| {
+                let r = s.irecv(&mut b, 0, 2)?;
+                t.send(0, 0, b"go")?;
+                let st = r.wait()?;
+                assert_eq!((st.peer, st.tag, st.len), (0, 2, 3));
+                let r = s.irecv(&mut small, 0, 2)?;
+                match r.wait() {
+                    Err(Error::Truncated {
+                        len,
+                        capacity,
+                        rank,
+                        tag,
+                    }) => assert_eq!((len, capacity, rank, tag), (200, 100, 0, 2)),
+                    other => panic!("expected truncation, got {other:?}"),
+                }
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(&b[..3], b"two");
+            assert!(small.iter().all(|&x| x == 9), "the buffer holds the start");
+            let st = t.recv(&mut b, Src::Any, Tag::Any).unwrap();
+            assert_eq!(&b[..st.len as usize], b"one");
+            // Two receives posted, the second waited for first: the first takes the
+            // first message.
+            let (mut x, mut y) = ([0u8; 8], [0u8; 8]);
+            t.scope(|s| {
+                let rx = s.irecv(&mut x, 0, 3)?;
+                let ry = s.irecv(&mut y, 0, 3)?;
+                t.send(0, 0, b"go")?;
+                assert_eq!(ry.wait()?.len, 6);
+                assert_eq!(rx.wait()?.len, 5);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!((&x[..5], &y[..6]), (&b"first"[..], &b"second"[..]));
+        }
+    });
+}
+
 #[test]
 fn truncation_is_an_error_with_the_sizes() {
     for (name, c) in transports() {

@@ -341,7 +341,7 @@ impl<M> Matching<M> {
         let Some(at) = q.iter().position(|r| r.id == id) else {
             return false;
         };
-        if q.remove(at).is_none() {
+        if take_at(q, at).is_none() {
             return false;
         }
         self.patterns[pattern(src, tag)] -= 1;

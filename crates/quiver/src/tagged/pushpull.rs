@@ -687,6 +687,7 @@ impl PushPull {
     }
 
     /// One poll of [`PushPull::recv`]'s unposted wait: `None` when nothing arrived.
+    #[inline]
     pub(super) fn receive_directly(
         &self,
         on: &impl Footing,
@@ -694,6 +695,24 @@ impl PushPull {
         cap: usize,
         src: Src,
         tag: Tag,
+    ) -> Result<Option<Direct>> {
+        self.direct_step(on, ptr, cap, src, tag, None)
+    }
+
+    /// One poll of a receive that waits alone, by the short path: the first message
+    /// that arrived, if it is an `Eager` one the receive accepts, lands in its buffer
+    /// straight from the ring (`Landed`; the receive `posted`, if any, is withdrawn from
+    /// the queues and forgotten); any other message is handled as the handler handles
+    /// every message, after the receive was posted (`Posted`: it may have matched it).
+    /// `None` when nothing arrived.
+    fn direct_step(
+        &self,
+        on: &impl Footing,
+        ptr: *mut u8,
+        cap: usize,
+        src: Src,
+        tag: Tag,
+        posted: Option<u64>,
     ) -> Result<Option<Direct>> {
         let station = on.station();
         let report = |e| on.report(e);
@@ -731,6 +750,10 @@ impl PushPull {
                     // written.
                     unsafe { crate::link::copy_bytes(data.as_ptr(), ptr, n.min(cap)) };
                     free_pushed(st, &mut self.out.borrow_mut(), r.source, n);
+                    if let Some(id) = posted {
+                        st.matching.cancel(id, src, tag);
+                        st.ops.remove(&id);
+                    }
                     Some(whole_result(source, t, n as u64, cap))
                 }
                 _ => None,
@@ -747,7 +770,7 @@ impl PushPull {
         }
         // Posted before the message is handled, as the posted receive's wait would
         // have handled it: it may be the one the receive takes.
-        let id = match self.start_recv(on, ptr, cap, src, tag) {
+        let id = match posted.map_or_else(|| self.start_recv(on, ptr, cap, src, tag), Ok) {
             Ok(id) => id,
             Err(e) => {
                 station.release_token(r.token);
@@ -1241,6 +1264,11 @@ impl PushPull {
         id: u64,
         deadline: Option<std::time::Instant>,
     ) -> Option<Result<Status>> {
+        if deadline.is_none() {
+            if let Some(done) = self.wait_alone(on, id) {
+                return Some(done);
+            }
+        }
         loop {
             // Polled at least once whatever the deadline: a wait of zero still makes
             // progress, so that polling with it completes the operation.
@@ -1276,6 +1304,60 @@ impl PushPull {
                 return Some(Err(e));
             }
         }
+    }
+
+    /// Waits for receive `id` by the short path while it is the only receive posted
+    /// and nothing else is under way (as [`PushPull::recv`] does for a receive not yet
+    /// posted: an `Eager` message it accepts lands from the ring, without the handler,
+    /// the posted queue or the table): its result, or `None` as soon as it is not alone
+    /// any more (the general wait goes on then). Errors end the operation as the general
+    /// wait's do.
+    fn wait_alone(&self, on: &impl Footing, id: u64) -> Option<Result<Status>> {
+        let (ptr, cap, src, tag) = self.alone_posted(id)?;
+        let station = on.station();
+        let step = || match self.direct_step(on, ptr, cap, src, tag, Some(id))? {
+            None => Ok(None),
+            Some(Direct::Landed(result)) => Ok(Some(Some(result.map_err(|e| *e)))),
+            Some(Direct::Posted(_)) => match self.take_if_done(id) {
+                Some(done) => Ok(Some(Some(done))),
+                None if self.alone_posted(id).is_some() => Ok(None),
+                // Something else is under way now: the general wait.
+                None => Ok(Some(None)),
+            },
+        };
+        match station.wait_for(step, None) {
+            Ok(done) => done,
+            Err(e) => {
+                if let Some(done) = self.take_if_done(id) {
+                    return Some(done);
+                }
+                self.abandon(on, id);
+                Some(Err(e))
+            }
+        }
+    }
+
+    /// The buffer and pattern of receive `id` if it is posted and alone: the only
+    /// receive posted, and nothing else under way ([`PushPull::nothing_under_way`]).
+    #[inline]
+    fn alone_posted(&self, id: u64) -> Option<(*mut u8, usize, Src, Tag)> {
+        let st = self.st.borrow();
+        let Some(Op::Recv(RecvOp {
+            ptr,
+            cap,
+            state: RecvState::Posted { src, tag },
+        })) = st.ops.get(&id)
+        else {
+            return None;
+        };
+        let alone = st.matching.posted() == 1
+            && st.outgoing.is_empty()
+            && st.to_pull.is_empty()
+            && st.pulls.is_empty()
+            && st.errors.is_empty()
+            && self.out.borrow().is_empty()
+            && !self.rma.busy();
+        alone.then_some((*ptr, *cap, *src, *tag))
     }
 
     /// Whether nothing is under way: no operation recorded (pending or not yet waited

@@ -567,19 +567,22 @@ impl Mpi {
         tag: u32,
         comm: usize,
     ) -> Result<()> {
-        // Contiguous data needs no request of the table; with the other endpoints idle,
-        // quiver's own blocking send.
+        // Contiguous data needs no request of the table: an eager message leaves at
+        // once; with the other endpoints idle, quiver's own blocking send.
         if let (Peer::Rank(d), true) = (dest, layout.is_contiguous() && layout.committed) {
             let bytes = layout.bytes(count)?;
+            let (c, eps) = self.live_eps(comm)?;
+            let to = c.dest(d)?;
+            let data = if bytes == 0 {
+                &[][..]
+            } else {
+                // SAFETY: the caller promises `count` contiguous elements at `buf`.
+                unsafe { std::slice::from_raw_parts(buf, bytes) }
+            };
+            if eps.p2p.try_send(to, tag, data).map_err(|e| c.error(e))? {
+                return Ok(());
+            }
             if self.others_idle(comm, P2P) {
-                let (c, eps) = self.live_eps(comm)?;
-                let to = c.dest(d)?;
-                let data = if bytes == 0 {
-                    &[][..]
-                } else {
-                    // SAFETY: the caller promises `count` contiguous elements at `buf`.
-                    unsafe { std::slice::from_raw_parts(buf, bytes) }
-                };
                 return eps.p2p.send(to, tag, data).map_err(|e| c.error(e));
             }
             // SAFETY: the caller promises `count` contiguous elements at `buf`; the send

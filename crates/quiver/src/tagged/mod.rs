@@ -287,6 +287,16 @@ impl Tagged {
         }
     }
 
+    /// Sends `data` to `dest` with `tag` if it leaves whole at once, as an eager message
+    /// (push mode `Pull` or `All`, at most BTP(1) bytes, credit left at the receiver):
+    /// `Ok(true)`, and the buffer may be reused. `Ok(false)`, having sent nothing, for
+    /// any other message (then [`Tagged::send`] or [`Tagged::isend_raw`], which also try
+    /// this first). For a caller that must know before it waits (MPI's blocking send,
+    /// which drives its other endpoints while it waits but need not for this).
+    pub fn try_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<bool> {
+        self.pp.send_eager(&self.ep, dest, tag, data)
+    }
+
     /// Receives the first message that matches (`src`, `tag`) into `buf`.
     /// [`Error::Truncated`] if it is longer than `buf` (which then holds its start).
     pub fn recv(&self, buf: &mut [u8], src: impl Into<Src>, tag: impl Into<Tag>) -> Result<Status> {

@@ -53,7 +53,7 @@ const LEN_MASK: u64 = 0xffff_ffff;
 pub(crate) const EARLY_WRAP_AT: usize = 16 << 10;
 /// Largest record with which the producer wraps early: larger ones are bulk transfers,
 /// whose consumer rarely keeps up (the producer would reload the tail for nothing).
-pub(crate) const EARLY_WRAP_RECORD: u64 = 1024;
+pub(crate) const EARLY_WRAP_RECORD: u64 = 4096 + 64;
 
 /// Bytes a record of `len` payload bytes occupies.
 pub(crate) fn stride(len: usize) -> usize {

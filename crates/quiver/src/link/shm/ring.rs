@@ -52,7 +52,10 @@ const LEN_MASK: u64 = 0xffff_ffff;
 /// up); a quarter of a smaller ring.
 pub(crate) const EARLY_WRAP_AT: usize = 16 << 10;
 /// Largest record with which the producer wraps early: larger ones are bulk transfers,
-/// whose consumer rarely keeps up (the producer would reload the tail for nothing).
+/// whose consumer rarely keeps up (the producer would reload the tail for nothing). A
+/// 4 KiB message with its headers still wraps: the tagged eager messages of 1 to 4 KiB
+/// (MPI's) otherwise went through the whole ring (MPI ping-pong of 1 KiB: 0.315 us one
+/// way with 1 KiB records, 0.300 with these).
 pub(crate) const EARLY_WRAP_RECORD: u64 = 4096 + 64;
 
 /// Bytes a record of `len` payload bytes occupies.

@@ -654,7 +654,7 @@ unsafe impl Plain for i64 {}
 // SAFETY: as above.
 unsafe impl Plain for [i64; 2] {}
 // SAFETY: as above.
-unsafe impl Plain for [u64; 2] {}
+unsafe impl Plain for [u64; 3] {}
 
 /// The bytes of plain values.
 pub(crate) fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {

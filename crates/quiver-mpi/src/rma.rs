@@ -92,8 +92,10 @@ pub struct Win {
     control: Window,
     /// Each rank's displacement unit.
     units: Vec<u64>,
-    /// Whether every rank's part starts 8-byte aligned (8-byte integers may then be
-    /// updated with quiver's atomics).
+    /// Each rank's part, in bytes.
+    sizes: Vec<u64>,
+    /// Whether every rank's part starts 8-byte aligned (accumulates may then update
+    /// elements with quiver's 64-bit atomics: [`word_elem`]).
     aligned: bool,
     base: *mut u8,
     size: usize,
@@ -185,13 +187,37 @@ fn target_runs(
     Ok(runs)
 }
 
-/// Whether elements of `layout` are 8-byte integers: every accumulate on one of them at
-/// an aligned address is quiver's 64-bit atomics (a compare-and-swap loop for the
-/// operations with no atomic of their own), so that all meet in the same CPU atomics.
-fn eight_byte_ints(layout: &Layout) -> Option<Elem> {
+/// The element of `layout` if accumulates may update it with quiver's 64-bit atomics:
+/// one of 1, 2, 4 or 8 bytes. Each such element that lies inside one aligned 8-byte word
+/// of the target's part ([`Win::word_of`]) is updated there by an atomic of the whole
+/// word (a fetch-and-add or swap of an 8-byte integer, otherwise a compare-and-swap
+/// loop that changes its bytes only), so that concurrent accumulates on it, or on its
+/// neighbours in the word, all meet in the same CPU atomics: one round trip to another
+/// node, or two, where the accumulate mutex takes four. Which way an element goes
+/// depends on its type and address only.
+fn word_elem(layout: &Layout) -> Option<Elem> {
     layout
         .elem
-        .filter(|e| matches!(e, Elem::Num(Num::I64 | Num::U64)))
+        .filter(|e| !matches!(e, Elem::Opaque { .. }) && matches!(e.size(), 1 | 2 | 4 | 8))
+}
+
+impl Win {
+    /// The aligned 8-byte word of window rank `r`'s part that holds the `len` bytes at
+    /// `at`, and where they start in it: `None` where they cross a word, or the word
+    /// would reach past the part's end, or some part does not start aligned (the
+    /// accumulate mutex then).
+    fn word_of(&self, r: u32, at: u64, len: usize) -> Option<(u64, usize)> {
+        let word = at & !7;
+        let within = (at - word) as usize;
+        let part = self.sizes.get(r as usize).copied().unwrap_or(0);
+        (self.aligned && within + len <= 8 && word.checked_add(8).is_some_and(|e| e <= part))
+            .then_some((word, within))
+    }
+}
+
+/// Whether `elem` is an 8-byte integer (quiver's fetch-and-add adds it).
+fn is_long(elem: Elem) -> bool {
+    matches!(elem, Elem::Num(Num::I64 | Num::U64))
 }
 
 fn word(bytes: &[u8]) -> u64 {
@@ -322,9 +348,13 @@ impl Mpi {
             // `win_allocate`'s are the window's own (`Win::_memory`), dropped after it.
             _ => unsafe { rma.register_borrowed(lent, size)? },
         };
-        let mine: [u64; 2] = [unit, u64::from((base as usize).is_multiple_of(8))];
+        let mine: [u64; 3] = [
+            unit,
+            u64::from((base as usize).is_multiple_of(8)),
+            size as u64,
+        ];
         let n = self.comm(wcomm)?.size() as usize;
-        let mut all = vec![[0u64; 2]; n];
+        let mut all = vec![[0u64; 3]; n];
         self.allgather_bytes(
             wcomm,
             crate::coll::bytes_of(&[mine]),
@@ -336,6 +366,7 @@ impl Mpi {
             control,
             units: all.iter().map(|a| a[0]).collect(),
             aligned: all.iter().all(|a| a[1] == 1),
+            sizes: all.iter().map(|a| a[2]).collect(),
             base,
             size,
             unit,
@@ -631,6 +662,18 @@ impl Mpi {
     /// The window, the target's job rank and the byte its displacement names; `None`
     /// for `MPI_PROC_NULL`.
     fn access(&self, w: usize, target: Peer, disp: i64) -> Result<Option<(&Win, u32, u64)>> {
+        Ok(self
+            .access_rank(w, target, disp)?
+            .map(|(win, _, j, at)| (win, j, at)))
+    }
+
+    /// [`Mpi::access`] with the target's rank in the window.
+    fn access_rank(
+        &self,
+        w: usize,
+        target: Peer,
+        disp: i64,
+    ) -> Result<Option<(&Win, u32, u32, u64)>> {
         let win = self.win(w)?;
         let r = match target {
             Peer::Rank(r) => r,
@@ -642,7 +685,7 @@ impl Mpi {
             .ok()
             .and_then(|d| d.checked_mul(win.units[r as usize]))
             .ok_or_else(|| MpiError::new(Class::Disp, format!("displacement {disp}")))?;
-        Ok(Some((win, j, at)))
+        Ok(Some((win, r, j, at)))
     }
 
     /// `MPI_Accumulate`, `MPI_Get_accumulate` and `MPI_Fetch_and_op`: `tcount` elements
@@ -669,7 +712,7 @@ impl Mpi {
             "one-sided accumulates take MPI's operations only".into()
         })?;
         op.check(ttype.elem)?;
-        let Some((win, j, at)) = self.access(w, target, disp)? else {
+        let Some((win, r, j, at)) = self.access_rank(w, target, disp)? else {
             return Ok(());
         };
         let len = ttype.bytes(tcount)?;
@@ -690,21 +733,45 @@ impl Mpi {
         let mut old = self.scratch.take();
         old.clear();
         old.resize(len, 0);
-        let words = eight_byte_ints(ttype);
-        let done = if let Some(elem) = words {
-            (|| {
+        let done = match word_elem(ttype).filter(|_| win.aligned) {
+            Some(elem) => (|| {
+                let size = elem.size();
+                // Elements that no word holds whole: under the mutex, after the others.
+                let mut rest = Vec::new();
                 for (off, range) in runs {
-                    for k in (range.start..range.end).step_by(8) {
+                    for k in (range.start..range.end).step_by(size) {
                         let at = off + (k - range.start) as u64;
-                        let v = if no_op { 0 } else { word(&origin[k..]) };
-                        let was = self.word_op(win, j, at, op, elem, v)?;
-                        old[k..k + 8].copy_from_slice(&was.to_ne_bytes());
+                        match win.word_of(r, at, size) {
+                            Some((word, within)) => {
+                                let v = if no_op { &[][..] } else { &origin[k..k + size] };
+                                let was = &mut old[k..k + size];
+                                self.elem_op(win, j, (word, within), op, elem, v, was)?;
+                            }
+                            None => rest.push((k, at)),
+                        }
                     }
                 }
-                Ok(())
-            })()
-        } else {
-            self.under_mutex(win, j, || {
+                if rest.is_empty() {
+                    return Ok(());
+                }
+                self.under_mutex(win, j, || {
+                    let mut cur = [0u8; 8];
+                    for &(k, at) in &rest {
+                        let cur = &mut cur[..size];
+                        rma.get(j, &win.data, at, cur)?;
+                        old[k..k + size].copy_from_slice(cur);
+                        if !no_op {
+                            // SAFETY: one element of `elem` in each.
+                            unsafe {
+                                op.apply(elem, 1, origin[k..].as_ptr(), cur.as_mut_ptr(), 0)?
+                            };
+                            rma.put(j, &win.data, at, cur)?;
+                        }
+                    }
+                    Ok(rma.flush(j)?)
+                })
+            })(),
+            None => self.under_mutex(win, j, || {
                 self.read_runs(win, j, at, tcount, ttype, &mut old)?;
                 if no_op {
                     return Ok(());
@@ -718,10 +785,11 @@ impl Mpi {
                 unsafe { op.combine(ttype, len, origin.as_ptr(), old.as_mut_ptr(), 0)? };
                 self.write_runs(win, j, at, tcount, ttype, &old)?;
                 Ok(rma.flush(j)?)
-            })
+            }),
         };
-        // The mutex's way wrote the result before it combined (unless MPI_NO_OP).
-        let written = words.is_none() && !no_op;
+        // The mutex's way for the whole type wrote the result before it combined
+        // (unless MPI_NO_OP).
+        let written = (word_elem(ttype).is_none() || !win.aligned) && !no_op;
         if let (Ok(()), Some((buf, _, layout)), false) = (&done, result, written) {
             // SAFETY: the caller's promise.
             unsafe { layout.unpack(&old, buf) };
@@ -753,7 +821,7 @@ impl Mpi {
             Class::Type,
             || "compare-and-swap takes one element of a predefined type".into(),
         )?;
-        let Some((win, j, at)) = self.access(w, target, disp)? else {
+        let Some((win, r, j, at)) = self.access_rank(w, target, disp)? else {
             return Ok(());
         };
         let n = ty.size;
@@ -765,10 +833,33 @@ impl Mpi {
             )
         };
         let rma = self.rma()?;
-        let old = if eight_byte_ints(ty).is_some() && win.aligned && at.is_multiple_of(8) {
-            rma.compare_swap(j, &win.data, at, word(cmp), word(new))?
-                .to_ne_bytes()
-                .to_vec()
+        let in_word = word_elem(ty)
+            .filter(|e| e.size() == n)
+            .and_then(|_| win.word_of(r, at, n));
+        let old = if let Some((word_at, within)) = in_word {
+            if n == 8 {
+                rma.compare_swap(j, &win.data, word_at, word(cmp), word(new))?
+                    .to_ne_bytes()
+                    .to_vec()
+            } else {
+                // Its bytes of the word change only if they are `cmp`: a
+                // compare-and-swap of the whole word, again while the others changed.
+                let mut cur = rma.fetch_add(j, &win.data, word_at, 0)?;
+                loop {
+                    let mut bytes = cur.to_ne_bytes();
+                    let was = bytes[within..within + n].to_vec();
+                    if was != cmp {
+                        break was;
+                    }
+                    bytes[within..within + n].copy_from_slice(new);
+                    let seen =
+                        rma.compare_swap(j, &win.data, word_at, cur, u64::from_ne_bytes(bytes))?;
+                    if seen == cur {
+                        break was;
+                    }
+                    cur = seen;
+                }
+            }
         } else {
             self.under_mutex(win, j, || {
                 let mut old = vec![0u8; n];
@@ -785,46 +876,58 @@ impl Mpi {
         Ok(())
     }
 
-    /// `op` with the 8-byte integer `v` (`elem`) on the word at byte `at` of job rank
-    /// `j`'s part: quiver's atomics where the word is aligned, else under the mutex, as
-    /// every other operation on that word. Returns the word before.
-    fn word_op(&self, win: &Win, j: u32, at: u64, op: &Op, elem: Elem, v: u64) -> Result<u64> {
+    /// `op` with the element `v` (`elem`; empty for `MPI_NO_OP`) on the element of job
+    /// rank `j`'s part that starts at byte `within` of the aligned word at `word`
+    /// ([`Win::word_of`]): an atomic of the whole word. `was` receives the element
+    /// before.
+    #[allow(clippy::too_many_arguments)]
+    fn elem_op(
+        &self,
+        win: &Win,
+        j: u32,
+        (at, within): (u64, usize),
+        op: &Op,
+        elem: Elem,
+        v: &[u8],
+        was: &mut [u8],
+    ) -> Result<()> {
         let rma = self.rma()?;
-        // `v op current`, as the accumulate asks.
-        let combine = |current: u64| -> Result<u64> {
-            let mut out = current.to_ne_bytes();
-            let inp = v.to_ne_bytes();
-            // SAFETY: one element of `elem` (8 bytes) in each.
-            unsafe { op.apply(elem, 1, inp.as_ptr(), out.as_mut_ptr(), 0)? };
-            Ok(u64::from_ne_bytes(out))
-        };
-        if !(win.aligned && at.is_multiple_of(8)) {
-            return self.under_mutex(win, j, || {
-                let mut cur = [0u8; 8];
-                rma.get(j, &win.data, at, &mut cur)?;
-                let was = u64::from_ne_bytes(cur);
-                if !matches!(op, Op::Builtin(Builtin::NoOp)) {
-                    rma.put(j, &win.data, at, &combine(was)?.to_ne_bytes())?;
-                    rma.flush(j)?;
-                }
-                Ok(was)
-            });
-        }
-        Ok(match op {
-            Op::Builtin(Builtin::Sum) => rma.fetch_add(j, &win.data, at, v)?,
-            Op::Builtin(Builtin::Replace) => rma.swap(j, &win.data, at, v)?,
-            Op::Builtin(Builtin::NoOp) => rma.fetch_add(j, &win.data, at, 0)?,
-            _ => {
-                let mut cur = rma.fetch_add(j, &win.data, at, 0)?;
-                loop {
-                    let was = rma.compare_swap(j, &win.data, at, cur, combine(cur)?)?;
-                    if was == cur {
-                        break cur;
-                    }
-                    cur = was;
-                }
+        let size = was.len();
+        let whole =
+            |x: u64, was: &mut [u8]| was.copy_from_slice(&x.to_ne_bytes()[within..within + size]);
+        // The operations an atomic of the word does at once.
+        let at_once = match op {
+            Op::Builtin(Builtin::NoOp) => Some(rma.fetch_add(j, &win.data, at, 0)?),
+            Op::Builtin(Builtin::Sum) if is_long(elem) => {
+                Some(rma.fetch_add(j, &win.data, at, word(v))?)
             }
-        })
+            Op::Builtin(Builtin::Replace) if size == 8 => {
+                Some(rma.swap(j, &win.data, at, word(v))?)
+            }
+            _ => None,
+        };
+        if let Some(before) = at_once {
+            whole(before, was);
+            return Ok(());
+        }
+        // `v op current` on the element's bytes, the word's others unchanged.
+        let mut cur = rma.fetch_add(j, &win.data, at, 0)?;
+        loop {
+            let mut bytes = cur.to_ne_bytes();
+            whole(cur, was);
+            // SAFETY: one element of `elem` (`size` bytes) in each.
+            unsafe { op.apply(elem, 1, v.as_ptr(), bytes[within..].as_mut_ptr(), 0)? };
+            let new = u64::from_ne_bytes(bytes);
+            if new == cur {
+                // Nothing changes (a maximum already there): the read was the update.
+                return Ok(());
+            }
+            let seen = rma.compare_swap(j, &win.data, at, cur, new)?;
+            if seen == cur {
+                return Ok(());
+            }
+            cur = seen;
+        }
     }
 
     /// Runs `f` holding the accumulate mutex of job rank `j`'s part of `win`.
@@ -883,13 +986,15 @@ mod tests {
     }
 
     #[test]
-    fn only_8_byte_integers_take_quivers_atomics() {
+    fn elements_of_up_to_a_word_take_quivers_atomics() {
         let longs = Layout::builtin(Elem::Num(Num::I64));
         let strided = Layout::hvector(2, 1, 16, &longs).unwrap();
-        assert!(eight_byte_ints(&longs).is_some());
-        assert!(eight_byte_ints(&strided).is_some());
-        assert!(eight_byte_ints(&Layout::builtin(Elem::Num(Num::U64))).is_some());
-        assert!(eight_byte_ints(&Layout::builtin(Elem::Num(Num::F64))).is_none());
-        assert!(eight_byte_ints(&ints()).is_none());
+        assert!(word_elem(&longs).is_some());
+        assert!(word_elem(&strided).is_some());
+        assert!(word_elem(&Layout::builtin(Elem::Num(Num::F64))).is_some());
+        assert!(word_elem(&Layout::builtin(Elem::Num(Num::I16))).is_some());
+        assert!(word_elem(&ints()).is_some());
+        assert!(word_elem(&Layout::builtin(Elem::Num(Num::C64))).is_none());
+        assert!(word_elem(&Layout::builtin(Elem::Opaque { size: 8 })).is_none());
     }
 }

@@ -8,6 +8,7 @@
  * libmpi.so.12 and on quiver's. Exits 0 and rank 0 prints "rma: OK" when every check
  * held on every rank. */
 #include <mpi.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,14 @@ static void atomics(void) {
         int icas;     /* the same with ints */
         int pad;
         long lmax;    /* MPI_Accumulate MAX of longs (a compare-and-swap loop on quiver) */
+        /* Elements smaller than a word, side by side, updated by every rank at once
+         * (quiver changes each with an atomic of its whole word). */
+        short s[4];          /* SUM of shorts, each rank on two of them */
+        unsigned char b[8];  /* BOR of bytes, each rank its own bit in all of them */
+        float f;             /* SUM of floats */
+        int imin;            /* MIN of ints */
+        int fi;              /* MPI_Fetch_and_op SUM of ints */
+        int pad2;
     } *c;
     MPI_Alloc_mem(sizeof *c, MPI_INFO_NULL, &c);
     memset(c, 0, sizeof *c);
@@ -134,6 +143,28 @@ static void atomics(void) {
                 if (got == cur) break;
                 cur = got;
             }
+            short one_s = 1;
+            MPI_Aint at_s = offsetof(struct counters, s);
+            MPI_Accumulate(&one_s, 1, MPI_SHORT, t, at_s + 2 * (rank % 4), 1, MPI_SHORT,
+                           MPI_SUM, win);
+            MPI_Accumulate(&one_s, 1, MPI_SHORT, t, at_s + 2 * ((rank + 1) % 4), 1, MPI_SHORT,
+                           MPI_SUM, win);
+            unsigned char bit[8];
+            memset(bit, 1 << (rank % 8), sizeof bit);
+            MPI_Accumulate(bit, 8, MPI_BYTE, t, offsetof(struct counters, b), 8, MPI_BYTE,
+                           MPI_BOR, win);
+            float quarter = 0.25f;
+            MPI_Accumulate(&quarter, 1, MPI_FLOAT, t, offsetof(struct counters, f), 1,
+                           MPI_FLOAT, MPI_SUM, win);
+            int my_min = -rank - k;
+            MPI_Accumulate(&my_min, 1, MPI_INT, t, offsetof(struct counters, imin), 1, MPI_INT,
+                           MPI_MIN, win);
+            int three = 3, fi_was;
+            MPI_Fetch_and_op(&three, &fi_was, MPI_INT, t, offsetof(struct counters, fi),
+                             MPI_SUM, win);
+            MPI_Win_flush(t, win);
+            CHECK(fi_was % 3 == 0 && fi_was >= 0 && fi_was < 3 * ADDS * size,
+                  "int fetch-and-op %d", fi_was);
             int icur = 0, igot;
             for (;;) {
                 int want = icur + 1;
@@ -156,6 +187,17 @@ static void atomics(void) {
     CHECK(c->cas == n, "compare-and-swap tickets %ld, not %ld", c->cas, n);
     CHECK(c->icas == n, "int compare-and-swap tickets %d, not %ld", c->icas, n);
     CHECK(c->lmax == (long)(size - 1) * ADDS + ADDS - 1, "long max %ld", c->lmax);
+    for (int q = 0; q < 4; q++) {
+        long want = 0;
+        for (int r = 0; r < size; r++) want += (r % 4 == q) + ((r + 1) % 4 == q);
+        CHECK(c->s[q] == want * ADDS, "short %d: %d, not %ld", q, c->s[q], want * ADDS);
+    }
+    unsigned char bits = 0;
+    for (int r = 0; r < size; r++) bits |= (unsigned char)(1 << (r % 8));
+    for (int q = 0; q < 8; q++) CHECK(c->b[q] == bits, "byte %d: %#x, not %#x", q, c->b[q], bits);
+    CHECK(c->f == 0.25f * n, "floats %g, not %g", c->f, 0.25 * n);
+    CHECK(c->imin == -(size - 1) - (ADDS - 1), "int min %d", c->imin);
+    CHECK(c->fi == 3 * n, "int fetch-and-op %d, not %ld", c->fi, 3 * n);
     MPI_Win_unlock(rank, win);
     /* A fetch of MPI_NO_OP reads without changing. */
     long peek = -1, dummy = 5;
@@ -269,6 +311,38 @@ static void attributes_and_errors(void) {
     MPI_Win_free(&win);
 }
 
+/* A window of three ints: the last one's word would reach past the part's end (quiver
+ * takes the accumulate mutex for it, its atomics for the other two), all three updated
+ * in one call and in calls of their own by every rank at once. */
+static void the_last_word(void) {
+    int *w;
+    MPI_Win win;
+    MPI_Win_allocate(3 * sizeof(int), sizeof(int), MPI_INFO_NULL, MPI_COMM_WORLD, &w, &win);
+    MPI_Win_lock(MPI_LOCK_EXCLUSIVE, rank, 0, win);
+    w[0] = w[1] = w[2] = 0;
+    MPI_Win_unlock(rank, win);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Win_lock_all(0, win);
+    int ones[3] = {1, 1, 1}, two = 2, was;
+    for (int k = 0; k < ADDS; k++)
+        for (int t = 0; t < size; t++) {
+            MPI_Accumulate(ones, 3, MPI_INT, t, 0, 3, MPI_INT, MPI_SUM, win);
+            MPI_Fetch_and_op(&two, &was, MPI_INT, t, 2, MPI_SUM, win);
+            MPI_Accumulate(&two, 1, MPI_INT, t, 1, 1, MPI_INT, MPI_SUM, win);
+            MPI_Win_flush(t, win);
+            CHECK(was >= 0 && was < 3 * ADDS * size, "the last int was %d", was);
+        }
+    MPI_Win_unlock_all(win);
+    MPI_Barrier(MPI_COMM_WORLD);
+    long n = (long)ADDS * size;
+    MPI_Win_lock(MPI_LOCK_SHARED, rank, 0, win);
+    CHECK(w[0] == n && w[1] == 3 * n && w[2] == 3 * n, "the ints: %d %d %d, not %ld %ld %ld",
+          w[0], w[1], w[2], n, 3 * n, 3 * n);
+    MPI_Win_unlock(rank, win);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Win_free(&win);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -284,6 +358,7 @@ int main(int argc, char **argv) {
     free(plain);
     derived_types();
     atomics();
+    the_last_word();
     exclusive_locks();
     split_windows();
     attributes_and_errors();

@@ -496,6 +496,27 @@ mod tests {
     }
 
     #[test]
+    fn cancel_finds_the_last_posted_and_the_others() {
+        let mut m = M::new();
+        m.post(1, Src::Rank(0), Tag::Is(5));
+        m.post(2, Src::Rank(1), Tag::Is(6));
+        m.post(3, Src::Rank(1), Tag::Is(6));
+        // The last posted waits behind another in its queue.
+        assert!(m.cancel(3, Src::Rank(1), Tag::Is(6)));
+        assert!(m.cancel(1, Src::Rank(0), Tag::Is(5)));
+        m.post(4, Src::Rank(0), Tag::Is(5));
+        // The last posted first in its queue, then one of another queue.
+        assert!(m.cancel(4, Src::Rank(0), Tag::Is(5)));
+        assert!(!m.cancel(4, Src::Rank(0), Tag::Is(5)), "twice");
+        assert_eq!(
+            m.arrive(1, 6, k(), || ""),
+            Some(2),
+            "the one left is matched"
+        );
+        assert_eq!(m.len(), (0, 0));
+    }
+
+    #[test]
     fn bytes_that_follow_reach_the_waiting_message() {
         let mut m: Matching<Vec<u8>> = Matching::new();
         m.arrive(1, 0, 7, || vec![1]);

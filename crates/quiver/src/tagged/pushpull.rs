@@ -677,11 +677,19 @@ impl PushPull {
     pub(super) fn nothing_under_way(&self, src: Src, tag: Tag) -> bool {
         let st = self.st.borrow();
         st.matching.posted() == 0
-            && st.outgoing.is_empty()
+            && st.matching.probe(src, tag).is_none()
+            && self.no_work_but_receives(&st)
+    }
+
+    /// Whether no work is left that only polling does: no send waiting for its
+    /// receiver, no pull to make or being made, no error to report, nothing in the
+    /// outbox, no split copy.
+    #[inline(always)]
+    fn no_work_but_receives(&self, st: &State) -> bool {
+        st.outgoing.is_empty()
             && st.to_pull.is_empty()
             && st.pulls.is_empty()
             && st.errors.is_empty()
-            && st.matching.probe(src, tag).is_none()
             && self.out.borrow().is_empty()
             && !self.rma.busy()
     }
@@ -1350,13 +1358,7 @@ impl PushPull {
         else {
             return None;
         };
-        let alone = st.matching.posted() == 1
-            && st.outgoing.is_empty()
-            && st.to_pull.is_empty()
-            && st.pulls.is_empty()
-            && st.errors.is_empty()
-            && self.out.borrow().is_empty()
-            && !self.rma.busy();
+        let alone = st.matching.posted() == 1 && self.no_work_but_receives(&st);
         alone.then_some((*ptr, *cap, *src, *tag))
     }
 
@@ -1365,14 +1367,7 @@ impl PushPull {
     /// error to report, no split copy.
     pub(super) fn idle(&self) -> bool {
         let st = self.st.borrow();
-        st.ops.is_empty()
-            && st.matching.posted() == 0
-            && st.outgoing.is_empty()
-            && st.to_pull.is_empty()
-            && st.pulls.is_empty()
-            && st.errors.is_empty()
-            && self.out.borrow().is_empty()
-            && !self.rma.busy()
+        st.ops.is_empty() && st.matching.posted() == 0 && self.no_work_but_receives(&st)
     }
 
     /// The ids of every operation not yet waited for.

@@ -759,7 +759,9 @@ impl PushPull {
                     unsafe { crate::link::copy_bytes(data.as_ptr(), ptr, n.min(cap)) };
                     free_pushed(st, &mut self.out.borrow_mut(), r.source, n);
                     if let Some(id) = posted {
-                        st.matching.cancel(id, src, tag);
+                        // Posted alone and unmatched ([`PushPull::alone_posted`]).
+                        let withdrawn = st.matching.cancel(id, src, tag);
+                        debug_assert!(withdrawn, "receive {id} was not posted");
                         st.ops.remove(&id);
                     }
                     Some(whole_result(source, t, n as u64, cap))

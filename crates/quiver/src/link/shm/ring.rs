@@ -53,10 +53,12 @@ const LEN_MASK: u64 = 0xffff_ffff;
 pub(crate) const EARLY_WRAP_AT: usize = 16 << 10;
 /// Largest record with which the producer wraps early: larger ones are bulk transfers,
 /// whose consumer rarely keeps up (the producer would reload the tail for nothing). A
-/// 4 KiB message with its headers still wraps: the tagged eager messages of 1 to 4 KiB
-/// (MPI's) otherwise went through the whole ring (MPI ping-pong of 1 KiB: 0.315 us one
-/// way with 1 KiB records, 0.300 with these).
-pub(crate) const EARLY_WRAP_RECORD: u64 = 4096 + 64;
+/// tagged 1 KiB message with its headers (1048 bytes) is just above: letting records of
+/// up to 4 KiB wrap made MPI's 1 KiB ping-pong 5 % faster (0.315 -> 0.300 us) but
+/// tagged bandwidth at 1-4 KiB 11-14 % slower (the tail reloaded per record behind a
+/// lagging consumer; trying again only every 16 KiB cost the 8-byte message rate 20-30 %
+/// instead), so it stays.
+pub(crate) const EARLY_WRAP_RECORD: u64 = 1024;
 
 /// Bytes a record of `len` payload bytes occupies.
 pub(crate) fn stride(len: usize) -> usize {

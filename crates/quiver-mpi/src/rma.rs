@@ -188,18 +188,18 @@ fn target_runs(
 }
 
 /// The element of `layout` if accumulates update it with quiver's 64-bit atomics: an
-/// 8-byte integer. Each such element that lies on an aligned word of the target's part
-/// ([`Win::word_of`]) is updated by an atomic of that word (a fetch-and-add, a swap, or
+/// 8-byte integer. Each such element on an aligned word of the target's part
+/// ([`Win::on_word`]) is updated by an atomic of that word (a fetch-and-add, a swap, or
 /// a compare-and-swap loop for the operations with no atomic of their own), so that
 /// concurrent accumulates on it all meet in the same CPU atomics; every other element
 /// takes the accumulate mutex. Which way an element goes depends on its type and
 /// address only.
 ///
 /// Smaller elements could be updated the same way, by a compare-and-swap loop on the
-/// word that holds them ([`Mpi::elem_op`] does it): tried, and kept out because an
-/// origin on another node then pays two round trips per element (IMB-RMA's Accumulate
-/// of 64 KiB of floats: 230 ms instead of a few ms under the mutex); that needs the
-/// target to apply a whole accumulate (DESIGN-NOTES).
+/// word that holds them (658f2af did): tried, and kept out because an origin on another
+/// node then pays two round trips per element (IMB-RMA's Accumulate of 64 KiB of
+/// floats: 230 ms instead of a few ms under the mutex); that needs the target to apply
+/// a whole accumulate (DESIGN-NOTES).
 fn word_elem(layout: &Layout) -> Option<Elem> {
     layout
         .elem
@@ -207,22 +207,13 @@ fn word_elem(layout: &Layout) -> Option<Elem> {
 }
 
 impl Win {
-    /// The aligned 8-byte word of window rank `r`'s part that holds the `len` bytes at
-    /// `at`, and where they start in it: `None` where they cross a word, or the word
-    /// would reach past the part's end, or some part does not start aligned (the
-    /// accumulate mutex then).
-    fn word_of(&self, r: u32, at: u64, len: usize) -> Option<(u64, usize)> {
-        let word = at & !7;
-        let within = (at - word) as usize;
+    /// Whether the 8 bytes at `at` of window rank `r`'s part are an aligned word of it:
+    /// every part starts aligned, `at` is a multiple of 8 and the word ends inside the
+    /// part (otherwise the accumulate mutex).
+    fn on_word(&self, r: u32, at: u64) -> bool {
         let part = self.sizes.get(r as usize).copied().unwrap_or(0);
-        (self.aligned && within + len <= 8 && word.checked_add(8).is_some_and(|e| e <= part))
-            .then_some((word, within))
+        self.aligned && at.is_multiple_of(8) && at.checked_add(8).is_some_and(|e| e <= part)
     }
-}
-
-/// Whether `elem` is an 8-byte integer (quiver's fetch-and-add adds it).
-fn is_long(elem: Elem) -> bool {
-    matches!(elem, Elem::Num(Num::I64 | Num::U64))
 }
 
 fn word(bytes: &[u8]) -> u64 {
@@ -740,19 +731,17 @@ impl Mpi {
         old.resize(len, 0);
         let done = match word_elem(ttype).filter(|_| win.aligned) {
             Some(elem) => (|| {
-                let size = elem.size();
-                // Elements that no word holds whole: under the mutex, after the others.
+                // Elements on no aligned word: under the mutex, after the others.
                 let mut rest = Vec::new();
                 for (off, range) in runs {
-                    for k in (range.start..range.end).step_by(size) {
+                    for k in (range.start..range.end).step_by(8) {
                         let at = off + (k - range.start) as u64;
-                        match win.word_of(r, at, size) {
-                            Some((word, within)) => {
-                                let v = if no_op { &[][..] } else { &origin[k..k + size] };
-                                let was = &mut old[k..k + size];
-                                self.elem_op(win, j, (word, within), op, elem, v, was)?;
-                            }
-                            None => rest.push((k, at)),
+                        if win.on_word(r, at) {
+                            let v = if no_op { 0 } else { word(&origin[k..]) };
+                            let was = self.word_op(win, j, at, op, elem, v)?;
+                            old[k..k + 8].copy_from_slice(&was.to_ne_bytes());
+                        } else {
+                            rest.push((k, at));
                         }
                     }
                 }
@@ -760,17 +749,16 @@ impl Mpi {
                     return Ok(());
                 }
                 self.under_mutex(win, j, || {
-                    let mut cur = [0u8; 8];
                     for &(k, at) in &rest {
-                        let cur = &mut cur[..size];
-                        rma.get(j, &win.data, at, cur)?;
-                        old[k..k + size].copy_from_slice(cur);
+                        let mut cur = [0u8; 8];
+                        rma.get(j, &win.data, at, &mut cur)?;
+                        old[k..k + 8].copy_from_slice(&cur);
                         if !no_op {
-                            // SAFETY: one element of `elem` in each.
+                            // SAFETY: one element of `elem` (8 bytes) in each.
                             unsafe {
                                 op.apply(elem, 1, origin[k..].as_ptr(), cur.as_mut_ptr(), 0)?
                             };
-                            rma.put(j, &win.data, at, cur)?;
+                            rma.put(j, &win.data, at, &cur)?;
                         }
                     }
                     Ok(rma.flush(j)?)
@@ -838,11 +826,8 @@ impl Mpi {
             )
         };
         let rma = self.rma()?;
-        let in_word = word_elem(ty)
-            .filter(|e| e.size() == n)
-            .and_then(|_| win.word_of(r, at, n));
-        let old = if let Some((word_at, _)) = in_word {
-            rma.compare_swap(j, &win.data, word_at, word(cmp), word(new))?
+        let old = if word_elem(ty).is_some() && n == 8 && win.on_word(r, at) {
+            rma.compare_swap(j, &win.data, at, word(cmp), word(new))?
                 .to_ne_bytes()
                 .to_vec()
         } else {
@@ -861,58 +846,33 @@ impl Mpi {
         Ok(())
     }
 
-    /// `op` with the element `v` (`elem`; empty for `MPI_NO_OP`) on the element of job
-    /// rank `j`'s part that starts at byte `within` of the aligned word at `word`
-    /// ([`Win::word_of`]): an atomic of the whole word. `was` receives the element
-    /// before.
-    #[allow(clippy::too_many_arguments)]
-    fn elem_op(
-        &self,
-        win: &Win,
-        j: u32,
-        (at, within): (u64, usize),
-        op: &Op,
-        elem: Elem,
-        v: &[u8],
-        was: &mut [u8],
-    ) -> Result<()> {
+    /// `op` with the 8-byte integer `v` (`elem`) on the aligned word at byte `at` of job
+    /// rank `j`'s part ([`Win::on_word`]): quiver's atomics. Returns the word before.
+    fn word_op(&self, win: &Win, j: u32, at: u64, op: &Op, elem: Elem, v: u64) -> Result<u64> {
         let rma = self.rma()?;
-        let size = was.len();
-        let whole =
-            |x: u64, was: &mut [u8]| was.copy_from_slice(&x.to_ne_bytes()[within..within + size]);
-        // The operations an atomic of the word does at once.
-        let at_once = match op {
-            Op::Builtin(Builtin::NoOp) => Some(rma.fetch_add(j, &win.data, at, 0)?),
-            Op::Builtin(Builtin::Sum) if is_long(elem) => {
-                Some(rma.fetch_add(j, &win.data, at, word(v))?)
+        Ok(match op {
+            Op::Builtin(Builtin::Sum) => rma.fetch_add(j, &win.data, at, v)?,
+            Op::Builtin(Builtin::Replace) => rma.swap(j, &win.data, at, v)?,
+            Op::Builtin(Builtin::NoOp) => rma.fetch_add(j, &win.data, at, 0)?,
+            _ => {
+                // `v op current`, as the accumulate asks.
+                let combine = |current: u64| -> Result<u64> {
+                    let mut out = current.to_ne_bytes();
+                    let inp = v.to_ne_bytes();
+                    // SAFETY: one element of `elem` (8 bytes) in each.
+                    unsafe { op.apply(elem, 1, inp.as_ptr(), out.as_mut_ptr(), 0)? };
+                    Ok(u64::from_ne_bytes(out))
+                };
+                let mut cur = rma.fetch_add(j, &win.data, at, 0)?;
+                loop {
+                    let was = rma.compare_swap(j, &win.data, at, cur, combine(cur)?)?;
+                    if was == cur {
+                        break cur;
+                    }
+                    cur = was;
+                }
             }
-            Op::Builtin(Builtin::Replace) if size == 8 => {
-                Some(rma.swap(j, &win.data, at, word(v))?)
-            }
-            _ => None,
-        };
-        if let Some(before) = at_once {
-            whole(before, was);
-            return Ok(());
-        }
-        // `v op current` on the element's bytes, the word's others unchanged.
-        let mut cur = rma.fetch_add(j, &win.data, at, 0)?;
-        loop {
-            let mut bytes = cur.to_ne_bytes();
-            whole(cur, was);
-            // SAFETY: one element of `elem` (`size` bytes) in each.
-            unsafe { op.apply(elem, 1, v.as_ptr(), bytes[within..].as_mut_ptr(), 0)? };
-            let new = u64::from_ne_bytes(bytes);
-            if new == cur {
-                // Nothing changes (a maximum already there): the read was the update.
-                return Ok(());
-            }
-            let seen = rma.compare_swap(j, &win.data, at, cur, new)?;
-            if seen == cur {
-                return Ok(());
-            }
-            cur = seen;
-        }
+        })
     }
 
     /// Runs `f` holding the accumulate mutex of job rank `j`'s part of `win`.

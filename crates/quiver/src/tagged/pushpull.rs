@@ -661,7 +661,7 @@ impl PushPull {
         if self.nothing_under_way(src, tag) {
             let direct = on
                 .station()
-                .wait_for(|| self.receive_directly(on, ptr, cap, src, tag), None)?;
+                .wait_for(|| self.direct_step(on, ptr, cap, src, tag, None), None)?;
             return match direct {
                 Direct::Landed(result) => result.map_err(|e| *e),
                 Direct::Posted(id) => self.wait_op(on, id),
@@ -694,26 +694,14 @@ impl PushPull {
             && !self.rma.busy()
     }
 
-    /// One poll of [`PushPull::recv`]'s unposted wait: `None` when nothing arrived.
-    #[inline]
-    pub(super) fn receive_directly(
-        &self,
-        on: &impl Footing,
-        ptr: *mut u8,
-        cap: usize,
-        src: Src,
-        tag: Tag,
-    ) -> Result<Option<Direct>> {
-        self.direct_step(on, ptr, cap, src, tag, None)
-    }
-
-    /// One poll of a receive that waits alone, by the short path: the first message
+    /// One poll of a receive that waits alone, by the short path ([`PushPull::recv`]'s
+    /// unposted wait with `posted` `None`, [`PushPull::wait_alone`]'s): the first message
     /// that arrived, if it is an `Eager` one the receive accepts, lands in its buffer
     /// straight from the ring (`Landed`; the receive `posted`, if any, is withdrawn from
     /// the queues and forgotten); any other message is handled as the handler handles
     /// every message, after the receive was posted (`Posted`: it may have matched it).
     /// `None` when nothing arrived.
-    fn direct_step(
+    pub(super) fn direct_step(
         &self,
         on: &impl Footing,
         ptr: *mut u8,

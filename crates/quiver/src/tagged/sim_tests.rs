@@ -672,7 +672,7 @@ fn blocking_calls_land_unposted_or_fall_back() {
                     Some(Blocked::Unposted(k, mut buf)) => {
                         let tag = Tag::Is(sends[1 - r][k].1);
                         let (ptr, cap) = (buf.as_mut_ptr(), buf.len());
-                        match pp.receive_directly(station, ptr, cap, Src::Rank(peer), tag) {
+                        match pp.direct_step(station, ptr, cap, Src::Rank(peer), tag, None) {
                             Ok(None) => Some(Blocked::Unposted(k, buf)),
                             Ok(Some(Direct::Landed(result))) => {
                                 let result = result.map_err(|e| *e);

@@ -11,49 +11,9 @@
 
 use crate::error::{check, Class, MpiError, Result};
 
-/// A number a reduction computes on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Num {
-    /// Signed integers of 1, 2, 4 and 8 bytes.
-    I8,
-    #[allow(missing_docs)]
-    I16,
-    #[allow(missing_docs)]
-    I32,
-    #[allow(missing_docs)]
-    I64,
-    /// Unsigned integers of 1, 2, 4 and 8 bytes.
-    U8,
-    #[allow(missing_docs)]
-    U16,
-    #[allow(missing_docs)]
-    U32,
-    #[allow(missing_docs)]
-    U64,
-    /// IEEE floats of 4 and 8 bytes.
-    F32,
-    #[allow(missing_docs)]
-    F64,
-    /// C's `_Bool` (and Fortran's LOGICAL of 1 byte): logical operations only.
-    Bool,
-    /// Complex numbers of two `f32` or two `f64`: sums and products only.
-    C32,
-    #[allow(missing_docs)]
-    C64,
-}
-
-impl Num {
-    /// Its size in bytes.
-    pub fn size(self) -> usize {
-        match self {
-            Num::I8 | Num::U8 | Num::Bool => 1,
-            Num::I16 | Num::U16 => 2,
-            Num::I32 | Num::U32 | Num::F32 => 4,
-            Num::I64 | Num::U64 | Num::F64 | Num::C32 => 8,
-            Num::C64 => 16,
-        }
-    }
-}
+/// A number a reduction computes on: quiver's, which its one-sided targets compute
+/// with too.
+pub use quiver::rma::reduce::Number as Num;
 
 /// What one element of a type is, for reductions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,42 +5,13 @@
 //! data, in the argument order MPI prescribes, so that a non-commutative operation sees
 //! its operands in rank order when the caller feeds them so (`coll` does).
 
-use crate::datatype::{Elem, Layout, Num};
+use crate::datatype::{Elem, Layout};
 use crate::error::{Class, MpiError, Result};
+use quiver::rma::reduce::{self, Element};
 use std::sync::Arc;
 
-/// MPI's predefined operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Builtin {
-    #[allow(missing_docs)]
-    Max,
-    #[allow(missing_docs)]
-    Min,
-    #[allow(missing_docs)]
-    Sum,
-    #[allow(missing_docs)]
-    Prod,
-    /// Logical and, or, exclusive or.
-    Land,
-    #[allow(missing_docs)]
-    Lor,
-    #[allow(missing_docs)]
-    Lxor,
-    /// Bitwise and, or, exclusive or.
-    Band,
-    #[allow(missing_docs)]
-    Bor,
-    #[allow(missing_docs)]
-    Bxor,
-    /// The pair of the largest (smallest) value, with the smallest index among equals.
-    Maxloc,
-    #[allow(missing_docs)]
-    Minloc,
-    /// The incoming value replaces the target's (one-sided accumulate).
-    Replace,
-    /// Nothing changes (one-sided fetch).
-    NoOp,
-}
+/// MPI's predefined operations: quiver's reductions (a one-sided target applies them).
+pub use quiver::rma::reduce::Reduce as Builtin;
 
 /// An application's reduction: `f(in, inout, count, datatype)` combines `count`
 /// elements (the front-end passes its own handle of the datatype through).
@@ -69,67 +40,38 @@ impl std::fmt::Debug for Op {
     }
 }
 
-macro_rules! each {
-    ($t:ty, $n:expr, $inp:expr, $io:expr, |$a:ident, $b:ident| $e:expr) => {{
-        let (inp, io) = ($inp.cast::<$t>(), $io.cast::<$t>());
-        for i in 0..$n {
-            // SAFETY: `apply`'s caller promises `n` elements of this type at both
-            // (read unaligned: buffers of C programs need not be aligned).
-            unsafe {
-                let $a = inp.add(i).read_unaligned();
-                let $b = io.add(i).read_unaligned();
-                io.add(i).write_unaligned($e);
-            }
-        }
-    }};
-}
-
-macro_rules! int_ops {
-    ($t:ty, $op:expr, $n:expr, $inp:expr, $io:expr) => {
-        match $op {
-            Builtin::Max => each!($t, $n, $inp, $io, |a, b| a.max(b)),
-            Builtin::Min => each!($t, $n, $inp, $io, |a, b| a.min(b)),
-            Builtin::Sum => each!($t, $n, $inp, $io, |a, b| a.wrapping_add(b)),
-            Builtin::Prod => each!($t, $n, $inp, $io, |a, b| a.wrapping_mul(b)),
-            Builtin::Land => each!($t, $n, $inp, $io, |a, b| ((a != 0) && (b != 0)) as $t),
-            Builtin::Lor => each!($t, $n, $inp, $io, |a, b| ((a != 0) || (b != 0)) as $t),
-            Builtin::Lxor => each!($t, $n, $inp, $io, |a, b| ((a != 0) != (b != 0)) as $t),
-            Builtin::Band => each!($t, $n, $inp, $io, |a, b| a & b),
-            Builtin::Bor => each!($t, $n, $inp, $io, |a, b| a | b),
-            Builtin::Bxor => each!($t, $n, $inp, $io, |a, b| a ^ b),
-            _ => return Err(undefined($op, stringify!($t))),
-        }
-    };
-}
-
-macro_rules! float_ops {
-    ($t:ty, $op:expr, $n:expr, $inp:expr, $io:expr) => {
-        match $op {
-            Builtin::Max => each!($t, $n, $inp, $io, |a, b| if a > b { a } else { b }),
-            Builtin::Min => each!($t, $n, $inp, $io, |a, b| if a < b { a } else { b }),
-            Builtin::Sum => each!($t, $n, $inp, $io, |a, b| a + b),
-            Builtin::Prod => each!($t, $n, $inp, $io, |a, b| a * b),
-            _ => return Err(undefined($op, stringify!($t))),
-        }
-    };
-}
-
-macro_rules! complex_ops {
-    ($t:ty, $op:expr, $n:expr, $inp:expr, $io:expr) => {
-        match $op {
-            Builtin::Sum => each!([$t; 2], $n, $inp, $io, |a, b| [a[0] + b[0], a[1] + b[1]]),
-            Builtin::Prod => each!([$t; 2], $n, $inp, $io, |a, b| [
-                a[0] * b[0] - a[1] * b[1],
-                a[0] * b[1] + a[1] * b[0]
-            ]),
-            _ => return Err(undefined($op, "complex")),
-        }
-    };
-}
-
 fn undefined(op: Builtin, ty: &str) -> MpiError {
     let name = format!("{op:?}").to_uppercase();
     MpiError::new(Class::Op, format!("MPI_{name} is not defined on {ty}"))
+}
+
+/// The element quiver computes `op` on for MPI's `elem`: numbers and pairs as they are,
+/// bytes with bitwise operations (`MPI_BYTE`) as bytes; other bytes and opaque
+/// elements for replacing and fetching only.
+pub(crate) fn element(op: Builtin, elem: Elem) -> Result<Element> {
+    let small = |n: usize| u8::try_from(n).map_err(|_| undefined(op, "elements this large"));
+    Ok(match elem {
+        Elem::Num(n) => Element::Num(n),
+        Elem::Pair {
+            value,
+            index_at,
+            size,
+        } => Element::Pair {
+            value,
+            index_at: small(index_at)?,
+            size: small(size)?,
+        },
+        Elem::Bytes {
+            size,
+            bitwise: true,
+        } => Element::Bytes { size: small(size)? },
+        Elem::Bytes { size, .. } | Elem::Opaque { size }
+            if matches!(op, Builtin::Replace | Builtin::NoOp) =>
+        {
+            Element::Bytes { size: small(size)? }
+        }
+        _ => return Err(undefined(op, "this datatype")),
+    })
 }
 
 impl Op {
@@ -231,140 +173,35 @@ impl Op {
             Op::Builtin(op) => *op,
         };
         match op {
-            Builtin::NoOp => return Ok(()),
+            Builtin::NoOp => Ok(()),
             Builtin::Replace => {
                 // SAFETY: the caller promises `count` elements at both, apart.
                 unsafe { std::ptr::copy_nonoverlapping(inp, inout, count * elem.size()) };
-                return Ok(());
-            }
-            _ => {}
-        }
-        match elem {
-            Elem::Num(Num::I8) => int_ops!(i8, op, count, inp, inout),
-            Elem::Num(Num::I16) => int_ops!(i16, op, count, inp, inout),
-            Elem::Num(Num::I32) => int_ops!(i32, op, count, inp, inout),
-            Elem::Num(Num::I64) => int_ops!(i64, op, count, inp, inout),
-            Elem::Num(Num::U8) => int_ops!(u8, op, count, inp, inout),
-            Elem::Num(Num::U16) => int_ops!(u16, op, count, inp, inout),
-            Elem::Num(Num::U32) => int_ops!(u32, op, count, inp, inout),
-            Elem::Num(Num::U64) => int_ops!(u64, op, count, inp, inout),
-            Elem::Num(Num::F32) => float_ops!(f32, op, count, inp, inout),
-            Elem::Num(Num::F64) => float_ops!(f64, op, count, inp, inout),
-            Elem::Num(Num::C32) => complex_ops!(f32, op, count, inp, inout),
-            Elem::Num(Num::C64) => complex_ops!(f64, op, count, inp, inout),
-            Elem::Num(Num::Bool) => match op {
-                Builtin::Land | Builtin::Lor | Builtin::Lxor => int_ops!(u8, op, count, inp, inout),
-                _ => return Err(undefined(op, "booleans")),
-            },
-            Elem::Bytes {
-                size,
-                bitwise: true,
-            } => match op {
-                Builtin::Band | Builtin::Bor | Builtin::Bxor => {
-                    int_ops!(u8, op, count * size, inp, inout)
-                }
-                _ => return Err(undefined(op, "MPI_BYTE")),
-            },
-            Elem::Pair {
-                value,
-                index_at,
-                size,
-            } => {
-                let max = match op {
-                    Builtin::Maxloc => true,
-                    Builtin::Minloc => false,
-                    _ => return Err(undefined(op, "value-index pairs")),
-                };
-                for i in 0..count {
-                    // SAFETY: the caller promises `count` pairs of `size` bytes at both.
-                    unsafe {
-                        pair_loc(value, index_at, inp.add(i * size), inout.add(i * size), max)?
-                    };
-                }
-            }
-            Elem::Bytes { .. } | Elem::Opaque { .. } => return Err(undefined(op, "this datatype")),
-        }
-        Ok(())
-    }
-}
-
-/// `MPI_MAXLOC` (`max`) or `MPI_MINLOC` of one pair into `io`.
-///
-/// # Safety
-///
-/// Both point at a pair: a `value` then an `int` at `index_at`.
-unsafe fn pair_loc(
-    value: Num,
-    index_at: usize,
-    a: *const u8,
-    io: *mut u8,
-    max: bool,
-) -> Result<()> {
-    // SAFETY: the caller promises a value at both addresses.
-    let (x, y) = unsafe {
-        match value {
-            Num::F32 => (
-                f64::from(a.cast::<f32>().read_unaligned()),
-                f64::from(io.cast::<f32>().read_unaligned()),
-            ),
-            Num::F64 => (
-                a.cast::<f64>().read_unaligned(),
-                io.cast::<f64>().read_unaligned(),
-            ),
-            Num::I16 => (
-                f64::from(a.cast::<i16>().read_unaligned()),
-                f64::from(io.cast::<i16>().read_unaligned()),
-            ),
-            Num::I32 => (
-                f64::from(a.cast::<i32>().read_unaligned()),
-                f64::from(io.cast::<i32>().read_unaligned()),
-            ),
-            // Compared exactly (an f64 would round large longs).
-            Num::I64 => {
-                let (x, y) = (
-                    a.cast::<i64>().read_unaligned(),
-                    io.cast::<i64>().read_unaligned(),
-                );
-                (x.cmp(&y) as i32 as f64, 0.0)
+                Ok(())
             }
             _ => {
-                return Err(undefined(
-                    if max {
-                        Builtin::Maxloc
-                    } else {
-                        Builtin::Minloc
-                    },
-                    "this pair",
-                ))
+                let e = element(op, elem)?;
+                // SAFETY: the caller's promise: `count` elements at both, apart.
+                unsafe { reduce::apply(op, e, count, inp, inout) }
+                    .map_err(|u| undefined(u.op, u.what))
             }
         }
-    };
-    // SAFETY: as above, the int index follows at `index_at`.
-    let (ia, iio) = unsafe {
-        (
-            a.add(index_at).cast::<i32>().read_unaligned(),
-            io.add(index_at).cast::<i32>().read_unaligned(),
-        )
-    };
-    let take = if x == y { ia < iio } else { (x > y) == max };
-    if take {
-        // SAFETY: as above; the whole pair is copied.
-        unsafe { std::ptr::copy_nonoverlapping(a, io, index_at + 4) };
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Num;
 
     #[test]
-    fn sums_and_maxloc_combine_element_by_element() {
+    fn mpis_elements_compute_as_quivers() {
         let a = [1i32, 5, -3];
         let mut b = [10i32, 20, 30];
+        let sum = Op::Builtin(Builtin::Sum);
         // SAFETY: three ints each.
         unsafe {
-            Op::Builtin(Builtin::Sum).apply(
+            sum.apply(
                 Elem::Num(Num::I32),
                 3,
                 a.as_ptr().cast(),
@@ -374,28 +211,28 @@ mod tests {
         }
         .unwrap();
         assert_eq!(b, [11, 25, 27]);
-        #[repr(C)]
-        #[derive(Clone, Copy, Debug, PartialEq)]
-        struct DoubleInt(f64, i32);
+        // A pair's index offset and size become quiver's bytes.
         let pair = Elem::Pair {
-            value: Num::F64,
-            index_at: 8,
-            size: 16,
+            value: Num::F32,
+            index_at: 4,
+            size: 8,
         };
-        let a = [DoubleInt(2.0, 1), DoubleInt(1.0, 1), DoubleInt(3.0, 0)];
-        let mut b = [DoubleInt(1.0, 0), DoubleInt(1.0, 0), DoubleInt(3.0, 4)];
-        // SAFETY: three pairs each.
+        let a = [2.0f32.to_bits(), 7];
+        let mut b = [1.0f32.to_bits(), 3];
+        let maxloc = Op::Builtin(Builtin::Maxloc);
+        // SAFETY: one pair each.
+        unsafe { maxloc.apply(pair, 1, a.as_ptr().cast(), b.as_mut_ptr().cast(), 0) }.unwrap();
+        assert_eq!(b, a);
+        // Opaque elements are replaced, never combined.
+        let opaque = Elem::Opaque { size: 3 };
+        let mut c = [0u8; 3];
+        // SAFETY: one 3-byte element each.
         unsafe {
-            Op::Builtin(Builtin::Maxloc).apply(pair, 3, a.as_ptr().cast(), b.as_mut_ptr().cast(), 0)
+            Op::Builtin(Builtin::Replace).apply(opaque, 1, [1u8, 2, 3].as_ptr(), c.as_mut_ptr(), 0)
         }
         .unwrap();
-        assert_eq!(b[0], DoubleInt(2.0, 1));
-        assert_eq!(
-            b[1],
-            DoubleInt(1.0, 0),
-            "equal values keep the smaller index"
-        );
-        assert_eq!(b[2], DoubleInt(3.0, 0));
+        assert_eq!(c, [1, 2, 3]);
+        assert!(Op::Builtin(Builtin::Band).check(Some(opaque)).is_err());
     }
 
     #[test]

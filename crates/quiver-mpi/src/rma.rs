@@ -27,10 +27,13 @@
 //!   MPI asks. Every accumulate and compare-and-swap on an aligned 8-byte integer is
 //!   quiver's 64-bit atomics (`SUM` a fetch-and-add, `REPLACE` a swap, `NO_OP` a
 //!   fetch-and-add of 0, the others a compare-and-swap loop). Everything else (other
-//!   types, words off 8 bytes) takes the target's accumulate mutex, reads, combines,
-//!   writes, flushes and lets go. The way depends on the element's type and address
-//!   only, so all operations on one location meet in the same atomics or the same
-//!   mutex.
+//!   types, words off 8 bytes) is quiver's typed accumulate ([`Rma::accumulate`],
+//!   [`Rma::compare_swap_elements`]) under the target's accumulate mutex: an origin that
+//!   maps the window (same node, shared memory) takes the mutex and combines in place;
+//!   for any other the target applies the whole accumulate, holding the same mutex, and
+//!   answers in one round trip. The way
+//!   depends on the element's type and address only, so all operations on one location
+//!   meet in the same atomics or the same mutex, and no mutex is held across a message.
 //!
 //! What is not here: post/start/complete/wait epochs, request-based operations
 //! (`MPI_Rput`...), dynamic and shared-memory windows (their calls say they are not
@@ -39,6 +42,7 @@
 use crate::error::check;
 use crate::op::{Builtin, Op};
 use crate::{Class, Elem, Layout, Mpi, MpiError, Num, Peer, Result, DPID_BASE};
+use quiver::rma::reduce::Element;
 use quiver::rma::{Rma, SharedMemory, Window};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -53,7 +57,7 @@ const MUTEX: u64 = 8;
 const CONTROL_LEN: usize = 16;
 /// The lock word's bit of an exclusive holder; below it, the shared holders count.
 pub const EXCLUSIVE: u64 = 1 << 62;
-/// Failed tries of a lock or the mutex before each next one yields the core (the
+/// Failed tries of a lock before each next one yields the core (the
 /// holder may be waiting for it on an oversubscribed node).
 const SPINS: u32 = 64;
 
@@ -192,14 +196,13 @@ fn target_runs(
 /// ([`Win::on_word`]) is updated by an atomic of that word (a fetch-and-add, a swap, or
 /// a compare-and-swap loop for the operations with no atomic of their own), so that
 /// concurrent accumulates on it all meet in the same CPU atomics; every other element
-/// takes the accumulate mutex. Which way an element goes depends on its type and
-/// address only.
+/// is quiver's typed accumulate under the accumulate mutex. Which way an element goes
+/// depends on its type and address only.
 ///
-/// Smaller elements could be updated the same way, by a compare-and-swap loop on the
-/// word that holds them (658f2af did): tried, and kept out because an origin on another
-/// node then pays two round trips per element (IMB-RMA's Accumulate of 64 KiB of
-/// floats: 230 ms instead of a few ms under the mutex); that needs the target to apply
-/// a whole accumulate (DESIGN-NOTES).
+/// Smaller elements could be updated by a compare-and-swap loop on the word that holds
+/// them (658f2af did): tried, and kept out because an origin on another node then paid
+/// two round trips per element (IMB-RMA's Accumulate of 64 KiB of floats: 230 ms); the
+/// target now applies a whole accumulate instead (DESIGN-NOTES).
 fn word_elem(layout: &Layout) -> Option<Elem> {
     layout
         .elem
@@ -724,66 +727,46 @@ impl Mpi {
         }
         let runs = target_runs(at, tcount, ttype)?;
         let rma = self.rma()?;
-        // The target's bytes as they were, in a buffer kept from call to call (a fresh
-        // one of a large accumulate costs its page faults every time).
+        let Op::Builtin(b) = *op else {
+            unreachable!("checked above")
+        };
+        // Packed bytes of a type of no one kind (replaced or fetched only) are bytes.
+        let elem = match ttype.elem {
+            Some(e) => crate::op::element(b, e)?,
+            None => Element::Bytes { size: 1 },
+        };
+        let lock = (&win.control, MUTEX);
+        let data = |range: std::ops::Range<usize>| if no_op { &[][..] } else { &origin[range] };
+        // The target's bytes as they were, when asked for, in a buffer kept from call to
+        // call (a fresh one of a large accumulate costs its page faults every time).
         let mut old = self.scratch.take();
         old.clear();
-        old.resize(len, 0);
-        let done = match word_elem(ttype).filter(|_| win.aligned) {
-            Some(elem) => (|| {
-                // Elements on no aligned word: under the mutex, after the others.
-                let mut rest = Vec::new();
-                for (off, range) in runs {
-                    for k in (range.start..range.end).step_by(8) {
-                        let at = off + (k - range.start) as u64;
-                        if win.on_word(r, at) {
-                            let v = if no_op { 0 } else { word(&origin[k..]) };
-                            let was = self.word_op(win, j, at, op, elem, v)?;
+        old.resize(if result.is_some() { len } else { 0 }, 0);
+        let fetch = result.is_some();
+        let done = (|| {
+            for (off, range) in runs {
+                let Some(word_elem) = word_elem(ttype).filter(|_| win.aligned) else {
+                    let f = fetch.then(|| &mut old[range.clone()]);
+                    rma.accumulate(j, &win.data, off, elem, b, data(range), lock, f)?;
+                    continue;
+                };
+                for k in (range.start..range.end).step_by(8) {
+                    let at = off + (k - range.start) as u64;
+                    if win.on_word(r, at) {
+                        let v = if no_op { 0 } else { word(&origin[k..]) };
+                        let was = self.word_op(win, j, at, op, word_elem, v)?;
+                        if fetch {
                             old[k..k + 8].copy_from_slice(&was.to_ne_bytes());
-                        } else {
-                            rest.push((k, at));
                         }
+                    } else {
+                        let f = fetch.then(|| &mut old[k..k + 8]);
+                        rma.accumulate(j, &win.data, at, elem, b, data(k..k + 8), lock, f)?;
                     }
                 }
-                if rest.is_empty() {
-                    return Ok(());
-                }
-                self.under_mutex(win, j, || {
-                    for &(k, at) in &rest {
-                        let mut cur = [0u8; 8];
-                        rma.get(j, &win.data, at, &mut cur)?;
-                        old[k..k + 8].copy_from_slice(&cur);
-                        if !no_op {
-                            // SAFETY: one element of `elem` (8 bytes) in each.
-                            unsafe {
-                                op.apply(elem, 1, origin[k..].as_ptr(), cur.as_mut_ptr(), 0)?
-                            };
-                            rma.put(j, &win.data, at, &cur)?;
-                        }
-                    }
-                    Ok(rma.flush(j)?)
-                })
-            })(),
-            None => self.under_mutex(win, j, || {
-                self.read_runs(win, j, at, tcount, ttype, &mut old)?;
-                if no_op {
-                    return Ok(());
-                }
-                if let Some((buf, _, layout)) = result {
-                    // Before `old` becomes the new value.
-                    // SAFETY: the caller's promise.
-                    unsafe { layout.unpack(&old, buf) };
-                }
-                // SAFETY: `origin` and `old` hold `len` bytes of packed elements.
-                unsafe { op.combine(ttype, len, origin.as_ptr(), old.as_mut_ptr(), 0)? };
-                self.write_runs(win, j, at, tcount, ttype, &old)?;
-                Ok(rma.flush(j)?)
-            }),
-        };
-        // The mutex's way for the whole type wrote the result before it combined
-        // (unless MPI_NO_OP).
-        let written = (word_elem(ttype).is_none() || !win.aligned) && !no_op;
-        if let (Ok(()), Some((buf, _, layout)), false) = (&done, result, written) {
+            }
+            Ok(())
+        })();
+        if let (Ok(()), Some((buf, _, layout))) = (&done, result) {
             // SAFETY: the caller's promise.
             unsafe { layout.unpack(&old, buf) };
         }
@@ -831,15 +814,21 @@ impl Mpi {
                 .to_ne_bytes()
                 .to_vec()
         } else {
-            self.under_mutex(win, j, || {
-                let mut old = vec![0u8; n];
-                rma.get(j, &win.data, at, &mut old)?;
-                if old == cmp {
-                    rma.put(j, &win.data, at, new)?;
-                    rma.flush(j)?;
-                }
-                Ok(old)
-            })?
+            let mut old = vec![0u8; n];
+            let size = u8::try_from(n).map_err(|_| {
+                MpiError::new(Class::Type, "compare-and-swap of an element this large")
+            })?;
+            rma.compare_swap_elements(
+                j,
+                &win.data,
+                at,
+                Element::Bytes { size },
+                cmp,
+                new,
+                (&win.control, MUTEX),
+                &mut old,
+            )?;
+            old
         };
         // SAFETY: the caller's promise: one writable element.
         unsafe { std::ptr::copy_nonoverlapping(old.as_ptr(), result, n) };
@@ -873,21 +862,6 @@ impl Mpi {
                 }
             }
         })
-    }
-
-    /// Runs `f` holding the accumulate mutex of job rank `j`'s part of `win`.
-    fn under_mutex<T>(&self, win: &Win, j: u32, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let rma = self.rma()?;
-        let me = u64::from(self.job.rank()) + 1;
-        let mut tries = 0;
-        while rma.compare_swap(j, &win.control, MUTEX, 0, me)? != 0 {
-            self.spin(&mut tries);
-        }
-        let out = f();
-        let released = rma.swap(j, &win.control, MUTEX, 0);
-        let out = out?;
-        released?;
-        Ok(out)
     }
 }
 

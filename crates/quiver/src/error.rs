@@ -307,6 +307,14 @@ pub enum RmaError {
         /// What is wrong.
         reason: String,
     },
+    /// An accumulate that cannot be applied: its operation is not defined on its
+    /// element, its data is not a whole number of elements or does not match the range
+    /// (said before anything is sent), or the target refused it for that reason.
+    #[error("bad accumulate: {reason}")]
+    BadAccumulate {
+        /// What is wrong.
+        reason: String,
+    },
     /// The target answered with something the origin could not read.
     #[error("rank {rank} answered a one-sided request with an unknown status")]
     BadAnswer {

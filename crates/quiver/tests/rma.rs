@@ -1,13 +1,15 @@
 //! One-sided operations in whole jobs (ranks are threads of the test process; over
 //! Ethernet each runs on a node of its own of an emulated cluster): puts and gets of
 //! every size with every byte checked, concurrent fetch-and-add from every rank summing
-//! exactly, compare-and-swap and swap, ranges outside a window and misaligned words
+//! exactly, typed accumulates from every rank under one lock word summing exactly,
+//! compare-and-swap and swap, ranges outside a window and misaligned words
 //! refused at the origin, requests for a freed window refused by the target, and a
 //! target served by the offload engine while its application does not call quiver.
 
 mod common;
 
 use common::{config, pattern, run_ranks};
+use quiver::rma::reduce::{Element, Number, Reduce};
 use quiver::rma::{dmsg, pvm, rrmsg, Combine, Rma, RmaError, Strided};
 use quiver::{Config, Error, ReliabilityMode, TransportChoice};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +18,9 @@ use std::time::Duration;
 
 const DPID: u16 = 60;
 const ADDS: u64 = 300;
+const F32: Element = Element::Num(Number::F32);
+const I32: Element = Element::Num(Number::I32);
+const I16: Element = Element::Num(Number::I16);
 
 fn sizes() -> Vec<usize> {
     // 1 000 000: over the network, a get asked in chunks (`serve::GET_CHUNK_PIECES`).
@@ -103,6 +108,122 @@ fn every_operation_on(c: Config, size: u32, memory: Memory) {
         for _ in 0..ADDS {
             rma.fetch_add(0, &counters, 0, 1).unwrap();
         }
+        // Typed accumulates into rank 0's window under its lock word 56, from every rank
+        // at once: four floats summed, an int fetched and added (its tickets rise), and a
+        // short counted up by fetch and compare-and-swap.
+        let lock = (&counters, 56);
+        let floats: Vec<u8> = [1.0f32, 2.0, 0.5, -1.0]
+            .iter()
+            .flat_map(|f| f.to_ne_bytes())
+            .collect();
+        let mut last = -1i32;
+        for _ in 0..ADDS {
+            rma.accumulate(0, &counters, 16, F32, Reduce::Sum, &floats, lock, None)
+                .unwrap();
+            let mut was = [0u8; 4];
+            rma.accumulate(
+                0,
+                &counters,
+                32,
+                I32,
+                Reduce::Sum,
+                &1i32.to_ne_bytes(),
+                lock,
+                Some(&mut was),
+            )
+            .unwrap();
+            let ticket = i32::from_ne_bytes(was);
+            assert!(ticket > last, "tickets rise: {ticket} after {last}");
+            last = ticket;
+        }
+        for _ in 0..ADDS / 10 {
+            loop {
+                let mut cur = [0u8; 2];
+                rma.accumulate(
+                    0,
+                    &counters,
+                    40,
+                    I16,
+                    Reduce::NoOp,
+                    &[],
+                    lock,
+                    Some(&mut cur),
+                )
+                .unwrap();
+                let new = (i16::from_ne_bytes(cur) + 1).to_ne_bytes();
+                let mut old = [0u8; 2];
+                rma.compare_swap_elements(0, &counters, 40, I16, &cur, &new, lock, &mut old)
+                    .unwrap();
+                if old == cur {
+                    break;
+                }
+            }
+        }
+        // While rank 0 holds its lock word (as an origin updating it directly does),
+        // no accumulate lands: same-node origins wait for the word, other nodes'
+        // requests for rank 0's engine, which runs again after it lets go.
+        job.barrier_progressing(&[&rma]).unwrap();
+        if me == 0 {
+            counters.word(56).unwrap().store(1, Ordering::Release);
+        }
+        job.barrier_progressing(&[&rma]).unwrap();
+        if me == 0 {
+            std::thread::sleep(Duration::from_millis(50));
+            let mut held = [0u8; 4];
+            counters.read(48, &mut held).unwrap();
+            assert_eq!(held, [0; 4], "nothing lands while the lock is held");
+            counters.word(56).unwrap().store(0, Ordering::Release);
+        } else {
+            rma.accumulate(
+                0,
+                &counters,
+                48,
+                I32,
+                Reduce::Sum,
+                &1i32.to_ne_bytes(),
+                lock,
+                None,
+            )
+            .unwrap();
+        }
+        // What is not an accumulate is refused before anything is sent.
+        for bad in [
+            rma.accumulate(0, &counters, 16, F32, Reduce::Band, &floats, lock, None),
+            rma.accumulate(0, &counters, 16, F32, Reduce::Sum, &floats[..6], lock, None),
+            rma.accumulate(
+                0,
+                &counters,
+                16,
+                F32,
+                Reduce::Sum,
+                &floats,
+                (&counters, 52),
+                None,
+            ),
+            rma.accumulate(0, &counters, 56, F32, Reduce::Sum, &floats, lock, None),
+            rma.compare_swap_elements(
+                0,
+                &counters,
+                16,
+                Element::Bytes { size: 0 },
+                &[],
+                &[],
+                lock,
+                &mut [],
+            ),
+        ] {
+            assert!(
+                matches!(
+                    bad,
+                    Err(Error::Rma(
+                        RmaError::BadAccumulate { .. }
+                            | RmaError::Misaligned { .. }
+                            | RmaError::OutOfBounds { .. }
+                    ))
+                ),
+                "{bad:?}"
+            );
+        }
         rma.flush_all().unwrap();
         job.barrier_progressing(&[&rma]).unwrap();
 
@@ -148,6 +269,27 @@ fn every_operation_on(c: Config, size: u32, memory: Memory) {
             assert_eq!(
                 counters.word(0).unwrap().load(Ordering::Acquire),
                 ADDS * u64::from(n)
+            );
+            let mut c = [0u8; 64];
+            counters.read(0, &mut c).unwrap();
+            let f = |i: usize| f32::from_ne_bytes(c[16 + 4 * i..20 + 4 * i].try_into().unwrap());
+            let total = (ADDS * u64::from(n)) as f32;
+            assert_eq!(
+                [f(0), f(1), f(2), f(3)],
+                [total, 2.0 * total, 0.5 * total, -total]
+            );
+            assert_eq!(
+                i32::from_ne_bytes(c[32..36].try_into().unwrap()),
+                total as i32
+            );
+            assert_eq!(
+                i16::from_ne_bytes(c[40..42].try_into().unwrap()) as u64,
+                ADDS / 10 * u64::from(n)
+            );
+            assert_eq!(
+                u64::from_ne_bytes(c[56..64].try_into().unwrap()),
+                0,
+                "the lock is free"
             );
         }
         job.barrier_progressing(&[&rma]).unwrap();

@@ -72,6 +72,7 @@ use crate::job::Job;
 use crate::link::cma::Piece;
 use crate::link::Transport;
 use crate::FastMap;
+use std::borrow::Cow;
 use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -80,6 +81,7 @@ use std::sync::{Arc, Mutex};
 use super::barrier::{tree_children, tree_parent, Area, Plan, AREA_IDS};
 use super::layout::{self, copy_elements, Layout};
 use super::ops::{self, At, AtomicOp, Status};
+use super::reduce::{self, Element, Reduce};
 
 /// Shared-object numbers of windows: `WINDOW_IDS | n`, `n` counted per process.
 const WINDOW_IDS: u32 = PUBLISHED_IDS | 1 << 29;
@@ -156,11 +158,13 @@ pub struct RmaStats {
     pub gets: u64,
     /// Atomics this rank issued.
     pub atomics: u64,
+    /// Accumulates (and elements' compare-and-swaps) this rank issued.
+    pub accumulates: u64,
     /// Of them, the operations done directly on a same-node window (no message).
     pub direct: u64,
     /// Put messages this rank's windows took from other nodes.
     pub puts_applied: u64,
-    /// Gets and atomics this rank served for other nodes.
+    /// Gets, atomics and accumulates this rank served for other ranks.
     pub served: u64,
     /// Requests this rank refused (no such window, out of bounds, misaligned).
     pub refused: u64,
@@ -1592,6 +1596,220 @@ impl Rma {
         self.atomic(rank, window, offset, AtomicOp::Swap, value, 0)
     }
 
+    /// Combines `data`, packed elements of `elem`, into the elements at `offset` of
+    /// `window` at `rank` with `op` (`target[i] = data[i] op target[i]`, MPI's
+    /// accumulate; `fetch`, when given, receives the elements as they were before),
+    /// atomically per element with respect to every other accumulate that takes the same
+    /// lock word: the 8-byte word at `lock.1` of window `lock.0` at `rank`, 0 while free,
+    /// which the target holds while it applies the update (or a same-node origin that
+    /// updates the window directly). One round trip to another node (for each 64 KiB).
+    /// [`Reduce::NoOp`] only fetches: `data` is then empty and `fetch` gives the length.
+    /// An operation not defined on `elem`, or lengths that are not whole elements or do
+    /// not match, are [`RmaError::BadAccumulate`] before anything is sent.
+    #[allow(clippy::too_many_arguments)]
+    pub fn accumulate(
+        &self,
+        rank: u32,
+        window: &Window,
+        offset: u64,
+        elem: Element,
+        op: Reduce,
+        data: &[u8],
+        lock: (&Window, u64),
+        fetch: Option<&mut [u8]>,
+    ) -> Result<()> {
+        reduce::check(op, elem).map_err(|u| bad_accumulate(u.to_string()))?;
+        let len = match (op, &fetch) {
+            (Reduce::NoOp, Some(f)) if data.is_empty() => f.len(),
+            (Reduce::NoOp, None) if data.is_empty() => 0,
+            (Reduce::NoOp, _) => {
+                return Err(bad_accumulate("a fetch (NoOp) carries no data".into()))
+            }
+            _ => data.len(),
+        };
+        self.update(
+            rank,
+            window,
+            offset,
+            (op as u8, Some(op), elem),
+            len,
+            Cow::Borrowed(data),
+            lock,
+            fetch,
+        )
+    }
+
+    /// Compare-and-swap of elements: each element of `elem` at `offset` of `window` at
+    /// `rank` that equals its counterpart in `compare` becomes its counterpart in `new`;
+    /// `old` receives them all as they were. Atomic per element with respect to the
+    /// accumulates that take the lock word `lock` ([`Rma::accumulate`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn compare_swap_elements(
+        &self,
+        rank: u32,
+        window: &Window,
+        offset: u64,
+        elem: Element,
+        compare: &[u8],
+        new: &[u8],
+        lock: (&Window, u64),
+        old: &mut [u8],
+    ) -> Result<()> {
+        if compare.len() != new.len() || old.len() != new.len() {
+            return Err(bad_accumulate(format!(
+                "compare ({}), new ({}) and old ({}) bytes differ",
+                compare.len(),
+                new.len(),
+                old.len()
+            )));
+        }
+        let data = [compare, new].concat();
+        self.update(
+            rank,
+            window,
+            offset,
+            (ops::CAS, None, elem),
+            new.len(),
+            Cow::Owned(data),
+            lock,
+            Some(old),
+        )
+    }
+
+    /// [`Rma::accumulate`] and [`Rma::compare_swap_elements`]: `op` (its code, and the
+    /// reduction unless it is a compare-and-swap) on `len` bytes with `data` as the
+    /// request carries it.
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        &self,
+        rank: u32,
+        window: &Window,
+        offset: u64,
+        (code, op, elem): (u8, Option<Reduce>, Element),
+        len: usize,
+        data: Cow<'_, [u8]>,
+        (lock_window, lock_offset): (&Window, u64),
+        mut fetch: Option<&mut [u8]>,
+    ) -> Result<()> {
+        self.stats.borrow_mut().accumulates += 1;
+        // (An accumulate's reduction was checked with its element; a compare-and-swap's
+        // element is checked here.)
+        reduce::check(Reduce::Replace, elem).map_err(|u| bad_accumulate(u.to_string()))?;
+        let size = elem.size();
+        if !len.is_multiple_of(size) || fetch.as_ref().is_some_and(|f| f.len() != len) {
+            return Err(bad_accumulate(format!(
+                "{len} bytes are not whole {size}-byte elements, or the fetched bytes do not match"
+            )));
+        }
+        let (key, at) = self.address(rank, window, offset, len as u64)?;
+        let (lock_key, lock_at) = self.address(rank, lock_window, lock_offset, 8)?;
+        if !lock_offset.is_multiple_of(8) {
+            return Err(refusal(Status::Misaligned, rank, lock_at, 8, lock_key.len));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let path = self.path(rank, window, key)?;
+        let lock_path = self.path(rank, lock_window, lock_key)?;
+        if let (Path::Direct(mem), Path::Direct(lock_mem)) = (path, lock_path) {
+            if !aligned(lock_mem, lock_offset) {
+                return Err(refusal(Status::Misaligned, rank, lock_at, 8, lock_key.len));
+            }
+            // SAFETY: lock_offset + 8 <= the lock window's mapping, the word aligned
+            // (both checked); the mapping outlives this call (`path`).
+            let lock = unsafe { &*(lock_mem.add(lock_offset as usize) as *const AtomicU64) };
+            let holder = u64::from(self.ep.station().job().rank) + 1;
+            // SAFETY: offset + len <= the window's mapping (`address`, `path`), which
+            // outlives this call; `data` and `fetch` as checked above.
+            unsafe {
+                serve::apply_locked(
+                    lock,
+                    holder,
+                    mem.add(offset as usize),
+                    len,
+                    (op, elem),
+                    &data,
+                    fetch,
+                )
+            };
+            self.stats.borrow_mut().direct += 1;
+            return Ok(());
+        }
+        let (route, _) = self.route_to(rank)?;
+        // Pieces of whole elements, all sent before the first answer is awaited.
+        let piece = (serve::ACCUMULATE_MAX as usize / size) * size;
+        let mut asked = Vec::new();
+        let mut sent = Ok(());
+        for start in (0..len).step_by(piece) {
+            let n = piece.min(len - start);
+            let body: Cow<'_, [u8]> = match op {
+                None => Cow::Owned(
+                    [&data[start..start + n], &data[len + start..len + start + n]].concat(),
+                ),
+                Some(Reduce::NoOp) => Cow::Borrowed(&[]),
+                Some(_) => Cow::Borrowed(&data[start..start + n]),
+            };
+            let id = self.id();
+            serve::lock(&self.state).pending.insert(
+                id,
+                (
+                    rank,
+                    Pending::Accumulate {
+                        len: n as u64,
+                        fetch: fetch.is_some(),
+                        answer: None,
+                    },
+                ),
+            );
+            asked.push((id, start, n));
+            let head = ops::accumulate(ops::AccumulateHead {
+                at: At {
+                    offset: at.offset + start as u64,
+                    ..at
+                },
+                op: code,
+                fetch: fetch.is_some(),
+                elem,
+                lock: lock_at,
+                id,
+                len: n as u64,
+            });
+            sent = self.send(rank, route, &head, &body);
+            if sent.is_err() {
+                break;
+            }
+        }
+        let mut out = sent;
+        for (id, start, n) in asked {
+            if out.is_err() {
+                // Late answers are dropped and counted.
+                serve::lock(&self.state).pending.remove(&id);
+                continue;
+            }
+            out = match self.wait_for(id) {
+                Ok(Pending::Accumulate {
+                    answer: Some((Status::Done, bytes)),
+                    ..
+                }) => {
+                    if let Some(f) = fetch.as_deref_mut() {
+                        f[start..start + n].copy_from_slice(&bytes);
+                    }
+                    Ok(())
+                }
+                Ok(Pending::Accumulate {
+                    answer: Some((status, _)),
+                    ..
+                }) => Err(refusal(status, rank, at, len as u64, key.len)),
+                Ok(_) => Err(Error::Rma(RmaError::BadAnswer { rank })),
+                Err(e) => {
+                    serve::lock(&self.state).pending.remove(&id);
+                    Err(e)
+                }
+            };
+        }
+        out
+    }
+
     fn atomic(
         &self,
         rank: u32,
@@ -1714,7 +1932,7 @@ impl Rma {
         let c = serve::lock(&self.state).counters;
         RmaStats {
             puts_applied: c.puts_applied,
-            served: c.gets_served + c.atomics_served,
+            served: c.gets_served + c.atomics_served + c.accumulates_served,
             refused: c.refused,
             malformed: c.malformed,
             ..self.stats.borrow().clone()
@@ -2139,6 +2357,10 @@ fn key_name(dpid: u16, rank: u32, number: u32) -> String {
 
 /// The origin's error for a target's `status` about `len` bytes at `at` of `rank`,
 /// whose window is `size` bytes long.
+fn bad_accumulate(reason: String) -> Error {
+    Error::Rma(RmaError::BadAccumulate { reason })
+}
+
 fn refusal(status: Status, rank: u32, at: At, len: u64, size: u64) -> Error {
     Error::Rma(match status {
         Status::NoWindow => RmaError::NoWindow {
@@ -2157,6 +2379,9 @@ fn refusal(status: Status, rank: u32, at: At, len: u64, size: u64) -> Error {
             window: at.window,
             offset: at.offset,
         },
-        Status::Done | Status::BadOp | Status::Unknown => RmaError::BadAnswer { rank },
+        Status::BadOp | Status::BadLength => RmaError::BadAccumulate {
+            reason: format!("rank {rank} refused it: {}", status.reason()),
+        },
+        Status::Done | Status::Unknown => RmaError::BadAnswer { rank },
     })
 }

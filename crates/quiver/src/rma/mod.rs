@@ -1,5 +1,6 @@
-//! One-sided access to the memory of other processes: the job's windows with put, get
-//! and remote atomics (the deposit seed's personality, [`Rma`], module `access`; the
+//! One-sided access to the memory of other processes: the job's windows with put, get,
+//! remote atomics and typed accumulates ([`reduce`]: what the target computes) (the
+//! deposit seed's personality, [`Rma`], module `access`; the
 //! wire form of its requests in `ops`, the target's side in `serve`), and the machinery
 //! behind tagged messaging's single-copy pulls inside a node. On [`Rma`] stand the
 //! seed's three message-passing libraries, which move data with the same deposit and
@@ -52,6 +53,7 @@ mod ops;
 pub(crate) mod puller;
 pub mod pvm;
 pub(crate) mod reach;
+pub mod reduce;
 pub mod rrmsg;
 mod serve;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -23,8 +23,14 @@
 //! | `R` combine up | pad 7, episode u64, value u64 | - |
 //! | `D` combine down | pad 7, episode u64, value u64 | - |
 //! | `M` puts combined | pad 7 | parts, each a length u32 then a `P`, `S` or `I` request |
+//! | `X` accumulate | op u8 (a [`Reduce`](super::reduce::Reduce), or [`CAS`]), fetch u8, pad 1, window u32, generation u32, element 4 bytes ([`Element::encode`]), offset u64, lock window u32, lock generation u32, lock offset u64, id u64, len u64 | the origin's `len` bytes (none for `NoOp`; compare then new for `CAS`) |
+//! | `x` accumulate reply | status u8, pad 6, id u64 | the `len` bytes before, when fetched |
 //! | `F` flush | pad 7, id u64 | - |
 //! | `f` flush reply | status u8 (of the first refusal), pad 6, id u64, refused u64 | - |
+
+use super::reduce::Element;
+#[cfg(test)]
+use super::reduce::{Number, Reduce};
 
 /// Bytes of a put's header before its payload.
 pub(crate) const PUT_LEN: usize = 24;
@@ -34,6 +40,11 @@ pub(crate) const GET_LEN: usize = 48;
 const ATOMIC_LEN: usize = 48;
 const ATOMIC_REPLY_LEN: usize = 24;
 const FLUSH_LEN: usize = 16;
+/// Bytes of an accumulate's header before its payload, and of its answer's.
+pub(crate) const ACCUMULATE_LEN: usize = 56;
+pub(crate) const ACCUMULATED_LEN: usize = 16;
+/// The operation code of an accumulate that is an element's compare-and-swap.
+pub(crate) const CAS: u8 = 0x80;
 /// Bytes of a strided put's header before its packed elements.
 pub(crate) const STRIDED_LEN: usize = 48;
 /// Bytes of an indexed put's header before its offsets and packed elements.
@@ -69,8 +80,13 @@ pub(crate) enum Status {
     OutOfBounds = 2,
     /// An atomic on a word that is not 8-byte aligned.
     Misaligned = 3,
-    /// An atomic whose operation the target does not know.
+    /// An atomic whose operation the target does not know; an accumulate whose
+    /// operation or element it does not know, or whose operation is not defined on its
+    /// element.
     BadOp = 4,
+    /// An accumulate whose length is not a whole number of its elements, or whose data
+    /// does not match its length.
+    BadLength = 5,
     /// A status this side does not know (a newer or lying peer): the request fails.
     Unknown = 255,
 }
@@ -83,7 +99,8 @@ impl Status {
             Status::NoWindow => "no such window (never allocated, or freed)",
             Status::OutOfBounds => "the range lies outside the window",
             Status::Misaligned => "the word is not 8-byte aligned",
-            Status::BadOp => "an unknown operation",
+            Status::BadOp => "an unknown operation, or one not defined on its element",
+            Status::BadLength => "a length that is not a whole number of elements",
             Status::Unknown => "an answer this version does not know",
         }
     }
@@ -95,6 +112,7 @@ impl Status {
             2 => Status::OutOfBounds,
             3 => Status::Misaligned,
             4 => Status::BadOp,
+            5 => Status::BadLength,
             _ => Status::Unknown,
         }
     }
@@ -226,6 +244,28 @@ pub(crate) enum Op<'a> {
     /// ([`parts`] splits them).
     Combined {
         parts: &'a [u8],
+    },
+    /// An accumulate (or an element's compare-and-swap, `op` [`CAS`]) of `len` bytes at
+    /// `at`, applied holding the lock word at `lock`; answered under `id`, with the bytes
+    /// before when `fetch`.
+    Accumulate {
+        at: At,
+        /// The operation's code (a [`Reduce`](super::reduce::Reduce) or [`CAS`]; one the target does not know
+        /// is answered [`Status::BadOp`]).
+        op: u8,
+        fetch: bool,
+        /// The element's wire form ([`Element::decode`]).
+        elem: [u8; 4],
+        lock: At,
+        id: u64,
+        len: u64,
+        data: &'a [u8],
+    },
+    /// The answer to accumulate `id`: the bytes before, when it fetched.
+    Accumulated {
+        status: Status,
+        id: u64,
+        data: &'a [u8],
     },
     Flush {
         id: u64,
@@ -459,6 +499,44 @@ pub(crate) fn combine(up: bool, episode: u64, value: u64) -> [u8; COMBINE_LEN] {
     b
 }
 
+/// What an accumulate request says besides its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AccumulateHead {
+    pub at: At,
+    /// A [`Reduce`](super::reduce::Reduce) as `u8`, or [`CAS`].
+    pub op: u8,
+    pub fetch: bool,
+    pub elem: Element,
+    pub lock: At,
+    pub id: u64,
+    pub len: u64,
+}
+
+/// The header of an accumulate (its payload follows).
+pub(crate) fn accumulate(h: AccumulateHead) -> [u8; ACCUMULATE_LEN] {
+    let mut b = [0; ACCUMULATE_LEN];
+    b[0] = b'X';
+    b[1] = h.op;
+    b[2] = u8::from(h.fetch);
+    put_at(&mut b, h.at);
+    b[12..16].copy_from_slice(&h.elem.encode());
+    b[24..28].copy_from_slice(&h.lock.window.to_le_bytes());
+    b[28..32].copy_from_slice(&h.lock.generation.to_le_bytes());
+    b[32..40].copy_from_slice(&h.lock.offset.to_le_bytes());
+    b[40..48].copy_from_slice(&h.id.to_le_bytes());
+    b[48..56].copy_from_slice(&h.len.to_le_bytes());
+    b
+}
+
+/// The header of the answer to accumulate `id` (the fetched bytes follow).
+pub(crate) fn accumulated(status: Status, id: u64) -> [u8; ACCUMULATED_LEN] {
+    let mut b = [0; ACCUMULATED_LEN];
+    b[0] = b'x';
+    b[1] = status as u8;
+    b[8..16].copy_from_slice(&id.to_le_bytes());
+    b
+}
+
 /// A flush: answered once everything the origin sent before it was applied.
 pub(crate) fn flush(id: u64) -> [u8; FLUSH_LEN] {
     let mut b = [0; FLUSH_LEN];
@@ -499,10 +577,13 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
         b'B' => BARRIER_LEN,
         b'R' | b'D' => COMBINE_LEN,
         b'M' => COMBINED_LEN,
+        b'X' => ACCUMULATE_LEN,
+        b'x' => ACCUMULATED_LEN,
         _ => return None,
     };
     if m.len() < need
-        || (!matches!(kind, b'P' | b'g' | b'S' | b'I' | b'J' | b'M') && m.len() != need)
+        || (!matches!(kind, b'P' | b'g' | b'S' | b'I' | b'J' | b'M' | b'X' | b'x')
+            && m.len() != need)
     {
         return None;
     }
@@ -543,6 +624,25 @@ pub(crate) fn decode(m: &[u8]) -> Option<Op<'_>> {
             value: u64_at(m, 16),
         },
         b'F' => Op::Flush { id: u64_at(m, 8) },
+        b'X' => Op::Accumulate {
+            at: read_at(m),
+            op: m[1],
+            fetch: m[2] != 0,
+            elem: m[12..16].try_into().expect("4 bytes"),
+            lock: At {
+                window: u32_at(m, 24),
+                generation: u32_at(m, 28),
+                offset: u64_at(m, 32),
+            },
+            id: u64_at(m, 40),
+            len: u64_at(m, 48),
+            data: &m[ACCUMULATE_LEN..],
+        },
+        b'x' => Op::Accumulated {
+            status: Status::from_u8(m[1]),
+            id: u64_at(m, 8),
+            data: &m[ACCUMULATED_LEN..],
+        },
         b'M' => Op::Combined {
             parts: &m[COMBINED_LEN..],
         },
@@ -667,6 +767,43 @@ mod tests {
             })
         );
         assert_eq!(decode(&flush(5)), Some(Op::Flush { id: 5 }));
+        let lock = At {
+            window: 2,
+            generation: 3,
+            offset: 8,
+        };
+        let mut x = accumulate(AccumulateHead {
+            at,
+            op: Reduce::Sum as u8,
+            fetch: true,
+            elem: Element::Num(Number::F32),
+            lock,
+            id: 11,
+            len: 8,
+        })
+        .to_vec();
+        x.extend_from_slice(&[1; 8]);
+        assert_eq!(
+            decode(&x),
+            Some(Op::Accumulate {
+                at,
+                op: Reduce::Sum as u8,
+                fetch: true,
+                elem: Element::Num(Number::F32).encode(),
+                lock,
+                id: 11,
+                len: 8,
+                data: &[1; 8]
+            })
+        );
+        assert_eq!(
+            decode(&accumulated(Status::BadLength, 11)),
+            Some(Op::Accumulated {
+                status: Status::BadLength,
+                id: 11,
+                data: &[]
+            })
+        );
         assert_eq!(
             decode(&flushed(Status::OutOfBounds, 5, 2)),
             Some(Op::Flushed {

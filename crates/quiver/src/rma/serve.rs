@@ -1,7 +1,7 @@
 //! The remote-operation protocol on the engine's hook (sans-IO): the target's half
 //! applies what origins send to the windows this rank exposes (a put is copied into
 //! the window from where its frame lies, a get answered in pieces, an atomic applied to
-//! the word, a flush answered), and the origin's half collects the answers to what this
+//! the word, an accumulate applied whole while its lock word is held, a flush answered), and the origin's half collects the answers to what this
 //! rank asked for (and asks for the next chunk of a large get as its answer arrives).
 //!
 //! What it guarantees: nothing outside an exposed window is read or written (the
@@ -16,6 +16,7 @@
 use super::layout::{copy_elements, Layout};
 use super::memory::WindowMemory;
 use super::ops::{self, At, AtomicOp, Op, Status};
+use super::reduce::{self, Element, Reduce};
 #[cfg(test)]
 use super::window::SharedObject;
 use crate::addr::Source;
@@ -109,6 +110,13 @@ pub(crate) enum Pending {
     },
     /// An atomic; its answer once it came.
     Atomic(Option<(Status, u64)>),
+    /// An accumulate of `len` bytes; its answer once it came (the bytes before, when
+    /// it fetched them).
+    Accumulate {
+        len: u64,
+        fetch: bool,
+        answer: Option<(Status, Vec<u8>)>,
+    },
     /// A flush; the target's count of refused puts and the first's reason once it came.
     Flush(Option<(Status, u64)>),
 }
@@ -160,6 +168,7 @@ impl Pending {
         match self {
             Pending::Get { left, status, .. } => *left == 0 || *status != Status::Done,
             Pending::Atomic(a) | Pending::Flush(a) => a.is_some(),
+            Pending::Accumulate { answer, .. } => answer.is_some(),
         }
     }
 }
@@ -172,6 +181,7 @@ pub(crate) struct Counters {
     pub gets_served: u64,
     pub bytes_got: u64,
     pub atomics_served: u64,
+    pub accumulates_served: u64,
     pub notified: u64,
     pub refused: u64,
     pub malformed: u64,
@@ -274,6 +284,98 @@ pub(crate) fn word(exposed: &HashMap<u32, Exposure>, at: At) -> Result<&AtomicU6
     // SAFETY: offset + 8 <= the window's length (`locate`), the word's address 8-byte
     // aligned (checked); it lives while `exposed` holds it (the borrow).
     Ok(unsafe { &*(mem.ptr().add(offset) as *const AtomicU64) })
+}
+
+/// The longest accumulate one request carries (a longer one is several requests,
+/// each atomic per element, as MPI asks): a target refuses more, so that no request
+/// makes it build a larger answer.
+pub(crate) const ACCUMULATE_MAX: u64 = 64 << 10;
+
+/// Tries of a taken lock word before each next one yields the core (its holder may
+/// share this core).
+const LOCK_SPINS: u32 = 64;
+
+/// What an accumulate does, checked: `op` (a [`Reduce`] or [`ops::CAS`]) on elements
+/// of `elem`, `len` bytes, with `data` (the origin's elements; none for `NoOp`; the
+/// compared then the new ones for a compare-and-swap).
+pub(crate) fn check_accumulate(
+    op: u8,
+    elem: Element,
+    len: u64,
+    data_len: usize,
+) -> Result<Option<Reduce>, Status> {
+    let size = elem.size() as u64;
+    if !len.is_multiple_of(size) || len > ACCUMULATE_MAX {
+        return Err(Status::BadLength);
+    }
+    let (reduce, want) = match op {
+        ops::CAS => (None, 2 * len),
+        op => {
+            let r = Reduce::from_u8(op).ok_or(Status::BadOp)?;
+            reduce::check(r, elem).map_err(|_| Status::BadOp)?;
+            (Some(r), if r == Reduce::NoOp { 0 } else { len })
+        }
+    };
+    if data_len as u64 != want {
+        return Err(Status::BadLength);
+    }
+    Ok(reduce)
+}
+
+/// Applies a checked accumulate ([`check_accumulate`]) to the `len` bytes at `mem`
+/// holding `lock` (compare-and-swap 0 to `holder`, spinning; every accumulate of the
+/// window takes the same word, so concurrent ones are atomic per element): the bytes
+/// before go to `old` first when given. The target's side and a same-node origin's
+/// direct update alike.
+///
+/// # Safety
+///
+/// `mem` is `len` bytes of window memory, mapped for as long as the call lasts; `data`
+/// and `old` as [`check_accumulate`] passed them (`old`: `len` bytes).
+pub(crate) unsafe fn apply_locked(
+    lock: &AtomicU64,
+    holder: u64,
+    mem: *mut u8,
+    len: usize,
+    (reduce, elem): (Option<Reduce>, Element),
+    data: &[u8],
+    old: Option<&mut [u8]>,
+) {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+    let mut tries = 0u32;
+    while lock.compare_exchange(0, holder, Acquire, Relaxed).is_err() {
+        tries = tries.wrapping_add(1);
+        if tries.is_multiple_of(LOCK_SPINS) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    if let Some(old) = old {
+        // SAFETY: `len` bytes at `mem` (the caller's promise) into `old`'s `len`.
+        unsafe { crate::link::copy_bytes(mem, old.as_mut_ptr(), len) };
+    }
+    let size = elem.size();
+    match reduce {
+        Some(r) => {
+            // SAFETY: `len / size` elements at both (checked lengths); the origin's
+            // elements are not window memory.
+            let applied = unsafe { reduce::apply(r, elem, len / size, data.as_ptr(), mem) };
+            debug_assert!(applied.is_ok(), "checked by check_accumulate");
+        }
+        None => {
+            let (compare, new) = data.split_at(len);
+            for k in (0..len).step_by(size) {
+                // SAFETY: element `k` of `len` bytes at `mem`; the caller's promise.
+                let here = unsafe { std::slice::from_raw_parts(mem.add(k), size) };
+                if here == &compare[k..k + size] {
+                    // SAFETY: as above.
+                    unsafe { crate::link::copy_bytes(new[k..].as_ptr(), mem.add(k), size) };
+                }
+            }
+        }
+    }
+    lock.store(0, Release);
 }
 
 impl State {
@@ -453,6 +555,53 @@ impl State {
                 }
                 false
             }
+            Op::Accumulate {
+                at,
+                op,
+                fetch,
+                elem,
+                lock,
+                id,
+                len,
+                data,
+            } => {
+                let mut old = std::mem::take(&mut self.packed);
+                let status = match self.serve_accumulate(
+                    from,
+                    (at, lock),
+                    (op, elem),
+                    len,
+                    data,
+                    fetch.then_some(&mut old),
+                ) {
+                    Ok(()) => {
+                        self.counters.accumulates_served += 1;
+                        Status::Done
+                    }
+                    Err(s) => {
+                        old.clear();
+                        self.counters.refused += 1;
+                        s
+                    }
+                };
+                out.forward(from, &ops::accumulated(status, id), &old);
+                old.clear();
+                self.packed = old;
+                false
+            }
+            Op::Accumulated { status, id, data } => self.answer(from.rank, id, |p| match p {
+                Pending::Accumulate {
+                    len,
+                    fetch,
+                    answer: a @ None,
+                } if status != Status::Done
+                    || data.len() as u64 == if *fetch { *len } else { 0 } =>
+                {
+                    *a = Some((status, data.to_vec()));
+                    true
+                }
+                _ => false,
+            }),
             Op::Flush { id } => {
                 let (refused, status) =
                     self.refused.remove(&from.rank).unwrap_or((0, Status::Done));
@@ -484,6 +633,42 @@ impl State {
                 _ => false,
             }),
         }
+    }
+
+    /// Applies accumulate request `(op, elem)` of `len` bytes at `at`, holding the word
+    /// at `lock`, from `from`; the bytes before into `old` when it fetches.
+    fn serve_accumulate(
+        &self,
+        from: Source,
+        (at, lock): (At, At),
+        (op, elem): (u8, [u8; 4]),
+        len: u64,
+        data: &[u8],
+        old: Option<&mut Vec<u8>>,
+    ) -> Result<(), Status> {
+        let elem = Element::decode(elem).ok_or(Status::BadOp)?;
+        let reduce = check_accumulate(op, elem, len, data.len())?;
+        let (mem, offset) = locate(&self.exposed, at, len)?;
+        let lock = word(&self.exposed, lock)?;
+        let old = old.map(|o| {
+            o.clear();
+            o.resize(len as usize, 0);
+            o.as_mut_slice()
+        });
+        // SAFETY: offset + len <= the window's length (`locate`), mapped while `mem` is
+        // borrowed; `data` and `old` checked by `check_accumulate` and sized above.
+        unsafe {
+            apply_locked(
+                lock,
+                u64::from(from.rank) + 1,
+                mem.ptr().add(offset),
+                len as usize,
+                (reduce, elem),
+                data,
+                old,
+            )
+        };
+        Ok(())
     }
 
     /// Keeps the offsets' scratch for the next request, unless one made it large.
@@ -1273,6 +1458,207 @@ mod tests {
                 .unwrap()
                 .load(std::sync::atomic::Ordering::Relaxed),
             1
+        );
+    }
+
+    /// An accumulate request of `op` on `elem` at `offset` of `at`'s window, holding
+    /// the word at 56; answered under `id`.
+    fn acc(
+        at: At,
+        offset: u64,
+        (op, elem): (u8, Element),
+        id: u64,
+        len: u64,
+        fetch: bool,
+        data: &[u8],
+    ) -> Vec<u8> {
+        let mut m = ops::accumulate(ops::AccumulateHead {
+            at: At { offset, ..at },
+            op,
+            fetch,
+            elem,
+            lock: At { offset: 56, ..at },
+            id,
+            len,
+        })
+        .to_vec();
+        m.extend_from_slice(data);
+        m
+    }
+
+    fn accumulated(m: &[u8]) -> (Status, u64, Vec<u8>) {
+        match ops::decode(m) {
+            Some(Op::Accumulated { status, id, data }) => (status, id, data.to_vec()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn accumulates_apply_under_the_lock_and_answer_what_was_there() {
+        use crate::rma::reduce::Number;
+        let (mut s, at) = state_with_window(64);
+        let mut out = Outbox::new(usize::MAX);
+        let f64s = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+        let sum = (Reduce::Sum as u8, Element::Num(Number::F64));
+        let i16s = Element::Num(Number::I16);
+        s.handle(
+            origin(),
+            &acc(at, 0, sum, 1, 16, true, &f64s(&[1.5, -2.0])),
+            &mut out,
+        );
+        s.handle(
+            origin(),
+            &acc(at, 0, sum, 2, 16, false, &f64s(&[1.0, 1.0])),
+            &mut out,
+        );
+        s.handle(
+            origin(),
+            &acc(
+                at,
+                0,
+                (Reduce::NoOp as u8, Element::Num(Number::F64)),
+                3,
+                16,
+                true,
+                &[],
+            ),
+            &mut out,
+        );
+        let cas =
+            |cmp: i16, new: i16| -> Vec<u8> { [cmp.to_ne_bytes(), new.to_ne_bytes()].concat() };
+        s.handle(
+            origin(),
+            &acc(at, 16, (ops::CAS, i16s), 4, 2, true, &cas(0, 7)),
+            &mut out,
+        );
+        s.handle(
+            origin(),
+            &acc(at, 16, (ops::CAS, i16s), 5, 2, true, &cas(0, 9)),
+            &mut out,
+        );
+        let r: Vec<_> = answers(&mut out).iter().map(|m| accumulated(m)).collect();
+        assert_eq!(r[0], (Status::Done, 1, vec![0; 16]), "the bytes before");
+        assert_eq!(r[1], (Status::Done, 2, vec![]), "nothing fetched");
+        assert_eq!(r[2], (Status::Done, 3, f64s(&[2.5, -1.0])));
+        assert_eq!(r[3], (Status::Done, 4, 0i16.to_ne_bytes().to_vec()));
+        assert_eq!(
+            r[4],
+            (Status::Done, 5, 7i16.to_ne_bytes().to_vec()),
+            "no swap"
+        );
+        assert_eq!(s.counters.accumulates_served, 5);
+
+        // Refusals touch nothing and say why.
+        let mut bad_elem = acc(at, 0, sum, 10, 16, false, &[0; 16]);
+        bad_elem[12..16].copy_from_slice(&[0, 0, 0, 0]);
+        let refused = [
+            (
+                acc(
+                    at,
+                    0,
+                    (99, Element::Num(Number::F64)),
+                    6,
+                    16,
+                    false,
+                    &[0; 16],
+                ),
+                Status::BadOp,
+            ),
+            (
+                acc(
+                    at,
+                    0,
+                    (Reduce::Band as u8, Element::Num(Number::F64)),
+                    7,
+                    16,
+                    false,
+                    &[0; 16],
+                ),
+                Status::BadOp,
+            ),
+            (acc(at, 0, sum, 8, 12, false, &[0; 12]), Status::BadLength),
+            (acc(at, 0, sum, 9, 16, false, &[0; 8]), Status::BadLength),
+            (bad_elem, Status::BadOp),
+            (
+                acc(at, 56, sum, 11, 16, false, &[0; 16]),
+                Status::OutOfBounds,
+            ),
+            (
+                acc(
+                    at,
+                    0,
+                    sum,
+                    12,
+                    ACCUMULATE_MAX + 8,
+                    false,
+                    &vec![0; ACCUMULATE_MAX as usize + 8],
+                ),
+                Status::BadLength,
+            ),
+            (
+                acc(
+                    At {
+                        generation: 78,
+                        ..at
+                    },
+                    0,
+                    sum,
+                    13,
+                    16,
+                    false,
+                    &[0; 16],
+                ),
+                Status::NoWindow,
+            ),
+        ];
+        for (m, want) in &refused {
+            s.handle(origin(), m, &mut out);
+            let (status, _, data) = accumulated(&answers(&mut out)[0]);
+            assert_eq!((status, data.len()), (*want, 0), "{want:?}");
+        }
+        let mut misaligned = acc(at, 0, sum, 14, 16, false, &[0; 16]);
+        misaligned[32..40].copy_from_slice(&52u64.to_le_bytes());
+        s.handle(origin(), &misaligned, &mut out);
+        assert_eq!(accumulated(&answers(&mut out)[0]).0, Status::Misaligned);
+        let (mem, _) = locate(&s.exposed, at, 64).unwrap();
+        let mut now = [0u8; 18];
+        // SAFETY: 18 bytes of the 64-byte window.
+        unsafe { std::ptr::copy_nonoverlapping(mem.ptr(), now.as_mut_ptr(), 18) };
+        assert_eq!(now[..16], f64s(&[2.5, -1.0])[..]);
+        assert_eq!(now[16..], 7i16.to_ne_bytes());
+
+        // A taken lock word holds the update back until its holder lets go.
+        let window = s.exposed[&3].mem.clone();
+        // SAFETY: bytes 56..64 of the window, 8-byte aligned (a shared object's start is
+        // page-aligned); `window` keeps it mapped.
+        let lock = unsafe { &*(window.ptr().add(56) as *const AtomicU64) };
+        lock.store(5, std::sync::atomic::Ordering::Release);
+        let released = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                released.store(true, std::sync::atomic::Ordering::Relaxed);
+                lock.store(0, std::sync::atomic::Ordering::Release);
+            });
+            s.handle(
+                origin(),
+                &acc(at, 0, sum, 15, 16, true, &f64s(&[1.0, 1.0])),
+                &mut out,
+            );
+            assert!(
+                released.load(std::sync::atomic::Ordering::Relaxed),
+                "applied only after the release"
+            );
+        });
+        assert_eq!(
+            accumulated(&answers(&mut out)[0]),
+            (Status::Done, 15, f64s(&[2.5, -1.0]))
+        );
+        assert_eq!(
+            word(&s.exposed, At { offset: 56, ..at })
+                .unwrap()
+                .load(std::sync::atomic::Ordering::Acquire),
+            0
         );
     }
 

@@ -1,14 +1,15 @@
 //! The remote-operation protocol in the simulator: the real target and origin state
 //! (`serve::State`) on two whole stations over the simulated network, in virtual time,
 //! under seeded loss, duplication, reordering and corruption. Rank 0 issues puts (in
-//! pieces of one frame, as `Rma::put` cuts them), fetch-and-adds, gets and flushes to
+//! pieces of one frame, as `Rma::put` cuts them), fetch-and-adds, accumulates, gets and flushes to
 //! rank 1's window; rank 1 only drives its station. No operation may be applied twice
-//! or lost: every fetch-and-add answers a distinct old value and the word ends at their
+//! or lost: every fetch-and-add and every accumulate answers a distinct old value and the word ends at their
 //! sum, every flush is answered only after every put before it is in the window, and
 //! every get returns what the puts left.
 
 use super::memory::WindowMemory;
 use super::ops::{self, At, AtomicOp, Status};
+use super::reduce::{Element, Number, Reduce};
 use super::serve::{Exposure, Landing, OnState, Pending, State};
 use super::window::{SharedObject, PUBLISHED_IDS};
 use crate::addr::Source;
@@ -92,6 +93,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
     let mut rng = SimRng::new(seed);
     let mut model = vec![0u8; WINDOW];
     let mut olds = Vec::new();
+    let mut acc_olds = Vec::new();
     let mut id = 0u64;
     let at = |offset: u64| At {
         window: 0,
@@ -99,10 +101,11 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
         offset,
     };
     for round in 0..rounds {
-        // A few puts of random ranges (the first 8 bytes are the counter's).
+        // A few puts of random ranges (the first 24 bytes are the counter's, the
+        // accumulate lock's and the accumulated pair's).
         for _ in 0..1 + rng.below(3) {
             let len = 1 + rng.below(6000) as usize;
-            let offset = 8 + rng.below((WINDOW - 8 - len) as u64) as usize;
+            let offset = 24 + rng.below((WINDOW - 24 - len) as u64) as usize;
             let data: Vec<u8> = (0..len).map(|k| (round * 7 + k) as u8).collect();
             model[offset..offset + len].copy_from_slice(&data);
             for (i, chunk) in data.chunks(piece).enumerate() {
@@ -121,6 +124,36 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                     .insert(id, (1, Pending::Atomic(None)));
                 let m = ops::atomic(at(0), AtomicOp::FetchAdd, id, 3, 0);
                 assert!(stations[0].send(to1, &m, &[], false).unwrap());
+                id
+            })
+            .collect();
+        // Accumulates of (1, 2) into the pair of u32s at 16, fetching it, under the
+        // lock word at 8.
+        let accs: Vec<u64> = (0..1 + rng.below(3))
+            .map(|_| {
+                id += 1;
+                states[0].lock().unwrap().pending.insert(
+                    id,
+                    (
+                        1,
+                        Pending::Accumulate {
+                            len: 8,
+                            fetch: true,
+                            answer: None,
+                        },
+                    ),
+                );
+                let head = ops::accumulate(ops::AccumulateHead {
+                    at: at(16),
+                    op: Reduce::Sum as u8,
+                    fetch: true,
+                    elem: Element::Num(Number::U32),
+                    lock: at(8),
+                    id,
+                    len: 8,
+                });
+                let data = [1u32.to_ne_bytes(), 2u32.to_ne_bytes()].concat();
+                assert!(stations[0].send(to1, &head, &data, false).unwrap());
                 id
             })
             .collect();
@@ -151,7 +184,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                     // SAFETY: the window is WINDOW bytes; only this thread touches it.
                     let bytes = unsafe { std::slice::from_raw_parts(mem_at_flush.ptr(), WINDOW) };
                     assert!(
-                        bytes[8..] == model_at_flush[8..],
+                        bytes[24..] == model_at_flush[24..],
                         "round {round}: flush before its puts"
                     );
                     flushed_ok = true;
@@ -159,6 +192,7 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                 answered
                     && adds
                         .iter()
+                        .chain(&accs)
                         .all(|i| s.pending.get(i).is_some_and(|(_, p)| p.done()))
             },
             "the flush and the adds",
@@ -173,6 +207,18 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
                 match s.pending.remove(&i) {
                     Some((1, Pending::Atomic(Some((Status::Done, v))))) => olds.push(v),
                     other => panic!("add {i}: {other:?}"),
+                }
+            }
+            for i in accs {
+                match s.pending.remove(&i) {
+                    Some((
+                        1,
+                        Pending::Accumulate {
+                            answer: Some((Status::Done, was)),
+                            ..
+                        },
+                    )) => acc_olds.push(was),
+                    other => panic!("accumulate {i}: {other:?}"),
                 }
             }
         }
@@ -211,6 +257,9 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
             .unwrap()
             .load(Ordering::Acquire);
         model[..8].copy_from_slice(&counter.to_le_bytes());
+        // SAFETY: the window is WINDOW bytes; only this thread touches it.
+        let pair = unsafe { std::slice::from_raw_parts(mem.ptr().add(16), 8) };
+        model[16..24].copy_from_slice(pair);
         match states[0].lock().unwrap().pending.remove(&get) {
             Some((
                 1,
@@ -229,6 +278,11 @@ fn operations(faults: &FaultConfig, seed: u64, rounds: usize) -> u64 {
     // No add applied twice or lost: the old values are 0, 3, 6, ... in order.
     let expected: Vec<u64> = (0..olds.len() as u64).map(|k| 3 * k).collect();
     assert_eq!(olds, expected);
+    // Nor an accumulate: the pairs before are (0, 0), (1, 2), (2, 4), ... in order.
+    let expected: Vec<Vec<u8>> = (0..acc_olds.len() as u32)
+        .map(|k| [k.to_ne_bytes(), (2 * k).to_ne_bytes()].concat())
+        .collect();
+    assert_eq!(acc_olds, expected);
     for s in &states {
         let c = s.lock().unwrap().counters;
         assert_eq!((c.refused, c.malformed), (0, 0), "{c:?}");

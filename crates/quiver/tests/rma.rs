@@ -61,6 +61,7 @@ enum Memory {
 /// (registered memory comes back holding what was put into it; lent memory holds it).
 fn every_operation_on(c: Config, size: u32, memory: Memory) {
     let (same_node, cma) = (c.transport == TransportChoice::Auto, c.cma);
+    let offload = c.reliability == ReliabilityMode::Offload;
     let registered = matches!(memory, Memory::Registered | Memory::Lent);
     run_ranks(size, c, move |job| {
         let rma = Rma::open(&job, DPID).unwrap();
@@ -169,6 +170,15 @@ fn every_operation_on(c: Config, size: u32, memory: Memory) {
         job.barrier_progressing(&[&rma]).unwrap();
         if me == 0 {
             std::thread::sleep(Duration::from_millis(50));
+            if offload {
+                // The offload engine's thread serves the other nodes' requests
+                // meanwhile: it answers busy, and they ask again.
+                let until = std::time::Instant::now() + Duration::from_secs(20);
+                while rma.stats().busy == 0 {
+                    assert!(std::time::Instant::now() < until, "never answered busy");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
             let mut held = [0u8; 4];
             counters.read(48, &mut held).unwrap();
             assert_eq!(held, [0; 4], "nothing lands while the lock is held");

@@ -166,8 +166,12 @@ pub struct RmaStats {
     pub puts_applied: u64,
     /// Gets, atomics and accumulates this rank served for other ranks.
     pub served: u64,
-    /// Requests this rank refused (no such window, out of bounds, misaligned).
+    /// Requests this rank refused (no such window, out of bounds, misaligned, an
+    /// accumulate it cannot apply).
     pub refused: u64,
+    /// Accumulates this rank answered busy: their lock word stayed taken while it
+    /// tried (the origin asks again).
+    pub busy: u64,
     /// Messages dropped because they were not well-formed requests or answers.
     pub malformed: u64,
 }
@@ -578,6 +582,7 @@ impl Rma {
         let mut state = State::default();
         // A barrier has at most ceil(log2 size) rounds.
         state.max_rounds = (32 - size.saturating_sub(1).leading_zeros()) as u8;
+        state.max_answer = Some(job.config().max_message);
         let state = Arc::new(Mutex::new(state));
         let ep = if job.can_serve() {
             let served = Box::new(Served {
@@ -1706,6 +1711,11 @@ impl Rma {
         if !lock_offset.is_multiple_of(8) {
             return Err(refusal(Status::Misaligned, rank, lock_at, 8, lock_key.len));
         }
+        if serve::lock_in_range(at, len as u64, lock_at) {
+            return Err(bad_accumulate(format!(
+                "the lock word at {lock_offset} lies in the {len} bytes at {offset}"
+            )));
+        }
         if len == 0 {
             return Ok(());
         }
@@ -1719,29 +1729,53 @@ impl Rma {
             // (both checked); the mapping outlives this call (`path`).
             let lock = unsafe { &*(lock_mem.add(lock_offset as usize) as *const AtomicU64) };
             let holder = u64::from(self.ep.station().job().rank) + 1;
-            // SAFETY: offset + len <= the window's mapping (`address`, `path`), which
-            // outlives this call; `data` and `fetch` as checked above.
-            unsafe {
-                serve::apply_locked(
-                    lock,
-                    holder,
-                    mem.add(offset as usize),
-                    len,
-                    (op, elem),
-                    &data,
-                    fetch,
-                )
+            // SAFETY: offset + len <= the window's mapping (`address`, `path`).
+            let target = unsafe { mem.add(offset as usize) };
+            // The caller's buffers may lie in the window (its own, or a same-node
+            // rank's it maps): those go through copies of their own.
+            let inside = |p: *const u8, n: usize| {
+                (p as usize) < target as usize + len && target as usize <= p as usize + n
             };
+            let data = if inside(data.as_ptr(), data.len()) {
+                Cow::Owned(data.into_owned())
+            } else {
+                data
+            };
+            let mut apart = Vec::new();
+            let old = match fetch.as_deref_mut() {
+                Some(f) if inside(f.as_ptr(), len) => {
+                    apart.resize(len, 0);
+                    Some(&mut apart[..])
+                }
+                other => other,
+            };
+            // SAFETY: `target` is `len` bytes of the mapping, which outlives this call;
+            // `data` and the fetch buffer checked above and apart from them.
+            unsafe {
+                serve::apply_locked((lock, holder, None), target, len, (op, elem), &data, old)
+            };
+            if let (Some(f), false) = (fetch, apart.is_empty()) {
+                f.copy_from_slice(&apart);
+            }
             self.stats.borrow_mut().direct += 1;
             return Ok(());
         }
         let (route, _) = self.route_to(rank)?;
-        // Pieces of whole elements, all sent before the first answer is awaited.
-        let piece = (serve::ACCUMULATE_MAX as usize / size) * size;
-        let mut asked = Vec::new();
-        let mut sent = Ok(());
-        for start in (0..len).step_by(piece) {
-            let n = piece.min(len - start);
+        // Pieces of whole elements, all sent before the first answer is awaited; each
+        // request and each answer within this rank's `max_message` (a peer that sends
+        // shorter ones refuses the piece, and the accumulate fails: it never hangs).
+        let max = self.ep.station().job().config.max_message;
+        let carried = if op.is_none() { 2 } else { 1 };
+        let most = (serve::ACCUMULATE_MAX as usize)
+            .min(max.saturating_sub(ops::ACCUMULATE_LEN) / carried)
+            .min(max.saturating_sub(ops::ACCUMULATED_LEN));
+        let piece = (most / size) * size;
+        if piece == 0 {
+            return Err(bad_accumulate(format!(
+                "a {size}-byte element does not fit a message of {max} bytes"
+            )));
+        }
+        let ask = |start: usize, n: usize| -> Result<u64> {
             let body: Cow<'_, [u8]> = match op {
                 None => Cow::Owned(
                     [&data[start..start + n], &data[len + start..len + start + n]].concat(),
@@ -1750,18 +1784,12 @@ impl Rma {
                 Some(_) => Cow::Borrowed(&data[start..start + n]),
             };
             let id = self.id();
-            serve::lock(&self.state).pending.insert(
-                id,
-                (
-                    rank,
-                    Pending::Accumulate {
-                        len: n as u64,
-                        fetch: fetch.is_some(),
-                        answer: None,
-                    },
-                ),
-            );
-            asked.push((id, start, n));
+            let pending = Pending::Accumulate {
+                len: n as u64,
+                fetch: fetch.is_some(),
+                answer: None,
+            };
+            serve::lock(&self.state).pending.insert(id, (rank, pending));
             let head = ops::accumulate(ops::AccumulateHead {
                 at: At {
                     offset: at.offset + start as u64,
@@ -1774,38 +1802,68 @@ impl Rma {
                 id,
                 len: n as u64,
             });
-            sent = self.send(rank, route, &head, &body);
-            if sent.is_err() {
-                break;
+            self.send(rank, route, &head, &body).inspect_err(|_| {
+                serve::lock(&self.state).pending.remove(&id);
+            })?;
+            Ok(id)
+        };
+        let mut asked = Vec::new();
+        let mut out = Ok(());
+        for start in (0..len).step_by(piece) {
+            let n = piece.min(len - start);
+            match ask(start, n) {
+                Ok(id) => asked.push((id, start, n)),
+                Err(e) => {
+                    out = Err(e);
+                    break;
+                }
             }
         }
-        let mut out = sent;
-        for (id, start, n) in asked {
-            if out.is_err() {
-                // Late answers are dropped and counted.
+        // Every piece sent is waited for (it may be applied even when another fails);
+        // the first error is the caller's.
+        let mut answers = Vec::with_capacity(asked.len());
+        let mut queue: std::collections::VecDeque<_> = asked.into();
+        while let Some((id, start, n)) = queue.pop_front() {
+            let answer = self.wait_for(id).inspect_err(|_| {
                 serve::lock(&self.state).pending.remove(&id);
-                continue;
-            }
-            out = match self.wait_for(id) {
+            });
+            match answer {
+                Ok(Pending::Accumulate {
+                    answer: Some((Status::Busy, _)),
+                    ..
+                }) if out.is_ok() => match ask(start, n) {
+                    // The lock word was taken at the target: asked again.
+                    Ok(id) => queue.push_back((id, start, n)),
+                    Err(e) => out = Err(e),
+                },
                 Ok(Pending::Accumulate {
                     answer: Some((Status::Done, bytes)),
                     ..
-                }) => {
-                    if let Some(f) = fetch.as_deref_mut() {
-                        f[start..start + n].copy_from_slice(&bytes);
-                    }
-                    Ok(())
-                }
+                }) => answers.push((start, bytes)),
                 Ok(Pending::Accumulate {
                     answer: Some((status, _)),
                     ..
-                }) => Err(refusal(status, rank, at, len as u64, key.len)),
-                Ok(_) => Err(Error::Rma(RmaError::BadAnswer { rank })),
-                Err(e) => {
-                    serve::lock(&self.state).pending.remove(&id);
-                    Err(e)
+                }) => {
+                    if out.is_ok() {
+                        out = Err(refusal(status, rank, at, len as u64, key.len));
+                    }
                 }
-            };
+                Ok(_) => {
+                    if out.is_ok() {
+                        out = Err(Error::Rma(RmaError::BadAnswer { rank }));
+                    }
+                }
+                Err(e) => {
+                    if out.is_ok() {
+                        out = Err(e);
+                    }
+                }
+            }
+        }
+        if let Some(f) = fetch {
+            for (start, bytes) in answers {
+                f[start..start + bytes.len()].copy_from_slice(&bytes);
+            }
         }
         out
     }
@@ -1933,6 +1991,7 @@ impl Rma {
         RmaStats {
             puts_applied: c.puts_applied,
             served: c.gets_served + c.atomics_served + c.accumulates_served,
+            busy: c.busy,
             refused: c.refused,
             malformed: c.malformed,
             ..self.stats.borrow().clone()
@@ -2355,12 +2414,12 @@ fn key_name(dpid: u16, rank: u32, number: u32) -> String {
     format!("rma/{dpid}/{rank}/{number}")
 }
 
-/// The origin's error for a target's `status` about `len` bytes at `at` of `rank`,
-/// whose window is `size` bytes long.
 fn bad_accumulate(reason: String) -> Error {
     Error::Rma(RmaError::BadAccumulate { reason })
 }
 
+/// The origin's error for a target's `status` about `len` bytes at `at` of `rank`,
+/// whose window is `size` bytes long.
 fn refusal(status: Status, rank: u32, at: At, len: u64, size: u64) -> Error {
     Error::Rma(match status {
         Status::NoWindow => RmaError::NoWindow {
@@ -2382,6 +2441,6 @@ fn refusal(status: Status, rank: u32, at: At, len: u64, size: u64) -> Error {
         Status::BadOp | Status::BadLength => RmaError::BadAccumulate {
             reason: format!("rank {rank} refused it: {}", status.reason()),
         },
-        Status::Done | Status::Unknown => RmaError::BadAnswer { rank },
+        Status::Done | Status::Busy | Status::Unknown => RmaError::BadAnswer { rank },
     })
 }

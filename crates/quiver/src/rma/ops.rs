@@ -84,9 +84,13 @@ pub(crate) enum Status {
     /// operation or element it does not know, or whose operation is not defined on its
     /// element.
     BadOp = 4,
-    /// An accumulate whose length is not a whole number of its elements, or whose data
-    /// does not match its length.
+    /// An accumulate whose length is not a whole number of its elements, whose data does
+    /// not match its length, whose answer would be longer than the target sends, or
+    /// whose range holds its own lock word.
     BadLength = 5,
+    /// An accumulate whose lock word stayed taken while the target tried: the origin
+    /// asks again.
+    Busy = 6,
     /// A status this side does not know (a newer or lying peer): the request fails.
     Unknown = 255,
 }
@@ -100,7 +104,10 @@ impl Status {
             Status::OutOfBounds => "the range lies outside the window",
             Status::Misaligned => "the word is not 8-byte aligned",
             Status::BadOp => "an unknown operation, or one not defined on its element",
-            Status::BadLength => "a length that is not a whole number of elements",
+            Status::BadLength => {
+                "a length that is not a whole number of elements, too long, or over its lock word"
+            }
+            Status::Busy => "the lock word was taken",
             Status::Unknown => "an answer this version does not know",
         }
     }
@@ -113,6 +120,7 @@ impl Status {
             3 => Status::Misaligned,
             4 => Status::BadOp,
             5 => Status::BadLength,
+            6 => Status::Busy,
             _ => Status::Unknown,
         }
     }

@@ -283,8 +283,8 @@ pub fn check(op: Reduce, elem: Element) -> Result<(), Undefined> {
 ///
 /// # Safety
 ///
-/// `inp` holds `count` readable elements and `inout` `count` writable ones, not
-/// overlapping.
+/// `inp` holds `count` readable elements and `inout` `count` writable ones (element by
+/// element: each is read whole before it is written, so the two may even overlap).
 pub unsafe fn apply(
     op: Reduce,
     elem: Element,
@@ -295,8 +295,9 @@ pub unsafe fn apply(
     match op {
         Reduce::NoOp => return Ok(()),
         Reduce::Replace => {
-            // SAFETY: the caller promises `count` elements at both, apart.
-            unsafe { std::ptr::copy_nonoverlapping(inp, inout, count * elem.size()) };
+            // SAFETY: the caller promises `count` elements at both (a copy that allows
+            // them to overlap: an origin's buffer may lie in its own window).
+            unsafe { std::ptr::copy(inp, inout, count * elem.size()) };
             return Ok(());
         }
         _ => {}

@@ -182,6 +182,8 @@ pub(crate) struct Counters {
     pub bytes_got: u64,
     pub atomics_served: u64,
     pub accumulates_served: u64,
+    /// Accumulates answered [`Status::Busy`] (their origins ask again).
+    pub busy: u64,
     pub notified: u64,
     pub refused: u64,
     pub malformed: u64,
@@ -212,6 +214,9 @@ pub(crate) struct State {
     pub combined_up: HashMap<(u32, u64), u64>,
     pub combined_down: HashMap<u64, u64>,
     pub combining: u64,
+    /// The longest answer this rank sends (its `max_message`): an accumulate that would
+    /// need a longer one is refused. `None`: no limit (tests).
+    pub max_answer: Option<usize>,
     /// Scratch of indexed requests' offsets and of packed get answers (kept: no
     /// allocation per request once they have grown).
     offsets: Vec<u64>,
@@ -294,6 +299,11 @@ pub(crate) const ACCUMULATE_MAX: u64 = 64 << 10;
 /// Tries of a taken lock word before each next one yields the core (its holder may
 /// share this core).
 const LOCK_SPINS: u32 = 64;
+/// Tries of a taken lock word by the target before it answers [`Status::Busy`] (and
+/// serves other requests meanwhile): a holder combines in its own memory and lets go
+/// within microseconds, but a word that a broken or lying rank keeps must not stop the
+/// target from serving.
+pub(crate) const SERVED_LOCK_TRIES: u32 = 4096;
 
 /// What an accumulate does, checked: `op` (a [`Reduce`] or [`ops::CAS`]) on elements
 /// of `elem`, `len` bytes, with `data` (the origin's elements; none for `NoOp`; the
@@ -322,60 +332,86 @@ pub(crate) fn check_accumulate(
     Ok(reduce)
 }
 
+/// Whether the lock word at `lock` lies in the `len` bytes at `at` (an update could
+/// then write the word it holds).
+pub(crate) fn lock_in_range(at: At, len: u64, lock: At) -> bool {
+    (at.window, at.generation) == (lock.window, lock.generation)
+        && lock.offset < at.offset.saturating_add(len)
+        && at.offset < lock.offset.saturating_add(8)
+}
+
+/// A lock word held: let go when dropped (whatever happens while it is held).
+struct Held<'a>(&'a AtomicU64);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Applies a checked accumulate ([`check_accumulate`]) to the `len` bytes at `mem`
-/// holding `lock` (compare-and-swap 0 to `holder`, spinning; every accumulate of the
-/// window takes the same word, so concurrent ones are atomic per element): the bytes
-/// before go to `old` first when given. The target's side and a same-node origin's
-/// direct update alike.
+/// holding `lock` (compare-and-swap 0 to `holder`; every accumulate of the window takes
+/// the same word, so concurrent ones are atomic per element): the bytes before go to
+/// `old` first when given. The target's side and a same-node origin's direct update
+/// alike. Gives up, changing nothing, after `tries` failed tries of the word when given
+/// (false); otherwise waits for it.
 ///
 /// # Safety
 ///
 /// `mem` is `len` bytes of window memory, mapped for as long as the call lasts; `data`
-/// and `old` as [`check_accumulate`] passed them (`old`: `len` bytes).
+/// and `old` as [`check_accumulate`] passed them (`old`: `len` bytes), neither of them
+/// in those `len` bytes.
 pub(crate) unsafe fn apply_locked(
-    lock: &AtomicU64,
-    holder: u64,
+    (lock, holder, tries): (&AtomicU64, u64, Option<u32>),
     mem: *mut u8,
     len: usize,
     (reduce, elem): (Option<Reduce>, Element),
     data: &[u8],
     old: Option<&mut [u8]>,
-) {
-    use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-    let mut tries = 0u32;
+) -> bool {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed};
+    let mut failed = 0u32;
     while lock.compare_exchange(0, holder, Acquire, Relaxed).is_err() {
-        tries = tries.wrapping_add(1);
-        if tries.is_multiple_of(LOCK_SPINS) {
+        failed = failed.wrapping_add(1);
+        if tries.is_some_and(|t| failed >= t) {
+            return false;
+        }
+        if failed.is_multiple_of(LOCK_SPINS) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
         }
     }
+    let _held = Held(lock);
     if let Some(old) = old {
-        // SAFETY: `len` bytes at `mem` (the caller's promise) into `old`'s `len`.
+        // SAFETY: `len` bytes at `mem` (the caller's promise) into `old`'s `len`,
+        // apart.
         unsafe { crate::link::copy_bytes(mem, old.as_mut_ptr(), len) };
     }
     let size = elem.size();
     match reduce {
         Some(r) => {
-            // SAFETY: `len / size` elements at both (checked lengths); the origin's
-            // elements are not window memory.
+            // SAFETY: `len / size` elements at both (checked lengths).
             let applied = unsafe { reduce::apply(r, elem, len / size, data.as_ptr(), mem) };
             debug_assert!(applied.is_ok(), "checked by check_accumulate");
         }
         None => {
             let (compare, new) = data.split_at(len);
+            let mut here = [0u8; 256];
             for k in (0..len).step_by(size) {
-                // SAFETY: element `k` of `len` bytes at `mem`; the caller's promise.
-                let here = unsafe { std::slice::from_raw_parts(mem.add(k), size) };
-                if here == &compare[k..k + size] {
+                // Read by copy: others may change the window's bytes (by its words'
+                // atomics, or racing puts) while this compares them.
+                // SAFETY: element `k` of the `len` bytes at `mem`; an element is at
+                // most 255 bytes.
+                unsafe { crate::link::copy_bytes(mem.add(k), here.as_mut_ptr(), size) };
+                if here[..size] == compare[k..k + size] {
                     // SAFETY: as above.
                     unsafe { crate::link::copy_bytes(new[k..].as_ptr(), mem.add(k), size) };
                 }
             }
         }
     }
-    lock.store(0, Release);
+    true
 }
 
 impl State {
@@ -578,6 +614,11 @@ impl State {
                         self.counters.accumulates_served += 1;
                         Status::Done
                     }
+                    Err(Status::Busy) => {
+                        old.clear();
+                        self.counters.busy += 1;
+                        Status::Busy
+                    }
                     Err(s) => {
                         old.clear();
                         self.counters.refused += 1;
@@ -648,6 +689,10 @@ impl State {
     ) -> Result<(), Status> {
         let elem = Element::decode(elem).ok_or(Status::BadOp)?;
         let reduce = check_accumulate(op, elem, len, data.len())?;
+        let answer = ops::ACCUMULATED_LEN as u64 + if old.is_some() { len } else { 0 };
+        if lock_in_range(at, len, lock) || self.max_answer.is_some_and(|m| answer > m as u64) {
+            return Err(Status::BadLength);
+        }
         let (mem, offset) = locate(&self.exposed, at, len)?;
         let lock = word(&self.exposed, lock)?;
         let old = old.map(|o| {
@@ -656,11 +701,11 @@ impl State {
             o.as_mut_slice()
         });
         // SAFETY: offset + len <= the window's length (`locate`), mapped while `mem` is
-        // borrowed; `data` and `old` checked by `check_accumulate` and sized above.
-        unsafe {
+        // borrowed; `data` (the request's) and `old` (this state's scratch) checked by
+        // `check_accumulate` and sized above, neither in the window.
+        let applied = unsafe {
             apply_locked(
-                lock,
-                u64::from(from.rank) + 1,
+                (lock, u64::from(from.rank) + 1, Some(SERVED_LOCK_TRIES)),
                 mem.ptr().add(offset),
                 len as usize,
                 (reduce, elem),
@@ -668,7 +713,11 @@ impl State {
                 old,
             )
         };
-        Ok(())
+        if applied {
+            Ok(())
+        } else {
+            Err(Status::Busy)
+        }
     }
 
     /// Keeps the offsets' scratch for the next request, unless one made it large.
@@ -1580,7 +1629,7 @@ mod tests {
             (acc(at, 0, sum, 9, 16, false, &[0; 8]), Status::BadLength),
             (bad_elem, Status::BadOp),
             (
-                acc(at, 56, sum, 11, 16, false, &[0; 16]),
+                acc(at, 64, sum, 11, 16, false, &[0; 16]),
                 Status::OutOfBounds,
             ),
             (
@@ -1627,39 +1676,53 @@ mod tests {
         assert_eq!(now[..16], f64s(&[2.5, -1.0])[..]);
         assert_eq!(now[16..], 7i16.to_ne_bytes());
 
-        // A taken lock word holds the update back until its holder lets go.
+        // A lock word inside the range, or an answer longer than this rank sends, is
+        // refused.
+        let mut over_lock = acc(at, 48, sum, 16, 16, false, &[0; 16]);
+        over_lock[32..40].copy_from_slice(&56u64.to_le_bytes());
+        s.handle(origin(), &over_lock, &mut out);
+        assert_eq!(accumulated(&answers(&mut out)[0]).0, Status::BadLength);
+        s.max_answer = Some(ops::ACCUMULATED_LEN + 15);
+        s.handle(origin(), &acc(at, 0, sum, 17, 16, true, &[0; 16]), &mut out);
+        assert_eq!(accumulated(&answers(&mut out)[0]).0, Status::BadLength);
+        s.handle(
+            origin(),
+            &acc(at, 0, sum, 18, 16, false, &[0; 16]),
+            &mut out,
+        );
+        assert_eq!(
+            accumulated(&answers(&mut out)[0]).0,
+            Status::Done,
+            "no answer bytes"
+        );
+        s.max_answer = None;
+
+        // A lock word that stays taken: the target tries a while, changes nothing and
+        // answers that it was busy; once free, the same request applies.
         let window = s.exposed[&3].mem.clone();
         // SAFETY: bytes 56..64 of the window, 8-byte aligned (a shared object's start is
         // page-aligned); `window` keeps it mapped.
         let lock = unsafe { &*(window.ptr().add(56) as *const AtomicU64) };
         lock.store(5, std::sync::atomic::Ordering::Release);
-        let released = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|t| {
-            t.spawn(|| {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-                released.store(true, std::sync::atomic::Ordering::Relaxed);
-                lock.store(0, std::sync::atomic::Ordering::Release);
-            });
-            s.handle(
-                origin(),
-                &acc(at, 0, sum, 15, 16, true, &f64s(&[1.0, 1.0])),
-                &mut out,
-            );
-            assert!(
-                released.load(std::sync::atomic::Ordering::Relaxed),
-                "applied only after the release"
-            );
-        });
+        let request = acc(at, 0, sum, 19, 16, true, &f64s(&[1.0, 1.0]));
+        s.handle(origin(), &request, &mut out);
         assert_eq!(
             accumulated(&answers(&mut out)[0]),
-            (Status::Done, 15, f64s(&[2.5, -1.0]))
+            (Status::Busy, 19, vec![])
         );
+        assert_eq!(s.counters.busy, 1);
         assert_eq!(
-            word(&s.exposed, At { offset: 56, ..at })
-                .unwrap()
-                .load(std::sync::atomic::Ordering::Acquire),
-            0
+            lock.load(std::sync::atomic::Ordering::Acquire),
+            5,
+            "still its holder's"
         );
+        lock.store(0, std::sync::atomic::Ordering::Release);
+        s.handle(origin(), &request, &mut out);
+        assert_eq!(
+            accumulated(&answers(&mut out)[0]),
+            (Status::Done, 19, f64s(&[2.5, -1.0]))
+        );
+        assert_eq!(lock.load(std::sync::atomic::Ordering::Acquire), 0);
     }
 
     #[test]

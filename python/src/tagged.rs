@@ -341,10 +341,35 @@ impl PyTagged {
         ptr: *const u8,
         len: usize,
     ) -> PyResult<RawRequest> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { Self::start_send_as(py, t, (dest, tag), ptr, len, false) }
+    }
+
+    /// [`PyTagged::start_send`], synchronous (`sync`: complete once a receive took the
+    /// message) or not.
+    ///
+    /// # Safety
+    ///
+    /// As [`PyTagged::start_send`].
+    unsafe fn start_send_as(
+        py: Python<'_>,
+        t: &Tagged,
+        (dest, tag): (u32, u32),
+        ptr: *const u8,
+        len: usize,
+        sync: bool,
+    ) -> PyResult<RawRequest> {
         // SAFETY: the closure carries an `&Tagged`, numbers and a pointer: nothing of
         // Python's. The pointer's bytes: the caller's promise.
-        let started =
-            unsafe { detached(py, (t, ptr), |(t, ptr)| t.isend_raw(dest, tag, ptr, len)) };
+        let started = unsafe {
+            detached(py, (t, ptr), |(t, ptr)| {
+                if sync {
+                    t.issend_raw(dest, tag, ptr, len)
+                } else {
+                    t.isend_raw(dest, tag, ptr, len)
+                }
+            })
+        };
         started.py()
     }
 }
@@ -470,6 +495,45 @@ impl PyTagged {
             let req = unsafe { Self::start_send(py, t, dest, tag, b.ptr(), b.len()) }?;
             finish(py, t, req).map(drop)
         })
+    }
+
+    /// Sends the bytes of ``buf`` to ``dest`` with ``tag`` synchronously (MPI's
+    /// ``Ssend``): returns once a receive at ``dest`` has taken the message, never before.
+    #[pyo3(name = "Ssend", signature = (buf, dest, tag=0))]
+    fn ssend_buf(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        dest: i64,
+        tag: i64,
+    ) -> PyResult<()> {
+        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
+        let b = Buffer::get(buf, false, "Ssend")?;
+        self.with(|_, t| {
+            // SAFETY: `b` keeps the bytes alive and in place until `finish` has
+            // completed or abandoned the send.
+            let req = unsafe { Self::start_send_as(py, t, (dest, tag), b.ptr(), b.len(), true) }?;
+            finish(py, t, req).map(drop)
+        })
+    }
+
+    /// Starts sending the bytes of ``buf`` to ``dest`` synchronously (MPI's ``Issend``):
+    /// the request completes once a receive at ``dest`` has taken the message.
+    #[pyo3(name = "Issend", signature = (buf, dest, tag=0))]
+    fn issend_buf(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        dest: i64,
+        tag: i64,
+    ) -> PyResult<Py<PyRequest>> {
+        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
+        let b = Buffer::get(buf, false, "Issend")?;
+        let raw = slf.get().with(|_, t| {
+            // SAFETY: the request made below holds `b` until the send is complete or
+            // abandoned (by the request, its endpoint's orphan list, or the endpoint).
+            unsafe { Self::start_send_as(slf.py(), t, (dest, tag), b.ptr(), b.len(), true) }
+        })?;
+        PyRequest::pending(slf, raw, Keep::Buffer(b), Kind::Send)
     }
 
     /// Receives the first message matching ``source`` and ``tag`` into ``buf``

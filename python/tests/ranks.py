@@ -308,6 +308,29 @@ def cancel(comm):
         comm.Send(b"late", 1, 8)
 
 
+def synchronous(comm):
+    """An Issend stays incomplete while its receive is not posted (rank 1 posts it only
+    after rank 0's "go", sent after rank 0's tests), then completes; an Ssend returns once
+    received."""
+    if comm.rank == 0:
+        for n in (0, 4, 300_000):
+            data = pattern(n, n)
+            r = comm.Issend(data, 1, 20)
+            for _ in range(1000):
+                assert r.Test() is False, f"Issend of {n} bytes complete before its receive"
+            comm.Send(b"go", 1, 21)
+            r.Wait()
+            comm.Ssend(data, 1, 22)
+    else:
+        for n in (0, 4, 300_000):
+            comm.Recv(bytearray(2), 0, 21)
+            for tag in (20, 22):
+                b = bytearray(300_000)
+                st = quiver.Status()
+                comm.Recv(b, 0, tag, status=st)
+                assert st.count == n and same_bytes(b[:n], pattern(n, n)), (n, tag)
+
+
 def expect(exc, f, *args, **kw):
     try:
         f(*args, **kw)
@@ -730,6 +753,7 @@ SCENARIOS = {
     "nonblocking": nonblocking,
     "probe": probe,
     "cancel": cancel,
+    "synchronous": synchronous,
     "errors": errors,
     "endpoint": endpoint,
     "threads": threads,

@@ -82,6 +82,10 @@ def test_cancel():
     quiver_run(2, RANKS, "cancel").expect_pass(["cancel"])
 
 
+def test_synchronous_sends():
+    quiver_run(2, RANKS, "synchronous").expect_pass(["synchronous"])
+
+
 def test_errors_are_typed():
     quiver_run(2, RANKS, "errors").expect_pass(["errors"])
 

@@ -12,8 +12,9 @@ from conftest import environment
 def test_names_of_mpi4py():
     assert quiver.ANY_SOURCE == -1 and quiver.ANY_TAG == -1
     assert quiver.UNDEFINED == -32766
-    for name in ("Send", "Recv", "Isend", "Irecv", "Probe", "Iprobe", "send", "recv",
-                 "isend", "irecv", "close", "__enter__", "__exit__", "Get_rank", "Get_size"):
+    for name in ("Send", "Recv", "Isend", "Irecv", "Ssend", "Issend", "Probe", "Iprobe",
+                 "send", "recv", "isend", "irecv", "close", "__enter__", "__exit__", "Get_rank",
+                 "Get_size"):
         assert callable(getattr(quiver.Tagged, name)), name
     for name in ("Wait", "wait", "Test", "test", "Cancel", "cancel", "Waitall", "waitall",
                  "Waitany", "waitany"):

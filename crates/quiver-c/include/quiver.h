@@ -1995,6 +1995,25 @@ enum quiver_error quiver_tagged_send(const struct quiver_tagged *t,
                                      size_t len);
 
 /**
+ * Sends the `len` bytes at `data` to rank `dest` with `tag` synchronously (MPI's
+ * `MPI_Ssend`): returns once a receive at `dest` has taken the message, never before,
+ * whatever its length. Two ranks that both send this way to each other before receiving
+ * wait for ever (use `quiver_tagged_issend`).
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * `t` is NULL or a live tagged handle; `data` is readable for `len` bytes (NULL when
+ * `len` is 0 is allowed).
+ */
+enum quiver_error quiver_tagged_ssend(const struct quiver_tagged *t,
+                                      uint32_t dest,
+                                      uint32_t tag,
+                                      const void *data,
+                                      size_t len);
+
+/**
  * Receives the first message that matches (`src`, `tag`; `QUIVER_ANY_SOURCE`,
  * `QUIVER_ANY_TAG` match any) into the `cap` bytes at `buf`; its status at `*status`
  * (if not NULL). `QUIVER_ERR_TRUNCATED` when it is longer than `cap`: `buf` holds its
@@ -2063,6 +2082,23 @@ enum quiver_error quiver_tagged_isend(const struct quiver_tagged *t,
                                       const void *data,
                                       size_t len,
                                       quiver_request *req);
+
+/**
+ * `quiver_tagged_isend` of a synchronous send (MPI's `MPI_Issend`): the request
+ * completes once a receive at `dest` has taken the message, never before.
+ *
+ * Thread safety: only the thread that opened the endpoint.
+ *
+ * # Safety
+ *
+ * As `quiver_tagged_isend`.
+ */
+enum quiver_error quiver_tagged_issend(const struct quiver_tagged *t,
+                                       uint32_t dest,
+                                       uint32_t tag,
+                                       const void *data,
+                                       size_t len,
+                                       quiver_request *req);
 
 /**
  * Posts a receive of the first message that matches (`src`, `tag`) into the `cap`

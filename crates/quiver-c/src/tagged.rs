@@ -354,6 +354,35 @@ pub unsafe extern "C" fn quiver_tagged_send(
     unsafe { with(t, body) }
 }
 
+/// Sends the `len` bytes at `data` to rank `dest` with `tag` synchronously (MPI's
+/// `MPI_Ssend`): returns once a receive at `dest` has taken the message, never before,
+/// whatever its length. Two ranks that both send this way to each other before receiving
+/// wait for ever (use `quiver_tagged_issend`).
+///
+/// Thread safety: only the thread that opened the endpoint.
+///
+/// # Safety
+///
+/// `t` is NULL or a live tagged handle; `data` is readable for `len` bytes (NULL when
+/// `len` is 0 is allowed).
+#[no_mangle]
+pub unsafe extern "C" fn quiver_tagged_ssend(
+    t: *const quiver_tagged,
+    dest: u32,
+    tag: u32,
+    data: *const c_void,
+    len: usize,
+) -> quiver_error {
+    let body = |h: &quiver_tagged| -> Outcome {
+        let tag = send_tag(tag)?;
+        // SAFETY: `data` is readable for `len` bytes (the contract).
+        let data = unsafe { bytes(data.cast(), len, "data") }?;
+        Ok(h.tagged.ssend(dest, tag, data)?)
+    };
+    // SAFETY: `t` is NULL or a live handle (the contract).
+    unsafe { with(t, body) }
+}
+
 /// Receives the first message that matches (`src`, `tag`; `QUIVER_ANY_SOURCE`,
 /// `QUIVER_ANY_TAG` match any) into the `cap` bytes at `buf`; its status at `*status`
 /// (if not NULL). `QUIVER_ERR_TRUNCATED` when it is longer than `cap`: `buf` holds its
@@ -494,6 +523,42 @@ pub unsafe extern "C" fn quiver_tagged_isend(
     len: usize,
     req: *mut quiver_request,
 ) -> quiver_error {
+    // SAFETY: the contract, passed on.
+    unsafe { isend(t, (dest, tag, data, len), req, false) }
+}
+
+/// `quiver_tagged_isend` of a synchronous send (MPI's `MPI_Issend`): the request
+/// completes once a receive at `dest` has taken the message, never before.
+///
+/// Thread safety: only the thread that opened the endpoint.
+///
+/// # Safety
+///
+/// As `quiver_tagged_isend`.
+#[no_mangle]
+pub unsafe extern "C" fn quiver_tagged_issend(
+    t: *const quiver_tagged,
+    dest: u32,
+    tag: u32,
+    data: *const c_void,
+    len: usize,
+    req: *mut quiver_request,
+) -> quiver_error {
+    // SAFETY: the contract, passed on.
+    unsafe { isend(t, (dest, tag, data, len), req, true) }
+}
+
+/// `quiver_tagged_isend` (`sync`: `quiver_tagged_issend`).
+///
+/// # Safety
+///
+/// As `quiver_tagged_isend`.
+unsafe fn isend(
+    t: *const quiver_tagged,
+    (dest, tag, data, len): (u32, u32, *const c_void, usize),
+    req: *mut quiver_request,
+    sync: bool,
+) -> quiver_error {
     let body = |h: &quiver_tagged| -> Outcome {
         // SAFETY: `req` is NULL or writable (the contract).
         let out = unsafe { Out::new(req, "req") }?;
@@ -502,8 +567,14 @@ pub unsafe extern "C" fn quiver_tagged_isend(
         // pointer and the length.
         unsafe { bytes(data.cast(), len, "data") }?;
         // SAFETY: `data` is readable for `len` bytes, and not written, until the
-        // operation ends (the contract), which is what isend_raw asks.
-        let raw = unsafe { h.tagged.isend_raw(dest, tag, data.cast(), len) }?;
+        // operation ends (the contract), which is what isend_raw and issend_raw ask.
+        let raw = unsafe {
+            if sync {
+                h.tagged.issend_raw(dest, tag, data.cast(), len)
+            } else {
+                h.tagged.isend_raw(dest, tag, data.cast(), len)
+            }
+        }?;
         out.put(register(h, raw));
         Ok(())
     };

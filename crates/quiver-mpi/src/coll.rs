@@ -44,7 +44,7 @@ impl Mpi {
     /// The elements are readable until the operation completes.
     unsafe fn c_send(&self, comm: usize, to: u32, tag: u32, e: Elems<'_>) -> Result<Pending> {
         // SAFETY: the caller's promise.
-        unsafe { self.post_send(comm, COLL, e.ptr, e.count, e.layout, to, tag) }
+        unsafe { self.post_send(comm, COLL, e.ptr, e.count, e.layout, to, tag, false) }
     }
 
     /// Receives on the collective endpoint.

@@ -308,11 +308,13 @@ impl Mpi {
         }
     }
 
-    /// Starts a send of `bytes` at `data` on endpoint `ep` of `comm`.
+    /// Starts a send of `bytes` at `data` on endpoint `ep` of `comm` (`sync`: complete
+    /// once a receive took it, MPI's synchronous mode).
     ///
     /// # Safety
     ///
     /// `data..data + bytes` stays readable and unchanged until the request completes.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn start_send(
         &self,
         comm: usize,
@@ -321,12 +323,20 @@ impl Mpi {
         tag: u32,
         data: *const u8,
         bytes: usize,
+        sync: bool,
     ) -> Result<RawRequest> {
         let (c, eps) = self.live_eps(comm)?;
         let t: &Tagged = if ep == P2P { &eps.p2p } else { &eps.coll };
         let to = c.dest(dest)?;
         // SAFETY: the caller's promise.
-        let raw = unsafe { t.isend_raw(to, tag, data, bytes) }.map_err(|e| c.error(e))?;
+        let raw = unsafe {
+            if sync {
+                t.issend_raw(to, tag, data, bytes)
+            } else {
+                t.isend_raw(to, tag, data, bytes)
+            }
+        }
+        .map_err(|e| c.error(e))?;
         c.outstanding[ep].set(c.outstanding[ep].get() + 1);
         Ok(raw)
     }
@@ -370,6 +380,7 @@ impl Mpi {
     ///
     /// The elements at `buf` stay readable and unchanged until it completes.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn post_send(
         &self,
         comm: usize,
@@ -379,11 +390,12 @@ impl Mpi {
         layout: &Layout,
         dest: u32,
         tag: u32,
+        sync: bool,
     ) -> Result<Pending> {
         let bytes = layout.bytes(count)?;
         if layout.is_contiguous() {
             // SAFETY: the caller's promise.
-            let raw = unsafe { self.start_send(comm, ep, dest, tag, buf, bytes) }?;
+            let raw = unsafe { self.start_send(comm, ep, dest, tag, buf, bytes, sync) }?;
             return Ok(Pending {
                 raw,
                 unpack: None,
@@ -395,7 +407,8 @@ impl Mpi {
         unsafe { layout.pack(buf, count, &mut packed) };
         // SAFETY: `packed` moves into the pending operation (its heap buffer stays put)
         // and lives until the operation completes.
-        let raw = unsafe { self.start_send(comm, ep, dest, tag, packed.as_ptr(), packed.len()) }?;
+        let raw =
+            unsafe { self.start_send(comm, ep, dest, tag, packed.as_ptr(), packed.len(), sync) }?;
         Ok(Pending {
             raw,
             unpack: None,
@@ -500,6 +513,61 @@ impl Mpi {
         tag: u32,
         comm: usize,
     ) -> Result<ReqId> {
+        // SAFETY: the caller's promise.
+        unsafe { self.isend_as(buf, count, layout, (dest, tag, comm), false) }
+    }
+
+    /// `MPI_Issend`: [`Mpi::isend`] whose request completes once a receive took the
+    /// message (quiver's synchronous send), whatever its length.
+    ///
+    /// # Safety
+    ///
+    /// As [`Mpi::isend`].
+    pub unsafe fn issend(
+        &mut self,
+        buf: *const u8,
+        count: usize,
+        layout: &Layout,
+        dest: Peer,
+        tag: u32,
+        comm: usize,
+    ) -> Result<ReqId> {
+        // SAFETY: the caller's promise.
+        unsafe { self.isend_as(buf, count, layout, (dest, tag, comm), true) }
+    }
+
+    /// `MPI_Ssend`: returns once a receive took the message.
+    ///
+    /// # Safety
+    ///
+    /// The elements at `buf` are readable.
+    pub unsafe fn ssend(
+        &mut self,
+        buf: *const u8,
+        count: usize,
+        layout: &Layout,
+        dest: Peer,
+        tag: u32,
+        comm: usize,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise; the request is waited for before returning.
+        let req = unsafe { self.issend(buf, count, layout, dest, tag, comm) }?;
+        self.wait(req).map(|_| ())
+    }
+
+    /// [`Mpi::isend`] or [`Mpi::issend`] (`sync`).
+    ///
+    /// # Safety
+    ///
+    /// As [`Mpi::isend`].
+    unsafe fn isend_as(
+        &mut self,
+        buf: *const u8,
+        count: usize,
+        layout: &Layout,
+        (dest, tag, comm): (Peer, u32, usize),
+        sync: bool,
+    ) -> Result<ReqId> {
         layout.check_committed()?;
         let dest = match dest {
             Peer::Null => {
@@ -515,7 +583,7 @@ impl Mpi {
             Peer::Rank(r) => r,
         };
         // SAFETY: the caller's promise.
-        let p = unsafe { self.post_send(comm, P2P, buf, count, layout, dest, tag) }?;
+        let p = unsafe { self.post_send(comm, P2P, buf, count, layout, dest, tag, sync) }?;
         Ok(self.p2p_request(comm, State::Pending(p)))
     }
 
@@ -587,7 +655,7 @@ impl Mpi {
             }
             // SAFETY: the caller promises `count` contiguous elements at `buf`; the send
             // is waited for before returning.
-            let raw = unsafe { self.start_send(comm, P2P, d, tag, buf, bytes) }?;
+            let raw = unsafe { self.start_send(comm, P2P, d, tag, buf, bytes, false) }?;
             return self.finish_raw(comm, P2P, raw).map(|_| ());
         }
         // SAFETY: the caller's promise; the request is waited for before returning.

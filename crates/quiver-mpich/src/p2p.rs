@@ -9,6 +9,8 @@ use crate::{call, class_code, count, MPI_Status};
 use quiver_mpi::{Class, MpiError, Status};
 use std::ffi::{c_int, c_void};
 
+/// `MPI_Send` and `MPI_Ssend` (`sync`: returns once a receive took the message).
+#[allow(clippy::too_many_arguments)]
 fn send(
     name: &str,
     buf: *const c_void,
@@ -17,6 +19,7 @@ fn send(
     to: c_int,
     tag: c_int,
     comm: c_int,
+    sync: bool,
 ) -> c_int {
     call(name, comm, |lib, types| {
         let (n, to, tag, c) = (
@@ -27,7 +30,13 @@ fn send(
         );
         let l = types.get(dt)?;
         // SAFETY: MPI's contract: `n` elements of `dt` readable at `buf`.
-        unsafe { lib.mpi.send(buf.cast(), n, l, to, tag, c) }
+        unsafe {
+            if sync {
+                lib.mpi.ssend(buf.cast(), n, l, to, tag, c)
+            } else {
+                lib.mpi.send(buf.cast(), n, l, to, tag, c)
+            }
+        }
     })
 }
 
@@ -40,7 +49,7 @@ pub extern "C" fn MPI_Send(
     tag: c_int,
     comm: c_int,
 ) -> c_int {
-    send("MPI_Send", buf, n as i64, dt, to, tag, comm)
+    send("MPI_Send", buf, n as i64, dt, to, tag, comm, false)
 }
 
 #[no_mangle]
@@ -52,7 +61,7 @@ pub extern "C" fn MPI_Send_c(
     tag: c_int,
     comm: c_int,
 ) -> c_int {
-    send("MPI_Send_c", buf, n, dt, to, tag, comm)
+    send("MPI_Send_c", buf, n, dt, to, tag, comm, false)
 }
 
 #[no_mangle]
@@ -64,10 +73,7 @@ pub extern "C" fn MPI_Ssend(
     tag: c_int,
     comm: c_int,
 ) -> c_int {
-    // quiver's send of a message that is not pushed whole returns once the receiver has
-    // it; one that is pushed whole may return earlier, which no correct program can tell
-    // from a synchronous send except by deadlocking without it.
-    MPI_Send(buf, n, dt, to, tag, comm)
+    send("MPI_Ssend", buf, n as i64, dt, to, tag, comm, true)
 }
 
 #[no_mangle]
@@ -159,6 +165,8 @@ fn put_request(out: *mut c_int, id: usize) -> Result<(), MpiError> {
     Ok(())
 }
 
+/// `MPI_Isend` and `MPI_Issend` (`sync`: complete once a receive took the message).
+#[allow(clippy::too_many_arguments)]
 fn isend(
     name: &str,
     buf: *const c_void,
@@ -168,6 +176,7 @@ fn isend(
     tag: c_int,
     comm: c_int,
     req: *mut c_int,
+    sync: bool,
 ) -> c_int {
     call(name, comm, |lib, types| {
         let (n, to, tag, c) = (
@@ -178,7 +187,13 @@ fn isend(
         );
         let l = types.get(dt)?;
         // SAFETY: MPI's contract: the elements stay readable until the request completes.
-        let id = unsafe { lib.mpi.isend(buf.cast(), n, l, to, tag, c) }?;
+        let id = unsafe {
+            if sync {
+                lib.mpi.issend(buf.cast(), n, l, to, tag, c)
+            } else {
+                lib.mpi.isend(buf.cast(), n, l, to, tag, c)
+            }
+        }?;
         put_request(req, id)
     })
 }
@@ -193,7 +208,7 @@ pub extern "C" fn MPI_Isend(
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    isend("MPI_Isend", buf, n as i64, dt, to, tag, comm, req)
+    isend("MPI_Isend", buf, n as i64, dt, to, tag, comm, req, false)
 }
 
 #[no_mangle]
@@ -206,7 +221,7 @@ pub extern "C" fn MPI_Isend_c(
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    isend("MPI_Isend_c", buf, n, dt, to, tag, comm, req)
+    isend("MPI_Isend_c", buf, n, dt, to, tag, comm, req, false)
 }
 
 #[no_mangle]
@@ -219,7 +234,7 @@ pub extern "C" fn MPI_Issend(
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    MPI_Isend(buf, n, dt, to, tag, comm, req)
+    isend("MPI_Issend", buf, n as i64, dt, to, tag, comm, req, true)
 }
 
 #[no_mangle]
@@ -895,7 +910,7 @@ pub extern "C" fn MPI_Ssend_c(
     tag: c_int,
     comm: c_int,
 ) -> c_int {
-    MPI_Send_c(buf, n, dt, to, tag, comm)
+    send("MPI_Ssend_c", buf, n, dt, to, tag, comm, true)
 }
 
 #[no_mangle]
@@ -920,7 +935,7 @@ pub extern "C" fn MPI_Issend_c(
     comm: c_int,
     req: *mut c_int,
 ) -> c_int {
-    MPI_Isend_c(buf, n, dt, to, tag, comm, req)
+    isend("MPI_Issend_c", buf, n, dt, to, tag, comm, req, true)
 }
 
 #[no_mangle]

@@ -147,6 +147,8 @@ static void null_handles(void) {
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_iprobe(NULL, 0, 1, &b, &st));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_probe(NULL, 0, 1, &st));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_isend(NULL, 0, 1, buf, 1, &req));
+    EXPECT(QUIVER_ERR_NULL, quiver_tagged_ssend(NULL, 0, 1, buf, 1));
+    EXPECT(QUIVER_ERR_NULL, quiver_tagged_issend(NULL, 0, 1, buf, 1, &req));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_irecv(NULL, buf, 1, 0, 1, &req));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_test(NULL, &req, &b, &st));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_wait(NULL, &req, &st));
@@ -465,6 +467,11 @@ static void in_a_job(void) {
     ASSERT(req == QUIVER_REQUEST_NULL);
     EXPECT(QUIVER_ERR_NO_SUCH_RANK, quiver_tagged_send(t, size, 1, buf, 1));
     EXPECT(QUIVER_ERR_NO_SUCH_RANK, quiver_tagged_isend(t, size, 1, buf, 1, &req));
+    EXPECT(QUIVER_ERR_NO_SUCH_RANK, quiver_tagged_ssend(t, size, 1, buf, 1));
+    EXPECT(QUIVER_ERR_NO_SUCH_RANK, quiver_tagged_issend(t, size, 1, buf, 1, &req));
+    EXPECT(QUIVER_ERR_INVALID_ARGUMENT, quiver_tagged_issend(t, peer, QUIVER_ANY_TAG, buf, 1, &req));
+    EXPECT(QUIVER_ERR_NULL, quiver_tagged_issend(t, peer, 1, buf, 1, NULL));
+    EXPECT(QUIVER_ERR_NULL, quiver_tagged_ssend(t, peer, 1, NULL, 1));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_send(t, peer, 1, NULL, 1));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_recv(t, NULL, 4, peer, 1, &st));
     EXPECT(QUIVER_ERR_NULL, quiver_tagged_irecv(t, buf, 4, peer, 1, NULL));
@@ -571,6 +578,27 @@ static void in_a_job(void) {
     EXPECT(QUIVER_OK, quiver_tagged_irecv(t, rbuf, sizeof rbuf, QUIVER_ANY_SOURCE, 81, &one[1]));
     EXPECT(QUIVER_OK, quiver_tagged_waitany(t, one, 2, &sz, &st));
     ASSERT(sz == 1 && one[1] == QUIVER_REQUEST_NULL && st.peer == peer && st.len == 4);
+    /* A synchronous send completes only once the peer's receive took it (neither rank
+       posts its receive before the barrier), then a blocking one each way in turn. */
+    quiver_request sync = QUIVER_REQUEST_NULL;
+    EXPECT(QUIVER_OK, quiver_tagged_issend(t, peer, 90, buf, 4, &sync));
+    for (int i = 0; i < 1000; i++) {
+        EXPECT(QUIVER_OK, quiver_tagged_test(t, &sync, &b, &st));
+        ASSERT(!b);
+    }
+    MUST(quiver_job_barrier(job));
+    EXPECT(QUIVER_OK, quiver_tagged_recv(t, rbuf, sizeof rbuf, peer, 90, &st));
+    ASSERT(st.len == 4);
+    EXPECT(QUIVER_OK, quiver_tagged_wait(t, &sync, &st));
+    ASSERT(sync == QUIVER_REQUEST_NULL && st.len == 4);
+    for (uint32_t turn = 0; turn < 2; turn++) {
+        if (turn == rank) {
+            EXPECT(QUIVER_OK, quiver_tagged_ssend(t, peer, 91, buf, 0));
+        } else {
+            EXPECT(QUIVER_OK, quiver_tagged_recv(t, rbuf, sizeof rbuf, peer, 91, &st));
+            ASSERT(st.len == 0);
+        }
+    }
 
     /* Another thread may not use the tagged endpoint, not even to close it. */
     struct intruder in = {t, QUIVER_OK, QUIVER_OK, QUIVER_OK};

@@ -1,5 +1,6 @@
 /* An MPI program that checks what it receives, byte by byte: point-to-point (sizes from
- * 0 to 4 MiB, wildcards, MPI's order, non-blocking, derived datatypes), collectives
+ * 0 to 4 MiB, wildcards, MPI's order, non-blocking, derived datatypes, synchronous
+ * sends that complete only once received), collectives
  * (every one IMB-MPI1 runs, a non-commutative user operation among them), communicator
  * splits and error codes. Built with MPICH's mpicc, it runs unchanged on MPICH's
  * libmpi.so.12 and on quiver's: its checks hold on both. Exits 0 and rank 0 prints
@@ -368,6 +369,45 @@ static void errors(int quiver) {
     }
 }
 
+/* Synchronous sends: rank 0's MPI_Issend (of 0, 4 and 300 000 bytes) stays incomplete
+ * through MPI_Test while rank 1 has not posted its receive (it does so only after a
+ * barrier that rank 0 enters after its tests), then completes; MPI_Ssend returns and
+ * its message arrives whole. */
+static void synchronous(void) {
+    if (size < 2) return;
+    const size_t sizes[] = {0, 4, 300000};
+    unsigned char *b = malloc(300000);
+    for (int k = 0; k < 3; k++) {
+        size_t n = sizes[k];
+        if (rank == 0) {
+            fill(b, n, 0, 1, 40 + k);
+            MPI_Request r;
+            int rc = MPI_Issend(b, (int)n, MPI_BYTE, 1, 300 + k, MPI_COMM_WORLD, &r);
+            CHECK(rc == MPI_SUCCESS, "issend of %zu bytes: %s", n, error_text(rc));
+            int done = 0;
+            for (int i = 0; i < 2000 && !done; i++) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+            CHECK(!done, "issend of %zu bytes complete before its receive was posted", n);
+            MPI_Barrier(MPI_COMM_WORLD);
+            if (!done) MPI_Wait(&r, MPI_STATUS_IGNORE);
+            rc = MPI_Ssend(b, (int)n, MPI_BYTE, 1, 310 + k, MPI_COMM_WORLD);
+            CHECK(rc == MPI_SUCCESS, "ssend of %zu bytes: %s", n, error_text(rc));
+        } else {
+            MPI_Barrier(MPI_COMM_WORLD);
+            if (rank != 1) continue;
+            for (int tag = 300 + k; tag <= 310 + k; tag += 10) {
+                MPI_Status st;
+                memset(b, 0xEE, 300000);
+                int rc = MPI_Recv(b, 300000, MPI_BYTE, 0, tag, MPI_COMM_WORLD, &st);
+                int got = -1;
+                MPI_Get_count(&st, MPI_BYTE, &got);
+                CHECK(rc == MPI_SUCCESS && got == (int)n, "synchronous message of %zu bytes: %d", n, got);
+                CHECK(bad_byte(b, n, 0, 1, 40 + k) == (size_t)-1, "synchronous message of %zu bytes", n);
+            }
+        }
+    }
+    free(b);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -379,6 +419,7 @@ int main(int argc, char **argv) {
     int quiver = strstr(lib, "quiver") != NULL;
 
     point_to_point();
+    synchronous();
     collectives(MPI_COMM_WORLD);
     communicators();
     attributes();

@@ -32,6 +32,7 @@ fn push_and_answer(ep: &Endpoint, msg: u64, pid: u32, addr: u64, src: &[u8]) -> 
             pid,
             seg: 0,
             addr,
+            sync: false,
         },
         data: &[],
     };

@@ -188,16 +188,17 @@ pub use crate::rma::window::SharedBuf;
 /// The application's calls, on the protocol.
 impl Tagged {
     /// Starts a non-blocking send: a message that leaves whole in one push is complete
-    /// at once and keeps no record (its request carries its status).
-    fn start_send(&self, dest: u32, tag: u32, data: &[u8]) -> Result<Ticket> {
-        if self.pp.send_eager(&self.ep, dest, tag, data)? {
+    /// at once and keeps no record (its request carries its status), unless the send is
+    /// synchronous (`sync`: complete once a receive took it).
+    fn start_send(&self, dest: u32, tag: u32, data: &[u8], sync: bool) -> Result<Ticket> {
+        if !sync && self.pp.send_eager(&self.ep, dest, tag, data)? {
             return Ok(Ticket::Sent(Status {
                 peer: dest,
                 tag,
                 len: data.len() as u64,
             }));
         }
-        let id = self.pp.start_send(&self.ep, dest, tag, data, true)?;
+        let id = self.pp.start_send(&self.ep, dest, tag, data, true, sync)?;
         Ok(Ticket::Op(id.expect("a send recorded whole has an id")))
     }
 
@@ -280,10 +281,24 @@ impl Tagged {
         if self.pp.send_eager(&self.ep, dest, tag, data)? {
             return Ok(());
         }
-        match self.pp.start_send(&self.ep, dest, tag, data, false)? {
+        match self
+            .pp
+            .start_send(&self.ep, dest, tag, data, false, false)?
+        {
             Some(id) => self.wait_op(id).map(|_| ()),
             // Left whole in its first push: complete.
             None => Ok(()),
+        }
+    }
+
+    /// Sends `data` to `dest` with `tag` synchronously (MPI's `MPI_Ssend`): returns once
+    /// a receive at `dest` has taken the message (and the buffer may be reused), never
+    /// before, whatever its length. Two ranks that both `ssend` to each other before
+    /// receiving wait for ever.
+    pub fn ssend(&self, dest: u32, tag: u32, data: &[u8]) -> Result<()> {
+        match self.pp.start_send(&self.ep, dest, tag, data, true, true)? {
+            Some(id) => self.wait_op(id).map(|_| ()),
+            None => unreachable!("a synchronous send keeps its record"),
         }
     }
 
@@ -434,6 +449,40 @@ impl Tagged {
         data: *const u8,
         len: usize,
     ) -> Result<RawRequest> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.isend_raw_as(dest, tag, data, len, false) }
+    }
+
+    /// [`Tagged::isend_raw`] of a synchronous send ([`Tagged::ssend`], MPI's
+    /// `MPI_Issend`): complete once a receive took the message.
+    ///
+    /// # Safety
+    ///
+    /// As [`Tagged::isend_raw`].
+    pub unsafe fn issend_raw(
+        &self,
+        dest: u32,
+        tag: u32,
+        data: *const u8,
+        len: usize,
+    ) -> Result<RawRequest> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.isend_raw_as(dest, tag, data, len, true) }
+    }
+
+    /// [`Tagged::isend_raw`], synchronous or not.
+    ///
+    /// # Safety
+    ///
+    /// As [`Tagged::isend_raw`].
+    unsafe fn isend_raw_as(
+        &self,
+        dest: u32,
+        tag: u32,
+        data: *const u8,
+        len: usize,
+        sync: bool,
+    ) -> Result<RawRequest> {
         let data = if len == 0 {
             &[][..]
         } else {
@@ -442,7 +491,7 @@ impl Tagged {
             // which the protocol keeps the range as a raw pointer.
             unsafe { std::slice::from_raw_parts(data, len) }
         };
-        self.start_send(dest, tag, data).map(|t| self.raw(t))
+        self.start_send(dest, tag, data, sync).map(|t| self.raw(t))
     }
 
     /// Posts a receive of the first message matching (`src`, `tag`) into the `cap`
@@ -661,7 +710,28 @@ pub struct Request<'scope> {
 impl<'scope, 'env> Scope<'scope, 'env> {
     /// Starts sending `data` to `dest` with `tag`.
     pub fn isend(&'scope self, dest: u32, tag: u32, data: &'scope [u8]) -> Result<Request<'scope>> {
-        let ticket = self.t.start_send(dest, tag, data)?;
+        self.isend_as(dest, tag, data, false)
+    }
+
+    /// Starts sending `data` to `dest` with `tag` synchronously: the request completes
+    /// once a receive took the message ([`Tagged::ssend`]).
+    pub fn issend(
+        &'scope self,
+        dest: u32,
+        tag: u32,
+        data: &'scope [u8],
+    ) -> Result<Request<'scope>> {
+        self.isend_as(dest, tag, data, true)
+    }
+
+    fn isend_as(
+        &'scope self,
+        dest: u32,
+        tag: u32,
+        data: &'scope [u8],
+        sync: bool,
+    ) -> Result<Request<'scope>> {
+        let ticket = self.t.start_send(dest, tag, data, sync)?;
         if let Ticket::Op(id) = ticket {
             self.started.borrow_mut().push(id);
         }

@@ -335,6 +335,8 @@ struct Pushes {
     first: usize,
     pushed: usize,
     step: usize,
+    /// A synchronous send ([`wire::Announce::sync`]).
+    sync: bool,
 }
 
 /// The rest of a matched message, to pull into receive `op`: bytes `from..from + len`
@@ -465,6 +467,7 @@ impl PushPull {
         tag: u32,
         data: &[u8],
         record_whole: bool,
+        sync: bool,
     ) -> Result<Option<u64>> {
         let station = on.station();
         let to = Source {
@@ -517,12 +520,13 @@ impl PushPull {
                 (first, pushed) = (0, 0);
                 st.stats.push_credit_exhausted += 1;
             }
-            let state = if pushed == len {
+            // A synchronous send waits for its receiver's word even when pushed whole.
+            let state = if pushed == len && !sync {
                 SendState::Done
             } else {
                 SendState::Pending
             };
-            if first == len && !record_whole {
+            if first == len && !record_whole && !sync {
                 (msg, None, first, pushed)
             } else {
                 let id = st.ops.insert(Op::Send(SendOp {
@@ -545,6 +549,7 @@ impl PushPull {
             first,
             pushed,
             step,
+            sync,
         };
         match self.push(on, route, to, msg, tag, data, pushes, &mut written) {
             Ok(()) => Ok(id),
@@ -588,6 +593,7 @@ impl PushPull {
             first,
             pushed,
             step,
+            sync,
         }: Pushes,
         written: &mut usize,
     ) -> Result<()> {
@@ -618,6 +624,7 @@ impl PushPull {
                 pid: self.pid,
                 seg,
                 addr,
+                sync,
             },
             data: &data[..first],
         };
@@ -1801,6 +1808,11 @@ fn begin_receive(
     head: &Announce,
     have: &[u8],
 ) {
+    if head.sync && head.pushed == head.total {
+        // Its sender waits for word of this match; nothing is left to pull (a message
+        // with more sends `Done` after its pull).
+        queue(out, &mut st.stats, from, &Msg::Done { msg: head.msg });
+    }
     if have.len() as u64 == head.total {
         receive_whole(st, id, from.rank, head.tag, have);
     } else {
@@ -2147,6 +2159,7 @@ mod tests {
                 pid: 1,
                 seg: 0,
                 addr: 0,
+                sync: false,
             },
             data,
         })

@@ -134,7 +134,7 @@ fn exchange_with_credit(
                 let data = rank.out_bufs.last().unwrap();
                 let id = rank
                     .pp
-                    .start_send(station, peer, tag, data, true)
+                    .start_send(station, peer, tag, data, true, false)
                     .unwrap()
                     .unwrap();
                 rank.sends.push((id, false));
@@ -435,13 +435,76 @@ fn pull_requested(
         )
         .unwrap();
     let send = pps[1]
-        .start_send(&stations[1], 0, 5, msg, true)
+        .start_send(&stations[1], 0, 5, msg, true, false)
         .unwrap()
         .unwrap();
     assert!(drive_until(&net, &stations, &pps, [true, false], |pps| {
         pps[0].st.borrow().landed_after_pull(recv).is_some() && pps[0].out.borrow().is_empty()
     }));
     (net, stations, pps, store, recv, send)
+}
+
+/// A synchronous send stays open while no receive has taken its message, whatever its
+/// length (pushed whole, pushed in part and pulled, empty, truncated at the receiver),
+/// and completes once one has.
+#[test]
+fn a_synchronous_send_completes_only_once_a_receive_takes_it() {
+    for (len, cap) in [
+        (0, 1),
+        (8, 8),
+        (8, 4),
+        (3000, 3000),
+        (200_000, 200_000),
+        (200_000, 100),
+    ] {
+        let (net, stations, pps, _store) = endpoint_pair();
+        let msg = payload(1, 0, len);
+        let send = pps[1]
+            .start_send(&stations[1], 0, 5, &msg, false, true)
+            .unwrap()
+            .expect("a synchronous send keeps its record");
+        // Both ranks run for a while of virtual time; no receive is posted.
+        let later = net.borrow().now() + Duration::from_millis(50);
+        drive_until(&net, &stations, &pps, [true, true], |_| {
+            net.borrow().now() >= later
+        });
+        assert!(
+            pps[1].take_if_done(send).is_none(),
+            "{len} bytes: complete before a receive took it"
+        );
+        let mut buf = vec![0u8; cap];
+        let recv = pps[0]
+            .start_recv(
+                &stations[0],
+                buf.as_mut_ptr(),
+                cap,
+                Src::Rank(1),
+                Tag::Is(5),
+            )
+            .unwrap();
+        let (sent, received) = (RefCell::new(None), RefCell::new(None));
+        assert!(drive_until(&net, &stations, &pps, [true, true], |pps| {
+            if let Some(r) = pps[1].take_if_done(send) {
+                *sent.borrow_mut() = Some(r);
+            }
+            if let Some(r) = pps[0].take_if_done(recv) {
+                *received.borrow_mut() = Some(r);
+            }
+            sent.borrow().is_some() && received.borrow().is_some()
+        }));
+        assert!(sent.into_inner().unwrap().is_ok(), "{len} bytes");
+        let received = received.into_inner().unwrap();
+        if len <= cap {
+            assert_eq!(received.unwrap().len, len as u64);
+            assert!(buf[..len] == msg[..], "{len} bytes landed");
+        } else {
+            assert!(
+                matches!(received, Err(Error::Truncated { .. })),
+                "{received:?}"
+            );
+            assert!(buf[..] == msg[..cap], "{len} bytes truncated to {cap}");
+        }
+    }
 }
 
 /// A receive whose wait gave up (an error elsewhere) after its pull request left:
@@ -628,13 +691,14 @@ fn blocking_calls_land_unposted_or_fall_back() {
                                     eager += 1;
                                     None
                                 } else {
-                                    let id = pp.start_send(station, peer, tag, d, true).unwrap();
+                                    let id =
+                                        pp.start_send(station, peer, tag, d, true, false).unwrap();
                                     Some(Blocked::Send(id.unwrap()))
                                 }
                             }
                             Step::Isend(i) => {
                                 let (d, tag) = (&data[r][i], sends[r][i].1);
-                                let id = pp.start_send(station, peer, tag, d, true).unwrap();
+                                let id = pp.start_send(station, peer, tag, d, true, false).unwrap();
                                 isends.push(id.unwrap());
                                 None
                             }

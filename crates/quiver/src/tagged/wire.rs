@@ -3,7 +3,7 @@
 //! and pulled bytes follow it in the same message.
 //!
 //! ```text
-//! Push  (1): kind, slot, tag, msg, total, pushed, pid, seg, addr | first BTP(1) bytes
+//! Push  (1): kind, flags, slot, tag, msg, total, pushed, pid, seg, addr | first BTP(1) bytes
 //! Eager (8): kind, tag, msg                           | the whole message
 //! More  (2): kind, msg, offset                        | more pushed bytes (BTP(2), Push-All)
 //! Pull  (3): kind, msg, offset, len                   (the acknowledgement: send me these)
@@ -58,7 +58,13 @@ pub struct Announce {
     pub seg: u32,
     /// The buffer's address, or the offset in the shared buffer.
     pub addr: u64,
+    /// A synchronous send: its sender waits for word that a receive took it (a `Done`
+    /// at the match when nothing is left to pull; after the pull otherwise).
+    pub sync: bool,
 }
+
+/// `Push` flags: a synchronous send.
+const SYNC: u8 = 1;
 
 impl Announce {
     /// The announcement an `Eager` message of `tag`, the sender's number `msg` and `len`
@@ -75,6 +81,7 @@ impl Announce {
             pid: 0,
             seg: 0,
             addr: 0,
+            sync: false,
         }
     }
 
@@ -83,7 +90,7 @@ impl Announce {
     /// sender's pid and address matter only to a pull; a message pushed whole has
     /// nothing to pull.)
     fn is_whole(&self, first: usize) -> bool {
-        self.total == first as u64 && self.pushed == self.total && self.slot == 0
+        self.total == first as u64 && self.pushed == self.total && self.slot == 0 && !self.sync
     }
 }
 
@@ -173,7 +180,7 @@ impl Msg<'_> {
                 put(&mut h, &eager_header(a.tag, a.msg));
             }
             Msg::Push { head: a, .. } => {
-                put(&mut h, &[PUSH, 0]);
+                put(&mut h, &[PUSH, if a.sync { SYNC } else { 0 }]);
                 put(&mut h, &a.slot.to_le_bytes());
                 put(&mut h, &a.tag.to_le_bytes());
                 put(&mut h, &a.msg.to_le_bytes());
@@ -256,6 +263,8 @@ impl Msg<'_> {
                     pid: u32_at(32).ok_or(short)?,
                     seg: u32_at(36).ok_or(short)?,
                     addr: u64_at(40).ok_or(short)?,
+                    // Other flags are a newer sender's: ignored.
+                    sync: b[1] & SYNC != 0,
                 };
                 let data = &b[48..];
                 if head.pushed > head.total || (data.len() as u64) > head.pushed {
@@ -329,6 +338,7 @@ mod tests {
                 pid: 4242,
                 seg: 3,
                 addr: 0xdead_beef_0000,
+                sync: true,
             },
             data: &[9; 80],
         });
@@ -363,6 +373,7 @@ mod tests {
             pid: 4242,
             seg: 3,
             addr: 0xdead_beef,
+            sync: false,
         };
         let m = Msg::Push {
             head,
@@ -434,6 +445,7 @@ mod tests {
                 pid: 1,
                 seg: 0,
                 addr: 0,
+                sync: false,
             },
             data: &[],
         };

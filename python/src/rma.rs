@@ -472,17 +472,20 @@ impl PyRma {
         self.with(py, |r| r.progress())
     }
 
-    /// The endpoint's counters, as a dict (``puts``, ``gets``, ``atomics``, ``direct``,
-    /// ``puts_applied``, ``served``, ``refused``, ``malformed``).
+    /// The endpoint's counters, as a dict (``puts``, ``gets``, ``atomics``,
+    /// ``accumulates``, ``direct``, ``puts_applied``, ``served``, ``busy``, ``refused``,
+    /// ``malformed``).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.with(py, |r| Ok(r.stats()))?;
         let quiver::rma::RmaStats {
             puts,
             gets,
             atomics,
+            accumulates,
             direct,
             puts_applied,
             served,
+            busy,
             refused,
             malformed,
         } = s;
@@ -491,9 +494,11 @@ impl PyRma {
             ("puts", puts),
             ("gets", gets),
             ("atomics", atomics),
+            ("accumulates", accumulates),
             ("direct", direct),
             ("puts_applied", puts_applied),
             ("served", served),
+            ("busy", busy),
             ("refused", refused),
             ("malformed", malformed),
         ] {

@@ -345,6 +345,41 @@ impl PyTagged {
         unsafe { Self::start_send_as(py, t, (dest, tag), ptr, len, false) }
     }
 
+    /// `Send` (`sync`: `Ssend`) of `buf`'s bytes to (`dest`, `tag`).
+    fn send_buf_as(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        (dest, tag): (i64, i64),
+        sync: bool,
+    ) -> PyResult<()> {
+        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
+        let b = Buffer::get(buf, false, if sync { "Ssend" } else { "Send" })?;
+        self.with(|_, t| {
+            // SAFETY: `b` keeps the bytes alive and in place until `finish` has
+            // completed or abandoned the send.
+            let req = unsafe { Self::start_send_as(py, t, (dest, tag), b.ptr(), b.len(), sync) }?;
+            finish(py, t, req).map(drop)
+        })
+    }
+
+    /// `Isend` (`sync`: `Issend`) of `buf`'s bytes to (`dest`, `tag`).
+    fn isend_buf_as(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        (dest, tag): (i64, i64),
+        sync: bool,
+    ) -> PyResult<Py<PyRequest>> {
+        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
+        let b = Buffer::get(buf, false, if sync { "Issend" } else { "Isend" })?;
+        let raw = slf.get().with(|_, t| {
+            // SAFETY: the request made below holds `b` until the send is complete or
+            // abandoned (by the request, its endpoint's orphan list, or the endpoint).
+            unsafe { Self::start_send_as(slf.py(), t, (dest, tag), b.ptr(), b.len(), sync) }
+        })?;
+        PyRequest::pending(slf, raw, Keep::Buffer(b), Kind::Send)
+    }
+
     /// [`PyTagged::start_send`], synchronous (`sync`: complete once a receive took the
     /// message) or not.
     ///
@@ -487,14 +522,7 @@ impl PyTagged {
         dest: i64,
         tag: i64,
     ) -> PyResult<()> {
-        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
-        let b = Buffer::get(buf, false, "Send")?;
-        self.with(|_, t| {
-            // SAFETY: `b` keeps the bytes alive and in place until `finish` has
-            // completed or abandoned the send.
-            let req = unsafe { Self::start_send(py, t, dest, tag, b.ptr(), b.len()) }?;
-            finish(py, t, req).map(drop)
-        })
+        self.send_buf_as(py, buf, (dest, tag), false)
     }
 
     /// Sends the bytes of ``buf`` to ``dest`` with ``tag`` synchronously (MPI's
@@ -507,14 +535,7 @@ impl PyTagged {
         dest: i64,
         tag: i64,
     ) -> PyResult<()> {
-        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
-        let b = Buffer::get(buf, false, "Ssend")?;
-        self.with(|_, t| {
-            // SAFETY: `b` keeps the bytes alive and in place until `finish` has
-            // completed or abandoned the send.
-            let req = unsafe { Self::start_send_as(py, t, (dest, tag), b.ptr(), b.len(), true) }?;
-            finish(py, t, req).map(drop)
-        })
+        self.send_buf_as(py, buf, (dest, tag), true)
     }
 
     /// Starts sending the bytes of ``buf`` to ``dest`` synchronously (MPI's ``Issend``):
@@ -526,14 +547,7 @@ impl PyTagged {
         dest: i64,
         tag: i64,
     ) -> PyResult<Py<PyRequest>> {
-        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
-        let b = Buffer::get(buf, false, "Issend")?;
-        let raw = slf.get().with(|_, t| {
-            // SAFETY: the request made below holds `b` until the send is complete or
-            // abandoned (by the request, its endpoint's orphan list, or the endpoint).
-            unsafe { Self::start_send_as(slf.py(), t, (dest, tag), b.ptr(), b.len(), true) }
-        })?;
-        PyRequest::pending(slf, raw, Keep::Buffer(b), Kind::Send)
+        Self::isend_buf_as(slf, buf, (dest, tag), true)
     }
 
     /// Receives the first message matching ``source`` and ``tag`` into ``buf``
@@ -571,14 +585,7 @@ impl PyTagged {
         dest: i64,
         tag: i64,
     ) -> PyResult<Py<PyRequest>> {
-        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
-        let b = Buffer::get(buf, false, "Isend")?;
-        let raw = slf.get().with(|_, t| {
-            // SAFETY: the request made below holds `b` until the send is complete or
-            // abandoned (by the request, its endpoint's orphan list, or the endpoint).
-            unsafe { Self::start_send(slf.py(), t, dest, tag, b.ptr(), b.len()) }
-        })?;
-        PyRequest::pending(slf, raw, Keep::Buffer(b), Kind::Send)
+        Self::isend_buf_as(slf, buf, (dest, tag), false)
     }
 
     /// Posts a receive into ``buf`` (writable, contiguous) of the first message matching

@@ -570,6 +570,8 @@ typedef struct quiver_rma_counters {
   uint64_t served;
   uint64_t refused;
   uint64_t malformed;
+  uint64_t accumulates;
+  uint64_t busy;
 } quiver_rma_counters;
 
 /**
@@ -2085,7 +2087,8 @@ enum quiver_error quiver_tagged_isend(const struct quiver_tagged *t,
 
 /**
  * `quiver_tagged_isend` of a synchronous send (MPI's `MPI_Issend`): the request
- * completes once a receive at `dest` has taken the message, never before.
+ * completes once a receive at `dest` has taken the message, never before (one that no
+ * receive takes never completes: `quiver_tagged_abandon` lets it go).
  *
  * Thread safety: only the thread that opened the endpoint.
  *

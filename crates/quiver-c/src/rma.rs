@@ -72,19 +72,36 @@ pub struct quiver_rma_counters {
     pub served: u64,
     pub refused: u64,
     pub malformed: u64,
+    pub accumulates: u64,
+    pub busy: u64,
 }
 
 impl From<RmaStats> for quiver_rma_counters {
     fn from(s: RmaStats) -> Self {
+        // Every field named: a new counter fails to compile here until C has it too.
+        let RmaStats {
+            puts,
+            gets,
+            atomics,
+            accumulates,
+            direct,
+            puts_applied,
+            served,
+            busy,
+            refused,
+            malformed,
+        } = s;
         quiver_rma_counters {
-            puts: s.puts,
-            gets: s.gets,
-            atomics: s.atomics,
-            direct: s.direct,
-            puts_applied: s.puts_applied,
-            served: s.served,
-            refused: s.refused,
-            malformed: s.malformed,
+            puts,
+            gets,
+            atomics,
+            direct,
+            puts_applied,
+            served,
+            refused,
+            malformed,
+            accumulates,
+            busy,
         }
     }
 }

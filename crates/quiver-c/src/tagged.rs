@@ -344,14 +344,8 @@ pub unsafe extern "C" fn quiver_tagged_send(
     data: *const c_void,
     len: usize,
 ) -> quiver_error {
-    let body = |h: &quiver_tagged| -> Outcome {
-        let tag = send_tag(tag)?;
-        // SAFETY: `data` is readable for `len` bytes (the contract).
-        let data = unsafe { bytes(data.cast(), len, "data") }?;
-        Ok(h.tagged.send(dest, tag, data)?)
-    };
-    // SAFETY: `t` is NULL or a live handle (the contract).
-    unsafe { with(t, body) }
+    // SAFETY: the contract, passed on.
+    unsafe { send(t, (dest, tag, data, len), false) }
 }
 
 /// Sends the `len` bytes at `data` to rank `dest` with `tag` synchronously (MPI's
@@ -373,11 +367,29 @@ pub unsafe extern "C" fn quiver_tagged_ssend(
     data: *const c_void,
     len: usize,
 ) -> quiver_error {
+    // SAFETY: the contract, passed on.
+    unsafe { send(t, (dest, tag, data, len), true) }
+}
+
+/// `quiver_tagged_send` (`sync`: `quiver_tagged_ssend`).
+///
+/// # Safety
+///
+/// As `quiver_tagged_send`.
+unsafe fn send(
+    t: *const quiver_tagged,
+    (dest, tag, data, len): (u32, u32, *const c_void, usize),
+    sync: bool,
+) -> quiver_error {
     let body = |h: &quiver_tagged| -> Outcome {
         let tag = send_tag(tag)?;
         // SAFETY: `data` is readable for `len` bytes (the contract).
         let data = unsafe { bytes(data.cast(), len, "data") }?;
-        Ok(h.tagged.ssend(dest, tag, data)?)
+        Ok(if sync {
+            h.tagged.ssend(dest, tag, data)
+        } else {
+            h.tagged.send(dest, tag, data)
+        }?)
     };
     // SAFETY: `t` is NULL or a live handle (the contract).
     unsafe { with(t, body) }
@@ -528,7 +540,8 @@ pub unsafe extern "C" fn quiver_tagged_isend(
 }
 
 /// `quiver_tagged_isend` of a synchronous send (MPI's `MPI_Issend`): the request
-/// completes once a receive at `dest` has taken the message, never before.
+/// completes once a receive at `dest` has taken the message, never before (one that no
+/// receive takes never completes: `quiver_tagged_abandon` lets it go).
 ///
 /// Thread safety: only the thread that opened the endpoint.
 ///

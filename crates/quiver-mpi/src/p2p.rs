@@ -380,7 +380,6 @@ impl Mpi {
     ///
     /// The elements at `buf` stay readable and unchanged until it completes.
     #[allow(clippy::too_many_arguments)]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn post_send(
         &self,
         comm: usize,

@@ -370,11 +370,12 @@ static void errors(int quiver) {
 }
 
 /* Synchronous sends: rank 0's MPI_Issend (of 0, 4 and 300 000 bytes) stays incomplete
- * through MPI_Test while rank 1 has not posted its receive (it does so only after a
- * barrier that rank 0 enters after its tests), then completes; MPI_Ssend returns and
- * its message arrives whole. */
+ * through MPI_Test while rank 1 has not posted its receive, and still once rank 1 has
+ * seen the message arrive (MPI_Probe, then a word to rank 0); it completes after rank
+ * 1's receive (posted on rank 0's "go"). Then MPI_Ssend returns and its message arrives
+ * whole. */
 static void synchronous(void) {
-    if (size < 2) return;
+    if (size < 2 || rank > 1) return;
     const size_t sizes[] = {0, 4, 300000};
     unsigned char *b = malloc(300000);
     for (int k = 0; k < 3; k++) {
@@ -387,15 +388,19 @@ static void synchronous(void) {
             int done = 0;
             for (int i = 0; i < 2000 && !done; i++) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
             CHECK(!done, "issend of %zu bytes complete before its receive was posted", n);
-            MPI_Barrier(MPI_COMM_WORLD);
+            MPI_Recv(NULL, 0, MPI_BYTE, 1, 398, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            for (int i = 0; i < 200 && !done; i++) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+            CHECK(!done, "issend of %zu bytes complete once it arrived, before its receive", n);
+            MPI_Send(NULL, 0, MPI_BYTE, 1, 399, MPI_COMM_WORLD);
             if (!done) MPI_Wait(&r, MPI_STATUS_IGNORE);
             rc = MPI_Ssend(b, (int)n, MPI_BYTE, 1, 310 + k, MPI_COMM_WORLD);
             CHECK(rc == MPI_SUCCESS, "ssend of %zu bytes: %s", n, error_text(rc));
         } else {
-            MPI_Barrier(MPI_COMM_WORLD);
-            if (rank != 1) continue;
+            MPI_Status st;
+            MPI_Probe(0, 300 + k, MPI_COMM_WORLD, &st);
+            MPI_Send(NULL, 0, MPI_BYTE, 0, 398, MPI_COMM_WORLD);
+            MPI_Recv(NULL, 0, MPI_BYTE, 0, 399, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             for (int tag = 300 + k; tag <= 310 + k; tag += 10) {
-                MPI_Status st;
                 memset(b, 0xEE, 300000);
                 int rc = MPI_Recv(b, 300000, MPI_BYTE, 0, tag, MPI_COMM_WORLD, &st);
                 int got = -1;

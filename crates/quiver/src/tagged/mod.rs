@@ -21,6 +21,9 @@
 //!    send; otherwise (network, or cross-memory attach
 //!    not permitted) with a `Pull` acknowledgement, to which the sender answers with the
 //!    requested bytes, written into the receive buffer as they arrive.
+//!    A **synchronous** send (`ssend`, `issend`: MPI's `MPI_Ssend`) is a `Push` that its
+//!    sender keeps open until a receive took it: the receiver answers `Done` at the match
+//!    when nothing is left to pull, after the pull otherwise.
 //! 4. Buffer preparation (touching the pages still to be transferred) is done after the
 //!    first push is on its way, so it overlaps the transfer (address-translation
 //!    masking).
@@ -454,7 +457,8 @@ impl Tagged {
     }
 
     /// [`Tagged::isend_raw`] of a synchronous send ([`Tagged::ssend`], MPI's
-    /// `MPI_Issend`): complete once a receive took the message.
+    /// `MPI_Issend`): complete once a receive took the message (a message no receive
+    /// takes is never complete: abandon it to let go).
     ///
     /// # Safety
     ///
@@ -714,7 +718,8 @@ impl<'scope, 'env> Scope<'scope, 'env> {
     }
 
     /// Starts sending `data` to `dest` with `tag` synchronously: the request completes
-    /// once a receive took the message ([`Tagged::ssend`]).
+    /// once a receive took the message ([`Tagged::ssend`]). The scope's end waits for it
+    /// as for every request: a message no receive takes holds the scope for ever.
     pub fn issend(
         &'scope self,
         dest: u32,

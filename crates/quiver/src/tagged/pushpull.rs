@@ -312,8 +312,8 @@ pub(super) struct Receiving {
     /// Where the next pulled bytes (`Data`) must start (they arrive in order, up to
     /// `expected`).
     pull_next: u64,
-    /// Whether the sender waits for this receive's word (its message was not pushed
-    /// whole).
+    /// Whether the sender waits for this receive's word after the pull (its message was
+    /// not pushed whole; a synchronous send pushed whole had its `Done` at the match).
     sender_waits: bool,
 }
 
@@ -1798,7 +1798,10 @@ fn handle_push(st: &mut State, out: &mut Outbox, from: Source, head: Announce, d
 
 /// A message matched receive `id`: copies what was pushed, records the pull of the
 /// rest (made by `PushPull::make_pulls`, outside the handler: it may attach to another
-/// process), and tells a sender of a truncated message that nothing more is needed.
+/// process), and tells a sender of a truncated message that nothing more is needed, and
+/// the sender of a synchronous message pushed whole that it was taken. Every match of a
+/// `Push` comes here, so a synchronous sender hears `Done` once, at the match or after
+/// the pull, never before.
 #[inline(always)]
 fn begin_receive(
     st: &mut State,
@@ -1821,8 +1824,8 @@ fn begin_receive(
 }
 
 /// Receive `id` matched a message that came whole with its announcement (an `Eager`
-/// one, `data`, from `source` with `tag`): it is received with this copy, and its sender
-/// waits for nothing.
+/// one, `data`, from `source` with `tag`, or a synchronous `Push`, whose `Done` the
+/// caller queued): it is received with this copy.
 #[inline(always)]
 fn receive_whole(st: &mut State, id: u64, source: u32, tag: u32, data: &[u8]) {
     let Some(Op::Recv(r)) = st.ops.get_mut(&id) else {

@@ -124,9 +124,11 @@ fn exchange_with_credit(
         let mut moved = false;
         for r in 0..2 {
             let station: &SimStation = &stations[r];
+            // Receives the peer has posted so far (the k-th takes this rank's k-th send).
+            let peer_posted = ranks[1 - r].recvs.len();
             let rank = &mut ranks[r];
             let peer = 1 - r as u32;
-            // The next send, sometimes.
+            // The next send, sometimes; every fourth synchronous.
             let i = rank.sends.len();
             if i < sides[r].sends.len() && rng.below(3) == 0 {
                 let (len, tag) = sides[r].sends[i];
@@ -134,7 +136,7 @@ fn exchange_with_credit(
                 let data = rank.out_bufs.last().unwrap();
                 let id = rank
                     .pp
-                    .start_send(station, peer, tag, data, true, false)
+                    .start_send(station, peer, tag, data, true, i % 4 == 1)
                     .unwrap()
                     .unwrap();
                 rank.sends.push((id, false));
@@ -165,9 +167,13 @@ fn exchange_with_credit(
             while rank.pp.poll(station).unwrap() {
                 moved = true;
             }
-            for s in rank.sends.iter_mut().filter(|s| !s.1) {
+            for (i, s) in rank.sends.iter_mut().enumerate().filter(|(_, s)| !s.1) {
                 if let Some(result) = rank.pp.take_if_done(s.0) {
                     result.unwrap();
+                    assert!(
+                        i % 4 != 1 || peer_posted > i,
+                        "synchronous send {i} complete before its receive was posted"
+                    );
                     s.1 = true;
                 }
             }
@@ -374,7 +380,19 @@ fn endpoint_pair() -> (
     [PushPull; 2],
     StoreDir,
 ) {
-    let config = two_nodes().with_btp(100, 0).with_pipeline_max(Some(0));
+    endpoint_pair_pushing(0)
+}
+
+/// [`endpoint_pair`] pushing BTP(2) = `btp2` bytes more after the first 100.
+fn endpoint_pair_pushing(
+    btp2: usize,
+) -> (
+    Rc<RefCell<SimNet>>,
+    [SimStation; 2],
+    [PushPull; 2],
+    StoreDir,
+) {
+    let config = two_nodes().with_btp(100, btp2).with_pipeline_max(Some(0));
     let (net, stations, jobs, store) = station_pair_in(&config, &FaultConfig::none());
     let pps = [0, 1].map(|r| {
         PushPull::new(
@@ -445,19 +463,23 @@ fn pull_requested(
 }
 
 /// A synchronous send stays open while no receive has taken its message, whatever its
-/// length (pushed whole, pushed in part and pulled, empty, truncated at the receiver),
-/// and completes once one has.
+/// length (pushed whole in one message or with a second push, pushed in part and pulled,
+/// empty, truncated at the receiver), and completes once one has: one `Done`, nothing
+/// dropped, nothing left under way.
 #[test]
 fn a_synchronous_send_completes_only_once_a_receive_takes_it() {
-    for (len, cap) in [
-        (0, 1),
-        (8, 8),
-        (8, 4),
-        (3000, 3000),
-        (200_000, 200_000),
-        (200_000, 100),
-    ] {
-        let (net, stations, pps, _store) = endpoint_pair();
+    let cases = [
+        (0, 0, 1),
+        (0, 8, 8),
+        (0, 8, 4),
+        (0, 3000, 3000),
+        (0, 200_000, 200_000),
+        (0, 200_000, 100),
+        (4096, 3000, 3000),
+        (4096, 3000, 50),
+    ];
+    for (btp2, len, cap) in cases {
+        let (net, stations, pps, _store) = endpoint_pair_pushing(btp2);
         let msg = payload(1, 0, len);
         let send = pps[1]
             .start_send(&stations[1], 0, 5, &msg, false, true)
@@ -468,9 +490,10 @@ fn a_synchronous_send_completes_only_once_a_receive_takes_it() {
         drive_until(&net, &stations, &pps, [true, true], |_| {
             net.borrow().now() >= later
         });
+        let case = format!("{len} bytes into {cap}, BTP(2) {btp2}");
         assert!(
             pps[1].take_if_done(send).is_none(),
-            "{len} bytes: complete before a receive took it"
+            "{case}: complete before a receive took it"
         );
         let mut buf = vec![0u8; cap];
         let recv = pps[0]
@@ -492,17 +515,30 @@ fn a_synchronous_send_completes_only_once_a_receive_takes_it() {
             }
             sent.borrow().is_some() && received.borrow().is_some()
         }));
-        assert!(sent.into_inner().unwrap().is_ok(), "{len} bytes");
+        assert!(sent.into_inner().unwrap().is_ok(), "{case}");
         let received = received.into_inner().unwrap();
         if len <= cap {
-            assert_eq!(received.unwrap().len, len as u64);
-            assert!(buf[..len] == msg[..], "{len} bytes landed");
+            assert_eq!(received.unwrap().len, len as u64, "{case}");
+            assert!(buf[..len] == msg[..], "{case}: landed");
         } else {
             assert!(
                 matches!(received, Err(Error::Truncated { .. })),
-                "{received:?}"
+                "{case}: {received:?}"
             );
-            assert!(buf[..] == msg[..cap], "{len} bytes truncated to {cap}");
+            assert!(buf[..] == msg[..cap], "{case}: truncated");
+        }
+        // Whatever is still on its way arrives: nothing more is owed or dropped.
+        let later = net.borrow().now() + Duration::from_millis(50);
+        drive_until(&net, &stations, &pps, [true, true], |_| {
+            net.borrow().now() >= later
+        });
+        for pp in &pps {
+            let st = pp.st.borrow();
+            assert!(st.is_quiet(), "{case}: something left under way");
+            assert_eq!(
+                st.stats.dropped, 0,
+                "{case}: a message dropped (a second Done?)"
+            );
         }
     }
 }

@@ -8,7 +8,7 @@
 //! More  (2): kind, msg, offset                        | more pushed bytes (BTP(2), Push-All)
 //! Pull  (3): kind, msg, offset, len                   (the acknowledgement: send me these)
 //! Data  (4): kind, msg, offset                        | pulled bytes
-//! Done  (5): kind, msg                                (your buffer is no longer needed)
+//! Done  (5): kind, msg                                (your buffer is no longer needed; a synchronous send: taken)
 //! Credit (6): kind, bytes                             (this many pushed bytes left my buffer)
 //! Abandon (7): kind, msg                              (the sender gave up this message)
 //! ```
@@ -264,7 +264,7 @@ impl Msg<'_> {
                     seg: u32_at(36).ok_or(short)?,
                     addr: u64_at(40).ok_or(short)?,
                     // Other flags are a newer sender's: ignored.
-                    sync: b[1] & SYNC != 0,
+                    sync: b.get(1).is_some_and(|f| f & SYNC != 0),
                 };
                 let data = &b[48..];
                 if head.pushed > head.total || (data.len() as u64) > head.pushed {
@@ -341,6 +341,20 @@ mod tests {
                 sync: true,
             },
             data: &[9; 80],
+        });
+        round_trip(Msg::Push {
+            head: Announce {
+                slot: 0,
+                tag: 8,
+                msg: 3,
+                total: 5000,
+                pushed: 5000,
+                pid: 1,
+                seg: 0,
+                addr: 64,
+                sync: false,
+            },
+            data: &[7; 100],
         });
         round_trip(Msg::More {
             msg: 3,

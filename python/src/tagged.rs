@@ -324,25 +324,41 @@ impl PyTagged {
         self.inner.try_get()
     }
 
-    /// Starts a send of `len` bytes at `ptr`, with the GIL released: the first send to a
-    /// rank connects to it, which waits for the peer's endpoint to open (up to
-    /// `QUIVER_CONNECT_TIMEOUT`), and a full ring makes the push wait for room; other
-    /// Python threads run meanwhile.
-    ///
-    /// # Safety
-    ///
-    /// The bytes stay readable, and unwritten, until the request completes or is
-    /// abandoned (or the endpoint is dropped).
-    unsafe fn start_send(
+    /// `send` (`sync`: `ssend`) of `obj` pickled to (`dest`, `tag`).
+    fn send_obj_as(
+        &self,
         py: Python<'_>,
-        t: &Tagged,
-        dest: u32,
-        tag: u32,
-        ptr: *const u8,
-        len: usize,
-    ) -> PyResult<RawRequest> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { Self::start_send_as(py, t, (dest, tag), ptr, len, false) }
+        obj: &Bound<'_, PyAny>,
+        (dest, tag): (i64, i64),
+        sync: bool,
+    ) -> PyResult<()> {
+        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
+        let data = dumps(obj)?;
+        let bytes = data.as_bytes();
+        self.with(|_, t| {
+            // SAFETY: `data` (immutable, alive in this frame) outlives `finish`.
+            let req =
+                unsafe { Self::start_send(py, t, (dest, tag), bytes.as_ptr(), bytes.len(), sync) }?;
+            finish(py, t, req).map(drop)
+        })
+    }
+
+    /// `isend` (`sync`: `issend`) of `obj` pickled to (`dest`, `tag`).
+    fn isend_obj_as(
+        slf: &Bound<'_, Self>,
+        obj: &Bound<'_, PyAny>,
+        (dest, tag): (i64, i64),
+        sync: bool,
+    ) -> PyResult<Py<PyRequest>> {
+        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
+        let data = dumps(obj)?;
+        let bytes = data.as_bytes();
+        let raw = slf.get().with(|_, t| {
+            // SAFETY: the request made below holds `data` until the send is complete or
+            // abandoned.
+            unsafe { Self::start_send(slf.py(), t, (dest, tag), bytes.as_ptr(), bytes.len(), sync) }
+        })?;
+        PyRequest::pending(slf, raw, Keep::Bytes(data.unbind()), Kind::Send)
     }
 
     /// `Send` (`sync`: `Ssend`) of `buf`'s bytes to (`dest`, `tag`).
@@ -358,7 +374,7 @@ impl PyTagged {
         self.with(|_, t| {
             // SAFETY: `b` keeps the bytes alive and in place until `finish` has
             // completed or abandoned the send.
-            let req = unsafe { Self::start_send_as(py, t, (dest, tag), b.ptr(), b.len(), sync) }?;
+            let req = unsafe { Self::start_send(py, t, (dest, tag), b.ptr(), b.len(), sync) }?;
             finish(py, t, req).map(drop)
         })
     }
@@ -375,18 +391,21 @@ impl PyTagged {
         let raw = slf.get().with(|_, t| {
             // SAFETY: the request made below holds `b` until the send is complete or
             // abandoned (by the request, its endpoint's orphan list, or the endpoint).
-            unsafe { Self::start_send_as(slf.py(), t, (dest, tag), b.ptr(), b.len(), sync) }
+            unsafe { Self::start_send(slf.py(), t, (dest, tag), b.ptr(), b.len(), sync) }
         })?;
         PyRequest::pending(slf, raw, Keep::Buffer(b), Kind::Send)
     }
 
-    /// [`PyTagged::start_send`], synchronous (`sync`: complete once a receive took the
-    /// message) or not.
+    /// Starts a send of `len` bytes at `ptr` (`sync`: complete once a receive took it),
+    /// with the GIL released: the first send to a rank connects to it, which waits for
+    /// the peer's endpoint to open (up to `QUIVER_CONNECT_TIMEOUT`), and a full ring
+    /// makes the push wait for room; other Python threads run meanwhile.
     ///
     /// # Safety
     ///
-    /// As [`PyTagged::start_send`].
-    unsafe fn start_send_as(
+    /// The bytes stay readable, and unwritten, until the request completes or is
+    /// abandoned (or the endpoint is dropped).
+    unsafe fn start_send(
         py: Python<'_>,
         t: &Tagged,
         (dest, tag): (u32, u32),
@@ -642,14 +661,14 @@ impl PyTagged {
     /// Sends ``obj`` pickled to ``dest`` with ``tag``.
     #[pyo3(signature = (obj, dest, tag=0))]
     fn send(&self, py: Python<'_>, obj: &Bound<'_, PyAny>, dest: i64, tag: i64) -> PyResult<()> {
-        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
-        let data = dumps(obj)?;
-        let bytes = data.as_bytes();
-        self.with(|_, t| {
-            // SAFETY: `data` (immutable, alive in this frame) outlives `finish`.
-            let req = unsafe { Self::start_send(py, t, dest, tag, bytes.as_ptr(), bytes.len()) }?;
-            finish(py, t, req).map(drop)
-        })
+        self.send_obj_as(py, obj, (dest, tag), false)
+    }
+
+    /// Sends ``obj`` pickled to ``dest`` with ``tag`` synchronously: returns once a
+    /// receive at ``dest`` has taken it.
+    #[pyo3(signature = (obj, dest, tag=0))]
+    fn ssend(&self, py: Python<'_>, obj: &Bound<'_, PyAny>, dest: i64, tag: i64) -> PyResult<()> {
+        self.send_obj_as(py, obj, (dest, tag), true)
     }
 
     /// Receives a pickled object: the first message matching ``source`` and ``tag``,
@@ -676,15 +695,19 @@ impl PyTagged {
         dest: i64,
         tag: i64,
     ) -> PyResult<Py<PyRequest>> {
-        let (dest, tag) = (dest_arg(dest)?, send_tag(tag)?);
-        let data = dumps(obj)?;
-        let bytes = data.as_bytes();
-        let raw = slf.get().with(|_, t| {
-            // SAFETY: the request made below holds `data` until the send is complete or
-            // abandoned.
-            unsafe { Self::start_send(slf.py(), t, dest, tag, bytes.as_ptr(), bytes.len()) }
-        })?;
-        PyRequest::pending(slf, raw, Keep::Bytes(data.unbind()), Kind::Send)
+        Self::isend_obj_as(slf, obj, (dest, tag), false)
+    }
+
+    /// Starts sending ``obj`` pickled, synchronously: the request completes once a
+    /// receive at ``dest`` has taken it.
+    #[pyo3(signature = (obj, dest, tag=0))]
+    fn issend(
+        slf: &Bound<'_, Self>,
+        obj: &Bound<'_, PyAny>,
+        dest: i64,
+        tag: i64,
+    ) -> PyResult<Py<PyRequest>> {
+        Self::isend_obj_as(slf, obj, (dest, tag), true)
     }
 
     /// A request for a pickled object matching ``source`` and ``tag``; ``Request.wait()``

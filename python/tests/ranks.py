@@ -321,6 +321,12 @@ def synchronous(comm):
             comm.Send(b"go", 1, 21)
             r.Wait()
             comm.Ssend(data, 1, 22)
+        r = comm.issend({"n": 1}, 1, 23)
+        for _ in range(1000):
+            assert r.Test() is False, "issend complete before its receive"
+        comm.Send(b"go", 1, 24)
+        r.Wait()
+        comm.ssend(["done"], 1, 25)
     else:
         for n in (0, 4, 300_000):
             comm.Recv(bytearray(2), 0, 21)
@@ -329,6 +335,9 @@ def synchronous(comm):
                 st = quiver.Status()
                 comm.Recv(b, 0, tag, status=st)
                 assert st.count == n and same_bytes(b[:n], pattern(n, n)), (n, tag)
+        comm.Recv(bytearray(2), 0, 24)
+        assert comm.recv(0, 23) == {"n": 1}
+        assert comm.recv(0, 25) == ["done"]
 
 
 def expect(exc, f, *args, **kw):

@@ -13,8 +13,8 @@ def test_names_of_mpi4py():
     assert quiver.ANY_SOURCE == -1 and quiver.ANY_TAG == -1
     assert quiver.UNDEFINED == -32766
     for name in ("Send", "Recv", "Isend", "Irecv", "Ssend", "Issend", "Probe", "Iprobe",
-                 "send", "recv", "isend", "irecv", "close", "__enter__", "__exit__", "Get_rank",
-                 "Get_size"):
+                 "send", "recv", "isend", "irecv", "ssend", "issend", "close", "__enter__",
+                 "__exit__", "Get_rank", "Get_size"):
         assert callable(getattr(quiver.Tagged, name)), name
     for name in ("Wait", "wait", "Test", "test", "Cancel", "cancel", "Waitall", "waitall",
                  "Waitany", "waitany"):

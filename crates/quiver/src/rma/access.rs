@@ -1636,7 +1636,7 @@ impl Rma {
             rank,
             window,
             offset,
-            (op as u8, Some(op), elem),
+            (Some(op), elem),
             len,
             Cow::Borrowed(data),
             lock,
@@ -1673,7 +1673,7 @@ impl Rma {
             rank,
             window,
             offset,
-            (ops::CAS, None, elem),
+            (None, elem),
             new.len(),
             Cow::Owned(data),
             lock,
@@ -1681,8 +1681,8 @@ impl Rma {
         )
     }
 
-    /// [`Rma::accumulate`] and [`Rma::compare_swap_elements`]: `op` (its code, and the
-    /// reduction unless it is a compare-and-swap) on `len` bytes with `data` as the
+    /// [`Rma::accumulate`] and [`Rma::compare_swap_elements`]: `op` (the reduction, or
+    /// `None`: a compare-and-swap) on `len` bytes with `data` as the
     /// request carries it.
     #[allow(clippy::too_many_arguments)]
     fn update(
@@ -1690,7 +1690,7 @@ impl Rma {
         rank: u32,
         window: &Window,
         offset: u64,
-        (code, op, elem): (u8, Option<Reduce>, Element),
+        (op, elem): (Option<Reduce>, Element),
         len: usize,
         data: Cow<'_, [u8]>,
         (lock_window, lock_offset): (&Window, u64),
@@ -1795,7 +1795,7 @@ impl Rma {
                     offset: at.offset + start as u64,
                     ..at
                 },
-                op: code,
+                op: op.map_or(ops::CAS, |r| r as u8),
                 fetch: fetch.is_some(),
                 elem,
                 lock: lock_at,

@@ -176,6 +176,13 @@ pub struct Config {
     /// datagram. Where the kernel refuses it, the transport says so once and sends
     /// datagram by datagram.
     pub udp_gso: bool,
+    /// Whether a raw Ethernet endpoint opens a UDP socket beside its packet socket and
+    /// sends long batches of frames through it as offloaded runs
+    /// (`QUIVER_ETH_UDP_RUNS=on|off`, default on; needs `udp_gso`): raw frames keep
+    /// the lowest latency, UDP runs carry bulk several times faster than MTU-sized raw
+    /// frames (`link::pair`, docs/DESIGN-NOTES.md "Raw Ethernet with UDP runs beside
+    /// it").
+    pub eth_udp_runs: bool,
     /// Whether a broadcast through the ports (`Bind::to_all`) goes through the link's
     /// own broadcast where it has one (one multicast frame per fragment on raw Ethernet,
     /// IP multicast on UDP: the engine's group channel) or always down a binomial tree of unicasts
@@ -225,6 +232,7 @@ impl Default for Config {
             cma: true,
             split_copy: true,
             udp_gso: true,
+            eth_udp_runs: true,
             native_broadcast: true,
             ports_deposit: true,
             udp_gro: true,
@@ -325,6 +333,7 @@ pub(crate) const VARIABLES: &[&str] = &[
     "QUIVER_CMA",
     "QUIVER_SPLIT_COPY",
     "QUIVER_UDP_GSO",
+    "QUIVER_ETH_UDP_RUNS",
     "QUIVER_UDP_GRO",
     "QUIVER_NATIVE_BROADCAST",
     "QUIVER_PORTS_DEPOSIT",
@@ -424,6 +433,7 @@ impl Config {
             ("QUIVER_CMA", &mut c.cma),
             ("QUIVER_SPLIT_COPY", &mut c.split_copy),
             ("QUIVER_UDP_GSO", &mut c.udp_gso),
+            ("QUIVER_ETH_UDP_RUNS", &mut c.eth_udp_runs),
             ("QUIVER_UDP_GRO", &mut c.udp_gro),
             ("QUIVER_NATIVE_BROADCAST", &mut c.native_broadcast),
             ("QUIVER_PORTS_DEPOSIT", &mut c.ports_deposit),
@@ -525,6 +535,7 @@ impl Config {
                 _ => None,
             },
             udp_gso: self.udp_gso,
+            eth_udp_runs: self.eth_udp_runs,
             udp_gro: self.udp_gro,
             datagram: self.datagram,
             pool_size: self.pool_size,
@@ -963,6 +974,7 @@ mod tests {
             ("QUIVER_CMA", flipped(d.cma)),
             ("QUIVER_SPLIT_COPY", flipped(d.split_copy)),
             ("QUIVER_UDP_GSO", flipped(d.udp_gso)),
+            ("QUIVER_ETH_UDP_RUNS", flipped(d.eth_udp_runs)),
             ("QUIVER_UDP_GRO", flipped(d.udp_gro)),
             ("QUIVER_NATIVE_BROADCAST", flipped(d.native_broadcast)),
             ("QUIVER_PORTS_DEPOSIT", flipped(d.ports_deposit)),
@@ -970,6 +982,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.native_broadcast, !d.native_broadcast);
         assert_eq!(c.ports_deposit, !d.ports_deposit);
+        assert_eq!(c.eth_udp_runs, !d.eth_udp_runs);
         assert_eq!(
             (c.cma, c.split_copy, c.udp_gso, c.udp_gro),
             (!d.cma, !d.split_copy, !d.udp_gso, !d.udp_gro)
@@ -978,6 +991,7 @@ mod tests {
             "QUIVER_CMA",
             "QUIVER_SPLIT_COPY",
             "QUIVER_UDP_GSO",
+            "QUIVER_ETH_UDP_RUNS",
             "QUIVER_UDP_GRO",
         ] {
             let e = cfg(&[(var, "maybe")]).unwrap_err().to_string();

@@ -49,7 +49,9 @@ use crate::FastMap;
 use std::collections::VecDeque;
 
 /// Marks the slot number of a frame copied out of the link's ring ([`Core::evacuate`]):
-/// the low bits index the core's copies instead of the link's slots.
+/// the low bits index the core's copies instead of the link's slots, which therefore
+/// never have this bit set (a pair link numbers its UDP slots from
+/// [`UDP_SLOTS`](crate::link::pair::UDP_SLOTS), below it).
 pub(crate) const EVACUATED: u32 = 1 << 31;
 
 /// The receive memory a link lends the core: a received frame stays in its slot until

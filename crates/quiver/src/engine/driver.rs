@@ -83,10 +83,10 @@ impl Driver {
         self.link.as_raw_fd()
     }
 
-    /// The link's second descriptor, which a poller watches too (UDP's multicast group
-    /// socket).
-    pub(crate) fn group_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.link.group_fd()
+    /// The link's second descriptor, which a poller watches too, level-triggered (UDP's
+    /// multicast group socket, a pair's UDP socket).
+    pub(crate) fn second_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.link.second_fd()
     }
 }
 

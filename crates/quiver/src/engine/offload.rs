@@ -199,7 +199,7 @@ impl Offload {
         });
         let poller = Poller::new()?;
         poller.add_with(net.fd(), net.caps().edge_triggered)?;
-        if let Some(fd) = net.group_fd() {
+        if let Some(fd) = net.second_fd() {
             poller.add(fd)?;
         }
         poller.add(shared.engine_bell.as_raw_fd())?;

@@ -192,7 +192,7 @@ impl Station {
         }
         if let Some(u) = &udp {
             poller.add_with(u.fd(), u.caps().edge_triggered)?;
-            if let Some(fd) = u.group_fd() {
+            if let Some(fd) = u.second_fd() {
                 poller.add(fd)?;
             }
         }

@@ -1,5 +1,5 @@
-//! One test suite for every datagram [`Link`]: udp and eth (through [`NetLink`], on
-//! loopback), the simulator's [`SimLink`] and [`Faulty`] around it. Each test takes a
+//! One test suite for every datagram [`Link`]: udp, eth and the two paired (through
+//! [`NetLink`], on loopback), the simulator's [`SimLink`] and [`Faulty`] around it. Each test takes a
 //! pair of links and a way to let time pass; a test that needs a capability a link lacks
 //! ([`LinkCaps`]) says so and skips that link.
 //!
@@ -29,20 +29,29 @@ trait Setup {
     fn pass_time(&mut self, a: &mut Self::L, b: &mut Self::L) -> bool;
 }
 
-/// Links of the real network on loopback; `eth` asks for raw Ethernet.
+/// Which real link.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Udp,
+    Eth,
+    /// Raw Ethernet with UDP runs beside it (`pair`).
+    Pair,
+}
+
+/// Links of the real network on loopback.
 struct Real {
-    eth: bool,
+    kind: Kind,
     started: Instant,
     /// Raw frames on lo are seen by a link without its filter in another test.
     _lo: Option<std::sync::RwLockReadGuard<'static, ()>>,
 }
 
 impl Real {
-    fn new(eth: bool) -> Real {
+    fn new(kind: Kind) -> Real {
         Real {
-            eth,
+            kind,
             started: Instant::now(),
-            _lo: eth.then(|| {
+            _lo: (kind != Kind::Udp).then(|| {
                 super::eth::LO_RAW_TRAFFIC
                     .read()
                     .unwrap_or_else(|e| e.into_inner())
@@ -55,9 +64,10 @@ impl Real {
 /// has it: eth delivers only frames for its own endpoint ([`LinkCaps::demuxes_dpid`]).
 const DPID: u16 = 0x4a4b;
 
-fn params(eth: bool) -> LinkParams {
+fn params(kind: Kind) -> LinkParams {
     LinkParams {
-        eth_wanted_by: eth.then_some("the link conformance suite"),
+        eth_wanted_by: (kind != Kind::Udp).then_some("the link conformance suite"),
+        eth_udp_runs: kind == Kind::Pair,
         eth_ring: Some(256),
         ..LinkParams::for_tests()
     }
@@ -80,13 +90,12 @@ impl Setup for Real {
                 remote_ranks: 1,
                 alone_on_node: false,
             };
-            NetLink::open(&params(self.eth), at, DPID).unwrap()
+            NetLink::open(&params(self.kind), at, DPID).unwrap()
         };
         let (a, b) = (open(), open());
-        let want = if self.eth {
-            Transport::Eth
-        } else {
-            Transport::Udp
+        let want = match self.kind {
+            Kind::Udp => Transport::Udp,
+            Kind::Eth | Kind::Pair => Transport::Eth,
         };
         if a.transport() != want || b.transport() != want {
             crate::test_support::cannot_run(
@@ -242,6 +251,14 @@ fn resolves_only_what_it_advertised<S: Setup>(mut setup: S) {
         "eth,zz:zz,1,1472",
         "eth,02:00:00:00:00:01,70000,1472",
         "eth,02:00:00:00:00:01,1,7",
+        "eth+udp",
+        "eth+udp,02:00:00:00:00:01,1,1472",
+        "eth+udp,02:00:00:00:00:01,1,1472,1.2.3.4:5",
+        "eth+udp,02:00:00:00:00:01,1,1472,nonsense,1472",
+        "eth+udp,zz:zz,1,1472,1.2.3.4:5,1472",
+        "eth+udp,02:00:00:00:00:01,70000,1472,1.2.3.4:5,1472",
+        "eth+udp,02:00:00:00:00:01,1,1472,1.2.3.4:5,7",
+        "eth+udp,02:00:00:00:00:01,1,1472,1.2.3.4:5,1472,",
         "sim,",
         "sim,-1",
         "sim,99999999999999999999",
@@ -342,11 +359,15 @@ macro_rules! over_every_link {
     ($($test:ident),* $(,)?) => {
         mod udp {
             use super::*;
-            $(#[test] fn $test() { super::$test(Real::new(false)) })*
+            $(#[test] fn $test() { super::$test(Real::new(Kind::Udp)) })*
         }
         mod eth {
             use super::*;
-            $(#[test] fn $test() { super::$test(Real::new(true)) })*
+            $(#[test] fn $test() { super::$test(Real::new(Kind::Eth)) })*
+        }
+        mod pair {
+            use super::*;
+            $(#[test] fn $test() { super::$test(Real::new(Kind::Pair)) })*
         }
         mod sim {
             use super::*;
@@ -381,15 +402,28 @@ fn capabilities_say_how_each_link_differs() {
     )
     .caps();
     assert!(!loses.lossless && loses.ordered && !loses.holds_back);
-    let mut real = Real::new(false);
+    let mut real = Real::new(Kind::Udp);
     let (udp, _) = real.pair().unwrap();
     let caps = udp.caps();
     assert!(!caps.polls_in_memory && !caps.ordered_slots && !caps.edge_triggered);
-    let mut real = Real::new(true);
+    let mut real = Real::new(Kind::Eth);
     if let Some((eth, _)) = real.pair() {
         let caps = eth.caps();
         assert!(caps.polls_in_memory && caps.ordered_slots && caps.edge_triggered);
         assert!(!caps.segments && caps.demuxes_dpid && caps.min_datagram == 6);
+        assert!(caps.ordered && eth.second_fd().is_none());
+    }
+    drop(real);
+    let mut real = Real::new(Kind::Pair);
+    if let Some((pair, _)) = real.pair() {
+        // The ring's capabilities, with UDP's runs and no promise of order or of a
+        // demultiplexed DPID (the UDP socket takes what comes); its socket is watched
+        // beside the ring.
+        let caps = pair.caps();
+        assert!(matches!(pair, NetLink::Pair(_)));
+        assert!(caps.polls_in_memory && caps.ordered_slots && caps.edge_triggered);
+        assert!(caps.segments && !caps.demuxes_dpid && caps.min_datagram == 6);
+        assert!(caps.lossless && !caps.ordered && pair.second_fd().is_some());
     }
 }
 

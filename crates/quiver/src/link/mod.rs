@@ -6,8 +6,9 @@
 //!   written directly by the sender. Already reliable and ordered, no wire header, no
 //!   slot to give back to a pool: it does not fit the datagram model below, and is not
 //!   forced into it.
-//! - Datagram links, behind the [`Link`] trait: [`udp`] and [`eth`] (through
-//!   [`network::NetLink`], the production enum), the simulated network's link (`sim`,
+//! - Datagram links, behind the [`Link`] trait: [`udp`], [`eth`] and the two together
+//!   ([`pair`]: raw frames for what is short, UDP runs for what is long), through
+//!   [`network::NetLink`], the production enum; the simulated network's link (`sim`,
 //!   tests only), and [`fault::Faulty`], which wraps any of them to inject faults. What
 //!   distinguishes them is written in [`LinkCaps`], so that the engine asks instead of
 //!   matching on the transport.
@@ -21,6 +22,8 @@ pub(crate) mod eth;
 pub mod fault;
 #[cfg(not(loom))]
 pub(crate) mod network;
+#[cfg(not(loom))]
+pub(crate) mod pair;
 pub mod shm;
 #[cfg(all(test, not(loom)))]
 pub mod sim;
@@ -48,6 +51,9 @@ pub(crate) struct LinkParams {
     pub eth_wanted_by: Option<&'static str>,
     /// Send runs of equal datagrams with UDP segmentation offload.
     pub udp_gso: bool,
+    /// Where raw Ethernet is opened, open UDP beside it for runs ([`pair::PairLink`];
+    /// needs `udp_gso`).
+    pub eth_udp_runs: bool,
     /// Receive coalesced runs with UDP receive offload while traffic streams.
     pub udp_gro: bool,
     /// Largest datagram, if fixed; else it follows the interface MTU.
@@ -79,6 +85,7 @@ impl LinkParams {
         LinkParams {
             eth_wanted_by: None,
             udp_gso: true,
+            eth_udp_runs: false,
             udp_gro: true,
             datagram: None,
             pool_size: 1 << 20,

@@ -21,6 +21,7 @@
 use super::auth::Authed;
 use super::eth::{self, EthDest, EthLink, Interface, MacAddr};
 use super::fault::Faulty;
+use super::pair::{PairDest, PairLink};
 use super::udp::{SlotPool, SockAddr, UdpLink};
 use super::{Datagram, Link, LinkCaps, LinkCounters, LinkParams};
 use crate::error::{Error, Result};
@@ -44,12 +45,17 @@ const FALLBACK_DATAGRAM: usize = 1472;
 /// An explicit tag (`repr(u8)`): with three variants the compiler otherwise encodes the
 /// variant in a spare bit pattern of a field, and every match on the hot paths decoded it
 /// (five instructions more per release than an explicit tag, measured by callgrind).
+// Not boxed: an endpoint holds one link, and the pair's every poll would chase the box.
+#[allow(clippy::large_enum_variant)]
 #[repr(u8)]
 pub(crate) enum NetLink {
     /// A UDP socket and the slot pool its datagrams land in.
     Udp { sock: UdpLink, pool: SlotPool },
     /// An `AF_PACKET` socket with memory-mapped rings.
     Eth(EthLink),
+    /// Both: raw frames for what is short, UDP runs for what is long
+    /// ([`PairLink`]; the default where raw Ethernet is).
+    Pair(PairLink),
     /// Either of them behind a wrapper: a fault injector (`QUIVER_FAULTS`), frame
     /// authentication (`QUIVER_AUTH`), or both (authentication outside: what the
     /// injector corrupts must fail the tag).
@@ -155,6 +161,8 @@ pub(crate) struct NetDest {
 pub(crate) enum DestAddr {
     Udp(SockAddr),
     Eth(EthDest),
+    /// A peer with both links, from a [`PairLink`].
+    Pair(PairDest),
 }
 
 /// Where an endpoint's rank sits in its job, as far as its network link cares.
@@ -193,34 +201,21 @@ impl NetLink {
                 Err(why) => fall_back_once(wanted_by, &why),
             }
         }
-        let mut sock = UdpLink::bind(ip, params.udp_gso, params.udp_gro)?;
+        let (mut sock, pool) = open_udp(params, ip)?;
         if let Some(job) = params.group {
             if let Err(e) = sock.join_group(job, ip) {
                 // Broadcasts then go down a tree of unicasts (the link has no broadcast).
                 tracing::debug!("{e}: broadcasts will go as unicasts");
             }
         }
-        let max = match params.datagram {
-            Some(d) => d,
-            None => udp_datagram_for(ip),
-        };
-        let window = usize::from(if params.udp_gso {
-            params.window_segmented
-        } else {
-            params.window
-        });
-        let pool_bytes = params.pool_size.max(max * 4 * window);
-        Ok(NetLink::Udp {
-            sock,
-            pool: SlotPool::new(pool_bytes, max),
-        })
+        Ok(NetLink::Udp { sock, pool })
     }
 
     /// Which transport this link is.
     pub(crate) fn transport(&self) -> Transport {
         match self {
             NetLink::Udp { .. } => Transport::Udp,
-            NetLink::Eth(_) => Transport::Eth,
+            NetLink::Eth(_) | NetLink::Pair(_) => Transport::Eth,
             NetLink::Wrapped(f) => f.inner().transport(),
         }
     }
@@ -232,6 +227,7 @@ impl NetLink {
     pub(crate) fn channel_window(&self, params: &LinkParams) -> u16 {
         match self {
             NetLink::Udp { sock, .. } if sock.segments() => params.window_segmented,
+            NetLink::Pair(_) => params.window_segmented,
             NetLink::Wrapped(f) => f.inner().channel_window(params),
             _ => params.window,
         }
@@ -269,6 +265,20 @@ impl Link for NetLink {
                 segments: false,
                 broadcast: e.group_dest().is_some(),
             },
+            NetLink::Pair(p) => LinkCaps {
+                max_datagram: p.max_datagram(),
+                min_datagram: eth::MIN_FRAME,
+                demuxes_dpid: false,
+                polls_in_memory: true,
+                ordered_slots: true,
+                edge_triggered: true,
+                lossless: true,
+                // Kept per destination as far as the link can (`pair`), not promised.
+                ordered: false,
+                holds_back: false,
+                segments: p.udp.segments(),
+                broadcast: p.eth.group_dest().is_some(),
+            },
             NetLink::Wrapped(f) => f.caps(),
         }
     }
@@ -279,11 +289,20 @@ impl Link for NetLink {
                 format!("udp,{},{}", sock.local_addr(), pool.slot_size())
             }
             NetLink::Eth(e) => format!("eth,{},{},{}", e.mac(), e.port(), e.max_datagram()),
+            NetLink::Pair(p) => format!(
+                "eth+udp,{},{},{},{},{}",
+                p.eth.mac(),
+                p.eth.port(),
+                p.eth.max_datagram(),
+                p.udp.local_addr(),
+                p.pool.slot_size()
+            ),
             NetLink::Wrapped(f) => f.advertise(),
         }
     }
 
-    /// The destination a peer advertised, checked against this link's kind.
+    /// The destination a peer advertised, checked against this link's kind: a link
+    /// reaches a pair's peer through the half it has, and a pair reaches either kind.
     fn resolve(&self, advertised: &str) -> std::result::Result<NetDest, String> {
         let fields: Vec<&str> = advertised.split(',').collect();
         let max_of = |s: &str| -> std::result::Result<usize, String> {
@@ -292,26 +311,50 @@ impl Link for NetLink {
                 .filter(|&m| (crate::wire::MIN_DATAGRAM..=u16::MAX as usize).contains(&m))
                 .ok_or_else(|| format!("bad maximum datagram {s:?}"))
         };
-        let dest = match (self, fields.as_slice()) {
+        let eth_of = |mac: &str, port: &str, max: &str, ours: usize| {
+            let mac: MacAddr = mac.parse().map_err(|e: eth::MacParseError| e.to_string())?;
+            let port: u16 = port.parse().map_err(|_| format!("bad port {port:?}"))?;
+            Ok::<_, String>((EthDest { mac, port }, max_of(max)?.min(ours)))
+        };
+        let udp_of = |addr: &str, max: &str, ours: usize| {
+            let a: SocketAddr = addr
+                .parse()
+                .map_err(|_| format!("bad UDP address {addr:?}"))?;
+            Ok::<_, String>((SockAddr::from(&a), max_of(max)?.min(ours)))
+        };
+        let (to, max_datagram) = match (self, fields.as_slice()) {
             (NetLink::Wrapped(f), _) => return f.resolve(advertised),
             (NetLink::Udp { pool, .. }, ["udp", addr, max]) => {
-                let a: SocketAddr = addr
-                    .parse()
-                    .map_err(|_| format!("bad UDP address {addr:?}"))?;
-                NetDest {
-                    to: DestAddr::Udp(SockAddr::from(&a)),
-                    max_datagram: max_of(max)?.min(pool.slot_size()),
-                }
+                let (a, max) = udp_of(addr, max, pool.slot_size())?;
+                (DestAddr::Udp(a), max)
             }
             (NetLink::Eth(e), ["eth", mac, port, max]) => {
-                let mac: MacAddr = mac.parse().map_err(|e: eth::MacParseError| e.to_string())?;
-                let port: u16 = port.parse().map_err(|_| format!("bad port {port:?}"))?;
-                NetDest {
-                    to: DestAddr::Eth(EthDest { mac, port }),
-                    max_datagram: max_of(max)?.min(e.max_datagram()),
+                let (d, max) = eth_of(mac, port, max, e.max_datagram())?;
+                (DestAddr::Eth(d), max)
+            }
+            (NetLink::Pair(p), ["udp", addr, max]) => {
+                let (a, max) = udp_of(addr, max, p.pool.slot_size())?;
+                (DestAddr::Udp(a), max)
+            }
+            (NetLink::Pair(p), ["eth", mac, port, max]) => {
+                let (d, max) = eth_of(mac, port, max, p.eth.max_datagram())?;
+                (DestAddr::Eth(d), max)
+            }
+            // A pair's peer: both halves must make sense; a link of one kind takes its own.
+            (_, ["eth+udp", mac, port, eth_max, addr, udp_max]) => {
+                let (d, eth_max) = eth_of(mac, port, eth_max, usize::MAX)?;
+                let (a, udp_max) = udp_of(addr, udp_max, usize::MAX)?;
+                match self {
+                    NetLink::Udp { pool, .. } => (DestAddr::Udp(a), udp_max.min(pool.slot_size())),
+                    NetLink::Eth(e) => (DestAddr::Eth(d), eth_max.min(e.max_datagram())),
+                    NetLink::Pair(p) => (
+                        DestAddr::Pair(PairDest::new(d, a)),
+                        eth_max.min(udp_max).min(p.max_datagram()),
+                    ),
+                    NetLink::Wrapped(f) => return f.resolve(advertised),
                 }
             }
-            (_, [kind, ..]) if *kind == "udp" || *kind == "eth" => {
+            (_, [kind, ..]) if ["udp", "eth", "eth+udp"].contains(kind) => {
                 return Err(format!(
                     "the peer endpoint uses {kind} and this one {}: set QUIVER_TRANSPORT alike \
                      on every rank (an endpoint without CAP_NET_RAW falls back to udp)",
@@ -320,7 +363,7 @@ impl Link for NetLink {
             }
             _ => return Err(format!("bad network address {advertised:?}")),
         };
-        Ok(dest)
+        Ok(NetDest { to, max_datagram })
     }
 
     fn broadcast_dest(&self) -> Option<NetDest> {
@@ -332,6 +375,10 @@ impl Link for NetLink {
             NetLink::Eth(e) => e.group_dest().map(|d| NetDest {
                 to: DestAddr::Eth(d),
                 max_datagram: e.max_datagram(),
+            }),
+            NetLink::Pair(p) => p.eth.group_dest().map(|d| NetDest {
+                to: DestAddr::Eth(d),
+                max_datagram: p.eth.max_datagram(),
             }),
             NetLink::Wrapped(w) => w.broadcast_dest(),
         }
@@ -348,6 +395,9 @@ impl Link for NetLink {
     fn sent_from(&self, slot: u32, to: &NetDest) -> bool {
         match (self, &to.to) {
             (NetLink::Udp { pool, .. }, DestAddr::Udp(a)) => pool.source(slot) == a.ip(),
+            (NetLink::Pair(p), DestAddr::Udp(a)) => p.sent_from(slot, Some(a)),
+            (NetLink::Pair(p), DestAddr::Pair(d)) => p.sent_from(slot, Some(&d.udp)),
+            (NetLink::Pair(p), DestAddr::Eth(_)) => p.sent_from(slot, None),
             (NetLink::Wrapped(f), _) => f.sent_from(slot, to),
             _ => true,
         }
@@ -358,6 +408,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { sock, pool } => sock.recv_batch(pool, out),
             NetLink::Eth(e) => e.recv_batch(out),
+            NetLink::Pair(p) => p.recv_batch(out),
             NetLink::Wrapped(f) => cold::recv_batch(f, out),
         }
     }
@@ -367,6 +418,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { pool, .. } => pool.slot(slot),
             NetLink::Eth(e) => e.slot(slot),
+            NetLink::Pair(p) => p.slot(slot),
             NetLink::Wrapped(f) => cold::slot(f, slot),
         }
     }
@@ -381,6 +433,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { pool, .. } => pool.free_slot(slot),
             NetLink::Eth(e) => e.free_slot(slot),
+            NetLink::Pair(p) => p.free_slot(slot),
             NetLink::Wrapped(f) => cold::free_slot(f, slot),
         }
     }
@@ -390,6 +443,9 @@ impl Link for NetLink {
         match (self, &dest.to) {
             (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_datagram(a, frame),
             (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_datagram(d, frame),
+            (NetLink::Pair(p), DestAddr::Pair(d)) => p.send(now, d, frame),
+            (NetLink::Pair(p), DestAddr::Eth(d)) => p.eth.send_datagram(d, frame),
+            (NetLink::Pair(p), DestAddr::Udp(a)) => p.udp.send_datagram(a, frame),
             (NetLink::Wrapped(f), _) => cold::send(f, now, dest, frame),
             _ => Err(mismatch()),
         }
@@ -407,6 +463,9 @@ impl Link for NetLink {
         match (self, &dest.to) {
             (NetLink::Udp { sock, .. }, DestAddr::Udp(a)) => sock.send_batch(a, datagrams, max_run),
             (NetLink::Eth(e), DestAddr::Eth(d)) => e.send_batch(d, datagrams),
+            (NetLink::Pair(p), DestAddr::Pair(d)) => p.send_batch(now, d, datagrams, max_run),
+            (NetLink::Pair(p), DestAddr::Eth(d)) => p.eth.send_batch(d, datagrams),
+            (NetLink::Pair(p), DestAddr::Udp(a)) => p.udp.send_batch(a, datagrams, max_run),
             (NetLink::Wrapped(f), _) => cold::send_batch(f, now, dest, datagrams, max_run),
             _ => Err(mismatch()),
         }
@@ -419,6 +478,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { .. } => None,
             NetLink::Eth(e) => e.blocked_slot(),
+            NetLink::Pair(p) => p.eth.blocked_slot(),
             NetLink::Wrapped(f) => cold::blocked_slot(f),
         }
     }
@@ -429,6 +489,7 @@ impl Link for NetLink {
         match self {
             NetLink::Udp { .. } => None,
             NetLink::Eth(e) => e.next_approaching(),
+            NetLink::Pair(p) => p.eth.next_approaching(),
             NetLink::Wrapped(f) => cold::next_approaching(f),
         }
     }
@@ -458,7 +519,7 @@ impl Link for NetLink {
     fn counters(&self) -> LinkCounters {
         match self {
             NetLink::Udp { .. } => LinkCounters::default(),
-            NetLink::Eth(e) => LinkCounters {
+            NetLink::Eth(e) | NetLink::Pair(PairLink { eth: e, .. }) => LinkCounters {
                 ring_drops: e.ring_drops(),
                 misaddressed: e.misaddressed(),
                 ..LinkCounters::default()
@@ -531,13 +592,15 @@ fn mismatch() -> Error {
 }
 
 impl NetLink {
-    /// A second descriptor a waiter must watch beside [`AsRawFd::as_raw_fd`]'s: the
-    /// UDP link's multicast group socket, once joined.
-    pub(crate) fn group_fd(&self) -> Option<RawFd> {
+    /// A second descriptor a waiter must watch beside [`AsRawFd::as_raw_fd`]'s, level
+    /// triggered: the UDP link's multicast group socket, once joined, or a pair's UDP
+    /// socket.
+    pub(crate) fn second_fd(&self) -> Option<RawFd> {
         match self {
             NetLink::Udp { sock, .. } => sock.group_fd(),
             NetLink::Eth(_) => None,
-            NetLink::Wrapped(f) => f.inner().group_fd(),
+            NetLink::Pair(p) => Some(p.udp.as_raw_fd()),
+            NetLink::Wrapped(f) => f.inner().second_fd(),
         }
     }
 }
@@ -547,12 +610,47 @@ impl AsRawFd for NetLink {
         match self {
             NetLink::Udp { sock, .. } => sock.as_raw_fd(),
             NetLink::Eth(e) => e.as_raw_fd(),
+            NetLink::Pair(p) => p.eth.as_raw_fd(),
             NetLink::Wrapped(f) => f.inner().as_raw_fd(),
         }
     }
 }
 
+/// A UDP socket on `ip` and its receive pool: at least four windows of datagrams.
+fn open_udp(params: &LinkParams, ip: IpAddr) -> Result<(UdpLink, SlotPool)> {
+    let sock = UdpLink::bind(ip, params.udp_gso, params.udp_gro)?;
+    let max = match params.datagram {
+        Some(d) => d,
+        None => udp_datagram_for(ip),
+    };
+    let window = usize::from(if params.udp_gso {
+        params.window_segmented
+    } else {
+        params.window
+    });
+    let pool_bytes = params.pool_size.max(max * 4 * window);
+    Ok((sock, SlotPool::new(pool_bytes, max)))
+}
+
+/// The raw Ethernet link, with UDP beside it for runs ([`PairLink`]) when
+/// `params.eth_udp_runs` and segmentation offload are on.
 fn open_eth(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
+    let pair = params.eth_udp_runs && params.udp_gso;
+    // A pair's channels have the window of UDP runs, which the ring must hold too
+    // (frames by UDP stop at runs' pace; the rest comes by the ring).
+    let mut ring_params = params.clone();
+    if pair {
+        ring_params.window = params.window_segmented;
+    }
+    let eth = open_eth_only(&ring_params, at, dpid)?;
+    if !pair {
+        return Ok(NetLink::Eth(eth));
+    }
+    let (sock, pool) = open_udp(params, at.ip)?;
+    Ok(NetLink::Pair(PairLink::new(eth, sock, pool)))
+}
+
+fn open_eth_only(params: &LinkParams, at: Placement, dpid: u16) -> Result<EthLink> {
     let mut iface = Interface::with_addr(at.ip)?.ok_or_else(|| {
         Error::Config(format!(
             "no network interface carries this rank's address {}",
@@ -574,7 +672,7 @@ fn open_eth(params: &LinkParams, at: Placement, dpid: u16) -> Result<NetLink> {
             tracing::warn!("{e}: broadcasts will go as unicasts");
         }
     }
-    Ok(NetLink::Eth(link))
+    Ok(link)
 }
 
 /// Logs, once per process, why an endpoint that wanted Ethernet took UDP.

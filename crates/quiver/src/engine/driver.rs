@@ -102,7 +102,8 @@ impl<L: Link, C: Clock> Driver<L, C> {
     ) -> Result<Driver<L, C>> {
         if link.caps().broadcast {
             // Before the link's address: whoever finds the address finds this too.
-            job.kv.put(&group_key(job.rank, dpid), "1")?;
+            job.kv
+                .put(&group_key(job.rank, dpid), link.broadcast_medium())?;
         }
         job.kv.put(&net_key(job.rank, dpid), &link.advertise())?;
         let me = Identity {
@@ -587,6 +588,19 @@ impl<L: Link, C: Clock> Driver<L, C> {
         self.core.send(i, now, data)
     }
 
+    /// Queues the message `head` + `body` to peer `i` whole, without sending anything
+    /// yet (the station gathers a protocol's outbox, then sends each peer's frames
+    /// together: [`transmit_queued`](Self::transmit_queued)).
+    pub(crate) fn queue_parts(&mut self, i: usize, head: &[u8], body: &[u8]) -> Result<()> {
+        let now = self.now();
+        let mut part = self.core.begin_send(i, head.len() + body.len())?;
+        let queued = self
+            .core
+            .send_part(i, now, (head, body), &mut part, usize::MAX);
+        debug_assert!(queued, "nothing limits how far ahead it builds");
+        Ok(())
+    }
+
     /// Sends what the window lets out of the frames queued for peer `i`.
     pub(crate) fn transmit_queued(&mut self, i: usize, stats: &mut EndpointStats) -> Result<()> {
         let now = self.now();
@@ -706,13 +720,40 @@ pub(crate) fn group_key(rank: u32, dpid: u16) -> String {
     format!("grp/{rank}/{dpid}")
 }
 
-/// Whether endpoint `peer`, whose link's address is published already, hears the job's
-/// broadcasts: a root reaches the others by unicast.
+/// Whether endpoint `peer`, whose link's address is published already, hears this
+/// rank's broadcasts on the same DPID: both links broadcast, over the same medium (a job
+/// may mix raw Ethernet and udp endpoints: an eth rank whose peer fell back to udp). A
+/// root reaches the others by unicast.
 pub(crate) fn hears_group(job: &JobShared, peer: Source) -> Result<bool> {
-    Ok(job.kv.try_get(&group_key(peer.rank, peer.dpid))?.is_some())
+    let theirs = job.kv.try_get(&group_key(peer.rank, peer.dpid))?;
+    let ours = job.kv.try_get(&group_key(job.rank, peer.dpid))?;
+    Ok(theirs.is_some() && theirs == ours)
 }
 
 /// The rendezvous key under which endpoint `dpid` of `rank` publishes its link.
 pub(crate) fn net_key(rank: u32, dpid: u16) -> String {
     format!("net/{rank}/{dpid}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_hears_broadcasts_only_over_the_medium_of_ours() {
+        let (jobs, _store) = crate::test_support::jobs(4, &crate::config::Config::default());
+        let job = &jobs[0].shared;
+        let dpid = 9;
+        // Rank 1 multicasts raw frames as we do, rank 2 over IP (it fell back to udp),
+        // rank 3 not at all.
+        for (rank, medium) in [(0, "eth"), (1, "eth"), (2, "ip")] {
+            job.kv.put(&group_key(rank, dpid), medium).unwrap();
+        }
+        let hears = |rank| hears_group(job, Source { rank, dpid }).unwrap();
+        assert_eq!([hears(1), hears(2), hears(3)], [true, false, false]);
+        // On a DPID whose link does not broadcast here, nobody is heard.
+        let other = Source { rank: 1, dpid: 10 };
+        job.kv.put(&group_key(1, 10), "eth").unwrap();
+        assert!(!hears_group(job, other).unwrap());
+    }
 }

@@ -1010,11 +1010,21 @@ impl<L: Link, C: Clock> Station<L, C> {
         out: &mut Outbox,
     ) -> Result<()> {
         let mut first_err = None;
+        // Network peers whose messages were queued and wait to be sent together.
+        let mut queued: Vec<usize> = Vec::new();
         out.flush(
             protocol,
             |to, head, body| {
-                self.route_to(to)
-                    .and_then(|route| self.send(route, head, body, false))
+                let route = self.route_to(to)?;
+                match self.queue_net(route, head, body)? {
+                    Some(peer) => {
+                        if !queued.contains(&peer) {
+                            queued.push(peer);
+                        }
+                        Ok(true)
+                    }
+                    None => self.send(route, head, body, false),
+                }
             },
             |e| {
                 if let Error::PeerFailed { rank, .. } = &e {
@@ -1023,7 +1033,41 @@ impl<L: Link, C: Clock> Station<L, C> {
                 first_err.get_or_insert(e);
             },
         );
+        for peer in queued {
+            let mut inner = self.inner.borrow_mut();
+            let (net, stats) = inner.driver();
+            if let Err(e) = net.transmit_queued(peer, stats) {
+                first_err.get_or_insert(e);
+            }
+        }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Queues `head` + `body` whole on `route`'s network channel without sending it yet,
+    /// if `route` is a network route (its peer; [`Station::send_outbox`] then sends each
+    /// peer's frames together, so that an answer of many one-frame pieces leaves as
+    /// runs, not frame by frame); `None` for any other route.
+    fn queue_net(&self, route: usize, head: &[u8], body: &[u8]) -> Result<Option<usize>> {
+        let max = self.job.config.max_message;
+        if head.len() + body.len() > max {
+            return Err(Error::MessageTooLarge {
+                len: head.len() + body.len(),
+                max,
+            });
+        }
+        let mut guard = self.inner.borrow_mut();
+        let inner = &mut *guard;
+        let peer = match &inner.routes[route] {
+            (dest, Route::Net { peer }) => {
+                inner.check_not_failed(dest)?;
+                *peer
+            }
+            _ => return Ok(None),
+        };
+        let (net, _) = inner.driver();
+        net.queue_parts(peer, head, body)?;
+        inner.count_sent(head.len() + body.len());
+        Ok(Some(peer))
     }
 
     /// Keeps a message's token until [`Station::release_held`].

@@ -102,6 +102,10 @@ impl<L: Link> Link for Authed<L> {
         self.inner.broadcast_dest()
     }
 
+    fn broadcast_medium(&self) -> &'static str {
+        self.inner.broadcast_medium()
+    }
+
     fn sent_from(&self, slot: u32, to: &L::Dest) -> bool {
         self.inner.sent_from(slot, to)
     }

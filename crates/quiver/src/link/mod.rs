@@ -191,6 +191,12 @@ pub(crate) trait Link {
     fn broadcast_dest(&self) -> Option<Self::Dest> {
         None
     }
+    /// What carries [`broadcast_dest`](Link::broadcast_dest)'s datagrams: a peer hears
+    /// them only if its link broadcasts over the same medium (raw Ethernet multicast and
+    /// IP multicast do not reach each other).
+    fn broadcast_medium(&self) -> &'static str {
+        "link"
+    }
     /// Whether the datagram in `slot` came from where `to` lives, as far as the link
     /// can tell (udp: the sender's IP address is `to`'s; its port is not checked, since
     /// a peer sends from a connected socket of its own). A link that cannot tell says

@@ -106,6 +106,9 @@ impl Link for Wrapped {
     fn broadcast_dest(&self) -> Option<NetDest> {
         wrapped!(self, w => w.broadcast_dest())
     }
+    fn broadcast_medium(&self) -> &'static str {
+        wrapped!(self, w => w.broadcast_medium())
+    }
     fn sent_from(&self, slot: u32, to: &NetDest) -> bool {
         wrapped!(self, w => w.sent_from(slot, to))
     }
@@ -384,6 +387,15 @@ impl Link for NetLink {
         }
     }
 
+    /// Raw Ethernet multicast frames (eth, the pair) or IP multicast (udp).
+    fn broadcast_medium(&self) -> &'static str {
+        match self {
+            NetLink::Udp { .. } => "ip",
+            NetLink::Eth(_) | NetLink::Pair(_) => "eth",
+            NetLink::Wrapped(w) => w.broadcast_medium(),
+        }
+    }
+
     fn max_datagram_to(&self, to: &NetDest) -> usize {
         match self {
             // A wrapper may take room of its own (an authentication tag).
@@ -395,9 +407,9 @@ impl Link for NetLink {
     fn sent_from(&self, slot: u32, to: &NetDest) -> bool {
         match (self, &to.to) {
             (NetLink::Udp { pool, .. }, DestAddr::Udp(a)) => pool.source(slot) == a.ip(),
-            (NetLink::Pair(p), DestAddr::Udp(a)) => p.sent_from(slot, Some(a)),
-            (NetLink::Pair(p), DestAddr::Pair(d)) => p.sent_from(slot, Some(&d.udp)),
-            (NetLink::Pair(p), DestAddr::Eth(_)) => p.sent_from(slot, None),
+            (NetLink::Pair(p), DestAddr::Udp(a)) => p.sent_from(slot, false, Some(a)),
+            (NetLink::Pair(p), DestAddr::Pair(d)) => p.sent_from(slot, true, Some(&d.udp)),
+            (NetLink::Pair(p), DestAddr::Eth(_)) => p.sent_from(slot, true, None),
             (NetLink::Wrapped(f), _) => f.sent_from(slot, to),
             _ => true,
         }

@@ -6,20 +6,25 @@
 //! veth at MTU 1500 about 300 MB/s, where TCP's and UDP's segmentation offload carry
 //! 64 KiB through the stack at once. [`PairLink`] sends a lone frame and a short batch as
 //! raw frames, and a batch of at least [`MIN_RUN`] datagrams, when its channel's pace
-//! allows offloaded runs that long ([`udp::run_limit`](super::udp::run_limit)), as UDP
-//! runs with `UDP_SEGMENT`. It receives from both: the packet ring on every call, the
-//! UDP socket (a system call) on every call while UDP traffic flows and on every
-//! [`COLD_EVERY`]th call otherwise.
+//! allows offloaded runs of at least [`MIN_PACE_RUN`]
+//! ([`udp::run_limit`](super::udp::run_limit)), as UDP runs with `UDP_SEGMENT`. It
+//! receives from both: the packet ring on every call, the UDP socket (a system call) on
+//! every call while UDP traffic flows and on every [`COLD_EVERY`]th call otherwise.
 //!
 //! **Order.** The reliable channels repair reordering but read a hole reported by the
 //! receiver as a loss (selective repeat resends at once what a later frame overtook), so
 //! the link keeps each destination's frames in order as far as it can: once a run went
 //! by UDP, everything to that destination goes by UDP for [`UDP_STICKS`] (a frame sent
-//! by the faster path would otherwise overtake the run's tail). The kernel queues the
-//! two sockets' frames to one interface in the order they were sent, and the receiver
-//! reads the ring before the socket, so a frame sent by raw Ethernet before a run is
-//! also read before it. What is still read out of order (a receiver that did not look
-//! at its socket for longer than [`UDP_STICKS`]) costs a retransmission, never data.
+//! by the faster path would otherwise overtake the run's tail). On a link of one queue
+//! (a veth, the emulated clusters) the kernel passes the two sockets' frames in the order
+//! they were sent, and the receiver reads the ring before the socket (and, when the ring
+//! brought frames, the socket until it is empty, up to [`DRAIN_READS`] reads), so a
+//! frame sent by raw Ethernet before a run is read before it, and one sent after it in
+//! the same call or later. What is still read out of order (a receiver that did not look
+//! at its socket for longer than [`UDP_STICKS`], a tail probe sent by raw Ethernet more
+//! than that after the run, a NIC whose queues carry the two kinds of frame apart) makes
+//! the sender resend the frames it overtook, up to a window of them: time, never data.
+//! The link does not promise order ([`LinkCaps::ordered`](super::LinkCaps) is false).
 //!
 //! **Slots.** The ring's frames keep their numbers; the UDP pool's slots are numbered
 //! from [`UDP_SLOTS`] on.
@@ -55,6 +60,8 @@ const HOT_CALLS: u32 = 1024;
 /// Otherwise the socket is read on every this many calls (a system call; the ring
 /// costs a memory read).
 pub(crate) const COLD_EVERY: u32 = 16;
+/// Reads of the socket at most in a call whose ring brought frames.
+pub(crate) const DRAIN_READS: usize = 4;
 
 /// Raw Ethernet and UDP on one interface (module documentation).
 pub(crate) struct PairLink {
@@ -106,23 +113,33 @@ impl PairLink {
         self.eth.max_datagram().min(self.pool.slot_size())
     }
 
-    /// What arrived: the ring's frames, then the socket's datagrams when it is due.
+    /// What arrived: the ring's frames, then the socket's datagrams when it is due
+    /// (with frames from the ring, all it holds: they came first).
     #[inline]
     pub(super) fn recv_batch(&mut self, out: &mut Vec<Datagram>) -> Result<()> {
+        let start = out.len();
         self.eth.recv_batch(out)?;
         self.calls = self.calls.wrapping_add(1);
-        if self.quiet >= HOT_CALLS && !self.calls.is_multiple_of(COLD_EVERY) {
+        if self.quiet >= HOT_CALLS
+            && !self.calls.is_multiple_of(COLD_EVERY)
+            && !self.udp.holds_staged()
+        {
             return Ok(());
         }
-        let from = out.len();
-        self.udp.recv_batch(&mut self.pool, out)?;
-        if out.len() == from {
-            self.quiet = self.quiet.saturating_add(1);
-        } else {
-            self.quiet = 0;
+        let reads = if out.len() > start { DRAIN_READS } else { 1 };
+        for _ in 0..reads {
+            let from = out.len();
+            let read = self.udp.recv_batch(&mut self.pool, out);
+            // Numbered as the pool's even when the read failed after handing some out.
             for d in &mut out[from..] {
                 d.slot |= UDP_SLOTS;
             }
+            read?;
+            if out.len() == from {
+                self.quiet = self.quiet.saturating_add(1);
+                break;
+            }
+            self.quiet = 0;
         }
         Ok(())
     }
@@ -147,11 +164,12 @@ impl PairLink {
         }
     }
 
-    /// Whether a datagram in `slot` came from `udp`'s address: true for a ring frame
-    /// (raw Ethernet cannot tell).
-    pub(super) fn sent_from(&self, slot: u32, udp: Option<&SockAddr>) -> bool {
+    /// Whether a datagram in `slot` came from a peer with a raw link (`raw`) and UDP
+    /// address `udp`: a ring frame from a peer with a raw link (raw Ethernet cannot tell
+    /// more), a datagram by UDP from the peer's address.
+    pub(super) fn sent_from(&self, slot: u32, raw: bool, udp: Option<&SockAddr>) -> bool {
         match (slot < UDP_SLOTS, udp) {
-            (true, _) => true,
+            (true, _) => raw,
             (false, Some(a)) => self.pool.source(slot - UDP_SLOTS) == a.ip(),
             (false, None) => false,
         }
@@ -168,9 +186,9 @@ impl PairLink {
         }
     }
 
-    /// Sends a batch: by UDP runs when it is long enough and its pace allows runs of
-    /// [`MIN_RUN`] (which keeps the destination on UDP for [`UDP_STICKS`]), or while the
-    /// destination is on UDP; else as raw frames.
+    /// Sends a batch: by UDP runs when it holds [`MIN_RUN`] frames and its pace allows
+    /// runs of [`MIN_PACE_RUN`] (which keeps the destination on UDP for
+    /// [`UDP_STICKS`]), or while the destination is on UDP; else as raw frames.
     pub(super) fn send_batch(
         &self,
         now: Duration,
@@ -222,7 +240,7 @@ mod tests {
             ip: IpAddr::from([127, 0, 0, 1]),
             port: (std::process::id() as u16)
                 .wrapping_mul(64)
-                .wrapping_add(32 + NEXT.fetch_add(1, Ordering::Relaxed)),
+                .wrapping_add(48 + NEXT.fetch_add(1, Ordering::Relaxed)),
             remote_ranks: 1,
             alone_on_node: false,
         };
@@ -234,6 +252,14 @@ mod tests {
             return None;
         }
         Some(link)
+    }
+
+    /// Held by each test: raw frames on lo are seen by a link without its filter in
+    /// another test, which counts them.
+    fn lo_traffic() -> std::sync::RwLockReadGuard<'static, ()> {
+        crate::link::eth::LO_RAW_TRAFFIC
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// A datagram of `len` bytes naming DPID where a wire header does (the ring's
@@ -270,6 +296,7 @@ mod tests {
 
     #[test]
     fn long_batches_go_by_udp_and_keep_their_destination_there_for_a_while() {
+        let _lo = lo_traffic();
         let (Some(mut a), Some(mut b)) = (open(true, true), open(true, true)) else {
             return;
         };
@@ -308,22 +335,28 @@ mod tests {
 
     #[test]
     fn a_pair_reaches_a_peer_of_either_kind_and_each_reaches_it() {
+        let _lo = lo_traffic();
         let Some(mut pair) = open(true, true) else {
             return;
         };
-        let peers = [open(true, false), open(false, false)];
-        for (mut peer, udp) in peers.into_iter().zip([false, true]) {
-            let mut peer = peer.take().expect("opened above");
+        let mut peers = [open(true, false), open(false, false)].map(Option::unwrap);
+        let dests: Vec<_> = peers
+            .iter()
+            .map(|p| pair.resolve(&p.advertise()).unwrap())
+            .collect();
+        for (i, peer) in peers.iter_mut().enumerate() {
+            let udp = i == 1;
             assert!(!matches!(peer, NetLink::Pair(_)));
             // The pair sends even long batches by the peer's only link ...
-            let to_peer = pair.resolve(&peer.advertise()).unwrap();
+            let to_peer = &dests[i];
             let frames: Vec<Vec<u8>> = (0..20).map(|i| datagram(i, 600)).collect();
             let parts: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-            pair.send_batch(Duration::ZERO, &to_peer, &parts, 64)
+            pair.send_batch(Duration::ZERO, to_peer, &parts, 64)
                 .unwrap();
-            assert_eq!(receive(&mut peer, 20).len(), 20);
+            assert_eq!(receive(peer, 20).len(), 20);
             // ... and the peer reaches the pair by its own; a datagram by UDP is checked
-            // against the peer's address, one by the ring cannot be.
+            // against the peer's address, one by the ring is taken from a peer with a raw
+            // link and not from one with UDP alone.
             let to_pair = peer.resolve(&pair.advertise()).unwrap();
             peer.send(Duration::ZERO, &to_pair, &datagram(7, 100))
                 .unwrap();
@@ -335,13 +368,16 @@ mod tests {
             }
             let d = batch[0];
             assert_eq!((pair.slot(d.slot)[0], d.slot >= UDP_SLOTS), (7, udp));
-            assert!(pair.sent_from(d.slot, &to_peer));
+            assert!(pair.sent_from(d.slot, to_peer));
+            // Nor is it taken as the other kind of peer's.
+            assert!(!pair.sent_from(d.slot, &dests[1 - i]));
             pair.free_slot(d.slot);
         }
     }
 
     #[test]
     fn a_quiet_socket_is_read_every_few_calls_and_a_busy_one_every_call() {
+        let _lo = lo_traffic();
         let (Some(mut a), Some(mut b)) = (open(true, true), open(true, true)) else {
             return;
         };

@@ -96,6 +96,8 @@ const MAX_WINDOWS: u32 = 1 << 28;
 /// registered window, an offload route the engine has not set up in time): the engine
 /// reassembles larger ones.
 const DEFAULT_PIECE: usize = 8 << 10;
+/// Pieces of a long put handed to the link at once ([`Rma::send_pieces`]).
+const PUT_BATCH: usize = 64;
 
 /// One side of a strided transfer: `count` elements of `elem` bytes, element `i` at byte
 /// `offset + i * stride` of the window.
@@ -836,18 +838,10 @@ impl Rma {
                 // Before the first piece: a flush must ask even if a later piece fails.
                 self.unflushed.borrow_mut().insert(rank);
                 let piece = frame.saturating_sub(ops::PUT_LEN).max(1);
-                let mut done = 0;
-                loop {
-                    let n = (data.len() - done).min(piece);
-                    let head = ops::put(At {
-                        offset: at.offset + done as u64,
-                        ..at
-                    });
-                    self.send_put(rank, route, frame, &head, &data[done..done + n])?;
-                    done += n;
-                    if done >= data.len() {
-                        break;
-                    }
+                if data.len() <= piece {
+                    self.send_put(rank, route, frame, &ops::put(at), data)?;
+                } else {
+                    self.send_pieces(rank, route, piece, at, data)?;
                 }
             }
         }
@@ -2304,6 +2298,61 @@ impl Rma {
             c.buf = buf;
         }
         r
+    }
+
+    /// Sends a put longer than one piece to `rank` on `route`: a message of `piece`
+    /// bytes at most each, handed to the link [`PUT_BATCH`] at a time (so that they leave
+    /// as runs, not frame by frame), making progress while about a window waits already
+    /// (as [`Rma::send_now`] does).
+    fn send_pieces(
+        &self,
+        rank: u32,
+        route: usize,
+        piece: usize,
+        at: At,
+        data: &[u8],
+    ) -> Result<()> {
+        self.push_combined()?;
+        let station = self.ep.station();
+        let mut done = 0;
+        while done < data.len() {
+            loop {
+                let queued = {
+                    let out = self.out.borrow();
+                    !out.is_empty()
+                        && out.has_queued_for(Source {
+                            rank,
+                            dpid: station.dpid(),
+                        })
+                };
+                if !queued && !station.send_backlogged(route) {
+                    break;
+                }
+                if !self.poll()? {
+                    std::thread::yield_now();
+                }
+            }
+            let mut heads = Vec::with_capacity(PUT_BATCH);
+            let mut bodies = Vec::with_capacity(PUT_BATCH);
+            while heads.len() < PUT_BATCH && done < data.len() {
+                let n = (data.len() - done).min(piece);
+                heads.push(ops::put(At {
+                    offset: at.offset + done as u64,
+                    ..at
+                }));
+                bodies.push(&data[done..done + n]);
+                done += n;
+            }
+            let batch: Vec<(&[u8], &[u8])> = heads
+                .iter()
+                .zip(&bodies)
+                .map(|(h, b)| (&h[..], *b))
+                .collect();
+            station
+                .send_batch(route, &batch)
+                .map_err(|e| self.ep.report(e))?;
+        }
+        Ok(())
     }
 
     /// Sends one message to `rank` on `route`, making progress while the route has no

@@ -219,6 +219,12 @@ impl UdpLink {
 
     /// Receives up to a batch of datagrams into free slots of `pool` without blocking:
     /// from the link's socket, then from the group's when this poll reads it.
+    /// Whether coalesced datagrams wait in the staging buffer for free slots: no
+    /// descriptor says so, so a reader that skips reads must not skip then.
+    pub(crate) fn holds_staged(&self) -> bool {
+        self.gro.as_ref().is_some_and(|st| st.at < st.len)
+    }
+
     pub(crate) fn recv_batch(
         &mut self,
         pool: &mut SlotPool,

@@ -2316,18 +2316,7 @@ impl Rma {
         let station = self.ep.station();
         let mut done = 0;
         while done < data.len() {
-            loop {
-                let queued = {
-                    let out = self.out.borrow();
-                    !out.is_empty()
-                        && out.has_queued_for(Source {
-                            rank,
-                            dpid: station.dpid(),
-                        })
-                };
-                if !queued && !station.send_backlogged(route) {
-                    break;
-                }
+            while !self.has_room(rank, route) {
                 if !self.poll()? {
                     std::thread::yield_now();
                 }
@@ -2355,22 +2344,29 @@ impl Rma {
         Ok(())
     }
 
+    /// Whether a message to `rank` on `route` may be queued now: no answer waits for
+    /// `rank` (it would be overtaken), and at most a window waits on the route beyond
+    /// the window in flight (memory stays bounded and the frames leave at the pace
+    /// acknowledgements come back).
+    fn has_room(&self, rank: u32, route: usize) -> bool {
+        let station = self.ep.station();
+        let queued = {
+            let out = self.out.borrow();
+            !out.is_empty()
+                && out.has_queued_for(Source {
+                    rank,
+                    dpid: station.dpid(),
+                })
+        };
+        !queued && !station.send_backlogged(route)
+    }
+
     /// Sends one message to `rank` on `route`, making progress while the route has no
     /// room (so two ranks that both send never wait for each other).
     fn send_now(&self, rank: u32, route: usize, head: &[u8], data: &[u8]) -> Result<()> {
         let station = self.ep.station();
         loop {
-            let queued = {
-                let out = self.out.borrow();
-                !out.is_empty()
-                    && out.has_queued_for(Source {
-                        rank,
-                        dpid: station.dpid(),
-                    })
-            };
-            // At most a window queued beyond the window in flight: memory stays bounded
-            // and the frames leave at the pace acknowledgements come back.
-            if !queued && !station.send_backlogged(route) {
+            if self.has_room(rank, route) {
                 if station.try_send_inline(route, head, data) {
                     return Ok(());
                 }

@@ -16,8 +16,9 @@
 //!   (`QUIVER_RELIABILITY=offload`: the target application may compute or sleep), else
 //!   inside the target's next call of its [`Rma`] (or of a barrier that makes progress
 //!   on it). A put is cut into pieces of one frame each, so every piece is copied into
-//!   the window from where its frame arrived (no reassembly copy); a get is answered in
-//!   such pieces too, each copied from its frame into the caller's buffer, and a large
+//!   the window from where its frame arrived (no reassembly copy), handed to the link
+//!   64 at a time (they leave as runs, not frame by frame); a get is answered in
+//!   such pieces too (the station sends an outbox's pieces to a peer together), each copied from its frame into the caller's buffer, and a large
 //!   one is asked two chunks at a time (the next when one has arrived), so the target
 //!   never has more than two chunks of it to send. Puts smaller than a frame to the same rank are combined into one
 //!   message as far as they fit, and leave when the next does not fit or at the next

@@ -590,13 +590,7 @@ impl<L: Link, C: Clock> Station<L, C> {
     #[cold]
     #[inline(never)]
     pub(crate) fn send(&self, route: usize, head: &[u8], data: &[u8], wait: bool) -> Result<bool> {
-        let max = self.job.config.max_message;
-        if head.len() + data.len() > max {
-            return Err(Error::MessageTooLarge {
-                len: head.len() + data.len(),
-                max,
-            });
-        }
+        self.check_len(head.len() + data.len())?;
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
         if !inner.failed.is_empty() {
@@ -1043,18 +1037,21 @@ impl<L: Link, C: Clock> Station<L, C> {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// A message of `len` bytes is no longer than the job's largest.
+    fn check_len(&self, len: usize) -> Result<()> {
+        let max = self.job.config.max_message;
+        if len > max {
+            return Err(Error::MessageTooLarge { len, max });
+        }
+        Ok(())
+    }
+
     /// Queues `head` + `body` whole on `route`'s network channel without sending it yet,
     /// if `route` is a network route (its peer; [`Station::send_outbox`] then sends each
     /// peer's frames together, so that an answer of many one-frame pieces leaves as
     /// runs, not frame by frame); `None` for any other route.
     fn queue_net(&self, route: usize, head: &[u8], body: &[u8]) -> Result<Option<usize>> {
-        let max = self.job.config.max_message;
-        if head.len() + body.len() > max {
-            return Err(Error::MessageTooLarge {
-                len: head.len() + body.len(),
-                max,
-            });
-        }
+        self.check_len(head.len() + body.len())?;
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
         let peer = match &inner.routes[route] {

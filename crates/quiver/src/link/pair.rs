@@ -287,6 +287,18 @@ mod tests {
         got
     }
 
+    /// Two pair links and the first's destination for the second; `None` as [`open`].
+    fn two_pairs() -> Option<(NetLink, NetLink, crate::link::network::NetDest)> {
+        let (a, b) = (open(true, true)?, open(true, true)?);
+        let to_b = a.resolve(&b.advertise()).unwrap();
+        Some((a, b, to_b))
+    }
+
+    /// `n` datagrams of 600 bytes numbered from `first`.
+    fn run(first: u8, n: u8) -> Vec<Vec<u8>> {
+        (first..first + n).map(|i| datagram(i, 600)).collect()
+    }
+
     fn udp_batches(link: &NetLink) -> u64 {
         match link {
             NetLink::Pair(p) => p.udp_batches(),
@@ -297,13 +309,12 @@ mod tests {
     #[test]
     fn long_batches_go_by_udp_and_keep_their_destination_there_for_a_while() {
         let _lo = lo_traffic();
-        let (Some(mut a), Some(mut b)) = (open(true, true), open(true, true)) else {
+        let Some((mut a, mut b, to_b)) = two_pairs() else {
             return;
         };
-        let to_b = a.resolve(&b.advertise()).unwrap();
         assert!(matches!(to_b.to, crate::link::network::DestAddr::Pair(_)));
         let send_batch = |a: &mut NetLink, now: Duration, first: u8, n: u8, max_run: usize| {
-            let frames: Vec<Vec<u8>> = (first..first + n).map(|i| datagram(i, 600)).collect();
+            let frames = run(first, n);
             let parts: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
             a.send_batch(now, &to_b, &parts, max_run).unwrap();
         };
@@ -349,7 +360,7 @@ mod tests {
             assert!(!matches!(peer, NetLink::Pair(_)));
             // The pair sends even long batches by the peer's only link ...
             let to_peer = &dests[i];
-            let frames: Vec<Vec<u8>> = (0..20).map(|i| datagram(i, 600)).collect();
+            let frames = run(0, 20);
             let parts: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
             pair.send_batch(Duration::ZERO, to_peer, &parts, 64)
                 .unwrap();
@@ -378,11 +389,10 @@ mod tests {
     #[test]
     fn a_quiet_socket_is_read_every_few_calls_and_a_busy_one_every_call() {
         let _lo = lo_traffic();
-        let (Some(mut a), Some(mut b)) = (open(true, true), open(true, true)) else {
+        let Some((mut a, mut b, to_b)) = two_pairs() else {
             return;
         };
-        let to_b = a.resolve(&b.advertise()).unwrap();
-        let frames: Vec<Vec<u8>> = (0..4).map(|i| datagram(i, 600)).collect();
+        let frames = run(0, 4);
         let parts: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let mut batch = Vec::new();
         // Quiet: at least HOT_CALLS empty reads of the socket. A run by UDP then waits

@@ -643,6 +643,49 @@ impl Protocol for Counter {
     }
 }
 
+/// A protocol's outbox of many messages to one network peer reaches the link in one
+/// batch (a get's answer pieces leave as runs on the pair link, not frame by frame), and
+/// every message arrives, in order.
+#[test]
+fn an_outbox_reaches_the_link_in_one_batch_per_peer() {
+    let (net, stations, _store) = station_pair(&FaultConfig::default());
+    let [s0, s1] = &stations;
+    let to = Source {
+        rank: 1,
+        dpid: DPID,
+    };
+    s0.connect(to).unwrap();
+    let mut protocol = Counter {
+        sum: 0,
+        client: to,
+        ticks_left: 0,
+        next_tick: None,
+    };
+    let mut out = Outbox::new(64);
+    for i in 0..10u8 {
+        out.send(to, b"dm:", &[i; 100]).unwrap();
+    }
+    s0.send_outbox(&mut protocol, &mut out).unwrap();
+    assert!(out.is_empty());
+    let stats = net.borrow().stats(0, 1).unwrap().clone();
+    assert_eq!((stats.batches, stats.sent), (1, 10));
+    let mut got = Vec::new();
+    while got.len() < 10 {
+        while let Some(r) = s1.poll().unwrap() {
+            // SAFETY: valid until the token is released, below.
+            let bytes = unsafe { std::slice::from_raw_parts(r.ptr, r.len) };
+            got.push(bytes[3]);
+            s1.release_token(r.token);
+        }
+        assert!(advance_until(
+            &net,
+            [s0.poll_timeout(), s1.poll_timeout()],
+            None
+        ));
+    }
+    assert_eq!(got, (0..10).collect::<Vec<u8>>());
+}
+
 /// Rank 0 sends `adds` requests interleaved with plain messages; rank 1's counter,
 /// driven by its station, answers each request, delivers the plain messages in order and
 /// ticks. Rank 0 sees every running total in order and every tick.

@@ -59,6 +59,8 @@ impl Default for LinkConfig {
 pub struct LinkStats {
     /// Datagrams handed to the link.
     pub sent: u64,
+    /// Calls that handed it several datagrams at once (`Link::send_batch`).
+    pub batches: u64,
     /// Datagrams delivered (duplicates included).
     pub delivered: u64,
     /// Bytes delivered.
@@ -244,6 +246,13 @@ impl Network {
     pub fn stats(&self, from: usize, to: usize) -> Option<&LinkStats> {
         let i = self.index(from, to)?;
         Some(&self.links[i].stats)
+    }
+
+    /// Counts a batch of datagrams handed to the link `from -> to` in one call.
+    pub fn count_batch(&mut self, from: usize, to: usize) {
+        if let Some(i) = self.index(from, to) {
+            self.links[i].stats.batches += 1;
+        }
     }
 
     /// Hands a datagram to the link `from -> to` at the current time: it waits for the
@@ -432,6 +441,11 @@ impl SimNet {
         }))
     }
 
+    /// The counters of link `from -> to`.
+    pub fn stats(&self, from: usize, to: usize) -> Option<&LinkStats> {
+        self.net.stats(from, to)
+    }
+
     /// Gives the links a broadcast address ([`BROADCAST`]): a datagram sent there goes
     /// to every other node, over each one's link with its own faults (a loss is one
     /// receiver's, as behind a switch).
@@ -564,6 +578,23 @@ impl Link for SimLink {
             return Ok(());
         }
         self.send_to_node(*to, datagram)
+    }
+
+    /// Counted as one batch (for tests of who batches), then sent one by one.
+    fn send_batch(
+        &mut self,
+        now: Duration,
+        to: &usize,
+        datagrams: &[&[u8]],
+        _max_run: usize,
+    ) -> QResult<()> {
+        if *to != BROADCAST {
+            self.net.borrow_mut().net.count_batch(self.node, *to);
+        }
+        for d in datagrams {
+            self.send(now, to, d)?;
+        }
+        Ok(())
     }
 }
 

@@ -2,6 +2,12 @@ use super::*;
 
 const WAIT: Duration = Duration::from_secs(5);
 
+/// Held by every test but the one that counts what a link without its filter sees on
+/// lo (which holds it alone, [`LO_RAW_TRAFFIC`]).
+fn lo_traffic() -> std::sync::RwLockReadGuard<'static, ()> {
+    LO_RAW_TRAFFIC.read().unwrap_or_else(|e| e.into_inner())
+}
+
 fn lo() -> Interface {
     Interface::by_name("lo").unwrap()
 }
@@ -140,6 +146,7 @@ fn quiet(link: &mut EthLink, ms: u64) {
 /// closed link leaves the registry.
 #[test]
 fn only_a_lone_link_goes_without_its_filter() {
+    let _lo = lo_traffic();
     let mut links = ProcessLinks {
         open: 0,
         unfiltered: Vec::new(),
@@ -218,6 +225,7 @@ fn a_link_without_its_filter_drops_frames_for_others_in_user_space() {
 /// frames per block times blocks; and a frame holds 14 + MTU bytes.
 #[test]
 fn ring_geometry() {
+    let _lo = lo_traffic();
     let page = 4096;
     for mtu in [MIN_MTU, 1500, 9000, 65536] {
         for ring_bytes in [0, 4 << 20, 16 << 20] {
@@ -253,6 +261,7 @@ fn ring_geometry() {
 
 #[test]
 fn mac_parse_and_display() {
+    let _lo = lo_traffic();
     let m: MacAddr = "02:42:AC:11:00:0f".parse().unwrap();
     assert_eq!(m, MacAddr([0x02, 0x42, 0xac, 0x11, 0x00, 0x0f]));
     assert_eq!(m.to_string(), "02:42:ac:11:00:0f");
@@ -273,6 +282,7 @@ fn mac_parse_and_display() {
 
 #[test]
 fn interface_with_addr_finds_lo() {
+    let _lo = lo_traffic();
     let lo = Interface::with_addr("127.0.0.1".parse().unwrap())
         .unwrap()
         .expect("lo has 127.0.0.1");
@@ -303,6 +313,7 @@ fn interface_with_addr_finds_lo() {
 
 #[test]
 fn two_links_exchange_frames() {
+    let _lo = lo_traffic();
     let (pa, da) = addr();
     let (pb, db) = addr();
     let Some(mut a) = open(pa, da, 4 << 20) else {
@@ -332,6 +343,7 @@ fn two_links_exchange_frames() {
 
 #[test]
 fn lone_small_frames_are_copied_and_keep_their_order_among_ring_batches() {
+    let _lo = lo_traffic();
     let Some(Ends { s, mut r, pr, dr }) = ends(4 << 20) else {
         return;
     };
@@ -375,6 +387,7 @@ fn lone_small_frames_are_copied_and_keep_their_order_among_ring_batches() {
 
 #[test]
 fn filter_rejects_other_port_dpid_type_and_host() {
+    let _lo = lo_traffic();
     let (port, dpid) = addr();
     let Some(mut r) = open(port, dpid, 1 << 20) else {
         return;
@@ -461,6 +474,7 @@ fn filter_rejects_other_port_dpid_type_and_host() {
 
 #[test]
 fn ring_wraps_many_times_with_frees_out_of_order() {
+    let _lo = lo_traffic();
     let Some(Ends { s, mut r, pr, dr }) = ends(2 << 20) else {
         return;
     };
@@ -515,6 +529,7 @@ fn ring_wraps_many_times_with_frees_out_of_order() {
 
 #[test]
 fn held_frame_blocks_the_kernel_until_freed() {
+    let _lo = lo_traffic();
     let Some(Ends { s, mut r, pr, dr }) = ends(1 << 20) else {
         return;
     };
@@ -562,6 +577,7 @@ fn held_frame_blocks_the_kernel_until_freed() {
 
 #[test]
 fn batch_larger_than_the_tx_ring() {
+    let _lo = lo_traffic();
     let (ps, ds) = addr();
     let (pr, dr) = addr();
     let Some(s) = open(ps, ds, 1 << 20) else {
@@ -596,6 +612,7 @@ fn batch_larger_than_the_tx_ring() {
 
 #[test]
 fn largest_frame_passes_and_a_larger_one_is_refused() {
+    let _lo = lo_traffic();
     let Some(Ends { s, mut r, pr, dr }) = ends(1 << 20) else {
         return;
     };
@@ -618,6 +635,7 @@ fn largest_frame_passes_and_a_larger_one_is_refused() {
 /// corrupted or reordered.
 #[test]
 fn concurrent_stream_is_intact_and_in_order() {
+    let _lo = lo_traffic();
     let Some(Ends { s, mut r, pr, dr }) = ends(4 << 20) else {
         return;
     };
@@ -677,6 +695,7 @@ fn concurrent_stream_is_intact_and_in_order() {
 /// after recv_batch took it; edge-triggered epoll reports each arrival once.
 #[test]
 fn readiness_follows_the_newest_frame() {
+    let _lo = lo_traffic();
     let Some(Ends { s, mut r, pr, dr }) = ends(1 << 20) else {
         return;
     };
@@ -731,6 +750,7 @@ fn on_own_thread(f: impl FnOnce() + Send + 'static) {
 
 #[test]
 fn missing_cap_net_raw_is_recognised() {
+    let _lo = lo_traffic();
     on_own_thread(|| {
         #[repr(C)]
         struct Header {
@@ -771,6 +791,7 @@ fn missing_cap_net_raw_is_recognised() {
 /// refuses the frame, the error comes back once, and the ring goes on.
 #[test]
 fn frame_refused_after_mtu_change_is_reported_and_the_ring_recovers() {
+    let _lo = lo_traffic();
     on_own_thread(|| {
         // SAFETY: unshare affects only this thread (CLONE_NEWNET is per task).
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
@@ -856,6 +877,7 @@ fn ip_cmd(prog: &str, args: &str) -> bool {
 /// fail the test, so a link that loses frames as a rule still fails it.
 #[test]
 fn shaped_veth_applies_backpressure_without_loss() {
+    let _lo = lo_traffic();
     on_own_thread(|| {
         // SAFETY: unshare affects only this thread (CLONE_NEWNET is per task); the
         // commands below are forked from it and run in its namespace.
@@ -1061,6 +1083,7 @@ fn report(what: &str, per_round: &mut [f64]) {
 #[test]
 #[ignore]
 fn pingpong_latency() {
+    let _lo = lo_traffic();
     let (pa, da) = addr();
     let (pb, db) = addr();
     // Ring path.

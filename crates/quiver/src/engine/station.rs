@@ -478,6 +478,15 @@ impl<L: Link, C: Clock> Station<L, C> {
         false
     }
 
+    /// Whether `route` is a network channel of this process's own (not shared memory,
+    /// a group or the offload engine's).
+    pub(crate) fn is_network_channel(&self, route: usize) -> bool {
+        matches!(
+            self.inner.borrow().routes.get(route),
+            Some((_, Route::Net { .. }))
+        )
+    }
+
     /// The longest message that reaches `route`'s peer in one frame of its network
     /// channel (a protocol that cuts its data into such pieces has each piece handed
     /// to the peer's protocol where its frame lies, with no reassembly copy); `None`
@@ -700,6 +709,16 @@ impl<L: Link, C: Clock> Station<L, C> {
         self.inner.borrow_mut().count_sent(head.len() + data.len());
         Ok(())
     }
+}
+
+/// What [`Station::queue_net`] did with a message.
+enum NetQueue {
+    /// Queued for this network peer, to be sent with the flush's other frames to it.
+    Queued(usize),
+    /// Not queued: a window's worth of frames already waits for this peer's window.
+    Backlogged,
+    /// Not a network route: sent the ordinary way.
+    NotNetwork,
 }
 
 /// Receiving, releasing and progress.
@@ -1011,13 +1030,15 @@ impl<L: Link, C: Clock> Station<L, C> {
             |to, head, body| {
                 let route = self.route_to(to)?;
                 match self.queue_net(route, head, body)? {
-                    Some(peer) => {
+                    NetQueue::Queued(peer) => {
                         if !queued.contains(&peer) {
                             queued.push(peer);
                         }
                         Ok(true)
                     }
-                    None => self.send(route, head, body, false),
+                    // The rest waits in the outbox for the window to open.
+                    NetQueue::Backlogged => Ok(false),
+                    NetQueue::NotNetwork => self.send(route, head, body, false),
                 }
             },
             |e| {
@@ -1047,10 +1068,14 @@ impl<L: Link, C: Clock> Station<L, C> {
     }
 
     /// Queues `head` + `body` whole on `route`'s network channel without sending it yet,
-    /// if `route` is a network route (its peer; [`Station::send_outbox`] then sends each
-    /// peer's frames together, so that an answer of many one-frame pieces leaves as
-    /// runs, not frame by frame); `None` for any other route.
-    fn queue_net(&self, route: usize, head: &[u8], body: &[u8]) -> Result<Option<usize>> {
+    /// if `route` is a network route ([`Station::send_outbox`] then sends each peer's
+    /// frames together, so that an answer of many one-frame pieces leaves as runs, not
+    /// frame by frame). A window's worth of frames waiting for the peer's window is sent
+    /// at once, and while it still waits nothing more is queued
+    /// ([`NetQueue::Backlogged`]): a long range (a pulled message) is built a window
+    /// ahead of what the link takes, as a waiting writer's message is
+    /// ([`Station::send_net`]), instead of all of it before its first frame leaves.
+    fn queue_net(&self, route: usize, head: &[u8], body: &[u8]) -> Result<NetQueue> {
         self.check_len(head.len() + body.len())?;
         let mut guard = self.inner.borrow_mut();
         let inner = &mut *guard;
@@ -1059,12 +1084,19 @@ impl<L: Link, C: Clock> Station<L, C> {
                 inner.check_not_failed(dest)?;
                 *peer
             }
-            _ => return Ok(None),
+            _ => return Ok(NetQueue::NotNetwork),
         };
-        let (net, _) = inner.driver();
+        let (net, stats) = inner.driver();
+        let (waiting, window) = net.waiting_frames(peer);
+        if waiting >= window {
+            net.transmit_queued(peer, stats)?;
+            if net.waiting_frames(peer).0 >= window {
+                return Ok(NetQueue::Backlogged);
+            }
+        }
         net.queue_parts(peer, head, body)?;
         inner.count_sent(head.len() + body.len());
-        Ok(Some(peer))
+        Ok(NetQueue::Queued(peer))
     }
 
     /// Keeps a message's token until [`Station::release_held`].

@@ -1136,7 +1136,11 @@ impl PushPull {
     /// Writes an application-initiated message (a push) on route `route` to `to`,
     /// waiting for room if needed but handling incoming messages and the outbox
     /// meanwhile, so that two ranks that both write never wait for each other. Nothing
-    /// overtakes what the outbox holds for `to`.
+    /// overtakes what the outbox holds for `to`: on a network channel the message
+    /// goes into the outbox behind it (there it waits for the window, as a long range
+    /// does, which the station builds a window ahead; waiting for the whole range
+    /// would hold the application up for as long as the range takes), elsewhere the
+    /// write waits until the outbox has nothing for `to`.
     fn write_progressing(
         &self,
         on: &impl Footing,
@@ -1147,7 +1151,14 @@ impl PushPull {
     ) -> Result<()> {
         let station = on.station();
         loop {
-            if !self.out.borrow().has_queued_for(to)
+            let behind = self.out.borrow().has_queued_for(to);
+            if behind
+                && station.is_network_channel(route)
+                && self.out.borrow_mut().send(to, head, body).is_ok()
+            {
+                return Ok(());
+            }
+            if !behind
                 && (station.try_send_inline(route, head, body)
                     || station
                         .send(route, head, body, false)

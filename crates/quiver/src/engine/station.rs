@@ -716,7 +716,7 @@ enum NetQueue {
     /// Queued for this network peer, to be sent with the flush's other frames to it.
     Queued(usize),
     /// Not queued: a window's worth of frames already waits for this peer's window.
-    Backlogged,
+    Backlogged(usize),
     /// Not a network route: sent the ordinary way.
     NotNetwork,
 }
@@ -1037,7 +1037,12 @@ impl<L: Link, C: Clock> Station<L, C> {
                         Ok(true)
                     }
                     // The rest waits in the outbox for the window to open.
-                    NetQueue::Backlogged => Ok(false),
+                    NetQueue::Backlogged(peer) => {
+                        if !queued.contains(&peer) {
+                            queued.push(peer);
+                        }
+                        Ok(false)
+                    }
                     NetQueue::NotNetwork => self.send(route, head, body, false),
                 }
             },
@@ -1074,7 +1079,9 @@ impl<L: Link, C: Clock> Station<L, C> {
     /// at once, and while it still waits nothing more is queued
     /// ([`NetQueue::Backlogged`]): a long range (a pulled message) is built a window
     /// ahead of what the link takes, as a waiting writer's message is
-    /// ([`Station::send_net`]), instead of all of it before its first frame leaves.
+    /// ([`Station::send_net`]), instead of all of it before its first frame leaves. A
+    /// peer that said goodbye with a window's worth waiting gets no more
+    /// ([`Error::PeerClosed`]: its credits will never come).
     fn queue_net(&self, route: usize, head: &[u8], body: &[u8]) -> Result<NetQueue> {
         self.check_len(head.len() + body.len())?;
         let mut guard = self.inner.borrow_mut();
@@ -1089,9 +1096,18 @@ impl<L: Link, C: Clock> Station<L, C> {
         let (net, stats) = inner.driver();
         let (waiting, window) = net.waiting_frames(peer);
         if waiting >= window {
-            net.transmit_queued(peer, stats)?;
-            if net.waiting_frames(peer).0 >= window {
-                return Ok(NetQueue::Backlogged);
+            let p = net.peer_at(peer);
+            if p.closed {
+                return Err(Error::PeerClosed {
+                    rank: p.source.rank,
+                    dpid: p.source.dpid,
+                });
+            }
+            // A send error is not this message's: the flush's last transmit to the peer
+            // meets it again and reports it.
+            let sent = net.transmit_queued(peer, stats).is_ok();
+            if !sent || net.waiting_frames(peer).0 >= window {
+                return Ok(NetQueue::Backlogged(peer));
             }
         }
         net.queue_parts(peer, head, body)?;

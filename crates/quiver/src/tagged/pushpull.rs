@@ -1154,6 +1154,7 @@ impl PushPull {
             let behind = self.out.borrow().has_queued_for(to);
             if behind
                 && station.is_network_channel(route)
+                && !station.has_failed(to.rank)
                 && self.out.borrow_mut().send(to, head, body).is_ok()
             {
                 return Ok(());
@@ -1676,7 +1677,11 @@ impl<'a> Handler<'a> {
                         .get(&(source, msg))
                         .and_then(|&id| match st.ops.get_mut(&id) {
                             // One answer per send: a repeated `Pull` is a peer's error.
-                            Some(Op::Send(s)) if !s.answering => Some((id, s)),
+                            // And only while the send is pending: a send that
+                            // completed has handed its buffer back.
+                            Some(Op::Send(s)) if !s.answering && s.state == SendState::Pending => {
+                                Some((id, s))
+                            }
                             _ => None,
                         });
                 let Some((id, s)) = send else {
@@ -2115,6 +2120,29 @@ mod tests {
             !h.wants_more(),
             "a completion returns to the application after the batch"
         );
+    }
+
+    /// A `Pull` of a send that is no longer pending (here: failed, its record kept for
+    /// its wait) is dropped: its buffer may be the caller's again, and a range in the
+    /// outbox can outlast the call that queued it.
+    #[test]
+    fn a_pull_of_a_send_no_longer_pending_is_dropped() {
+        let buf = vec![5u8; 100];
+        let mut st = pending_send(&buf);
+        if let Some(Op::Send(s)) = st.ops.get_mut(&0) {
+            s.state = SendState::Failed;
+        }
+        let (mut out, peer) = (Outbox::new(16), PEER);
+        let mut h = alone(&mut st);
+        let pull = message(Msg::Pull {
+            msg: 7,
+            offset: 0,
+            len: 100,
+        });
+        let t = Time::from_duration(std::time::Duration::ZERO);
+        h.handle_message(t, peer, &pull, &mut out);
+        assert!(out.is_empty(), "a range of a buffer handed back");
+        assert_eq!(h.st.stats.dropped, 1);
     }
 
     /// An answer that cannot be sent fails the send instead of leaving it pending.

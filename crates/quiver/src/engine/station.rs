@@ -1029,22 +1029,16 @@ impl<L: Link, C: Clock> Station<L, C> {
             protocol,
             |to, head, body| {
                 let route = self.route_to(to)?;
-                match self.queue_net(route, head, body)? {
-                    NetQueue::Queued(peer) => {
-                        if !queued.contains(&peer) {
-                            queued.push(peer);
-                        }
-                        Ok(true)
-                    }
+                let (peer, taken) = match self.queue_net(route, head, body)? {
+                    NetQueue::Queued(peer) => (peer, true),
                     // The rest waits in the outbox for the window to open.
-                    NetQueue::Backlogged(peer) => {
-                        if !queued.contains(&peer) {
-                            queued.push(peer);
-                        }
-                        Ok(false)
-                    }
-                    NetQueue::NotNetwork => self.send(route, head, body, false),
+                    NetQueue::Backlogged(peer) => (peer, false),
+                    NetQueue::NotNetwork => return self.send(route, head, body, false),
+                };
+                if !queued.contains(&peer) {
+                    queued.push(peer);
                 }
+                Ok(taken)
             },
             |e| {
                 if let Error::PeerFailed { rank, .. } = &e {

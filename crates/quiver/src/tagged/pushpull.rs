@@ -45,6 +45,10 @@ use std::collections::VecDeque;
 /// from reading while each waits for room in the other's ring, so none is set.
 const OUTBOX_ITEMS: usize = usize::MAX;
 
+/// The fewest bytes a pulled `Data` carries on a network channel: a frame too small for
+/// that (a tiny MTU) answers in `State::chunk`s, reassembled by the channel.
+const MIN_ANSWER_CHUNK: usize = 512;
+
 /// The protocol state of one tagged endpoint.
 pub(super) struct State {
     pub(super) mode: PushMode,
@@ -265,6 +269,10 @@ pub(super) struct SendOp {
     /// completes when it is done, not before (a `Done` meanwhile is not believed), and
     /// a second `Pull` is refused.
     answering: bool,
+    /// Bytes of each `Data` that answers a `Pull`: on a network channel, what one frame
+    /// carries, so that each lands in the receive buffer from the frame it came in (no
+    /// reassembly of a long `Data`, whose copy would wait for its last frame).
+    answer_chunk: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -479,17 +487,21 @@ impl PushPull {
         let len = data.len();
         // The pipeline of the route's transport, looked up only where it can matter
         // (push mode pull, longer than BTP(1)).
-        let pipe = {
+        let (pipe, answer_chunk) = {
             let st = self.st.borrow();
-            if st.mode == PushMode::Pull && len > st.btp1 {
+            if st.mode != PushMode::All && len > st.btp1 {
                 let transport = station.transport_to(dest).map_err(|e| on.report(e))?;
                 if transport == Transport::Shm {
-                    st.pipeline_shm
+                    (st.pipeline_shm, st.chunk)
                 } else {
-                    st.pipeline_net
+                    let frame = station
+                        .frame_payload(route)
+                        .filter(|&f| f >= wire::DATA_HEADER + MIN_ANSWER_CHUNK);
+                    let chunk = frame.map_or(st.chunk, |f| f - wire::DATA_HEADER);
+                    (st.pipeline_net, chunk)
                 }
             } else {
-                st.pipeline_shm
+                (st.pipeline_shm, st.chunk)
             }
         };
         // Bytes of each `More` after the first push.
@@ -537,6 +549,7 @@ impl PushPull {
                     len,
                     state,
                     answering: false,
+                    answer_chunk: answer_chunk as u32,
                 }));
                 if state == SendState::Pending {
                     st.outgoing.insert((dest, msg), id);
@@ -1688,7 +1701,7 @@ impl<'a> Handler<'a> {
                     st.stats.dropped += 1;
                     return;
                 };
-                let (ptr, total) = (s.ptr, s.len as u64);
+                let (ptr, total, chunk) = (s.ptr, s.len as u64, s.answer_chunk as usize);
                 let Some(end) = offset.checked_add(len).filter(|&e| e <= total) else {
                     st.stats.dropped += 1;
                     return;
@@ -1699,7 +1712,7 @@ impl<'a> Handler<'a> {
                 // SAFETY: [offset, end) lies inside the send buffer (checked above), valid
                 // until the send completes or is abandoned: not before the range is done
                 // (`answering`) or dropped (`PushPull::abandon`).
-                let queued = unsafe { out.send_range(from, id, ptr, offset, end, st.chunk) };
+                let queued = unsafe { out.send_range(from, id, ptr, offset, end, chunk) };
                 if queued.is_err() {
                     st.stats.dropped += 1;
                     if let Some(Op::Send(s)) = st.ops.get_mut(&id) {
@@ -2048,6 +2061,7 @@ mod tests {
             len: buf.len(),
             state: SendState::Pending,
             answering: false,
+            answer_chunk: st.chunk as u32,
         }));
         assert_eq!(id, 0, "the tests name the first operation 0");
         st.outgoing.insert((1, 7), id);

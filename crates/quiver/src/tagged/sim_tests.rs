@@ -330,6 +330,37 @@ fn push_pull_over_a_clean_simulated_network() {
     }
 }
 
+/// A pulled message's answer comes one frame's worth per `Data`: each lands in the
+/// receive buffer from the frame it came in, none is reassembled from its frames first
+/// (whose copy would wait for the last of them).
+#[test]
+fn a_pulled_answer_comes_a_frame_per_message() {
+    const LEN: usize = 200_000;
+    let sender = Side {
+        mode: PushMode::Zero,
+        btp1: 0,
+        btp2: 0,
+        pipeline_max: Some(0),
+        sends: vec![(LEN, 1)],
+        caps: vec![],
+    };
+    let receiver = Side {
+        sends: vec![],
+        caps: vec![100],
+        ..sender.clone()
+    };
+    let [_, (tagged, endpoint)] = exchange(&[sender, receiver], &FaultConfig::none(), 5);
+    assert_eq!(tagged.pulled_by_request, LEN as u64, "{tagged:?}");
+    // The simulated link's MTU is 1472 bytes: more than 136 frames of data, each its
+    // own message (16 KiB `Data` reassembled from their frames would be 13 messages).
+    let frames = LEN.div_ceil(1472) as u64;
+    assert!(
+        endpoint.msgs_received >= frames,
+        "{} messages for {frames} frames of data ({endpoint:?})",
+        endpoint.msgs_received
+    );
+}
+
 #[test]
 fn push_pull_repairs_seeded_faults() {
     for seed in 0..4u64 {

@@ -33,6 +33,8 @@ const ABANDON: u8 = 7;
 const EAGER: u8 = 8;
 /// Bytes of an `Eager` header.
 const EAGER_HEADER: usize = 16;
+/// Bytes of a `Data` (and a `More`) header.
+pub const DATA_HEADER: usize = 24;
 
 /// What the first push of a message announces: its tag and length, how many bytes the
 /// sender pushes in all (the first push and the `More` that follow), and where the rest
@@ -394,6 +396,12 @@ mod tests {
             data: &[1; 8],
         };
         assert_eq!(m.header().as_bytes().len(), EAGER_HEADER);
+        let data = Msg::Data {
+            msg: 1,
+            offset: 2,
+            data: &[],
+        };
+        assert_eq!(data.header().as_bytes().len(), DATA_HEADER);
         let mut bytes = m.header().as_bytes().to_vec();
         bytes.extend_from_slice(m.data());
         let Ok(Msg::Push { head: got, data }) = Msg::decode(&bytes) else {

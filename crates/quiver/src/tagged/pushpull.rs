@@ -91,6 +91,12 @@ pub(super) struct State {
     /// Per destination: pushed bytes sent and not yet given back by its receiver
     /// (`Credit`). A send pushes only while this stays within `push_credit`.
     push_in_flight: Vec<u64>,
+    /// Per destination: the bytes of each `Data` that answers its `Pull` (0: not known
+    /// yet, found by the first send to it). On a network channel what one frame
+    /// carries, so that each lands in the receive buffer from the frame it came in
+    /// instead of being reassembled first (whose copy waits for the last frame); on
+    /// shared memory `chunk`.
+    answer_chunks: Vec<u32>,
     /// Per source: pushed bytes received and not yet given back. More than
     /// `push_credit` is the sender's protocol error.
     push_owed: Vec<u64>,
@@ -129,6 +135,7 @@ impl State {
             completions: 0,
             push_credit: cfg.push_credit as u64,
             push_in_flight: vec![0; ranks],
+            answer_chunks: vec![0; ranks],
             push_owed: vec![0; ranks],
             push_freed: vec![0; ranks],
             errors: VecDeque::new(),
@@ -269,10 +276,6 @@ pub(super) struct SendOp {
     /// completes when it is done, not before (a `Done` meanwhile is not believed), and
     /// a second `Pull` is refused.
     answering: bool,
-    /// Bytes of each `Data` that answers a `Pull`: on a network channel, what one frame
-    /// carries, so that each lands in the receive buffer from the frame it came in (no
-    /// reassembly of a long `Data`, whose copy would wait for its last frame).
-    answer_chunk: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -426,6 +429,26 @@ impl PushPull {
         Ok(route)
     }
 
+    /// The bytes of each `Data` answering `dest`'s `Pull` (on `route`): on a network
+    /// channel what one frame carries past the `Data` header, at most `State::chunk`
+    /// (`max_message`'s worth); `State::chunk` on shared memory, on a route whose frame
+    /// is not known (an offload engine that did not set it up in time) and for a frame
+    /// too small to carry [`MIN_ANSWER_CHUNK`] bytes.
+    #[cold]
+    fn answer_chunk_to(&self, on: &impl Footing, route: usize, dest: u32) -> Result<u32> {
+        let station = on.station();
+        let chunk = self.st.borrow().chunk;
+        let chunk = match station.transport_to(dest).map_err(|e| on.report(e))? {
+            Transport::Shm => chunk,
+            _ => station
+                .frame_payload(route)
+                .filter(|&f| f >= wire::DATA_HEADER + MIN_ANSWER_CHUNK)
+                .map_or(chunk, |f| (f - wire::DATA_HEADER).min(chunk)),
+        };
+        // `max_message` is below 4 GiB (`MAX_MESSAGE_RANGE`).
+        Ok(u32::try_from(chunk).unwrap_or(u32::MAX))
+    }
+
     /// A blocking send of a message that leaves whole in one `Eager` push (push mode
     /// `Pull` or `All`, at most BTP(1) bytes, credit left at its receiver): it keeps no
     /// record and is complete once written. `Ok(false)`, having done nothing, for any
@@ -487,23 +510,25 @@ impl PushPull {
         let len = data.len();
         // The pipeline of the route's transport, looked up only where it can matter
         // (push mode pull, longer than BTP(1)).
-        let (pipe, answer_chunk) = {
+        let pipe = {
             let st = self.st.borrow();
-            if st.mode != PushMode::All && len > st.btp1 {
+            if st.mode == PushMode::Pull && len > st.btp1 {
                 let transport = station.transport_to(dest).map_err(|e| on.report(e))?;
                 if transport == Transport::Shm {
-                    (st.pipeline_shm, st.chunk)
+                    st.pipeline_shm
                 } else {
-                    let frame = station
-                        .frame_payload(route)
-                        .filter(|&f| f >= wire::DATA_HEADER + MIN_ANSWER_CHUNK);
-                    let chunk = frame.map_or(st.chunk, |f| f - wire::DATA_HEADER);
-                    (st.pipeline_net, chunk)
+                    st.pipeline_net
                 }
             } else {
-                (st.pipeline_shm, st.chunk)
+                st.pipeline_shm
             }
         };
+        // Any send may end up pulled (a push without credit is): the size of the
+        // answer's chunks to `dest` is found once, by its first send.
+        if self.st.borrow().answer_chunks.get(dest as usize) == Some(&0) {
+            let chunk = self.answer_chunk_to(on, route, dest)?;
+            self.st.borrow_mut().answer_chunks[dest as usize] = chunk;
+        }
         // Bytes of each `More` after the first push.
         let mut step = self.st.borrow().chunk;
         // Registered before the first write: while a write waits for room, incoming
@@ -549,7 +574,6 @@ impl PushPull {
                     len,
                     state,
                     answering: false,
-                    answer_chunk: answer_chunk as u32,
                 }));
                 if state == SendState::Pending {
                     st.outgoing.insert((dest, msg), id);
@@ -1701,12 +1725,16 @@ impl<'a> Handler<'a> {
                     st.stats.dropped += 1;
                     return;
                 };
-                let (ptr, total, chunk) = (s.ptr, s.len as u64, s.answer_chunk as usize);
+                let (ptr, total) = (s.ptr, s.len as u64);
                 let Some(end) = offset.checked_add(len).filter(|&e| e <= total) else {
                     st.stats.dropped += 1;
                     return;
                 };
                 s.answering = true;
+                let chunk = match st.answer_chunks.get(source as usize) {
+                    Some(&c) if c > 0 => c as usize,
+                    _ => st.chunk,
+                };
                 // Answered with a range of the send buffer, sent in chunks as the route
                 // takes them; the send completes after its last byte (`range_done`).
                 // SAFETY: [offset, end) lies inside the send buffer (checked above), valid
@@ -2061,7 +2089,6 @@ mod tests {
             len: buf.len(),
             state: SendState::Pending,
             answering: false,
-            answer_chunk: st.chunk as u32,
         }));
         assert_eq!(id, 0, "the tests name the first operation 0");
         st.outgoing.insert((1, 7), id);

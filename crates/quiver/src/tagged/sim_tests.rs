@@ -11,6 +11,7 @@
 //! gets are I/O: `rma`'s own tests and the process tests cover them).
 
 use super::pushpull::{Direct, PushPull, State};
+use super::wire;
 use super::{PushMode, Src, Status, Tag, TaggedStats};
 use crate::config::{Config, TransportChoice};
 use crate::engine::sim_tests::{advance_stations, station_pair_in, SimStation, StoreDir, DPID};
@@ -91,7 +92,17 @@ fn exchange_with_credit(
         push_credit,
         ..two_nodes()
     };
-    let (net, stations, jobs, _store) = station_pair_in(&config, faults);
+    exchange_in(&config, sides, faults, schedule_seed)
+}
+
+/// [`exchange`] of ranks configured as `config` (over udp, as [`two_nodes`]).
+fn exchange_in(
+    config: &Config,
+    sides: &[Side; 2],
+    faults: &FaultConfig,
+    schedule_seed: u64,
+) -> [(TaggedStats, EndpointStats); 2] {
+    let (net, stations, jobs, _store) = station_pair_in(config, faults);
     let mut ranks: Vec<Rank> = (0..2)
         .map(|r| {
             let side = &sides[r];
@@ -332,33 +343,48 @@ fn push_pull_over_a_clean_simulated_network() {
 
 /// A pulled message's answer comes one frame's worth per `Data`: each lands in the
 /// receive buffer from the frame it came in, none is reassembled from its frames first
-/// (whose copy would wait for the last of them).
+/// (whose copy would wait for the last of them). A `max_message` below what a frame
+/// carries bounds the `Data` instead (a longer one would be refused as too large).
 #[test]
 fn a_pulled_answer_comes_a_frame_per_message() {
     const LEN: usize = 200_000;
-    let sender = Side {
-        mode: PushMode::Zero,
-        btp1: 0,
-        btp2: 0,
-        pipeline_max: Some(0),
-        sends: vec![(LEN, 1)],
-        caps: vec![],
-    };
-    let receiver = Side {
-        sends: vec![],
-        caps: vec![100],
-        ..sender.clone()
-    };
-    let [_, (tagged, endpoint)] = exchange(&[sender, receiver], &FaultConfig::none(), 5);
-    assert_eq!(tagged.pulled_by_request, LEN as u64, "{tagged:?}");
-    // The simulated link's MTU is 1472 bytes: more than 136 frames of data, each its
-    // own message (16 KiB `Data` reassembled from their frames would be 13 messages).
-    let frames = LEN.div_ceil(1472) as u64;
-    assert!(
-        endpoint.msgs_received >= frames,
-        "{} messages for {frames} frames of data ({endpoint:?})",
-        endpoint.msgs_received
-    );
+    // The simulated link's MTU is 1472 bytes: 1416 of them carry a `Data`'s bytes.
+    let per_frame = 1472 - crate::wire::HEADER_LEN - wire::DATA_HEADER;
+    for max_message in [16 << 10, 1 << 10] {
+        let sender = Side {
+            mode: PushMode::Zero,
+            btp1: 0,
+            btp2: 0,
+            pipeline_max: Some(0),
+            sends: vec![(LEN, 1)],
+            caps: vec![],
+        };
+        let receiver = Side {
+            sends: vec![],
+            caps: vec![100],
+            ..sender.clone()
+        };
+        let config = Config {
+            max_message,
+            ..two_nodes()
+        };
+        let [_, (tagged, endpoint)] =
+            exchange_in(&config, &[sender, receiver], &FaultConfig::none(), 5);
+        assert_eq!(tagged.pulled_by_request, LEN as u64, "{tagged:?}");
+        // One message per `Data`, each in one frame (16 KiB `Data` reassembled from
+        // their frames would be 13 messages).
+        let chunk = per_frame.min(max_message - wire::MAX_HEADER);
+        let pieces = LEN.div_ceil(chunk) as u64;
+        assert!(
+            endpoint.msgs_received >= pieces,
+            "max_message {max_message}: {} messages for {pieces} pieces ({endpoint:?})",
+            endpoint.msgs_received
+        );
+        assert!(
+            endpoint.frames_received < 2 * pieces,
+            "max_message {max_message}: a piece took more than a frame ({endpoint:?})"
+        );
+    }
 }
 
 #[test]

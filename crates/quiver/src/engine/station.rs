@@ -1535,6 +1535,16 @@ impl<L: Link, C: Clock> Waitable for CreditWait<'_, L, C> {
     }
 }
 
+/// The bytes a message filling `frames` whole frames of `frame` bytes of payload each
+/// (a [`Station::frame_payload`]) carries: a message of several frames spends the
+/// length prefix of its first ([`crate::wire::fragments`]).
+pub(crate) fn message_in_frames(frame: usize, frames: usize) -> usize {
+    match frames {
+        0 | 1 => frame * frames,
+        n => n * frame - crate::wire::LENGTH_PREFIX_LEN,
+    }
+}
+
 /// The station's drive with `protocol` (`handled` reads how many messages it handled);
 /// when it found nothing and the endpoint's descriptor was handed out, once more: a
 /// sender may have published before the doorbells were reset.

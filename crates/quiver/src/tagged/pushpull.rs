@@ -31,7 +31,7 @@ use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::config::Config;
 use crate::engine::protocol::{Disposition, Outbox, Protocol};
-use crate::engine::station::Footing;
+use crate::engine::station::{message_in_frames, Footing};
 use crate::error::{Error, Result};
 use crate::link::Transport;
 use crate::rma::{GetError, Got, Offer, Peer, Remote, SingleCopy};
@@ -45,9 +45,17 @@ use std::collections::VecDeque;
 /// from reading while each waits for room in the other's ring, so none is set.
 const OUTBOX_ITEMS: usize = usize::MAX;
 
-/// The fewest bytes a pulled `Data` carries on a network channel: a frame too small for
-/// that (a tiny MTU) answers in `State::chunk`s, reassembled by the channel.
+/// The fewest bytes a frame of a pulled `Data` carries on a network channel: a frame
+/// too small for that (a tiny MTU) answers in `State::chunk`s.
 const MIN_ANSWER_CHUNK: usize = 512;
+
+/// About how long a pulled `Data` is on a network channel (whole frames, at least
+/// this): its reassembly copy waits for its last frame, so a 1 MiB `Data` delayed the
+/// message's end by the copy of 1 MiB, while a `Data` per frame made the receive path
+/// take a message per frame (and, both ways at 1 Gbit/s, filled the link only to 70 %).
+/// 64 KiB is also the smallest reassembly buffer the channel keeps for the next message
+/// (`channel::rx::SpareBuffers::MIN`): a shorter one would be allocated afresh each time.
+const ANSWER_BYTES: usize = 64 << 10;
 
 /// The protocol state of one tagged endpoint.
 pub(super) struct State {
@@ -92,10 +100,9 @@ pub(super) struct State {
     /// (`Credit`). A send pushes only while this stays within `push_credit`.
     push_in_flight: Vec<u64>,
     /// Per destination: the bytes of each `Data` that answers its `Pull` (0: not known
-    /// yet, found by the first send to it). On a network channel what one frame
-    /// carries, so that each lands in the receive buffer from the frame it came in
-    /// instead of being reassembled first (whose copy waits for the last frame); on
-    /// shared memory `chunk`.
+    /// yet, found by the first send to it: `PushPull::answer_chunk_to`). On a network
+    /// channel about 64 KiB in whole frames ([`ANSWER_BYTES`]); on shared memory
+    /// `chunk`.
     answer_chunks: Vec<u32>,
     /// Per source: pushed bytes received and not yet given back. More than
     /// `push_credit` is the sender's protocol error.
@@ -430,20 +437,38 @@ impl PushPull {
     }
 
     /// The bytes of each `Data` answering `dest`'s `Pull` (on `route`): on a network
-    /// channel what one frame carries past the `Data` header, at most `State::chunk`
-    /// (`max_message`'s worth); `State::chunk` on shared memory, on a route whose frame
-    /// is not known (an offload engine that did not set it up in time) and for a frame
-    /// too small to carry [`MIN_ANSWER_CHUNK`] bytes.
+    /// channel a `Data` fills a whole number of frames, as many as make
+    /// [`ANSWER_BYTES`] or the fewest beyond, but no more than `State::chunk`
+    /// (`max_message`'s worth) holds; `State::chunk` on shared memory, on a route whose
+    /// frame is not known (an offload engine that did not set it up in time), for a
+    /// frame too small to carry [`MIN_ANSWER_CHUNK`] bytes and where not even one frame
+    /// fits `State::chunk`.
     #[cold]
     fn answer_chunk_to(&self, on: &impl Footing, route: usize, dest: u32) -> Result<u32> {
         let station = on.station();
         let chunk = self.st.borrow().chunk;
         let chunk = match station.transport_to(dest).map_err(|e| on.report(e))? {
             Transport::Shm => chunk,
-            _ => station
+            _ => match station
                 .frame_payload(route)
                 .filter(|&f| f >= wire::DATA_HEADER + MIN_ANSWER_CHUNK)
-                .map_or(chunk, |f| (f - wire::DATA_HEADER).min(chunk)),
+            {
+                Some(frame) => {
+                    let bytes = |n| message_in_frames(frame, n);
+                    // The most whole frames a `Data` of at most `chunk` bytes fills.
+                    let fit = (1..=(chunk + wire::DATA_HEADER) / frame)
+                        .rev()
+                        .find(|&n| {
+                            bytes(n) >= wire::DATA_HEADER && bytes(n) - wire::DATA_HEADER <= chunk
+                        })
+                        .unwrap_or(0);
+                    match ANSWER_BYTES.div_ceil(frame).min(fit) {
+                        0 => chunk,
+                        n => bytes(n) - wire::DATA_HEADER,
+                    }
+                }
+                None => chunk,
+            },
         };
         // `max_message` is below 4 GiB (`MAX_MESSAGE_RANGE`).
         Ok(u32::try_from(chunk).unwrap_or(u32::MAX))

@@ -341,16 +341,21 @@ fn push_pull_over_a_clean_simulated_network() {
     }
 }
 
-/// A pulled message's answer comes one frame's worth per `Data`: each lands in the
-/// receive buffer from the frame it came in, none is reassembled from its frames first
-/// (whose copy would wait for the last of them). A `max_message` below what a frame
-/// carries bounds the `Data` instead (a longer one would be refused as too large).
+/// A pulled message's answer comes in `Data` of about 64 KiB that fill whole frames:
+/// not one `Data` of the whole message (whose reassembly copy waits for its last
+/// frame), not a `Data` per frame, and none longer than `max_message` allows (a longer
+/// one would be refused as too large).
 #[test]
-fn a_pulled_answer_comes_a_frame_per_message() {
+fn a_pulled_answer_comes_in_data_of_whole_frames() {
     const LEN: usize = 200_000;
-    // The simulated link's MTU is 1472 bytes: 1416 of them carry a `Data`'s bytes.
-    let per_frame = 1472 - crate::wire::HEADER_LEN - wire::DATA_HEADER;
-    for max_message in [16 << 10, 1 << 10] {
+    // The simulated link's MTU is 1472 bytes, 1440 of them a frame's payload: 46
+    // frames make 64 KiB; 11 are the most a 16 KiB message takes; a 1 KiB message
+    // takes less than one frame, so its `Data` are `max_message`'s chunk.
+    for (max_message, chunk) in [
+        (1 << 20, 46 * 1440 - 4 - 24),
+        (16 << 10, 11 * 1440 - 4 - 24),
+        (1 << 10, 1024 - 48),
+    ] {
         let sender = Side {
             mode: PushMode::Zero,
             btp1: 0,
@@ -371,18 +376,25 @@ fn a_pulled_answer_comes_a_frame_per_message() {
         let [_, (tagged, endpoint)] =
             exchange_in(&config, &[sender, receiver], &FaultConfig::none(), 5);
         assert_eq!(tagged.pulled_by_request, LEN as u64, "{tagged:?}");
-        // One message per `Data`, each in one frame (16 KiB `Data` reassembled from
-        // their frames would be 13 messages).
-        let chunk = per_frame.min(max_message - wire::MAX_HEADER);
-        let pieces = LEN.div_ceil(chunk) as u64;
+        let pieces = LEN.div_ceil(chunk);
         assert!(
-            endpoint.msgs_received >= pieces,
+            endpoint.msgs_received >= pieces as u64,
             "max_message {max_message}: {} messages for {pieces} pieces ({endpoint:?})",
             endpoint.msgs_received
         );
+        // Every piece fills its frames: no frame more than the pieces need, but the
+        // push's and the acknowledgements (a few, more for many short pieces).
+        let control = 3 + pieces / 40;
+        let frames: usize = (0..pieces)
+            .map(|i| {
+                let len = chunk.min(LEN - i * chunk) + wire::DATA_HEADER;
+                crate::wire::fragment_count(len, 1472)
+            })
+            .sum();
         assert!(
-            endpoint.frames_received < 2 * pieces,
-            "max_message {max_message}: a piece took more than a frame ({endpoint:?})"
+            endpoint.frames_received <= (frames + control) as u64,
+            "max_message {max_message}: {} frames for {frames} frames of pieces ({endpoint:?})",
+            endpoint.frames_received
         );
     }
 }

@@ -1545,6 +1545,15 @@ pub(crate) fn message_in_frames(frame: usize, frames: usize) -> usize {
     }
 }
 
+/// The most whole frames of `frame` bytes of payload a message of at most `len` bytes
+/// fills: the inverse of [`message_in_frames`].
+pub(crate) fn frames_within(frame: usize, len: usize) -> usize {
+    match len.checked_sub(frame) {
+        None => 0,
+        Some(_) => ((len + crate::wire::LENGTH_PREFIX_LEN) / frame).max(1),
+    }
+}
+
 /// The station's drive with `protocol` (`handled` reads how many messages it handled);
 /// when it found nothing and the endpoint's descriptor was handed out, once more: a
 /// sender may have published before the doorbells were reset.

@@ -31,7 +31,7 @@ use crate::addr::Source;
 use crate::channel::reliable::Time;
 use crate::config::Config;
 use crate::engine::protocol::{Disposition, Outbox, Protocol};
-use crate::engine::station::{message_in_frames, Footing};
+use crate::engine::station::{frames_within, message_in_frames, Footing};
 use crate::error::{Error, Result};
 use crate::link::Transport;
 use crate::rma::{GetError, Got, Offer, Peer, Remote, SingleCopy};
@@ -454,17 +454,10 @@ impl PushPull {
                 .filter(|&f| f >= wire::DATA_HEADER + MIN_ANSWER_CHUNK)
             {
                 Some(frame) => {
-                    let bytes = |n| message_in_frames(frame, n);
-                    // The most whole frames a `Data` of at most `chunk` bytes fills.
-                    let fit = (1..=(chunk + wire::DATA_HEADER) / frame)
-                        .rev()
-                        .find(|&n| {
-                            bytes(n) >= wire::DATA_HEADER && bytes(n) - wire::DATA_HEADER <= chunk
-                        })
-                        .unwrap_or(0);
+                    let fit = frames_within(frame, chunk + wire::DATA_HEADER);
                     match ANSWER_BYTES.div_ceil(frame).min(fit) {
                         0 => chunk,
-                        n => bytes(n) - wire::DATA_HEADER,
+                        n => message_in_frames(frame, n) - wire::DATA_HEADER,
                     }
                 }
                 None => chunk,
@@ -2120,6 +2113,15 @@ mod tests {
         st
     }
 
+    /// The receiver's `Pull` of the first `len` bytes of message 7 (`pending_send`'s).
+    fn pull_of_msg_7(len: u64) -> Vec<u8> {
+        message(Msg::Pull {
+            msg: 7,
+            offset: 0,
+            len,
+        })
+    }
+
     fn message(m: Msg<'_>) -> Vec<u8> {
         let mut v = m.header().as_bytes().to_vec();
         v.extend_from_slice(m.data());
@@ -2145,11 +2147,7 @@ mod tests {
         let mut st = pending_send(&buf);
         let (mut out, peer) = (Outbox::new(16), PEER);
         let mut h = alone(&mut st);
-        let pull = message(Msg::Pull {
-            msg: 7,
-            offset: 0,
-            len: 100,
-        });
+        let pull = pull_of_msg_7(100);
         let t = Time::from_duration(std::time::Duration::ZERO);
         assert_eq!(
             h.handle_message(t, peer, &pull, &mut out),
@@ -2200,11 +2198,7 @@ mod tests {
         }
         let (mut out, peer) = (Outbox::new(16), PEER);
         let mut h = alone(&mut st);
-        let pull = message(Msg::Pull {
-            msg: 7,
-            offset: 0,
-            len: 100,
-        });
+        let pull = pull_of_msg_7(100);
         let t = Time::from_duration(std::time::Duration::ZERO);
         h.handle_message(t, peer, &pull, &mut out);
         assert!(out.is_empty(), "a range of a buffer handed back");
@@ -2218,11 +2212,7 @@ mod tests {
         let mut st = pending_send(&buf);
         let (mut out, peer) = (Outbox::new(16), PEER);
         let mut h = alone(&mut st);
-        let pull = message(Msg::Pull {
-            msg: 7,
-            offset: 0,
-            len: 10,
-        });
+        let pull = pull_of_msg_7(10);
         let t = Time::from_duration(std::time::Duration::ZERO);
         h.handle_message(t, peer, &pull, &mut out);
         assert_eq!(out.advance(0, false), Some(0));

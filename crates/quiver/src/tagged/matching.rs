@@ -36,6 +36,11 @@
 //! first of several messages of one sender and tag, a cancel. Only a wildcard receive
 //! searches all the waiting messages. The queues keep their memory, so a message that
 //! matches allocates nothing.
+//!
+//! A receive posted while no other is (the common case of a blocking receive, and of
+//! MPI's `MPI_Irecv`, `MPI_Send`, `MPI_Wait`) waits in a slot of its own, not hashed into
+//! a queue: posting, matching and withdrawing it cost a comparison each. The next receive
+//! posted moves it into its queue first (it keeps its posting number, the earliest).
 
 use super::{Src, Tag};
 use crate::FastMap;
@@ -78,11 +83,15 @@ pub(super) struct Arrived<M> {
 /// The posted and unexpected queues of one tagged endpoint.
 #[derive(Debug)]
 pub(super) struct Matching<M> {
-    /// Posted receives, in posting order, in the queue of the hash of their pattern.
+    /// The only receive posted, when it was posted while no other was (then `receives`
+    /// is empty and `patterns` all zero).
+    solo: Option<Posted>,
+    /// Posted receives but `solo`, in posting order, in the queue of the hash of their
+    /// pattern.
     receives: Vec<VecDeque<Posted>>,
-    /// Receives posted of each pattern (see [`pattern`]).
+    /// Receives posted of each pattern, but `solo` (see [`pattern`]).
     patterns: [usize; 4],
-    /// Receives posted in all.
+    /// Receives posted in all (`solo` too).
     posted: usize,
     /// The next posting number.
     next_post: u64,
@@ -148,6 +157,7 @@ fn first_of<T>(q: &VecDeque<Pair<T>>, source: u32, tag: u32) -> Option<usize> {
 impl<M> Matching<M> {
     pub(super) fn new() -> Matching<M> {
         Matching {
+            solo: None,
             receives: (0..QUEUES).map(|_| VecDeque::new()).collect(),
             patterns: [0; 4],
             posted: 0,
@@ -189,7 +199,13 @@ impl<M> Matching<M> {
         key: u64,
         msg: impl FnOnce() -> M,
     ) -> Option<u64> {
-        if self.posted > 0 {
+        if let Some(r) = self.solo {
+            if accepts(r.src, r.tag, source, tag) {
+                self.solo = None;
+                self.posted = 0;
+                return Some(r.id);
+            }
+        } else if self.posted > 0 {
             let taken = if self.posted == self.patterns[0] {
                 self.take_posted_exact(source, tag)
             } else {
@@ -278,18 +294,31 @@ impl<M> Matching<M> {
                 return Some(a);
             }
         }
-        let order = self.next_post;
-        self.next_post += 1;
-        self.posted += 1;
-        self.patterns[pattern(src, tag)] += 1;
-        let q = self.pattern_queue(src, tag);
-        self.receives[q].push_back(Posted {
+        let r = Posted {
             src,
             tag,
-            order,
+            order: self.next_post,
             id,
-        });
+        };
+        self.next_post += 1;
+        self.posted += 1;
+        if self.posted == 1 {
+            self.solo = Some(r);
+            return None;
+        }
+        if let Some(first) = self.solo.take() {
+            self.enqueue(first);
+        }
+        self.enqueue(r);
         None
+    }
+
+    /// Puts posted receive `r` at the end of the queue of its pattern.
+    #[inline(never)]
+    fn enqueue(&mut self, r: Posted) {
+        self.patterns[pattern(r.src, r.tag)] += 1;
+        let q = self.pattern_queue(r.src, r.tag);
+        self.receives[q].push_back(r);
     }
 
     /// The earliest unexpected message a receive for (`src`, `tag`) accepts, taken out
@@ -333,6 +362,14 @@ impl<M> Matching<M> {
     /// Withdraws receive `id`, posted for (`src`, `tag`); false if it is not posted
     /// (matched, cancelled, or never posted). Searches the queue of its pattern.
     pub(super) fn cancel(&mut self, id: u64, src: Src, tag: Tag) -> bool {
+        if let Some(r) = self.solo {
+            if r.id != id {
+                return false;
+            }
+            self.solo = None;
+            self.posted = 0;
+            return true;
+        }
         if self.posted == 0 {
             return false;
         }
@@ -377,10 +414,12 @@ impl<M> Matching<M> {
     /// Whether the indexes hold exactly what is posted and waiting.
     #[cfg(test)]
     fn indexes_are_tight(&self) -> bool {
+        let solo = usize::from(self.solo.is_some());
         self.by_key.len() == self.unexpected.len()
             && self.arrivals.iter().map(VecDeque::len).sum::<usize>() == self.unexpected.len()
-            && self.receives.iter().map(VecDeque::len).sum::<usize>() == self.posted
-            && self.patterns.iter().sum::<usize>() == self.posted
+            && self.receives.iter().map(VecDeque::len).sum::<usize>() + solo == self.posted
+            && self.patterns.iter().sum::<usize>() + solo == self.posted
+            && (solo == 0 || self.posted == 1)
     }
 }
 

@@ -37,10 +37,11 @@
 //! searches all the waiting messages. The queues keep their memory, so a message that
 //! matches allocates nothing.
 //!
-//! A receive posted while no other is (the common case of a blocking receive, and of
-//! MPI's `MPI_Irecv`, `MPI_Send`, `MPI_Wait`) waits in a slot of its own, not hashed into
-//! a queue: posting, matching and withdrawing it cost a comparison each. The next receive
-//! posted moves it into its queue first (it keeps its posting number, the earliest).
+//! A receive posted while no other is (the common case of a blocking receive, and of the
+//! ping-ping pattern `MPI_Irecv`, `MPI_Send`, `MPI_Wait`) waits in a slot of its own, not
+//! hashed into a queue: posting, matching and withdrawing it cost a comparison each. The
+//! next receive that has to wait moves it into its queue first (it keeps its posting
+//! number, the earliest); one that takes an unexpected message at once leaves it there.
 
 use super::{Src, Tag};
 use crate::FastMap;
@@ -285,8 +286,9 @@ impl<M> Matching<M> {
     }
 
     /// Receive `id` for (`src`, `tag`) is posted: the unexpected message it takes (no
-    /// longer queued), or `None`, and then the receive waits in the posted queue. `id`
-    /// must not be posted already.
+    /// longer queued), or `None`, and then the receive waits (in the slot of a lone
+    /// receive if no other is posted, else in the queue of its pattern). `id` must not
+    /// be posted already.
     #[inline(always)]
     pub(super) fn post(&mut self, id: u64, src: Src, tag: Tag) -> Option<Arrived<M>> {
         if !self.unexpected.is_empty() {
@@ -360,7 +362,9 @@ impl<M> Matching<M> {
     }
 
     /// Withdraws receive `id`, posted for (`src`, `tag`); false if it is not posted
-    /// (matched, cancelled, or never posted). Searches the queue of its pattern.
+    /// (matched, cancelled, or never posted). Looks at the lone receive's slot, else
+    /// searches the queue of its pattern (`src` and `tag` must be the ones it was posted
+    /// with).
     pub(super) fn cancel(&mut self, id: u64, src: Src, tag: Tag) -> bool {
         if let Some(r) = self.solo {
             if r.id != id {
@@ -434,6 +438,24 @@ mod tests {
     fn k() -> u64 {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_lone_receive_waits_in_its_slot_until_a_second_is_posted() {
+        let mut m = M::new();
+        assert!(m.post(1, Src::Rank(0), Tag::Is(1)).is_none());
+        assert!(m.solo.is_some(), "the lone receive is not hashed");
+        assert!(m.receives.iter().all(VecDeque::is_empty));
+        assert!(m.cancel(1, Src::Rank(0), Tag::Is(1)));
+        assert!(!m.cancel(1, Src::Rank(0), Tag::Is(1)), "withdrawn once");
+        assert!(m.post(2, Src::Rank(0), Tag::Is(1)).is_none());
+        assert!(m.post(3, Src::Any, Tag::Any).is_none());
+        assert!(m.solo.is_none(), "a second receive moves it into its queue");
+        assert!(m.indexes_are_tight());
+        // Both accept the next message: the earlier posted takes it.
+        assert_eq!(m.arrive(0, 1, k(), || "a"), Some(2));
+        assert_eq!(m.arrive(0, 1, k(), || "b"), Some(3));
+        assert_eq!(m.len(), (0, 0));
     }
 
     #[test]

@@ -577,16 +577,26 @@ impl Mpi {
         Ok(())
     }
 
-    /// The largest of the ranks' `mine`: the library's own allreduce (context ids).
-    pub(crate) fn allreduce_max(&mut self, comm: usize, mine: u32) -> Result<u32> {
+    /// The largest and the smallest of the ranks' `mine`: the library's own allreduce
+    /// (context ids), one call for both (the smallest as the largest of the complements).
+    pub(crate) fn allreduce_max_min(&mut self, comm: usize, mine: u32) -> Result<(u32, u32)> {
         let u32s = Layout::builtin(crate::Elem::Num(crate::Num::U32));
-        let mut agreed = 0u32;
-        let send: *const u8 = (&mine as *const u32).cast();
-        let recv: *mut u8 = (&mut agreed as *mut u32).cast();
+        let send = [mine, u32::MAX - mine];
+        let mut agreed = [0u32; 2];
         let max = Op::Builtin(crate::Builtin::Max);
-        // SAFETY: one u32 at each, borrowed for the call.
-        unsafe { self.allreduce(Some(send), recv, 1, &u32s, &max, comm, 0) }?;
-        Ok(agreed)
+        // SAFETY: two u32s at each, borrowed for the call.
+        unsafe {
+            self.allreduce(
+                Some(send.as_ptr().cast()),
+                agreed.as_mut_ptr().cast(),
+                2,
+                &u32s,
+                &max,
+                comm,
+                0,
+            )
+        }?;
+        Ok((agreed[0], u32::MAX - agreed[1]))
     }
 
     /// Sends `mine` to every rank and gathers everyone's into `all` (equal sizes): the

@@ -14,6 +14,11 @@
 //!   communicator's message, and a second one for its collectives, so a collective's
 //!   messages never match the application's receives (MPI's separate contexts). The
 //!   endpoints' DPIDs are [`DPID_BASE`] + 2 × the communicator's context id (+ 1).
+//!   The members of a new communicator agree on the smallest id free at all of them;
+//!   a freed communicator's endpoints stay open, parked, for the next communicator of
+//!   its id (making and freeing one costs microseconds, not the opening and closing of
+//!   network endpoints), so a process may make and free any number of them, up to
+//!   [`MAX_CONTEXTS`] alive at once.
 //! - **Collectives** are algorithms over the collective endpoint (`coll`): binomial
 //!   trees for broadcast and reduction, dissemination for the barrier, direct exchange
 //!   for the all-to-alls; correct and simple, not yet quiver's own collectives.
@@ -48,7 +53,7 @@ pub use rma::{Flavor, LockType, Win};
 use coll::{bytes_of, bytes_of_mut};
 use error::check;
 use quiver::rma::{Rma, SharedMemory};
-use quiver::tagged::Tagged;
+use quiver::tagged::{Src, Tag, Tagged};
 use quiver::Job;
 use std::cell::{Cell, OnceCell};
 use std::collections::BTreeMap;
@@ -56,8 +61,9 @@ use std::collections::BTreeMap;
 /// The DPID of `MPI_COMM_WORLD`'s point-to-point endpoint; communicator `c` uses
 /// `DPID_BASE + 2c` (point-to-point) and `DPID_BASE + 2c + 1` (collectives).
 pub const DPID_BASE: u16 = 0x4d00;
-/// Context ids (communicators alive or freed) a process can have: the DPIDs above
-/// `DPID_BASE` end there.
+/// Context ids a process can have in use at once (communicators alive, or freed with
+/// operations still completing): the DPIDs above `DPID_BASE` end there. A freed
+/// communicator's id is taken again once its endpoints are closed.
 pub const MAX_CONTEXTS: u16 = (u16::MAX - DPID_BASE) / 2;
 
 /// The id of `MPI_COMM_WORLD`.
@@ -162,8 +168,14 @@ pub struct Mpi {
     reqs: p2p::Requests,
     /// Requests freed before they completed (`MPI_Request_free`).
     detached: Vec<p2p::Entry>,
-    /// The next context id this process would take.
-    next_context: u16,
+    /// The context ids this process cannot take for a new communicator: its
+    /// communicators' (alive, or freed and not yet dropped) and the retired ones.
+    contexts: std::collections::BTreeSet<u16>,
+    /// The endpoints of freed communicators, idle, by context id: the next
+    /// communicator of that id takes them. They are never closed and opened again while
+    /// the process lives (a peer's channels to the closed endpoint would meet the new
+    /// one), and are driven with the others (their peers' heartbeats are answered).
+    parked: Vec<(u16, Endpoints)>,
     /// The one-sided endpoint, opened on first use.
     rma: OnceCell<Rma>,
     /// Windows by id (`None`: freed).
@@ -191,7 +203,8 @@ impl Mpi {
             comms: Vec::new(),
             reqs: p2p::Requests::default(),
             detached: Vec::new(),
-            next_context: 2,
+            contexts: [0, 1].into(),
+            parked: Vec::new(),
             rma: OnceCell::new(),
             wins: Vec::new(),
             memories: BTreeMap::new(),
@@ -304,22 +317,43 @@ impl Mpi {
     /// members call [`Mpi::agree_context`] alone). Returns its id.
     fn add_comm(&mut self, ranks: Vec<u32>, context: u16) -> Result<usize> {
         let comm = self.new_comm(ranks, context)?;
+        if let Some(i) = self.parked.iter().position(|(c, _)| *c == context) {
+            let (_, eps) = self.parked.swap_remove(i);
+            let _ = comm.eps.set(eps);
+        }
         self.open(&comm)?;
+        self.contexts.insert(context);
         // Ids 0 and 1 (the world, self) are never freed: others never take them.
         let id = store(&mut self.comms, comm);
         Ok(id)
     }
 
-    /// Agrees on a context id for a communicator made over `parent`: the largest of
-    /// the members' next free ids, which every process then moves past (one allreduce).
+    /// Agrees on a context id for a communicator made over `parent`: the smallest id
+    /// free at every rank of `parent` from the largest of their smallest free ids on.
+    /// Each round is one allreduce of every rank's first free id from the candidate on
+    /// (its largest and its smallest): when they are equal every rank has it free;
+    /// otherwise the largest is the next candidate. The ids in use are mostly the same
+    /// at every rank (communicators are made and freed collectively), so one round
+    /// usually does. The id is not taken here: [`Mpi::add_comm`] takes it for a rank
+    /// that gets the communicator.
     fn agree_context(&mut self, parent: usize) -> Result<u16> {
-        let mine = u32::from(self.next_context);
-        let agreed = self.allreduce_max(parent, mine)?;
-        check(agreed < u32::from(MAX_CONTEXTS), Class::Intern, || {
-            format!("out of communicator contexts ({MAX_CONTEXTS} per process)")
-        })?;
-        self.next_context = agreed as u16 + 1;
-        Ok(agreed as u16)
+        // Freed communicators whose last operations completed give their ids back.
+        self.reap();
+        let mut candidate = 0u16;
+        loop {
+            let mine = first_free(&self.contexts, candidate);
+            let (largest, smallest) = self.allreduce_max_min(parent, mine)?;
+            check(largest < u32::from(MAX_CONTEXTS), Class::Intern, || {
+                format!(
+                    "out of communicator contexts: {MAX_CONTEXTS} in use at a rank (free \
+                     communicators that are no longer needed)"
+                )
+            })?;
+            if largest == smallest {
+                return Ok(largest as u16);
+            }
+            candidate = largest as u16;
+        }
     }
 
     /// `MPI_Comm_dup`.
@@ -393,14 +427,33 @@ impl Mpi {
         Ok(())
     }
 
-    /// Drops the freed communicators whose operations have all completed.
+    /// Takes out of the table the freed communicators whose operations have all
+    /// completed: their endpoints are parked for the next communicator of their context
+    /// id, which is free again (what they still owe their peers, acknowledgements or a
+    /// last `Done`, goes out while they are parked: they are driven with the others).
+    /// One whose endpoints still hold messages nobody received (a program that sent more
+    /// than it received on it) is closed instead, and its id retired: a later
+    /// communicator must not receive them.
     pub(crate) fn reap(&mut self) {
         for slot in &mut self.comms {
-            if slot
+            let done = slot
                 .as_ref()
-                .is_some_and(|c| c.freed.get() && c.outstanding.iter().all(|o| o.get() == 0))
-            {
-                *slot = None;
+                .is_some_and(|c| c.freed.get() && c.outstanding.iter().all(|o| o.get() == 0));
+            if !done {
+                continue;
+            }
+            let Some(c) = slot.take() else { continue };
+            let context = c.context;
+            let Some(eps) = c.eps.into_inner() else {
+                self.contexts.remove(&context);
+                continue;
+            };
+            let unreceived = |t: &Tagged| !matches!(t.iprobe(Src::Any, Tag::Any), Ok(None));
+            if unreceived(&eps.p2p) || unreceived(&eps.coll) {
+                drop(eps);
+            } else {
+                self.contexts.remove(&context);
+                self.parked.push((context, eps));
             }
         }
     }
@@ -423,10 +476,24 @@ impl Mpi {
         while let Some(c) = self.comms.pop() {
             drop(c);
         }
+        self.parked.clear();
         self.reqs.clear();
         self.detached.clear();
         synced
     }
+}
+
+/// The first context id from `from` on that is not in `used` (`MAX_CONTEXTS` if none
+/// below it is left).
+fn first_free(used: &std::collections::BTreeSet<u16>, from: u16) -> u32 {
+    let mut id = u32::from(from);
+    for &u in used.range(from..) {
+        if u32::from(u) != id {
+            break;
+        }
+        id += 1;
+    }
+    id.min(u32::from(MAX_CONTEXTS))
 }
 
 /// Puts `item` in the first free slot of `table` (a new one when none is free) and
@@ -447,7 +514,22 @@ pub fn store<T>(table: &mut Vec<Option<T>>, item: T) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::store;
+    use super::{first_free, store, MAX_CONTEXTS};
+
+    #[test]
+    fn the_first_free_context_skips_the_ids_in_use() {
+        let used = [0u16, 1, 2, 3, 5, 9].into();
+        assert_eq!(first_free(&used, 0), 4);
+        assert_eq!(first_free(&used, 4), 4);
+        assert_eq!(first_free(&used, 5), 6);
+        assert_eq!(first_free(&used, 9), 10);
+        let full = (0..MAX_CONTEXTS).collect();
+        assert_eq!(first_free(&full, 0), u32::from(MAX_CONTEXTS), "none left");
+        assert_eq!(
+            first_free(&Default::default(), MAX_CONTEXTS),
+            u32::from(MAX_CONTEXTS)
+        );
+    }
 
     #[test]
     fn a_freed_slot_is_taken_again_before_the_table_grows() {

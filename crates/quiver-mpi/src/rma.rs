@@ -329,7 +329,7 @@ impl Mpi {
         let wcomm = self.comm_dup(comm)?;
         // A window number that none of the members used yet.
         let mine = self.rma()?.next_window_number();
-        let agreed = self.allreduce_max(wcomm, mine)?;
+        let (agreed, _) = self.allreduce_max_min(wcomm, mine)?;
         let rma = self.rma()?;
         rma.skip_window_numbers(agreed)?;
         let control = rma.allocate(CONTROL_LEN)?;

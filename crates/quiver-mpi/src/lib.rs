@@ -17,8 +17,10 @@
 //!   The members of a new communicator agree on the smallest id free at all of them;
 //!   a freed communicator's endpoints stay open, parked, for the next communicator of
 //!   its id (making and freeing one costs microseconds, not the opening and closing of
-//!   network endpoints), so a process may make and free any number of them, up to
-//!   [`MAX_CONTEXTS`] alive at once.
+//!   network endpoints), so a process may make and free communicators one after the
+//!   other without end. Up to [`PARKED_MAX`] freed ones are parked; the endpoints of
+//!   more are closed and their ids retired (an id is never opened again), which counts
+//!   towards [`MAX_CONTEXTS`].
 //! - **Collectives** are algorithms over the collective endpoint (`coll`): binomial
 //!   trees for broadcast and reduction, dissemination for the barrier, direct exchange
 //!   for the all-to-alls; correct and simple, not yet quiver's own collectives.
@@ -62,9 +64,17 @@ use std::collections::BTreeMap;
 /// `DPID_BASE + 2c` (point-to-point) and `DPID_BASE + 2c + 1` (collectives).
 pub const DPID_BASE: u16 = 0x4d00;
 /// Context ids a process can have in use at once (communicators alive, or freed with
-/// operations still completing): the DPIDs above `DPID_BASE` end there. A freed
-/// communicator's id is taken again once its endpoints are closed.
+/// operations still completing, and the retired ids): the DPIDs above `DPID_BASE` end
+/// there. A freed communicator's id is taken again once its endpoints are parked
+/// ([`PARKED_MAX`]); an id whose endpoints were closed is retired for the process's
+/// life.
 pub const MAX_CONTEXTS: u16 = (u16::MAX - DPID_BASE) / 2;
+
+/// Freed communicators whose endpoints a process keeps parked for the next
+/// communicator of their id: each parked endpoint is driven with the others (between
+/// nodes, every 200 µs of every blocking wait) and keeps its channels' heartbeats going,
+/// so their number is bounded; the endpoints of one more are closed and its id retired.
+pub const PARKED_MAX: usize = 16;
 
 /// The id of `MPI_COMM_WORLD`.
 pub const WORLD: usize = 0;
@@ -169,12 +179,14 @@ pub struct Mpi {
     /// Requests freed before they completed (`MPI_Request_free`).
     detached: Vec<p2p::Entry>,
     /// The context ids this process cannot take for a new communicator: its
-    /// communicators' (alive, or freed and not yet dropped) and the retired ones.
+    /// communicators' (alive, or freed and not yet reaped) and the retired ones.
     contexts: std::collections::BTreeSet<u16>,
-    /// The endpoints of freed communicators, idle, by context id: the next
-    /// communicator of that id takes them. They are never closed and opened again while
-    /// the process lives (a peer's channels to the closed endpoint would meet the new
-    /// one), and are driven with the others (their peers' heartbeats are answered).
+    /// The endpoints of freed communicators whose operations completed, by context id
+    /// (at most [`PARKED_MAX`]): the next communicator of that id takes them. An
+    /// endpoint is never closed and opened again while the process lives (a peer's
+    /// channels to the closed one would meet the new one). They are driven with the
+    /// others (what they still owe goes out, their peers' heartbeats are answered,
+    /// while some blocking call drives them).
     parked: Vec<(u16, Endpoints)>,
     /// The one-sided endpoint, opened on first use.
     rma: OnceCell<Rma>,
@@ -321,8 +333,10 @@ impl Mpi {
             let (_, eps) = self.parked.swap_remove(i);
             let _ = comm.eps.set(eps);
         }
-        self.open(&comm)?;
+        // Taken even if the endpoints fail to open: one of them may have opened and
+        // closed again, and the id is then retired.
         self.contexts.insert(context);
+        self.open(&comm)?;
         // Ids 0 and 1 (the world, self) are never freed: others never take them.
         let id = store(&mut self.comms, comm);
         Ok(id)
@@ -415,7 +429,8 @@ impl Mpi {
         Ok(id)
     }
 
-    /// `MPI_Comm_free`: its endpoints close once their last answers are sent.
+    /// `MPI_Comm_free`: once its operations completed, its endpoints are parked for the
+    /// next communicator of its id ([`Mpi::reap`]).
     pub fn comm_free(&mut self, c: usize) -> Result<()> {
         check(c > SELF, Class::Comm, || {
             "MPI_COMM_WORLD and MPI_COMM_SELF cannot be freed".into()
@@ -431,9 +446,11 @@ impl Mpi {
     /// completed: their endpoints are parked for the next communicator of their context
     /// id, which is free again (what they still owe their peers, acknowledgements or a
     /// last `Done`, goes out while they are parked: they are driven with the others).
-    /// One whose endpoints still hold messages nobody received (a program that sent more
-    /// than it received on it) is closed instead, and its id retired: a later
-    /// communicator must not receive them.
+    /// One whose endpoints hold messages nobody received (a program that sent more than
+    /// it received on it), or that would park more than [`PARKED_MAX`], is closed
+    /// instead and its id retired. (A message of an erroneous program still on its way
+    /// when the communicator was freed reaches the parked endpoint, and the next
+    /// communicator of its id, as it would in MPICH.)
     pub(crate) fn reap(&mut self) {
         for slot in &mut self.comms {
             let done = slot
@@ -449,7 +466,7 @@ impl Mpi {
                 continue;
             };
             let unreceived = |t: &Tagged| !matches!(t.iprobe(Src::Any, Tag::Any), Ok(None));
-            if unreceived(&eps.p2p) || unreceived(&eps.coll) {
+            if self.parked.len() >= PARKED_MAX || unreceived(&eps.p2p) || unreceived(&eps.coll) {
                 drop(eps);
             } else {
                 self.contexts.remove(&context);

@@ -430,7 +430,7 @@ impl Mpi {
     }
 
     /// `MPI_Comm_free`: once its operations completed, its endpoints are parked for the
-    /// next communicator of its id ([`Mpi::reap`]).
+    /// next communicator of its id (up to [`PARKED_MAX`] communicators: the others close).
     pub fn comm_free(&mut self, c: usize) -> Result<()> {
         check(c > SELF, Class::Comm, || {
             "MPI_COMM_WORLD and MPI_COMM_SELF cannot be freed".into()

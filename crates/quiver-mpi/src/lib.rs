@@ -71,9 +71,9 @@ pub const DPID_BASE: u16 = 0x4d00;
 pub const MAX_CONTEXTS: u16 = (u16::MAX - DPID_BASE) / 2;
 
 /// Freed communicators whose endpoints a process keeps parked for the next
-/// communicator of their id: each parked endpoint is driven with the others (between
-/// nodes, every 200 µs of every blocking wait) and keeps its channels' heartbeats going,
-/// so their number is bounded; the endpoints of one more are closed and its id retired.
+/// communicator of their id: parked endpoints are driven now and then (at every 64th
+/// round of the other endpoints) and keep their channels' heartbeats going, so their
+/// number is bounded; the endpoints of one more are closed and its id retired.
 pub const PARKED_MAX: usize = 16;
 
 /// The id of `MPI_COMM_WORLD`.
@@ -107,6 +107,74 @@ pub(crate) struct Endpoints {
     pub(crate) p2p: Tagged,
     /// The communicator's collectives.
     pub(crate) coll: Tagged,
+}
+
+/// The endpoints of freed communicators, open, by context id, for the next
+/// communicator of their id (at most [`PARKED_MAX`] communicators' worth). An endpoint
+/// is never closed and opened again while the process lives: a peer's channels to the
+/// closed one would meet the new one. They owe their peers little (the acknowledgements
+/// and last `Done` of operations that completed, answers to heartbeats), so they are
+/// driven at every [`PARKED_DRIVE_EVERY`]-th round of the other endpoints only, and
+/// count as busy for the waits' choice ([`Mpi::wait_raw`]) only if one of them was not
+/// idle when last driven.
+#[derive(Default)]
+pub(crate) struct Parked {
+    eps: Vec<(u16, Endpoints)>,
+    /// Rounds of the other endpoints since these were last driven.
+    rounds: Cell<u32>,
+    /// One of them was not idle when last driven or parked.
+    busy: Cell<bool>,
+}
+
+/// How many rounds of the process's endpoints drive the parked ones once.
+const PARKED_DRIVE_EVERY: u32 = 64;
+
+impl Parked {
+    fn len(&self) -> usize {
+        self.eps.len()
+    }
+
+    fn park(&mut self, context: u16, eps: Endpoints) {
+        let busy = !eps.p2p.idle() || !eps.coll.idle();
+        self.eps.push((context, eps));
+        self.busy.set(self.busy.get() || busy);
+    }
+
+    /// The endpoints parked for `context`, taken out.
+    fn take(&mut self, context: u16) -> Option<Endpoints> {
+        let i = self.eps.iter().position(|(c, _)| *c == context)?;
+        Some(self.eps.swap_remove(i).1)
+    }
+
+    /// One round of the process's endpoints: every [`PARKED_DRIVE_EVERY`]-th drives
+    /// the parked ones and notes whether they are idle.
+    pub(crate) fn round(&self) {
+        if self.eps.is_empty() {
+            return;
+        }
+        let n = self.rounds.get() + 1;
+        if n < PARKED_DRIVE_EVERY {
+            self.rounds.set(n);
+            return;
+        }
+        self.rounds.set(0);
+        let mut busy = false;
+        for (_, eps) in &self.eps {
+            let _ = eps.p2p.progress();
+            let _ = eps.coll.progress();
+            busy |= !eps.p2p.idle() || !eps.coll.idle();
+        }
+        self.busy.set(busy);
+    }
+
+    /// Whether none of them was found busy when last driven.
+    pub(crate) fn idle(&self) -> bool {
+        !self.busy.get()
+    }
+
+    fn clear(&mut self) {
+        self.eps.clear();
+    }
 }
 
 /// A communicator: a group of the job's ranks with its own endpoints.
@@ -181,13 +249,8 @@ pub struct Mpi {
     /// The context ids this process cannot take for a new communicator: its
     /// communicators' (alive, or freed and not yet reaped) and the retired ones.
     contexts: std::collections::BTreeSet<u16>,
-    /// The endpoints of freed communicators whose operations completed, by context id
-    /// (at most [`PARKED_MAX`]): the next communicator of that id takes them. An
-    /// endpoint is never closed and opened again while the process lives (a peer's
-    /// channels to the closed one would meet the new one). They are driven with the
-    /// others (what they still owe goes out, their peers' heartbeats are answered,
-    /// while some blocking call drives them).
-    parked: Vec<(u16, Endpoints)>,
+    /// The endpoints of freed communicators whose operations completed.
+    parked: Parked,
     /// The one-sided endpoint, opened on first use.
     rma: OnceCell<Rma>,
     /// Windows by id (`None`: freed).
@@ -216,7 +279,7 @@ impl Mpi {
             reqs: p2p::Requests::default(),
             detached: Vec::new(),
             contexts: [0, 1].into(),
-            parked: Vec::new(),
+            parked: Parked::default(),
             rma: OnceCell::new(),
             wins: Vec::new(),
             memories: BTreeMap::new(),
@@ -329,8 +392,7 @@ impl Mpi {
     /// members call [`Mpi::agree_context`] alone). Returns its id.
     fn add_comm(&mut self, ranks: Vec<u32>, context: u16) -> Result<usize> {
         let comm = self.new_comm(ranks, context)?;
-        if let Some(i) = self.parked.iter().position(|(c, _)| *c == context) {
-            let (_, eps) = self.parked.swap_remove(i);
+        if let Some(eps) = self.parked.take(context) {
             let _ = comm.eps.set(eps);
         }
         // Taken even if the endpoints fail to open: one of them may have opened and
@@ -470,7 +532,7 @@ impl Mpi {
                 drop(eps);
             } else {
                 self.contexts.remove(&context);
-                self.parked.push((context, eps));
+                self.parked.park(context, eps);
             }
         }
     }

@@ -226,10 +226,7 @@ impl Mpi {
     /// operations to report (a peer that failed fails every later operation with it).
     fn drive_others(&self, comm: usize, ep: usize) {
         self.drive_rma();
-        for (_, eps) in &self.parked {
-            let _ = eps.p2p.progress();
-            let _ = eps.coll.progress();
-        }
+        self.parked.round();
         for (c, o) in self.comms.iter().enumerate() {
             let Some(eps) = o.as_ref().and_then(|o| o.eps.get()) else {
                 continue;
@@ -252,10 +249,7 @@ impl Mpi {
     /// ([`Tagged::idle`]): a blocking call may then wait inside quiver on its own.
     fn others_idle(&self, comm: usize, ep: usize) -> bool {
         !self.rma_active()
-            && self
-                .parked
-                .iter()
-                .all(|(_, eps)| eps.p2p.idle() && eps.coll.idle())
+            && self.parked.idle()
             && self.comms.iter().enumerate().all(|(c, o)| {
                 let Some(eps) = o.as_ref().and_then(|o| o.eps.get()) else {
                     return true;

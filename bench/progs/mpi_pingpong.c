@@ -2,7 +2,8 @@
  * smallest program that shows what an MPI library adds to each MPI_Send and MPI_Recv
  * (run one rank under callgrind; docs/PERFORMANCE.md, "The MPI layer's instructions").
  * With a third argument `pingping`, both ranks post MPI_Irecv, MPI_Send and MPI_Wait at
- * once, as IMB-P2P's PingPing does.
+ * once, as IMB-P2P's PingPing does. The send and receive buffers are apart, from malloc,
+ * or from MPI_Alloc_mem (as IMB-P2P's) when MPI_PINGPONG_ALLOC_MEM is set.
  * Usage: mpi_pingpong N ITERS [pingping] */
 #include <mpi.h>
 #include <stdio.h>
@@ -18,8 +19,19 @@ int main(int argc, char **argv) {
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     int n = atoi(argv[1]), iters = atoi(argv[2]);
-    if (n < 0 || n > 65536 || iters < 0) MPI_Abort(MPI_COMM_WORLD, 2);
-    static char buf[65536], rbuf[65536];
+    if (n < 0 || iters < 0) MPI_Abort(MPI_COMM_WORLD, 2);
+    char *buf, *rbuf;
+    size_t room = n > 0 ? (size_t)n : 1;
+    if (getenv("MPI_PINGPONG_ALLOC_MEM")) {
+        MPI_Alloc_mem((MPI_Aint)room, MPI_INFO_NULL, &buf);
+        MPI_Alloc_mem((MPI_Aint)room, MPI_INFO_NULL, &rbuf);
+    } else {
+        buf = malloc(room);
+        rbuf = malloc(room);
+        if (!buf || !rbuf) MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    memset(buf, 1, room);
+    memset(rbuf, 1, room);
     int peer = 1 - rank;
     if (argc > 3 && strcmp(argv[3], "pingping") == 0) {
         MPI_Barrier(MPI_COMM_WORLD);
@@ -40,9 +52,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < iters; i++) {
         if (rank == 0) {
             MPI_Send(buf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
-            MPI_Recv(buf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Recv(rbuf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         } else {
-            MPI_Recv(buf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Recv(rbuf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             MPI_Send(buf, n, MPI_BYTE, peer, 0, MPI_COMM_WORLD);
         }
     }

@@ -112,7 +112,7 @@ pub(crate) struct Endpoints {
 /// The endpoints of freed communicators, open, by context id, for the next
 /// communicator of their id (at most [`PARKED_MAX`] communicators' worth). An endpoint
 /// is never closed and opened again while the process lives: a peer's channels to the
-/// closed one would meet the new one. They owe their peers little (the acknowledgements
+/// closed one could meet the new one (the engine has no incarnation number). They owe their peers little (the acknowledgements
 /// and last `Done` of operations that completed, answers to heartbeats), so they are
 /// driven at every [`PARKED_DRIVE_EVERY`]-th round of the other endpoints only, and
 /// count as busy for the waits' choice ([`Mpi::wait_raw`]) only if one of them was not

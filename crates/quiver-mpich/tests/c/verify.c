@@ -358,8 +358,9 @@ static void many_communicators(int quiver) {
         MPI_Comm_free(&c);
         if (!ok) break;
     }
-    /* More freed at once than quiver parks (16): the endpoints of the others close and
-     * their ids are retired; the communicators made next still work. */
+    /* More freed at once than quiver parks (16): the endpoints of the others close (and
+     * their ids are retired, which the program cannot see); the communicators made
+     * before and after work. */
     for (int round = 0; round < 2; round++) {
         MPI_Comm cs[20];
         for (int i = 0; i < 20; i++) MPI_Comm_dup(MPI_COMM_WORLD, &cs[i]);
